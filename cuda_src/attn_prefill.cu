@@ -1,0 +1,408 @@
+// attn_prefill.cu: batched varlen paged causal prefill attention (FA2-style, sm_90 mma.sync).
+//
+// One CTA = BM = 16 * NW query rows (NW warps x 16 rows; NW = 8 for every head dim) of one stream b (= blockIdx.z) and one query
+// head h (= blockIdx.y). The CTA walks key tiles of BN keys from key 0 up to the last key its rows
+// may see, gathering K/V rows from the paged pools through the stream's block table with
+// cp.async (two-stage ring), computing S = Q K^T and O += P V with
+// mma.sync.m16n8k16 (bf16 in, fp32 accumulate) and an fp32 online softmax in registers.
+//
+// Semantics: q_len = cu[b+1] - cu[b], kv_len = kv_lens[b]; row r (0-based in the stream's chunk)
+// sees keys 0 .. kv_len - q_len + r (bottom-right causal); kv_head = h / (Hq / Hkv).
+// A CTA never spans two streams, and what it computes depends only on (b, m-tile, h) and that
+// stream's data, so batched and single-stream launches give bit-identical results.
+//
+// ---------------------------------------------------------------------------------------------
+// Fragment layouts (PTX ISA, mma.m16n8k16 with .bf16 A/B and .f32 C/D), lane = 0..31,
+// g = lane >> 2 (groupID), t = lane & 3 (threadID_in_group). Each .b32 A/B register holds two
+// bf16, the lower-indexed element in the low 16 bits.
+//   A (16x16, row-major), regs a0..a3:
+//     a0: (row g,   cols 2t, 2t+1)      a1: (row g+8, cols 2t, 2t+1)
+//     a2: (row g,   cols 2t+8, 2t+9)    a3: (row g+8, cols 2t+8, 2t+9)
+//   B (16x8, "col": element (k, n)), regs b0, b1:
+//     b0: (k 2t, 2t+1; n g)             b1: (k 2t+8, 2t+9; n g)
+//   C/D (16x8 fp32), regs c0..c3:
+//     c0, c1: (row g, cols 2t, 2t+1)    c2, c3: (row g+8, cols 2t, 2t+1)
+// ldmatrix.m8n8.x4.b16: lanes 8i..8i+7 give the 8 row addresses (16 B each) of matrix i; the
+// result register i of lane l holds matrix i's (row l>>2, cols 2(l&3), 2(l&3)+1). With .trans it
+// holds (rows 2(l&3), 2(l&3)+1; col l>>2) instead, i.e. the transposed matrix's fragment.
+//
+// Q as A (S = Q K^T, k-step kk over head dims): smem sQ[row][d] row-major. Matrices
+//   0: rows 0-7, d kk..+7 (a0)   1: rows 8-15, d kk..+7 (a1)
+//   2: rows 0-7, d kk+8.. (a2)   3: rows 8-15, d kk+8.. (a3)
+//   => lane l addresses row (l & 15), dim kk + (l >> 4) * 8.
+// K as B (k = head dim, n = key): B(k=d, n=key) = K[key][d]; sK[key][d] row-major is B in "col"
+//   layout, so plain ldmatrix: matrix with rows = 8 keys, cols = 8 dims gives lane l
+//   (key l>>2 = g, dims 2t, 2t+1) = b0. One x4 covers 16 keys (two n-tiles) x 16 dims:
+//   0: keys 0-7, d kk.. (b0 of n-tile 2j)     1: keys 0-7, d kk+8.. (b1 of n-tile 2j)
+//   2: keys 8-15, d kk.. (b0 of n-tile 2j+1)  3: keys 8-15, d kk+8.. (b1 of n-tile 2j+1)
+//   => lane l addresses key (l & 7) + ((l >> 4) << 3), dim kk + ((l >> 3) & 1) * 8.
+// P as A (O += P V, k-step ks over 16 keys): the S accumulators of n-tiles 2ks and 2ks+1 are
+//   already in A layout: a0 = S[2ks](c0,c1), a1 = S[2ks](c2,c3), a2 = S[2ks+1](c0,c1),
+//   a3 = S[2ks+1](c2,c3), each packed to bf16x2 (first element low).
+// V as B (k = key, n = head dim): B(k=key, n=d) = V[key][d]; sV[key][d] is B row-major, so
+//   ldmatrix.trans: matrix with rows = 8 keys, cols = 8 dims gives lane l (keys 2t, 2t+1; dim g)
+//   = b0. One x4.trans covers 16 keys x 16 dims (two n-tiles of O):
+//   0: keys 0-7, d n0.. (b0 of 2d2)   1: keys 8-15, d n0.. (b1 of 2d2)
+//   2: keys 0-7, d n0+8.. (b0 of 2d2+1)   3: keys 8-15, d n0+8.. (b1 of 2d2+1)
+//   => lane l addresses key (l & 15), dim n0 + (l >> 4) * 8.
+// O accumulators (C layout) per 8-dim n-tile: thread holds rows g, g+8 of its warp's 16 rows,
+//   dims 2t, 2t+1. Row statistics (max, sum) are shared by the 4 lanes of a quad (xor 1, 2).
+//
+// Shared memory rows are padded by 8 bf16 (16 B): row stride D*2+16 bytes moves each of the 8
+// rows of an ldmatrix phase 4 banks on, so the 8 x 16 B of a phase hit 32 distinct banks.
+// ---------------------------------------------------------------------------------------------
+#include "q12_meta.cuh"
+#include <cuda_bf16.h>
+
+namespace {
+
+constexpr int kPad = 8;           // bf16 of padding per smem row
+#define ATTN_INF __int_as_float(0x7f800000)  // +inf (NVRTC has no INFINITY macro)
+
+__device__ __forceinline__ unsigned int smem_addr(const void* p) {
+    return static_cast<unsigned int>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy global -> shared; src_bytes = 0 fills the 16 bytes with zeros (no read).
+__device__ __forceinline__ void cp_async16(unsigned int dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned int (&r)[4], unsigned int addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned int (&r)[4], unsigned int addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// d += A * B for one m16n8k16 tile (layouts in the header comment).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned int (&a)[4], unsigned int b0,
+                                         unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 2^x with one MUFU.EX2: ex2.approx (the instruction exp2f also uses, ~2 ulp) with .ftz, so a
+// result below 2^-126 flushes to 0 (irrelevant for softmax weights, which are <= 1 and summed in
+// fp32); exp2f's non-ftz form adds range-fixup instructions on the softmax's critical path.
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Two floats -> bf16x2 (round to nearest even), x in the low half.
+__device__ __forceinline__ unsigned int pack_bf16x2(float x, float y) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<unsigned int*>(&v);
+}
+
+template <int D, int BN, int NW, int MW, bool QREG>
+__device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, const bf16* k_pool,
+                                             const bf16* v_pool, bf16* o, int num_q_heads,
+                                             int num_kv_heads, int block_size, float scale) {
+    constexpr int kThreads = NW * 32;     // NW warps
+    constexpr int kWR = MW * 16;          // query rows per warp: MW sub-tiles of 16
+    constexpr int kBM = NW * kWR;         // query rows per CTA
+    constexpr int LD = D + kPad;            // smem row stride (elements)
+    constexpr int CPR = D / 8;              // 16-byte chunks per row
+    constexpr int KD = D / 16;              // k-steps of S = Q K^T
+    constexpr int NS = BN / 8;              // 8-key n-tiles of S
+    constexpr int KN = BN / 16;             // 16-key k-steps of O += P V
+    constexpr int ND = D / 8;               // 8-dim n-tiles of O
+    constexpr int RPT = BN * CPR / kThreads;  // K/V rows each thread copies per tile
+    constexpr int QPT = kBM * CPR / kThreads; // Q rows each thread copies
+    static_assert(kThreads % CPR == 0 && RPT * kThreads == BN * CPR && QPT * kThreads == kBM * CPR, "copy split");
+    static_assert(BN % 16 == 0 && D % 16 == 0, "tile shape");
+
+    const int b = blockIdx.z;
+    if (b >= static_cast<int>(m.batch_size)) return;
+    const int h = blockIdx.y;
+    if (h >= num_q_heads) return;
+    // Heaviest tiles (most keys) first: blockIdx.x = 0 takes the last m-tile.
+    const int mt = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
+    const int* cu = q12_cu_seqlens(m);
+    const int row0 = cu[b];
+    const int q_len = cu[b + 1] - row0;
+    const int m0 = mt * kBM;
+    if (m0 >= q_len) return;
+    const int kv_len = q12_kv_lens(m)[b];
+    const int* bt = q12_block_table(m, b);
+    const int kvh = h / (num_q_heads / num_kv_heads);
+    const int rows_here = min(kBM, q_len - m0);
+    const int shift = kv_len - q_len;                   // row r sees keys <= shift + r
+    const int max_key = shift + m0 + rows_here - 1;     // last key any valid row of this CTA sees
+    const int n_tiles = max_key >= 0 ? max_key / BN + 1 : 0;
+
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
+    const unsigned int sQa = smem_addr(sQ);
+    const unsigned int sKa = sQa + kBM * LD * 2;         // [2][BN][LD]
+    const unsigned int sVa = sKa + 2 * BN * LD * 2;      // [2][BN][LD]
+
+    const int tid = threadIdx.x;
+    const int warp = tid >> 5;
+    const int lane = tid & 31;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const int cr = tid / CPR;  // first row this thread copies
+    const int cc = tid % CPR;  // its 16-byte chunk within a row
+    constexpr int kRowStep = kThreads / CPR;
+
+    const long long head_stride = static_cast<long long>(num_kv_heads) * D;
+
+    // Q tile: rows past the stream's chunk are zero-filled and never read from global memory.
+    {
+        const bf16* qbase = q + (static_cast<long long>(row0 + m0) * num_q_heads + h) * D + cc * 8;
+#pragma unroll
+        for (int i = 0; i < QPT; ++i) {
+            const int r = cr + i * kRowStep;
+            const bool ok = r < rows_here;
+            const bf16* src = ok ? qbase + static_cast<long long>(r) * num_q_heads * D : q;
+            cp_async16(sQa + (r * LD + cc * 8) * 2, src, ok ? 16 : 0);
+        }
+    }
+
+    // Physical pages of this thread's rows of the next tile to copy (-1: key past max_key).
+    int page[RPT];
+    auto fetch_pages = [&](int n) {
+#pragma unroll
+        for (int i = 0; i < RPT; ++i) {
+            const int pos = n * BN + cr + i * kRowStep;
+            page[i] = pos <= max_key ? bt[pos / block_size] : -1;
+        }
+    };
+    auto issue_kv = [&](int n, int stage) {
+#pragma unroll
+        for (int i = 0; i < RPT; ++i) {
+            const int r = cr + i * kRowStep;
+            const int pos = n * BN + r;
+            const bool ok = page[i] >= 0;
+            long long off = 0;
+            if (ok) {
+                off = (static_cast<long long>(page[i]) * block_size + pos % block_size) * head_stride +
+                      static_cast<long long>(kvh) * D + cc * 8;
+            }
+            const unsigned int dst = ((stage * BN + r) * LD + cc * 8) * 2;
+            cp_async16(sKa + dst, k_pool + off, ok ? 16 : 0);
+            cp_async16(sVa + dst, v_pool + off, ok ? 16 : 0);
+        }
+    };
+
+    if (n_tiles > 0) {
+        fetch_pages(0);
+        issue_kv(0, 0);
+    }
+    cp_async_commit();  // group: Q + KV tile 0
+    if (n_tiles > 1) fetch_pages(1);
+
+    const float sl2 = scale * 1.4426950408889634f;  // scores in log2 units: exp(s*scale) = 2^(s*sl2)
+    const int wrow = m0 + warp * kWR;                // stream row of this warp's first row
+    const int diag_from = shift + m0;                // smallest causal bound over the CTA's rows
+
+    // Sub-tile mi of the warp = its rows mi*16 .. mi*16+15; thread rows g and g+8 of each (i = 0, 1).
+    float acc[MW][ND][4];
+#pragma unroll
+    for (int mi = 0; mi < MW; ++mi)
+#pragma unroll
+        for (int j = 0; j < ND; ++j) acc[mi][j][0] = acc[mi][j][1] = acc[mi][j][2] = acc[mi][j][3] = 0.f;
+    float row_max[MW][2];
+    float row_sum[MW][2];  // per-thread partial sums, reduced over the quad at the end
+#pragma unroll
+    for (int mi = 0; mi < MW; ++mi) {
+        row_max[mi][0] = row_max[mi][1] = -ATTN_INF;
+        row_sum[mi][0] = row_sum[mi][1] = 0.f;
+    }
+    unsigned int qf[QREG ? MW : 1][QREG ? KD : 1][4];
+
+    const unsigned int q_lane = sQa + ((warp * kWR + (lane & 15)) * LD + (lane >> 4) * 8) * 2;
+    const unsigned int k_lane = ((((lane & 7) + ((lane >> 4) << 3)) * LD) + ((lane >> 3) & 1) * 8) * 2;
+    const unsigned int v_lane = (((lane & 15) * LD) + (lane >> 4) * 8) * 2;
+
+    for (int n = 0; n < n_tiles; ++n) {
+        const int stage = n & 1;
+        if (n + 1 < n_tiles) {
+            issue_kv(n + 1, stage ^ 1);  // that stage was last read in iteration n-1 (synced below)
+            cp_async_commit();
+            if (n + 2 < n_tiles) fetch_pages(n + 2);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+
+        if (QREG && n == 0) {
+#pragma unroll
+            for (int mi = 0; mi < MW; ++mi)
+#pragma unroll
+                for (int kk = 0; kk < KD; ++kk)
+                    ldmatrix_x4(qf[QREG ? mi : 0][QREG ? kk : 0], q_lane + (mi * 16 * LD + kk * 16) * 2);
+        }
+
+        // ---- S = Q K^T (MW x 16 rows x BN keys per warp); each K fragment feeds MW sub-tiles ----
+        float s[MW][NS][4];
+#pragma unroll
+        for (int mi = 0; mi < MW; ++mi)
+#pragma unroll
+            for (int j = 0; j < NS; ++j) s[mi][j][0] = s[mi][j][1] = s[mi][j][2] = s[mi][j][3] = 0.f;
+        const unsigned int kst = sKa + stage * BN * LD * 2 + k_lane;
+#pragma unroll
+        for (int kk = 0; kk < KD; ++kk) {
+            unsigned int a[MW][4];
+#pragma unroll
+            for (int mi = 0; mi < MW; ++mi) {
+                if (QREG) {
+#pragma unroll
+                    for (int x = 0; x < 4; ++x) a[mi][x] = qf[QREG ? mi : 0][QREG ? kk : 0][x];
+                } else {
+                    ldmatrix_x4(a[mi], q_lane + (mi * 16 * LD + kk * 16) * 2);
+                }
+            }
+#pragma unroll
+            for (int j2 = 0; j2 < NS / 2; ++j2) {
+                unsigned int bk[4];
+                ldmatrix_x4(bk, kst + (j2 * 16 * LD + kk * 16) * 2);
+#pragma unroll
+                for (int mi = 0; mi < MW; ++mi) {
+                    mma_bf16(s[mi][2 * j2], a[mi], bk[0], bk[1]);
+                    mma_bf16(s[mi][2 * j2 + 1], a[mi], bk[2], bk[3]);
+                }
+            }
+        }
+
+        // ---- causal mask, on diagonal tiles only (raw scores; the scale is folded in below) ----
+        const int kb = n * BN;
+        if (kb + BN - 1 > diag_from) {
+#pragma unroll
+            for (int mi = 0; mi < MW; ++mi) {
+#pragma unroll
+                for (int j = 0; j < NS; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int key = kb + j * 8 + 2 * t + (e & 1);
+                        const int row = wrow + mi * 16 + g + (e >> 1) * 8;
+                        if (key > shift + row) s[mi][j][e] = -ATTN_INF;
+                    }
+                }
+            }
+        }
+
+        // ---- online softmax (row g + 8i of sub-tile mi; element e belongs to i = e >> 1) ----
+        // Max over raw scores (scale > 0), kept in log2 units: row_max = max(s) * sl2, and
+        // p = 2^(s * sl2 - row_max) = exp(scale * (s - max s)).
+#pragma unroll
+        for (int mi = 0; mi < MW; ++mi) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                float mx = -ATTN_INF;
+#pragma unroll
+                for (int j = 0; j < NS; ++j) mx = fmaxf(mx, fmaxf(s[mi][j][2 * i], s[mi][j][2 * i + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float mnew = fmaxf(row_max[mi][i], mx * sl2);
+                const float muse = mnew == -ATTN_INF ? 0.f : mnew;  // all masked so far: avoid inf - inf
+                const float alpha = exp2_ftz(row_max[mi][i] - muse);
+                row_max[mi][i] = mnew;
+                float sum = 0.f;
+#pragma unroll
+                for (int j = 0; j < NS; ++j) {
+                    s[mi][j][2 * i] = exp2_ftz(fmaf(s[mi][j][2 * i], sl2, -muse));
+                    s[mi][j][2 * i + 1] = exp2_ftz(fmaf(s[mi][j][2 * i + 1], sl2, -muse));
+                    sum += s[mi][j][2 * i] + s[mi][j][2 * i + 1];
+                }
+                row_sum[mi][i] = row_sum[mi][i] * alpha + sum;
+#pragma unroll
+                for (int d = 0; d < ND; ++d) {
+                    acc[mi][d][2 * i] *= alpha;
+                    acc[mi][d][2 * i + 1] *= alpha;
+                }
+            }
+        }
+
+        // ---- O += P V; each V fragment feeds MW sub-tiles ----
+        const unsigned int vst = sVa + stage * BN * LD * 2 + v_lane;
+#pragma unroll
+        for (int ks = 0; ks < KN; ++ks) {
+            unsigned int a[MW][4];
+#pragma unroll
+            for (int mi = 0; mi < MW; ++mi) {
+                a[mi][0] = pack_bf16x2(s[mi][2 * ks][0], s[mi][2 * ks][1]);
+                a[mi][1] = pack_bf16x2(s[mi][2 * ks][2], s[mi][2 * ks][3]);
+                a[mi][2] = pack_bf16x2(s[mi][2 * ks + 1][0], s[mi][2 * ks + 1][1]);
+                a[mi][3] = pack_bf16x2(s[mi][2 * ks + 1][2], s[mi][2 * ks + 1][3]);
+            }
+#pragma unroll
+            for (int d2 = 0; d2 < ND / 2; ++d2) {
+                unsigned int bv[4];
+                ldmatrix_x4_trans(bv, vst + (ks * 16 * LD + d2 * 16) * 2);
+#pragma unroll
+                for (int mi = 0; mi < MW; ++mi) {
+                    mma_bf16(acc[mi][2 * d2], a[mi], bv[0], bv[1]);
+                    mma_bf16(acc[mi][2 * d2 + 1], a[mi], bv[2], bv[3]);
+                }
+            }
+        }
+        __syncthreads();  // every warp is done with this stage before it is refilled
+    }
+    cp_async_wait<0>();  // n_tiles == 0: the Q copy may still be in flight
+    __syncthreads();
+
+    // ---- epilogue: O / l -> bf16 into this warp's own Q rows of smem, then 16-B stores ----
+    unsigned int* sO = reinterpret_cast<unsigned int*>(sQ);
+#pragma unroll
+    for (int mi = 0; mi < MW; ++mi) {
+        float inv[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            float l = row_sum[mi][i];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            inv[i] = l > 0.f ? 1.f / l : 0.f;
+        }
+        const int r_lo = warp * kWR + mi * 16 + g;
+#pragma unroll
+        for (int d = 0; d < ND; ++d) {
+            const int col = d * 8 + 2 * t;
+            sO[(r_lo * LD + col) / 2] = pack_bf16x2(acc[mi][d][0] * inv[0], acc[mi][d][1] * inv[0]);
+            sO[((r_lo + 8) * LD + col) / 2] = pack_bf16x2(acc[mi][d][2] * inv[1], acc[mi][d][3] * inv[1]);
+        }
+    }
+    __syncwarp();
+    bf16* obase = o + (static_cast<long long>(row0 + wrow) * num_q_heads + h) * D;
+#pragma unroll
+    for (int c = lane; c < kWR * CPR; c += 32) {
+        const int r = c / CPR;
+        const int ch = c % CPR;
+        if (wrow + r < q_len) {
+            const uint4 v = *reinterpret_cast<const uint4*>(sQ + (warp * kWR + r) * LD + ch * 8);
+            *reinterpret_cast<uint4*>(obase + static_cast<long long>(r) * num_q_heads * D + ch * 8) = v;
+        }
+    }
+}
+
+}  // namespace
+
+extern "C" __global__ void q12_attn_prefill_d64(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
+    attn_prefill<64, 64, 8, 1, true>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
+}
+
+extern "C" __global__ void q12_attn_prefill_d128(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
+    attn_prefill<128, 32, 4, 2, false>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
+}
+
+extern "C" __global__ void q12_attn_prefill_d256(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
+    attn_prefill<256, 64, 8, 1, false>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
+}

@@ -1,0 +1,262 @@
+// gdn_prefill.cu: Gated DeltaNet (Qwen3-Next) prefill over varlen streams, recurrent form.
+//
+// Per stream b (packed rows cu_seqlens[b] .. cu_seqlens[b+1]), per value head h (key head
+// h / (Hv/Hk)), with the fp32 state S [dk, dv] of (b, h) at h_state_ptrs[b] + h*dk*dv:
+//     k^ = k / sqrt(sum k^2 + 1e-6),  q~ = q / sqrt(sum q^2 + 1e-6) * dk^-1/2   (fp32)
+//     S <- exp(g_t) * S;  m = S^T k^;  delta = beta_t * (v_t - m);  S <- S + k^ delta^T;  o_t = S^T q~
+// The final state overwrites the initial one in place.
+//
+// Geometry: grid (Hv * dv / 32, n, 1), block (128, 1, 1), static shared memory only.
+// A CTA owns 32 dv columns of one (stream, value head); the dv columns of S evolve independently,
+// so CTAs never talk to each other and never mix streams (batched == alone, bit for bit).
+// Register layout (GDN_LPC = 8 lanes per column group, GDN_CPT = 2 columns per thread): lane =
+// LPC*group + sub; the thread owns columns cc .. cc+CPT-1 and, of each, the rows
+// {4*LPC*c + 4*sub + e : c < dk/(4*LPC), e < 4} (16 rows x 2 columns = 32 fp32 for dk = 128).
+// Every k/q read from shared memory is a float4 broadcast: the 8 lanes of a quarter warp read 8
+// distinct consecutive float4 (one wavefront). Column dot products are reduced over the LPC lanes
+// with xor shuffles (commutative adds: every lane of the group gets the same bits).
+// Measured on the H200 (Hk 16, Hv 32, d 128): 1 x 2048 tokens 0.67 ms, 8 x 2048 2.85 ms; the
+// (LPC, CPT) = (4,1), (4,2), (8,4), (2,1) variants land within +-20% (ncu: (4,1) is L1/shared
+// bound at 91%; halving the wavefronts did not help much, so the serial per-token chain of
+// shared loads, FMAs and shuffles at 4 warps per scheduler appears to be the next limit).
+// Tokens go in chunks of CT: the next chunk's raw q/k/v/g/beta are loaded into registers before the
+// current chunk's serial loop runs, then l2-normalised into shared memory after it.
+// Requirements: q, k 16-byte aligned (dk a multiple of 8), v, o 8-byte aligned.
+#include "q12_meta.cuh"
+
+#define GDN_THREADS 128
+#define GDN_CT 16     // tokens per chunk
+#ifndef GDN_CPT
+#define GDN_CPT 2     // dv columns per thread
+#endif
+#ifndef GDN_LPC
+#define GDN_LPC 8     // lanes per dv column (they split dk)
+#endif
+
+template <int DK, int DV, int LPC, int CPT>
+__device__ __forceinline__ void gdn_prefill_body(const Q12Meta& m, const unsigned long long* __restrict__ h_state_ptrs,
+                                                 const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                                 const bf16* __restrict__ v, const float* __restrict__ g,
+                                                 const float* __restrict__ beta, bf16* __restrict__ o,
+                                                 int num_k_heads, int num_v_heads) {
+    constexpr int GDN_COLS = (GDN_THREADS / LPC) * CPT;  // dv columns per CTA
+    static_assert(LPC == 2 || LPC == 4 || LPC == 8, "lanes per column");
+    static_assert(DK % (4 * LPC) == 0 && DV % GDN_COLS == 0, "dk must be a multiple of 4*LPC, dv of the CTA's columns");
+    constexpr int NC = DK / (4 * LPC);          // float4 groups per lane
+    constexpr int R = NC * 4;                   // state rows per lane
+    constexpr int V_PASSES = GDN_CT * GDN_COLS / (4 * GDN_THREADS);
+    constexpr int SEGS = DK / 8;                // 16-byte segments per q/k row
+    constexpr int ROWS_PER_PASS = GDN_THREADS / SEGS;
+    constexpr int QK_PASSES = (2 * GDN_CT) / ROWS_PER_PASS;
+    static_assert((2 * GDN_CT) % ROWS_PER_PASS == 0 && 32 % SEGS == 0, "q/k staging layout");
+    static_assert(GDN_CT * GDN_COLS % (4 * GDN_THREADS) == 0, "v staging: whole 4-wide loads per thread");
+    constexpr int SLICES = DV / GDN_COLS;
+
+    __shared__ __align__(16) float s_q[GDN_CT][DK];
+    __shared__ __align__(16) float s_k[GDN_CT][DK];
+    __shared__ __align__(16) float s_v[GDN_CT][GDN_COLS];
+    __shared__ float s_alpha[GDN_CT];
+    __shared__ float s_beta[GDN_CT];
+    __shared__ __align__(16) bf16 s_o[GDN_CT][GDN_COLS];
+
+    const int b = blockIdx.y;
+    if (b >= (int)m.batch_size || (int)blockIdx.x >= num_v_heads * SLICES) return;
+    const int h = blockIdx.x / SLICES;
+    const int col0 = (blockIdx.x % SLICES) * GDN_COLS;   // first dv column of this CTA
+    const int kh = h / (num_v_heads / num_k_heads);
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int sub = lane % LPC;
+    const int cc = (warp * (32 / LPC) + lane / LPC) * CPT;  // first of this thread's CPT columns in the slice
+    const int col = col0 + cc;
+
+    const int* cu = q12_cu_seqlens(m);
+    const int tok0 = cu[b];
+    const int len = cu[b + 1] - tok0;
+
+    float* state = reinterpret_cast<float*>(h_state_ptrs[b]) + (long long)h * DK * DV;
+
+    // Staging-thread roles (fixed for the whole kernel).
+    const int qk_seg = tid % SEGS;
+    const int qk_row0 = tid / SEGS;            // row = qk_row0 + p * ROWS_PER_PASS; token = row >> 1; q if even
+    uint4 st_qk[QK_PASSES];
+    uint2 st_v[V_PASSES];
+    float st_gb = 0.f;
+
+    auto load_chunk = [&](int c0) {             // raw loads of chunk starting at stream row c0
+#pragma unroll
+        for (int p = 0; p < QK_PASSES; ++p) {
+            const int row = qk_row0 + p * ROWS_PER_PASS;
+            const int t = c0 + (row >> 1);
+            uint4 val = make_uint4(0u, 0u, 0u, 0u);
+            if (t < len) {
+                const bf16* src = (row & 1) ? k : q;
+                val = *reinterpret_cast<const uint4*>(src + ((long long)(tok0 + t) * num_k_heads + kh) * DK + qk_seg * 8);
+            }
+            st_qk[p] = val;
+        }
+#pragma unroll
+        for (int p = 0; p < V_PASSES; ++p) {
+            const int idx = tid + p * GDN_THREADS;
+            const int t = c0 + idx / (GDN_COLS / 4);
+            st_v[p] = make_uint2(0u, 0u);
+            if (t < len)
+                st_v[p] = *reinterpret_cast<const uint2*>(v + ((long long)(tok0 + t) * num_v_heads + h) * DV + col0 + (idx % (GDN_COLS / 4)) * 4);
+        }
+        st_gb = 0.f;
+        if (tid < 2 * GDN_CT) {
+            const int t = c0 + (tid % GDN_CT);
+            if (t < len) {
+                const long long idx = (long long)(tok0 + t) * num_v_heads + h;
+                st_gb = (tid < GDN_CT) ? g[idx] : beta[idx];
+            }
+        }
+    };
+
+    auto store_chunk = [&]() {                  // normalise the staged chunk into shared memory
+        const float qscale = 1.0f / sqrtf((float)DK);
+#pragma unroll
+        for (int p = 0; p < QK_PASSES; ++p) {
+            const int row = qk_row0 + p * ROWS_PER_PASS;
+            const __nv_bfloat162* pr = reinterpret_cast<const __nv_bfloat162*>(&st_qk[p]);
+            float x[8];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float2 f = __bfloat1622float2(pr[i]);
+                x[2 * i] = f.x;
+                x[2 * i + 1] = f.y;
+            }
+            float ss = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) ss = fmaf(x[i], x[i], ss);
+#pragma unroll
+            for (int off = SEGS / 2; off >= 1; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+            float inv = 1.0f / sqrtf(ss + 1e-6f);
+            float* dst;
+            if (row & 1) {
+                dst = &s_k[row >> 1][qk_seg * 8];
+            } else {
+                dst = &s_q[row >> 1][qk_seg * 8];
+            }
+            float y[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) y[i] = (row & 1) ? x[i] * inv : (x[i] * inv) * qscale;
+            reinterpret_cast<float4*>(dst)[0] = make_float4(y[0], y[1], y[2], y[3]);
+            reinterpret_cast<float4*>(dst)[1] = make_float4(y[4], y[5], y[6], y[7]);
+        }
+#pragma unroll
+        for (int p = 0; p < V_PASSES; ++p) {
+            const int idx = tid + p * GDN_THREADS;
+            const __nv_bfloat162* pv = reinterpret_cast<const __nv_bfloat162*>(&st_v[p]);
+            const float2 a = __bfloat1622float2(pv[0]);
+            const float2 c = __bfloat1622float2(pv[1]);
+            reinterpret_cast<float4*>(&s_v[idx / (GDN_COLS / 4)][(idx % (GDN_COLS / 4)) * 4])[0] = make_float4(a.x, a.y, c.x, c.y);
+        }
+        if (tid < GDN_CT) s_alpha[tid] = expf(st_gb);
+        else if (tid < 2 * GDN_CT) s_beta[tid - GDN_CT] = st_gb;
+    };
+
+    // This lane's slice of column `col` of S: S[r] = state[row(r)][col], row(4c+e) = 16c + 4sub + e.
+    float S[CPT][R];
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+#pragma unroll
+            for (int j = 0; j < CPT; ++j) S[j][4 * c + e] = state[(4 * LPC * c + 4 * sub + e) * DV + col + j];
+
+    load_chunk(0);
+    store_chunk();
+    __syncthreads();
+
+    for (int c0 = 0; c0 < len; c0 += GDN_CT) {
+        const bool more = c0 + GDN_CT < len;
+        if (more) load_chunk(c0 + GDN_CT);      // in flight during the serial loop below
+        const int nt = min(GDN_CT, len - c0);
+
+        for (int t = 0; t < nt; ++t) {
+            const float a = s_alpha[t];
+            const float bt = s_beta[t];
+            const float4* kp = reinterpret_cast<const float4*>(&s_k[t][0]) + sub;
+            const float4* qp = reinterpret_cast<const float4*>(&s_q[t][0]) + sub;
+            float4 kr[NC];
+            float p[CPT][4];
+#pragma unroll
+            for (int j = 0; j < CPT; ++j) p[j][0] = p[j][1] = p[j][2] = p[j][3] = 0.f;
+#pragma unroll
+            for (int c = 0; c < NC; ++c) {
+                kr[c] = kp[LPC * c];
+#pragma unroll
+                for (int j = 0; j < CPT; ++j) {
+                    S[j][4 * c + 0] *= a;
+                    S[j][4 * c + 1] *= a;
+                    S[j][4 * c + 2] *= a;
+                    S[j][4 * c + 3] *= a;
+                    p[j][0] = fmaf(S[j][4 * c + 0], kr[c].x, p[j][0]);
+                    p[j][1] = fmaf(S[j][4 * c + 1], kr[c].y, p[j][1]);
+                    p[j][2] = fmaf(S[j][4 * c + 2], kr[c].z, p[j][2]);
+                    p[j][3] = fmaf(S[j][4 * c + 3], kr[c].w, p[j][3]);
+                }
+            }
+            float d[CPT];
+#pragma unroll
+            for (int j = 0; j < CPT; ++j) {
+                float mm = (p[j][0] + p[j][1]) + (p[j][2] + p[j][3]);
+#pragma unroll
+                for (int off = 1; off < LPC; off <<= 1) mm += __shfl_xor_sync(0xffffffffu, mm, off);
+                d[j] = bt * (s_v[t][cc + j] - mm);
+                p[j][0] = p[j][1] = p[j][2] = p[j][3] = 0.f;
+            }
+#pragma unroll
+            for (int c = 0; c < NC; ++c) {
+                const float4 qr = qp[LPC * c];
+#pragma unroll
+                for (int j = 0; j < CPT; ++j) {
+                    S[j][4 * c + 0] = fmaf(kr[c].x, d[j], S[j][4 * c + 0]);
+                    S[j][4 * c + 1] = fmaf(kr[c].y, d[j], S[j][4 * c + 1]);
+                    S[j][4 * c + 2] = fmaf(kr[c].z, d[j], S[j][4 * c + 2]);
+                    S[j][4 * c + 3] = fmaf(kr[c].w, d[j], S[j][4 * c + 3]);
+                    p[j][0] = fmaf(S[j][4 * c + 0], qr.x, p[j][0]);
+                    p[j][1] = fmaf(S[j][4 * c + 1], qr.y, p[j][1]);
+                    p[j][2] = fmaf(S[j][4 * c + 2], qr.z, p[j][2]);
+                    p[j][3] = fmaf(S[j][4 * c + 3], qr.w, p[j][3]);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < CPT; ++j) {
+                float oo = (p[j][0] + p[j][1]) + (p[j][2] + p[j][3]);
+#pragma unroll
+                for (int off = 1; off < LPC; off <<= 1) oo += __shfl_xor_sync(0xffffffffu, oo, off);
+                if (sub == 0) s_o[t][cc + j] = __float2bfloat16_rn(oo);
+            }
+        }
+        __syncthreads();                        // s_o complete; s_q/s_k/s_v/s_alpha/s_beta free
+
+#pragma unroll
+        for (int p = 0; p < V_PASSES; ++p) {    // 8-byte stores (GDN_CT x GDN_COLS bf16)
+            const int idx = tid + p * GDN_THREADS;
+            const int t = idx / (GDN_COLS / 4), part = idx % (GDN_COLS / 4);
+            if (t < nt)
+                *reinterpret_cast<uint2*>(o + ((long long)(tok0 + c0 + t) * num_v_heads + h) * DV + col0 + part * 4) =
+                    *reinterpret_cast<const uint2*>(&s_o[t][part * 4]);
+        }
+        if (more) store_chunk();
+        __syncthreads();                        // next chunk staged; s_o free
+    }
+
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+#pragma unroll
+            for (int j = 0; j < CPT; ++j) state[(4 * LPC * c + 4 * sub + e) * DV + col + j] = S[j][4 * c + e];
+}
+
+extern "C" __global__ void q12_gdn_prefill_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads) {
+    gdn_prefill_body<128, 128, GDN_LPC, GDN_CPT>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
+}
+
+extern "C" __global__ void q12_gdn_prefill_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads) {
+    gdn_prefill_body<64, 64, GDN_LPC, GDN_CPT>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
+}

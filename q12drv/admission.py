@@ -1,0 +1,194 @@
+"""Admission: may this batch take the kernel-batched path? (``check_kernel_batched_eligible``)
+
+Upstream's rules in upstream's order, then the per-stream block fit. The scratch rules read the
+same :class:`~q12drv.layout.ScratchPlan` the stager fills, so admission and staging cannot
+disagree about whether a batch fits. A refusal is not an error: the pass runs per stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .layout import POLICIES, ScratchPlan, make_scratch_plan
+
+__all__ = ["Admission", "check_kernel_batched_eligible", "MAX_HEAD_DIM", "RULES"]
+
+#: Largest head dimension the batched attention kernels take.
+MAX_HEAD_DIM = 256
+
+#: Rule names in evaluation order.
+RULES = (
+    "too_few_streams",
+    "mla",
+    "head_dim",
+    "chunk_start_mismatch",
+    "is_last_mismatch",
+    "chunk_len_mismatch",
+    "zero_length_stream",
+    "empty",
+    "chunk_zero",
+    "arena",
+    "scratch",
+    "stream_block",
+)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The decision. Truthy when admitted; otherwise ``rule`` and ``reason`` say why not.
+
+    Attributes
+    ----------
+    admitted : bool
+    rule : str or None
+        Which rule refused (one of :data:`RULES`), None when admitted.
+    reason : str
+        Human-readable, with the numbers ("" when admitted).
+    plan : ScratchPlan or None
+        The plan the scratch rules read (None if refused before it was built).
+    scratch_needed : int or None
+        Bytes the batch needs under the policy.
+    """
+
+    admitted: bool
+    rule: str | None = None
+    reason: str = ""
+    plan: ScratchPlan | None = None
+    scratch_needed: int | None = None
+
+    def __bool__(self) -> bool:
+        return self.admitted
+
+    def __str__(self) -> str:
+        return "admitted" if self.admitted else f"refused ({self.rule}): {self.reason}"
+
+
+def _refuse(rule: str, reason: str, plan=None, needed=None) -> Admission:
+    return Admission(False, rule, reason, plan, needed)
+
+
+def _as_int(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__} {v!r}")
+    if int(v) < 0:
+        raise ValueError(f"{name} must be >= 0, got {int(v)}")
+    return int(v)
+
+
+def check_kernel_batched_eligible(
+    streams: Sequence[tuple],
+    n: int,
+    arena_cap: int,
+    is_mla: bool,
+    head_dim: int,
+    scratch_cap: int,
+    top_k: int,
+    mrope: bool,
+    allow_chunk_zero: bool,
+    varlen: bool,
+    policy: str = "seed",
+) -> Admission:
+    """Decide whether ``n`` streams may run as one batched pass.
+
+    Parameters
+    ----------
+    streams : sequence of (chunk_len, eff_len, chunk_start, is_last)
+        Per stream: scheduled chunk length, effective (uncached) tokens this pass processes,
+        absolute start of the chunk, whether it is the prompt's last chunk.
+    n : int
+        Number of streams (must equal ``len(streams)``).
+    arena_cap : int
+        Token rows the packed activation buffer holds (``max_batch_tokens``).
+    is_mla : bool
+        Multi-head latent attention model (not supported batched).
+    head_dim : int
+        Attention head dimension.
+    scratch_cap : int
+        Bytes of the scratch arena.
+    top_k : int
+        MoE experts per token.
+    mrope : bool
+        Positions staged as T/H/W.
+    allow_chunk_zero : bool
+        Admit first chunks (chunk_start 0).
+    varlen : bool
+        Admit ragged chunk lengths.
+    policy : {"seed", "exact"}
+        Per-stream block sizing (see :mod:`q12drv.layout`).
+
+    Returns
+    -------
+    Admission
+        Truthy when admitted.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Malformed arguments (as opposed to a batch that is merely refused).
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    n = _as_int("n", n)
+    streams = list(streams)
+    if len(streams) != n:
+        raise ValueError(f"n = {n} but {len(streams)} stream tuples were given")
+    arena_cap = _as_int("arena_cap", arena_cap)
+    head_dim = _as_int("head_dim", head_dim)
+    scratch_cap = _as_int("scratch_cap", scratch_cap)
+    top_k = _as_int("top_k", top_k)
+    parsed = []
+    for b, s in enumerate(streams):
+        if not isinstance(s, (tuple, list)) or len(s) != 4:
+            raise TypeError(f"streams[{b}] must be a (chunk_len, eff_len, chunk_start, is_last) tuple, got {s!r}")
+        chunk_len, eff_len, chunk_start = (_as_int(f"streams[{b}].{k}", v) for k, v in zip(("chunk_len", "eff_len", "chunk_start"), s[:3]))
+        if eff_len > chunk_len:
+            raise ValueError(f"streams[{b}]: eff_len {eff_len} exceeds chunk_len {chunk_len}")
+        parsed.append((chunk_len, eff_len, chunk_start, bool(s[3])))
+
+    # 1-3: batch-wide shape rules
+    if n < 2:
+        return _refuse("too_few_streams", f"n = {n}: a batch needs at least 2 streams")
+    if is_mla:
+        return _refuse("mla", "MLA attention (kv_lora_rank > 0) has no batched kernel")
+    if head_dim > MAX_HEAD_DIM:
+        return _refuse("head_dim", f"head_dim {head_dim} > {MAX_HEAD_DIM}")
+    # 4-6: per stream against stream 0, accumulate
+    c0, _, s0, last0 = parsed[0]
+    total, max_len = 0, 0
+    for b, (chunk_len, eff_len, chunk_start, is_last) in enumerate(parsed):
+        if chunk_start != s0:
+            return _refuse("chunk_start_mismatch", f"stream {b} starts at {chunk_start}, stream 0 at {s0}")
+        if is_last != last0:
+            return _refuse("is_last_mismatch", f"stream {b} is_last={is_last}, stream 0 is_last={last0}")
+        if not varlen and chunk_len != c0:
+            return _refuse("chunk_len_mismatch", f"stream {b} chunk_len {chunk_len} != stream 0's {c0} and varlen is off")
+        if eff_len == 0:
+            return _refuse("zero_length_stream", f"stream {b} has eff_len 0 (a fully cached middle chunk; upstream bug B7)")
+        total += eff_len
+        max_len = max(max_len, eff_len)
+    # 7-9
+    if not parsed:
+        return _refuse("empty", "no streams")
+    if s0 == 0 and not allow_chunk_zero:
+        return _refuse("chunk_zero", "the batch is at chunk_start 0 and allow_chunk_zero is off")
+    if total > arena_cap:
+        return _refuse("arena", f"{total} packed tokens exceed the activation arena of {arena_cap} rows")
+    # 10: scratch fit, from the same plan the stager uses
+    # The plan is built from what the stager will write (the effective lengths); under "seed" its
+    # total is the seed's varlen function exactly, which for equal lengths is the uniform one.
+    plan = make_scratch_plan([e for _, e, _, _ in parsed], top_k, bool(mrope), policy)
+    needed = plan.total_bytes
+    if needed > scratch_cap:
+        return _refuse("scratch", f"the batch needs {needed:,} scratch bytes, the arena has {scratch_cap:,} "
+                                  f"(policy '{policy}')", plan, needed)
+    # + per-stream block fit (upstream bug B9)
+    b = plan.first_unfit_stream()
+    if b is not None:
+        need = plan.stream_layout(b).staged_bytes
+        return _refuse("stream_block", f"stream {b}'s own metadata ({plan.counts[b]} tokens"
+                       f"{', MRoPE' if plan.mrope else ''}) needs {need:,} bytes but the '{policy}' per-stream "
+                       f"block is {plan.stream_blocks[b].nbytes:,} (upstream bug B9); use policy='exact'", plan, needed)
+    return Admission(True, None, "", plan, needed)

@@ -1,0 +1,196 @@
+"""``ScratchArena``: one device allocation carved into named regions by a cursor.
+
+The arena knows names, offsets and sizes; what the bytes mean belongs to the layers above
+(:mod:`q12drv.layout` decides the sizes, :mod:`q12drv.staging` writes the bytes).
+Every reservation is bounds-checked before anything is written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from .device import Device, DeviceArray, DeviceBuffer
+from .errors import CapacityError, Q12Error
+from .ptr import DevicePtr
+
+__all__ = ["ScratchArena", "ArenaRegion", "GUARD_BYTES", "GUARD_PATTERN"]
+
+#: Bytes past the capacity filled with :data:`GUARD_PATTERN` and checked by :meth:`ScratchArena.guard_intact`.
+GUARD_BYTES = 256
+GUARD_PATTERN = 0x5A
+_BASE_ALIGN = 256
+
+
+@dataclass(frozen=True)
+class ArenaRegion:
+    """A reservation: ``name``, byte ``offset`` from the base, ``nbytes``, and its device ``ptr``."""
+
+    name: str
+    offset: int
+    nbytes: int
+    ptr: DevicePtr
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.nbytes
+
+
+class ScratchArena:
+    """A bump-cursor arena over one ``cuMemAlloc``'d buffer.
+
+    Parameters
+    ----------
+    device : Device
+    nbytes : int
+        Capacity. (A guard band of :data:`GUARD_BYTES` is allocated past it.)
+
+    Examples
+    --------
+    >>> with open_device("emu") as dev, ScratchArena(dev, 1 << 20) as arena:   # doctest: +SKIP
+    ...     moe = arena.reserve("moe_topk", 4096, align=64)
+    ...     arena.cursor
+    4096
+    """
+
+    def __init__(self, device: Device, nbytes: int):
+        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or int(nbytes) <= 0:
+            raise ValueError(f"arena capacity must be a positive int, got {nbytes!r}")
+        self.device = device
+        self.capacity = int(nbytes)
+        self._buffer: DeviceBuffer | None = device.alloc(self.capacity + GUARD_BYTES, "q12 scratch arena")
+        if int(self._buffer.ptr) % _BASE_ALIGN:
+            raise Q12Error(f"cuMemAlloc returned {self._buffer.ptr!r}, not {_BASE_ALIGN}-aligned")
+        self.base = self._buffer.ptr
+        self.cursor = 0
+        self._regions: list[ArenaRegion] = []
+        self._attachments: dict[str, Any] = {}
+        device.memset(int(self.base) + self.capacity, GUARD_PATTERN, GUARD_BYTES)
+        device.synchronize()
+
+    # reservations ----------------------------------------------------------------------
+    @property
+    def regions(self) -> tuple:
+        return tuple(self._regions)
+
+    def region(self, name: str) -> ArenaRegion:
+        for r in self._regions:
+            if r.name == name:
+                return r
+        raise KeyError(f"the arena has no region {name!r}; it has: {', '.join(r.name for r in self._regions) or 'none'}")
+
+    def reserve(self, name: str, nbytes: int, *, align: int = 8, offset: int | None = None) -> ArenaRegion:
+        """Reserve ``nbytes`` at the cursor (or at ``offset`` >= cursor) and advance the cursor past it.
+
+        Raises
+        ------
+        CapacityError
+            The region would end past the capacity; the cursor and the bytes are unchanged.
+        ValueError
+            Bad sizes, alignment, or an ``offset`` behind the cursor or misaligned.
+        """
+        self._require_open()
+        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or int(nbytes) < 0:
+            raise ValueError(f"region {name!r}: size must be a non-negative int, got {nbytes!r}")
+        if align < 1 or align & (align - 1):
+            raise ValueError(f"region {name!r}: alignment must be a power of two, got {align}")
+        nbytes = int(nbytes)
+        if offset is None:
+            start = (self.cursor + align - 1) // align * align
+        else:
+            start = int(offset)
+            if start < self.cursor:
+                raise ValueError(f"region {name!r} at offset {start:,} would overlap what is reserved up to the cursor {self.cursor:,}")
+            if start % align:
+                raise ValueError(f"region {name!r}: offset {start:,} is not {align}-aligned")
+        if start + nbytes > self.capacity:
+            raise CapacityError(name, start + nbytes, self.capacity,
+                                f"the arena is {self.capacity:,} bytes (cursor at {self.cursor:,}); size it with q12drv.layout")
+        region = ArenaRegion(name, start, nbytes, DevicePtr(int(self.base) + start))
+        self._regions.append(region)
+        self.cursor = start + nbytes
+        return region
+
+    def unreserve(self, region: ArenaRegion) -> None:
+        """Undo the most recent reservation (used to roll back after a failed upload)."""
+        if not self._regions or self._regions[-1] != region:
+            raise ValueError(f"only the most recent reservation can be undone, not {region.name!r}")
+        self._regions.pop()
+        self.cursor = self._regions[-1].end if self._regions else 0
+
+    def check_range(self, what: str, offset: int, nbytes: int) -> None:
+        """Raise :class:`CapacityError` unless ``[offset, offset + nbytes)`` lies inside the capacity."""
+        if offset < 0 or nbytes < 0:
+            raise ValueError(f"{what}: negative offset or size ({offset}, {nbytes})")
+        if offset + nbytes > self.capacity:
+            raise CapacityError(what, offset + nbytes, self.capacity, f"the arena is {self.capacity:,} bytes")
+
+    def reset(self) -> None:
+        """Forget every reservation; the cursor goes back to 0 (the bytes are left as they are)."""
+        self.cursor = 0
+        self._regions.clear()
+
+    # access ----------------------------------------------------------------------------
+    def ptr(self, offset: int) -> DevicePtr:
+        """The device address of byte ``offset``."""
+        self.check_range("pointer", offset, 0)
+        return DevicePtr(int(self.base) + int(offset))
+
+    def read(self, offset: int, nbytes: int, stream: Any = None) -> bytes:
+        """Copy ``nbytes`` at ``offset`` back to the host, after the work on ``stream`` (synchronizing)."""
+        self._require_open()
+        self.check_range("read", offset, nbytes)
+        return self.device.download(int(self.base) + offset, nbytes, stream)
+
+    def view(self, offset: int, dtype, shape) -> DeviceArray:
+        """A zero-copy :class:`~q12drv.device.DeviceArray` (``__cuda_array_interface__``) over arena bytes."""
+        arr = DeviceArray(int(self.base) + int(offset), dtype, shape, owner=self)
+        self.check_range("view", offset, arr.nbytes)
+        return arr
+
+    def guard_intact(self) -> bool:
+        """Whether the guard band past the capacity still holds its pattern (synchronizing)."""
+        band = self.device.download(int(self.base) + self.capacity, GUARD_BYTES)
+        return band == bytes([GUARD_PATTERN]) * GUARD_BYTES
+
+    # attachments (e.g. the stager's pinned rings), released with the arena ---------------
+    def attachment(self, key: str, factory: Callable[[], Any]) -> Any:
+        obj = self._attachments.get(key)
+        if obj is None:
+            self._require_open()
+            obj = self._attachments[key] = factory()
+        return obj
+
+    # lifetime --------------------------------------------------------------------------
+    def _require_open(self) -> None:
+        if self._buffer is None:
+            raise Q12Error("this ScratchArena is closed")
+
+    @property
+    def closed(self) -> bool:
+        return self._buffer is None
+
+    def close(self) -> None:
+        """Wait for pending work, release attachments and free the allocation. Idempotent."""
+        if self._buffer is None:
+            return
+        if not self.device.closed:
+            self.device.synchronize()
+        for obj in self._attachments.values():
+            obj.close()
+        self._attachments.clear()
+        buf, self._buffer = self._buffer, None
+        if not self.device.closed:
+            buf.free()
+
+    def __enter__(self) -> "ScratchArena":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._buffer is None else f"base={self.base!r}"
+        return f"ScratchArena({state}, capacity={self.capacity:,}, cursor={self.cursor:,})"

@@ -1,0 +1,71 @@
+"""The ``q12drv`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["main"]
+
+_DRIVER_HELP = ("which driver: 'auto' uses the GPU when there is one and the emulator otherwise, "
+                "'cuda' insists on the GPU, 'emu' always emulates (default: $Q12DRV_DRIVER or auto)")
+
+
+def _cmd_demo(args) -> int:
+    from .demo import DemoConfig, run_demo
+    from .device import open_device
+
+    with open_device(args.driver) as dev:
+        ok = run_demo(dev, DemoConfig(seed=args.seed), kernels=not args.no_kernels)
+    return 0 if ok else 1
+
+
+def _cmd_doctor(args) -> int:
+    from .doctor import run_doctor
+
+    return run_doctor(args.driver, arch=args.arch)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="q12drv",
+        description="Stage batched (Q12) prefill metadata into a CUDA arena and run the kernels that read it.",
+        epilog="Run 'q12drv demo' to see a whole pass; 'q12drv doctor' to check the toolchain.",
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    d = sub.add_parser("demo", help="plan, admit, stage and verify one batched pass (and run its kernels)",
+                       description="Plan 8 ragged prefill streams (Qwen3-Next-like, MRoPE), decide admission, stage "
+                                   "the metadata with one pinned copy, place the h_state_ptrs slot, read the arena "
+                                   "back and verify every field; then run one attention and one Gated DeltaNet layer "
+                                   "batched and per stream and compare them bit for bit. Exit status 1 if a check fails.")
+    d.add_argument("--driver", default="auto", choices=["auto", "cuda", "emu"], help=_DRIVER_HELP)
+    d.add_argument("--seed", type=int, default=0, help="random seed for block tables and activations (default 0)")
+    d.add_argument("--no-kernels", action="store_true", help="stop after staging (skip the attention and GDN layers)")
+    d.set_defaults(func=_cmd_demo)
+    doc = sub.add_parser("doctor", help="print driver, device, NVRTC and compile every kernel",
+                         description="Print the driver, the device, the NVRTC version and header directory, then "
+                                     "compile every kernel in cuda_src/ and print registers, spills and shared memory "
+                                     "per kernel. Works without a GPU (compile only). Exit status 1 if any fails.")
+    doc.add_argument("--driver", default="auto", choices=["auto", "cuda", "emu"], help=_DRIVER_HELP)
+    doc.add_argument("--arch", default=None, help="compile target (default: the device's, sm_90 without a GPU)")
+    doc.set_defaults(func=_cmd_doctor)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        from .errors import Q12Error
+
+        if isinstance(exc, Q12Error):
+            print(f"q12drv {args.command}: {exc}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""``q12drv doctor``: what q12drv will run on, and every kernel's resources from a fresh compile."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from dataclasses import dataclass
+
+from .driver import open_driver
+from .errors import NvrtcError, Q12Error
+from .kernels.meta import meta_defines
+from .kernels.ops import SOURCES
+from .nvrtc import compile_source, cuda_header_dir, cuda_src_dir, nvrtc_version
+
+__all__ = ["KernelResources", "parse_ptxas_report", "run_doctor"]
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    """ptxas's report for one entry."""
+
+    name: str
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack_frame: int
+    static_smem: int
+
+
+_ENTRY = re.compile(r"Compiling entry function '(\w+)'")
+_PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+
+
+def parse_ptxas_report(log: str) -> list:
+    """Per-entry resources from an NVRTC log compiled with ``--ptxas-options=-v``."""
+    out, name, props = [], None, (0, 0, 0)
+    for line in log.splitlines():
+        if (m := _ENTRY.search(line)):
+            name = m.group(1)
+        elif (m := _PROPS.search(line)) and name:
+            props = tuple(int(x) for x in m.groups())
+        elif (m := _USED.search(line)) and name:
+            out.append(KernelResources(name, int(m.group(1)), props[1], props[2], props[0], int(m.group(2) or 0)))
+            name = None
+    return out
+
+
+def run_doctor(driver: str | None = "auto", *, arch: str | None = None, out=print) -> int:
+    """Print the environment and compile every kernel; return 0 when all compile without spills."""
+    ok = True
+    try:
+        drv = open_driver(driver)
+        out(f"driver: {drv.name}" + (" (no usable GPU: emulating)" if drv.name == "emu" and driver == "auto" else ""))
+        dev_arch = "sm_90"
+        if drv.name == "cuda":
+            cc = drv.compute_capability(0)
+            dev_arch = "sm_%d%d" % cc
+            out(f"device 0: {drv.device_name(0)}, compute capability {cc[0]}.{cc[1]}, driver API {drv.driver_version()}")
+        else:
+            out("device: emulated (numpy references run in place of kernels)")
+    except Q12Error as exc:
+        out(f"driver: unavailable ({exc})")
+        ok = False
+        dev_arch = "sm_90"
+    arch = arch or dev_arch
+    major, minor = nvrtc_version()
+    out(f"NVRTC {major}.{minor}; headers {cuda_header_dir()}; sources {cuda_src_dir()}; target {arch}")
+    out(f"{'kernel':<26}{'regs':>6}{'spill st':>10}{'spill ld':>10}{'stack':>8}{'smem':>8}{'compile s':>11}")
+    for source in SOURCES:
+        t0 = time.perf_counter()
+        try:
+            compiled = compile_source(source, arch=arch, defines=tuple(meta_defines()), verbose_resources=True)
+        except NvrtcError as exc:
+            out(f"{source}: FAILED\n{exc.log}")
+            ok = False
+            continue
+        dt = time.perf_counter() - t0
+        for r in parse_ptxas_report(compiled.log):
+            flag = "" if r.spill_stores == r.spill_loads == 0 else "  <- spills"
+            ok &= not flag
+            out(f"{r.name:<26}{r.registers:>6}{r.spill_stores:>10}{r.spill_loads:>10}{r.stack_frame:>8}"
+                f"{r.static_smem:>8}{dt:>11.2f}{flag}")
+    out("doctor: " + ("ok" if ok else "PROBLEMS FOUND"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(run_doctor())

@@ -1,0 +1,63 @@
+"""Driver layer: the CUDA driver API (real or emulated) behind one interface.
+
+``open_driver("auto")`` picks the real driver when libcuda loads and a device is present, and
+the emulated one otherwise; ``"cuda"`` insists on the real one (a clear error without it);
+``"emu"`` always emulates. ``Q12DRV_DRIVER`` overrides the default ``"auto"``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import DriverUnavailableError
+from .base import Driver
+from .emu import EmuDriver, EmuImage, register_emulator
+from .result import check, fail
+
+__all__ = ["Driver", "EmuDriver", "EmuImage", "open_driver", "register_emulator", "check", "fail", "DRIVER_KINDS"]
+
+DRIVER_KINDS = ("auto", "cuda", "emu")
+
+
+def open_driver(kind: str | None = None, *, deferred: bool = False) -> Driver:
+    """Open a driver.
+
+    Parameters
+    ----------
+    kind : {"auto", "cuda", "emu"} or None
+        None reads ``Q12DRV_DRIVER`` (default ``"auto"``).
+    deferred : bool
+        Emulated driver only: run stream work at synchronize/event time.
+
+    Returns
+    -------
+    Driver
+
+    Raises
+    ------
+    DriverUnavailableError
+        ``kind="cuda"`` and there is no usable CUDA driver or device.
+    ValueError
+        ``kind`` is not one of :data:`DRIVER_KINDS`.
+    """
+    if kind is None:
+        kind = os.environ.get("Q12DRV_DRIVER", "auto") or "auto"
+    kind = kind.strip().lower()
+    if kind not in DRIVER_KINDS:
+        raise ValueError(f"driver must be one of {', '.join(DRIVER_KINDS)} (argument or Q12DRV_DRIVER), got {kind!r}")
+    if kind == "emu":
+        return EmuDriver(deferred=deferred)
+    from .cuda import CudaDriver
+
+    if kind == "cuda":
+        drv = CudaDriver()
+        if drv.device_count() < 1:
+            raise DriverUnavailableError("the CUDA driver loaded but reports no device; use driver='emu'")
+        return drv
+    try:
+        drv = CudaDriver()
+        if drv.device_count() >= 1:
+            return drv
+    except DriverUnavailableError:
+        pass  # no libcuda / no device: "auto" means emulate (callers see driver.name == "emu")
+    return EmuDriver(deferred=deferred)

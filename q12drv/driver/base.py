@@ -1,0 +1,70 @@
+"""The driver interface: the subset of the CUDA driver API q12drv uses, as plain Python calls.
+
+Handles (streams, events, modules, functions, contexts) are opaque objects owned by the driver;
+device and host addresses are ``int``. Both drivers implement every method here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Driver"]
+
+
+class Driver:
+    """Abstract driver. See :mod:`q12drv.driver.cuda` and :mod:`q12drv.driver.emu`."""
+
+    #: ``"cuda"`` or ``"emu"``.
+    name: str = "abstract"
+    #: Whether modules are built from compiled cubins (real GPU) or from registered emulators.
+    runs_cubins: bool = False
+
+    # context / device
+    def device_count(self) -> int: raise NotImplementedError
+    def open_context(self, ordinal: int) -> Any: raise NotImplementedError
+    def close_context(self, ctx: Any) -> None: raise NotImplementedError
+    def set_current(self, ctx: Any) -> None: raise NotImplementedError
+    def device_name(self, ordinal: int) -> str: raise NotImplementedError
+    def compute_capability(self, ordinal: int) -> tuple[int, int]: raise NotImplementedError
+    def device_attribute(self, ordinal: int, name: str) -> int: raise NotImplementedError
+    def driver_version(self) -> int: raise NotImplementedError
+
+    # memory
+    def mem_alloc(self, nbytes: int) -> int: raise NotImplementedError
+    def mem_free(self, ptr: int) -> None: raise NotImplementedError
+    def host_alloc(self, nbytes: int) -> int: raise NotImplementedError
+    def host_free(self, ptr: int) -> None: raise NotImplementedError
+    def memcpy_htod_async(self, dst: int, src: int, nbytes: int, stream: Any) -> None: raise NotImplementedError
+    def memcpy_dtoh_async(self, dst: int, src: int, nbytes: int, stream: Any) -> None: raise NotImplementedError
+    def memcpy_dtod_async(self, dst: int, src: int, nbytes: int, stream: Any) -> None: raise NotImplementedError
+    def memset_d8_async(self, dst: int, value: int, nbytes: int, stream: Any) -> None: raise NotImplementedError
+
+    # streams and events
+    def stream_create(self) -> Any: raise NotImplementedError
+    def stream_destroy(self, stream: Any) -> None: raise NotImplementedError
+    def stream_synchronize(self, stream: Any) -> None: raise NotImplementedError
+    def stream_wait_event(self, stream: Any, event: Any) -> None: raise NotImplementedError
+    def stream_handle(self, stream: Any) -> int: raise NotImplementedError
+    def stream_from_handle(self, handle: int) -> Any: raise NotImplementedError
+    def event_create(self, timing: bool = False) -> Any: raise NotImplementedError
+    def event_destroy(self, event: Any) -> None: raise NotImplementedError
+    def event_record(self, event: Any, stream: Any) -> None: raise NotImplementedError
+    def event_synchronize(self, event: Any) -> None: raise NotImplementedError
+    def event_query(self, event: Any) -> bool: raise NotImplementedError
+    def event_elapsed_ms(self, start: Any, end: Any) -> float: raise NotImplementedError
+
+    # modules and launches
+    def module_load(self, image: Any) -> Any: raise NotImplementedError
+    def module_unload(self, module: Any) -> None: raise NotImplementedError
+    def module_get_function(self, module: Any, name: str) -> Any: raise NotImplementedError
+    def function_attribute(self, func: Any, name: str) -> int: raise NotImplementedError
+    def set_max_dynamic_smem(self, func: Any, nbytes: int) -> None: raise NotImplementedError
+    def launch(self, func: Any, grid: tuple, block: tuple, smem: int, stream: Any, params_addr: int) -> None:
+        raise NotImplementedError
+
+    # graphs (stream capture)
+    def begin_capture(self, stream: Any) -> None: raise NotImplementedError
+    def end_capture(self, stream: Any) -> Any: raise NotImplementedError
+    def graph_instantiate(self, graph: Any) -> Any: raise NotImplementedError
+    def graph_launch(self, graph_exec: Any, stream: Any) -> None: raise NotImplementedError
+    def graph_destroy(self, graph: Any, graph_exec: Any) -> None: raise NotImplementedError

@@ -1,0 +1,205 @@
+"""The real driver: ``cuda.bindings.driver``, every call through :func:`_call` (the choke point)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import DriverUnavailableError
+from .base import Driver
+from .result import check
+
+__all__ = ["CudaDriver"]
+
+
+def _load_bindings():
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError as exc:  # cuda-python missing entirely
+        raise DriverUnavailableError(f"cuda-python is not installed ({exc}); pip install 'cuda-python>=13.0'") from exc
+    return cu
+
+
+class CudaDriver(Driver):
+    """CUDA driver API through ``cuda.bindings``.
+
+    Raises
+    ------
+    DriverUnavailableError
+        When libcuda cannot be loaded (no NVIDIA driver) or ``cuInit`` fails.
+    """
+
+    name = "cuda"
+    runs_cubins = True
+
+    def __init__(self):
+        cu = _load_bindings()
+        self._cu = cu
+        try:
+            (err,) = cu.cuInit(0)
+        except Exception as exc:  # DynamicLibNotFoundError: libcuda absent, not a CUresult
+            raise DriverUnavailableError(
+                f"the CUDA driver library cannot be loaded ({type(exc).__name__}: {exc}); "
+                "use driver='emu' (or Q12DRV_DRIVER=emu) on a machine without an NVIDIA GPU"
+            ) from exc
+        if int(err) != 0:
+            try:
+                check("cuInit", err)
+            except Exception as exc:
+                raise DriverUnavailableError(f"{exc}; use driver='emu' on a machine without a usable GPU") from exc
+        self._launch = cu.cuLaunchKernel
+        self._htod_async = cu.cuMemcpyHtoDAsync
+
+    def _call(self, call: str, *args):
+        """Run ``cuda.bindings.driver.<call>(*args)``; raise on error; return the outputs."""
+        result = getattr(self._cu, call)(*args)
+        check(call, result[0])
+        if len(result) == 1:
+            return None
+        if len(result) == 2:
+            return result[1]
+        return result[1:]
+
+    # context / device -------------------------------------------------------------------
+    def device_count(self) -> int:
+        return int(self._call("cuDeviceGetCount"))
+
+    def _device(self, ordinal: int):
+        return self._call("cuDeviceGet", ordinal)
+
+    def open_context(self, ordinal: int) -> Any:
+        dev = self._device(ordinal)
+        ctx = self._call("cuDevicePrimaryCtxRetain", dev)
+        self._call("cuCtxSetCurrent", ctx)
+        return (ordinal, ctx)
+
+    def close_context(self, ctx: Any) -> None:
+        ordinal, _ = ctx
+        self._call("cuDevicePrimaryCtxRelease", self._device(ordinal))
+
+    def set_current(self, ctx: Any) -> None:
+        self._call("cuCtxSetCurrent", ctx[1])
+
+    def device_name(self, ordinal: int) -> str:
+        raw = self._call("cuDeviceGetName", 256, self._device(ordinal))
+        return bytes(raw).split(b"\0", 1)[0].decode()
+
+    def device_attribute(self, ordinal: int, name: str) -> int:
+        attr = getattr(self._cu.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name.upper()}")
+        return int(self._call("cuDeviceGetAttribute", attr, self._device(ordinal)))
+
+    def compute_capability(self, ordinal: int) -> tuple[int, int]:
+        return (self.device_attribute(ordinal, "compute_capability_major"),
+                self.device_attribute(ordinal, "compute_capability_minor"))
+
+    def driver_version(self) -> int:
+        return int(self._call("cuDriverGetVersion"))
+
+    # memory -----------------------------------------------------------------------------
+    def mem_alloc(self, nbytes: int) -> int:
+        return int(self._call("cuMemAlloc", nbytes))
+
+    def mem_free(self, ptr: int) -> None:
+        self._call("cuMemFree", ptr)
+
+    def host_alloc(self, nbytes: int) -> int:
+        return int(self._call("cuMemHostAlloc", nbytes, 0))
+
+    def host_free(self, ptr: int) -> None:
+        self._call("cuMemFreeHost", ptr)
+
+    def memcpy_htod_async(self, dst: int, src: int, nbytes: int, stream: Any) -> None:
+        # The staging hot path: bound method, one call, one check.
+        check("cuMemcpyHtoDAsync", self._htod_async(dst, src, nbytes, stream)[0])
+
+    def memcpy_dtoh_async(self, dst: int, src: int, nbytes: int, stream: Any) -> None:
+        self._call("cuMemcpyDtoHAsync", dst, src, nbytes, stream)
+
+    def memcpy_dtod_async(self, dst: int, src: int, nbytes: int, stream: Any) -> None:
+        self._call("cuMemcpyDtoDAsync", dst, src, nbytes, stream)
+
+    def memset_d8_async(self, dst: int, value: int, nbytes: int, stream: Any) -> None:
+        self._call("cuMemsetD8Async", dst, value, nbytes, stream)
+
+    # streams and events -----------------------------------------------------------------
+    def stream_create(self) -> Any:
+        return self._call("cuStreamCreate", self._cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
+
+    def stream_destroy(self, stream: Any) -> None:
+        self._call("cuStreamDestroy", stream)
+
+    def stream_synchronize(self, stream: Any) -> None:
+        self._call("cuStreamSynchronize", stream)
+
+    def stream_wait_event(self, stream: Any, event: Any) -> None:
+        self._call("cuStreamWaitEvent", stream, event, 0)
+
+    def stream_handle(self, stream: Any) -> int:
+        return int(stream)
+
+    def stream_from_handle(self, handle: int) -> Any:
+        return self._cu.CUstream(int(handle))
+
+    def event_create(self, timing: bool = False) -> Any:
+        flags = self._cu.CUevent_flags.CU_EVENT_DEFAULT if timing else self._cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        return self._call("cuEventCreate", flags)
+
+    def event_destroy(self, event: Any) -> None:
+        self._call("cuEventDestroy", event)
+
+    def event_record(self, event: Any, stream: Any) -> None:
+        self._call("cuEventRecord", event, stream)
+
+    def event_synchronize(self, event: Any) -> None:
+        self._call("cuEventSynchronize", event)
+
+    def event_query(self, event: Any) -> bool:
+        (err,) = self._cu.cuEventQuery(event)
+        if int(err) == int(self._cu.CUresult.CUDA_ERROR_NOT_READY):
+            return False
+        check("cuEventQuery", err)
+        return True
+
+    def event_elapsed_ms(self, start: Any, end: Any) -> float:
+        return float(self._call("cuEventElapsedTime", start, end))
+
+    # modules and launches ---------------------------------------------------------------
+    def module_load(self, image: Any) -> Any:
+        return self._call("cuModuleLoadData", image)
+
+    def module_unload(self, module: Any) -> None:
+        self._call("cuModuleUnload", module)
+
+    def module_get_function(self, module: Any, name: str) -> Any:
+        return self._call("cuModuleGetFunction", module, name.encode())
+
+    def function_attribute(self, func: Any, name: str) -> int:
+        attr = getattr(self._cu.CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{name.upper()}")
+        return int(self._call("cuFuncGetAttribute", attr, func))
+
+    def set_max_dynamic_smem(self, func: Any, nbytes: int) -> None:
+        attr = self._cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        self._call("cuFuncSetAttribute", func, attr, int(nbytes))
+
+    def launch(self, func: Any, grid: tuple, block: tuple, smem: int, stream: Any, params_addr: int) -> None:
+        err = self._launch(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream, params_addr, 0)[0]
+        check("cuLaunchKernel", err)
+
+    # graphs -----------------------------------------------------------------------------
+    def begin_capture(self, stream: Any) -> None:
+        mode = self._cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        self._call("cuStreamBeginCapture", stream, mode)
+
+    def end_capture(self, stream: Any) -> Any:
+        return self._call("cuStreamEndCapture", stream)
+
+    def graph_instantiate(self, graph: Any) -> Any:
+        return self._call("cuGraphInstantiate", graph, 0)
+
+    def graph_launch(self, graph_exec: Any, stream: Any) -> None:
+        self._call("cuGraphLaunch", graph_exec, stream)
+
+    def graph_destroy(self, graph: Any, graph_exec: Any) -> None:
+        if graph_exec is not None:
+            self._call("cuGraphExecDestroy", graph_exec)
+        if graph is not None:
+            self._call("cuGraphDestroy", graph)

@@ -1,0 +1,183 @@
+"""Paged KV-cache write (``cuda_src/kv_write.cu``): the host side.
+
+Packed new keys and values ``[T, Hkv, D]`` (bf16) are copied into the K and V pools of one
+attention layer, NHD ``[num_blocks, block_size, Hkv, D]``: packed token ``t`` goes to slot
+``slots[t]`` (``block * block_size + offset``), i.e. its row of ``Hkv * D`` elements lands at
+element offset ``slots[t] * Hkv * D`` of each pool. ``slots[t] < 0`` skips the token (padding),
+and so does a slot ``>= num_blocks * block_size`` (the host validates slots before staging; the
+kernel's check is the last line of defence).
+
+Entry::
+
+    q12_kv_write(Q12Meta m, const bf16* k, const bf16* v, bf16* k_pool, bf16* v_pool,
+                 int row_elems, long long num_slots)
+
+``row_elems = Hkv * D`` (a multiple of 8 for the 16-byte path), ``num_slots = num_blocks *
+block_size``. The kernel walks the ``m.total_tokens`` tokens with a grid stride, so any grid
+covers the work; :func:`geometry` sizes a persistent grid.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .meta import Q12MetaC
+
+__all__ = [
+    "SOURCE",
+    "ENTRIES",
+    "THREADS",
+    "geometry",
+    "reference",
+    "emulate_kv_write",
+    "EMULATORS",
+]
+
+SOURCE = "kv_write.cu"
+ENTRIES = ("q12_kv_write",)
+
+#: Threads per CTA of the launch :func:`geometry` returns.
+THREADS = 256
+#: CTAs per SM of a persistent launch (8 x 256 threads = the SM's 2048-thread limit).
+_CTAS_PER_SM = 8
+
+
+def _group_size(row_units: int) -> int:
+    """Threads per token in the kernel: smallest power of two >= row_units, at most 32."""
+    gs = 1
+    while gs < row_units and gs < 32:
+        gs <<= 1
+    return gs
+
+
+def geometry(
+    total_tokens: int, row_elems: int, *, num_sms: int = 132, threads: int = THREADS
+) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+    """Launch geometry of ``q12_kv_write``.
+
+    Parameters
+    ----------
+    total_tokens : int
+        T, the packed token count of the pass (host-known; the kernel reads ``m.total_tokens``).
+    row_elems : int
+        ``Hkv * D``, elements of one token's K (or V) row.
+    num_sms : int
+        SMs of the device (132 on the H200); caps the persistent grid at 8 CTAs per SM.
+    threads : int
+        Threads per CTA, a multiple of 32.
+
+    Returns
+    -------
+    tuple
+        ``(grid, block, dynamic_smem_bytes)``; no dynamic shared memory.
+    """
+    if threads <= 0 or threads % 32 or threads > 1024:
+        raise ValueError(f"threads must be a multiple of 32 in [32, 1024], got {threads}")
+    if row_elems <= 0:
+        raise ValueError(f"row_elems must be positive, got {row_elems}")
+    units = row_elems // 8 if row_elems % 8 == 0 else row_elems
+    tokens_per_cta = threads // _group_size(units)
+    ctas = -(-max(int(total_tokens), 1) // tokens_per_cta)
+    ctas = max(1, min(ctas, num_sms * _CTAS_PER_SM))
+    return (ctas, 1, 1), (threads, 1, 1), 0
+
+
+def _write_rows(k, v, slots, k_pool, v_pool) -> None:
+    """The copy itself, in place on ``k_pool`` / ``v_pool`` (writable arrays or views)."""
+    k = np.asarray(k)
+    v = np.asarray(v)
+    slots = np.asarray(slots, dtype=np.int64).reshape(-1)
+    t = slots.shape[0]
+    if k.shape[0] != t or v.shape != k.shape:
+        raise ValueError(f"k {k.shape} / v {v.shape} do not match {t} slots")
+    row = int(np.prod(k.shape[1:], dtype=np.int64))
+    if row <= 0:
+        return
+    if k_pool.shape != v_pool.shape or k_pool.size % row:
+        raise ValueError(f"pools {k_pool.shape} / {v_pool.shape} are not whole rows of {row}")
+    if not (k_pool.flags.c_contiguous and v_pool.flags.c_contiguous):
+        raise ValueError("pools must be C-contiguous (written in place through a flat view)")
+    num_slots = k_pool.size // row
+    keep = (slots >= 0) & (slots < num_slots)
+    flat_k = k_pool.reshape(num_slots, row)
+    flat_v = v_pool.reshape(num_slots, row)
+    flat_k[slots[keep]] = k.reshape(t, row)[keep]
+    flat_v[slots[keep]] = v.reshape(t, row)[keep]
+
+
+def reference(
+    k: np.ndarray,
+    v: np.ndarray,
+    slots: np.ndarray,
+    k_pool: np.ndarray,
+    v_pool: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """What the kernel leaves in the pools (pure copy; returns new arrays, inputs untouched).
+
+    Parameters
+    ----------
+    k, v : numpy.ndarray
+        uint16 bf16 bits, ``[T, Hkv, D]`` (or any ``[T, ...]`` whose trailing size is the row).
+    slots : numpy.ndarray
+        int64 ``[T]`` slot per token; ``< 0`` or ``>= num_slots`` skips it.
+    k_pool, v_pool : numpy.ndarray
+        uint16 bf16 bits, ``[num_blocks, block_size, Hkv, D]`` (or ``[num_slots, ...]``).
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        The updated ``(k_pool, v_pool)``, same shapes as given.
+
+    Notes
+    -----
+    Two valid tokens with the same slot race in the kernel (either row may win); here the later
+    one wins. The host never stages duplicate slots within one pass.
+    """
+    out_k = np.array(k_pool, dtype=np.uint16, copy=True)
+    out_v = np.array(v_pool, dtype=np.uint16, copy=True)
+    _write_rows(k, v, slots, out_k, out_v)
+    return out_k, out_v
+
+
+def emulate_kv_write(args: dict, mem, grid, block) -> None:
+    """Emulated-driver stand-in for ``q12_kv_write``: reads metadata and tensors through ``mem``.
+
+    Parameters
+    ----------
+    args : dict
+        Kernel parameters by name (``m`` a :class:`Q12MetaC`, pointers and ints as ``int``).
+    mem : object
+        Emulated device memory; ``mem.array(ptr, dtype, shape)`` is a writable view.
+    grid, block : tuple of int
+        The launch geometry.
+
+    Raises
+    ------
+    ValueError
+        If the launch shape is not one the kernel handles (it needs a 1-D grid and a 1-D block
+        of whole warps; the grid-stride loop covers any grid size).
+    """
+    grid = tuple(int(x) for x in grid)
+    block = tuple(int(x) for x in block)
+    if len(grid) != 3 or grid[0] < 1 or grid[1:] != (1, 1):
+        raise ValueError(f"q12_kv_write needs a 1-D grid (X >= 1), got {grid}")
+    if len(block) != 3 or block[1:] != (1, 1) or block[0] < 32 or block[0] % 32 or block[0] > 1024:
+        raise ValueError(f"q12_kv_write needs a 1-D block of whole warps (<= 1024), got {block}")
+    m: Q12MetaC = args["m"]
+    row = int(args["row_elems"])
+    num_slots = int(args["num_slots"])
+    t = int(m.total_tokens)
+    if row <= 0 or t == 0:
+        return
+    if num_slots < 0:
+        raise ValueError(f"num_slots must be >= 0, got {num_slots}")
+    slots = np.array(mem.array(m.slots, np.int64, (t,)))
+    k = mem.array(args["k"], np.uint16, (t, row))
+    v = mem.array(args["v"], np.uint16, (t, row))
+    k_pool = mem.array(args["k_pool"], np.uint16, (num_slots, row))
+    v_pool = mem.array(args["v_pool"], np.uint16, (num_slots, row))
+    # Same copy as :func:`reference`, done in place on the views (no copy of the whole pools).
+    _write_rows(k, v, slots, k_pool, v_pool)
+
+
+EMULATORS = {"q12_kv_write": emulate_kv_write}

@@ -1,0 +1,60 @@
+"""The host mirror of ``cuda_src/q12_meta.cuh``: the metadata struct the kernels take by value.
+
+The C struct and this ctypes structure must agree byte for byte. The offsets are not trusted:
+:func:`meta_defines` turns this mirror's offsets into ``-D`` options, and the header
+``static_assert``s each one, so a drifted mirror fails to compile instead of reading garbage.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+__all__ = ["Q12MetaC", "META_FIELDS", "meta_defines", "meta_from_staged"]
+
+#: (C field name, ctypes type) in declaration order; the only list of the struct's fields.
+META_FIELDS = (
+    ("positions", ctypes.c_uint64),
+    ("positions_h", ctypes.c_uint64),
+    ("positions_w", ctypes.c_uint64),
+    ("slots", ctypes.c_uint64),
+    ("block_table_ptrs", ctypes.c_uint64),
+    ("seq_len_ptrs", ctypes.c_uint64),
+    ("cu_seqlens", ctypes.c_uint64),
+    ("kv_lens", ctypes.c_uint64),
+    ("batch_size", ctypes.c_uint32),
+    ("chunk_len", ctypes.c_uint32),
+    ("total_tokens", ctypes.c_uint32),
+    ("max_blocks_per_seq", ctypes.c_uint32),
+)
+
+
+class Q12MetaC(ctypes.Structure):
+    """ctypes mirror of ``struct Q12Meta`` (80 bytes, 8-byte aligned)."""
+
+    _fields_ = list(META_FIELDS)
+
+
+def meta_defines() -> list[str]:
+    """The ``-D`` macros through which the header checks this mirror's layout at compile time."""
+    defines = [f"Q12_META_SIZE={ctypes.sizeof(Q12MetaC)}"]
+    for name, _ in META_FIELDS:
+        defines.append(f"Q12_META_OFF_{name.upper()}={getattr(Q12MetaC, name).offset}")
+    return defines
+
+
+def meta_from_staged(meta) -> Q12MetaC:
+    """Build the by-value struct from a :class:`q12drv.staging.BatchedAttnMetadata`."""
+    return Q12MetaC(
+        positions=int(meta.positions_stacked),
+        positions_h=int(meta.positions_h_stacked),
+        positions_w=int(meta.positions_w_stacked),
+        slots=int(meta.slot_stacked),
+        block_table_ptrs=int(meta.block_table_ptrs),
+        seq_len_ptrs=int(meta.seq_len_ptrs),
+        cu_seqlens=int(meta.cu_seqlens),
+        kv_lens=int(meta.kv_lens),
+        batch_size=meta.batch_size,
+        chunk_len=meta.chunk_len,
+        total_tokens=meta.total_tokens,
+        max_blocks_per_seq=meta.max_blocks_per_seq,
+    )

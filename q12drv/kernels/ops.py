@@ -1,0 +1,148 @@
+"""Launchers: one function per kernel, taking staged metadata and raw device pointers.
+
+Each launcher validates the shapes it is given, computes the launch geometry from host-known
+values (never from device memory), writes the arguments into the kernel's pre-packed argument
+block and enqueues one launch. The metadata struct is built once per staged
+:class:`~q12drv.staging.BatchedAttnMetadata` and passed by value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import Any
+
+from ..device import Device
+from ..launch import Launch, load_module
+from ..staging import BatchedAttnMetadata
+from . import attention as _attn
+from . import gdn as _gdn
+from . import kv_write as _kvw
+from . import rope as _rope
+from .meta import Q12MetaC, meta_defines, meta_from_staged
+
+__all__ = ["kv_write", "rope", "attention", "gdn", "prepared", "SOURCES", "ENTRIES", "struct_types"]
+
+#: Every kernel source and its entries.
+SOURCES = {
+    _kvw.SOURCE: _kvw.ENTRIES,
+    _rope.SOURCE: _rope.ENTRIES,
+    _attn.SOURCE: _attn.ENTRIES,
+    _gdn.SOURCE: _gdn.ENTRIES,
+}
+ENTRIES = {e: src for src, entries in SOURCES.items() for e in entries}
+
+_META_CACHE: "OrderedDict[int, tuple]" = OrderedDict()
+_META_CACHE_SIZE = 64
+
+
+def struct_types() -> dict:
+    return {"Q12Meta": Q12MetaC}
+
+
+def prepared(device: Device, entry: str) -> Launch:
+    """The pre-packed :class:`~q12drv.launch.Launch` of ``entry`` on ``device`` (built once)."""
+    key = ("launch", entry)
+    launch = device.cache.get(key)
+    if launch is None:
+        source = ENTRIES.get(entry)
+        if source is None:
+            raise KeyError(f"unknown kernel {entry!r}; kernels: {', '.join(sorted(ENTRIES))}")
+        module = load_module(device, source, defines=tuple(meta_defines()), struct_types=struct_types())
+        launch = device.cache[key] = module.kernel(entry).prepare()
+    return launch
+
+
+def _meta_c(meta: BatchedAttnMetadata) -> Q12MetaC:
+    hit = _META_CACHE.get(id(meta))
+    if hit is not None and hit[0] is meta:
+        return hit[1]
+    c = meta_from_staged(meta)
+    _META_CACHE[id(meta)] = (meta, c)
+    if len(_META_CACHE) > _META_CACHE_SIZE:
+        _META_CACHE.popitem(last=False)
+    return c
+
+
+def _ptr(name: str, value) -> int:
+    v = int(value)
+    if v <= 0:
+        raise ValueError(f"{name} must be a non-NULL device pointer, got {v:#x}")
+    return v
+
+
+def _positive(name: str, value) -> int:
+    v = int(value)
+    if v <= 0:
+        raise ValueError(f"{name} must be positive, got {v}")
+    return v
+
+
+def kv_write(device: Device, meta: BatchedAttnMetadata, k: int, v: int, k_pool: int, v_pool: int, *,
+             num_kv_heads: int, head_dim: int, num_blocks: int, stream: Any = None) -> None:
+    """Write the packed new keys/values ``[T, Hkv, D]`` into the paged pools at ``slot_stacked``.
+
+    Tokens with a negative slot are skipped; slots at or past ``num_blocks * block_size`` are
+    never written.
+    """
+    row = _positive("num_kv_heads", num_kv_heads) * _positive("head_dim", head_dim)
+    if row % 8:
+        raise ValueError(f"num_kv_heads * head_dim = {row} must be a multiple of 8 (16-byte rows)")
+    grid, block, smem = _kvw.geometry(meta.total_tokens, row)
+    launch = prepared(device, "q12_kv_write")
+    launch.set(k=_ptr("k", k), v=_ptr("v", v), k_pool=_ptr("k_pool", k_pool), v_pool=_ptr("v_pool", v_pool),
+               row_elems=row, num_slots=_positive("num_blocks", num_blocks) * meta.block_size)
+    launch.args.m = _meta_c(meta)
+    launch.launch(grid, block, smem, stream)
+
+
+def rope(device: Device, meta: BatchedAttnMetadata, q: int, k: int, *, num_q_heads: int, num_kv_heads: int,
+         head_dim: int, rotary_dim: int, theta: float, mrope_mode: int = 0, sections: tuple = (0, 0, 0),
+         stream: Any = None) -> None:
+    """Rotate Q ``[T, Hq, D]`` and K ``[T, Hkv, D]`` in place (NeoX pairs, positions from ``meta``).
+
+    ``mrope_mode``: 0 plain, 1 chunked sections (Qwen2-VL), 2 interleaved (Qwen3-VL, Qwen3.5).
+    """
+    _rope.check_params(head_dim, rotary_dim, mrope_mode, tuple(sections), num_q_heads, num_kv_heads)
+    if mrope_mode and not meta.use_mrope:
+        raise ValueError("mrope_mode needs metadata staged with use_mrope=True (H and W position streams)")
+    if not (theta > 0 and math.isfinite(theta)):
+        raise ValueError(f"theta must be a positive finite number, got {theta}")
+    grid, block, smem = _rope.geometry(meta.total_tokens, num_q_heads, num_kv_heads, head_dim, rotary_dim)
+    launch = prepared(device, "q12_rope")
+    launch.set(q=_ptr("q", q), k=_ptr("k", k), num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+               head_dim=head_dim, rotary_dim=rotary_dim, theta=float(theta), mrope_mode=int(mrope_mode),
+               sec_t=int(sections[0]), sec_h=int(sections[1]), sec_w=int(sections[2]))
+    launch.args.m = _meta_c(meta)
+    launch.launch(grid, block, smem, stream)
+
+
+def attention(device: Device, meta: BatchedAttnMetadata, q: int, k_pool: int, v_pool: int, o: int, *,
+              num_q_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None,
+              stream: Any = None) -> None:
+    """Batched varlen paged causal attention: O ``[T, Hq, D]`` from Q and the paged K/V pools."""
+    entry = _attn.entry_for_head_dim(head_dim)
+    if _positive("num_q_heads", num_q_heads) % _positive("num_kv_heads", num_kv_heads):
+        raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {num_kv_heads} (GQA)")
+    grid, block, smem = _attn.geometry(meta.batch_size, meta.chunk_len, num_q_heads, head_dim)
+    launch = prepared(device, entry)
+    launch.set(q=_ptr("q", q), k_pool=_ptr("k_pool", k_pool), v_pool=_ptr("v_pool", v_pool), o=_ptr("o", o),
+               num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, block_size=meta.block_size,
+               scale=float(head_dim ** -0.5 if scale is None else scale))
+    launch.args.m = _meta_c(meta)
+    launch.launch(grid, block, smem, stream)
+
+
+def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k: int, v: int, g: int, beta: int,
+        o: int, *, num_k_heads: int, num_v_heads: int, head_dim: int, stream: Any = None) -> None:
+    """Gated DeltaNet over the packed streams; stream b's fp32 state at ``h_state_ptrs[b]`` is updated in place."""
+    entry = _gdn.entry_name(head_dim)
+    if _positive("num_v_heads", num_v_heads) % _positive("num_k_heads", num_k_heads):
+        raise ValueError(f"num_v_heads {num_v_heads} must be a multiple of num_k_heads {num_k_heads}")
+    grid, block, smem = _gdn.geometry(meta.batch_size, num_v_heads, head_dim)
+    launch = prepared(device, entry)
+    launch.set(h_state_ptrs=_ptr("h_state_ptrs", h_state_ptrs), q=_ptr("q", q), k=_ptr("k", k), v=_ptr("v", v),
+               g=_ptr("g", g), beta=_ptr("beta", beta), o=_ptr("o", o), num_k_heads=num_k_heads,
+               num_v_heads=num_v_heads)
+    launch.args.m = _meta_c(meta)
+    launch.launch(grid, block, smem, stream)

@@ -1,0 +1,390 @@
+"""RoPE / MRoPE in place on packed Q and K (``cuda_src/rope.cu``): the host side.
+
+NeoX pairing over the first ``rotary_dim`` dims of every head: for ``j < half = rotary_dim/2``
+the pair ``(x[j], x[j + half])`` is rotated by ``angle = pos * inv_freq[j]``; dims ``>=
+rotary_dim`` are untouched. ``inv_freq[j] = 1 / fl32(theta ** fl32(2j / rotary_dim))`` (HF's
+fp32 chain, the power taken in double and rounded once), the angle is an fp32 product, cos/sin
+are exact functions of that fp32 angle and the rotation is done in floating point and rounded
+once to bf16 (HF rounds cos/sin to bf16 first; see :func:`hf_style_reference`).
+
+The position of frequency ``j`` comes from stream ``s(j)`` of the metadata (0 = T
+``positions``, 1 = H ``positions_h``, 2 = W ``positions_w``), see :func:`axis_map`:
+
+- mode 0 (:data:`MODE_PLAIN`): always T;
+- mode 1 (:data:`MODE_CHUNKED`, Qwen2-VL ``[16, 24, 24]``): T for ``j < s0``, H for
+  ``j < s0 + s1``, else W;
+- mode 2 (:data:`MODE_INTERLEAVED`, Qwen3-VL ``[24, 20, 20]``, Qwen3.5 ``[11, 11, 10]``): H if
+  ``j % 3 == 1 and j < 3 * s1``, W if ``j % 3 == 2 and j < 3 * s2``, else T.
+
+Entry::
+
+    q12_rope(Q12Meta m, bf16* q, bf16* k, int num_q_heads, int num_kv_heads, int head_dim,
+             int rotary_dim, float theta, int mrope_mode, int sec_t, int sec_h, int sec_w)
+
+The kernel walks ``m.total_tokens`` tokens with a grid stride (any grid covers the work).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..bf16 import from_bf16_bits, to_bf16_bits
+from .meta import Q12MetaC
+
+__all__ = [
+    "SOURCE",
+    "ENTRIES",
+    "THREADS",
+    "MODE_PLAIN",
+    "MODE_CHUNKED",
+    "MODE_INTERLEAVED",
+    "MAX_ROTARY_DIM",
+    "check_params",
+    "geometry",
+    "inv_freq",
+    "axis_map",
+    "reference",
+    "hf_style_reference",
+    "emulate_rope",
+    "EMULATORS",
+]
+
+SOURCE = "rope.cu"
+ENTRIES = ("q12_rope",)
+
+#: Threads per CTA of the launch :func:`geometry` returns.
+THREADS = 256
+MODE_PLAIN = 0
+MODE_CHUNKED = 1
+MODE_INTERLEAVED = 2
+#: Largest rotary_dim the kernel takes (``ROPE_MAX_HALF = 512`` frequencies).
+MAX_ROTARY_DIM = 1024
+_SMEM_ANGLES = 2048  # ROPE_SMEM_ANGLES in rope.cu
+_CTAS_PER_SM = 8
+
+
+def check_params(
+    head_dim: int,
+    rotary_dim: int,
+    mrope_mode: int = MODE_PLAIN,
+    sections: tuple[int, int, int] = (0, 0, 0),
+    num_q_heads: int = 1,
+    num_kv_heads: int = 1,
+) -> None:
+    """Validate a RoPE configuration the way the host must before launching.
+
+    Parameters
+    ----------
+    head_dim, rotary_dim : int
+        ``D`` and the rotated prefix; ``rotary_dim`` even, ``0 <= rotary_dim <= min(D, 1024)``.
+    mrope_mode : int
+        0 plain, 1 chunked, 2 interleaved.
+    sections : tuple of int
+        ``(sec_t, sec_h, sec_w)``; non-negative, summing to ``rotary_dim // 2`` when
+        ``mrope_mode != 0``.
+    num_q_heads, num_kv_heads : int
+        Head counts, non-negative.
+
+    Raises
+    ------
+    ValueError
+        On any violation.
+    """
+    if num_q_heads < 0 or num_kv_heads < 0:
+        raise ValueError(f"head counts must be >= 0, got {num_q_heads}, {num_kv_heads}")
+    if head_dim <= 0:
+        raise ValueError(f"head_dim must be positive, got {head_dim}")
+    if rotary_dim < 0 or rotary_dim % 2 or rotary_dim > head_dim or rotary_dim > MAX_ROTARY_DIM:
+        raise ValueError(f"rotary_dim must be even and in [0, min(head_dim, {MAX_ROTARY_DIM})], got {rotary_dim}")
+    if mrope_mode not in (MODE_PLAIN, MODE_CHUNKED, MODE_INTERLEAVED):
+        raise ValueError(f"mrope_mode must be 0, 1 or 2, got {mrope_mode}")
+    if mrope_mode != MODE_PLAIN:
+        if len(sections) != 3 or min(sections) < 0 or sum(sections) != rotary_dim // 2:
+            raise ValueError(f"MRoPE sections {sections} must be 3 non-negative ints summing to {rotary_dim // 2}")
+
+
+def geometry(
+    total_tokens: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    rotary_dim: int,
+    *,
+    num_sms: int = 132,
+    threads: int = THREADS,
+) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+    """Launch geometry of ``q12_rope``.
+
+    The kernel gives each CTA ``G = max(1, threads // units_per_token)`` tokens per iteration
+    (a unit = one head's 8 pairs, or 1 pair when the layout forbids 16-byte accesses) and
+    walks the tokens with a grid stride; this sizes the grid to cover T once, capped at 8 CTAs
+    per SM.
+
+    Parameters
+    ----------
+    total_tokens : int
+        T (host-known; the kernel reads ``m.total_tokens``).
+    num_q_heads, num_kv_heads, head_dim, rotary_dim : int
+        The shapes.
+    num_sms : int
+        SMs of the device (132 on the H200).
+    threads : int
+        Threads per CTA, a multiple of 32.
+
+    Returns
+    -------
+    tuple
+        ``(grid, block, dynamic_smem_bytes)``; shared memory is static (about 19 KB).
+    """
+    if threads <= 0 or threads % 32 or threads > 1024:
+        raise ValueError(f"threads must be a multiple of 32 in [32, 1024], got {threads}")
+    half = max(rotary_dim // 2, 1)
+    vec = rotary_dim % 16 == 0 and head_dim % 8 == 0
+    units = max(num_q_heads + num_kv_heads, 1) * (half // 8 if vec else half)
+    g = max(1, min(threads // max(units, 1), _SMEM_ANGLES // half))
+    ctas = -(-max(int(total_tokens), 1) // g)
+    ctas = max(1, min(ctas, num_sms * _CTAS_PER_SM))
+    return (ctas, 1, 1), (threads, 1, 1), 0
+
+
+def inv_freq(rotary_dim: int, theta: float) -> np.ndarray:
+    """``inv_freq[j] = 1 / fl32(theta ** fl32(2j / rotary_dim))`` as float32, as the kernel computes it.
+
+    Parameters
+    ----------
+    rotary_dim : int
+        Rotated dims (even).
+    theta : float
+        RoPE base; taken as float32 (the kernel parameter is ``float``).
+
+    Returns
+    -------
+    numpy.ndarray
+        float32 ``[rotary_dim // 2]``.
+    """
+    half = rotary_dim // 2
+    e = (np.arange(half, dtype=np.float32) * np.float32(2)) / np.float32(rotary_dim)
+    p = np.power(np.float64(np.float32(theta)), e.astype(np.float64)).astype(np.float32)
+    return (np.float32(1) / p).astype(np.float32)
+
+
+def axis_map(half: int, mrope_mode: int, sections: tuple[int, int, int] = (0, 0, 0)) -> np.ndarray:
+    """Position stream ``s(j)`` (0 = T, 1 = H, 2 = W) of each frequency ``j < half``.
+
+    Parameters
+    ----------
+    half : int
+        ``rotary_dim // 2``.
+    mrope_mode : int
+        0 plain, 1 chunked, 2 interleaved.
+    sections : tuple of int
+        ``(sec_t, sec_h, sec_w)``.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 ``[half]``.
+    """
+    j = np.arange(half)
+    s_t, s_h, s_w = (int(x) for x in sections)
+    if mrope_mode == MODE_PLAIN:
+        return np.zeros(half, dtype=np.int64)
+    if mrope_mode == MODE_CHUNKED:
+        return np.where(j < s_t, 0, np.where(j < s_t + s_h, 1, 2)).astype(np.int64)
+    if mrope_mode == MODE_INTERLEAVED:
+        ax = np.zeros(half, dtype=np.int64)
+        ax[(j % 3 == 1) & (j < 3 * s_h)] = 1
+        ax[(j % 3 == 2) & (j < 3 * s_w)] = 2
+        return ax
+    raise ValueError(f"mrope_mode must be 0, 1 or 2, got {mrope_mode}")
+
+
+def _angles(positions3: np.ndarray, rotary_dim: int, theta: float, mrope_mode: int, sections) -> np.ndarray:
+    """fp32 angles ``[T, half]`` from positions ``[3, T]`` (uint32)."""
+    half = rotary_dim // 2
+    ax = axis_map(half, mrope_mode, sections)
+    pos = np.asarray(positions3, dtype=np.uint32).astype(np.float32)  # RN, as __uint2float_rn
+    per_j = pos[ax, :].T  # [T, half]
+    return (per_j * inv_freq(rotary_dim, theta)[None, :]).astype(np.float32)
+
+
+def _positions3(positions, positions_h, positions_w) -> np.ndarray:
+    p_t = np.asarray(positions, dtype=np.uint32).reshape(-1)
+    p_h = p_t if positions_h is None else np.asarray(positions_h, dtype=np.uint32).reshape(-1)
+    p_w = p_t if positions_w is None else np.asarray(positions_w, dtype=np.uint32).reshape(-1)
+    if not (p_t.shape == p_h.shape == p_w.shape):
+        raise ValueError(f"position streams differ in length: {p_t.shape}, {p_h.shape}, {p_w.shape}")
+    return np.stack([p_t, p_h, p_w])
+
+
+def _rotate(x_bits: np.ndarray, cos: np.ndarray, sin: np.ndarray, rotary_dim: int) -> np.ndarray:
+    """Rotate the rotary prefix of ``x_bits`` ``[T, H, D]`` (uint16) in float64; one bf16 rounding."""
+    half = rotary_dim // 2
+    out = np.array(x_bits, dtype=np.uint16, copy=True)
+    if half == 0 or out.size == 0:
+        return out
+    x = from_bf16_bits(out[..., :rotary_dim]).astype(np.float64)
+    x1, x2 = x[..., :half], x[..., half:]
+    c = cos[:, None, :]
+    s = sin[:, None, :]
+    out[..., :half] = to_bf16_bits(x1 * c - x2 * s)
+    out[..., half:rotary_dim] = to_bf16_bits(x2 * c + x1 * s)
+    return out
+
+
+def reference(
+    q: np.ndarray,
+    k: np.ndarray,
+    positions: np.ndarray,
+    rotary_dim: int,
+    theta: float,
+    mrope_mode: int = MODE_PLAIN,
+    sections: tuple[int, int, int] = (0, 0, 0),
+    positions_h: np.ndarray | None = None,
+    positions_w: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """What the kernel computes (returns new arrays; the kernel works in place).
+
+    Parameters
+    ----------
+    q, k : numpy.ndarray
+        uint16 bf16 bits, ``[T, Hq, D]`` and ``[T, Hkv, D]``.
+    positions : numpy.ndarray
+        uint32 ``[T]``, the T stream.
+    rotary_dim : int
+        Rotated prefix of each head (even, <= D).
+    theta : float
+        RoPE base (used as float32).
+    mrope_mode : int
+        0 plain, 1 chunked, 2 interleaved.
+    sections : tuple of int
+        ``(sec_t, sec_h, sec_w)`` for MRoPE.
+    positions_h, positions_w : numpy.ndarray, optional
+        uint32 ``[T]`` H and W streams (default: the T stream).
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        ``(q_out, k_out)`` uint16 bf16 bits.
+
+    Notes
+    -----
+    inv_freq and the angle are bit-for-bit the kernel's fp32 values; cos/sin are taken in
+    float64 of that angle and the rotation in float64 with one rounding to bf16. The kernel uses
+    ``sincosf`` (within 2 ulp) and fp32 FMAs, so the two can differ by one bf16 ulp in rare
+    elements.
+    """
+    q = np.asarray(q)
+    k = np.asarray(k)
+    if q.ndim != 3 or k.ndim != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise ValueError(f"q {q.shape} and k {k.shape} must be [T, H, D] with equal T and D")
+    check_params(q.shape[2], rotary_dim, mrope_mode, tuple(sections), q.shape[1], k.shape[1])
+    pos3 = _positions3(positions, positions_h, positions_w)
+    if pos3.shape[1] != q.shape[0]:
+        raise ValueError(f"{pos3.shape[1]} positions for {q.shape[0]} tokens")
+    ang = _angles(pos3, rotary_dim, theta, mrope_mode, sections).astype(np.float64)
+    cos, sin = np.cos(ang), np.sin(ang)
+    return _rotate(q, cos, sin, rotary_dim), _rotate(k, cos, sin, rotary_dim)
+
+
+def hf_style_reference(
+    x: np.ndarray,
+    positions: np.ndarray,
+    rotary_dim: int,
+    theta: float,
+    mrope_mode: int = MODE_PLAIN,
+    sections: tuple[int, int, int] = (0, 0, 0),
+    positions_h: np.ndarray | None = None,
+    positions_w: np.ndarray | None = None,
+) -> np.ndarray:
+    """HF's bf16 formula (``x * cos + rotate_half(x) * sin`` with cos/sin rounded to bf16 and every
+    bf16 op rounded) on ``x`` ``[T, H, D]`` uint16 bits; for tolerance comparisons only.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        uint16 bf16 bits ``[T, H, D]``.
+    positions, positions_h, positions_w : numpy.ndarray
+        uint32 ``[T]`` position streams (H and W default to T).
+    rotary_dim, theta, mrope_mode, sections
+        As in :func:`reference`.
+
+    Returns
+    -------
+    numpy.ndarray
+        uint16 bf16 bits.
+    """
+    half = rotary_dim // 2
+    pos3 = _positions3(positions, positions_h, positions_w)
+    ang = _angles(pos3, rotary_dim, theta, mrope_mode, sections)
+    cos_b = from_bf16_bits(to_bf16_bits(np.cos(ang.astype(np.float64)).astype(np.float32)))[:, None, :]
+    sin_b = from_bf16_bits(to_bf16_bits(np.sin(ang.astype(np.float64)).astype(np.float32)))[:, None, :]
+    out = np.array(x, dtype=np.uint16, copy=True)
+    xf = from_bf16_bits(out[..., :rotary_dim])
+    x1, x2 = xf[..., :half], xf[..., half:]
+
+    def r(a):
+        return from_bf16_bits(to_bf16_bits(a))
+
+    out[..., :half] = to_bf16_bits(r(x1 * cos_b) + r(-x2 * sin_b))
+    out[..., half:rotary_dim] = to_bf16_bits(r(x2 * cos_b) + r(x1 * sin_b))
+    return out
+
+
+def emulate_rope(args: dict, mem, grid, block) -> None:
+    """Emulated-driver stand-in for ``q12_rope``: reads metadata and tensors through ``mem``.
+
+    Parameters
+    ----------
+    args : dict
+        Kernel parameters by name (``m`` a :class:`Q12MetaC`, pointers and ints as ``int``,
+        ``theta`` as float).
+    mem : object
+        Emulated device memory; ``mem.array(ptr, dtype, shape)`` is a writable view.
+    grid, block : tuple of int
+        The launch geometry.
+
+    Raises
+    ------
+    ValueError
+        On a launch shape the kernel does not handle (1-D grid and block of whole warps needed;
+        the grid-stride loop covers any grid size), on parameters the kernel would trap on, and
+        on MRoPE sections that do not sum to ``rotary_dim // 2`` (the kernel does not check
+        them; the host must).
+    """
+    grid = tuple(int(x) for x in grid)
+    block = tuple(int(x) for x in block)
+    if len(grid) != 3 or grid[0] < 1 or grid[1:] != (1, 1):
+        raise ValueError(f"q12_rope needs a 1-D grid (X >= 1), got {grid}")
+    if len(block) != 3 or block[1:] != (1, 1) or block[0] < 32 or block[0] % 32 or block[0] > 1024:
+        raise ValueError(f"q12_rope needs a 1-D block of whole warps (<= 1024), got {block}")
+    m: Q12MetaC = args["m"]
+    hq, hkv = int(args["num_q_heads"]), int(args["num_kv_heads"])
+    d, rd = int(args["head_dim"]), int(args["rotary_dim"])
+    mode = int(args["mrope_mode"])
+    sections = (int(args["sec_t"]), int(args["sec_h"]), int(args["sec_w"]))
+    if rd <= 0 or hq + hkv <= 0:
+        return  # the kernel returns before anything else
+    # The kernel traps on these.
+    if rd % 2 or rd > d or rd // 2 > MAX_ROTARY_DIM // 2 or mode not in (0, 1, 2) or hq < 0 or hkv < 0:
+        raise ValueError(f"q12_rope would trap: head_dim={d} rotary_dim={rd} mode={mode} heads={hq},{hkv}")
+    t = int(m.total_tokens)
+    if t == 0:
+        return
+    p_t = np.array(mem.array(m.positions, np.uint32, (t,)))
+    if mode == MODE_PLAIN:
+        p_h = p_w = None
+    else:
+        p_h = np.array(mem.array(m.positions_h, np.uint32, (t,)))
+        p_w = np.array(mem.array(m.positions_w, np.uint32, (t,)))
+    q = mem.array(args["q"], np.uint16, (t, hq, d)) if hq else np.zeros((t, 0, d), np.uint16)
+    k = mem.array(args["k"], np.uint16, (t, hkv, d)) if hkv else np.zeros((t, 0, d), np.uint16)
+    theta = float(np.float32(args["theta"]))
+    q_out, k_out = reference(q, k, p_t, rd, theta, mode, sections, p_h, p_w)
+    if hq:
+        q[...] = q_out
+    if hkv:
+        k[...] = k_out
+
+
+EMULATORS = {"q12_rope": emulate_rope}

@@ -1,0 +1,203 @@
+"""Modules, kernels and launches with arguments packed once and updated in place.
+
+A kernel's parameter types come from its ``extern "C" __global__`` declaration in
+``cuda_src`` (never guessed from Python values): :func:`parse_signatures` maps each parameter to
+a ctypes type, :class:`Launch` lays them out in one ctypes structure plus the ``void*[]`` array
+``cuLaunchKernel`` wants, both built once. Each launch only rewrites the fields that changed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from typing import Any, Mapping
+
+from .device import Device
+from .driver import EmuImage
+from .nvrtc import compile_source, cuda_src_dir
+
+__all__ = ["parse_signatures", "load_module", "Module", "Kernel", "Launch"]
+
+_ENTRY_RE = re.compile(
+    r'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(\w+)\s*\(([^)]*)\)',
+    re.MULTILINE,
+)
+_QUALIFIERS = {"const", "__restrict__", "__grid_constant__", "volatile"}
+_SCALARS = {
+    "int": ctypes.c_int32,
+    "signed int": ctypes.c_int32,
+    "unsigned int": ctypes.c_uint32,
+    "unsigned": ctypes.c_uint32,
+    "long long": ctypes.c_int64,
+    "long long int": ctypes.c_int64,
+    "unsigned long long": ctypes.c_uint64,
+    "unsigned long long int": ctypes.c_uint64,
+    "float": ctypes.c_float,
+    "double": ctypes.c_double,
+}
+_INT_RANGES = {
+    ctypes.c_int32: (-(1 << 31), (1 << 31) - 1),
+    ctypes.c_uint32: (0, (1 << 32) - 1),
+    ctypes.c_int64: (-(1 << 63), (1 << 63) - 1),
+    ctypes.c_uint64: (0, (1 << 64) - 1),
+}
+
+
+def parse_signatures(source: str, struct_types: Mapping[str, type] | None = None) -> dict[str, tuple]:
+    """Parameter lists of every ``extern "C" __global__`` entry in ``source``.
+
+    Parameters
+    ----------
+    source : str
+        CUDA C++ source text.
+    struct_types : mapping of str to ctypes.Structure subclass
+        By-value struct parameter types, e.g. ``{"Q12Meta": Q12MetaC}``.
+
+    Returns
+    -------
+    dict
+        entry name -> tuple of (parameter name, ctypes type); pointers are ``c_uint64``.
+
+    Raises
+    ------
+    ValueError
+        A parameter type that is not a pointer, a known scalar or a given struct.
+    """
+    structs = dict(struct_types or {})
+    out: dict[str, tuple] = {}
+    for name, plist in _ENTRY_RE.findall(source):
+        params = []
+        for raw in (p.strip() for p in plist.split(",")):
+            if not raw:
+                continue
+            if "*" in raw:
+                pname = raw.rsplit("*", 1)[1].split()[-1]
+                params.append((pname, ctypes.c_uint64))
+                continue
+            words = [w for w in raw.split() if w not in _QUALIFIERS]
+            ctype_name, pname = " ".join(words[:-1]), words[-1]
+            if ctype_name in _SCALARS:
+                params.append((pname, _SCALARS[ctype_name]))
+            elif ctype_name in structs:
+                params.append((pname, structs[ctype_name]))
+            else:
+                raise ValueError(f"kernel {name}: parameter {raw!r} has a type q12drv cannot pack ({ctype_name!r})")
+        out[name] = tuple(params)
+    return out
+
+
+class Launch:
+    """One kernel's arguments, packed once; ``set()`` updates fields in place, ``launch()`` enqueues.
+
+    Examples
+    --------
+    >>> launch = kernel.prepare(n=4)              # doctest: +SKIP
+    >>> launch.set(x=buf.ptr)                     # doctest: +SKIP
+    >>> launch.launch((8, 1, 1), (128, 1, 1))    # doctest: +SKIP
+    """
+
+    __slots__ = ("kernel", "args", "_ptrs", "_addr", "_ranges")
+
+    def __init__(self, kernel: "Kernel"):
+        self.kernel = kernel
+        self.args = kernel.args_type()
+        base = ctypes.addressof(self.args)
+        offsets = [getattr(kernel.args_type, name).offset for name, _ in kernel.params]
+        self._ptrs = (ctypes.c_void_p * max(1, len(offsets)))(*[base + off for off in offsets])
+        self._addr = ctypes.addressof(self._ptrs)
+        self._ranges = {name: _INT_RANGES.get(t) for name, t in kernel.params}
+
+    def set(self, **values: Any) -> "Launch":
+        """Write argument values by parameter name (checked against the parameter's C type)."""
+        for name, value in values.items():
+            if name not in self._ranges:
+                raise TypeError(f"kernel {self.kernel.name} has no parameter {name!r}; parameters: "
+                                f"{', '.join(n for n, _ in self.kernel.params)}")
+            bounds = self._ranges[name]
+            if bounds is not None:
+                v = int(value)
+                if not bounds[0] <= v <= bounds[1]:
+                    raise OverflowError(f"kernel {self.kernel.name}: {name}={v} does not fit its C type "
+                                        f"(range {bounds[0]}..{bounds[1]})")
+                value = v
+            setattr(self.args, name, value)
+        return self
+
+    def launch(self, grid: tuple, block: tuple, smem: int = 0, stream: Any = None) -> None:
+        """Enqueue the kernel with the current arguments on ``stream`` (see ``Device.as_stream``)."""
+        k = self.kernel
+        if smem > k.smem_limit:
+            k.allow_dynamic_smem(smem)
+        k.device.driver.launch(k.func, grid, block, smem, k.device.as_stream(stream), self._addr)
+
+
+class Kernel:
+    """A loaded kernel entry: its driver handle and its parameter list from the source."""
+
+    def __init__(self, module: "Module", name: str, params: tuple):
+        self.module = module
+        self.device = module.device
+        self.name = name
+        self.params = params
+        self.func = self.device.driver.module_get_function(module.handle, name)
+        self.args_type = type(f"{name}_args", (ctypes.Structure,), {"_fields_": list(params)})
+        self.smem_limit = 48 * 1024
+
+    def allow_dynamic_smem(self, nbytes: int) -> None:
+        """Raise the kernel's dynamic shared-memory limit (needed above 48 KiB)."""
+        self.device.driver.set_max_dynamic_smem(self.func, nbytes)
+        self.smem_limit = int(nbytes)
+
+    def prepare(self, **values: Any) -> Launch:
+        """A new :class:`Launch` with the given arguments set (the rest zero)."""
+        return Launch(self).set(**values)
+
+    def attribute(self, name: str) -> int:
+        """A ``CU_FUNC_ATTRIBUTE_*`` value, e.g. ``"num_regs"`` or ``"local_size_bytes"``."""
+        return self.device.driver.function_attribute(self.func, name)
+
+
+class Module:
+    """A module (cubin, or emulators on the emulated driver) loaded into one device."""
+
+    def __init__(self, device: Device, filename: str, handle: Any, signatures: dict, compiled=None):
+        self.device = device
+        self.filename = filename
+        self.handle = handle
+        self.signatures = signatures
+        self.compiled = compiled
+        self._kernels: dict[str, Kernel] = {}
+
+    def kernel(self, name: str) -> Kernel:
+        """The entry ``name`` (loaded once per module)."""
+        k = self._kernels.get(name)
+        if k is None:
+            if name not in self.signatures:
+                raise KeyError(f"{self.filename} has no extern \"C\" __global__ entry {name!r}; "
+                               f"it has: {', '.join(sorted(self.signatures))}")
+            k = self._kernels[name] = Kernel(self, name, self.signatures[name])
+        return k
+
+
+def load_module(device: Device, filename: str, *, defines: tuple = (), struct_types: Mapping[str, type] | None = None) -> Module:
+    """Load ``cuda_src/<filename>`` into ``device`` (compiled once per process and cached on disk).
+
+    On the emulated driver nothing is compiled: the module is the file's entry signatures and
+    launches run the emulators registered for those names.
+    """
+    key = ("module", filename, tuple(defines))
+    mod = device.cache.get(key)
+    if mod is not None:
+        return mod
+    source = (cuda_src_dir() / filename).read_text()
+    signatures = parse_signatures(source, struct_types)
+    if device.driver.runs_cubins:
+        compiled = compile_source(filename, arch=device.arch, defines=tuple(defines))
+        handle = device.driver.module_load(compiled.image)
+    else:
+        compiled = None
+        handle = device.driver.module_load(EmuImage(filename, signatures))
+    mod = Module(device, filename, handle, signatures, compiled)
+    device.cache[key] = mod
+    device.cache.setdefault("_unloaders", []).append(lambda: device.driver.module_unload(handle))
+    return mod

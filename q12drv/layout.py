@@ -1,0 +1,383 @@
+"""The sizing single source of truth: the seed's functions, the stacked-field layout, the scratch plan.
+
+Every byte offset q12drv uses is computed here and nowhere else. The functions are pure
+arithmetic over ints; nothing here touches memory or a driver.
+
+Layout of one Q12 pass in the scratch arena (offsets from the arena base)::
+
+    [0, A)            MoE top-k staging            A = a64(T * top_k * 8)
+    [A, B)            n per-stream blocks          block b = stream b's single-stream metadata
+    [B, B + staged)   stacked BatchedAttnMetadata  staged_bytes (fields below, each padded to 8)
+    [B + staged, +8n) h_state_ptrs JIT slot        n u64, rewritten before every SSM layer
+
+Stacked fields, in order: positions ``u32[T]`` (then H and W ``u32[T]`` under MRoPE), slots
+``i64[T]``, block_table_ptrs ``u64[n]``, seq_len_ptrs ``u64[n]``, cu_seqlens ``i32[n+1]``,
+kv_lens ``i32[n]``; ``staged_bytes = S*a8(4T) + 8T + 16n + a8(4n+4) + a8(4n)``, S = 3 under MRoPE.
+
+A per-stream block holds the same layout for n = 1 (the stream alone): what the per-stream
+fallback's kernels read. Policy ``"seed"`` gives every block the seed's stride
+``max(16*max_len + 64, 4096)`` (so plan totals equal :func:`q12_batched_scratch_bytes_varlen`
+exactly); policy ``"exact"`` gives block b ``a64(payload_b)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+__all__ = [
+    "Q12_SIZING_STREAMS",
+    "POLICIES",
+    "a8",
+    "a64",
+    "q12_batched_scratch_bytes",
+    "q12_batched_scratch_bytes_varlen",
+    "moe_bytes",
+    "seed_stream_block_stride",
+    "staged_bytes",
+    "FieldSpec",
+    "StackedLayout",
+    "stacked_layout",
+    "single_stream_payload",
+    "Region",
+    "ScratchPlan",
+    "make_scratch_plan",
+]
+
+#: Streams the scratch buffer is provisioned for (seed). Not an admission cap.
+Q12_SIZING_STREAMS = 8
+#: Per-stream block sizing policies.
+POLICIES = ("seed", "exact")
+
+_U32_MAX = (1 << 32) - 1
+_I32_MAX = (1 << 31) - 1
+
+
+def a8(x: int) -> int:
+    """Round up to a multiple of 8."""
+    return (x + 7) & ~7
+
+
+def a64(x: int) -> int:
+    """Round up to a multiple of 64."""
+    return (x + 63) & ~63
+
+
+def _count(name: str, value, *, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    v = int(value)
+    if v < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {v}")
+    return v
+
+
+def _flag(name: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+# --- the seed's functions ---------------------------------------------------------------
+
+def moe_bytes(total_tokens: int, top_k: int) -> int:
+    """MoE top-k staging: expert ids (i32) and weights (f32) per token x top_k, 64-aligned."""
+    return a64(total_tokens * top_k * 4 * 2)
+
+
+def seed_stream_block_stride(max_chunk_len: int) -> int:
+    """The seed's per-stream metadata block: ``max(16 * max_chunk_len + 64, 4096)``."""
+    return max(max_chunk_len * 16 + 64, 4096)
+
+
+def staged_bytes(n: int, total_tokens: int, mrope: bool) -> int:
+    """Bytes of the stacked metadata: ``S*a8(4T) + a8(8T) + 2*a8(8n) + a8(4(n+1)) + a8(4n)``."""
+    s = 3 if mrope else 1
+    t = total_tokens
+    return s * a8(4 * t) + a8(8 * t) + 2 * a8(8 * n) + a8(4 * (n + 1)) + a8(4 * n)
+
+
+def q12_batched_scratch_bytes_varlen(n: int, total_tokens: int, max_chunk_len: int, top_k: int, mrope: bool) -> int:
+    """Exact scratch footprint of a ragged Q12 batch (the seed's ``q12_batched_scratch_bytes_varlen``).
+
+    Parameters
+    ----------
+    n : int
+        Streams in the batch.
+    total_tokens : int
+        Packed token count, Σ per-stream counts (``cu_seqlens[n]``).
+    max_chunk_len : int
+        Longest per-stream count; sizes every per-stream metadata block.
+    top_k : int
+        Experts per token (MoE top-k staging).
+    mrope : bool
+        Whether positions are staged as three streams (T, H, W).
+
+    Returns
+    -------
+    int
+        ``moe + n * per_stream_meta + stage_meta + 8n`` bytes.
+
+    Examples
+    --------
+    >>> q12_batched_scratch_bytes_varlen(4, 3740, 935, 8, True)
+    374392
+    """
+    n = _count("n", n)
+    t = _count("total_tokens", total_tokens)
+    m = _count("max_chunk_len", max_chunk_len)
+    k = _count("top_k", top_k)
+    mrope = _flag("mrope", mrope)
+    return moe_bytes(t, k) + n * seed_stream_block_stride(m) + staged_bytes(n, t, mrope) + 8 * n
+
+
+def q12_batched_scratch_bytes(n: int, chunk_len: int, top_k: int, mrope: bool) -> int:
+    """Exact scratch footprint of ``n`` streams of ``chunk_len`` tokens each (the seed's uniform form).
+
+    Examples
+    --------
+    >>> q12_batched_scratch_bytes(4, 935, 8, True)
+    374392
+    """
+    n = _count("n", n)
+    chunk_len = _count("chunk_len", chunk_len)
+    return q12_batched_scratch_bytes_varlen(n, n * chunk_len, chunk_len, top_k, mrope)
+
+
+# --- stacked fields ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One field of a metadata layout.
+
+    Attributes
+    ----------
+    name : str
+        The field's name as in ``BatchedAttnMetadata`` (``positions_stacked``...).
+    dtype : str
+        numpy dtype string (``"<u4"``, ``"<i8"``, ``"<u8"``, ``"<i4"``).
+    count : int
+        Elements.
+    offset : int
+        Byte offset from the start of the layout.
+    nbytes : int
+        Payload bytes (``count * itemsize``).
+    padded : int
+        Bytes the field occupies including its zero pad to 8.
+    """
+
+    name: str
+    dtype: str
+    count: int
+    offset: int
+    nbytes: int
+    padded: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.padded
+
+
+@dataclass(frozen=True)
+class StackedLayout:
+    """Field offsets of one stacked metadata block (relative to its start)."""
+
+    n: int
+    total_tokens: int
+    mrope: bool
+    fields: tuple
+    staged_bytes: int
+
+    def field(self, name: str) -> FieldSpec:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(f"no metadata field {name!r}; fields: {', '.join(f.name for f in self.fields)}")
+
+    def shifted(self, base: int) -> tuple:
+        """The fields with offsets moved by ``base`` (e.g. to arena offsets)."""
+        return tuple(FieldSpec(f.name, f.dtype, f.count, f.offset + base, f.nbytes, f.padded) for f in self.fields)
+
+
+def stacked_layout(n: int, total_tokens: int, mrope: bool) -> StackedLayout:
+    """The stacked metadata layout for ``n`` streams and ``total_tokens`` packed tokens.
+
+    Raises
+    ------
+    ValueError
+        n < 1, or counts that overflow the on-device types (T and n+1 entries of i32 prefix sums).
+    """
+    n = _count("n", n, minimum=1)
+    t = _count("total_tokens", total_tokens)
+    mrope = _flag("mrope", mrope)
+    if t > _I32_MAX:
+        raise ValueError(f"total_tokens {t} overflows the i32 cu_seqlens prefix sum (max {_I32_MAX})")
+    spec = [("positions_stacked", "<u4", t)]
+    if mrope:
+        spec += [("positions_h_stacked", "<u4", t), ("positions_w_stacked", "<u4", t)]
+    spec += [
+        ("slot_stacked", "<i8", t),
+        ("block_table_ptrs", "<u8", n),
+        ("seq_len_ptrs", "<u8", n),
+        ("cu_seqlens", "<i4", n + 1),
+        ("kv_lens", "<i4", n),
+    ]
+    fields, off = [], 0
+    for name, dtype, count in spec:
+        nbytes = count * np.dtype(dtype).itemsize
+        fields.append(FieldSpec(name, dtype, count, off, nbytes, a8(nbytes)))
+        off += a8(nbytes)
+    assert off == staged_bytes(n, t, mrope)
+    return StackedLayout(n, t, mrope, tuple(fields), off)
+
+
+def single_stream_payload(count: int, mrope: bool) -> int:
+    """Bytes of one stream's own metadata (the n = 1 stacked layout): ``S*a8(4L) + 8L + 32``."""
+    return staged_bytes(1, _count("count", count), _flag("mrope", mrope))
+
+
+# --- the scratch plan ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Region:
+    """A named byte range of the arena.
+
+    Attributes
+    ----------
+    name : str
+    offset : int
+        From the arena base.
+    nbytes : int
+    kind : str
+        ``"moe"``, ``"stream_block"``, ``"stacked"`` or ``"jit_slot"``.
+    stream : int or None
+        For per-stream blocks, the stream index.
+    """
+
+    name: str
+    offset: int
+    nbytes: int
+    kind: str
+    stream: int | None = None
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.nbytes
+
+
+@dataclass(frozen=True)
+class ScratchPlan:
+    """The region map of one Q12 pass: every region's and field's offset, from the counts alone.
+
+    Build with :func:`make_scratch_plan`.
+    """
+
+    policy: str
+    counts: tuple
+    top_k: int
+    mrope: bool
+    moe: Region
+    stream_blocks: tuple
+    stacked: Region
+    jit_slot: Region
+    stacked_layout: StackedLayout
+
+    @property
+    def n(self) -> int:
+        return len(self.counts)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.counts)
+
+    @property
+    def max_chunk_len(self) -> int:
+        return max(self.counts)
+
+    @property
+    def staged_bytes(self) -> int:
+        return self.stacked_layout.staged_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        """End of the JIT slot: the scratch bytes this pass needs."""
+        return self.jit_slot.end
+
+    @property
+    def regions(self) -> tuple:
+        return (self.moe, *self.stream_blocks, self.stacked, self.jit_slot)
+
+    @property
+    def fields(self) -> tuple:
+        """The stacked fields at arena offsets."""
+        return self.stacked_layout.shifted(self.stacked.offset)
+
+    def stream_layout(self, b: int) -> StackedLayout:
+        """Stream ``b``'s single-stream (n = 1) layout, relative to its block."""
+        if not 0 <= b < self.n:
+            raise IndexError(f"stream {b} out of range for a plan of {self.n} streams")
+        return stacked_layout(1, self.counts[b], self.mrope)
+
+    def stream_block_fits(self, b: int) -> bool:
+        return self.stream_layout(b).staged_bytes <= self.stream_blocks[b].nbytes
+
+    def first_unfit_stream(self) -> int | None:
+        """The first stream whose own metadata does not fit its block (seed stride under MRoPE), or None."""
+        for b in range(self.n):
+            if not self.stream_block_fits(b):
+                return b
+        return None
+
+    def describe(self) -> str:
+        """The region map as a text table."""
+        lines = [f"{'region':<28}{'offset':>12}{'bytes':>12}{'end':>12}"]
+        for r in self.regions:
+            lines.append(f"{r.name:<28}{r.offset:>12,}{r.nbytes:>12,}{r.end:>12,}")
+        lines.append(f"{'total':<28}{'':>12}{self.total_bytes:>12,}")
+        return "\n".join(lines)
+
+
+def make_scratch_plan(counts: Sequence[int], top_k: int, mrope: bool, policy: str = "seed") -> ScratchPlan:
+    """Plan the arena for a batch with per-stream token counts ``counts``.
+
+    Parameters
+    ----------
+    counts : sequence of int
+        Tokens each stream processes in this pass (``proc_count`` / effective length), each >= 1.
+    top_k : int
+        MoE experts per token.
+    mrope : bool
+        Stage H and W positions too.
+    policy : {"seed", "exact"}
+        Per-stream block sizing (see module docstring).
+
+    Returns
+    -------
+    ScratchPlan
+        Under ``"seed"``, ``plan.total_bytes == q12_batched_scratch_bytes_varlen(n, sum(counts),
+        max(counts), top_k, mrope)`` for every input.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    counts = tuple(_count(f"counts[{i}]", c, minimum=1) for i, c in enumerate(counts))
+    if not counts:
+        raise ValueError("a scratch plan needs at least one stream (counts is empty)")
+    top_k = _count("top_k", top_k)
+    mrope = _flag("mrope", mrope)
+    n, t, m = len(counts), sum(counts), max(counts)
+    moe = Region("moe_topk", 0, moe_bytes(t, top_k), "moe")
+    cursor = moe.end
+    blocks = []
+    for b, c in enumerate(counts):
+        stride = seed_stream_block_stride(m) if policy == "seed" else a64(single_stream_payload(c, mrope))
+        blocks.append(Region(f"stream_block[{b}]", cursor, stride, "stream_block", b))
+        cursor += stride
+    layout = stacked_layout(n, t, mrope)
+    stacked = Region("stacked_metadata", cursor, layout.staged_bytes, "stacked")
+    jit = Region("h_state_ptrs", stacked.end, 8 * n, "jit_slot")
+    plan = ScratchPlan(policy, counts, top_k, mrope, moe, tuple(blocks), stacked, jit, layout)
+    if policy == "seed":
+        assert plan.total_bytes == q12_batched_scratch_bytes_varlen(n, t, m, top_k, mrope)
+    return plan

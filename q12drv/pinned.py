@@ -1,0 +1,108 @@
+"""``PinnedRing``: page-locked staging slots, each guarded by an event recorded after its copy.
+
+A slot is handed out again only after the copy that last read it has run, so the host never
+rewrites pinned bytes an enqueued ``cuMemcpyHtoDAsync`` has yet to read (the race vLLM's
+``UvaBufferPool`` and TensorRT-LLM's double-buffered staging guard against).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .device import Device, Event, PinnedBuffer
+
+__all__ = ["PinnedRing", "PinnedSlot"]
+
+_MIN_SLOT = 4096
+
+
+class PinnedSlot:
+    """One ring slot: ``array`` (uint8 view of its pinned bytes), ``addr``, and its guard event."""
+
+    __slots__ = ("buffer", "event", "pending", "index")
+
+    def __init__(self, index: int, event: Event):
+        self.index = index
+        self.buffer: PinnedBuffer | None = None
+        self.event = event
+        self.pending = False
+
+    @property
+    def array(self) -> np.ndarray:
+        return self.buffer.array
+
+    @property
+    def addr(self) -> int:
+        return self.buffer.addr
+
+
+class PinnedRing:
+    """A ring of ``nslots`` pinned staging buffers (grown on demand, each event-guarded).
+
+    Parameters
+    ----------
+    device : Device
+    nslots : int
+        At least 2, so that packing the next pass overlaps the previous copy.
+    name : str
+        For messages and statistics.
+
+    Attributes
+    ----------
+    waits : int
+        How often :meth:`acquire` had to wait for a slot's previous copy.
+    """
+
+    def __init__(self, device: Device, nslots: int = 2, name: str = "staging"):
+        if nslots < 2:
+            raise ValueError(f"a pinned ring needs at least 2 slots, got {nslots}")
+        self.device = device
+        self.name = name
+        self._slots = [PinnedSlot(i, device.event()) for i in range(nslots)]
+        self._next = 0
+        self.waits = 0
+        self.uses = 0
+
+    @property
+    def nslots(self) -> int:
+        return len(self._slots)
+
+    def _wait(self, slot: PinnedSlot) -> None:
+        if not slot.event.query():
+            self.waits += 1
+            slot.event.synchronize()
+        slot.pending = False
+
+    def acquire(self, nbytes: int) -> PinnedSlot:
+        """The next slot, at least ``nbytes`` large, once its previous copy has completed."""
+        slot = self._slots[self._next]
+        if slot.pending:
+            self._wait(slot)
+        if slot.buffer is None or slot.buffer.nbytes < nbytes:
+            if slot.buffer is not None:
+                slot.buffer.free()
+            size = max(_MIN_SLOT, 1 << (max(int(nbytes), 1) - 1).bit_length())
+            slot.buffer = self.device.pinned(size, f"{self.name} ring slot {slot.index}")
+        self._next = (self._next + 1) % len(self._slots)
+        self.uses += 1
+        return slot
+
+    def commit(self, slot: PinnedSlot, stream: Any) -> None:
+        """Record ``slot``'s guard event on ``stream`` right after the copy that reads it."""
+        self.device.driver.event_record(slot.event.raw, stream)
+        slot.pending = True
+
+    def close(self) -> None:
+        """Wait for pending copies and free the pinned memory."""
+        for slot in self._slots:
+            if slot.pending and not self.device.closed:
+                slot.event.synchronize()
+                slot.pending = False
+            if slot.buffer is not None and not self.device.closed:
+                slot.buffer.free()
+            slot.buffer = None
+            if not self.device.closed:
+                slot.event.destroy()
+        self._slots = []

@@ -1,0 +1,212 @@
+"""One Q12 prefill pass over an arena: admission, plan, stage, then the layers, batched or per stream.
+
+:class:`Q12Pass` decides (through :func:`~q12drv.admission.check_kernel_batched_eligible`)
+whether the batch runs batched, lays out the arena from the plan, stages the metadata once, and
+then runs any number of layers:
+
+* :meth:`Q12Pass.attention_layer`: RoPE/MRoPE on Q and K, KV-cache write, paged attention;
+* :meth:`Q12Pass.gdn_layer`: upload this layer's ``h_state_ptrs``, then Gated DeltaNet.
+
+Batched, each kernel is one launch for all streams. Per stream (a refused batch, or
+``mode="per_stream"``), each stream's own n = 1 metadata sits in its per-stream block and the
+same kernels run once per stream on that stream's rows. Both read the same rows, blocks and
+states, with the same instructions, so their results are bit-identical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .admission import Admission, check_kernel_batched_eligible
+from .arena import ScratchArena
+from .errors import CapacityError
+from .kernels import ops
+from .layout import make_scratch_plan
+from .staging import (
+    BatchedAttnMetadata,
+    StreamStageInfo,
+    place_h_state_slot,
+    reserve_h_state_slot,
+    stage_batched_attn_metadata,
+    stage_stream_metadata,
+)
+
+__all__ = ["AttentionShape", "GdnShape", "Q12Pass", "MODES"]
+
+MODES = ("auto", "batched", "per_stream")
+_BF16 = 2
+_F32 = 4
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """Shape of an attention layer: heads, head dim, rotary settings (mrope_mode 0/1/2, see ops.rope)."""
+
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    rope_theta: float = 1e7
+    mrope_mode: int = 0
+    mrope_section: tuple = (0, 0, 0)
+    scale: float | None = None
+
+
+@dataclass(frozen=True)
+class GdnShape:
+    """Shape of a Gated DeltaNet layer: key heads, value heads, head dim (dk = dv)."""
+
+    num_k_heads: int
+    num_v_heads: int
+    head_dim: int
+
+
+class Q12Pass:
+    """One prefill pass of N streams over ``arena``.
+
+    Parameters
+    ----------
+    arena : ScratchArena
+        Reset and laid out by the pass.
+    streams : sequence of StreamStageInfo
+    block_size, use_mrope, dummy_kv_block
+        As for :func:`~q12drv.staging.stage_batched_attn_metadata`.
+    top_k : int
+        MoE experts per token (sizes the MoE area of the plan).
+    head_dim : int
+        Attention head dim (admission refuses > 256).
+    chunks : sequence of (chunk_len, eff_len, chunk_start, is_last), optional
+        The scheduler's view for admission; default: each stream's own (proc_count, proc_count,
+        proc_start, False).
+    arena_tokens : int, optional
+        Rows of the packed activation buffers (admission's ``arena_cap``); default Σ proc_count.
+    is_mla, allow_chunk_zero, varlen, policy
+        Admission settings.
+    mode : {"auto", "batched", "per_stream"}
+        ``"auto"`` runs batched when admitted and per stream otherwise; ``"batched"`` raises if
+        refused; ``"per_stream"`` always runs the fallback.
+    stream : optional
+        CUDA stream for everything the pass enqueues.
+
+    Attributes
+    ----------
+    admission : Admission
+    batched : bool
+    reason : str
+        Why the pass runs per stream ("" when batched).
+    meta : BatchedAttnMetadata or None
+        The stacked metadata (batched).
+    stream_meta : list of BatchedAttnMetadata
+        Each stream's own metadata (per stream).
+    """
+
+    def __init__(self, arena: ScratchArena, streams: Sequence[StreamStageInfo], *, block_size: int, use_mrope: bool,
+                 dummy_kv_block: int, top_k: int = 0, head_dim: int = 128, chunks: Sequence[tuple] | None = None,
+                 arena_tokens: int | None = None, is_mla: bool = False, allow_chunk_zero: bool = True,
+                 varlen: bool = True, policy: str = "seed", mode: str = "auto", stream: Any = None):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        streams = list(streams)
+        if not streams:
+            raise ValueError("a pass needs at least one stream")
+        self.arena = arena
+        self.device = arena.device
+        self.streams = streams
+        self.stream = stream
+        self.block_size = block_size
+        counts = [s.proc_count for s in streams]
+        if chunks is None:
+            chunks = [(s.proc_count, s.proc_count, s.proc_start, False) for s in streams]
+        total = sum(int(c) for c in counts)
+        self.admission: Admission = check_kernel_batched_eligible(
+            chunks, len(streams), total if arena_tokens is None else arena_tokens, is_mla, head_dim,
+            arena.capacity, top_k, use_mrope, allow_chunk_zero, varlen, policy)
+        if mode == "batched" and not self.admission:
+            raise ValueError(f"mode='batched' but the batch was {self.admission}")
+        self.batched = bool(self.admission) and mode != "per_stream"
+        self.reason = "" if self.batched else ("per_stream requested" if mode == "per_stream" else str(self.admission))
+        self.meta: BatchedAttnMetadata | None = None
+        self.stream_meta: list = []
+        arena.reset()
+        common = dict(block_size=block_size, use_mrope=use_mrope, dummy_kv_block=dummy_kv_block)
+        if self.batched:
+            plan = self.plan = self.admission.plan
+            self._reserve_prefix(plan)
+            self.meta = stage_batched_attn_metadata(arena, streams, scratch_offset_bytes=plan.stacked.offset,
+                                                    stream=stream, **common)
+            self.h_slot = place_h_state_slot(arena, self.meta)
+        else:
+            plan = self.admission.plan
+            if plan is None or plan.first_unfit_stream() is not None or plan.total_bytes > arena.capacity:
+                plan = make_scratch_plan(counts, top_k, use_mrope, "exact")
+            self.plan = plan
+            needed = plan.stacked.offset + 8 * len(streams)
+            if needed > arena.capacity:
+                raise CapacityError("per-stream metadata blocks", needed, arena.capacity,
+                                    "even the per-stream fallback needs the MoE area, one block per stream and the "
+                                    "h_state_ptrs slot; size the arena with q12drv.layout")
+            self._reserve_prefix(plan)
+            self.stream_meta = [stage_stream_metadata(arena, plan, b, s, stream=stream, **common)
+                                for b, s in enumerate(streams)]
+            self.h_slot = reserve_h_state_slot(arena, len(streams))
+        self.cu_seqlens = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def _reserve_prefix(self, plan) -> None:
+        for r in (plan.moe, *plan.stream_blocks):
+            self.arena.reserve(r.name, r.nbytes, offset=r.offset)
+
+    @property
+    def mode(self) -> str:
+        return "batched" if self.batched else "per_stream"
+
+    def _per_stream(self, run: Callable[[BatchedAttnMetadata, int, int], None]) -> None:
+        for b, meta in enumerate(self.stream_meta):
+            run(meta, b, int(self.cu_seqlens[b]))
+
+    def attention_layer(self, q: int, k: int, v: int, k_pool: int, v_pool: int, o: int, shape: AttentionShape, *,
+                        num_blocks: int) -> None:
+        """RoPE on Q ``[T, Hq, D]`` and K ``[T, Hkv, D]`` (in place), write K/V to the pools, attention into O.
+
+        All arguments are device pointers to packed bf16 rows (stream b's rows start at
+        ``cu_seqlens[b]``); ``num_blocks`` is the pools' block count.
+        """
+        hq, hkv, d = shape.num_q_heads, shape.num_kv_heads, shape.head_dim
+        dev, st = self.device, self.stream
+
+        def run(meta, row_q, row_k):
+            ops.rope(dev, meta, q + row_q, k + row_k, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
+                     rotary_dim=shape.rotary_dim, theta=shape.rope_theta, mrope_mode=shape.mrope_mode,
+                     sections=shape.mrope_section, stream=st)
+            ops.kv_write(dev, meta, k + row_k, v + row_k, k_pool, v_pool, num_kv_heads=hkv, head_dim=d,
+                         num_blocks=num_blocks, stream=st)
+            ops.attention(dev, meta, q + row_q, k_pool, v_pool, o + row_q, num_q_heads=hq, num_kv_heads=hkv,
+                          head_dim=d, scale=shape.scale, stream=st)
+
+        if self.batched:
+            run(self.meta, 0, 0)
+        else:
+            self._per_stream(lambda meta, b, row: run(meta, row * hq * d * _BF16, row * hkv * d * _BF16))
+
+    def gdn_layer(self, state_ptrs: Sequence[int], q: int, k: int, v: int, g: int, beta: int, o: int,
+                  shape: GdnShape) -> None:
+        """Upload this layer's per-stream state pointers into the JIT slot, then run Gated DeltaNet.
+
+        ``q``, ``k``: ``[T, Hk, D]`` bf16; ``v``, ``o``: ``[T, Hv, D]`` bf16; ``g``, ``beta``: ``[T, Hv]``
+        fp32; ``state_ptrs[b]``: stream b's fp32 ``[Hv, D, D]`` state, updated in place.
+        """
+        self.h_slot.upload(state_ptrs, self.stream)
+        hk, hv, d = shape.num_k_heads, shape.num_v_heads, shape.head_dim
+        dev, st = self.device, self.stream
+
+        def run(meta, slot_ptr, row):
+            ops.gdn(dev, meta, slot_ptr, q + row * hk * d * _BF16, k + row * hk * d * _BF16,
+                    v + row * hv * d * _BF16, g + row * hv * _F32, beta + row * hv * _F32,
+                    o + row * hv * d * _BF16, num_k_heads=hk, num_v_heads=hv, head_dim=d, stream=st)
+
+        if self.batched:
+            run(self.meta, int(self.h_slot.ptr), 0)
+        else:
+            self._per_stream(lambda meta, b, row: run(meta, int(self.h_slot.entry(b)), row))

@@ -1,0 +1,44 @@
+"""``DevicePtr``: a raw ``CUdeviceptr`` that is an ``int`` everywhere an int is accepted."""
+
+from __future__ import annotations
+
+__all__ = ["DevicePtr", "NULL"]
+
+
+class DevicePtr(int):
+    """A device address. Subclasses ``int``, so it passes to any driver call or ctypes field.
+
+    Examples
+    --------
+    >>> p = DevicePtr(0x7F0000001000)
+    >>> p.offset(256)
+    DevicePtr(0x7f0000001100)
+    >>> bool(NULL)
+    False
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, value: int = 0):
+        v = int(value)
+        if v < 0 or v >= 1 << 64:
+            raise ValueError(f"a device pointer must be in [0, 2**64), got {v}")
+        return super().__new__(cls, v)
+
+    def offset(self, nbytes: int) -> "DevicePtr":
+        """The address ``nbytes`` further on (negative moves back); stays a ``DevicePtr``."""
+        return DevicePtr(int(self) + int(nbytes))
+
+    @property
+    def is_null(self) -> bool:
+        return int(self) == 0
+
+    def __repr__(self) -> str:
+        return f"DevicePtr({int(self):#x})"
+
+    def __str__(self) -> str:
+        return f"{int(self):#x}"
+
+
+#: The null device pointer.
+NULL = DevicePtr(0)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Everything q12drv checks on a GPU, in one command (the H200 test machine has no network:
+# nothing is installed, the checkout runs from PYTHONPATH). Logs go to $OUT (default /tmp/q12drv-gpu).
+#
+#   scripts/gpu_check.sh            # doctor, GPU tests, demo, benchmark
+#   Q12_SKIP_BENCH=1 scripts/gpu_check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/q12drv-gpu}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 Q12DRV_CACHE_DIR=${Q12DRV_CACHE_DIR:-/tmp/q12drv-cubin}
+status=()
+step() {  # step NAME LOG COMMAND...
+  local name=$1 log=$2; shift 2
+  local t0=$SECONDS
+  "$@" >"$OUT/$log" 2>&1
+  local rc=$?
+  status+=("$(printf '%-12s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$log")")
+  tail -n 25 "$OUT/$log"
+}
+{ date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; python3 -c "import cuda.bindings, cuda.core, numpy, torch; print('cuda-bindings', cuda.bindings.__version__, 'cuda-core', cuda.core.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__)"; } >"$OUT/env.log" 2>&1
+cat "$OUT/env.log"
+step doctor doctor.log python3 -m q12drv doctor --driver cuda
+step gpu-tests gpu_tests.log python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider --timeout=300 ${Q12_PYTEST_ARGS:-}
+step demo demo.log python3 -m q12drv demo --driver cuda
+if [ -z "${Q12_SKIP_BENCH:-}" ] && [ -f bench/gpu_compare.py ]; then
+  step bench bench.log python3 bench/gpu_compare.py --out "$OUT/bench.json"
+fi
+echo "==== summary ($(date -u +%FT%TZ))"
+printf '%s\n' "${status[@]}"

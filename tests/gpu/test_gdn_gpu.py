@@ -1,0 +1,280 @@
+"""GPU tests of the Gated DeltaNet prefill kernels (H200): launched through cuda.bindings directly.
+
+torch is used only to allocate device memory and copy bytes through raw pointers. Every run draws
+fresh random inputs; outputs are poisoned (0xFFFF bf16 NaN) before a launch and every written
+buffer (o and each stream's state) has guard bytes on both sides, checked afterwards.
+
+Run ``python tests/gpu/test_gdn_gpu.py`` for a rough timing print (not a test).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from q12drv.bf16 import from_bf16_bits, to_bf16_bits
+from q12drv.kernels import gdn
+from q12drv.kernels.meta import Q12MetaC, meta_defines
+
+pytestmark = pytest.mark.gpu
+
+RAGGED = [1, 15, 16, 17, 63, 64, 65]
+GUARD = 256  # bytes each side; keeps the payload 256-byte aligned
+BLOCK_SIZE = 16
+
+
+def _torch():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    return torch
+
+
+def _check(result):
+    from cuda.bindings import driver as cu
+
+    err = result[0] if isinstance(result, tuple) else result
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"CUDA driver call failed: {err!r}")
+    if isinstance(result, tuple):
+        return result[1] if len(result) == 2 else result[1:]
+    return None
+
+
+class Guarded:
+    """A device buffer with guard bytes on both sides of its payload."""
+
+    def __init__(self, torch, nbytes, fill=0xFF):
+        self.torch = torch
+        self.nbytes = int(nbytes)
+        self.buf = torch.full((self.nbytes + 2 * GUARD,), fill, dtype=torch.uint8, device="cuda")
+        self.buf[:GUARD] = 0xA5
+        self.buf[GUARD + self.nbytes :] = 0x5A
+        self.ptr = self.buf.data_ptr() + GUARD
+
+    @classmethod
+    def of(cls, torch, arr):
+        arr = np.ascontiguousarray(arr)
+        gb = cls(torch, arr.nbytes)
+        gb.buf[GUARD : GUARD + arr.nbytes].copy_(torch.from_numpy(arr.reshape(-1).view(np.uint8).copy()))
+        return gb
+
+    def read(self, dtype, shape):
+        return self.buf[GUARD : GUARD + self.nbytes].cpu().numpy().view(dtype).reshape(shape).copy()
+
+    def guards_ok(self):
+        head = self.buf[:GUARD].cpu().numpy()
+        tail = self.buf[GUARD + self.nbytes :].cpu().numpy()
+        return bool((head == 0xA5).all() and (tail == 0x5A).all())
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    torch = _torch()
+    from cuda.bindings import driver as cu
+
+    from q12drv.nvrtc import compile_source
+
+    torch.zeros(1, device="cuda")
+    _check(cu.cuInit(0))
+    dev = _check(cu.cuDeviceGet(torch.cuda.current_device()))
+    ctx = _check(cu.cuDevicePrimaryCtxRetain(dev))
+    _check(cu.cuCtxSetCurrent(ctx))
+    img = compile_source(gdn.SOURCE, defines=meta_defines())
+    mod = _check(cu.cuModuleLoadData(img.image))
+    funcs = {name: _check(cu.cuModuleGetFunction(mod, name.encode())) for name in gdn.ENTRIES}
+    yield torch, funcs
+    _check(cu.cuModuleUnload(mod))
+
+
+def make_inputs(rng, lens, hk, hv, d, state_scale=0.5):
+    """Random bf16 q/k/v, fp32 g (<= 0) and beta in (0, 1), a nonzero fp32 initial state per stream."""
+    T = int(sum(lens))
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    q = to_bf16_bits(rng.normal(size=(T, hk, d)))
+    k = to_bf16_bits(rng.normal(size=(T, hk, d)))
+    v = to_bf16_bits(rng.normal(size=(T, hv, d)))
+    g = (-np.abs(rng.normal(0.0, 0.3, size=(T, hv)))).astype(np.float32)
+    g[rng.random(size=g.shape) < 0.2] = 0.0  # some tokens with no decay at all
+    beta = (1.0 / (1.0 + np.exp(-rng.normal(size=(T, hv))))).astype(np.float32)
+    s0 = (state_scale * rng.normal(size=(len(lens), hv, d, d))).astype(np.float32)
+    return q, k, v, g, beta, cu, s0
+
+
+def build_meta(torch, lens, rng):
+    """All Q12Meta arrays for a fresh prefill of `lens` (block tables with random physical blocks)."""
+    n = len(lens)
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    kv_lens = np.asarray(lens, np.int32)
+    positions = np.concatenate([np.arange(L, dtype=np.uint32) for L in lens])
+    nblocks = [(L + BLOCK_SIZE - 1) // BLOCK_SIZE for L in lens]
+    phys = rng.permutation(sum(nblocks) + 8).astype(np.int32)
+    tables, slots, off = [], [], 0
+    for L, nb in zip(lens, nblocks):
+        bt = phys[off : off + nb]
+        off += nb
+        tables.append(bt)
+        pos = np.arange(L)
+        slots.append(bt[pos // BLOCK_SIZE].astype(np.int64) * BLOCK_SIZE + pos % BLOCK_SIZE)
+    keep = [
+        Guarded.of(torch, cu),
+        Guarded.of(torch, kv_lens),
+        Guarded.of(torch, positions),
+        Guarded.of(torch, np.concatenate(slots)),
+    ]
+    bt_bufs = [Guarded.of(torch, t) for t in tables]
+    sl_bufs = [Guarded.of(torch, np.array([L], np.uint32)) for L in lens]
+    keep += bt_bufs + sl_bufs
+    bt_ptrs = Guarded.of(torch, np.array([b.ptr for b in bt_bufs], np.uint64))
+    sl_ptrs = Guarded.of(torch, np.array([b.ptr for b in sl_bufs], np.uint64))
+    keep += [bt_ptrs, sl_ptrs]
+    meta = Q12MetaC(
+        positions=keep[2].ptr,
+        positions_h=keep[2].ptr,
+        positions_w=keep[2].ptr,
+        slots=keep[3].ptr,
+        block_table_ptrs=bt_ptrs.ptr,
+        seq_len_ptrs=sl_ptrs.ptr,
+        cu_seqlens=keep[0].ptr,
+        kv_lens=keep[1].ptr,
+        batch_size=n,
+        chunk_len=int(max(lens)),
+        total_tokens=int(cu[-1]),
+        max_blocks_per_seq=int(max(nblocks)),
+    )
+    return meta, keep
+
+
+def launch(funcs, name, grid, block, smem, values):
+    from cuda.bindings import driver as cu
+
+    arr = (ctypes.c_void_p * len(values))(*[ctypes.addressof(x) for x in values])
+    _check(cu.cuLaunchKernel(funcs[name], *grid, *block, smem, cu.CUstream(0), ctypes.addressof(arr), 0))
+
+
+def run_gpu(torch, funcs, inputs, hk, hv, d, rng):
+    """One launch over all streams of `inputs`: returns (o bits, final states, all guards intact)."""
+    q, k, v, g, beta, cu, s0 = inputs
+    lens = np.diff(cu).tolist()
+    n, T = len(lens), int(cu[-1])
+    meta, keep = build_meta(torch, lens, rng)
+    bufs = [Guarded.of(torch, x) for x in (q, k, v, g, beta)]
+    o = Guarded(torch, T * hv * d * 2, fill=0xFF)  # 0xFFFF = bf16 NaN
+    states = [Guarded.of(torch, s0[b]) for b in range(n)]
+    ptrs = Guarded.of(torch, np.array([s.ptr for s in states], np.uint64))
+    grid, block, smem = gdn.geometry(n, hv, d)
+    values = [meta, ctypes.c_uint64(ptrs.ptr)]
+    values += [ctypes.c_uint64(b.ptr) for b in bufs] + [ctypes.c_uint64(o.ptr)]
+    values += [ctypes.c_int(hk), ctypes.c_int(hv)]
+    torch.cuda.synchronize()
+    launch(funcs, gdn.entry_name(d), grid, block, smem, values)
+    torch.cuda.synchronize()
+    out = o.read(np.uint16, (T, hv, d))
+    fin = np.stack([s.read(np.float32, (hv, d, d)) for s in states])
+    guards = all(b.guards_ok() for b in [o, ptrs, *states, *bufs, *keep])
+    return out, fin, guards
+
+
+def rel(a, b):
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+CASES = [
+    # (d, hk, hv, lens)
+    (128, 16, 32, RAGGED),  # Qwen3-Next heads
+    (128, 2, 4, [1100, 3, 64]),
+    (64, 2, 6, RAGGED + [1030]),
+    (64, 4, 4, [5, 64, 17]),
+]
+
+
+@pytest.mark.parametrize("d,hk,hv,lens", CASES, ids=[f"d{c[0]}-hk{c[1]}-hv{c[2]}-n{len(c[3])}" for c in CASES])
+def test_gdn_prefill_matches_reference_and_is_batch_invariant(kernels, d, hk, hv, lens):
+    torch, funcs = kernels
+    rng = np.random.default_rng()
+    inputs = make_inputs(rng, lens, hk, hv, d)
+    o, fin, guards = run_gpu(torch, funcs, inputs, hk, hv, d, rng)
+    assert guards, "a guard byte around a written buffer changed"
+    of = from_bf16_bits(o)
+    assert np.isfinite(of).all(), "output rows left unwritten (NaN poison) or non-finite"
+    o_ref, fin_ref = gdn.reference(*inputs)
+    cu = inputs[5]
+    for b in range(len(lens)):
+        s, e = cu[b], cu[b + 1]
+        eo = rel(of[s:e], from_bf16_bits(o_ref[s:e]))
+        es = rel(fin[b], fin_ref[b])
+        assert eo < 1e-2, f"stream {b} (len {e - s}): output rel err {eo:.3e}"
+        assert es < 1e-4, f"stream {b} (len {e - s}): state rel err {es:.3e}"
+
+    # batched == each stream alone (single-stream metadata, pointers at its rows), bit for bit
+    q, k, v, g, beta, cu, s0 = inputs
+    for b in range(len(lens)):
+        s, e = cu[b], cu[b + 1]
+        one = (q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], np.array([0, e - s], np.int32), s0[b : b + 1])
+        o1, fin1, guards1 = run_gpu(torch, funcs, one, hk, hv, d, rng)
+        assert guards1
+        assert np.array_equal(o[s:e], o1), f"stream {b}: output differs batched vs alone"
+        assert np.array_equal(fin[b], fin1[0]), f"stream {b}: final state differs batched vs alone"
+
+
+def _bench(lpc=gdn.LANES_PER_COLUMN, cpt=gdn.COLS_PER_THREAD):
+    """Rough timings (CUDA events), printed; Qwen3-Next heads (Hk 16, Hv 32, d 128).
+
+    ``lpc`` / ``cpt`` recompile with other ``GDN_LPC`` (lanes per dv column) and ``GDN_CPT``
+    (dv columns per thread) to compare variants.
+    """
+    import torch
+    from cuda.bindings import driver as cu
+
+    from q12drv.nvrtc import compile_source
+
+    torch.zeros(1, device="cuda")
+    _check(cu.cuInit(0))
+    ctx = _check(cu.cuDevicePrimaryCtxRetain(_check(cu.cuDeviceGet(0))))
+    _check(cu.cuCtxSetCurrent(ctx))
+    mod = _check(cu.cuModuleLoadData(compile_source(gdn.SOURCE, defines=[*meta_defines(), f"GDN_LPC={lpc}", f"GDN_CPT={cpt}"]).image))
+    funcs = {nm: _check(cu.cuModuleGetFunction(mod, nm.encode())) for nm in gdn.ENTRIES}
+    hk, hv, d = 16, 32, 128
+    import os
+
+    configs = [(1, 2048), (1, 8192), (4, 2048), (8, 2048), (16, 2048)]
+    if os.environ.get("GDN_BENCH_ONLY"):  # e.g. "8x2048" (for profilers)
+        configs = [tuple(int(x) for x in os.environ["GDN_BENCH_ONLY"].split("x"))]
+    for n, L in configs:
+        T = n * L
+        cu_np = (np.arange(n + 1) * L).astype(np.int32)
+        cu_t = torch.from_numpy(cu_np).cuda()
+        q = torch.randn(T, hk, d, device="cuda").bfloat16()
+        k = torch.randn(T, hk, d, device="cuda").bfloat16()
+        v = torch.randn(T, hv, d, device="cuda").bfloat16()
+        g = -torch.rand(T, hv, device="cuda") * 0.3
+        beta = torch.rand(T, hv, device="cuda")
+        o = torch.empty(T, hv, d, device="cuda", dtype=torch.bfloat16)
+        st = torch.randn(n, hv, d, d, device="cuda")
+        ptrs = torch.tensor([st[i].data_ptr() for i in range(n)], dtype=torch.uint64, device="cuda")
+        meta = Q12MetaC(cu_seqlens=cu_t.data_ptr(), batch_size=n, chunk_len=L, total_tokens=T)
+        vals = [meta, ctypes.c_uint64(ptrs.data_ptr())]
+        vals += [ctypes.c_uint64(x.data_ptr()) for x in (q, k, v, g, beta, o)] + [ctypes.c_int(hk), ctypes.c_int(hv)]
+        grid, block, smem = (hv * d // (gdn.THREADS // lpc * cpt), n, 1), (gdn.THREADS, 1, 1), 0
+        for _ in range(2):
+            launch(funcs, gdn.entry_name(d), grid, block, smem, vals)
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        reps = 5
+        e0.record()
+        for _ in range(reps):
+            launch(funcs, gdn.entry_name(d), grid, block, smem, vals)
+        e1.record()
+        torch.cuda.synchronize()
+        ms = e0.elapsed_time(e1) / reps
+        tflops = 4 * T * hv * d * d / (ms * 1e-3) / 1e12
+        print(f"lpc={lpc} cpt={cpt} n={n:2d} L={L:5d}: {ms:.3f} ms  {T / ms / 1e3:.2f} M tok/s  {tflops:.1f} metric-TFLOPS")
+
+
+if __name__ == "__main__":
+    import sys
+
+    _bench(*(int(a) for a in sys.argv[1:3]))

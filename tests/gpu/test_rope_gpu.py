@@ -1,0 +1,312 @@
+"""GPU test of ``q12_rope`` on the real device (H200): raw cuda.bindings launches.
+
+torch is used only to allocate device memory and copy bytes; the kernel is compiled with
+q12drv's NVRTC path and launched with ``cuLaunchKernel``. Self-contained on purpose.
+RoPE works in place, so there is no output to poison: instead the dims >= rotary_dim must come
+back bit for bit, and guard bytes around Q and K must be intact.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from q12drv.bf16 import from_bf16_bits, to_bf16_bits  # noqa: E402
+from q12drv.kernels import rope  # noqa: E402
+from q12drv.kernels.meta import Q12MetaC, meta_defines  # noqa: E402
+from q12drv.nvrtc import compile_source  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():  # pragma: no cover
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+GUARD = 256  # bytes on each side of every buffer (keeps 16-byte alignment)
+POISON = 0xFFFF
+
+
+# ----------------------------------------------------------------------------- raw driver harness
+def _check(res):
+    """Unwrap a cuda.bindings result tuple ``(CUresult, *values)``; raise on an error."""
+    if not isinstance(res, tuple):
+        res = (res,)
+    if int(res[0]) != 0:
+        raise RuntimeError(f"CUDA driver error {res[0]!r}")
+    if len(res) == 1:
+        return None
+    return res[1] if len(res) == 2 else res[1:]
+
+
+class Kernel:
+    _cache: dict = {}
+
+    def __init__(self, source, entry):
+        from cuda.bindings import driver
+
+        self.driver = driver
+        torch.zeros(1, device="cuda")  # make torch's (primary) context current
+        _check(driver.cuInit(0))
+        ctx = _check(driver.cuCtxGetCurrent())
+        if int(ctx) == 0:
+            dev = _check(driver.cuDeviceGet(torch.cuda.current_device()))
+            ctx = _check(driver.cuDevicePrimaryCtxRetain(dev))
+            _check(driver.cuCtxSetCurrent(ctx))
+        key = (source, entry)
+        if key not in Kernel._cache:
+            img = compile_source(source, arch="sm_90", defines=meta_defines(), use_cache=False, verbose_resources=True)
+            spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", img.log)
+            assert all(a == "0" and b == "0" for a, b in spills), img.log
+            module = _check(driver.cuModuleLoadData(img.image))
+            Kernel._cache[key] = (module, _check(driver.cuModuleGetFunction(module, entry.encode())))
+        self.module, self.func = Kernel._cache[key]
+
+    def launch(self, grid, block, smem, args):
+        """args: ctypes objects in parameter order."""
+        ptrs = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+        stream = torch.cuda.current_stream().cuda_stream
+        _check(
+            self.driver.cuLaunchKernel(
+                self.func, *grid, *block, smem, self.driver.CUstream(stream), ctypes.addressof(ptrs), 0
+            )
+        )
+        torch.cuda.synchronize()
+        _check(self.driver.cuCtxSynchronize())
+
+
+class Buf:
+    """Device buffer with random guard bytes on both sides; ``ptr`` is the payload address."""
+
+    def __init__(self, arr: np.ndarray | None = None, nbytes: int | None = None, fill: int | None = None, offset=0):
+        if arr is not None:
+            arr = np.ascontiguousarray(arr)
+            nbytes = arr.nbytes
+        self.nbytes = int(nbytes)
+        self.offset = offset
+        self.t = torch.empty(GUARD + offset + self.nbytes + GUARD, dtype=torch.uint8, device="cuda")
+        g = np.random.default_rng().integers(0, 256, 2 * GUARD, dtype=np.uint8)
+        self.guard = g
+        self.t[:GUARD] = torch.from_numpy(g[:GUARD]).cuda()
+        self.t[GUARD + offset + self.nbytes :] = torch.from_numpy(g[GUARD:]).cuda()
+        payload = self.t[GUARD + offset : GUARD + offset + self.nbytes]
+        if arr is not None:
+            payload.copy_(torch.from_numpy(arr.reshape(-1).view(np.uint8)).cuda())
+        elif fill is not None:
+            payload.view(torch.int16).fill_(np.int16(np.uint16(fill).view(np.int16)).item())
+        self.ptr = self.t.data_ptr() + GUARD + offset
+
+    def read(self, dtype, shape):
+        host = self.t[GUARD + self.offset : GUARD + self.offset + self.nbytes].cpu().numpy()
+        return host.view(dtype).reshape(shape)
+
+    def check_guards(self):
+        lo = self.t[:GUARD].cpu().numpy()
+        hi = self.t[GUARD + self.offset + self.nbytes :].cpu().numpy()
+        np.testing.assert_array_equal(lo, self.guard[:GUARD], err_msg="low guard overwritten")
+        np.testing.assert_array_equal(hi, self.guard[GUARD:], err_msg="high guard overwritten")
+
+
+# ----------------------------------------------------------------------------- metadata and launch
+def make_meta(keep, pos_t, pos_h, pos_w, lens):
+    cu = np.zeros(len(lens) + 1, np.int32)
+    cu[1:] = np.cumsum(lens)
+    bt = Buf(pos_t.astype(np.uint32))
+    bh = Buf(pos_h.astype(np.uint32))
+    bw = Buf(pos_w.astype(np.uint32))
+    bcu = Buf(cu)
+    bkv = Buf(np.array(lens, np.int32))
+    keep.extend([bt, bh, bw, bcu, bkv])
+    return Q12MetaC(
+        positions=bt.ptr,
+        positions_h=bh.ptr,
+        positions_w=bw.ptr,
+        slots=0,
+        block_table_ptrs=0,
+        seq_len_ptrs=0,
+        cu_seqlens=bcu.ptr,
+        kv_lens=bkv.ptr,
+        batch_size=len(lens),
+        chunk_len=max(lens),
+        total_tokens=int(cu[-1]),
+        max_blocks_per_seq=0,
+    )
+
+
+def run_rope(meta, q_ptr, k_ptr, hq, hkv, d, rd, theta, mode, sec, grid=None, block=None):
+    g, b, smem = rope.geometry(int(meta.total_tokens), hq, hkv, d, rd)
+    Kernel(rope.SOURCE, "q12_rope").launch(
+        grid or g,
+        block or b,
+        smem,
+        [
+            meta,
+            ctypes.c_uint64(q_ptr),
+            ctypes.c_uint64(k_ptr),
+            ctypes.c_int32(hq),
+            ctypes.c_int32(hkv),
+            ctypes.c_int32(d),
+            ctypes.c_int32(rd),
+            ctypes.c_float(theta),
+            ctypes.c_int32(mode),
+            ctypes.c_int32(sec[0]),
+            ctypes.c_int32(sec[1]),
+            ctypes.c_int32(sec[2]),
+        ],
+    )
+
+
+def rand_bf16(rng, shape):
+    return to_bf16_bits(rng.standard_normal(shape).astype(np.float32) * 2)
+
+
+def make_positions(rng, lens, mode, big=True):
+    starts = rng.integers(0, 1_000_000 if big else 4000, len(lens))
+    pos_t = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lens)]).astype(np.uint32)
+    if mode == 0:
+        return pos_t, pos_t.copy(), pos_t.copy()
+    T = len(pos_t)
+    return pos_t, rng.integers(0, 512, T).astype(np.uint32), rng.integers(0, 512, T).astype(np.uint32)
+
+
+def assert_close(out_bits, ref_bits, what):
+    out = from_bf16_bits(out_bits).astype(np.float64)
+    ref = from_bf16_bits(ref_bits).astype(np.float64)
+    rel = np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30)
+    assert rel < 1e-2, f"{what}: relative error {rel}"
+    # Kernel and reference differ only in sincosf (<= 2 ulp fp32) and fp32 vs float64 rotation:
+    # at most 1 bf16 ulp on a tiny fraction of elements.
+    ulp_off = np.abs(out - ref) > 2.0**-7 * np.abs(ref) + 1e-6
+    assert not ulp_off.any(), f"{what}: {ulp_off.sum()} elements off by more than 1 bf16 ulp"
+    differ = (out_bits != ref_bits).mean()
+    assert differ < 0.01, f"{what}: {differ:.2%} elements differ from the reference"
+
+
+LENS = [1, 15, 16, 17, 63, 64, 65, 1100]
+CONFIGS = [
+    # D, rd, Hq, Hkv, theta, mode, sections
+    pytest.param(256, 64, 16, 2, 1e7, 0, (0, 0, 0), id="qwen3next"),
+    pytest.param(256, 64, 16, 4, 1e7, 2, (11, 11, 10), id="qwen35-interleaved"),
+    pytest.param(128, 128, 28, 4, 1e6, 1, (16, 24, 24), id="qwen2vl-chunked"),
+    pytest.param(128, 128, 32, 8, 5e6, 2, (24, 20, 20), id="qwen3vl-interleaved"),
+    pytest.param(64, 64, 8, 8, 1e4, 0, (0, 0, 0), id="d64-plain"),
+    pytest.param(128, 96, 4, 2, 1e6, 1, (16, 16, 16), id="d128-rd96"),
+    pytest.param(256, 128, 3, 1, 1e7, 2, (22, 21, 21), id="d256-rd128"),
+    pytest.param(64, 40, 5, 1, 1e4, 0, (0, 0, 0), id="scalar-rd40"),
+    pytest.param(100, 50, 3, 2, 1e6, 1, (5, 10, 10), id="scalar-d100"),
+]
+
+
+@pytest.mark.parametrize("d,rd,hq,hkv,theta,mode,sec", CONFIGS)
+def test_rope_matches_reference(d, rd, hq, hkv, theta, mode, sec):
+    rng = np.random.default_rng()
+    T = sum(LENS)
+    pos_t, pos_h, pos_w = make_positions(rng, LENS, mode)
+    q = rand_bf16(rng, (T, hq, d))
+    k = rand_bf16(rng, (T, hkv, d))
+    keep = []
+    meta = make_meta(keep, pos_t, pos_h, pos_w, LENS)
+    qb, kb = Buf(q), Buf(k)
+    run_rope(meta, qb.ptr, kb.ptr, hq, hkv, d, rd, theta, mode, sec)
+    qo, ko = qb.read(np.uint16, q.shape), kb.read(np.uint16, k.shape)
+    qb.check_guards()
+    kb.check_guards()
+    rq, rk = rope.reference(q, k, pos_t, rd, theta, mode, sec, pos_h, pos_w)
+    assert_close(qo, rq, "q")
+    assert_close(ko, rk, "k")
+    np.testing.assert_array_equal(qo[..., rd:], q[..., rd:])
+    np.testing.assert_array_equal(ko[..., rd:], k[..., rd:])
+    # HF's bf16 formula (cos/sin rounded to bf16) within bf16 tolerance.
+    for x, out in ((q, qo), (k, ko)):
+        hf = from_bf16_bits(rope.hf_style_reference(x, pos_t, rd, theta, mode, sec, pos_h, pos_w))
+        o = from_bf16_bits(out)
+        assert np.linalg.norm(o - hf) / np.linalg.norm(hf) < 1e-2
+
+
+@pytest.mark.parametrize("d,rd,hq,hkv,theta,mode,sec", CONFIGS)
+def test_rope_batched_equals_per_stream(d, rd, hq, hkv, theta, mode, sec):
+    rng = np.random.default_rng()
+    T = sum(LENS)
+    pos_t, pos_h, pos_w = make_positions(rng, LENS, mode)
+    q = rand_bf16(rng, (T, hq, d))
+    k = rand_bf16(rng, (T, hkv, d))
+    keep = []
+    qb, kb = Buf(q), Buf(k)
+    run_rope(make_meta(keep, pos_t, pos_h, pos_w, LENS), qb.ptr, kb.ptr, hq, hkv, d, rd, theta, mode, sec)
+    qo, ko = qb.read(np.uint16, q.shape), kb.read(np.uint16, k.shape)
+    cu = np.concatenate([[0], np.cumsum(LENS)])
+    for b in range(len(LENS)):
+        sl = slice(int(cu[b]), int(cu[b + 1]))
+        q1, k1 = Buf(q[sl]), Buf(k[sl])
+        m1 = make_meta(keep, pos_t[sl], pos_h[sl], pos_w[sl], [LENS[b]])
+        run_rope(m1, q1.ptr, k1.ptr, hq, hkv, d, rd, theta, mode, sec)
+        np.testing.assert_array_equal(q1.read(np.uint16, q[sl].shape), qo[sl])
+        np.testing.assert_array_equal(k1.read(np.uint16, k[sl].shape), ko[sl])
+        q1.check_guards()
+        k1.check_guards()
+
+
+@pytest.mark.parametrize("mode,sec", [(1, (16, 24, 24)), (2, (24, 20, 20)), (1, (0, 64, 0)), (2, (0, 32, 32))])
+def test_mrope_equal_streams_is_plain_rope_bitwise(mode, sec):
+    rng = np.random.default_rng()
+    d, rd, hq, hkv = 128, 128, 8, 2
+    T = sum(LENS)
+    pos_t, _, _ = make_positions(rng, LENS, 0)
+    q = rand_bf16(rng, (T, hq, d))
+    k = rand_bf16(rng, (T, hkv, d))
+    keep = []
+    qa, ka, qb, kb = Buf(q), Buf(k), Buf(q), Buf(k)
+    run_rope(make_meta(keep, pos_t, pos_t, pos_t, LENS), qa.ptr, ka.ptr, hq, hkv, d, rd, 1e6, 0, (0, 0, 0))
+    run_rope(make_meta(keep, pos_t, pos_t.copy(), pos_t.copy(), LENS), qb.ptr, kb.ptr, hq, hkv, d, rd, 1e6, mode, sec)
+    np.testing.assert_array_equal(qa.read(np.uint16, q.shape), qb.read(np.uint16, q.shape))
+    np.testing.assert_array_equal(ka.read(np.uint16, k.shape), kb.read(np.uint16, k.shape))
+
+
+def test_rope_any_grid_and_scalar_path_same_bits():
+    # Grid size, block size, and the 2-byte fallback (misaligned pointers) give identical bits.
+    rng = np.random.default_rng()
+    d, rd, hq, hkv, theta, mode, sec = 256, 64, 16, 2, 1e7, 2, (11, 11, 10)
+    T = sum(LENS)
+    pos_t, pos_h, pos_w = make_positions(rng, LENS, mode)
+    q = rand_bf16(rng, (T, hq, d))
+    k = rand_bf16(rng, (T, hkv, d))
+    keep = []
+    meta = make_meta(keep, pos_t, pos_h, pos_w, LENS)
+    outs = []
+    for grid, block, offset in (
+        (None, None, 0),
+        ((1, 1, 1), (32, 1, 1), 0),
+        ((7, 1, 1), (1024, 1, 1), 0),
+        ((5000, 1, 1), (64, 1, 1), 0),
+        (None, None, 2),  # q and k 2 bytes off 16-byte alignment: scalar path
+    ):
+        qb, kb = Buf(q, offset=offset), Buf(k, offset=offset)
+        run_rope(meta, qb.ptr, kb.ptr, hq, hkv, d, rd, theta, mode, sec, grid=grid, block=block)
+        qb.check_guards()
+        kb.check_guards()
+        outs.append((qb.read(np.uint16, q.shape), kb.read(np.uint16, k.shape)))
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o[0], outs[0][0])
+        np.testing.assert_array_equal(o[1], outs[0][1])
+
+
+def test_rope_large_positions_and_tokens():
+    # Positions near 2^24 (fp32 integer limit) and beyond, many tokens: still matches the reference.
+    rng = np.random.default_rng()
+    d, rd, hq, hkv, theta = 256, 64, 16, 2, 1e7
+    lens = [3000, 5]
+    T = sum(lens)
+    pos_t = np.concatenate([np.arange(16_777_000, 16_777_000 + 3000), [2**31, 2**32 - 1, 0, 1, 7]]).astype(np.uint32)
+    q = rand_bf16(rng, (T, hq, d))
+    k = rand_bf16(rng, (T, hkv, d))
+    keep = []
+    qb, kb = Buf(q), Buf(k)
+    run_rope(make_meta(keep, pos_t, pos_t, pos_t, lens), qb.ptr, kb.ptr, hq, hkv, d, rd, theta, 0, (0, 0, 0))
+    rq, rk = rope.reference(q, k, pos_t, rd, theta)
+    assert_close(qb.read(np.uint16, q.shape), rq, "q")
+    assert_close(kb.read(np.uint16, k.shape), rk, "k")
+    qb.check_guards()
+    kb.check_guards()

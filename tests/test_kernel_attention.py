@@ -1,0 +1,274 @@
+"""CPU tests of the paged causal prefill attention kernel: compile, reference, emulator."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from q12drv.bf16 import from_bf16_bits, to_bf16_bits
+from q12drv.kernels import attention as attn
+from q12drv.kernels.meta import Q12MetaC, meta_defines
+from q12drv.nvrtc import compile_source, cuda_src_dir
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def _bf16(rng, shape, std=1.0):
+    return to_bf16_bits(rng.standard_normal(shape).astype(np.float32) * std)
+
+
+def make_case(rng, q_lens, prefixes, *, hq, hkv, d, bs, spare_blocks=3):
+    """Random Q and pools; each stream gets shuffled physical blocks (no sharing)."""
+    q_lens = np.asarray(q_lens, dtype=np.int64)
+    kv_lens = q_lens + np.asarray(prefixes, dtype=np.int64)
+    cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    nblk = [-(-int(k) // bs) for k in kv_lens]
+    num_blocks = sum(nblk) + spare_blocks
+    perm = rng.permutation(num_blocks)
+    tables, at = [], 0
+    for nb in nblk:
+        tables.append(perm[at : at + nb].astype(np.int32))
+        at += nb
+    q = _bf16(rng, (int(cu[-1]), hq, d))
+    k_pool = _bf16(rng, (num_blocks, bs, hkv, d))
+    v_pool = _bf16(rng, (num_blocks, bs, hkv, d))
+    return q, k_pool, v_pool, cu, kv_lens.astype(np.int32), tables
+
+
+def textbook(q, k_pool, v_pool, cu, kv_lens, tables, hq, hkv, bs, scale):
+    """float64, one row at a time, every key looked up through the block table."""
+    qf = from_bf16_bits(q).astype(np.float64)
+    kf = from_bf16_bits(k_pool).astype(np.float64)
+    vf = from_bf16_bits(v_pool).astype(np.float64)
+    out = np.zeros(q.shape, dtype=np.float64)
+    grp = hq // hkv
+    for b in range(len(kv_lens)):
+        q_len = int(cu[b + 1] - cu[b])
+        kv = int(kv_lens[b])
+        for h in range(hq):
+            kvh = h // grp
+            for r in range(q_len):
+                last = kv - q_len + r
+                keys = np.stack([kf[tables[b][p // bs], p % bs, kvh] for p in range(last + 1)])
+                vals = np.stack([vf[tables[b][p // bs], p % bs, kvh] for p in range(last + 1)])
+                logits = keys @ qf[cu[b] + r, h] * scale
+                w = np.exp(logits - logits.max())
+                out[cu[b] + r, h] = (w / w.sum()) @ vals
+    return out
+
+
+class FakeMem:
+    """Emulated device memory over numpy arrays: pointers are the arrays' addresses."""
+
+    def __init__(self):
+        self._allocs = []
+
+    def add(self, arr: np.ndarray) -> int:
+        arr = np.ascontiguousarray(arr)
+        self._allocs.append(arr)
+        return arr.ctypes.data
+
+    def array(self, ptr, dtype, shape):
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        for a in self._allocs:
+            base = a.ctypes.data
+            if base <= ptr and ptr + nbytes <= base + a.nbytes:
+                raw = a.reshape(-1).view(np.uint8)
+                return raw[ptr - base : ptr - base + nbytes].view(dtype).reshape(shape)
+        raise IndexError(f"[{ptr:#x}, +{nbytes}) is outside every allocation")
+
+
+GUARD = 64  # uint16 guard elements on each side of O
+
+
+def emulate_case(mem, q, k_pool, v_pool, cu, kv_lens, tables, hq, hkv, bs, scale, d, grid=None, block=None):
+    """Upload into ``mem``, run the emulator, return (O rows, guarded buffer)."""
+    n = len(kv_lens)
+    t_total = int(cu[-1])
+    o_buf = np.full(t_total * hq * d + 2 * GUARD, 0xFFFF, dtype=np.uint16)
+    o_ptr = mem.add(o_buf) + GUARD * 2
+    o_buf = mem._allocs[-1]
+    table_ptrs = np.array([mem.add(np.asarray(t, np.int32)) for t in tables], dtype=np.uint64)
+    pos = np.concatenate([np.arange(k - (cu[i + 1] - cu[i]), k) for i, k in enumerate(kv_lens)]).astype(np.uint32)
+    meta = Q12MetaC(
+        positions=mem.add(pos),
+        positions_h=mem.add(pos),
+        positions_w=mem.add(pos),
+        slots=mem.add(np.zeros(max(t_total, 1), np.int64)),
+        block_table_ptrs=mem.add(table_ptrs),
+        seq_len_ptrs=mem.add(np.asarray(kv_lens, np.uint32)),
+        cu_seqlens=mem.add(np.asarray(cu, np.int32)),
+        kv_lens=mem.add(np.asarray(kv_lens, np.int32)),
+        batch_size=n,
+        chunk_len=int(np.max(np.diff(cu))),
+        total_tokens=t_total,
+        max_blocks_per_seq=max(len(t) for t in tables),
+    )
+    g, blk, _ = attn.geometry(n, int(np.max(np.diff(cu))), hq, d)
+    args = {
+        "m": meta,
+        "q": mem.add(q),
+        "k_pool": mem.add(k_pool),
+        "v_pool": mem.add(v_pool),
+        "o": o_ptr,
+        "num_q_heads": hq,
+        "num_kv_heads": hkv,
+        "block_size": bs,
+        "scale": float(scale),
+    }
+    attn.EMULATORS[attn.entry_for_head_dim(d)](args, mem, grid or g, block or blk)
+    return o_buf[GUARD:-GUARD].reshape(t_total, hq, d), o_buf
+
+
+# ---------------------------------------------------------------------------------------------
+# compile
+
+
+def test_compiles_without_spills():
+    img = compile_source(attn.SOURCE, defines=meta_defines(), use_cache=False, verbose_resources=True)
+    log = img.log
+    for entry in attn.ENTRIES:
+        m = re.search(
+            rf"Compiling entry function '{entry}'.*?(\d+) bytes stack frame, (\d+) bytes spill stores, "
+            rf"(\d+) bytes spill loads.*?Used (\d+) registers",
+            log,
+            re.S,
+        )
+        assert m, f"no ptxas report for {entry}:\n{log}"
+        stack, st_, ld = (int(m.group(i)) for i in (1, 2, 3))
+        assert (stack, st_, ld) == (0, 0, 0), f"{entry}: stack {stack}, spill stores {st_}, loads {ld}"
+        assert int(m.group(4)) <= 255
+
+
+def test_geometry():
+    grid, block, smem = attn.geometry(3, 300, 16, 128)
+    assert grid == (-(-300 // attn.BLOCK_M[128]), 16, 3) and block == (attn.THREADS[128], 1, 1)
+    for d in attn.HEAD_DIMS:
+        assert attn.smem_bytes(d) == (attn.BLOCK_M[d] + 4 * attn.BLOCK_N[d]) * (d + 8) * 2
+    assert smem == attn.smem_bytes(128)
+    bm = attn.BLOCK_M[64]
+    assert attn.geometry(1, bm, 2, 64)[0] == (1, 2, 1)
+    assert attn.geometry(1, bm + 1, 2, 64)[0] == (2, 2, 1)
+    assert attn.geometry(0, 0, 2, 64)[0] == (1, 2, 1)
+    for d in attn.HEAD_DIMS:
+        assert attn.smem_bytes(d) <= 227 * 1024
+    with pytest.raises(ValueError):
+        attn.entry_for_head_dim(96)
+
+
+def test_python_tiles_match_the_source():
+    # geometry() must describe the template arguments the entries actually instantiate.
+    src = (cuda_src_dir() / attn.SOURCE).read_text()
+    for d, entry in attn.HEAD_DIMS.items():
+        m = re.search(rf"void {entry}\(.*?\{{\s*attn_prefill<(\d+), (\d+), (\d+), (\d+), (true|false)>", src, re.S)
+        assert m, f"no instantiation found for {entry}"
+        got = tuple(int(m.group(i)) for i in range(1, 5))
+        assert got == (d, attn.BLOCK_N[d], attn.WARPS[d], attn.WARP_SUBTILES[d])
+        assert attn.BLOCK_M[d] == 16 * got[2] * got[3] and attn.THREADS[d] == 32 * got[2]
+
+
+# ---------------------------------------------------------------------------------------------
+# reference vs textbook
+
+
+def _check_close(got_bits, want, rtol=8e-3, atol=2e-3):
+    got = from_bf16_bits(got_bits).astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize(
+    "q_lens,prefixes,hq,hkv,d,bs",
+    [
+        ([1, 15, 16, 17], [0, 0, 0, 0], 4, 2, 64, 16),
+        ([17, 1, 33], [15, 40, 31], 4, 1, 64, 16),  # chunked: keys already cached, straddling blocks
+        ([5, 64, 65], [64, 0, 3], 2, 2, 128, 64),
+        ([3, 20], [50, 7], 2, 1, 256, 16),
+    ],
+)
+def test_reference_matches_textbook(q_lens, prefixes, hq, hkv, d, bs):
+    rng = np.random.default_rng(sum(q_lens) + d + bs)
+    q, kp, vp, cu, kv, tables = make_case(rng, q_lens, prefixes, hq=hq, hkv=hkv, d=d, bs=bs)
+    scale = d**-0.5
+    want = textbook(q, kp, vp, cu, kv, tables, hq, hkv, bs, scale)
+    _check_close(attn.reference(q, kp, vp, cu, kv, tables, hq, hkv, bs, scale), want)
+    _check_close(attn.reference(q, kp, vp, cu, kv, tables, hq, hkv, bs, scale, dtype=np.float64, row_chunk=4), want)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    lens=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 40)), min_size=1, max_size=3),
+    heads=st.sampled_from([(1, 1), (2, 1), (4, 2)]),
+    bs=st.sampled_from([16, 32]),
+    scale=st.floats(0.02, 0.3),
+    seed=st.integers(0, 2**31),
+)
+def test_reference_matches_textbook_random(lens, heads, bs, scale, seed):
+    rng = np.random.default_rng(seed)
+    hq, hkv = heads
+    q_lens, prefixes = zip(*lens)
+    q, kp, vp, cu, kv, tables = make_case(rng, q_lens, prefixes, hq=hq, hkv=hkv, d=64, bs=bs)
+    want = textbook(q, kp, vp, cu, kv, tables, hq, hkv, bs, scale)
+    _check_close(attn.reference(q, kp, vp, cu, kv, tables, hq, hkv, bs, scale), want)
+
+
+def test_reference_is_bottom_right_causal():
+    # Row r of a chunk must see the cached prefix: changing a key it may not see changes nothing,
+    # changing one it may see changes its output.
+    rng = np.random.default_rng(7)
+    q, kp, vp, cu, kv, tables = make_case(rng, [4], [6], hq=1, hkv=1, d=64, bs=16)
+    base = attn.reference(q, kp, vp, cu, kv, tables, 1, 1, 16, 0.125)
+    kp2 = kp.copy()
+    kp2[tables[0][0], 7] = _bf16(rng, (1, 64), std=4.0)  # key 7: seen by rows 1.. (bound 6 + r)
+    out = attn.reference(q, kp2, vp, cu, kv, tables, 1, 1, 16, 0.125)
+    assert np.array_equal(out[0], base[0])
+    assert not np.array_equal(out[1:], base[1:])
+
+
+# ---------------------------------------------------------------------------------------------
+# emulator
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_emulator_batched_equals_single_streams(d):
+    rng = np.random.default_rng(d)
+    hq, hkv, bs = 4, 2, 16
+    q_lens, prefixes = [1, 17, 130, 16], [0, 33, 2, 40]
+    q, kp, vp, cu, kv, tables = make_case(rng, q_lens, prefixes, hq=hq, hkv=hkv, d=d, bs=bs)
+    mem = FakeMem()
+    out, buf = emulate_case(mem, q, kp, vp, cu, kv, tables, hq, hkv, bs, d**-0.5, d)
+    assert (buf[:GUARD] == 0xFFFF).all() and (buf[-GUARD:] == 0xFFFF).all()
+    assert not (out == 0xFFFF).any(), "some O rows were not written"
+    assert np.array_equal(out, attn.reference(q, kp, vp, cu, kv, tables, hq, hkv, bs, d**-0.5))
+    for b in range(len(q_lens)):
+        cu1 = np.array([0, q_lens[b]], np.int32)
+        one, _ = emulate_case(mem, q[cu[b] : cu[b + 1]], kp, vp, cu1, kv[b : b + 1], [tables[b]], hq, hkv, bs, d**-0.5, d)
+        assert np.array_equal(one, out[cu[b] : cu[b + 1]]), f"stream {b} differs batched vs alone"
+
+
+def test_emulator_rejects_short_grid_and_bad_block():
+    rng = np.random.default_rng(1)
+    q, kp, vp, cu, kv, tables = make_case(rng, [200, 3], [0, 0], hq=2, hkv=1, d=64, bs=16)
+    mem = FakeMem()
+    with pytest.raises(ValueError, match="grid"):
+        emulate_case(mem, q, kp, vp, cu, kv, tables, 2, 1, 16, 0.125, 64, grid=(1, 2, 2))
+    with pytest.raises(ValueError, match="grid"):
+        emulate_case(mem, q, kp, vp, cu, kv, tables, 2, 1, 16, 0.125, 64, grid=(2, 1, 2))
+    with pytest.raises(ValueError, match="block"):
+        emulate_case(mem, q, kp, vp, cu, kv, tables, 2, 1, 16, 0.125, 64, block=(128, 1, 1))
+
+
+def test_emulator_reads_only_through_mem():
+    # A block table pointing past the pool must fail in mem, as the kernel would read garbage.
+    rng = np.random.default_rng(2)
+    q, kp, vp, cu, kv, tables = make_case(rng, [20], [0], hq=1, hkv=1, d=64, bs=16, spare_blocks=0)
+    bad = [tables[0].copy()]
+    bad[0][1] = kp.shape[0] + 5
+    with pytest.raises(IndexError):
+        emulate_case(FakeMem(), q, kp, vp, cu, kv, bad, 1, 1, 16, 0.125, 64)

@@ -1,0 +1,268 @@
+"""CPU tests of the Gated DeltaNet prefill kernels: compile report, numpy reference, emulator."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from q12drv.bf16 import from_bf16_bits, to_bf16_bits
+from q12drv.kernels import gdn
+from q12drv.kernels.meta import Q12MetaC, meta_defines
+
+RAGGED = [1, 15, 16, 17, 63, 64, 65]
+
+
+def make_inputs(rng, lens, hk, hv, dk, dv, state_scale=0.5):
+    """Random bf16 q/k/v, fp32 g (<= 0) and beta in (0, 1), a nonzero fp32 initial state."""
+    T = int(sum(lens))
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    q = to_bf16_bits(rng.normal(size=(T, hk, dk)))
+    k = to_bf16_bits(rng.normal(size=(T, hk, dk)))
+    v = to_bf16_bits(rng.normal(size=(T, hv, dv)))
+    g = (-np.abs(rng.normal(0.0, 0.4, size=(T, hv)))).astype(np.float32)
+    beta = (1.0 / (1.0 + np.exp(-rng.normal(size=(T, hv))))).astype(np.float32)
+    s0 = (state_scale * rng.normal(size=(len(lens), hv, dk, dv))).astype(np.float32)
+    return q, k, v, g, beta, cu, s0
+
+
+def textbook(q, k, v, g, beta, cu, s0):
+    """float64, one head at a time, closed form S_t = a (I - b k k^T) S + b k v^T, o = S^T q~."""
+    T, hk, dk = q.shape
+    hv, dv = v.shape[1:]
+    qf, kf, vf = (from_bf16_bits(x).astype(np.float64) for x in (q, k, v))
+    o = np.zeros((T, hv, dv))
+    fin = np.zeros(s0.shape)
+    eye = np.eye(dk)
+    for b in range(len(cu) - 1):
+        for h in range(hv):
+            kh = h * hk // hv
+            S = s0[b, h].astype(np.float64)
+            for t in range(cu[b], cu[b + 1]):
+                kk = kf[t, kh] / np.sqrt(kf[t, kh] @ kf[t, kh] + 1e-6)
+                qq = qf[t, kh] / np.sqrt(qf[t, kh] @ qf[t, kh] + 1e-6) / np.sqrt(dk)
+                a, bt = np.exp(np.float64(g[t, h])), np.float64(beta[t, h])
+                S = a * (eye - bt * np.outer(kk, kk)) @ S + bt * np.outer(kk, vf[t, h])
+                o[t, h] = S.T @ qq
+            fin[b, h] = S
+    return o, fin
+
+
+def chunked_wy(q, k, v, g, beta, cu, s0, C):
+    """float64 chunked (WY) form of kernels.md A4.3, chunks of C tokens that never cross a stream."""
+    T, hk, dk = q.shape
+    hv, dv = v.shape[1:]
+    qf, kf, vf = (from_bf16_bits(x).astype(np.float64) for x in (q, k, v))
+    o = np.zeros((T, hv, dv))
+    fin = np.zeros(s0.shape)
+    for b in range(len(cu) - 1):
+        for h in range(hv):
+            kh = h * hk // hv
+            S = s0[b, h].astype(np.float64)
+            for c0 in range(cu[b], cu[b + 1], C):
+                c1 = min(c0 + C, cu[b + 1])
+                K = kf[c0:c1, kh]
+                K = K / np.sqrt((K * K).sum(-1, keepdims=True) + 1e-6)
+                Q = qf[c0:c1, kh]
+                Q = Q / np.sqrt((Q * Q).sum(-1, keepdims=True) + 1e-6) / np.sqrt(dk)
+                V = vf[c0:c1, h]
+                bt = beta[c0:c1, h].astype(np.float64)
+                gam = np.cumsum(g[c0:c1, h].astype(np.float64))
+                L = c1 - c0
+                Gam = np.exp(gam[:, None] - gam[None, :]) * np.tril(np.ones((L, L)))
+                A = np.linalg.inv(np.eye(L) + np.tril(bt[:, None] * (K @ K.T) * Gam, -1))
+                w = A @ ((bt * np.exp(gam))[:, None] * K)
+                u = A @ (bt[:, None] * V)
+                v_new = u - w @ S
+                o[c0:c1, h] = (Q * np.exp(gam)[:, None]) @ S + ((Q @ K.T) * Gam) @ v_new
+                S = np.exp(gam[-1]) * S + (K * np.exp(gam[-1] - gam)[:, None]).T @ v_new
+            fin[b, h] = S
+    return o, fin
+
+
+def assert_bf16_close(bits, want, ulps=1.0):
+    """bf16 `bits` equal the float64 `want` rounded, give or take `ulps` bf16 ulps (and 1e-6 absolute)."""
+    got = from_bf16_bits(bits).astype(np.float64)
+    tol = ulps * np.abs(want) * 2.0**-8 + 1e-6
+    bad = np.abs(got - want) > tol
+    assert not bad.any(), f"{bad.sum()} of {bad.size} outputs off, worst {np.max(np.abs(got - want) - tol)}"
+
+
+# --------------------------------------------------------------------------- compile
+
+
+def test_entries_compile_without_spills():
+    from q12drv.nvrtc import compile_source
+
+    img = compile_source(gdn.SOURCE, defines=meta_defines(), use_cache=False, verbose_resources=True)
+    assert img.image
+    for name in gdn.ENTRIES:
+        m = re.search(
+            rf"Function properties for {name}\s*\n.*?(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
+            img.log,
+        )
+        assert m, f"no ptxas report for {name}:\n{img.log}"
+        assert m.groups() == ("0", "0", "0"), f"{name} spills / uses stack: {m.group(0)}"
+        regs = re.search(rf"Compiling entry function '{name}'.*?Used (\d+) registers", img.log, re.S)
+        assert regs and int(regs.group(1)) <= 128, f"{name}: more than 128 registers (< 4 CTAs/SM)"
+
+
+def test_entry_declarations_are_parseable():
+    from q12drv.nvrtc import cuda_src_dir
+
+    src = (cuda_src_dir() / gdn.SOURCE).read_text()
+    decls = re.findall(r'^extern "C" __global__ void (\w+)\((.*)\) \{$', src, re.M)
+    assert sorted(n for n, _ in decls) == sorted(gdn.ENTRIES)
+    type_re = re.compile(r"^(Q12Meta|int|unsigned int|long long|unsigned long long|float|(const )?[\w ]+\*( __restrict__)?) \w+$")
+    for name, params in decls:
+        ps = [p.strip() for p in params.split(",")]
+        assert [p.split()[-1] for p in ps] == [
+            "m", "h_state_ptrs", "q", "k", "v", "g", "beta", "o", "num_k_heads", "num_v_heads"
+        ], name
+        for p in ps:
+            assert type_re.match(p), f"{name}: parameter {p!r}"
+
+
+# --------------------------------------------------------------------------- reference
+
+
+@pytest.mark.parametrize("hk,hv", [(2, 4), (3, 3)])
+def test_reference_matches_textbook(hk, hv):
+    rng = np.random.default_rng()
+    inputs = make_inputs(rng, RAGGED, hk, hv, 16, 8)
+    o_bits, fin = gdn.reference(*inputs)
+    o_tb, fin_tb = textbook(*inputs)
+    assert_bf16_close(o_bits, o_tb)
+    np.testing.assert_allclose(fin, fin_tb, rtol=1e-6, atol=1e-7)
+
+
+def test_reference_matches_chunked_wy_with_initial_state():
+    rng = np.random.default_rng()
+    inputs = make_inputs(rng, [1, 17, 40, 16], 1, 2, 32, 16, state_scale=1.0)
+    o_bits, fin = gdn.reference(*inputs)
+    o_wy, fin_wy = chunked_wy(*inputs, C=16)
+    assert_bf16_close(o_bits, o_wy)
+    np.testing.assert_allclose(fin, fin_wy, rtol=1e-6, atol=1e-6)
+    # the initial state matters: a zero one gives a different answer
+    zero = list(inputs)
+    zero[-1] = np.zeros_like(inputs[-1])
+    assert not np.allclose(gdn.reference(*zero)[1], fin, atol=1e-3)
+
+
+def test_reference_float32_close_to_float64():
+    rng = np.random.default_rng()
+    inputs = make_inputs(rng, [70, 3], 1, 2, 64, 64)
+    o64, f64 = gdn.reference(*inputs)
+    o32, f32 = gdn.reference(*inputs, dtype=np.float32)
+    a, b = from_bf16_bits(o64), from_bf16_bits(o32)
+    assert np.linalg.norm(a - b) / np.linalg.norm(a) < 5e-3
+    assert np.linalg.norm(f64 - f32) / np.linalg.norm(f64) < 1e-5
+
+
+def test_reference_rejects_bad_shapes():
+    rng = np.random.default_rng(0)
+    q, k, v, g, beta, cu, s0 = make_inputs(rng, [3], 2, 3, 8, 8)
+    with pytest.raises(ValueError, match="multiple"):
+        gdn.reference(q, k, v, g, beta, cu, s0)
+
+
+# --------------------------------------------------------------------------- emulator
+
+
+class FakeMem:
+    """Emulated device memory: numpy arrays addressed by their host addresses, bounds checked."""
+
+    def __init__(self):
+        self.allocs = []
+
+    def alloc(self, arr):
+        arr = np.ascontiguousarray(arr)
+        self.allocs.append(arr)
+        return arr, arr.ctypes.data
+
+    def array(self, ptr, dtype, shape):
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        for a in self.allocs:
+            base = a.ctypes.data
+            if base <= ptr and ptr + nbytes <= base + a.nbytes:
+                flat = a.reshape(-1).view(np.uint8)
+                return flat[ptr - base : ptr - base + nbytes].view(dtype).reshape(shape)
+        raise IndexError(f"[{ptr:#x}, +{nbytes}) is outside every allocation")
+
+
+GUARD = 64  # elements of guard around the output
+
+
+def run_emulated(inputs, hk, hv, d, grid=None, block=None):
+    """Emulate one launch over all streams of `inputs`; returns (o bits, states, guard-ok)."""
+    q, k, v, g, beta, cu, s0 = inputs
+    n = len(cu) - 1
+    mem = FakeMem()
+    T = int(cu[-1])
+    _, pq = mem.alloc(q)
+    _, pk = mem.alloc(k)
+    _, pv = mem.alloc(v)
+    _, pg = mem.alloc(g)
+    _, pb = mem.alloc(beta)
+    obuf, po = mem.alloc(np.full(T * hv * d + 2 * GUARD, 0xFFFF, np.uint16))
+    po += GUARD * 2
+    states = [mem.alloc(s0[b].copy()) for b in range(n)]
+    _, pptrs = mem.alloc(np.array([p for _, p in states], np.uint64))
+    _, pcu = mem.alloc(cu.astype(np.int32))
+    meta = Q12MetaC(cu_seqlens=pcu, batch_size=n, chunk_len=int(np.diff(cu).max()), total_tokens=T)
+    args = dict(m=meta, h_state_ptrs=pptrs, q=pq, k=pk, v=pv, g=pg, beta=pb, o=po, num_k_heads=hk, num_v_heads=hv)
+    ggrid, gblock, smem = gdn.geometry(n, hv, d)
+    assert smem == 0
+    gdn.EMULATORS[gdn.entry_name(d)](args, mem, grid or ggrid, block or gblock)
+    guards_ok = bool((obuf[:GUARD] == 0xFFFF).all() and (obuf[-GUARD:] == 0xFFFF).all())
+    o = obuf[GUARD:-GUARD].reshape(T, hv, d).copy()
+    return o, np.stack([s for s, _ in states]), guards_ok
+
+
+@pytest.mark.parametrize("d,hk,hv", [(64, 2, 4), (128, 1, 2)])
+def test_emulator_matches_reference_and_updates_state_in_place(d, hk, hv):
+    rng = np.random.default_rng()
+    lens = [1, 17, 64] if d == 128 else RAGGED
+    inputs = make_inputs(rng, lens, hk, hv, d, d)
+    o, fin, guards_ok = run_emulated(inputs, hk, hv, d)
+    assert guards_ok
+    o_ref, fin_ref = gdn.reference(*inputs)
+    np.testing.assert_array_equal(o, o_ref)
+    np.testing.assert_array_equal(fin, fin_ref)
+    assert not np.array_equal(fin, inputs[-1])
+
+
+def test_emulator_batched_equals_per_stream_bitwise():
+    rng = np.random.default_rng()
+    hk, hv, d = 2, 4, 64
+    inputs = make_inputs(rng, RAGGED, hk, hv, d, d)
+    o, fin, _ = run_emulated(inputs, hk, hv, d)
+    q, k, v, g, beta, cu, s0 = inputs
+    for b in range(len(cu) - 1):
+        s, e = cu[b], cu[b + 1]
+        one = (q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], np.array([0, e - s], np.int32), s0[b : b + 1])
+        o1, fin1, _ = run_emulated(one, hk, hv, d)
+        assert np.array_equal(o[s:e], o1), f"stream {b}: output differs batched vs alone"
+        assert np.array_equal(fin[b], fin1[0]), f"stream {b}: state differs batched vs alone"
+
+
+def test_emulator_rejects_short_grid_and_bad_block():
+    rng = np.random.default_rng(1)
+    hk, hv, d = 1, 2, 64
+    inputs = make_inputs(rng, [3, 5], hk, hv, d, d)
+    with pytest.raises(ValueError, match="grid"):
+        run_emulated(inputs, hk, hv, d, grid=(hv * d // gdn.COLS_PER_CTA - 1, 2, 1))
+    with pytest.raises(ValueError, match="grid"):
+        run_emulated(inputs, hk, hv, d, grid=(hv * d // gdn.COLS_PER_CTA, 1, 1))
+    with pytest.raises(ValueError, match="block"):
+        run_emulated(inputs, hk, hv, d, block=(256, 1, 1))
+
+
+def test_geometry():
+    assert gdn.COLS_PER_CTA == 32
+    assert gdn.geometry(8, 32, 128) == ((128, 8, 1), (128, 1, 1), 0)
+    assert gdn.geometry(1, 6, 64) == ((12, 1, 1), (128, 1, 1), 0)
+    with pytest.raises(ValueError):
+        gdn.geometry(1, 32, 256)

@@ -1,0 +1,117 @@
+"""The sizing SSOT against the seed, upstream's regression numbers, and the plan's invariants."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from q12drv.layout import (
+    Q12_SIZING_STREAMS,
+    a8,
+    make_scratch_plan,
+    q12_batched_scratch_bytes,
+    q12_batched_scratch_bytes_varlen,
+    single_stream_payload,
+    stacked_layout,
+    staged_bytes,
+)
+
+
+def seed_varlen(n, total_tokens, max_chunk_len, top_k, mrope):
+    # sizes_q12.rs transcribed term by term (the spec), independent of q12drv.layout.
+    moe = ((total_tokens * top_k * 4 * 2) + 63) & ~63
+    per_stream_meta = max((max_chunk_len * 16) + 64, 4096)
+    pos = (total_tokens * 4 + 7) & ~7
+    pos_streams = 3 if mrope else 1
+    slot = (total_tokens * 8 + 7) & ~7
+    ptrs = ((n * 8) + 7) & ~7
+    cu_seqlens = (((n + 1) * 4) + 7) & ~7
+    kv_lens = ((n * 4) + 7) & ~7
+    stage_meta = pos_streams * pos + slot + 2 * ptrs + cu_seqlens + kv_lens
+    return moe + n * per_stream_meta + stage_meta + n * 8
+
+
+def test_sizing_streams_constant():
+    assert Q12_SIZING_STREAMS == 8
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 5, 8, 16, 64])
+@pytest.mark.parametrize("chunk", [0, 1, 7, 204, 205, 935, 2048, 8192])
+@pytest.mark.parametrize("top_k", [0, 1, 8, 10])
+@pytest.mark.parametrize("mrope", [False, True])
+def test_seed_sweep(n, chunk, top_k, mrope):
+    assert q12_batched_scratch_bytes(n, chunk, top_k, mrope) == seed_varlen(n, n * chunk, chunk, top_k, mrope)
+    assert q12_batched_scratch_bytes_varlen(n, n * chunk + 3, chunk, top_k, mrope) == seed_varlen(n, n * chunk + 3, chunk, top_k, mrope)
+
+
+def test_upstream_regression_numbers():
+    assert q12_batched_scratch_bytes(4, 935, 8, True) == 374_392
+    # the v1 formula (no cu_seqlens, no kv_lens terms) was 374,352; the two terms add 24 + 16
+    assert staged_bytes(4, 3740, True) == 74_904
+    assert make_scratch_plan([935] * 4, 8, True, "exact").total_bytes == 389_304
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "3", True, None])
+def test_seed_functions_reject_bad_numbers(bad):
+    with pytest.raises((TypeError, ValueError)):
+        q12_batched_scratch_bytes(bad, 16, 8, False)
+    with pytest.raises((TypeError, ValueError)):
+        q12_batched_scratch_bytes_varlen(4, bad, 16, 8, False)
+
+
+def test_stacked_layout_matches_design_formula():
+    for n, t, mrope in [(1, 1, False), (4, 3740, True), (8, 16384, True), (3, 5, False)]:
+        s = 3 if mrope else 1
+        layout = stacked_layout(n, t, mrope)
+        assert layout.staged_bytes == s * a8(4 * t) + 8 * t + 16 * n + a8(4 * n + 4) + a8(4 * n)
+        assert all(f.offset % 8 == 0 for f in layout.fields)
+        names = [f.name for f in layout.fields]
+        expected = ["positions_stacked"] + (["positions_h_stacked", "positions_w_stacked"] if mrope else []) + [
+            "slot_stacked", "block_table_ptrs", "seq_len_ptrs", "cu_seqlens", "kv_lens"]
+        assert names == expected
+
+
+def test_mrope_seed_stride_holds_202_tokens():
+    assert single_stream_payload(202, True) <= 4096 < single_stream_payload(203, True)
+    assert make_scratch_plan([202, 202], 8, True).first_unfit_stream() is None
+    assert make_scratch_plan([100, 203], 8, True).first_unfit_stream() == 1
+    assert make_scratch_plan([5000, 5000], 8, False).first_unfit_stream() is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    counts=st.lists(st.integers(1, 5000), min_size=1, max_size=64),
+    top_k=st.integers(0, 16),
+    mrope=st.booleans(),
+    policy=st.sampled_from(["seed", "exact"]),
+)
+def test_plan_invariants(counts, top_k, mrope, policy):
+    plan = make_scratch_plan(counts, top_k, mrope, policy)
+    regions = plan.regions
+    # contiguous, ordered, disjoint, starting at 0
+    assert regions[0].offset == 0
+    for a, b in zip(regions, regions[1:]):
+        assert a.end == b.offset
+    assert plan.jit_slot.offset == plan.stacked.offset + plan.staged_bytes
+    assert plan.jit_slot.nbytes == 8 * len(counts)
+    assert plan.total_bytes == plan.jit_slot.end
+    # fields tile the stacked region exactly
+    fields = plan.fields
+    assert fields[0].offset == plan.stacked.offset and fields[-1].end == plan.stacked.end
+    for a, b in zip(fields, fields[1:]):
+        assert a.end == b.offset
+    if policy == "seed":
+        assert plan.total_bytes == seed_varlen(len(counts), sum(counts), max(counts), top_k, mrope)
+    else:
+        assert plan.first_unfit_stream() is None
+        assert all(r.offset % 64 == 0 for r in plan.stream_blocks)
+
+
+def test_plan_rejects_bad_input():
+    with pytest.raises(ValueError):
+        make_scratch_plan([], 8, False)
+    with pytest.raises(ValueError):
+        make_scratch_plan([4, 0], 8, False)
+    with pytest.raises(ValueError):
+        make_scratch_plan([4], 8, False, policy="loose")
+    with pytest.raises(ValueError):
+        stacked_layout(1, 1 << 31, False)
