@@ -261,6 +261,12 @@ def test_emulator_rejects_short_grid_and_bad_block():
 
 
 def test_geometry():
+    from q12drv.nvrtc import cuda_src_dir
+
+    src = (cuda_src_dir() / gdn.SOURCE).read_text()
+    assert int(re.search(r"#define GDN_LPC (\d+)", src).group(1)) == gdn.LANES_PER_COLUMN
+    assert int(re.search(r"#define GDN_CPT (\d+)", src).group(1)) == gdn.COLS_PER_THREAD
+    assert int(re.search(r"#define GDN_THREADS (\d+)", src).group(1)) == gdn.THREADS
     assert gdn.COLS_PER_CTA == 32
     assert gdn.geometry(8, 32, 128) == ((128, 8, 1), (128, 1, 1), 0)
     assert gdn.geometry(1, 6, 64) == ((12, 1, 1), (128, 1, 1), 0)

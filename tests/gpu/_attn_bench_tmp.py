@@ -36,6 +36,8 @@ def build(name):
     for dd, nm in attn.HEAD_DIMS.items():
         f = _ok(cu.cuModuleGetFunction(mod, nm.encode()))
         _ok(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 227*1024))
+        if not os.environ.get("NO_CARVE"):
+            _ok(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100))
         funcs[dd] = f
     return funcs, regs
 

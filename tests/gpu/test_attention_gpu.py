@@ -59,6 +59,12 @@ def kernels():
                 f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, attn.smem_bytes(d)
             )
         )
+        # Let the SM split its L1/shared storage for as many co-resident CTAs as possible.
+        _ok(
+            cu.cuFuncSetAttribute(
+                f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100
+            )
+        )
         funcs[d] = f
     yield funcs
     _ok(cu.cuModuleUnload(module))
