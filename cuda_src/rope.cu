@@ -14,19 +14,23 @@
 //                 W if j%3==2 && j < 3*sec_w, else T
 // HF rounds cos/sin to bf16 before multiplying; this kernel keeps them fp32 (more accurate).
 //
-// Work split: the CTA takes G consecutive tokens per iteration (G = blockDim / units, >= 1) and
-// walks the tokens with a grid stride, so any grid covers T = m.total_tokens. Phase 1 computes
-// the G * half angles once (shared by all Hq + Hkv heads) into shared memory; phase 2 gives each
-// thread a "unit" = (token, head, 8 consecutive pairs): two 16-byte loads (x[j0..j0+7] and
-// x[half+j0..]), 8 rotations, two 16-byte stores. Only the rotary dims are touched. When the
-// layout does not allow 16-byte accesses (rotary_dim % 16, head_dim % 8 or a pointer not
-// 16-byte aligned) a unit is one pair with 2-byte accesses: same math, same results.
+// Work split: a "unit" = (token, head, 8 consecutive pairs): two 16-byte loads (x[j0..j0+7] and
+// x[half+j0..]), 8 rotations, two 16-byte stores. The CTA takes G consecutive tokens per
+// iteration (G = 2 * blockDim / units_per_token, >= 1, capped by the angle buffer) and walks the
+// tokens with a grid stride, so any grid covers T = m.total_tokens. Each thread first loads its
+// first 2 units (ROPE_PREFETCH; bytes in flight hide DRAM latency), then phase 1 computes the
+// G * half angles once (shared by all Hq + Hkv heads) into shared memory, then phase 2 rotates
+// and stores the prefetched units (and any further ones, loaded on the spot). Only the rotary
+// dims are touched. When the layout does not allow 16-byte accesses (rotary_dim % 16,
+// head_dim % 8 or a pointer not 16-byte aligned) a unit is one pair with 2-byte accesses: same
+// math, same results. 72 registers a thread on sm_90: launch with at most 512 threads a block.
 // Everything is per token (no cross-token arithmetic): a stream's rows come out identical
 // whether it runs batched or alone.
 #include "q12_meta.cuh"
 
 #define ROPE_MAX_HALF 512      // rotary_dim <= 1024
 #define ROPE_SMEM_ANGLES 2048  // G * half angles per iteration
+#define ROPE_PREFETCH 2        // units per thread loaded before the angle phase
 
 namespace {
 
@@ -64,6 +68,48 @@ __device__ __forceinline__ unsigned int rot_pack(unsigned int a, unsigned int b,
     return *reinterpret_cast<const unsigned int*>(&ra);
 }
 
+// One unit's data: 8 pairs as two 16-byte vectors, or one pair.
+template <bool VEC>
+struct UnitData;
+template <>
+struct UnitData<true> {
+    uint4 a, b;
+};
+template <>
+struct UnitData<false> {
+    bf16 a, b;
+};
+
+template <bool VEC>
+__device__ __forceinline__ void load_unit(UnitData<VEC>& d, const bf16* row, int jj, int half) {
+    if constexpr (VEC) {
+        d.a = *reinterpret_cast<const uint4*>(row + jj);
+        d.b = *reinterpret_cast<const uint4*>(row + half + jj);
+    } else {
+        d.a = row[jj];
+        d.b = row[half + jj];
+    }
+}
+
+template <bool VEC>
+__device__ __forceinline__ void rotate_unit(const UnitData<VEC>& d, const float* cs, const float* sn, int half,
+                                            bf16* row, int jj) {
+    if constexpr (VEC) {
+        uint4 oa, ob;
+        oa.x = rot_pack(d.a.x, d.b.x, cs[0], sn[0], cs[1], sn[1], ob.x);
+        oa.y = rot_pack(d.a.y, d.b.y, cs[2], sn[2], cs[3], sn[3], ob.y);
+        oa.z = rot_pack(d.a.z, d.b.z, cs[4], sn[4], cs[5], sn[5], ob.z);
+        oa.w = rot_pack(d.a.w, d.b.w, cs[6], sn[6], cs[7], sn[7], ob.w);
+        *reinterpret_cast<uint4*>(row + jj) = oa;
+        *reinterpret_cast<uint4*>(row + half + jj) = ob;
+    } else {
+        float y1, y2;
+        rotate(__bfloat162float(d.a), __bfloat162float(d.b), cs[0], sn[0], y1, y2);
+        row[jj] = __float2bfloat16_rn(y1);
+        row[half + jj] = __float2bfloat16_rn(y2);
+    }
+}
+
 template <bool VEC>
 __device__ __forceinline__ void rope_body(const Q12Meta& m, bf16* __restrict__ q, bf16* __restrict__ k, int hq,
                                           int hkv, int head_dim, int half, int mode, float* s_inv,
@@ -72,7 +118,7 @@ __device__ __forceinline__ void rope_body(const Q12Meta& m, bf16* __restrict__ q
     const int vw = VEC ? 8 : 1;
     const int units_per_head = half / vw;
     const int units_per_token = (hq + hkv) * units_per_head;
-    int g = (int)blockDim.x / units_per_token;
+    int g = ROPE_PREFETCH * (int)blockDim.x / units_per_token;
     if (g < 1) g = 1;
     if (g > ROPE_SMEM_ANGLES / half) g = ROPE_SMEM_ANGLES / half;
     const int n_angles = g * half;
@@ -81,8 +127,32 @@ __device__ __forceinline__ void rope_body(const Q12Meta& m, bf16* __restrict__ q
     // positions_h / positions_w are only dereferenced when some s(j) selects them (mode != 0).
     const unsigned int* pos_h = q12_positions(m, 1);
     const unsigned int* pos_w = q12_positions(m, 2);
+    long long t0 = (long long)blockIdx.x * g;
+    // Unit u of the current token group -> (token in group, first pair index, head row); false
+    // past the last token.
+    auto locate = [&](int u, int& tg, int& jj, bf16*& row) -> bool {
+        tg = u / units_per_token;
+        const int r = u - tg * units_per_token;
+        const long long t = t0 + tg;
+        if (t >= total_tokens) return false;
+        const int h = r / units_per_head;
+        jj = (r - h * units_per_head) * vw;
+        row = h < hq ? q + (t * hq + h) * (long long)head_dim : k + (t * hkv + (h - hq)) * (long long)head_dim;
+        return true;
+    };
 
-    for (long long t0 = (long long)blockIdx.x * g; t0 < total_tokens; t0 += (long long)gridDim.x * g) {
+    for (; t0 < total_tokens; t0 += (long long)gridDim.x * g) {
+        // Prefetch this thread's first ROPE_PREFETCH units so their loads overlap phase 1.
+        int tgp[ROPE_PREFETCH], jjp[ROPE_PREFETCH];
+        bf16* rowp[ROPE_PREFETCH];
+        bool have[ROPE_PREFETCH];
+        UnitData<VEC> pre[ROPE_PREFETCH];
+#pragma unroll
+        for (int p = 0; p < ROPE_PREFETCH; ++p) {
+            const int u = (int)threadIdx.x + p * (int)blockDim.x;
+            have[p] = u < n_units && locate(u, tgp[p], jjp[p], rowp[p]);
+            if (have[p]) load_unit<VEC>(pre[p], rowp[p], jjp[p], half);
+        }
         // Phase 1: angles of the G tokens, once per (token, frequency).
         for (int i = threadIdx.x; i < n_angles; i += blockDim.x) {
             const int tg = i / half;
@@ -99,38 +169,21 @@ __device__ __forceinline__ void rope_body(const Q12Meta& m, bf16* __restrict__ q
             }
         }
         __syncthreads();
-        // Phase 2: rotate.
-        for (int u = threadIdx.x; u < n_units; u += blockDim.x) {
-            const int tg = u / units_per_token;
-            const int r = u - tg * units_per_token;
-            const long long t = t0 + tg;
-            if (t >= total_tokens) continue;
-            const int h = r / units_per_head;
-            const int jj = (r - h * units_per_head) * vw;  // first pair index of this unit
-            bf16* row = h < hq ? q + (t * hq + h) * (long long)head_dim
-                               : k + (t * hkv + (h - hq)) * (long long)head_dim;
-            const float* cs = s_cos + tg * half + jj;
-            const float* sn = s_sin + tg * half + jj;
-            if (VEC) {
-                uint4* p1 = reinterpret_cast<uint4*>(row + jj);
-                uint4* p2 = reinterpret_cast<uint4*>(row + half + jj);
-                const uint4 a = *p1;
-                const uint4 b = *p2;
-                uint4 oa, ob;
-                oa.x = rot_pack(a.x, b.x, cs[0], sn[0], cs[1], sn[1], ob.x);
-                oa.y = rot_pack(a.y, b.y, cs[2], sn[2], cs[3], sn[3], ob.y);
-                oa.z = rot_pack(a.z, b.z, cs[4], sn[4], cs[5], sn[5], ob.z);
-                oa.w = rot_pack(a.w, b.w, cs[6], sn[6], cs[7], sn[7], ob.w);
-                *p1 = oa;
-                *p2 = ob;
-            } else {
-                const float x1 = __bfloat162float(row[jj]);
-                const float x2 = __bfloat162float(row[half + jj]);
-                float y1, y2;
-                rotate(x1, x2, cs[0], sn[0], y1, y2);
-                row[jj] = __float2bfloat16_rn(y1);
-                row[half + jj] = __float2bfloat16_rn(y2);
+        // Phase 2: rotate (the prefetched units first).
+#pragma unroll
+        for (int p = 0; p < ROPE_PREFETCH; ++p) {
+            if (have[p]) {
+                const int o = tgp[p] * half + jjp[p];
+                rotate_unit<VEC>(pre[p], s_cos + o, s_sin + o, half, rowp[p], jjp[p]);
             }
+        }
+        for (int u = threadIdx.x + ROPE_PREFETCH * blockDim.x; u < n_units; u += blockDim.x) {
+            int tg, jj;
+            bf16* row;
+            if (!locate(u, tg, jj, row)) continue;
+            UnitData<VEC> d;
+            load_unit<VEC>(d, row, jj, half);
+            rotate_unit<VEC>(d, s_cos + tg * half + jj, s_sin + tg * half + jj, half, row, jj);
         }
         __syncthreads();
     }

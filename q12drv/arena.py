@@ -156,12 +156,23 @@ class ScratchArena:
         return band == bytes([GUARD_PATTERN]) * GUARD_BYTES
 
     # attachments (e.g. the stager's pinned rings), released with the arena ---------------
+    def find_attachment(self, key: str) -> Any:
+        """The attachment under ``key``, or None (never creates one)."""
+        return self._attachments.get(key)
+
     def attachment(self, key: str, factory: Callable[[], Any]) -> Any:
         obj = self._attachments.get(key)
         if obj is None:
             self._require_open()
             obj = self._attachments[key] = factory()
         return obj
+
+    # dumps -----------------------------------------------------------------------------
+    def dump(self, path, **kw):
+        """Write this arena's bytes and what describes them to ``path``; see :func:`q12drv.dump.dump_arena`."""
+        from .dump import dump_arena  # the dump layer sits above the arena: import it only when asked
+
+        return dump_arena(self, path, **kw)
 
     # lifetime --------------------------------------------------------------------------
     def _require_open(self) -> None:

@@ -190,6 +190,11 @@ class Device:
     def closed(self) -> bool:
         return self._ctx is None
 
+    @property
+    def buffers(self) -> tuple:
+        """The live :class:`DeviceBuffer` allocations this device owns, oldest first."""
+        return tuple(o for o in self._owned if isinstance(o, DeviceBuffer) and o.alive)
+
     def _require_open(self) -> None:
         if self._ctx is None:
             raise Q12Error("this Device is closed; open a new one with q12drv.open_device()")

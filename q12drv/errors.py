@@ -9,6 +9,7 @@ __all__ = [
     "NvrtcError",
     "CapacityError",
     "HostRaceError",
+    "DumpError",
 ]
 
 
@@ -82,4 +83,12 @@ class HostRaceError(Q12Error):
 
     Raised by the emulated driver in deferred mode, where such a race is detectable on a
     machine with no GPU: on real hardware it silently uploads the wrong bytes.
+    """
+
+
+class DumpError(Q12Error):
+    """An arena dump file cannot be read: missing, truncated, not a q12drv dump, an unsupported
+    schema version, or a header that contradicts itself or the bytes it describes.
+
+    The message names the file and the problem; nothing in the file is trusted before it is checked.
     """

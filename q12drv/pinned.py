@@ -69,6 +69,11 @@ class PinnedRing:
     def nslots(self) -> int:
         return len(self._slots)
 
+    @property
+    def slots(self) -> tuple:
+        """The ring's slots in index order (a slot's ``buffer`` is None until first used)."""
+        return tuple(self._slots)
+
     def _wait(self, slot: PinnedSlot) -> None:
         if not slot.event.query():
             self.waits += 1

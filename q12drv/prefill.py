@@ -162,6 +162,12 @@ class Q12Pass:
     def mode(self) -> str:
         return "batched" if self.batched else "per_stream"
 
+    def dump(self, path, **kw):
+        """Write this pass's arena and metadata to ``path``; see :func:`q12drv.dump.dump_pass`."""
+        from .dump import dump_pass
+
+        return dump_pass(self, path, **kw)
+
     def _per_stream(self, run: Callable[[BatchedAttnMetadata, int, int], None]) -> None:
         for b, meta in enumerate(self.stream_meta):
             run(meta, b, int(self.cu_seqlens[b]))

@@ -119,6 +119,9 @@ def test_compiles_without_spills():
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", img.log)
     assert spills, img.log
     assert all(s == "0" and l == "0" for s, l in spills), img.log
+    # Blocks of up to 1024 threads must launch, and 8 CTAs of 256 fit on an SM: <= 32 registers.
+    regs = int(re.search(r"Used (\d+) registers", img.log).group(1))
+    assert regs <= 32, img.log
 
 
 def test_entries_match_source():

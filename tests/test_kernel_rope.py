@@ -139,6 +139,11 @@ def test_compiles_without_spills():
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", img.log)
     assert spills, img.log
     assert all(s == "0" and l == "0" for s, l in spills), img.log
+    # The largest block the emulator accepts must be launchable: registers x threads <= 64K.
+    regs = int(re.search(r"Used (\d+) registers", img.log).group(1))
+    assert regs * rope.MAX_THREADS <= 65536, img.log
+    # The persistent grid assumes 3 resident 256-thread CTAs per SM.
+    assert regs * 256 * 3 <= 65536, img.log
 
 
 def test_entries_match_source():
@@ -339,6 +344,7 @@ def test_emulator_uses_total_tokens_only():
         ((1, 2, 1), (256, 1, 1), 64, 64),
         ((0, 1, 1), (256, 1, 1), 64, 64),
         ((4, 1, 1), (48, 1, 1), 64, 64),
+        ((4, 1, 1), (1024, 1, 1), 64, 64),  # too many registers for 1024 threads
         ((4, 1, 1), (256, 1, 1), 66, 64),  # rotary_dim > head_dim: the kernel traps
         ((4, 1, 1), (256, 1, 1), 63, 64),  # odd rotary_dim
     ],
@@ -363,8 +369,8 @@ def test_check_params_and_geometry():
         rope.check_params(64, 64, 3, (32, 0, 0))
     g, b, s = rope.geometry(1, 16, 2, 256, 64)
     assert g == (1, 1, 1) and b == (256, 1, 1) and s == 0
-    # Qwen3-Next: 18 heads x 4 units = 72 units -> 3 tokens per CTA
-    g, _, _ = rope.geometry(300, 16, 2, 256, 64)
-    assert g[0] == 100
+    # Qwen3-Next: 18 heads x 4 units = 72 units -> 2 * 256 // 72 = 7 tokens per CTA iteration
+    g, _, _ = rope.geometry(301, 16, 2, 256, 64)
+    assert g[0] == 43
     g, _, _ = rope.geometry(10**6, 28, 4, 128, 128)
-    assert g[0] == 132 * 8
+    assert g[0] == 132 * 3

@@ -39,6 +39,7 @@ __all__ = [
     "MODE_CHUNKED",
     "MODE_INTERLEAVED",
     "MAX_ROTARY_DIM",
+    "MAX_THREADS",
     "check_params",
     "geometry",
     "inv_freq",
@@ -57,10 +58,16 @@ THREADS = 256
 MODE_PLAIN = 0
 MODE_CHUNKED = 1
 MODE_INTERLEAVED = 2
+#: Largest block the kernel launches with: it uses 72 registers a thread on sm_90, so 1024
+#: threads (73,728 registers) exceed the SM's 65,536 and fail with LAUNCH_OUT_OF_RESOURCES.
+MAX_THREADS = 512
 #: Largest rotary_dim the kernel takes (``ROPE_MAX_HALF = 512`` frequencies).
 MAX_ROTARY_DIM = 1024
 _SMEM_ANGLES = 2048  # ROPE_SMEM_ANGLES in rope.cu
-_CTAS_PER_SM = 8
+_PREFETCH = 2  # ROPE_PREFETCH in rope.cu
+#: Resident 256-thread CTAs per SM at the kernel's register count (72 on sm_90): the grid is
+#: capped at one full wave, so no CTA waits for another to finish (grid-stride loop inside).
+_CTAS_PER_SM = 3
 
 
 def check_params(
@@ -115,10 +122,10 @@ def geometry(
 ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
     """Launch geometry of ``q12_rope``.
 
-    The kernel gives each CTA ``G = max(1, threads // units_per_token)`` tokens per iteration
+    The kernel gives each CTA ``G = max(1, 2 * threads // units_per_token)`` tokens per iteration
     (a unit = one head's 8 pairs, or 1 pair when the layout forbids 16-byte accesses) and
-    walks the tokens with a grid stride; this sizes the grid to cover T once, capped at 8 CTAs
-    per SM.
+    walks the tokens with a grid stride; this sizes the grid to cover T once, capped at one
+    resident wave (3 CTAs of 256 threads per SM).
 
     Parameters
     ----------
@@ -129,19 +136,19 @@ def geometry(
     num_sms : int
         SMs of the device (132 on the H200).
     threads : int
-        Threads per CTA, a multiple of 32.
+        Threads per CTA, a multiple of 32, at most :data:`MAX_THREADS`.
 
     Returns
     -------
     tuple
         ``(grid, block, dynamic_smem_bytes)``; shared memory is static (about 19 KB).
     """
-    if threads <= 0 or threads % 32 or threads > 1024:
-        raise ValueError(f"threads must be a multiple of 32 in [32, 1024], got {threads}")
+    if threads <= 0 or threads % 32 or threads > MAX_THREADS:
+        raise ValueError(f"threads must be a multiple of 32 in [32, {MAX_THREADS}], got {threads}")
     half = max(rotary_dim // 2, 1)
     vec = rotary_dim % 16 == 0 and head_dim % 8 == 0
     units = max(num_q_heads + num_kv_heads, 1) * (half // 8 if vec else half)
-    g = max(1, min(threads // max(units, 1), _SMEM_ANGLES // half))
+    g = max(1, min(_PREFETCH * threads // max(units, 1), _SMEM_ANGLES // half))
     ctas = -(-max(int(total_tokens), 1) // g)
     ctas = max(1, min(ctas, num_sms * _CTAS_PER_SM))
     return (ctas, 1, 1), (threads, 1, 1), 0
@@ -356,8 +363,8 @@ def emulate_rope(args: dict, mem, grid, block) -> None:
     block = tuple(int(x) for x in block)
     if len(grid) != 3 or grid[0] < 1 or grid[1:] != (1, 1):
         raise ValueError(f"q12_rope needs a 1-D grid (X >= 1), got {grid}")
-    if len(block) != 3 or block[1:] != (1, 1) or block[0] < 32 or block[0] % 32 or block[0] > 1024:
-        raise ValueError(f"q12_rope needs a 1-D block of whole warps (<= 1024), got {block}")
+    if len(block) != 3 or block[1:] != (1, 1) or block[0] < 32 or block[0] % 32 or block[0] > MAX_THREADS:
+        raise ValueError(f"q12_rope needs a 1-D block of whole warps (<= {MAX_THREADS}), got {block}")
     m: Q12MetaC = args["m"]
     hq, hkv = int(args["num_q_heads"]), int(args["num_kv_heads"])
     d, rd = int(args["head_dim"]), int(args["rotary_dim"])
