@@ -1,9 +1,9 @@
 // attn_prefill.cu: batched varlen paged causal prefill attention (FA2-style, sm_90 mma.sync).
 //
-// One CTA = BM = 16 * NW query rows (NW warps x 16 rows; NW = 8 for every head dim) of one stream b (= blockIdx.z) and one query
-// head h (= blockIdx.y). The CTA walks key tiles of BN keys from key 0 up to the last key its rows
-// may see, gathering K/V rows from the paged pools through the stream's block table with
-// cp.async (two-stage ring), computing S = Q K^T and O += P V with
+// One CTA = BM = NW * MW * 16 query rows (NW warps, each MW sub-tiles of 16 rows) of one stream
+// b (= blockIdx.z) and one query head h (= blockIdx.y). The CTA walks key tiles of BN keys from
+// key 0 up to the last key its rows may see, gathering K/V rows from the paged pools through the
+// stream's block table with cp.async (two-stage ring), computing S = Q K^T and O += P V with
 // mma.sync.m16n8k16 (bf16 in, fp32 accumulate) and an fp32 online softmax in registers.
 //
 // Semantics: q_len = cu[b+1] - cu[b], kv_len = kv_lens[b]; row r (0-based in the stream's chunk)
@@ -110,6 +110,9 @@ __device__ __forceinline__ unsigned int pack_bf16x2(float x, float y) {
     return *reinterpret_cast<unsigned int*>(&v);
 }
 
+// D head dim, BN keys per K/V tile, NW warps, MW 16-row sub-tiles per warp, QREG: keep the Q
+// fragments in registers for the whole loop instead of re-reading them from shared memory each
+// tile (costs KD*MW*4 registers; none of the shipped entries can afford it without losing a CTA).
 template <int D, int BN, int NW, int MW, bool QREG>
 __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, const bf16* k_pool,
                                              const bf16* v_pool, bf16* o, int num_q_heads,
@@ -395,8 +398,13 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
 
 }  // namespace
 
+// Tiles <D, BN, NW, MW, Q in registers>, chosen on the H200 (fresh 8k prefill, GQA 4/8):
+// D=64: 8 warps x 16 rows, 100 regs, 2 CTAs/SM. D=128: 4 warps x 32 rows (each K/V fragment feeds
+// two m16 sub-tiles, halving shared-memory traffic), BN=32 to stay under 255 registers without
+// spills, 2 CTAs/SM. D=256: 8 warps x 16 rows, BN=64, 1 CTA/SM (198 KiB of shared memory).
+// Keep q12drv/kernels/attention.py (WARPS, WARP_SUBTILES, BLOCK_N) in step; a CPU test checks.
 extern "C" __global__ void q12_attn_prefill_d64(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
-    attn_prefill<64, 64, 8, 1, true>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
+    attn_prefill<64, 64, 8, 1, false>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
 }
 
 extern "C" __global__ void q12_attn_prefill_d128(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {

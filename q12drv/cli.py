@@ -16,7 +16,7 @@ def _cmd_demo(args) -> int:
     from .device import open_device
 
     with open_device(args.driver) as dev:
-        ok = run_demo(dev, DemoConfig(seed=args.seed), kernels=not args.no_kernels)
+        ok = run_demo(dev, DemoConfig(seed=args.seed), kernels=not args.no_kernels, dump=args.dump)
     return 0 if ok else 1
 
 
@@ -30,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="q12drv",
         description="Stage batched (Q12) prefill metadata into a CUDA arena and run the kernels that read it.",
-        epilog="Run 'q12drv demo' to see a whole pass; 'q12drv doctor' to check the toolchain.",
+        epilog="Run 'q12drv demo' to see a whole pass; 'q12drv doctor' to check the toolchain; "
+               "'q12drv demo --dump a.npz' then 'q12drv inspect a.npz' to look inside the arena.",
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     d = sub.add_parser("demo", help="plan, admit, stage and verify one batched pass (and run its kernels)",
@@ -41,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--driver", default="auto", choices=["auto", "cuda", "emu"], help=_DRIVER_HELP)
     d.add_argument("--seed", type=int, default=0, help="random seed for block tables and activations (default 0)")
     d.add_argument("--no-kernels", action="store_true", help="stop after staging (skip the attention and GDN layers)")
+    d.add_argument("--dump", metavar="PATH", default=None,
+                   help="write an arena dump (.npz) of the staged batched pass to PATH (see 'q12drv inspect')")
     d.set_defaults(func=_cmd_demo)
     doc = sub.add_parser("doctor", help="print driver, device, NVRTC and compile every kernel",
                          description="Print the driver, the device, the NVRTC version and header directory, then "
@@ -49,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--driver", default="auto", choices=["auto", "cuda", "emu"], help=_DRIVER_HELP)
     doc.add_argument("--arch", default=None, help="compile target (default: the device's, sm_90 without a GPU)")
     doc.set_defaults(func=_cmd_doctor)
+    from .dump_cli import COMMANDS
+
+    for name, (help_, description, add, run) in COMMANDS.items():
+        c = sub.add_parser(name, help=help_, description=description)
+        add(c)
+        c.set_defaults(func=run)
     return p
 
 

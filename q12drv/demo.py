@@ -82,8 +82,12 @@ def _median_us(fn: Callable[[], None], reps: int) -> float:
     return statistics.median(times) * 1e6
 
 
-def run_demo(dev: Device, cfg: DemoConfig = DemoConfig(), *, kernels: bool = True, out: Callable[[str], None] = print) -> bool:
-    """Run the demo on ``dev``; return True when every check passed."""
+def run_demo(dev: Device, cfg: DemoConfig = DemoConfig(), *, kernels: bool = True, out: Callable[[str], None] = print,
+             dump=None) -> bool:
+    """Run the demo on ``dev``; return True when every check passed.
+
+    ``dump``: a path to write an arena dump of the staged batched pass to (see :mod:`q12drv.dump`).
+    """
     ok = True
     out(f"device: {dev.name} (driver {dev.driver.name}, {dev.arch})")
     streams, tuples, tables = demo_streams(dev, cfg)
@@ -128,6 +132,12 @@ def run_demo(dev: Device, cfg: DemoConfig = DemoConfig(), *, kernels: bool = Tru
             out(f"  FAIL {p}")
         out(f"read-back: {'every field, pad and the JIT slot verified' if not problems else f'{len(problems)} problems'}")
         ok &= not problems
+        if dump is not None:
+            from .dump import dump_arena
+
+            num_blocks = max(int(np.max(s.block_table)) for s in streams) + 1
+            path = dump_arena(arena, dump, plan=plan, meta=meta, streams=streams, h_slot=slot, num_blocks=num_blocks)
+            out(f"dump: wrote {path} (look inside with 'q12drv inspect {path}')")
 
         host_us = _median_us(stage, 50)
         rt_us = _median_us(lambda: (stage(), dev.synchronize()), 50)

@@ -261,7 +261,9 @@ def test_emulator_rejects_short_grid_and_bad_block():
     with pytest.raises(ValueError, match="grid"):
         emulate_case(mem, q, kp, vp, cu, kv, tables, 2, 1, 16, 0.125, 64, grid=(2, 1, 2))
     with pytest.raises(ValueError, match="block"):
-        emulate_case(mem, q, kp, vp, cu, kv, tables, 2, 1, 16, 0.125, 64, block=(128, 1, 1))
+        emulate_case(mem, q, kp, vp, cu, kv, tables, 2, 1, 16, 0.125, 64, block=(96, 1, 1))
+    with pytest.raises(ValueError, match="scale"):
+        emulate_case(mem, q, kp, vp, cu, kv, tables, 2, 1, 16, -0.125, 64)
 
 
 def test_emulator_reads_only_through_mem():

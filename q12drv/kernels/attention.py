@@ -7,7 +7,8 @@ position ``p`` lives in physical block ``block_table_b[p // block_size]`` at off
 ``p % block_size``. The current chunk's keys are already in the pools (the KV-write kernel runs
 first). Causality is bottom-right: row ``r`` of a stream with ``q_len`` rows sees keys
 ``0 .. kv_lens[b] - q_len + r``. GQA: query head ``h`` reads kv head ``h // (Hq // Hkv)``.
-Softmax in fp32 of ``scale * q.k``; bf16 out.
+Softmax in fp32 of ``scale * q.k`` (``scale > 0``: the kernel takes the row max of the raw
+scores); bf16 out.
 
 Entries (one per head dim, same parameters)::
 
@@ -18,7 +19,15 @@ Entries (one per head dim, same parameters)::
 A CTA of ``THREADS[D]`` threads computes ``BLOCK_M[D]`` query rows of one (stream, head):
 grid ``(ceil(chunk_len / BLOCK_M[D]), Hq, n)``. CTAs whose row tile lies past their stream's
 length exit at once. ``block_size`` may be any positive integer (the kernel divides); ``Hq``
-must be a multiple of ``Hkv``.
+must be a multiple of ``Hkv``. The dynamic shared memory (:func:`smem_bytes`) exceeds 48 KiB for
+every head dim, so the launcher must set ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` once
+per function (and may set ``CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`` to 100 so two
+CTAs fit per SM for D=64/128).
+
+Numerics: S and P.V accumulate in fp32 on the tensor cores; P is rounded to bf16 before P.V (as
+in FlashAttention); exponentials use ``ex2.approx.ftz``. Against :func:`reference` (fp32, exact
+exp, unrounded P) the output differs by about 2-4e-3 relative (the bf16 output rounding alone is
+up to 2^-9).
 """
 
 from __future__ import annotations
@@ -81,7 +90,7 @@ def entry_for_head_dim(head_dim: int) -> str:
 def smem_bytes(head_dim: int) -> int:
     """Dynamic shared memory of one CTA: Q tile + two-stage K and V tiles, padded rows.
 
-    ``(BLOCK_M + 4 * BLOCK_N) * (D + 8) * 2`` bytes: 55 296 (D=64), 104 448 (D=128),
+    ``(BLOCK_M + 4 * BLOCK_N) * (D + 8) * 2`` bytes: 55 296 (D=64), 69 632 (D=128),
     202 752 (D=256) with the shipped tiles. Above 48 KiB the launcher must raise
     ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` first (the H200 allows 227 KiB).
     """
@@ -158,7 +167,7 @@ def reference(
     block_size : int
         Tokens per block.
     scale : float
-        Softmax scale (usually ``D ** -0.5``).
+        Softmax scale (usually ``D ** -0.5``); the kernel requires ``scale > 0``.
     dtype : numpy dtype
         Accumulation type, float32 (default, the kernel's) or float64.
     row_chunk : int
@@ -225,6 +234,8 @@ def _emulate(head_dim: int, args: dict, mem, grid, block) -> None:
     name = HEAD_DIMS[head_dim]
     if hq <= 0 or hkv <= 0 or hq % hkv or bs <= 0:
         raise ValueError(f"{name}: bad heads/block_size Hq={hq} Hkv={hkv} block_size={bs}")
+    if not float(args["scale"]) > 0:
+        raise ValueError(f"{name}: scale must be > 0 (the kernel takes the max of raw scores), got {args['scale']}")
     if n == 0:
         return
     cu = np.array(mem.array(int(meta.cu_seqlens), np.int32, (n + 1,)), dtype=np.int64)

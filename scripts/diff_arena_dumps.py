@@ -1,0 +1,17 @@
+#!/usr/bin/env python3
+"""Compare two arena dumps (same as 'q12drv diff').
+
+Usage: python scripts/diff_arena_dumps.py --help
+"""
+
+import os
+import sys
+
+try:
+    from q12drv.dump_cli import script_main
+except ModuleNotFoundError:  # run from a checkout without installing q12drv
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+    from q12drv.dump_cli import script_main
+
+if __name__ == "__main__":
+    sys.exit(script_main("diff", prog=os.path.basename(__file__)))

@@ -1,0 +1,397 @@
+"""Arena dumps: write, read back safely, inspect (each check fails alone), diff, render, CLI and scripts."""
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from q12drv import ScratchArena, make_scratch_plan, open_device, place_h_state_slot, stage_batched_attn_metadata
+from q12drv.arena import GUARD_BYTES
+from q12drv.cli import main
+from q12drv.demo import DemoConfig, run_demo
+from q12drv.diff import diff_dumps
+from q12drv.dump import load_dump, write_dump
+from q12drv.errors import DumpError, Q12Error
+from q12drv.inspect import CHECKS, inspect_dump
+from tests.helpers import make_streams
+
+REPO = Path(__file__).resolve().parents[1]
+ALL_CHECKS = [name for name, _ in CHECKS]
+
+
+@pytest.fixture(scope="module")
+def demo_dump(tmp_path_factory):
+    path = tmp_path_factory.mktemp("dumps") / "demo.npz"
+    lines = []
+    with open_device("emu") as dev:
+        assert run_demo(dev, DemoConfig(), kernels=False, out=lines.append, dump=path)
+    assert any(line.startswith("dump: wrote") for line in lines)
+    return path
+
+
+def rewrite(src, dst, *, header=None, arena=None, guard=None):
+    """Copy dump ``src`` to ``dst`` with ``header(h)``, ``arena(a)``, ``guard(g)`` applied to writable copies."""
+    d = load_dump(src)
+    h, a, g = copy.deepcopy(d.header), d.arena.copy(), d.guard.copy()
+    for fn, obj in ((header, h), (arena, a), (guard, g)):
+        if fn is not None:
+            fn(obj)
+    write_dump(dst, h, a, g, d.ring)
+    return dst
+
+
+def field_of(path, name):
+    return load_dump(path).metas[0].field(name)
+
+
+def put(arena, f, index, value):
+    arena[f.offset:f.offset + f.nbytes].view(f.dtype)[index] = value
+
+
+# --- a clean dump ------------------------------------------------------------------------------
+
+def test_demo_dump_inspects_clean(demo_dump, capsys):
+    assert main(["inspect", str(demo_dump)]) == 0
+    out = capsys.readouterr().out
+    for name in ALL_CHECKS:
+        assert f"PASS {name}" in out
+    assert "FAIL" not in out and "SKIP" not in out
+    assert "stacked_metadata" in out and "h_state_ptrs" in out and "'demo block tables + seq_lens'+0x0" in out
+    report = inspect_dump(demo_dump)
+    assert report.ok and [r.status for r in report.checks] == ["PASS"] * len(ALL_CHECKS)
+    d = report.dump
+    assert d.mode == "batched" and d.num_blocks is not None and d.metas[0].batch_size == 8
+    assert d.h_state.offset == d.metas[0].scratch_offset_bytes + d.metas[0].staged_bytes
+    assert {a.name for a in d.allocations} >= {"q12 scratch arena", "demo block tables + seq_lens", "demo h_state stand-ins"}
+
+
+def test_inspect_json(demo_dump, capsys):
+    assert main(["inspect", "--json", str(demo_dump)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["ok"] is True
+    assert [c["name"] for c in result["checks"]] == ALL_CHECKS
+    assert all(c["status"] == "PASS" for c in result["checks"])
+    assert len(result["streams"]) == 8 and result["streams"][0]["positions"]["T"] == [512, 548]
+    assert result["streams"][0]["block_table"]["target"].startswith("'demo block tables")
+
+
+def test_header_is_json_not_pickle(demo_dump):
+    with np.load(demo_dump, allow_pickle=False) as npz:
+        assert set(npz.files) == {"header", "arena", "guard"}
+        assert all(npz[k].dtype == np.uint8 for k in npz.files)
+        header = json.loads(npz["header"].tobytes().decode("utf-8"))
+    assert header["schema"] == "q12drv.arena-dump" and header["version"] == 1
+    meta = header["metadata"][0]
+    for key in ("batch_size", "chunk_len", "total_tokens", "max_blocks_per_seq", "staged_bytes", "scratch_offset_bytes",
+                "use_mrope", "block_size", "dummy_kv_block", "cu_seqlens_host", "kv_lens_host"):
+        assert key in meta
+    assert header["created_utc"].endswith("+00:00")
+    assert {"proc_start", "proc_count", "block_table_dev", "seq_len_dev"} <= set(header["streams"][0])
+
+
+# --- each corruption fails its check, and only that one ---------------------------------------
+
+def _swap_cu(a, path):
+    f = field_of(path, "cu_seqlens")
+    v = a[f.offset:f.offset + f.nbytes].view(f.dtype)
+    v[2], v[3] = int(v[3]), int(v[2])
+
+
+def _collide(a, path):
+    # stream 0 row 0 and stream 1 row 37 both sit at position 512: same offset inside a block
+    f = field_of(path, "slot_stacked")
+    v = a[f.offset:f.offset + f.nbytes].view(f.dtype)
+    v[0] = v[37]
+
+
+def _unknown_ptr(a, path):
+    put(a, field_of(path, "block_table_ptrs"), 1, 0xDEAD0000)
+
+
+def _pad(a, path):
+    f = field_of(path, "cu_seqlens")
+    assert f.padded > f.nbytes
+    a[f.offset + f.nbytes + 1] = 7
+
+
+def _guard(g, path):
+    g[17] = 0
+
+
+def _kv(a, path):
+    put(a, field_of(path, "kv_lens"), 3, 5)
+
+
+def _position(a, path):
+    put(a, field_of(path, "positions_stacked"), 40, 9999)
+
+
+def _slot_offset(a, path):
+    put(a, field_of(path, "slot_stacked"), 5, 16 * 0 + 3)  # dummy block, wrong offset in the block
+
+
+def _out_of_cache(a, path):
+    f = field_of(path, "slot_stacked")
+    v = a[f.offset:f.offset + f.nbytes].view(f.dtype)
+    v[9] += 16 * load_dump(path).num_blocks
+
+
+def _h_state_onto_slots(h, path):
+    h["h_state"]["offset"] = field_of(path, "slot_stacked").offset
+
+
+def _chunk_len(h, path):
+    h["metadata"][0]["chunk_len"] += 1
+
+
+def _overlapping_reservation(h, path):
+    h["arena"]["reservations"][2]["offset"] -= 8
+
+
+CORRUPTIONS = {
+    "cu_seqlens": ("arena", _swap_cu),
+    "slot_collisions": ("arena", _collide),
+    "pointers": ("arena", _unknown_ptr),
+    "pads": ("arena", _pad),
+    "h_state_slot": ("header", _h_state_onto_slots),
+    "guard": ("guard", _guard),
+    "kv_lens": ("arena", _kv),
+    "positions": ("arena", _position),
+    "slots": ("arena", _slot_offset),
+    "blocks_in_cache": ("arena", _out_of_cache),
+    "layout": ("header", _chunk_len),
+    "regions": ("header", _overlapping_reservation),
+}
+
+
+def test_every_check_has_a_corruption():
+    assert set(CORRUPTIONS) == set(ALL_CHECKS)
+
+
+@pytest.mark.parametrize("check", list(CORRUPTIONS))
+def test_corruption_fails_exactly_its_check(demo_dump, tmp_path, check, capsys):
+    member, fn = CORRUPTIONS[check]
+    bad = rewrite(demo_dump, tmp_path / "bad.npz", **{member: lambda x: fn(x, demo_dump)})
+    report = inspect_dump(bad)
+    assert report.failed == [check], report.format()
+    result = report.check(check)
+    assert result.findings and result.findings[0].message
+    assert main(["inspect", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert f"FAIL {check}" in out and out.count("FAIL ") == 1
+
+
+def test_cu_seqlens_finding_names_offset_and_values(demo_dump, tmp_path):
+    bad = rewrite(demo_dump, tmp_path / "bad.npz", arena=lambda a: _swap_cu(a, demo_dump))
+    f = field_of(demo_dump, "cu_seqlens")
+    finding = inspect_dump(bad).check("cu_seqlens").findings[0]
+    assert finding.offset == f.offset + 4 * 3
+    assert finding.values["value"] == 166 and finding.values["previous"] == 167
+
+
+def test_guard_overwritten_on_the_device(emu, tmp_path):
+    streams, _ = make_streams(emu, [20, 30, 7])
+    plan = make_scratch_plan([s.proc_count for s in streams], 4, False, "exact")
+    with ScratchArena(emu, plan.total_bytes) as arena:
+        for r in (plan.moe, *plan.stream_blocks):
+            arena.reserve(r.name, r.nbytes, offset=r.offset)
+        meta = stage_batched_attn_metadata(arena, streams, block_size=16, use_mrope=False,
+                                           scratch_offset_bytes=plan.stacked.offset, dummy_kv_block=0)
+        slot = place_h_state_slot(arena, meta)
+        assert inspect_dump(arena.dump(tmp_path / "ok.npz", plan=plan, meta=meta, streams=streams, h_slot=slot)).ok
+        emu.memset(int(arena.base) + arena.capacity + 100, 0, 3)
+        emu.synchronize()
+        report = inspect_dump(arena.dump(tmp_path / "bad.npz", plan=plan, meta=meta, streams=streams, h_slot=slot))
+        assert report.failed == ["guard"]
+        finding = report.check("guard").findings[0]
+        assert finding.offset == arena.capacity + 100 and finding.values["overwritten"] == 3
+
+
+def test_arena_module_does_not_import_dump():
+    code = "import sys, q12drv.arena, q12drv.prefill; print('q12drv.dump' in sys.modules)"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert res.stdout.strip() == "False", res.stderr
+
+
+# --- Q12Pass dumps: batched and per stream; the pinned ring ------------------------------------
+
+@pytest.mark.parametrize("mode", ["batched", "per_stream"])
+def test_q12pass_dump_inspects_clean(emu, tmp_path, mode):
+    from q12drv.prefill import Q12Pass
+
+    streams, _ = make_streams(emu, [33, 1, 70], starts=[16, 16, 16], mrope_vision=(2,))
+    plan = make_scratch_plan([s.proc_count for s in streams], 4, True, "exact")
+    with ScratchArena(emu, plan.total_bytes + 4096) as arena:
+        q12 = Q12Pass(arena, streams, block_size=16, use_mrope=True, dummy_kv_block=0, top_k=4, policy="exact",
+                      mode=mode)
+        path = q12.dump(tmp_path / "pass.npz", num_blocks=64, include_ring=True)
+    report = inspect_dump(path)
+    assert report.ok, report.format()
+    assert report.dump.mode == mode and len(report.dump.metas) == (1 if mode == "batched" else 3)
+    assert report.check("positions").summary.endswith("1 MRoPE vision stream(s) within bounds")
+    assert "never uploaded" in report.check("pointers").summary
+    d = report.dump
+    assert d.ring is not None and d.ring_slots
+    staged = [bytes(d.read(m.scratch_offset_bytes, m.staged_bytes)) for m in d.metas]
+    ring_prefixes = [bytes(d.ring[s.offset:s.offset + len(staged[-1])]) for s in d.ring_slots]
+    assert staged[-1] in ring_prefixes
+
+
+# --- untrusted files ---------------------------------------------------------------------------
+
+def _expect_dump_error(path, pattern, capsys):
+    with pytest.raises(DumpError, match=pattern) as info:
+        load_dump(path)
+    assert isinstance(info.value, Q12Error) and str(path) in str(info.value)
+    assert main(["inspect", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("q12drv inspect: ") and "Traceback" not in err
+
+
+def test_truncated_file(demo_dump, tmp_path, capsys):
+    raw = demo_dump.read_bytes()
+    for n, name in ((len(raw) // 2, "half.npz"), (len(raw) - 30, "tail.npz"), (0, "empty.npz")):
+        p = tmp_path / name
+        p.write_bytes(raw[:n])
+        _expect_dump_error(p, "truncated|not a readable|unreadable|empty", capsys)
+
+
+def test_corrupted_member_bytes(demo_dump, tmp_path, capsys):
+    raw = bytearray(demo_dump.read_bytes())
+    mid = len(raw) // 2
+    raw[mid:mid + 64] = bytes(64)
+    p = tmp_path / "crc.npz"
+    p.write_bytes(bytes(raw))
+    _expect_dump_error(p, "unreadable|not a readable|JSON|header", capsys)
+
+
+def test_missing_and_foreign_files(tmp_path, capsys):
+    _expect_dump_error(tmp_path / "nope.npz", "no such file", capsys)
+    p = tmp_path / "text.npz"
+    p.write_text("hello")
+    _expect_dump_error(p, "not a", capsys)
+    p = tmp_path / "single.npy"
+    np.save(p, np.zeros(4, np.uint8))
+    _expect_dump_error(p, "single .npy array", capsys)
+
+
+@pytest.mark.parametrize("edit, pattern", [
+    (lambda h: h.update(version=99), "schema version 99 is not supported"),
+    (lambda h: h.update(schema="something-else"), "not a q12drv arena dump"),
+    (lambda h: h["arena"].update(capacity=h["arena"]["capacity"] + 64), "arena is .* bytes but the file holds"),
+    (lambda h: h["metadata"][0]["fields"][3].update(offset=h["arena"]["capacity"] - 8), "spans .* holds only"),
+    (lambda h: h["plan"]["regions"][0].update(nbytes=10 ** 9), "outside|spans"),
+    (lambda h: h["metadata"][0]["fields"][0].update(count=7), "says 7 x"),
+    (lambda h: h["metadata"][0].update(cu_seqlens_host=[0, 5]), "entries but should have"),
+    (lambda h: h["h_state"].update(offset=h["arena"]["capacity"] - 8), "h_state_ptrs slot spans"),
+    (lambda h: h["metadata"][0].update(batch_size="8"), "must be an integer"),
+    (lambda h: h["arena"]["reservations"][0].update(offset=-1), "outside"),
+    (lambda h: h.pop("arena"), "has no 'arena'"),
+])
+def test_lying_headers(demo_dump, tmp_path, capsys, edit, pattern):
+    _expect_dump_error(rewrite(demo_dump, tmp_path / "lie.npz", header=edit), pattern, capsys)
+
+
+def test_pickled_objects_are_refused(demo_dump, tmp_path, capsys):
+    d = load_dump(demo_dump)
+    p = tmp_path / "pickled.npz"
+    with open(p, "wb") as fh:
+        np.savez(fh, header=np.array([d.header], dtype=object), arena=d.arena, guard=d.guard)
+    _expect_dump_error(p, "pickled", capsys)
+    p = tmp_path / "pickle.bin"
+    import pickle
+
+    p.write_bytes(pickle.dumps({"header": d.header}))
+    _expect_dump_error(p, "pickled", capsys)
+
+
+def test_header_not_json(demo_dump, tmp_path, capsys):
+    d = load_dump(demo_dump)
+    p = tmp_path / "notjson.npz"
+    with open(p, "wb") as fh:
+        np.savez(fh, header=np.frombuffer(b"{not json", np.uint8), arena=d.arena, guard=d.guard)
+    _expect_dump_error(p, "not valid JSON", capsys)
+    with open(p, "wb") as fh:
+        np.savez(fh, header=np.frombuffer(b"\xff\xfe", np.uint8), arena=d.arena, guard=d.guard)
+    _expect_dump_error(p, "not UTF-8", capsys)
+
+
+# --- diff ----------------------------------------------------------------------------------------
+
+def test_diff_against_itself_is_empty(demo_dump, capsys):
+    assert diff_dumps(demo_dump, demo_dump) == []
+    assert main(["diff", str(demo_dump), str(demo_dump)]) == 0
+    assert "dumps are identical" in capsys.readouterr().out
+
+
+def test_diff_names_field_and_first_index(demo_dump, tmp_path, capsys):
+    f = field_of(demo_dump, "slot_stacked")
+    bad = rewrite(demo_dump, tmp_path / "bad.npz", arena=lambda a: put(a, f, 7, 123456))
+    diffs = diff_dumps(demo_dump, bad)
+    assert len(diffs) == 1
+    (d,) = diffs
+    assert d.where == "field stacked_metadata.slot_stacked" and d.index == 7 and d.count == 1
+    assert d.offset == f.offset + 8 * 7 and d.value_b == 123456 and d.value_a != 123456
+    assert main(["diff", str(demo_dump), str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "slot_stacked" in out and "first [7]" in out and "B=123456" in out
+    assert main(["diff", "--json", str(demo_dump), str(bad)]) == 1
+    js = json.loads(capsys.readouterr().out)
+    assert js["identical"] is False and js["differences"][0]["index"] == 7
+
+
+def test_diff_guard_and_header(demo_dump, tmp_path):
+    bad = rewrite(demo_dump, tmp_path / "bad.npz", guard=lambda g: g.__setitem__(3, 1),
+                  header=lambda h: h.update(num_blocks=h["num_blocks"] + 1))
+    where = [d.where for d in diff_dumps(demo_dump, bad)]
+    assert where == ["header.num_blocks", "guard"]
+
+
+# --- render --------------------------------------------------------------------------------------
+
+def _png_stats(path):
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(str(path))
+    pixels = (img[..., :3] * 255).round().astype(np.uint8).reshape(-1, 3)
+    colours = np.unique(pixels, axis=0)
+    red = np.sum((pixels[:, 0] > 180) & (pixels[:, 1] < 80) & (pixels[:, 2] < 80))
+    return img.shape, len(colours), int(red)
+
+
+def test_render_writes_a_picture(demo_dump, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "map.png"
+    assert main(["render", str(demo_dump), "-o", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    shape, ncolours, red = _png_stats(out)
+    assert shape[0] >= 400 and shape[1] >= 800 and ncolours > 8
+    bad = rewrite(demo_dump, tmp_path / "bad.npz", guard=lambda g: _guard(g, demo_dump),
+                  arena=lambda a: _collide(a, demo_dump))
+    out_bad = tmp_path / "bad.png"
+    assert main(["render", str(bad), "-o", str(out_bad)]) == 0
+    _, _, red_bad = _png_stats(out_bad)
+    assert red_bad > red + 100  # failing checks are highlighted in red
+
+
+# --- the demo flag and the scripts -----------------------------------------------------------------
+
+def test_demo_cli_dump_flag(tmp_path, capsys):
+    p = tmp_path / "cli.dump"  # any name: no .npz suffix is added
+    assert main(["demo", "--driver", "emu", "--no-kernels", "--dump", str(p)]) == 0
+    out = capsys.readouterr().out
+    assert f"dump: wrote {p}" in out and out.strip().endswith("demo: all checks passed")
+    assert p.exists() and inspect_dump(p).ok
+
+
+def test_scripts_are_thin_wrappers(demo_dump, tmp_path):
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "inspect_arena_dump.py"), str(demo_dump)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0 and "inspect: 12 passed, 0 failed" in res.stdout, res.stderr
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "diff_arena_dumps.py"), str(demo_dump),
+                          str(tmp_path / "missing.npz")], capture_output=True, text=True)
+    assert res.returncode == 2 and res.stderr.startswith("diff_arena_dumps.py: ") and "no such file" in res.stderr
