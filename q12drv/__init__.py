@@ -4,13 +4,13 @@ Layers, bottom up (each imports only from those below it): errors and :class:`De
 :mod:`~q12drv.driver` (real or emulated CUDA driver); :mod:`~q12drv.device`; :mod:`~q12drv.nvrtc`
 and :mod:`~q12drv.launch`; :mod:`~q12drv.layout` (every byte offset); :mod:`~q12drv.arena`;
 :mod:`~q12drv.staging`; :mod:`~q12drv.admission`; :mod:`~q12drv.kernels`; :mod:`~q12drv.prefill`;
-:mod:`~q12drv.cli`.
+:mod:`~q12drv.dump` (with :mod:`~q12drv.inspect`, :mod:`~q12drv.diff`, :mod:`~q12drv.render`); :mod:`~q12drv.cli`.
 """
 
 from .admission import Admission, check_kernel_batched_eligible
 from .arena import ScratchArena
 from .device import Device, DeviceArray, open_device
-from .errors import CapacityError, CudaError, DriverUnavailableError, HostRaceError, NvrtcError, Q12Error
+from .errors import CapacityError, CudaError, DriverUnavailableError, DumpError, HostRaceError, NvrtcError, Q12Error
 from .layout import (
     Q12_SIZING_STREAMS,
     ScratchPlan,
@@ -39,6 +39,7 @@ __all__ = [
     "DeviceArray",
     "DevicePtr",
     "DriverUnavailableError",
+    "DumpError",
     "HStateSlot",
     "HostRaceError",
     "NULL",

@@ -33,7 +33,7 @@ guard                the guard band past the capacity is intact
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -303,8 +303,13 @@ def _check_positions(d: ArenaDump, c: _Collector) -> str:
         T, H, W = (d.values(f).astype(np.int64) for f in (ft, fh, fw))
         for i, b, lo, hi, start, kv in _segments(m):
             t, h, w = T[lo:hi], H[lo:hi], W[lo:hi]
-            explicit = b < len(d.streams) and d.streams[b].explicit_mrope
-            if not explicit and (not m.use_mrope or (np.array_equal(h, t) and np.array_equal(w, t))):
+            if not m.use_mrope:
+                is_text = True
+            elif b < len(d.streams):  # the inputs say whether the caller gave vision positions
+                is_text = not d.streams[b].explicit_mrope
+            else:
+                is_text = np.array_equal(h, t) and np.array_equal(w, t)
+            if is_text:
                 text += 1
                 want = np.arange(start, kv, dtype=np.int64)
                 for f, arr in ((ft, t),) + (((fh, h), (fw, w)) if m.use_mrope else ()):
@@ -457,7 +462,8 @@ def _check_pointers(d: ArenaDump, c: _Collector) -> str:
                     c.add(f"h_state_ptrs[{b}] = {int(ptr):#x} points into no known allocation", at + 8 * b, index=b,
                           value=int(ptr))
     elif h is not None:
-        note = " (h_state_ptrs never uploaded: not checked)"
+        note = (" (h_state_ptrs never uploaded: not checked)" if h.uploads == 0 else
+                " (h_state_ptrs uploads unknown: not checked)")
     return f"{n} pointers resolve to known allocations{note}"
 
 
@@ -488,7 +494,8 @@ def _check_h_state_slot(d: ArenaDump, c: _Collector) -> str:
         m = d.metas[0]
         rule = ("scratch_offset_bytes + staged_bytes" if d.mode == "batched" else "the end of the per-stream blocks")
         c.add(f"the h_state_ptrs slot is at {h.offset:,} but belongs at {rule} = {want:,}", h.offset,
-              offset=h.offset, expected=want, scratch_offset_bytes=m.scratch_offset_bytes, staged_bytes=m.staged_bytes)
+              slot_offset=h.offset, expected=want, scratch_offset_bytes=m.scratch_offset_bytes,
+              staged_bytes=m.staged_bytes)
     for m in d.metas:
         for f in m.fields:
             if h.offset < f.end and f.offset < h.end:
@@ -572,8 +579,10 @@ def decode_fields(d: ArenaDump, edge: int = 3) -> list:
     for m in d.metas:
         for f in m.fields:
             vals = d.values(f)
-            first = _fmt_values(d, f.name, vals[:edge])
-            last = _fmt_values(d, f.name, vals[max(edge, vals.size - edge):])
+            if vals.size <= 2 * edge:
+                first, last = _fmt_values(d, f.name, vals), []
+            else:
+                first, last = _fmt_values(d, f.name, vals[:edge]), _fmt_values(d, f.name, vals[-edge:])
             out.append({"block": m.name, "name": f.name, "dtype": f.dtype, "count": f.count, "offset": f.offset,
                         "nbytes": f.nbytes, "padded": f.padded, "first": first, "last": last})
     return out
@@ -679,8 +688,9 @@ class InspectReport:
                 block = f["block"]
                 L += ["", f"fields of {block}:",
                       f"  {'field':<22}{'dtype':<6}{'count':>7}{'offset':>10}{'bytes':>8}{'pad':>4}  first ... last"]
+            values = _short(f["first"]) + (f" ... {_short(f['last'])}" if f["last"] else "")
             L.append(f"  {f['name']:<22}{f['dtype']:<6}{f['count']:>7,}{f['offset']:>10,}{f['nbytes']:>8,}"
-                     f"{f['padded'] - f['nbytes']:>4}  {_short(f['first'])} ... {_short(f['last'])}")
+                     f"{f['padded'] - f['nbytes']:>4}  {values}")
         if self.streams:
             L += ["", "streams:"]
             for s in self.streams:

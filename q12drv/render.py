@@ -77,7 +77,7 @@ def render_dump(source, out, *, report=None, num_blocks: int | None = None, dpi:
     report = report if report is not None else inspect_dump(d, num_blocks=num_blocks)
     fig = Figure(figsize=(14, 7.5), dpi=dpi)
     FigureCanvasAgg(fig)
-    gs = fig.add_gridspec(3, 1, height_ratios=[2.2, 2.6, 1.6], hspace=0.55)
+    gs = fig.add_gridspec(3, 1, height_ratios=[2.2, 2.6, 1.6], hspace=0.55, left=0.07, right=0.84)
     ax_all, ax_meta, ax_checks = (fig.add_subplot(gs[i]) for i in range(3))
     colours = _field_colours([f.name for m in d.metas for f in m.fields])
     bad_offsets = [(r.name, f.offset) for r in report.checks if r.status == "FAIL"

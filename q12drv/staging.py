@@ -195,47 +195,47 @@ def _validate(streams: Sequence[StreamStageInfo], block_size, use_mrope, dummy_k
 def pack_metadata(batch: _Batch, layout: StackedLayout, block_size: int, dummy_kv_block: int, out: np.ndarray) -> tuple:
     """Write every field of ``layout`` into ``out`` (uint8, >= staged_bytes), pads zeroed.
 
+    Works stream by stream on views of ``out`` (n is small, tokens are many): positions are one
+    ``arange`` per stream, slots one outer sum over the stream's blocks, so each token byte is
+    written once with no token-sized temporaries.
+
     Returns ``(cu_seqlens, kv_lens)`` as int32 host arrays.
     """
     counts, starts = batch.counts, batch.starts
     n = counts.size
     cu = np.zeros(n + 1, np.int64)
     np.cumsum(counts, out=cu[1:])
-    total = int(cu[-1])
-    seg = np.repeat(np.arange(n), counts)
-    pos = np.arange(total, dtype=np.int64) + np.repeat(starts - cu[:-1], counts)
     kv_lens = (starts + counts).astype(np.int32)
     cu32 = cu.astype(np.int32)
-
-    flat = np.concatenate(batch.tables) if n > 1 else batch.tables[0]
-    table_off = np.zeros(n, np.int64)
-    if n > 1:
-        np.cumsum([t.size for t in batch.tables[:-1]], out=table_off[1:])
-    phys = flat[np.repeat(table_off, counts) + pos // block_size]
-    phys = np.where(phys < 0, dummy_kv_block, phys)
-    slots = phys * block_size + pos % block_size
-
-    def put(name: str, values) -> None:
-        f = layout.field(name)
-        out[f.offset:f.offset + f.nbytes].view(f.dtype)[:] = values
+    views = {}
+    for f in layout.fields:
+        views[f.name] = out[f.offset:f.offset + f.nbytes].view(f.dtype)
         if f.padded > f.nbytes:
             out[f.offset + f.nbytes:f.end] = 0
-
+    pos_t, slot_v = views["positions_stacked"], views["slot_stacked"]
+    within = np.arange(block_size, dtype=np.int64)
+    for b in range(n):
+        lo, hi, p0 = int(cu[b]), int(cu[b + 1]), int(starts[b])
+        pos_t[lo:hi] = np.arange(p0, p0 + hi - lo, dtype=np.uint32)
+        first, last = p0 // block_size, (p0 + hi - lo - 1) // block_size
+        blocks = batch.tables[b][first:last + 1]
+        if blocks.min() < 0:
+            blocks = np.where(blocks < 0, dummy_kv_block, blocks)
+        slots = (blocks[:, None] * block_size + within).ravel()
+        off = p0 - first * block_size
+        slot_v[lo:hi] = slots[off:off + hi - lo]
     if layout.mrope:
-        thw = np.broadcast_to(pos, (3, total)).copy()
+        pos_h, pos_w = views["positions_h_stacked"], views["positions_w_stacked"]
+        pos_h[:] = pos_t
+        pos_w[:] = pos_t
         for b, mp in enumerate(batch.mrope):
             if mp is not None:
-                thw[:, cu[b]:cu[b + 1]] = mp
-        put("positions_stacked", thw[0])
-        put("positions_h_stacked", thw[1])
-        put("positions_w_stacked", thw[2])
-    else:
-        put("positions_stacked", pos)
-    put("slot_stacked", slots)
-    put("block_table_ptrs", batch.table_ptrs)
-    put("seq_len_ptrs", batch.seq_len_ptrs)
-    put("cu_seqlens", cu32)
-    put("kv_lens", kv_lens)
+                lo, hi = int(cu[b]), int(cu[b + 1])
+                pos_t[lo:hi], pos_h[lo:hi], pos_w[lo:hi] = mp[0], mp[1], mp[2]
+    views["block_table_ptrs"][:] = batch.table_ptrs
+    views["seq_len_ptrs"][:] = batch.seq_len_ptrs
+    views["cu_seqlens"][:] = cu32
+    views["kv_lens"][:] = kv_lens
     return cu32, kv_lens
 
 

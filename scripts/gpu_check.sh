@@ -18,7 +18,7 @@ step() {  # step NAME LOG COMMAND...
   status+=("$(printf '%-12s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$log")")
   tail -n 25 "$OUT/$log"
 }
-{ date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; python3 -c "import cuda.bindings, cuda.core, numpy, torch; print('cuda-bindings', cuda.bindings.__version__, 'cuda-core', cuda.core.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__)"; } >"$OUT/env.log" 2>&1
+{ date -u; echo "commit ${Q12_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; python3 -c "import cuda.bindings, cuda.core, numpy, torch; print('cuda-bindings', cuda.bindings.__version__, 'cuda-core', cuda.core.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__)"; } >"$OUT/env.log" 2>&1
 cat "$OUT/env.log"
 step doctor doctor.log python3 -m q12drv doctor --driver cuda
 step gpu-tests gpu_tests.log python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider --timeout=300 ${Q12_PYTEST_ARGS:-}

@@ -206,22 +206,23 @@ def reference(
         pos = np.arange(kv, dtype=np.int64)
         table = np.asarray(block_tables[b], dtype=np.int64)
         slots = table[pos // bs] * bs + pos % bs
-        kb = from_bf16_bits(k_rows[slots]).astype(dtype)  # [kv, Hkv, D]
-        vb = from_bf16_bits(v_rows[slots]).astype(dtype)
+        # head-major and contiguous, so the matmuls below run on BLAS
+        kb = np.ascontiguousarray(from_bf16_bits(k_rows[slots]).astype(dtype).transpose(1, 2, 0))  # [Hkv, D, kv]
+        vb = np.ascontiguousarray(from_bf16_bits(v_rows[slots]).astype(dtype).transpose(1, 0, 2))  # [Hkv, kv, D]
         qb = from_bf16_bits(q[s0:s1]).astype(dtype)  # [q_len, Hq, D]
         for r0 in range(0, q_len, row_chunk):
             r1 = min(q_len, r0 + row_chunk)
             bound = kv - q_len + np.arange(r0, r1)  # last key each row sees
             visible = pos[None, :] <= bound[:, None]  # [rows, kv]
             for hk in range(hkv):
-                qg = qb[r0:r1, hk * grp : (hk + 1) * grp].transpose(1, 0, 2)  # [G, rows, D]
-                sc = (qg @ kb[:, hk, :].T) * dtype(scale)  # [G, rows, kv]
+                qg = np.ascontiguousarray(qb[r0:r1, hk * grp : (hk + 1) * grp].transpose(1, 0, 2))  # [G, rows, D]
+                sc = (qg @ kb[hk]) * dtype(scale)  # [G, rows, kv]
                 sc = np.where(visible[None], sc, -np.inf)
                 mx = sc.max(axis=-1, keepdims=True)
                 mx = np.where(np.isfinite(mx), mx, 0)
                 p = np.exp(sc - mx)
                 den = p.sum(axis=-1, keepdims=True)
-                og = (p @ vb[:, hk, :]) / np.where(den > 0, den, 1)
+                og = (p @ vb[hk]) / np.where(den > 0, den, 1)
                 og = np.where(den > 0, og, 0)
                 out[s0 + r0 : s0 + r1, hk * grp : (hk + 1) * grp] = og.transpose(1, 0, 2)
     return to_bf16_bits(out)
