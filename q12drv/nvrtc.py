@@ -65,17 +65,11 @@ def cuda_src_dir() -> Path:
     override = os.environ.get("Q12DRV_CUDA_SRC")
     if override:
         return Path(override)
-    from importlib import resources
-
-    try:
-        path = Path(str(resources.files("q12drv.cuda_src")))
-        if (path / "q12_meta.cuh").is_file():
-            return path
-    except ModuleNotFoundError:
-        pass
-    checkout = Path(__file__).resolve().parent.parent / "cuda_src"
-    if (checkout / "q12_meta.cuh").is_file():
-        return checkout
+    here = Path(__file__).resolve().parent
+    # installed: the wheel puts cuda_src/ inside the package; a checkout keeps it beside it
+    for candidate in (here / "cuda_src", here.parent / "cuda_src"):
+        if (candidate / "q12_meta.cuh").is_file():
+            return candidate
     raise FileNotFoundError(
         "cannot find q12drv's kernel sources (cuda_src/q12_meta.cuh): reinstall q12drv, "
         "or set Q12DRV_CUDA_SRC to the cuda_src directory of a checkout"
