@@ -1,0 +1,74 @@
+"""The prefill step on the emulated driver: batched == per stream, fallback with a reason, capacity."""
+
+import numpy as np
+import pytest
+
+from q12drv import CapacityError, ScratchArena, make_scratch_plan
+from q12drv.bf16 import to_bf16_bits
+from q12drv.prefill import AttentionShape, GdnShape, Q12Pass
+from tests.helpers import make_streams
+
+SHAPE = AttentionShape(num_q_heads=4, num_kv_heads=2, head_dim=64, rotary_dim=32, rope_theta=1e4)
+GSHAPE = GdnShape(num_k_heads=2, num_v_heads=4, head_dim=64)
+
+
+def run(dev, arena, streams, host, mode, chunks=None, num_blocks=None):
+    bufs = {k: dev.alloc(v.nbytes, k) for k, v in host.items()}
+    for k, v in host.items():
+        dev.upload(bufs[k].ptr, v)
+    p = {k: int(b.ptr) for k, b in bufs.items()}
+    q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4, head_dim=64,
+                  chunks=chunks, mode=mode)
+    q12.attention_layer(p["q"], p["k"], p["v"], p["kp"], p["vp"], p["o"], SHAPE, num_blocks=num_blocks)
+    n = len(streams)
+    q12.gdn_layer([p["st"] + b * host["st"][0].nbytes for b in range(n)], p["gq"], p["gk"], p["gv"], p["g"],
+                  p["beta"], p["go"], GSHAPE)
+    out = {k: dev.download(bufs[k].ptr, bufs[k].nbytes) for k in ("o", "kp", "vp", "go", "st", "q", "k")}
+    for b in bufs.values():
+        b.free()
+    return q12, out
+
+
+def inputs(rng, counts, num_blocks):
+    t, n = sum(counts), len(counts)
+    bf = lambda *s: to_bf16_bits(rng.standard_normal(s))  # noqa: E731
+    return {"q": bf(t, 4, 64), "k": bf(t, 2, 64), "v": bf(t, 2, 64), "kp": bf(num_blocks, 16, 2, 64),
+            "vp": bf(num_blocks, 16, 2, 64), "o": np.full((t, 4, 64), 0xFFFF, np.uint16),
+            "gq": bf(t, 2, 64), "gk": bf(t, 2, 64), "gv": bf(t, 4, 64),
+            "g": (-rng.random((t, 4)) * 0.3).astype(np.float32), "beta": rng.random((t, 4)).astype(np.float32),
+            "go": np.full((t, 4, 64), 0xFFFF, np.uint16), "st": (rng.standard_normal((n, 4, 64, 64)) * 0.1).astype(np.float32)}
+
+
+def test_batched_equals_per_stream_and_refusal_falls_back(emu):
+    rng = np.random.default_rng(1)
+    counts, starts = [1, 17, 40, 3], [0, 5, 16, 100]
+    streams, _ = make_streams(emu, counts, starts, rng=rng)
+    num_blocks = int(max(s.block_table.max() for s in streams)) + 1
+    host = inputs(rng, counts, num_blocks)
+    chunks = [(s + c, c, 0, False) for s, c in zip(starts, counts)]
+    with ScratchArena(emu, make_scratch_plan(counts, 4, False).total_bytes) as arena:
+        batched, a = run(emu, arena, streams, host, "auto", chunks, num_blocks)
+        assert batched.mode == "batched" and batched.reason == ""
+        # the same batch refused (chunk starts differ) runs per stream and says why
+        refused, b = run(emu, arena, streams, host, "auto", None, num_blocks)
+        assert refused.mode == "per_stream" and "chunk_start_mismatch" in refused.reason
+        assert a == b
+        assert not np.any(np.frombuffer(a["o"], np.uint16) == 0xFFFF)
+        with pytest.raises(ValueError, match="refused"):
+            run(emu, arena, streams, host, "batched", None, num_blocks)
+
+
+def test_per_stream_path_uses_each_streams_own_block(emu):
+    streams, _ = make_streams(emu, [300, 20], [0, 0])
+    with ScratchArena(emu, 1 << 18) as arena:
+        q12 = Q12Pass(arena, streams, block_size=16, use_mrope=True, dummy_kv_block=0, top_k=4, mode="per_stream")
+        assert [m.batch_size for m in q12.stream_meta] == [1, 1]
+        assert [r.name for r in arena.regions][-1] == "h_state_ptrs"
+        assert q12.stream_meta[1].scratch_offset_bytes == q12.plan.stream_blocks[1].offset
+
+
+def test_arena_too_small_even_per_stream(emu):
+    streams, _ = make_streams(emu, [300, 20])
+    with ScratchArena(emu, 4096) as arena:
+        with pytest.raises(CapacityError, match="per-stream"):
+            Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4)
