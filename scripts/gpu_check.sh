@@ -2,29 +2,35 @@
 # Everything q12drv checks on a GPU, in one command (the H200 test machine has no network:
 # nothing is installed, the checkout runs from PYTHONPATH). Logs go to $OUT (default /tmp/q12drv-gpu).
 #
-#   scripts/gpu_check.sh            # doctor, GPU tests, demo, benchmark
-#   Q12_SKIP_BENCH=1 scripts/gpu_check.sh
+#   scripts/gpu_check.sh            # doctor, GPU tests, demo, sanitizer, 10k-pass soak, benchmark
+#   Q12_SKIP_BENCH=1 Q12_SKIP_SANITIZE=1 Q12_SKIP_SOAK=1 scripts/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/q12drv-gpu}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 Q12DRV_CACHE_DIR=${Q12DRV_CACHE_DIR:-/tmp/q12drv-cubin}
 status=()
-step() {  # step NAME LOG COMMAND...
-  local name=$1 log=$2; shift 2
+step() {  # step NAME LOG SECONDS COMMAND...   (each step has its own time limit)
+  local name=$1 log=$2 limit=$3; shift 3
   local t0=$SECONDS
-  "$@" >"$OUT/$log" 2>&1
+  timeout "$limit" "$@" >"$OUT/$log" 2>&1
   local rc=$?
   status+=("$(printf '%-12s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$log")")
   tail -n 25 "$OUT/$log"
 }
 { date -u; echo "commit ${Q12_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; python3 -c "import cuda.bindings, cuda.core, numpy, torch; print('cuda-bindings', cuda.bindings.__version__, 'cuda-core', cuda.core.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__)"; } >"$OUT/env.log" 2>&1
 cat "$OUT/env.log"
-step doctor doctor.log python3 -m q12drv doctor --driver cuda
-step gpu-tests gpu_tests.log python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider --timeout=300 ${Q12_PYTEST_ARGS:-}
-step demo demo.log python3 -m q12drv demo --driver cuda
+step doctor doctor.log 120 python3 -m q12drv doctor --driver cuda
+step gpu-tests gpu_tests.log 240 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider --timeout=120 ${Q12_PYTEST_ARGS:-}
+step demo demo.log 60 python3 -m q12drv demo --driver cuda
+if [ -z "${Q12_SKIP_SANITIZE:-}" ] && [ -f scripts/sanitize.sh ]; then
+  step sanitize sanitize.log 200 bash scripts/sanitize.sh
+fi
+if [ -z "${Q12_SKIP_SOAK:-}" ] && [ -f scripts/gpu_soak.py ]; then
+  step soak soak.log 120 python3 scripts/gpu_soak.py --passes 10000 --driver cuda
+fi
 if [ -z "${Q12_SKIP_BENCH:-}" ] && [ -f bench/gpu_compare.py ]; then
-  step bench bench.log python3 bench/gpu_compare.py --out "$OUT/bench.json"
+  step bench bench.log 150 python3 bench/gpu_compare.py --out "$OUT/bench.json"
 fi
 echo "==== summary ($(date -u +%FT%TZ))"
 printf '%s\n' "${status[@]}"
