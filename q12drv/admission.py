@@ -71,6 +71,8 @@ def _refuse(rule: str, reason: str, plan=None, needed=None) -> Admission:
 
 
 def _as_int(name: str, v) -> int:
+    if type(v) is int and v >= 0:  # the common case
+        return v
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(v).__name__} {v!r}")
     if int(v) < 0:
@@ -143,7 +145,11 @@ def check_kernel_batched_eligible(
     for b, s in enumerate(streams):
         if not isinstance(s, (tuple, list)) or len(s) != 4:
             raise TypeError(f"streams[{b}] must be a (chunk_len, eff_len, chunk_start, is_last) tuple, got {s!r}")
-        chunk_len, eff_len, chunk_start = (_as_int(f"streams[{b}].{k}", v) for k, v in zip(("chunk_len", "eff_len", "chunk_start"), s[:3]))
+        chunk_len, eff_len, chunk_start = s[:3]
+        if not (type(chunk_len) is int and type(eff_len) is int and type(chunk_start) is int
+                and chunk_len >= 0 and eff_len >= 0 and chunk_start >= 0):  # else: the named checks
+            chunk_len, eff_len, chunk_start = (_as_int(f"streams[{b}].{k}", v) for k, v in
+                                               zip(("chunk_len", "eff_len", "chunk_start"), s[:3]))
         if eff_len > chunk_len:
             raise ValueError(f"streams[{b}]: eff_len {eff_len} exceeds chunk_len {chunk_len}")
         parsed.append((chunk_len, eff_len, chunk_start, bool(s[3])))

@@ -16,11 +16,13 @@ from .device import Device, DeviceArray, DeviceBuffer
 from .errors import CapacityError, Q12Error
 from .ptr import DevicePtr
 
-__all__ = ["ScratchArena", "ArenaRegion", "GUARD_BYTES", "GUARD_PATTERN"]
+__all__ = ["ScratchArena", "ArenaRegion", "GUARD_BYTES", "GUARD_PATTERN", "MAX_CAPACITY"]
 
 #: Bytes past the capacity filled with :data:`GUARD_PATTERN` and checked by :meth:`ScratchArena.guard_intact`.
 GUARD_BYTES = 256
 GUARD_PATTERN = 0x5A
+#: Largest arena capacity accepted (1 TiB): anything larger is a wrapped or mistyped size, not a plan.
+MAX_CAPACITY = 1 << 40
 _BASE_ALIGN = 256
 
 
@@ -56,19 +58,40 @@ class ScratchArena:
     """
 
     def __init__(self, device: Device, nbytes: int):
-        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or int(nbytes) <= 0:
-            raise ValueError(f"arena capacity must be a positive int, got {nbytes!r}")
+        if not isinstance(device, Device):
+            raise TypeError(f"device must be a q12drv Device (q12drv.open_device()), got {type(device).__name__}")
+        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
+            raise TypeError(f"arena capacity nbytes must be an int, got {type(nbytes).__name__} {nbytes!r:.60}")
+        if not 0 < int(nbytes) <= MAX_CAPACITY:
+            raise ValueError(f"arena capacity nbytes must be in [1, {MAX_CAPACITY}], got {int(nbytes)}")
+        device._require_open()
         self.device = device
         self.capacity = int(nbytes)
-        self._buffer: DeviceBuffer | None = device.alloc(self.capacity + GUARD_BYTES, "q12 scratch arena")
-        if int(self._buffer.ptr) % _BASE_ALIGN:
-            raise Q12Error(f"cuMemAlloc returned {self._buffer.ptr!r}, not {_BASE_ALIGN}-aligned")
-        self.base = self._buffer.ptr
         self.cursor = 0
+        #: Bumped by :meth:`reset` and :meth:`restore_state`: what was placed before is no longer valid
+        #: (a JIT slot or a pass from an earlier generation refuses to write).
+        self.generation = 0
         self._regions: list[ArenaRegion] = []
         self._attachments: dict[str, Any] = {}
-        device.memset(int(self.base) + self.capacity, GUARD_PATTERN, GUARD_BYTES)
-        device.synchronize()
+        self._buffer: DeviceBuffer | None = device.alloc(self.capacity + GUARD_BYTES, "q12 scratch arena")
+        try:
+            if int(self._buffer.ptr) % _BASE_ALIGN:
+                raise Q12Error(f"cuMemAlloc returned {self._buffer.ptr!r}, not {_BASE_ALIGN}-aligned")
+            self.base = self._buffer.ptr
+            device.memset(int(self.base) + self.capacity, GUARD_PATTERN, GUARD_BYTES)
+            device.synchronize()
+        except BaseException:
+            buf, self._buffer = self._buffer, None  # a failed arena frees its allocation
+            try:
+                if not device.closed:
+                    device.synchronize()  # the memset may be queued: let it finish before the free
+            except Exception:
+                pass
+            try:
+                buf.free()
+            except Exception:
+                pass  # report the original error
+            raise
 
     # reservations ----------------------------------------------------------------------
     @property
@@ -92,11 +115,16 @@ class ScratchArena:
             Bad sizes, alignment, or an ``offset`` behind the cursor or misaligned.
         """
         self._require_open()
-        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or int(nbytes) < 0:
+        if not isinstance(name, str):
+            raise TypeError(f"region name must be a str, got {type(name).__name__} {name!r:.60}")
+        for arg, v in (("nbytes", nbytes), ("align", align), ("offset", 0 if offset is None else offset)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"region {name!r}: {arg} must be an int, got {type(v).__name__} {v!r:.60}")
+        if int(nbytes) < 0:
             raise ValueError(f"region {name!r}: size must be a non-negative int, got {nbytes!r}")
         if align < 1 or align & (align - 1):
             raise ValueError(f"region {name!r}: alignment must be a power of two, got {align}")
-        nbytes = int(nbytes)
+        nbytes, align = int(nbytes), int(align)
         if offset is None:
             start = (self.cursor + align - 1) // align * align
         else:
@@ -122,6 +150,9 @@ class ScratchArena:
 
     def check_range(self, what: str, offset: int, nbytes: int) -> None:
         """Raise :class:`CapacityError` unless ``[offset, offset + nbytes)`` lies inside the capacity."""
+        for arg, v in (("offset", offset), ("nbytes", nbytes)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"{what}: {arg} must be an int, got {type(v).__name__} {v!r:.60}")
         if offset < 0 or nbytes < 0:
             raise ValueError(f"{what}: negative offset or size ({offset}, {nbytes})")
         if offset + nbytes > self.capacity:
@@ -131,6 +162,33 @@ class ScratchArena:
         """Forget every reservation; the cursor goes back to 0 (the bytes are left as they are)."""
         self.cursor = 0
         self._regions.clear()
+        self.generation += 1
+
+    def save_state(self) -> tuple:
+        """The cursor and the reservations, for :meth:`restore_state` (rolling back a failed pass)."""
+        return (self.cursor, tuple(self._regions))
+
+    def restore_state(self, state: tuple) -> None:
+        """Put the cursor and the reservations back to what :meth:`save_state` returned."""
+        cursor, regions = state
+        self.cursor = int(cursor)
+        self._regions = list(regions)
+        self.generation += 1
+
+    def check_consistent(self) -> None:
+        """Raise :class:`~q12drv.errors.Q12Error` unless the reservations and the cursor agree.
+
+        The regions must lie inside the capacity, in order, without overlapping, and the cursor
+        must sit at the end of the last one (0 when there is none).
+        """
+        end = 0
+        for r in self._regions:
+            if r.offset < end or r.nbytes < 0 or r.end > self.capacity or r.ptr != int(self.base) + r.offset:
+                raise Q12Error(f"arena region {r.name!r} [{r.offset:,}, {r.end:,}) is out of order, overlaps or "
+                               f"leaves the {self.capacity:,}-byte arena")
+            end = r.end
+        if self.cursor != end:
+            raise Q12Error(f"arena cursor {self.cursor:,} is not at the end of the last reservation ({end:,})")
 
     # access ----------------------------------------------------------------------------
     def ptr(self, offset: int) -> DevicePtr:
@@ -184,17 +242,37 @@ class ScratchArena:
         return self._buffer is None
 
     def close(self) -> None:
-        """Wait for pending work, release attachments and free the allocation. Idempotent."""
+        """Wait for pending work, release attachments and free the allocation. Idempotent.
+
+        Everything is released even when a step fails (e.g. the wait reports an earlier
+        asynchronous error), except the allocation when the wait itself failed: queued work may
+        still use it, so it is left to :meth:`Device.close`. The first error is raised afterwards.
+        """
         if self._buffer is None:
             return
+        errors = []
+        waited = True
         if not self.device.closed:
-            self.device.synchronize()
+            try:
+                self.device.synchronize()
+            except Exception as exc:
+                errors.append(exc)
+                waited = False
         for obj in self._attachments.values():
-            obj.close()
+            try:
+                obj.close()
+            except Exception as exc:
+                errors.append(exc)
         self._attachments.clear()
         buf, self._buffer = self._buffer, None
-        if not self.device.closed:
-            buf.free()
+        if not self.device.closed and waited:
+            try:
+                buf.free()
+            except Exception as exc:
+                errors.append(exc)
+        # (if the wait failed, queued work may still use the allocation: Device.close frees it)
+        if errors:
+            raise errors[0]
 
     def __enter__(self) -> "ScratchArena":
         return self

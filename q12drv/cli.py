@@ -12,8 +12,17 @@ _DRIVER_HELP = ("which driver: 'auto' uses the GPU when there is one and the emu
 
 
 def _cmd_demo(args) -> int:
+    import os
+
     from .demo import DemoConfig, run_demo
     from .device import open_device
+    from .errors import Q12Error
+
+    if args.dump is not None:  # refuse before the run, not after it
+        parent = os.path.dirname(os.path.abspath(args.dump))
+        if not os.path.isdir(parent) or not os.access(parent, os.W_OK) or os.path.isdir(args.dump):
+            raise Q12Error(f"cannot write the dump {args.dump}: {parent} is not a writable directory"
+                           if not os.path.isdir(args.dump) else f"cannot write the dump {args.dump}: it is a directory")
 
     with open_device(args.driver) as dev:
         ok = run_demo(dev, DemoConfig(seed=args.seed), kernels=not args.no_kernels, dump=args.dump)
@@ -72,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
 
         if isinstance(exc, Q12Error):
             print(f"q12drv {args.command}: {exc}", file=sys.stderr)
+            return 2
+        if isinstance(exc, OSError):  # a file that cannot be read or written: say which, no traceback
+            where = f": {exc.filename}" if exc.filename else ""
+            print(f"q12drv {args.command}: {exc.strerror or exc}{where}", file=sys.stderr)
             return 2
         raise
 

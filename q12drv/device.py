@@ -6,6 +6,7 @@ them and released by :meth:`Device.close` (or the ``with`` block), in reverse or
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 from typing import Any
 
@@ -165,15 +166,27 @@ class Device:
     """
 
     def __init__(self, driver: Driver, ordinal: int = 0):
+        if not isinstance(driver, Driver):
+            raise TypeError(f"driver must be a q12drv Driver, got {type(driver).__name__}")
         self.driver = driver
-        self.ordinal = int(ordinal)
-        self._ctx = driver.open_context(self.ordinal)
+        self.ordinal = _count("ordinal", ordinal, 0)
         self._owned: list = []
+        self._keepalive: list = []  # (stream, host array) of copies a failed wait left pending
         self.cache: dict = {}  # per-device memo for higher layers (loaded modules)
-        self.name = driver.device_name(self.ordinal)
-        self.compute_capability = driver.compute_capability(self.ordinal)
-        self.arch = "sm_%d%d" % self.compute_capability
-        self.stream = self._own(Stream(self))
+        self._ctx = driver.open_context(self.ordinal)
+        try:
+            self.name = driver.device_name(self.ordinal)
+            self.compute_capability = driver.compute_capability(self.ordinal)
+            self.arch = "sm_%d%d" % self.compute_capability
+            self.stream = self._own(Stream(self))
+        except BaseException:
+            ctx, self._ctx = self._ctx, None  # a half-opened device releases its context
+            try:
+                driver.close_context(ctx)
+            except Exception:
+                pass  # the original error is the one to report
+            raise
+        _OPEN_DEVICES.add(self)
 
     # ownership -------------------------------------------------------------------------
     def _own(self, obj):
@@ -203,15 +216,13 @@ class Device:
     def alloc(self, nbytes: int, name: str = "") -> DeviceBuffer:
         """Allocate ``nbytes`` of device memory (``cuMemAlloc``, 256-byte aligned)."""
         self._require_open()
-        if int(nbytes) <= 0:
-            raise ValueError(f"allocation size must be positive, got {nbytes}")
+        _count("nbytes (allocation size)", nbytes, 1)
         return self._own(DeviceBuffer(self, nbytes, name))
 
     def pinned(self, nbytes: int, name: str = "") -> PinnedBuffer:
         """Allocate ``nbytes`` of page-locked host memory (``cuMemHostAlloc``)."""
         self._require_open()
-        if int(nbytes) <= 0:
-            raise ValueError(f"pinned allocation size must be positive, got {nbytes}")
+        _count("nbytes (pinned allocation size)", nbytes, 1)
         return self._own(PinnedBuffer(self, nbytes, name))
 
     def new_stream(self) -> Stream:
@@ -248,7 +259,18 @@ class Device:
 
     def synchronize(self, stream: Any = None) -> None:
         """Wait for all work on ``stream`` (default: the device's stream)."""
-        self.driver.stream_synchronize(self.as_stream(stream))
+        s = self.as_stream(stream)
+        self.driver.stream_synchronize(s)
+        if self._keepalive:
+            self._keepalive = [(ks, host) for ks, host in self._keepalive if ks is not s]
+
+    def _wait_for_copy(self, s: Any, host: np.ndarray) -> None:
+        try:
+            self.driver.stream_synchronize(s)
+        except BaseException:
+            # The copy may still run after the failed wait: its host buffer must outlive it.
+            self._keepalive.append((s, host))
+            raise
 
     # copies ----------------------------------------------------------------------------
     def upload(self, dst: int, data, stream: Any = None) -> None:
@@ -256,7 +278,7 @@ class Device:
         arr = np.ascontiguousarray(data)
         s = self.as_stream(stream)
         self.driver.memcpy_htod_async(int(dst), arr.ctypes.data, arr.nbytes, s)
-        self.driver.stream_synchronize(s)
+        self._wait_for_copy(s, arr)
 
     def download(self, src: int, nbytes: int, stream: Any = None) -> bytes:
         """Copy ``nbytes`` at ``src`` back to the host after the work on ``stream`` (synchronizing)."""
@@ -264,7 +286,7 @@ class Device:
         s = self.as_stream(stream)
         if nbytes:
             self.driver.memcpy_dtoh_async(out.ctypes.data, int(src), int(nbytes), s)
-        self.driver.stream_synchronize(s)
+        self._wait_for_copy(s, out)
         return out.tobytes()
 
     def download_array(self, src: int, dtype, shape, stream: Any = None) -> np.ndarray:
@@ -279,9 +301,14 @@ class Device:
 
     # lifetime --------------------------------------------------------------------------
     def close(self) -> None:
-        """Synchronize, then release everything this device owns and its context. Idempotent."""
+        """Synchronize, then release everything this device owns and its context. Idempotent.
+
+        Every release is attempted even when one fails; the first error is raised afterwards.
+        Devices still open at interpreter exit are closed by an ``atexit`` hook.
+        """
         if self._ctx is None:
             return
+        _OPEN_DEVICES.discard(self)
         errors = []
         try:
             self.driver.stream_synchronize(self.stream.raw)
@@ -293,7 +320,11 @@ class Device:
             except Exception as exc:
                 errors.append(exc)
         self.cache.clear()
-        for obj in reversed(list(self._owned)):
+        # Streams and events first (destroying a stream lets its queued work finish), memory last,
+        # so that no queued copy or kernel outlives the memory it uses even if the wait failed.
+        owned = list(reversed(self._owned))
+        for obj in [o for o in owned if not isinstance(o, (DeviceBuffer, PinnedBuffer))] + \
+                   [o for o in owned if isinstance(o, (DeviceBuffer, PinnedBuffer))]:
             release = getattr(obj, "free", None) or getattr(obj, "destroy", None)
             try:
                 release()
@@ -301,7 +332,11 @@ class Device:
                 errors.append(exc)
         self._owned.clear()
         ctx, self._ctx = self._ctx, None
-        self.driver.close_context(ctx)
+        try:
+            self.driver.close_context(ctx)
+        except Exception as exc:
+            errors.append(exc)
+        self._keepalive.clear()
         if errors:
             raise errors[0]
 
@@ -313,6 +348,29 @@ class Device:
 
     def __repr__(self) -> str:
         return f"Device({self.name!r}, driver={self.driver.name}, arch={self.arch})"
+
+
+def _count(name: str, value, lo: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.60}")
+    if int(value) < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {int(value)}")
+    return int(value)
+
+
+#: Devices not yet closed; closed at interpreter exit so contexts, modules and pinned memory are
+#: released in order (before the driver bindings are torn down) even when the caller forgot. The
+#: references are strong on purpose: a device dropped without close() holds its GPU memory anyway.
+_OPEN_DEVICES: "set[Device]" = set()
+
+
+@atexit.register
+def _close_open_devices() -> None:
+    for dev in list(_OPEN_DEVICES):
+        try:
+            dev.close()
+        except Exception:
+            pass  # at exit there is nobody to report to; keep releasing the others
 
 
 def open_device(driver: str | Driver | None = "auto", ordinal: int = 0, *, deferred: bool = False) -> Device:

@@ -63,9 +63,13 @@ def _add_render(p: argparse.ArgumentParser) -> None:
 
 
 def _run_render(args) -> int:
+    from .errors import Q12Error
     from .render import render_dump
 
-    out = render_dump(args.dump, args.output, num_blocks=args.num_blocks, dpi=args.dpi)
+    try:
+        out = render_dump(args.dump, args.output, num_blocks=args.num_blocks, dpi=args.dpi)
+    except OSError as exc:  # the picture cannot be written (no such directory, read-only, disk full)
+        raise Q12Error(f"cannot write {args.output}: {exc.strerror or exc}") from None
     print(f"wrote {out}")
     return 0
 

@@ -9,10 +9,11 @@ a ctypes type, :class:`Launch` lays them out in one ctypes structure plus the ``
 from __future__ import annotations
 
 import ctypes
+import operator
 import re
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-from .device import Device
+from .device import Device, Stream
 from .driver import EmuImage
 from .nvrtc import compile_source, cuda_src_dir
 
@@ -41,6 +42,16 @@ _INT_RANGES = {
     ctypes.c_int64: (-(1 << 63), (1 << 63) - 1),
     ctypes.c_uint64: (0, (1 << 64) - 1),
 }
+
+
+def _dim3(what: str, dims) -> tuple:
+    try:
+        out = tuple(operator.index(d) for d in dims)
+    except TypeError:
+        out = ()
+    if len(out) != 3 or min(out) < 1:
+        raise ValueError(f"{what} must be three positive ints (x, y, z), got {dims!r}")
+    return out
 
 
 def parse_signatures(source: str, struct_types: Mapping[str, type] | None = None) -> dict[str, tuple]:
@@ -96,7 +107,7 @@ class Launch:
     >>> launch.launch((8, 1, 1), (128, 1, 1))    # doctest: +SKIP
     """
 
-    __slots__ = ("kernel", "args", "_ptrs", "_addr", "_ranges")
+    __slots__ = ("kernel", "args", "_ptrs", "_addr", "_ranges", "_device", "_fire")
 
     def __init__(self, kernel: "Kernel"):
         self.kernel = kernel
@@ -106,29 +117,66 @@ class Launch:
         self._ptrs = (ctypes.c_void_p * max(1, len(offsets)))(*[base + off for off in offsets])
         self._addr = ctypes.addressof(self._ptrs)
         self._ranges = {name: _INT_RANGES.get(t) for name, t in kernel.params}
+        self._device = kernel.device
+        # the driver's launch call with this kernel and this argument block already bound
+        self._fire = kernel.device.driver.launcher(kernel.func, self._addr)
 
     def set(self, **values: Any) -> "Launch":
         """Write argument values by parameter name (checked against the parameter's C type)."""
+        ranges, args = self._ranges, self.args
         for name, value in values.items():
-            if name not in self._ranges:
+            try:
+                bounds = ranges[name]
+            except KeyError:
                 raise TypeError(f"kernel {self.kernel.name} has no parameter {name!r}; parameters: "
-                                f"{', '.join(n for n, _ in self.kernel.params)}")
-            bounds = self._ranges[name]
+                                f"{', '.join(n for n, _ in self.kernel.params)}") from None
             if bounds is not None:
-                v = int(value)
-                if not bounds[0] <= v <= bounds[1]:
-                    raise OverflowError(f"kernel {self.kernel.name}: {name}={v} does not fit its C type "
+                if type(value) is not int:  # exact ints (the common case) need no conversion
+                    try:
+                        value = operator.index(value)  # ints and numpy ints; a float or a string is a caller bug
+                    except TypeError:
+                        raise TypeError(f"kernel {self.kernel.name}: {name} must be an int, got "
+                                        f"{type(value).__name__} {value!r:.60}") from None
+                if not bounds[0] <= value <= bounds[1]:
+                    raise OverflowError(f"kernel {self.kernel.name}: {name}={value} does not fit its C type "
                                         f"(range {bounds[0]}..{bounds[1]})")
-                value = v
-            setattr(self.args, name, value)
+            setattr(args, name, value)
         return self
 
     def launch(self, grid: tuple, block: tuple, smem: int = 0, stream: Any = None) -> None:
-        """Enqueue the kernel with the current arguments on ``stream`` (see ``Device.as_stream``)."""
-        k = self.kernel
-        if smem > k.smem_limit:
-            k.allow_dynamic_smem(smem)
-        k.device.driver.launch(k.func, grid, block, smem, k.device.as_stream(stream), self._addr)
+        """Enqueue the kernel with the current arguments on ``stream`` (see ``Device.as_stream``).
+
+        ``grid`` and ``block`` are 3-tuples. A q12drv :class:`~q12drv.device.Stream` (or None, the
+        device's stream) is the fast case; anything else goes through ``Device.as_stream``.
+        """
+        if smem and smem > self.kernel.smem_limit:
+            self.kernel.allow_dynamic_smem(smem)
+        if stream is None:
+            self._fire(grid, block, smem, self._device.stream.raw)
+        elif type(stream) is Stream and stream.raw is not None:
+            self._fire(grid, block, smem, stream.raw)
+        else:
+            self._fire(grid, block, smem, self._device.as_stream(stream))
+
+    def bind(self, grid: tuple, block: tuple, smem: int = 0, stream: Any = None) -> Callable[[], None]:
+        """A zero-argument callable that enqueues this launch: the cheapest way to repeat it.
+
+        Geometry, shared memory and the stream are checked and resolved once, here; each call
+        reads the arguments as they are then in :attr:`args` (change them with :meth:`set`).
+        The callable keeps this launch alive; the stream must outlive it.
+
+        Raises
+        ------
+        ValueError
+            ``grid``/``block`` not three positive ints, or ``smem`` negative.
+        """
+        grid, block = _dim3("grid", grid), _dim3("block", block)
+        if isinstance(smem, bool) or not isinstance(smem, int) or smem < 0:
+            raise ValueError(f"smem must be a non-negative int, got {smem!r}")
+        if smem > self.kernel.smem_limit:
+            self.kernel.allow_dynamic_smem(smem)
+        raw = self._device.as_stream(stream)
+        return self._device.driver.bound_launcher(self.kernel.func, grid, block, int(smem), raw, self._addr, self)
 
 
 class Kernel:

@@ -23,6 +23,7 @@ exactly); policy ``"exact"`` gives block b ``a64(payload_b)``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
@@ -204,16 +205,36 @@ class StackedLayout:
 def stacked_layout(n: int, total_tokens: int, mrope: bool) -> StackedLayout:
     """The stacked metadata layout for ``n`` streams and ``total_tokens`` packed tokens.
 
+    Layouts are immutable and memoised: the same arguments return the same object.
+
     Raises
     ------
     ValueError
         n < 1, or counts that overflow the on-device types (T and n+1 entries of i32 prefix sums).
     """
+    if type(n) is int and type(total_tokens) is int and type(mrope) is bool:  # the common case: no conversion
+        hit = _LAYOUTS.get((n, total_tokens, mrope))
+        if hit is not None:
+            return hit
     n = _count("n", n, minimum=1)
     t = _count("total_tokens", total_tokens)
     mrope = _flag("mrope", mrope)
     if t > _I32_MAX:
         raise ValueError(f"total_tokens {t} overflows the i32 cu_seqlens prefix sum (max {_I32_MAX})")
+    key = (n, t, mrope)
+    hit = _LAYOUTS.get(key)
+    if hit is None:
+        if len(_LAYOUTS) >= _LAYOUTS_MAX:
+            _LAYOUTS.clear()
+        hit = _LAYOUTS[key] = _build_stacked_layout(n, t, mrope)
+    return hit
+
+
+_LAYOUTS: dict = {}
+_LAYOUTS_MAX = 1024
+
+
+def _build_stacked_layout(n: int, t: int, mrope: bool) -> StackedLayout:
     spec = [("positions_stacked", "<u4", t)]
     if mrope:
         spec += [("positions_h_stacked", "<u4", t), ("positions_w_stacked", "<u4", t)]
@@ -325,10 +346,15 @@ class ScratchPlan:
 
     def first_unfit_stream(self) -> int | None:
         """The first stream whose own metadata does not fit its block (seed stride under MRoPE), or None."""
+        return self._first_unfit[0]
+
+    @cached_property
+    def _first_unfit(self) -> tuple:
+        # computed once per plan (plans are immutable; cached_property writes the instance dict directly)
         for b in range(self.n):
             if not self.stream_block_fits(b):
-                return b
-        return None
+                return (b,)
+        return (None,)
 
     def describe(self) -> str:
         """The region map as a text table."""
@@ -361,11 +387,28 @@ def make_scratch_plan(counts: Sequence[int], top_k: int, mrope: bool, policy: st
     """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
-    counts = tuple(_count(f"counts[{i}]", c, minimum=1) for i, c in enumerate(counts))
+    counts = tuple(counts)
+    if not all(type(c) is int and c >= 1 for c in counts):  # else: the named checks (and conversions)
+        counts = tuple(_count(f"counts[{i}]", c, minimum=1) for i, c in enumerate(counts))
     if not counts:
         raise ValueError("a scratch plan needs at least one stream (counts is empty)")
     top_k = _count("top_k", top_k)
     mrope = _flag("mrope", mrope)
+    key = (counts, top_k, mrope, policy)
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        plan = _PLANS[key] = _build_scratch_plan(counts, top_k, mrope, policy)
+    return plan
+
+
+#: Plans are immutable: the same counts and settings give the same object.
+_PLANS: dict = {}
+_PLANS_MAX = 512
+
+
+def _build_scratch_plan(counts: tuple, top_k: int, mrope: bool, policy: str) -> ScratchPlan:
     n, t, m = len(counts), sum(counts), max(counts)
     moe = Region("moe_topk", 0, moe_bytes(t, top_k), "moe")
     cursor = moe.end

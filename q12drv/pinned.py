@@ -60,7 +60,15 @@ class PinnedRing:
             raise ValueError(f"a pinned ring needs at least 2 slots, got {nslots}")
         self.device = device
         self.name = name
-        self._slots = [PinnedSlot(i, device.event()) for i in range(nslots)]
+        self._slots: list = []
+        self._quarantine: list = []
+        try:
+            for i in range(nslots):
+                self._slots.append(PinnedSlot(i, device.event()))
+        except BaseException:
+            for slot in self._slots:  # a ring that failed to build leaves no events behind
+                slot.event.destroy()
+            raise
         self._next = 0
         self.waits = 0
         self.uses = 0
@@ -81,13 +89,21 @@ class PinnedRing:
         slot.pending = False
 
     def acquire(self, nbytes: int) -> PinnedSlot:
-        """The next slot, at least ``nbytes`` large, once its previous copy has completed."""
+        """The next slot, at least ``nbytes`` large, once its previous copy has completed.
+
+        If waiting or growing the slot fails (a :class:`~q12drv.errors.CudaError`), the ring is
+        unchanged apart from that slot possibly losing its buffer (a later acquire allocates a new
+        one): no slot ever holds freed memory and the ring does not advance.
+        """
+        if self._slots == []:
+            raise ValueError(f"the pinned ring {self.name!r} is closed")
         slot = self._slots[self._next]
         if slot.pending:
             self._wait(slot)
         if slot.buffer is None or slot.buffer.nbytes < nbytes:
             if slot.buffer is not None:
-                slot.buffer.free()
+                old, slot.buffer = slot.buffer, None  # never left pointing at freed memory
+                old.free()
             size = max(_MIN_SLOT, 1 << (max(int(nbytes), 1) - 1).bit_length())
             slot.buffer = self.device.pinned(size, f"{self.name} ring slot {slot.index}")
         self._next = (self._next + 1) % len(self._slots)
@@ -95,19 +111,59 @@ class PinnedRing:
         return slot
 
     def commit(self, slot: PinnedSlot, stream: Any) -> None:
-        """Record ``slot``'s guard event on ``stream`` right after the copy that reads it."""
-        self.device.driver.event_record(slot.event.raw, stream)
+        """Record ``slot``'s guard event on ``stream`` right after the copy that reads it.
+
+        Call it only once the copy was enqueued (a copy that failed to enqueue leaves the slot
+        free). If recording the event fails, the copy may still be pending with nothing to wait
+        on: the stream is synchronized so the slot can be reused safely; if even that fails the
+        slot's buffer is set aside (freed at :meth:`close`, after a device-wide wait) and the
+        slot gets a fresh one when next used. Either way the original error is raised.
+        """
+        try:
+            self.device.driver.event_record(slot.event.raw, stream)
+        except BaseException:
+            try:
+                self.device.driver.stream_synchronize(stream)
+            except Exception:
+                if slot.buffer is not None:
+                    self._quarantine.append(slot.buffer)
+                    slot.buffer = None
+            raise
         slot.pending = True
 
     def close(self) -> None:
-        """Wait for pending copies and free the pinned memory."""
+        """Wait for pending copies and free the pinned memory (every slot, even if one fails)."""
+        errors = []
+        live = not self.device.closed
         for slot in self._slots:
-            if slot.pending and not self.device.closed:
-                slot.event.synchronize()
-                slot.pending = False
-            if slot.buffer is not None and not self.device.closed:
-                slot.buffer.free()
-            slot.buffer = None
-            if not self.device.closed:
-                slot.event.destroy()
+            waited = True
+            try:
+                if slot.pending and live:
+                    slot.event.synchronize()
+                    slot.pending = False
+            except Exception as exc:
+                errors.append(exc)
+                waited = False  # its copy may still read the buffer: Device.close frees it
+            try:
+                if slot.buffer is not None and live and waited:
+                    buf, slot.buffer = slot.buffer, None
+                    buf.free()
+                slot.buffer = None
+                if live:
+                    slot.event.destroy()
+            except Exception as exc:
+                errors.append(exc)
+        if self._quarantine and live:
+            try:
+                self.device.driver.stream_synchronize(self.device.stream.raw)
+            except Exception as exc:
+                errors.append(exc)
+            for buf in self._quarantine:
+                try:
+                    buf.free()
+                except Exception as exc:
+                    errors.append(exc)
+        self._quarantine = []
         self._slots = []
+        if errors:
+            raise errors[0]

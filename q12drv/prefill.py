@@ -22,12 +22,17 @@ import numpy as np
 
 from .admission import Admission, check_kernel_batched_eligible
 from .arena import ScratchArena
-from .errors import CapacityError
+from .errors import CapacityError, Q12Error
 from .kernels import ops
+from .kernels import attention as _attn
+from .kernels import gdn as _gdn
+from .kernels import rope as _rope
+from .kernels.args import ALIGN, I32_MAX, count, device_ptr, positive_float
 from .layout import make_scratch_plan
 from .staging import (
     BatchedAttnMetadata,
     StreamStageInfo,
+    _validate,
     place_h_state_slot,
     reserve_h_state_slot,
     stage_batched_attn_metadata,
@@ -37,6 +42,7 @@ from .staging import (
 __all__ = ["AttentionShape", "GdnShape", "Q12Pass", "MODES"]
 
 MODES = ("auto", "batched", "per_stream")
+_ATTENTION_ALIGN = {**ALIGN["rope"], **ALIGN["kv_write"], **ALIGN["attention"]}
 _BF16 = 2
 _F32 = 4
 
@@ -107,16 +113,32 @@ class Q12Pass:
                  dummy_kv_block: int, top_k: int = 0, head_dim: int = 128, chunks: Sequence[tuple] | None = None,
                  arena_tokens: int | None = None, is_mla: bool = False, allow_chunk_zero: bool = True,
                  varlen: bool = True, policy: str = "seed", mode: str = "auto", stream: Any = None):
+        if not isinstance(arena, ScratchArena):
+            raise TypeError(f"arena must be a ScratchArena, got {type(arena).__name__}")
+        arena._require_open()
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if isinstance(streams, StreamStageInfo) or not isinstance(streams, Sequence):
+            raise TypeError(f"streams must be a sequence of StreamStageInfo, got {type(streams).__name__}")
         streams = list(streams)
         if not streams:
             raise ValueError("a pass needs at least one stream")
+        # Every input is checked before the arena is touched: bad input leaves it as it was.
+        _validate(streams, block_size, use_mrope, dummy_kv_block)
+        if chunks is not None:
+            chunks = list(chunks)
+            if len(chunks) != len(streams):
+                raise ValueError(f"chunks has {len(chunks)} entries but there are {len(streams)} streams")
+            for b, (c, s) in enumerate(zip(chunks, streams)):
+                if isinstance(c, (tuple, list)) and len(c) == 4 and c[1] != s.proc_count:
+                    raise ValueError(f"chunks[{b}] has eff_len {c[1]!r} but streams[{b}].proc_count is {s.proc_count} "
+                                     f"(admission must be asked about the tokens that are staged)")
         self.arena = arena
         self.device = arena.device
         self.streams = streams
         self.stream = stream
-        self.block_size = block_size
+        self.block_size = int(block_size)
+        self.use_mrope = bool(use_mrope)
         counts = [s.proc_count for s in streams]
         if chunks is None:
             chunks = [(s.proc_count, s.proc_count, s.proc_start, False) for s in streams]
@@ -130,29 +152,110 @@ class Q12Pass:
         self.reason = "" if self.batched else ("per_stream requested" if mode == "per_stream" else str(self.admission))
         self.meta: BatchedAttnMetadata | None = None
         self.stream_meta: list = []
-        arena.reset()
+        self._checked: dict = {}  # id(shape) -> (shape, {num_blocks}) already validated for this pass
         common = dict(block_size=block_size, use_mrope=use_mrope, dummy_kv_block=dummy_kv_block)
         if self.batched:
-            plan = self.plan = self.admission.plan
-            self._reserve_prefix(plan)
-            self.meta = stage_batched_attn_metadata(arena, streams, scratch_offset_bytes=plan.stacked.offset,
-                                                    stream=stream, **common)
-            self.h_slot = place_h_state_slot(arena, self.meta)
+            plan = self.admission.plan
         else:
             plan = self.admission.plan
             if plan is None or plan.first_unfit_stream() is not None or plan.total_bytes > arena.capacity:
                 plan = make_scratch_plan(counts, top_k, use_mrope, "exact")
-            self.plan = plan
             needed = plan.stacked.offset + 8 * len(streams)
             if needed > arena.capacity:
                 raise CapacityError("per-stream metadata blocks", needed, arena.capacity,
                                     "even the per-stream fallback needs the MoE area, one block per stream and the "
                                     "h_state_ptrs slot; size the arena with q12drv.layout")
+        self.plan = plan
+        # From here on only the driver can fail (a CudaError); a failed pass leaves the arena empty
+        # (cursor 0, no reservations) rather than holding regions whose bytes are half rewritten.
+        arena.reset()
+        try:
             self._reserve_prefix(plan)
-            self.stream_meta = [stage_stream_metadata(arena, plan, b, s, stream=stream, **common)
-                                for b, s in enumerate(streams)]
-            self.h_slot = reserve_h_state_slot(arena, len(streams))
+            if self.batched:
+                self.meta = stage_batched_attn_metadata(arena, streams, scratch_offset_bytes=plan.stacked.offset,
+                                                        stream=stream, **common)
+                self.h_slot = place_h_state_slot(arena, self.meta)
+            else:
+                self.stream_meta = [stage_stream_metadata(arena, plan, b, s, stream=stream, **common)
+                                    for b, s in enumerate(streams)]
+                self.h_slot = reserve_h_state_slot(arena, len(streams))
+        except BaseException:
+            arena.reset()
+            raise
         self.cu_seqlens = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._generation = arena.generation
+
+    # argument checks (before anything is enqueued) -------------------------------------------
+    def _require_current(self) -> None:
+        self.arena._require_open()
+        if self.arena.generation != self._generation:
+            raise Q12Error("this Q12Pass is stale: its arena was reset by a later pass, which may have "
+                           "overwritten its metadata; run the layers through the newest Q12Pass")
+
+    def _check_attention(self, q, k, v, k_pool, v_pool, o, shape, num_blocks) -> None:
+        self._require_current()
+        if not isinstance(shape, AttentionShape):
+            raise TypeError(f"shape must be an AttentionShape, got {type(shape).__name__}")
+        align = _ATTENTION_ALIGN
+        for name, p in (("q", q), ("k", k), ("v", v), ("k_pool", k_pool), ("v_pool", v_pool), ("o", o)):
+            device_ptr(name, p, align.get(name, 2))
+        hit = self._checked.get(id(shape))  # this very (immutable) shape object, checked before
+        if hit is not None and hit[0] is shape and type(num_blocks) is int and num_blocks in hit[1]:
+            return
+        hq = count("shape.num_q_heads", shape.num_q_heads)
+        hkv = count("shape.num_kv_heads", shape.num_kv_heads)
+        d = count("shape.head_dim", shape.head_dim)
+        _attn.entry_for_head_dim(d)
+        if hq % hkv:
+            raise ValueError(f"shape.num_q_heads {hq} must be a multiple of shape.num_kv_heads {hkv} (GQA)")
+        rd = count("shape.rotary_dim", shape.rotary_dim, 0)
+        mode = count("shape.mrope_mode", shape.mrope_mode, 0, 2)
+        sections = tuple(shape.mrope_section) if isinstance(shape.mrope_section, (tuple, list)) else None
+        if sections is None or len(sections) != 3:
+            raise ValueError(f"shape.mrope_section must be 3 ints (T, H, W), got {shape.mrope_section!r}")
+        for i, x in enumerate(sections):
+            count(f"shape.mrope_section[{i}]", x, 0)
+        _rope.check_params(d, rd, mode, sections, hq, hkv)
+        if mode and not self.use_mrope:
+            raise ValueError(f"shape.mrope_mode {mode} needs a pass staged with use_mrope=True")
+        positive_float("shape.rope_theta", shape.rope_theta)
+        if shape.scale is not None:
+            positive_float("shape.scale", shape.scale)
+        nb = count("num_blocks", num_blocks, 1, I32_MAX // self.block_size)
+        for b, s in enumerate(self.streams):
+            table = np.asarray(s.block_table)[:-(-(s.proc_start + s.proc_count) // self.block_size)]
+            if table.size and int(table.max()) >= nb:
+                raise ValueError(f"streams[{b}].block_table has entry {int(table.max())} where attention reads it, "
+                                 f"past the pools' num_blocks={nb}: the kernel would read past the KV cache")
+            if table.size and int(table.min()) < 0:
+                # staging sends such positions' KV writes to the dummy block, but attention must read
+                # every key below kv_len: a missing block there has no defined meaning
+                raise ValueError(f"streams[{b}].block_table has a negative (missing) entry where attention reads "
+                                 f"keys 0..{s.proc_start + s.proc_count - 1}; every block below kv_len must exist")
+        self._checked.setdefault(id(shape), (shape, set()))[1].add(nb)
+
+    def _check_gdn(self, state_ptrs, q, k, v, g, beta, o, shape) -> None:
+        self._require_current()
+        if not isinstance(shape, GdnShape):
+            raise TypeError(f"shape must be a GdnShape, got {type(shape).__name__}")
+        hit = self._checked.get(id(shape))
+        if hit is None or hit[0] is not shape:
+            hk = count("shape.num_k_heads", shape.num_k_heads)
+            hv = count("shape.num_v_heads", shape.num_v_heads)
+            d = count("shape.head_dim", shape.head_dim)
+            _gdn.entry_name(d)
+            if hv % hk:
+                raise ValueError(f"shape.num_v_heads {hv} must be a multiple of shape.num_k_heads {hk}")
+            self._checked[id(shape)] = (shape, set())
+        for name, p in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("o", o)):
+            device_ptr(name, p, ALIGN["gdn"][name])
+        if isinstance(state_ptrs, (str, bytes)) or not isinstance(state_ptrs, (Sequence, np.ndarray)):
+            raise TypeError(f"state_ptrs must be a sequence of {len(self.streams)} device pointers, "
+                            f"got {type(state_ptrs).__name__}")
+        if len(state_ptrs) != len(self.streams):
+            raise ValueError(f"state_ptrs needs exactly {len(self.streams)} pointers (one per stream), got {len(state_ptrs)}")
+        for b, p in enumerate(state_ptrs):
+            device_ptr(f"state_ptrs[{b}]", p, ALIGN["gdn"]["state"])
 
     def _reserve_prefix(self, plan) -> None:
         for r in (plan.moe, *plan.stream_blocks):
@@ -178,7 +281,15 @@ class Q12Pass:
 
         All arguments are device pointers to packed bf16 rows (stream b's rows start at
         ``cu_seqlens[b]``); ``num_blocks`` is the pools' block count.
+
+        Raises
+        ------
+        TypeError, ValueError
+            A bad pointer (NULL, misaligned), shape or ``num_blocks``, or a block table (host copy)
+            with an entry ``>= num_blocks`` where attention reads it: raised before anything is
+            enqueued, so no buffer has changed.
         """
+        self._check_attention(q, k, v, k_pool, v_pool, o, shape, num_blocks)
         hq, hkv, d = shape.num_q_heads, shape.num_kv_heads, shape.head_dim
         dev, st = self.device, self.stream
 
@@ -202,7 +313,14 @@ class Q12Pass:
 
         ``q``, ``k``: ``[T, Hk, D]`` bf16; ``v``, ``o``: ``[T, Hv, D]`` bf16; ``g``, ``beta``: ``[T, Hv]``
         fp32; ``state_ptrs[b]``: stream b's fp32 ``[Hv, D, D]`` state, updated in place.
+
+        Raises
+        ------
+        TypeError, ValueError
+            A bad pointer, shape or state pointer list: raised before the slot is rewritten or
+            anything is enqueued.
         """
+        self._check_gdn(state_ptrs, q, k, v, g, beta, o, shape)
         self.h_slot.upload(state_ptrs, self.stream)
         hk, hv, d = shape.num_k_heads, shape.num_v_heads, shape.head_dim
         dev, st = self.device, self.stream

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 __all__ = ["DevicePtr", "NULL"]
 
 
@@ -20,7 +22,10 @@ class DevicePtr(int):
     __slots__ = ()
 
     def __new__(cls, value: int = 0):
-        v = int(value)
+        try:
+            v = operator.index(value)  # ints, numpy ints, other DevicePtrs; never a float or a string
+        except TypeError:
+            raise TypeError(f"a device pointer must be an int, got {type(value).__name__} {value!r:.60}") from None
         if v < 0 or v >= 1 << 64:
             raise ValueError(f"a device pointer must be in [0, 2**64), got {v}")
         return super().__new__(cls, v)

@@ -15,12 +15,13 @@ arena, the pinned ring and the cursor as they were. Offsets come from :mod:`q12d
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Sequence
 
 import numpy as np
 
 from .arena import ScratchArena
-from .errors import CapacityError
+from .errors import CapacityError, Q12Error
 from .layout import StackedLayout, ScratchPlan, stacked_layout
 from .pinned import PinnedRing
 from .ptr import DevicePtr
@@ -43,6 +44,11 @@ _I32_MAX = (1 << 31) - 1
 _U64_MAX = (1 << 64) - 1
 _STAGING_RING_SLOTS = 3
 _H_STATE_RING_SLOTS = 16
+
+
+def _require_arena(arena) -> None:
+    if not isinstance(arena, ScratchArena):
+        raise TypeError(f"arena must be a ScratchArena, got {type(arena).__name__}")
 
 
 def _int(name: str, value, lo: int, hi: int) -> int:
@@ -120,20 +126,97 @@ class BatchedAttnMetadata:
         return np.diff(self.cu_seqlens_host)
 
 
-@dataclass(frozen=True)
 class _Batch:
-    """Validated, normalised inputs."""
+    """Validated, normalised inputs (built by :func:`_validate`): Python ints and the tables as given."""
 
-    counts: np.ndarray
-    starts: np.ndarray
-    tables: list
-    table_ptrs: np.ndarray
-    seq_len_ptrs: np.ndarray
-    mrope: list
-    max_blocks: int
+    __slots__ = ("table_ptr_list", "seq_len_ptr_list", "mrope", "max_blocks", "count_list", "start_list", "total",
+                 "chunk", "raw_tables", "block_size", "_blocks")
+
+    def __init__(self, starts: list, counts: list, table_ptrs: list, seq_len_ptrs: list, tables: list, mrope: list,
+                 block_size: int):
+        self.start_list = starts
+        self.count_list = counts
+        self.total = sum(counts)
+        self.chunk = max(counts)
+        self.table_ptr_list = table_ptrs
+        self.seq_len_ptr_list = seq_len_ptrs
+        self.mrope = mrope
+        self.raw_tables = tables
+        self.max_blocks = max(map(len, tables))
+        self.block_size = block_size
+        self._blocks = None
+
+    @property
+    def counts(self) -> np.ndarray:
+        return np.array(self.count_list, np.int64)
+
+    @property
+    def starts(self) -> np.ndarray:
+        return np.array(self.start_list, np.int64)
+
+    @property
+    def table_ptrs(self) -> np.ndarray:
+        return np.array(self.table_ptr_list, np.uint64)
+
+    @property
+    def seq_len_ptrs(self) -> np.ndarray:
+        return np.array(self.seq_len_ptr_list, np.uint64)
+
+    def touched_blocks(self) -> tuple:
+        """``(used, first, block_offsets, head_skip, tail_len)`` for the blocks the pass touches (memoised).
+
+        ``used``: int64 table entries of blocks ``first[b] ..`` of each stream, stream after stream,
+        stream b's from ``block_offsets[b]``; ``head_skip[b]``: positions of b's first block before
+        ``proc_start``; ``tail_len[b]``: positions of its last block up to the end.
+        """
+        if self._blocks is not None:
+            return self._blocks
+        shift = self.block_size.bit_length() - 1
+        firsts, offsets, pieces, head_skip, tail_len, at = [], [], [], [], [], 0
+        for p0, c, t in zip(self.start_list, self.count_list, self.raw_tables):
+            first = p0 >> shift
+            last = (p0 + c - 1) >> shift
+            firsts.append(first)
+            offsets.append(at)
+            pieces.append(t[first:last + 1])
+            head_skip.append(p0 - (first << shift))  # positions of the first block before proc_start
+            tail_len.append(p0 + c - (last << shift))  # positions of the last block up to the end
+            at += last - first + 1
+        offsets.append(at)
+        used = np.concatenate(pieces, dtype=np.int64, casting="unsafe") if len(pieces) > 1 else pieces[0].astype(np.int64)
+        self._blocks = (used, firsts, offsets, head_skip, tail_len)
+        return self._blocks
+
+    @property
+    def tables(self) -> list:
+        """Per-stream tables as int64 arrays (for inspection; packing reads ``used``)."""
+        return [np.asarray(t, np.int64) for t in self.raw_tables]
+
+
+def _checked_table(b: int, table, block_size: int, kv_len: int) -> np.ndarray:
+    table = np.asarray(table)
+    if table.ndim != 1 or not (np.issubdtype(table.dtype, np.integer) or table.size == 0):
+        raise TypeError(f"streams[{b}].block_table must be a 1-D integer array, got shape {table.shape} dtype {table.dtype}")
+    needed = -(-kv_len // block_size)
+    if table.size < needed:
+        raise ValueError(f"streams[{b}].block_table has {table.size} entries but kv_len {kv_len} at block_size "
+                         f"{block_size} needs {needed}")
+    table = table.astype(np.int64, copy=False)
+    if table.size and (table.max() > _I32_MAX or table.min() < -_I32_MAX - 1):
+        raise ValueError(f"streams[{b}].block_table has entries outside int32 (min {table.min()}, max {table.max()})")
+    return table
 
 
 def _validate(streams: Sequence[StreamStageInfo], block_size, use_mrope, dummy_kv_block) -> _Batch:
+    """Check every input; raise naming the first bad one. The common case takes :func:`_validate_fast`."""
+    batch = _validate_fast(streams, block_size, use_mrope, dummy_kv_block)
+    if batch is not None:
+        return batch
+    return _validate_checked(streams, block_size, use_mrope, dummy_kv_block)
+
+
+def _validate_checked(streams: Sequence[StreamStageInfo], block_size, use_mrope, dummy_kv_block) -> _Batch:
+    """The precise checks, one input at a time (any int or array type the stager accepts)."""
     if isinstance(streams, StreamStageInfo) or not isinstance(streams, Sequence):
         raise TypeError(f"streams must be a sequence of StreamStageInfo, got {type(streams).__name__}")
     n = len(streams)
@@ -145,98 +228,296 @@ def _validate(streams: Sequence[StreamStageInfo], block_size, use_mrope, dummy_k
     if not isinstance(use_mrope, (bool, np.bool_)):
         raise TypeError(f"use_mrope must be a bool, got {use_mrope!r}")
     _int("dummy_kv_block", dummy_kv_block, 0, _I32_MAX)
-    counts = np.empty(n, np.int64)
-    starts = np.empty(n, np.int64)
-    table_ptrs = np.empty(n, np.uint64)
-    seq_len_ptrs = np.empty(n, np.uint64)
-    tables, mrope = [], []
+    starts, counts, table_ptrs, seq_len_ptrs, tables, mrope = [], [], [], [], [], []
     for b, s in enumerate(streams):
         if not isinstance(s, StreamStageInfo):
             raise TypeError(f"streams[{b}] must be a StreamStageInfo, got {type(s).__name__}")
-        starts[b] = _int(f"streams[{b}].proc_start", s.proc_start, 0, _I32_MAX)
-        counts[b] = _int(f"streams[{b}].proc_count", s.proc_count, 0, _I32_MAX)
-        if counts[b] == 0:
+        start = _int(f"streams[{b}].proc_start", s.proc_start, 0, _I32_MAX)
+        count = _int(f"streams[{b}].proc_count", s.proc_count, 0, _I32_MAX)
+        if count == 0:
             raise ValueError(f"streams[{b}].proc_count is 0: a fully cached chunk has nothing to stage "
                              f"(upstream bug B7); leave the stream out of the pass")
-        kv_len = int(starts[b] + counts[b])
+        kv_len = start + count
         if kv_len > _I32_MAX:
             raise ValueError(f"streams[{b}]: proc_start + proc_count = {kv_len} overflows the i32 kv_lens entry")
-        table_ptrs[b] = _int(f"streams[{b}].block_table_dev", s.block_table_dev, 1, _U64_MAX)
-        seq_len_ptrs[b] = _int(f"streams[{b}].seq_len_dev", s.seq_len_dev, 1, _U64_MAX)
-        table = np.asarray(s.block_table)
-        if table.ndim != 1 or not (np.issubdtype(table.dtype, np.integer) or table.size == 0):
-            raise TypeError(f"streams[{b}].block_table must be a 1-D integer array, got shape {table.shape} dtype {table.dtype}")
-        needed = -(-kv_len // block_size)
-        if table.size < needed:
-            raise ValueError(f"streams[{b}].block_table has {table.size} entries but kv_len {kv_len} at block_size "
-                             f"{block_size} needs {needed}")
-        table = table.astype(np.int64, copy=False)
-        if table.size and (table.max() > _I32_MAX or table.min() < -_I32_MAX - 1):
-            raise ValueError(f"streams[{b}].block_table has entries outside int32 (min {table.min()}, max {table.max()})")
-        tables.append(table)
+        starts.append(start)
+        counts.append(count)
+        table_ptrs.append(_int(f"streams[{b}].block_table_dev", s.block_table_dev, 1, _U64_MAX))
+        seq_len_ptrs.append(_int(f"streams[{b}].seq_len_dev", s.seq_len_dev, 1, _U64_MAX))
+        tables.append(_checked_table(b, s.block_table, block_size, kv_len))
         mp = s.mrope_positions
         if mp is not None:
             if not use_mrope:
                 raise ValueError(f"streams[{b}].mrope_positions given but use_mrope is False")
             mp = np.asarray(mp)
-            if mp.shape != (3, counts[b]) or not np.issubdtype(mp.dtype, np.integer):
-                raise ValueError(f"streams[{b}].mrope_positions must be an integer array of shape (3, {counts[b]}), "
+            if mp.shape != (3, count) or not np.issubdtype(mp.dtype, np.integer):
+                raise ValueError(f"streams[{b}].mrope_positions must be an integer array of shape (3, {count}), "
                                  f"got {mp.dtype} {mp.shape}")
             if mp.size and (mp.min() < 0 or mp.max() > _U32_MAX):
                 raise ValueError(f"streams[{b}].mrope_positions must be in [0, {_U32_MAX}] (u32), got "
                                  f"[{mp.min()}, {mp.max()}]")
         mrope.append(mp)
-    total = int(counts.sum())
+    total = sum(counts)
     if total > _I32_MAX:
         raise ValueError(f"total tokens {total} overflow the i32 cu_seqlens prefix sum")
-    return _Batch(counts, starts, tables, table_ptrs, seq_len_ptrs, mrope, max(t.size for t in tables))
+    return _Batch(starts, counts, table_ptrs, seq_len_ptrs, tables, mrope, block_size)
+
+
+#: Block-table dtypes whose every value fits int32 (no range check needed).
+_NARROW_TABLE_DTYPES = frozenset(np.dtype(t) for t in (np.int32, np.int16, np.int8, np.uint16, np.uint8))
+#: Block-table dtypes that need a range check against int32.
+_WIDE_TABLE_DTYPES = frozenset(np.dtype(t) for t in (np.int64, np.uint32))
+_I32 = np.dtype(np.int32)
+
+
+def _validate_fast(streams, block_size, use_mrope, dummy_kv_block) -> _Batch | None:
+    """The same checks as :func:`_validate` for the common input types, in one tight loop.
+
+    Returns None whenever anything is unusual or wrong (other int or array types, a value out of
+    range, ...): :func:`_validate` then runs the precise checks, which raise the named error or
+    accept the input. It never accepts what the precise path would refuse.
+    """
+    if type(streams) not in (list, tuple) or not streams:
+        return None
+    if (type(block_size) is not int or not 1 <= block_size <= 1 << 20 or block_size & (block_size - 1)
+            or type(use_mrope) is not bool or type(dummy_kv_block) is not int or not 0 <= dummy_kv_block <= _I32_MAX):
+        return None
+    shift = block_size.bit_length() - 1
+    for s in streams:
+        if type(s) is not StreamStageInfo:
+            return None
+        p0, c, tp, sp, table = s.proc_start, s.proc_count, s.block_table_dev, s.seq_len_dev, s.block_table
+        if not (type(p0) is int and type(c) is int and 0 <= p0 and 0 < c and p0 + c <= _I32_MAX
+                and (type(tp) is int or type(tp) is DevicePtr) and 0 < tp <= _U64_MAX
+                and (type(sp) is int or type(sp) is DevicePtr) and 0 < sp <= _U64_MAX
+                and type(table) is np.ndarray and table.ndim == 1 and table.size << shift >= p0 + c):
+            return None
+        dt = table.dtype
+        if dt is not _I32 and dt not in _NARROW_TABLE_DTYPES:
+            if dt not in _WIDE_TABLE_DTYPES or table.max() > _I32_MAX or table.min() < -_I32_MAX - 1:
+                return None
+        mp = s.mrope_positions
+        if mp is not None:
+            if (not use_mrope or type(mp) is not np.ndarray or mp.shape != (3, c) or mp.dtype.kind not in "iu"
+                    or mp.min() < 0 or mp.max() > _U32_MAX):
+                return None
+    starts = [s.proc_start for s in streams]
+    counts = [s.proc_count for s in streams]
+    table_ptrs = [s.block_table_dev for s in streams]
+    seq_len_ptrs = [s.seq_len_dev for s in streams]
+    tables = [s.block_table for s in streams]
+    mrope = [s.mrope_positions for s in streams]
+    if sum(counts) > _I32_MAX:
+        return None
+    return _Batch(starts, counts, table_ptrs, seq_len_ptrs, tables, mrope, block_size)
+
+_IOTA32 = np.arange(1 << 12, dtype=np.uint32)
+_IOTA64 = np.arange(1 << 12, dtype=np.int64)
+
+
+def _iota(n: int, dtype) -> np.ndarray:
+    """``arange(n)`` as a view of a cached, grown-on-demand array (never written)."""
+    global _IOTA32, _IOTA64
+    cache = _IOTA32 if dtype == np.uint32 else _IOTA64
+    if cache.size < n:
+        cache = np.arange(1 << max(int(n) - 1, 1).bit_length(), dtype=dtype)
+        cache.setflags(write=False)
+        if dtype == np.uint32:
+            _IOTA32 = cache
+        else:
+            _IOTA64 = cache
+    return cache[:n]
+
+
+class _Views:
+    """Typed views of one layout over one pinned buffer, and its pad ranges (built once per pair)."""
+
+    __slots__ = ("fields", "positions3", "pads", "tail_u64", "tail_i32")
+
+    def __init__(self, out: np.ndarray, layout: StackedLayout, base: int = 0):
+        # ``out`` holds the layout's bytes from offset ``base`` on (0: all of it)
+        fields = [f for f in layout.fields if f.offset >= base]
+        self.fields = {f.name: out[f.offset - base:f.offset - base + f.nbytes].view(f.dtype) for f in fields}
+        # the per-stream tail as two runs, pads included (written whole by _pack_tail)
+        ptrs, cu, kv = (layout.field(name) for name in ("block_table_ptrs", "cu_seqlens", "kv_lens"))
+        self.tail_u64 = out[ptrs.offset - base:cu.offset - base].view(np.uint64)
+        self.tail_i32 = out[cu.offset - base:kv.end - base].view(np.int32)
+        self.pads = [(f.offset - base + f.nbytes, f.end - base) for f in fields
+                     if f.padded > f.nbytes and f.offset < ptrs.offset]
+        self.positions3 = None
+        if layout.mrope and base == 0:  # T, H and W rows, one a8(4T) stride apart: one strided [3, T] view
+            f = layout.field("positions_stacked")
+            self.positions3 = out[f.offset:f.offset + 3 * f.padded].view(np.uint32).reshape(3, f.padded // 4)[:, :f.count]
+
+
+_VIEW_CACHE: dict = {}
+_VIEW_CACHE_MAX = 64
+
+
+def _views(out: np.ndarray, layout: StackedLayout, base: int = 0) -> _Views:
+    key = (id(out), layout.n, layout.total_tokens, layout.mrope, base)
+    hit = _VIEW_CACHE.get(key)
+    if hit is not None and hit[0] is out:  # the entry holds ``out``, so its id cannot be reused meanwhile
+        return hit[1]
+    if len(_VIEW_CACHE) >= _VIEW_CACHE_MAX:
+        _VIEW_CACHE.clear()
+    views = _Views(out, layout, base)
+    _VIEW_CACHE[key] = (out, views)
+    return views
 
 
 def pack_metadata(batch: _Batch, layout: StackedLayout, block_size: int, dummy_kv_block: int, out: np.ndarray) -> tuple:
     """Write every field of ``layout`` into ``out`` (uint8, >= staged_bytes), pads zeroed.
 
-    Works stream by stream on views of ``out`` (n is small, tokens are many): positions are one
-    ``arange`` per stream, slots one outer sum over the stream's blocks, so each token byte is
-    written once with no token-sized temporaries.
+    A fixed number of vector passes over the packed tokens, whatever n (no per-stream loop):
+
+    * packed token t of stream b sits at position ``p = t + (proc_start_b - cu_seqlens_b)``: one
+      ``repeat`` of the n shifts plus ``arange(T)``, in uint32 (modular, so negative shifts are
+      fine and every result is a valid u32 position);
+    * its slot is ``table[p // bs] * bs + p % bs = t + d`` where ``d`` is constant over the tokens
+      a stream has in one block: one value per touched (stream, block), repeated as many times
+      as the stream has tokens in that block, plus ``arange(T)``.
 
     Returns ``(cu_seqlens, kv_lens)`` as int32 host arrays.
     """
-    counts, starts = batch.counts, batch.starts
-    n = counts.size
-    cu = np.zeros(n + 1, np.int64)
-    np.cumsum(counts, out=cu[1:])
-    kv_lens = (starts + counts).astype(np.int32)
-    cu32 = cu.astype(np.int32)
-    views = {}
-    for f in layout.fields:
-        views[f.name] = out[f.offset:f.offset + f.nbytes].view(f.dtype)
-        if f.padded > f.nbytes:
-            out[f.offset + f.nbytes:f.end] = 0
-    pos_t, slot_v = views["positions_stacked"], views["slot_stacked"]
-    within = np.arange(block_size, dtype=np.int64)
-    for b in range(n):
-        lo, hi, p0 = int(cu[b]), int(cu[b + 1]), int(starts[b])
-        pos_t[lo:hi] = np.arange(p0, p0 + hi - lo, dtype=np.uint32)
-        first, last = p0 // block_size, (p0 + hi - lo - 1) // block_size
-        blocks = batch.tables[b][first:last + 1]
-        if blocks.min() < 0:
-            blocks = np.where(blocks < 0, dummy_kv_block, blocks)
-        slots = (blocks[:, None] * block_size + within).ravel()
-        off = p0 - first * block_size
-        slot_v[lo:hi] = slots[off:off + hi - lo]
+    views = _views(out, layout)
+    for lo, hi in views.pads:
+        out[lo:hi] = 0
+    cu = _cu_seqlens(batch.count_list)
+    _pack_tokens(batch, layout, block_size, dummy_kv_block, views, cu)
+    return _pack_tail(batch, views, cu)
+
+
+def pack_tail(batch: _Batch, layout: StackedLayout, out: np.ndarray) -> tuple:
+    """Write only the per-stream fields (``block_table_ptrs`` .. ``kv_lens``, the layout's tail from
+    :func:`tail_offset`) into ``out``, pads zeroed; the per-token fields are left to the device.
+
+    Returns ``(cu_seqlens, kv_lens)`` as int32 host arrays.
+    """
+    views = _views(out, layout, tail_offset(layout))
+    for lo, hi in views.pads:
+        out[lo:hi] = 0
+    return _pack_tail(batch, views, _cu_seqlens(batch.count_list))
+
+
+def tail_offset(layout: StackedLayout) -> int:
+    """Offset of ``block_table_ptrs`` in ``layout``: the per-stream fields run from there to ``staged_bytes``."""
+    return layout.fields[4 if layout.mrope else 2].offset  # positions (x3 under MRoPE), slots, then the tail
+
+
+def _cu_seqlens(counts: list) -> list:
+    return list(accumulate(counts, initial=0))
+
+
+def _pack_tail(batch: _Batch, views: _Views, cu: list) -> tuple:
+    starts, counts = batch.start_list, batch.count_list
+    return _write_tail(views, batch.table_ptr_list, batch.seq_len_ptr_list, cu,
+                       [starts[b] + counts[b] for b in range(len(counts))])
+
+
+def _write_tail(views: _Views, table_ptrs: list, seq_len_ptrs: list, cu: list, kv: list) -> tuple:
+    # The tail is two runs: block_table_ptrs + seq_len_ptrs (u64, adjacent), then cu_seqlens and
+    # kv_lens (i32, each padded to 8 bytes): one conversion and one store each.
+    n = len(kv)
+    views.tail_u64[:] = table_ptrs + seq_len_ptrs
+    ints = np.array(cu + _ZERO_PAD[n & 1 ^ 1] + kv + _ZERO_PAD[n & 1], np.int32)
+    views.tail_i32[:] = ints
+    kv_at = n + 1 + (n & 1 ^ 1)
+    return ints[:n + 1], ints[kv_at:kv_at + n]
+
+
+_ZERO_PAD = ([], [0])
+
+
+class _Prefix:
+    """The token fields of a padded block cut to its first ``real`` tokens (what :func:`_pack_tokens` writes)."""
+
+    __slots__ = ("fields", "positions3")
+
+    def __init__(self, views: _Views, real: int):
+        self.fields = {name: views.fields[name][:real] for name in ("positions_stacked", "slot_stacked")}
+        self.positions3 = None if views.positions3 is None else views.positions3[:, :real]
+
+
+def pack_padded(batch: _Batch, layout: StackedLayout, block_size: int, dummy_kv_block: int, out: np.ndarray, *,
+                tail_only: bool = False) -> tuple:
+    """Pack ``batch`` into ``layout`` made for fixed maxima (CUDA graphs): at most ``layout.n`` streams
+    and ``layout.total_tokens`` tokens, the rest padding with the sentinels every kernel skips.
+
+    Streams past the batch get ``cu_seqlens`` = the real token count (no tokens), ``kv_lens`` 0 and
+    the first stream's table and seq_len pointers as stand-ins (never read: no tokens); tokens past
+    the real ones get position 0 and slot -1. ``tail_only``: write only the per-stream fields
+    (``out`` then starts at :func:`tail_offset`; the device expansion writes the rest).
+
+    Returns ``(cu_seqlens, kv_lens)`` (int32, ``layout.n + 1`` and ``layout.n`` entries).
+
+    Raises
+    ------
+    CapacityError
+        More streams or tokens than the layout holds; nothing written.
+    """
+    k, n, real = len(batch.count_list), layout.n, batch.total
+    if k > n:
+        raise CapacityError("stacked_metadata streams", k, n, "the pass was sized for fewer streams")
+    if real > layout.total_tokens:
+        raise CapacityError("stacked_metadata tokens", real, layout.total_tokens, "the pass was sized for fewer tokens")
+    views = _views(out, layout, tail_offset(layout) if tail_only else 0)
+    for lo, hi in views.pads:
+        out[lo:hi] = 0
+    cu = _cu_seqlens(batch.count_list)
+    if not tail_only:
+        _pack_tokens(batch, layout, block_size, dummy_kv_block, _Prefix(views, real), cu)
+        if real < layout.total_tokens:
+            views.fields["slot_stacked"][real:] = -1
+            views.fields["positions_stacked"][real:] = 0
+            if views.positions3 is not None:
+                views.positions3[:, real:] = 0
+    starts, counts = batch.start_list, batch.count_list
+    extra = n - k
+    return _write_tail(views, batch.table_ptr_list + batch.table_ptr_list[:1] * extra,
+                       batch.seq_len_ptr_list + batch.seq_len_ptr_list[:1] * extra, cu + [real] * extra,
+                       [starts[b] + counts[b] for b in range(k)] + [0] * extra)
+
+
+def _pack_tokens(batch: _Batch, layout: StackedLayout, block_size: int, dummy_kv_block: int, views: _Views,
+                 cu: list) -> None:
+    counts, starts = batch.count_list, batch.start_list
+    n, total = len(counts), batch.total
+    shift = block_size.bit_length() - 1
+    fields = views.fields
+    pos_t, slot_v = fields["positions_stacked"], fields["slot_stacked"]
+    if n == 1:
+        np.add(_iota(total, np.uint32), starts[0], out=pos_t)
+    else:
+        token_shift = np.array([(starts[b] - cu[b]) & 0xFFFFFFFF for b in range(n)], np.uint32)
+        np.add(np.repeat(token_shift, batch.counts), _iota(total, np.uint32), out=pos_t)
+    # d for the touched blocks of every stream: (table[j] - j) * bs + proc_start_b - cu_b, with
+    # j = first_b + (u - block_offsets[b]) for the u-th touched block
+    used, first, boff, head_skip, tail_len = batch.touched_blocks()
+    if used.min() < 0:
+        used = np.where(used < 0, dummy_kv_block, used)
+    d = used - _iota(used.size, np.int64)
+    d <<= shift
+    per_stream = [((boff[b] - first[b]) << shift) + starts[b] - cu[b] for b in range(n)]
+    if n == 1:
+        d += per_stream[0]
+    else:
+        d += np.repeat(np.array(per_stream, np.int64), np.diff(np.array(boff, np.int64)))
+    # tokens per touched block: a full block, except a stream's first and last ones
+    runs = np.full(used.size, block_size, np.int64)
+    if n == 1:
+        runs[-1] = tail_len[0]
+        runs[0] -= head_skip[0]
+    else:
+        runs[np.array(boff[1:], np.intp) - 1] = tail_len
+        runs[boff[:n]] -= head_skip
+    np.add(np.repeat(d, runs), _iota(total, np.int64), out=slot_v)
     if layout.mrope:
-        pos_h, pos_w = views["positions_h_stacked"], views["positions_w_stacked"]
-        pos_h[:] = pos_t
-        pos_w[:] = pos_t
+        pos3 = views.positions3
+        pos3[1:] = pos_t
         for b, mp in enumerate(batch.mrope):
             if mp is not None:
-                lo, hi = int(cu[b]), int(cu[b + 1])
-                pos_t[lo:hi], pos_h[lo:hi], pos_w[lo:hi] = mp[0], mp[1], mp[2]
-    views["block_table_ptrs"][:] = batch.table_ptrs
-    views["seq_len_ptrs"][:] = batch.seq_len_ptrs
-    views["cu_seqlens"][:] = cu32
-    views["kv_lens"][:] = kv_lens
-    return cu32, kv_lens
+                pos3[:, cu[b]:cu[b + 1]] = mp
 
 
 def staging_ring(arena: ScratchArena, kind: str = "staging") -> PinnedRing:
@@ -246,37 +527,73 @@ def staging_ring(arena: ScratchArena, kind: str = "staging") -> PinnedRing:
 
 
 def _upload(arena: ScratchArena, offset: int, batch: _Batch, layout: StackedLayout, block_size: int,
-            dummy_kv_block: int, stream: Any) -> tuple:
+            dummy_kv_block: int, stream: Any, tail_only: bool = False) -> tuple:
     ring = staging_ring(arena)
-    slot = ring.acquire(layout.staged_bytes)
-    cu, kv = pack_metadata(batch, layout, block_size, dummy_kv_block, slot.array)
+    start = tail_offset(layout) if tail_only else 0
+    nbytes = layout.staged_bytes - start
+    slot = ring.acquire(nbytes)
+    if tail_only:
+        cu, kv = pack_tail(batch, layout, slot.array)
+    else:
+        cu, kv = pack_metadata(batch, layout, block_size, dummy_kv_block, slot.array)
     s = arena.device.as_stream(stream)
-    arena.device.driver.memcpy_htod_async(int(arena.base) + offset, slot.addr, layout.staged_bytes, s)
+    arena.device.driver.memcpy_htod_async(int(arena.base) + offset + start, slot.addr, nbytes, s)
     ring.commit(slot, s)
     return cu, kv
 
 
+_PTR_CACHE: dict = {}
+_PTR_CACHE_MAX = 256
+assert not hasattr(BatchedAttnMetadata, "__post_init__"), "_new_metadata would skip __post_init__"
+
+
+def _new_metadata(**fields) -> BatchedAttnMetadata:
+    """``BatchedAttnMetadata(**fields)`` with every field given, without the frozen dataclass's
+    per-field ``object.__setattr__`` (the instance is the same: a ``__dict__`` of the fields)."""
+    meta = object.__new__(BatchedAttnMetadata)
+    meta.__dict__.update(fields)
+    return meta
+
+
+def _field_ptrs(base: int, layout: StackedLayout) -> dict:
+    """Field name -> absolute :class:`DevicePtr` for ``layout`` at device address ``base`` (memoised)."""
+    key = (base, layout.n, layout.total_tokens, layout.mrope)
+    ptrs = _PTR_CACHE.get(key)
+    if ptrs is None:
+        if len(_PTR_CACHE) >= _PTR_CACHE_MAX:
+            _PTR_CACHE.clear()
+        ptrs = _PTR_CACHE[key] = {f.name: DevicePtr(base + f.offset) for f in layout.fields}
+    return ptrs
+
+
 def _metadata(arena, offset, layout, batch, cu, kv, block_size, use_mrope, dummy_kv_block) -> BatchedAttnMetadata:
-    base = int(arena.base) + offset
-    ptr = {f.name: DevicePtr(base + f.offset) for f in layout.fields}
+    return metadata_at(arena, offset, layout, cu, kv, chunk_len=batch.chunk, max_blocks_per_seq=batch.max_blocks,
+                       block_size=block_size, use_mrope=use_mrope, dummy_kv_block=dummy_kv_block)
+
+
+def metadata_at(arena, offset: int, layout: StackedLayout, cu: np.ndarray, kv: np.ndarray, *, chunk_len: int,
+                max_blocks_per_seq: int, block_size: int, use_mrope: bool, dummy_kv_block: int) -> BatchedAttnMetadata:
+    """The :class:`BatchedAttnMetadata` describing ``layout`` at arena ``offset`` (``layout.n`` streams,
+    ``layout.total_tokens`` tokens) with host copies ``cu`` and ``kv`` (made read-only)."""
+    ptr = _field_ptrs(int(arena.base) + offset, layout)
     positions = ptr["positions_stacked"]
     cu.setflags(write=False)
     kv.setflags(write=False)
-    return BatchedAttnMetadata(
+    return _new_metadata(
         positions_stacked=positions,
         positions_h_stacked=ptr.get("positions_h_stacked", positions),
         positions_w_stacked=ptr.get("positions_w_stacked", positions),
         slot_stacked=ptr["slot_stacked"],
         block_table_ptrs=ptr["block_table_ptrs"],
         seq_len_ptrs=ptr["seq_len_ptrs"],
-        batch_size=int(batch.counts.size),
-        chunk_len=int(batch.counts.max()),
-        total_tokens=int(batch.counts.sum()),
+        batch_size=layout.n,
+        chunk_len=int(chunk_len),
+        total_tokens=layout.total_tokens,
         cu_seqlens=ptr["cu_seqlens"],
         cu_seqlens_host=cu,
         kv_lens=ptr["kv_lens"],
         kv_lens_host=kv,
-        max_blocks_per_seq=int(batch.max_blocks),
+        max_blocks_per_seq=int(max_blocks_per_seq),
         staged_bytes=layout.staged_bytes,
         scratch_offset_bytes=offset,
         use_mrope=bool(use_mrope),
@@ -327,17 +644,35 @@ def stage_batched_attn_metadata(
     TypeError, ValueError
         Bad input (named, with the bound); nothing written.
     """
+    return _stage_stacked(arena, streams, block_size, use_mrope, scratch_offset_bytes, dummy_kv_block, stream)[0]
+
+
+def _stage_stacked(arena, streams, block_size, use_mrope, scratch_offset_bytes, dummy_kv_block, stream,
+                   tail_only: bool = False) -> tuple:
+    """:func:`stage_batched_attn_metadata`; with ``tail_only`` only the per-stream fields are packed and
+    copied (the per-token ones are then written on the device, see :mod:`q12drv.kernels.expand`).
+
+    Returns ``(meta, batch)``.
+    """
+    _require_arena(arena)
     batch = _validate(streams, block_size, use_mrope, dummy_kv_block)
-    layout = stacked_layout(len(streams), int(batch.counts.sum()), bool(use_mrope))
+    if tail_only:  # the device writes text positions only, for at most 65535 streams (grid.y)
+        for b, mp in enumerate(batch.mrope):
+            if mp is not None:
+                raise ValueError(f"streams[{b}] carries mrope_positions (vision tokens): the device path writes text "
+                                 f"positions only; stage this batch with stage_batched_attn_metadata")
+        if len(batch.count_list) > 65535:
+            raise ValueError(f"the device path handles at most 65535 streams per pass, got {len(batch.count_list)}")
+    layout = stacked_layout(len(streams), batch.total, bool(use_mrope))
     offset = _int("scratch_offset_bytes", scratch_offset_bytes, 0, arena.capacity)
     arena.check_range("stacked_metadata", offset, layout.staged_bytes)
     region = arena.reserve("stacked_metadata", layout.staged_bytes, offset=offset, align=8)
     try:
-        cu, kv = _upload(arena, region.offset, batch, layout, int(block_size), dummy_kv_block, stream)
+        cu, kv = _upload(arena, region.offset, batch, layout, int(block_size), dummy_kv_block, stream, tail_only)
     except BaseException:
         arena.unreserve(region)
         raise
-    return _metadata(arena, region.offset, layout, batch, cu, kv, int(block_size), use_mrope, dummy_kv_block)
+    return _metadata(arena, region.offset, layout, batch, cu, kv, int(block_size), use_mrope, dummy_kv_block), batch
 
 
 def stage_stream_metadata(
@@ -363,6 +698,11 @@ def stage_stream_metadata(
         The stream's metadata does not fit its block (the seed stride under MRoPE holds at most
         202 tokens; use ``policy="exact"``), or the block lies outside the arena.
     """
+    _require_arena(arena)
+    if not isinstance(plan, ScratchPlan):
+        raise TypeError(f"plan must be a ScratchPlan (make_scratch_plan), got {type(plan).__name__}")
+    if isinstance(b, bool) or not isinstance(b, (int, np.integer)):
+        raise TypeError(f"stream index b must be an int, got {type(b).__name__} {b!r:.60}")
     if not 0 <= b < plan.n:
         raise IndexError(f"stream index {b} out of range for a plan of {plan.n} streams")
     if bool(use_mrope) != plan.mrope:
@@ -403,6 +743,7 @@ class HStateSlot:
         self.ptr = DevicePtr(int(arena.base) + offset)
         self.uploads = 0
         self._values = np.empty(n, np.uint64)
+        self._generation = arena.generation  # the pass this slot belongs to (see ScratchArena.generation)
 
     def entry(self, b: int) -> DevicePtr:
         """Address of stream ``b``'s entry (the per-stream fallback's one-entry table)."""
@@ -418,6 +759,12 @@ class HStateSlot:
         ValueError
             Not exactly n pointers, or a NULL / out-of-range pointer; nothing written.
         """
+        self.arena._require_open()
+        if self.arena.generation != self._generation:
+            raise Q12Error(f"this h_state_ptrs slot belongs to an earlier pass: the arena was reset since, and "
+                           f"offset {self.offset:,} may now hold another pass's metadata; use the new pass's slot")
+        if isinstance(state_ptrs, (str, bytes)) or not isinstance(state_ptrs, (Sequence, np.ndarray)):
+            raise TypeError(f"state_ptrs must be a sequence of {self.n} device pointers, got {type(state_ptrs).__name__}")
         if len(state_ptrs) != self.n:
             raise ValueError(f"h_state_ptrs needs exactly {self.n} pointers (one per stream), got {len(state_ptrs)}")
         values = self._values
@@ -450,6 +797,9 @@ def place_h_state_slot(arena: ScratchArena, meta: BatchedAttnMetadata) -> HState
     ValueError
         The cursor is not where staging left it (someone reserved in between).
     """
+    _require_arena(arena)
+    if not isinstance(meta, BatchedAttnMetadata):
+        raise TypeError(f"meta must be a BatchedAttnMetadata (from the stager), got {type(meta).__name__}")
     offset = meta.scratch_offset_bytes + meta.staged_bytes
     if arena.cursor != offset:
         raise ValueError(f"the arena cursor is at {arena.cursor:,} but the h_state_ptrs slot belongs at "

@@ -31,6 +31,7 @@ if [ -z "${Q12_SKIP_SOAK:-}" ] && [ -f scripts/gpu_soak.py ]; then
 fi
 if [ -z "${Q12_SKIP_BENCH:-}" ] && [ -f bench/gpu_compare.py ]; then
   step bench bench.log 150 python3 bench/gpu_compare.py --out "$OUT/bench.json"
+  step plot plot.log 60 python3 bench/plot_staging_curve.py "$OUT/bench.json" -o "$OUT/staging_curve.png"
 fi
 echo "==== summary ($(date -u +%FT%TZ))"
 printf '%s\n' "${status[@]}"

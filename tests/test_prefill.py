@@ -72,3 +72,18 @@ def test_arena_too_small_even_per_stream(emu):
     with ScratchArena(emu, 4096) as arena:
         with pytest.raises(CapacityError, match="per-stream"):
             Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4)
+
+
+def test_attention_refuses_a_missing_block_below_kv_len(emu):
+    from q12drv import StreamStageInfo
+
+    rng = np.random.default_rng(2)
+    streams, _ = make_streams(emu, [20, 30], rng=rng)
+    table = streams[1].block_table.copy()
+    table[0] = -1
+    streams[1] = StreamStageInfo(0, 30, table, streams[1].block_table_dev, streams[1].seq_len_dev)
+    num_blocks = int(max(s.block_table.max() for s in streams)) + 1
+    host = inputs(rng, [20, 30], num_blocks)
+    with ScratchArena(emu, 1 << 18) as arena:
+        with pytest.raises(ValueError, match="negative"):
+            run(emu, arena, streams, host, "auto", None, num_blocks)

@@ -42,6 +42,10 @@ def open_driver(kind: str | None = None, *, deferred: bool = False) -> Driver:
     """
     if kind is None:
         kind = os.environ.get("Q12DRV_DRIVER", "auto") or "auto"
+    if not isinstance(kind, str):
+        raise TypeError(f"driver must be one of {', '.join(DRIVER_KINDS)}, a Driver or None; got {type(kind).__name__} {kind!r:.60}")
+    if not isinstance(deferred, bool):
+        raise TypeError(f"deferred must be a bool, got {type(deferred).__name__} {deferred!r:.60}")
     kind = kind.strip().lower()
     if kind not in DRIVER_KINDS:
         raise ValueError(f"driver must be one of {', '.join(DRIVER_KINDS)} (argument or Q12DRV_DRIVER), got {kind!r}")

@@ -62,6 +62,25 @@ class Driver:
     def launch(self, func: Any, grid: tuple, block: tuple, smem: int, stream: Any, params_addr: int) -> None:
         raise NotImplementedError
 
+    def launcher(self, func: Any, params_addr: int):
+        """``fire(grid, block, smem, stream)``: :meth:`launch` of ``func`` with the parameters at ``params_addr``.
+
+        Drivers override it with the driver call bound directly (the per-launch hot path).
+        """
+        def fire(grid, block, smem, stream):
+            self.launch(func, grid, block, smem, stream, params_addr)
+
+        return fire
+
+    def bound_launcher(self, func: Any, grid: tuple, block: tuple, smem: int, stream: Any, params_addr: int,
+                       owner: Any = None):
+        """``fire()``: the same launch with everything bound; ``owner`` is kept alive with it."""
+        def fire():
+            self.launch(func, grid, block, smem, stream, params_addr)
+
+        fire.owner = owner
+        return fire
+
     # graphs (stream capture)
     def begin_capture(self, stream: Any) -> None: raise NotImplementedError
     def end_capture(self, stream: Any) -> Any: raise NotImplementedError

@@ -184,6 +184,30 @@ class CudaDriver(Driver):
         err = self._launch(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream, params_addr, 0)[0]
         check("cuLaunchKernel", err)
 
+    def launcher(self, func: Any, params_addr: int):
+        launch = self._launch
+
+        def fire(grid, block, smem, stream):
+            err = launch(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream, params_addr, 0)[0]
+            if err:  # CUresult is an int enum: CUDA_SUCCESS is falsy
+                check("cuLaunchKernel", err)
+
+        return fire
+
+    def bound_launcher(self, func: Any, grid: tuple, block: tuple, smem: int, stream: Any, params_addr: int,
+                       owner: Any = None):
+        launch = self._launch
+        gx, gy, gz = grid
+        bx, by, bz = block
+
+        def fire():
+            err = launch(func, gx, gy, gz, bx, by, bz, smem, stream, params_addr, 0)[0]
+            if err:
+                check("cuLaunchKernel", err)
+
+        fire.owner = owner  # the argument block params_addr points into
+        return fire
+
     # graphs -----------------------------------------------------------------------------
     def begin_capture(self, stream: Any) -> None:
         mode = self._cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL

@@ -113,6 +113,25 @@ class EmuMemory:
         return view[off: off + nbytes].view(dtype).reshape(shape)
 
 
+class _HtoD:
+    """An enqueued host-to-device copy; ``snapshot``: the host bytes at enqueue (deferred mode), checked at run."""
+
+    __slots__ = ("dst", "src", "nbytes", "snapshot")
+
+    def __init__(self, dst: int, src: int, nbytes: int, snapshot: bytes | None):
+        self.dst, self.src, self.nbytes, self.snapshot = dst, src, nbytes, snapshot
+
+    def __call__(self) -> None:
+        dst, src, nbytes = self.dst, self.src, self.nbytes
+        if self.snapshot is not None and ctypes.string_at(src, nbytes) != self.snapshot:
+            ctypes.memmove(dst, src, nbytes)
+            raise HostRaceError(
+                f"pinned host memory at {src:#x} ({nbytes} bytes) was rewritten after "
+                f"cuMemcpyHtoDAsync was enqueued and before it ran: wait for the copy's event first"
+            )
+        ctypes.memmove(dst, src, nbytes)
+
+
 @dataclass
 class _Stream:
     ident: int
@@ -156,16 +175,44 @@ class EmuDriver(Driver):
         self._next_stream = 1
         self._faults: dict[str, list[list]] = {}
         self._modules = 0
+        self._contexts = 0
+        self._events = 0
+        #: When a list, every driver call that can fail appends its name here (see :meth:`start_trace`).
+        self.trace: list | None = None
 
     # fault injection -------------------------------------------------------------------
     def inject_fault(self, call: str, name: str = "CUDA_ERROR_UNKNOWN", *, after: int = 0, times: int = 1) -> None:
-        """Make the ``after+1``-th next ``call`` (e.g. ``"cuMemAlloc"``) fail with ``name``, ``times`` times."""
+        """Make the ``after+1``-th next ``call`` (e.g. ``"cuMemAlloc"``) fail with ``name``, ``times`` times.
+
+        A failing call raises the :class:`~q12drv.errors.CudaError` the real driver would give
+        before it has any effect (nothing allocated, nothing enqueued).
+        """
+        if isinstance(after, bool) or int(after) < 0 or isinstance(times, bool) or int(times) < 1:
+            raise ValueError(f"inject_fault needs after >= 0 and times >= 1, got after={after!r}, times={times!r}")
+        from .result import result_code
+
+        result_code(name)  # a CUresult name, or ValueError now rather than at the faulting call
         self._faults.setdefault(call, []).append([int(after), int(times), name])
 
     def clear_faults(self) -> None:
         self._faults.clear()
 
+    def pending_faults(self) -> list:
+        """The injected faults that have not fired yet, as ``(call, after, times, name)``."""
+        return [(call, *plan) for call, plans in self._faults.items() for plan in plans]
+
+    def start_trace(self) -> None:
+        """Record the name of every driver call that can fail (for fault-injection sweeps)."""
+        self.trace = []
+
+    def stop_trace(self) -> list:
+        """Stop recording; return the calls recorded since :meth:`start_trace`, in order."""
+        calls, self.trace = self.trace or [], None
+        return calls
+
     def _fault(self, call: str) -> None:
+        if self.trace is not None:
+            self.trace.append(call)
         plans = self._faults.get(call)
         if not plans:
             return
@@ -181,6 +228,10 @@ class EmuDriver(Driver):
     def live_allocations(self) -> dict[str, int]:
         """Counts of live device and pinned allocations and loaded modules (for leak checks)."""
         return {"device": self.memory.count("device"), "pinned": self.memory.count("pinned"), "modules": self._modules}
+
+    def live_handles(self) -> dict[str, int]:
+        """Counts of open contexts, created (non-null) streams and events (for leak checks)."""
+        return {"contexts": self._contexts, "streams": len(self._streams) - 1, "events": self._events}
 
     # running stream work ---------------------------------------------------------------
     def _enqueue(self, stream: Any, op: Callable[[], None]) -> None:
@@ -214,12 +265,14 @@ class EmuDriver(Driver):
 
     def open_context(self, ordinal: int) -> Any:
         self._fault("cuDevicePrimaryCtxRetain")
-        if ordinal != 0:
+        if isinstance(ordinal, bool) or not isinstance(ordinal, (int, np.integer)) or ordinal != 0:
             fail("cuDeviceGet", "CUDA_ERROR_INVALID_DEVICE")
+        self._contexts += 1
         return ("emu-context", ordinal)
 
     def close_context(self, ctx: Any) -> None:
         self._fault("cuDevicePrimaryCtxRelease")
+        self._contexts -= 1
 
     def set_current(self, ctx: Any) -> None:
         pass
@@ -281,17 +334,7 @@ class EmuDriver(Driver):
         self._check_device(call, dst, nbytes)
         s = self._stream(stream)
         snapshot = ctypes.string_at(src, nbytes) if (self.deferred and s.capture is None) else None
-
-        def op():
-            if snapshot is not None and ctypes.string_at(src, nbytes) != snapshot:
-                ctypes.memmove(dst, src, nbytes)
-                raise HostRaceError(
-                    f"pinned host memory at {src:#x} ({nbytes} bytes) was rewritten after "
-                    f"cuMemcpyHtoDAsync was enqueued and before it ran: wait for the copy's event first"
-                )
-            ctypes.memmove(dst, src, nbytes)
-
-        self._enqueue(s, op)
+        self._enqueue(s, _HtoD(dst, src, nbytes, snapshot))
 
     def memcpy_dtoh_async(self, dst: int, src: int, nbytes: int, stream: Any) -> None:
         call = "cuMemcpyDtoHAsync"
@@ -343,10 +386,12 @@ class EmuDriver(Driver):
 
     def event_create(self, timing: bool = False) -> Any:
         self._fault("cuEventCreate")
+        self._events += 1
         return _Event(bool(timing))
 
     def event_destroy(self, event: Any) -> None:
         self._fault("cuEventDestroy")
+        self._events -= 1
 
     def event_record(self, event: Any, stream: Any) -> None:
         self._fault("cuEventRecord")
@@ -465,8 +510,13 @@ class EmuDriver(Driver):
 
     def graph_launch(self, graph_exec: Any, stream: Any) -> None:
         self._fault("cuGraphLaunch")
+        s = self._stream(stream)
         for op in graph_exec:
-            self._enqueue(stream, op)
+            if isinstance(op, _HtoD) and self.deferred and s.capture is None:
+                # a captured copy reads its host buffer when the graph runs: the bytes there at
+                # this launch are the ones it must upload (a later rewrite is a race)
+                op = _HtoD(op.dst, op.src, op.nbytes, ctypes.string_at(op.src, op.nbytes))
+            self._enqueue(s, op)
 
     def graph_destroy(self, graph: Any, graph_exec: Any) -> None:
         pass

@@ -44,17 +44,7 @@ def meta_defines() -> list[str]:
 
 def meta_from_staged(meta) -> Q12MetaC:
     """Build the by-value struct from a :class:`q12drv.staging.BatchedAttnMetadata`."""
-    return Q12MetaC(
-        positions=int(meta.positions_stacked),
-        positions_h=int(meta.positions_h_stacked),
-        positions_w=int(meta.positions_w_stacked),
-        slots=int(meta.slot_stacked),
-        block_table_ptrs=int(meta.block_table_ptrs),
-        seq_len_ptrs=int(meta.seq_len_ptrs),
-        cu_seqlens=int(meta.cu_seqlens),
-        kv_lens=int(meta.kv_lens),
-        batch_size=meta.batch_size,
-        chunk_len=meta.chunk_len,
-        total_tokens=meta.total_tokens,
-        max_blocks_per_seq=meta.max_blocks_per_seq,
-    )
+    # positional, in META_FIELDS order (the pointers are DevicePtr, an int subclass ctypes takes as is)
+    return Q12MetaC(meta.positions_stacked, meta.positions_h_stacked, meta.positions_w_stacked, meta.slot_stacked,
+                    meta.block_table_ptrs, meta.seq_len_ptrs, meta.cu_seqlens, meta.kv_lens, meta.batch_size,
+                    meta.chunk_len, meta.total_tokens, meta.max_blocks_per_seq)

@@ -8,7 +8,6 @@ block and enqueues one launch. The metadata struct is built once per staged
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from typing import Any
 
@@ -16,8 +15,10 @@ from ..device import Device
 from ..launch import Launch, load_module
 from ..staging import BatchedAttnMetadata
 from . import attention as _attn
+from . import expand as _expand
 from . import gdn as _gdn
 from . import kv_write as _kvw
+from . import args as _args
 from . import rope as _rope
 from .meta import Q12MetaC, meta_defines, meta_from_staged
 
@@ -29,6 +30,7 @@ SOURCES = {
     _rope.SOURCE: _rope.ENTRIES,
     _attn.SOURCE: _attn.ENTRIES,
     _gdn.SOURCE: _gdn.ENTRIES,
+    _expand.SOURCE: _expand.ENTRIES,
 }
 ENTRIES = {e: src for src, entries in SOURCES.items() for e in entries}
 
@@ -64,18 +66,19 @@ def _meta_c(meta: BatchedAttnMetadata) -> Q12MetaC:
     return c
 
 
-def _ptr(name: str, value) -> int:
-    v = int(value)
-    if v <= 0:
-        raise ValueError(f"{name} must be a non-NULL device pointer, got {v:#x}")
-    return v
+def _ptr(name: str, value, align: int = 2) -> int:
+    return _args.device_ptr(name, value, align)  # int, non-NULL, < 2**64, aligned (TypeError/ValueError)
 
 
 def _positive(name: str, value) -> int:
-    v = int(value)
-    if v <= 0:
-        raise ValueError(f"{name} must be positive, got {v}")
-    return v
+    return _args.count(name, value)  # an int in [1, 2**31 - 1] (TypeError/ValueError)
+
+
+def _check(device, meta) -> None:
+    if not isinstance(device, Device):
+        raise TypeError(f"device must be a q12drv Device, got {type(device).__name__}")
+    if not isinstance(meta, BatchedAttnMetadata):
+        raise TypeError(f"meta must be a BatchedAttnMetadata (from the stager), got {type(meta).__name__}")
 
 
 def kv_write(device: Device, meta: BatchedAttnMetadata, k: int, v: int, k_pool: int, v_pool: int, *,
@@ -85,6 +88,7 @@ def kv_write(device: Device, meta: BatchedAttnMetadata, k: int, v: int, k_pool: 
     Tokens with a negative slot are skipped; slots at or past ``num_blocks * block_size`` are
     never written.
     """
+    _check(device, meta)
     row = _positive("num_kv_heads", num_kv_heads) * _positive("head_dim", head_dim)
     if row % 8:
         raise ValueError(f"num_kv_heads * head_dim = {row} must be a multiple of 8 (16-byte rows)")
@@ -103,11 +107,11 @@ def rope(device: Device, meta: BatchedAttnMetadata, q: int, k: int, *, num_q_hea
 
     ``mrope_mode``: 0 plain, 1 chunked sections (Qwen2-VL), 2 interleaved (Qwen3-VL, Qwen3.5).
     """
+    _check(device, meta)
     _rope.check_params(head_dim, rotary_dim, mrope_mode, tuple(sections), num_q_heads, num_kv_heads)
     if mrope_mode and not meta.use_mrope:
         raise ValueError("mrope_mode needs metadata staged with use_mrope=True (H and W position streams)")
-    if not (theta > 0 and math.isfinite(theta)):
-        raise ValueError(f"theta must be a positive finite number, got {theta}")
+    _args.positive_float("theta", theta)
     grid, block, smem = _rope.geometry(meta.total_tokens, num_q_heads, num_kv_heads, head_dim, rotary_dim)
     launch = prepared(device, "q12_rope")
     launch.set(q=_ptr("q", q), k=_ptr("k", k), num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
@@ -121,12 +125,15 @@ def attention(device: Device, meta: BatchedAttnMetadata, q: int, k_pool: int, v_
               num_q_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None,
               stream: Any = None) -> None:
     """Batched varlen paged causal attention: O ``[T, Hq, D]`` from Q and the paged K/V pools."""
+    _check(device, meta)
+    if scale is not None:
+        _args.positive_float("scale", scale)
     entry = _attn.entry_for_head_dim(head_dim)
     if _positive("num_q_heads", num_q_heads) % _positive("num_kv_heads", num_kv_heads):
         raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {num_kv_heads} (GQA)")
     grid, block, smem = _attn.geometry(meta.batch_size, meta.chunk_len, num_q_heads, head_dim)
     launch = prepared(device, entry)
-    launch.set(q=_ptr("q", q), k_pool=_ptr("k_pool", k_pool), v_pool=_ptr("v_pool", v_pool), o=_ptr("o", o),
+    launch.set(q=_ptr("q", q, 16), k_pool=_ptr("k_pool", k_pool, 16), v_pool=_ptr("v_pool", v_pool, 16), o=_ptr("o", o, 16),
                num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, block_size=meta.block_size,
                scale=float(head_dim ** -0.5 if scale is None else scale))
     launch.args.m = _meta_c(meta)
@@ -136,13 +143,14 @@ def attention(device: Device, meta: BatchedAttnMetadata, q: int, k_pool: int, v_
 def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k: int, v: int, g: int, beta: int,
         o: int, *, num_k_heads: int, num_v_heads: int, head_dim: int, stream: Any = None) -> None:
     """Gated DeltaNet over the packed streams; stream b's fp32 state at ``h_state_ptrs[b]`` is updated in place."""
+    _check(device, meta)
     entry = _gdn.entry_name(head_dim)
     if _positive("num_v_heads", num_v_heads) % _positive("num_k_heads", num_k_heads):
         raise ValueError(f"num_v_heads {num_v_heads} must be a multiple of num_k_heads {num_k_heads}")
     grid, block, smem = _gdn.geometry(meta.batch_size, num_v_heads, head_dim)
     launch = prepared(device, entry)
-    launch.set(h_state_ptrs=_ptr("h_state_ptrs", h_state_ptrs), q=_ptr("q", q), k=_ptr("k", k), v=_ptr("v", v),
-               g=_ptr("g", g), beta=_ptr("beta", beta), o=_ptr("o", o), num_k_heads=num_k_heads,
+    launch.set(h_state_ptrs=_ptr("h_state_ptrs", h_state_ptrs, 8), q=_ptr("q", q, 16), k=_ptr("k", k, 16),
+               v=_ptr("v", v, 8), g=_ptr("g", g, 4), beta=_ptr("beta", beta, 4), o=_ptr("o", o, 8), num_k_heads=num_k_heads,
                num_v_heads=num_v_heads)
     launch.args.m = _meta_c(meta)
     launch.launch(grid, block, smem, stream)

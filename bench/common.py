@@ -1,0 +1,305 @@
+"""Shared set-ups for the benchmarks (``bench/test_*.py``) and ``bench/gpu_compare.py``.
+
+Everything here runs on the real driver and on the emulated one (``Q12DRV_DRIVER=emu``); on the
+emulator the shapes are cut down so the numpy kernel emulators finish quickly (host-side costs
+such as packing and launch bookkeeping are still real there).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+import q12drv
+from q12drv import ScratchArena, StreamStageInfo, make_scratch_plan, stage_batched_attn_metadata
+from q12drv.bf16 import to_bf16_bits
+from q12drv.driver import register_emulator
+from q12drv.kernels.expand import stage_on_device
+from q12drv.kernels.meta import Q12MetaC, meta_defines
+from q12drv.launch import load_module
+from q12drv.layout import stacked_layout
+from q12drv.prefill import AttentionShape, GdnShape, Q12Pass
+
+__all__ = [
+    "open_bench_device", "on_gpu", "BENCH_SOURCE", "LAUNCH_CASES", "bench_launch", "raw_launcher",
+    "make_streams", "StagingCase", "StepCase", "QWEN3_NEXT", "step_counts",
+]
+
+
+def open_bench_device():
+    """The device the benchmarks run on: ``Q12DRV_DRIVER`` (cuda / emu), else the GPU when there is one."""
+    return q12drv.open_device(os.environ.get("Q12DRV_DRIVER") or "auto")
+
+
+def on_gpu(dev) -> bool:
+    return dev.driver.name == "cuda"
+
+
+# ----------------------------------------------------------------------------- launch latency
+BENCH_SOURCE = "bench_launch.cu"
+
+
+class _BigC(ctypes.Structure):
+    _fields_ = [("v", ctypes.c_uint64 * 256)]
+
+
+_STRUCTS = {"Q12Meta": Q12MetaC, "Q12BenchBig": _BigC}
+#: Launch-latency matrix (cuda-python's, plus q12drv's own by-value metadata struct):
+#: case -> (entry, argument values).
+LAUNCH_CASES = {
+    "empty": ("q12_bench_empty", {}),
+    "1 ptr": ("q12_bench_ptr1", {"a0": 0x7F00_0000_0000}),
+    "6 u64 + 2 i32": ("q12_bench_args8", {**{f"a{i}": 0x7F00_0000_0000 + 256 * i for i in range(6)}, "n0": 7, "n1": 9}),
+    "16 ptrs": ("q12_bench_args16", {f"a{i}": 0x7F00_0000_0000 + 256 * i for i in range(16)}),
+    "Q12Meta by value": ("q12_bench_meta", {}),
+    "2048-byte struct": ("q12_bench_big", {}),
+}
+
+
+def bench_launch(dev, case: str):
+    """A pre-packed :class:`~q12drv.launch.Launch` of the benchmark kernel for ``case``."""
+    entry, values = LAUNCH_CASES[case]
+    for name, _ in LAUNCH_CASES.values():  # on the emulator the empty kernels do nothing
+        register_emulator(name, lambda args, mem, grid, block: None)
+    module = load_module(dev, BENCH_SOURCE, defines=tuple(meta_defines()), struct_types=_STRUCTS)
+    return module.kernel(entry).prepare(**values)
+
+
+def raw_launcher(dev, launch, grid=(1, 1, 1), block=(32, 1, 1)):
+    """The floor: the driver's own launch call with ``launch``'s pre-packed argument array, nothing else.
+
+    On the GPU this is ``cuda.bindings.driver.cuLaunchKernel`` called directly (its result is
+    checked once per batch by the caller, not per launch); on the emulator, the driver method.
+    """
+    func, addr, stream = launch.kernel.func, launch._addr, dev.stream.raw
+    gx, gy, gz = grid
+    bx, by, bz = block
+    if on_gpu(dev):
+        from cuda.bindings import driver as cu
+
+        f = cu.cuLaunchKernel
+
+        def raw():
+            return f(func, gx, gy, gz, bx, by, bz, 0, stream, addr, 0)
+    else:
+        f = dev.driver.launch
+
+        def raw():
+            return f(func, grid, block, 0, stream, addr)
+    return raw
+
+
+# ----------------------------------------------------------------------------- streams
+def make_streams(dev, counts, starts=None, *, block_size=16, seed=0, keep=None):
+    """Streams whose block tables live in device memory (blocks interleaved across streams).
+
+    Returns ``(streams, num_blocks, buffer)``; keep the buffer alive while the streams are used.
+    """
+    rng = np.random.default_rng(seed)
+    n = len(counts)
+    starts = list(starts) if starts is not None else [0] * n
+    needed = [-(-(s + c) // block_size) for s, c in zip(starts, counts)]
+    ids = rng.permutation(np.arange(1, sum(needed) + 1)).astype(np.int32)  # block 0: the dummy block
+    cap = max(needed)
+    host = np.zeros((n, cap), np.int32)
+    off = 0
+    for b, k in enumerate(needed):
+        host[b, :k] = ids[off:off + k]
+        off += k
+    seq = np.array([s + c for s, c in zip(starts, counts)], np.uint32)
+    buf = dev.alloc(host.nbytes + seq.nbytes + 64, "bench block tables")
+    dev.upload(int(buf.ptr), host)
+    seq_base = int(buf.ptr) + host.nbytes
+    dev.upload(seq_base, seq)
+    streams = [StreamStageInfo(int(s), int(c), host[b, :needed[b]], int(buf.ptr) + b * cap * 4, seq_base + 4 * b)
+               for b, (s, c) in enumerate(zip(starts, counts))]
+    return streams, sum(needed) + 1, buf
+
+
+# ----------------------------------------------------------------------------- staging
+class StagingCase:
+    """One staging workload: n streams x ``tokens`` each, with the comparators' buffers pre-filled.
+
+    ``host()``: q12drv's stager (validate, pack, one copy); ``device()``: the device-expansion
+    path (validate, pack the per-stream tail, one small copy, one kernel); ``bare()``: one copy of
+    ``staged_bytes`` from a pinned buffer already holding the bytes (the floor: no packing);
+    ``per_field()``: the same bytes as one copy per field from separate pinned buffers (no
+    packing either). None of them waits; the caller synchronizes.
+    """
+
+    def __init__(self, dev, n: int, tokens: int, *, mrope: bool = True, block_size: int = 16, start: int = 0):
+        self.dev, self.n, self.tokens, self.mrope, self.block_size = dev, n, tokens, mrope, block_size
+        counts = [tokens] * n
+        self.streams, self.num_blocks, self._tables = make_streams(dev, counts, [start] * n, block_size=block_size)
+        plan = make_scratch_plan(counts, 0, mrope, "exact")
+        self.layout = stacked_layout(n, n * tokens, mrope)
+        self.arena = ScratchArena(dev, plan.total_bytes + 4096)
+        self.offset = 0
+        self.staged_bytes = self.layout.staged_bytes
+        meta = self.host()
+        dev.synchronize()
+        raw = self.arena.read(self.offset, self.staged_bytes)
+        self.packed = dev.pinned(self.staged_bytes, "bench packed")
+        self.packed.array[:] = np.frombuffer(raw, np.uint8)
+        self.dst = int(meta.positions_stacked)  # the block's first byte (positions come first)
+        self.fields = []
+        for f in self.layout.fields:
+            pin = dev.pinned(max(f.nbytes, 1), f"bench field {f.name}")
+            pin.array[:f.nbytes] = self.packed.array[f.offset:f.offset + f.nbytes]
+            self.fields.append((self.dst + f.offset, pin, f.nbytes))
+        self._htod = dev.driver.memcpy_htod_async
+        self._raw_stream = dev.stream.raw
+
+    def host(self):
+        self.arena.reset()
+        return stage_batched_attn_metadata(self.arena, self.streams, block_size=self.block_size, use_mrope=self.mrope,
+                                           scratch_offset_bytes=self.offset, dummy_kv_block=0)
+
+    def device(self):
+        self.arena.reset()
+        return stage_on_device(self.arena, self.streams, block_size=self.block_size, use_mrope=self.mrope,
+                               scratch_offset_bytes=self.offset, dummy_kv_block=0)
+
+    def bare(self):
+        self._htod(self.dst, self.packed.addr, self.staged_bytes, self._raw_stream)
+
+    def per_field(self):
+        htod, s = self._htod, self._raw_stream
+        for dst, pin, nbytes in self.fields:
+            htod(dst, pin.addr, nbytes, s)
+
+    def check(self) -> bool:
+        """Whether the arena holds the expected bytes now (after a synchronize)."""
+        self.dev.synchronize()
+        return self.arena.read(self.offset, self.staged_bytes) == self.packed.array.tobytes()
+
+    def close(self):
+        self.arena.close()
+        self.packed.free()
+        for _, pin, _ in self.fields:
+            pin.free()
+        self._tables.free()
+
+
+# ----------------------------------------------------------------------------- one layer step
+#: Qwen3-Next-like layer shapes: attention Hq 16, Hkv 2, D 256 (partial rotary 64, theta 1e7),
+#: KV blocks of 16; Gated DeltaNet Hk 16, Hv 32, d 128.
+QWEN3_NEXT = {
+    "attention": AttentionShape(16, 2, 256, 64, 1e7),
+    "gdn": GdnShape(16, 32, 128),
+    "block_size": 16,
+}
+
+
+def step_counts(case: str, gpu: bool) -> list:
+    """Per-stream token counts of a step case (``"8x128"`` or ``"ragged"``), cut down on the emulator."""
+    if case == "8x128":
+        return [128] * 8 if gpu else [8] * 8
+    if case == "ragged":
+        return [256, 512, 768, 1024, 1280, 1536, 1792, 2048] if gpu else [4, 8, 12, 16, 20, 24, 28, 32]
+    raise ValueError(case)
+
+
+@dataclass
+class _Bufs:
+    ptrs: dict
+    owned: list
+
+
+class StepCase:
+    """Buffers for one attention layer and one GDN layer over ``counts`` streams (random inputs).
+
+    ``run(mode)`` builds a :class:`~q12drv.prefill.Q12Pass` (admission, plan, staging) and runs
+    both layers, ``mode`` ``"batched"`` or ``"per_stream"``; it does not wait.
+    """
+
+    def __init__(self, dev, counts, *, shapes=QWEN3_NEXT, seed=0):
+        self.dev, self.counts = dev, list(counts)
+        att, gdn, bs = shapes["attention"], shapes["gdn"], shapes["block_size"]
+        self.att, self.gdn, self.bs = att, gdn, bs
+        n, total = len(counts), sum(counts)
+        self.streams, self.num_blocks, self._tables = make_streams(dev, counts, block_size=bs, seed=seed)
+        rng = np.random.default_rng(seed)
+        hq, hkv, d = att.num_q_heads, att.num_kv_heads, att.head_dim
+        hk, hv, dg = gdn.num_k_heads, gdn.num_v_heads, gdn.head_dim
+
+        def bf16(*shape):
+            return to_bf16_bits(rng.standard_normal(shape, dtype=np.float32))
+
+        host = {
+            "q": bf16(total, hq, d), "k": bf16(total, hkv, d), "v": bf16(total, hkv, d), "o": None,
+            "k_pool": None, "v_pool": None,
+            "gq": bf16(total, hk, dg), "gk": bf16(total, hk, dg), "gv": bf16(total, hv, dg), "go": None,
+            "g": (-np.exp(rng.standard_normal((total, hv))) * 0.1).astype(np.float32),
+            "beta": (1 / (1 + np.exp(-rng.standard_normal((total, hv))))).astype(np.float32),
+            "states": (rng.standard_normal((n, hv, dg, dg)) * 0.1).astype(np.float32),
+        }
+        sizes = {"o": total * hq * d * 2, "k_pool": self.num_blocks * bs * hkv * d * 2,
+                 "v_pool": self.num_blocks * bs * hkv * d * 2, "go": total * hv * dg * 2}
+        self.host, self.sizes = host, sizes
+        self.ptrs, self._owned = {}, []
+        for name, arr in host.items():
+            buf = dev.alloc(arr.nbytes if arr is not None else sizes[name], f"bench {name}")
+            self._owned.append(buf)
+            self.ptrs[name] = int(buf.ptr)
+        self.reset()
+        self.state_ptrs = [self.ptrs["states"] + b * hv * dg * dg * 4 for b in range(n)]
+        self.plan = make_scratch_plan(self.counts, 0, False, "exact")
+        self.arena = ScratchArena(dev, self.plan.total_bytes + 4096)
+        dev.synchronize()
+
+    def reset(self) -> None:
+        """Upload the inputs again (the layers update Q, K, the pools and the states in place)."""
+        for name, arr in self.host.items():
+            if arr is not None:
+                self.dev.upload(self.ptrs[name], arr)
+            else:
+                self.dev.memset(self.ptrs[name], 0, self.sizes[name])
+        self.dev.synchronize()
+
+    def read(self, name: str) -> bytes:
+        nbytes = self.host[name].nbytes if self.host[name] is not None else self.sizes[name]
+        return self.dev.download(self.ptrs[name], nbytes)
+
+    def body(self, gp) -> None:
+        """The same two layers inside a :class:`~q12drv.graphs.PassGraph` (what gets captured)."""
+        p = self.ptrs
+        gp.attention_layer(p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], self.att, num_blocks=self.num_blocks)
+        gp.gdn_layer(0, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], self.gdn)
+
+    def pass_graph(self, expand: str = "host"):
+        """A :class:`~q12drv.graphs.PassGraph` sized exactly for these streams, captured (its eager run included)."""
+        from q12drv.graphs import PassGraph
+
+        n, total = len(self.counts), sum(self.counts)
+        arena = ScratchArena(self.dev, 1 << 20)
+        gp = PassGraph(arena, max_streams=n, max_tokens=total, max_chunk=max(self.counts), block_size=self.bs,
+                       use_mrope=False, dummy_kv_block=0, num_ssm_layers=1,
+                       state_bytes=self.gdn.num_v_heads * self.gdn.head_dim ** 2 * 4, expand=expand)
+        gp.set_streams(self.streams)
+        gp.set_states(0, self.state_ptrs)
+        gp.capture(self.body)
+        self.dev.synchronize()
+        return gp, arena
+
+    def replay(self, gp) -> None:
+        gp.set_streams(self.streams)
+        gp.set_states(0, self.state_ptrs)
+        gp.replay()
+
+    def run(self, mode: str) -> Q12Pass:
+        p = self.ptrs
+        q12 = Q12Pass(self.arena, self.streams, block_size=self.bs, use_mrope=False, dummy_kv_block=0,
+                      head_dim=self.att.head_dim, policy="exact", mode=mode)
+        q12.attention_layer(p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], self.att, num_blocks=self.num_blocks)
+        q12.gdn_layer(self.state_ptrs, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], self.gdn)
+        return q12
+
+    def close(self):
+        self.arena.close()
+        for buf in self._owned:
+            buf.free()
+        self._tables.free()

@@ -1,0 +1,754 @@
+#!/usr/bin/env python3
+"""Time q12drv and its comparators in one run on the GPU; print a ratio table last.
+
+    PYTHONPATH=. python3 bench/gpu_compare.py --out results.json
+
+Every comparison is measured in the same process, interleaved where it matters, so only the
+ratios are claimed (absolute numbers drift from run to run). Sections (each one fails alone: an
+error is recorded and the rest still run):
+
+* ``launch``: host enqueue time per launch of the same empty kernel (6 x u64 + 2 x i32): the raw
+  pre-packed ``cuLaunchKernel`` (the floor, its result checked once per batch) vs
+  ``Launch.launch``, ``Launch.bind()`` and ``set + launch``; the whole parameter matrix; the
+  ``ops.kv_write`` launcher (checks + packing + launch); cuda.core's ``launch()`` when installed.
+  Median over batches of 200 launches, the stream drained between batches, paths interleaved.
+* ``staging``: 8 streams x 2048 tokens with MRoPE. q12drv ``host`` (validate, pack, one copy) and
+  ``device`` (pack the per-stream tail, one small copy, one expansion kernel) against one bare
+  ``cuMemcpyHtoDAsync`` of the same ``staged_bytes`` (already packed: the floor), one copy per field
+  (already packed), and torch-style (one pinned torch tensor per field, ``.to(device,
+  non_blocking=True)`` each). Host time = the call alone; round trip = the call and a stream sync.
+  The bytes each path leaves in the arena are checked.
+* ``curve``: the same round trips for n in {1..64} x tokens per stream in {16..8192}, and where
+  the device path overtakes the packed copy.
+* ``jit_slot``: the per-SSM-layer ``h_state_ptrs`` upload.
+* ``step``: admission + staging + one attention + one Gated DeltaNet layer (Qwen3-Next-like),
+  batched vs per stream, 8 x 128 and 8 ragged 256..2048 tokens; wall-clock round trip.
+* ``kv_write`` (64k tokens) vs torch ``index_copy_``; ``rope`` vs eager torch (the HF formula);
+  ``attention`` (8 x 2048, D 128, Hq 16, Hkv 2, paged) vs torch SDPA FLASH and cuDNN on gathered,
+  head-expanded K/V: device time from events, median after warm-up.
+* ``graph``: a captured pass (stage copy + layer kernels) replayed with new metadata vs eager.
+
+Expected runtime on the H200: about 30-60 s (plus NVRTC compiles on a cold cubin cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+import q12drv  # noqa: E402
+from bench import common  # noqa: E402
+
+RESULTS: dict = {"meta": {}, "sections": {}, "errors": {}, "table": []}
+ARGS = None
+DEV = None
+T0 = time.perf_counter()
+
+
+# ----------------------------------------------------------------------------- timing
+def med(xs) -> float:
+    return float(statistics.median(xs))
+
+
+def per_call_batches(paths: dict, batch: int, batches: int, sync) -> dict:
+    """Median host time per call (us) of each zero-argument callable, in batches, paths interleaved."""
+    out = {name: [] for name in paths}
+    for fn in paths.values():  # warm-up
+        for _ in range(min(batch, 20)):
+            fn()
+    sync()
+    pc = time.perf_counter
+    for _ in range(batches):
+        for name, fn in paths.items():
+            sync()
+            t0 = pc()
+            for _ in range(batch):
+                fn()
+            out[name].append((pc() - t0) / batch * 1e6)
+    sync()
+    return {name: med(v) for name, v in out.items()}
+
+
+def host_and_round_trip(paths: dict, reps: int, sync, warmup: int = 3) -> dict:
+    """Per path: median host time of the call (us) and median round trip (call + sync), interleaved."""
+    host = {name: [] for name in paths}
+    rt = {name: [] for name in paths}
+    for fn in paths.values():
+        for _ in range(warmup):
+            fn()
+            sync()
+    pc = time.perf_counter
+    for _ in range(reps):
+        for name, fn in paths.items():
+            sync()
+            t0 = pc()
+            fn()
+            t1 = pc()
+            sync()
+            t2 = pc()
+            host[name].append((t1 - t0) * 1e6)
+            rt[name].append((t2 - t0) * 1e6)
+    return {name: {"host_us": med(host[name]), "round_trip_us": med(rt[name])} for name in paths}
+
+
+def q12_events_us(dev, fn, reps: int, warmup: int = 3) -> float:
+    """Median device time (us) of ``fn``'s work on the device's stream, from q12drv events."""
+    for _ in range(warmup):
+        fn()
+    dev.synchronize()
+    start, end = dev.event(timing=True), dev.event(timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_ms(end) * 1e3)
+    start.destroy()
+    end.destroy()
+    return med(times)
+
+
+def torch_events_us(torch, fn, reps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return med(times)
+
+
+def row(name, ours, comparator, theirs, goal=None, note=""):
+    """A table row: times in us; ``goal`` is (op, value) on the ratio q12drv/comparator, e.g. ("<=", 1.05)."""
+    ratio = ours / theirs if (ours is not None and theirs) else None
+    met = None
+    if goal is not None and ratio is not None:
+        op, value = goal
+        met = ratio <= value if op == "<=" else ratio >= value
+    RESULTS["table"].append({"name": name, "q12drv_us": ours, "comparator": comparator, "comparator_us": theirs,
+                             "ratio": ratio, "goal": None if goal is None else f"{goal[0]} {goal[1]:g}",
+                             "met": met, "note": note})
+
+
+def faster(k: float):
+    """Goal: q12drv at least ``k`` times faster (ratio <= 1/k)."""
+    return ("<=", 1.0 / k)
+
+
+def torch_mod():
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("torch sees no CUDA device")
+    return torch
+
+
+def gpu() -> bool:
+    return common.on_gpu(DEV)
+
+
+def reps(n_gpu: int, n_emu: int = 2) -> int:
+    return (max(3, n_gpu // 4) if ARGS.quick else n_gpu) if gpu() else n_emu
+
+
+# ----------------------------------------------------------------------------- sections
+def section_launch():
+    dev = DEV
+    grid, block = (1, 1, 1), (32, 1, 1)
+    stream = dev.stream
+    res = {}
+    batch, batches = (200, 60) if gpu() else (20, 3)
+    if ARGS.quick and gpu():
+        batches = 15
+    for case in common.LAUNCH_CASES:
+        launch = common.bench_launch(dev, case)
+        raw = common.raw_launcher(dev, launch, grid, block)
+        values = common.LAUNCH_CASES[case][1]
+
+        def q12(launch=launch):
+            launch.launch(grid, block, 0, stream)
+
+        def set_launch(launch=launch, values=values):
+            launch.set(**values)
+            launch.launch(grid, block, 0, stream)
+
+        paths = {"raw": raw, "Launch.launch": q12, "bound": launch.bind(grid, block, 0, stream), "set+launch": set_launch}
+        res[case] = per_call_batches(paths, batch, batches, dev.synchronize)
+        if gpu():
+            err = raw()[0]
+            if int(err):
+                raise RuntimeError(f"raw cuLaunchKernel failed: {err!r}")
+    RESULTS["sections"]["launch"] = res
+    a = res["6 u64 + 2 i32"]
+    row("launch: Launch.launch (6 u64 + 2 i32)", a["Launch.launch"], "raw cuLaunchKernel, pre-packed", a["raw"], ("<=", 1.05))
+    row("launch: Launch.bind() call", a["bound"], "raw cuLaunchKernel, pre-packed", a["raw"], ("<=", 1.05))
+    row("launch: set(8 args) + launch", a["set+launch"], "raw cuLaunchKernel, pre-packed", a["raw"])
+    m = res["Q12Meta by value"]
+    row("launch: Launch.launch (Q12Meta by value)", m["Launch.launch"], "raw cuLaunchKernel, pre-packed", m["raw"], ("<=", 1.05))
+
+    # the whole launcher: argument checks, geometry, packing, launch
+    from q12drv.kernels import ops
+
+    case = common.StagingCase(dev, 8, 16, mrope=False)
+    try:
+        meta = case.host()
+        row_elems = 2 * 256
+        pool = dev.alloc(case.num_blocks * 16 * row_elems * 2, "kv pool")
+        rows = dev.alloc(8 * 16 * row_elems * 2, "kv rows")
+        p, r = int(pool.ptr), int(rows.ptr)
+
+        def kv():
+            ops.kv_write(dev, meta, r, r, p, p, num_kv_heads=2, head_dim=256, num_blocks=case.num_blocks)
+
+        kv_launch = ops.prepared(dev, "q12_kv_write")
+        kv_raw = common.raw_launcher(dev, kv_launch, (1, 1, 1), (256, 1, 1))
+        t = per_call_batches({"ops.kv_write": kv, "raw": kv_raw}, batch, max(3, batches // 2), dev.synchronize)
+        res["ops.kv_write"] = t
+        row("launcher: ops.kv_write (checks+pack+launch)", t["ops.kv_write"], "raw cuLaunchKernel, pre-packed", t["raw"],
+            note="info: the full launcher")
+        pool.free()
+        rows.free()
+    finally:
+        case.close()
+
+    if gpu():
+        try:
+            res["cuda.core launch()"] = _cuda_core_launch(batch, batches)
+            row("launch: cuda.core launch() (comparator)", res["cuda.core launch()"], "raw cuLaunchKernel, pre-packed",
+                a["raw"], note="info: what cuda.core costs here")
+        except Exception as exc:  # optional comparator
+            RESULTS["errors"]["launch/cuda.core"] = f"{type(exc).__name__}: {exc}"
+
+
+def _cuda_core_launch(batch, batches) -> float:
+    from cuda.core import Device as CoreDevice
+    from cuda.core import LaunchConfig, ObjectCode, launch
+
+    from q12drv.kernels.meta import meta_defines
+    from q12drv.nvrtc import compile_source
+
+    image = compile_source(common.BENCH_SOURCE, arch=DEV.arch, defines=tuple(meta_defines())).image
+    cdev = CoreDevice(DEV.ordinal)
+    cdev.set_current()
+    kernel = ObjectCode.from_cubin(image).get_kernel("q12_bench_args8")
+    s = cdev.create_stream()
+    cfg = LaunchConfig(grid=1, block=32)
+    args = [np.uint64(0x7F00_0000_0000 + 256 * i) for i in range(6)] + [np.int32(7), np.int32(9)]
+
+    def fire():
+        launch(s, cfg, kernel, *args)
+
+    t = per_call_batches({"core": fire}, batch, batches, s.sync)["core"]
+    s.close()
+    return t
+
+
+def section_staging():
+    dev = DEV
+    n, tokens = (8, 2048) if gpu() else (8, 256)
+    case = common.StagingCase(dev, n, tokens)
+    res = {"n": n, "tokens_per_stream": tokens, "staged_bytes": case.staged_bytes,
+           "device_path_bytes": case.staged_bytes - case.layout.field("block_table_ptrs").offset}
+    try:
+        paths = {"host": case.host, "device": case.device, "bare": case.bare, "per_field": case.per_field}
+        t = host_and_round_trip(paths, reps(200, 3), dev.synchronize)
+        verified = {}
+        for name, fn in paths.items():
+            fn()
+            verified[name] = case.check()
+        res.update(t)
+        res["verified"] = verified
+        try:
+            res["torch_style"] = _torch_style(case, reps(200, 3))
+        except Exception as exc:
+            RESULTS["errors"]["staging/torch_style"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        case.close()
+    RESULTS["sections"]["staging"] = res
+    label = f"{n}x{tokens} MRoPE"
+    for path, what in (("device", "device expand"), ("host", "host pack")):
+        row(f"staging {label}: host time ({what})", res[path]["host_us"], "(budget)", 25.0, ("<=", 1.0),
+            note="goal: <= 25 us")
+        row(f"staging {label}: round trip ({what})", res[path]["round_trip_us"], "bare cuMemcpyHtoDAsync of staged_bytes",
+            res["bare"]["round_trip_us"], ("<=", 1.2))
+        if "torch_style" in res:
+            row(f"staging {label}: round trip ({what})", res[path]["round_trip_us"], "torch-style (.to per field)",
+                res["torch_style"]["round_trip_us"], faster(4))
+        row(f"staging {label}: round trip ({what})", res[path]["round_trip_us"], "per-field copies (8 HtoD)",
+            res["per_field"]["round_trip_us"], faster(2))
+    if not all(res["verified"].values()):
+        RESULTS["errors"]["staging/verify"] = f"arena bytes differ after: {[k for k, v in res['verified'].items() if not v]}"
+
+
+def _torch_fields(case):
+    """The packed fields as pinned torch tensors (u32/u64 viewed as i32/i64: same bytes)."""
+    torch = torch_mod()
+    out = []
+    for f in case.layout.fields:
+        arr = case.packed.array[f.offset:f.offset + f.nbytes].view(f.dtype)
+        arr = arr.view({"<u4": np.int32, "<u8": np.int64}.get(f.dtype, arr.dtype))
+        out.append(torch.from_numpy(arr.copy()).pin_memory())
+    return out
+
+
+def _torch_style(case, n_reps) -> dict:
+    torch = torch_mod()
+    fields = _torch_fields(case)
+    dev = torch.device("cuda", DEV.ordinal)
+    stream = torch.cuda.current_stream()
+    keep = []
+
+    def stage():
+        keep[:] = [t.to(dev, non_blocking=True) for t in fields]
+
+    t = host_and_round_trip({"torch": stage}, n_reps, stream.synchronize)["torch"]
+    got = b"".join(x.cpu().numpy().tobytes() + b"\0" * (f.padded - f.nbytes) for x, f in zip(keep, case.layout.fields))
+    t["verified"] = got == case.packed.array.tobytes()
+    return t
+
+
+def section_curve():
+    dev = DEV
+    ns = (1, 2, 4, 8, 16, 32, 64) if gpu() else (1, 8)
+    tokens = (16, 128, 1024, 2048, 8192) if gpu() else (16, 128)
+    if ARGS.quick and gpu():
+        ns, tokens = (1, 8, 64), (16, 2048, 8192)
+    points = []
+    have_torch = True
+    for n in ns:
+        for L in tokens:
+            if time.perf_counter() - T0 > ARGS.budget_s * 0.6:
+                RESULTS["errors"]["curve"] = f"stopped at n={n}, tokens={L}: over 60% of the time budget"
+                break
+            total = n * L
+            r = reps(30 if total <= 16384 else (12 if total <= 131072 else 6), 2)
+            case = common.StagingCase(dev, n, L)
+            try:
+                t = host_and_round_trip({"host": case.host, "device": case.device, "bare": case.bare,
+                                         "per_field": case.per_field}, r, dev.synchronize, warmup=1)
+                p = {"n": n, "tokens": L, "total_tokens": total, "staged_bytes": case.staged_bytes, **t}
+                if have_torch and gpu():
+                    try:
+                        p["torch_style"] = _torch_style(case, r)
+                    except Exception as exc:
+                        have_torch = False
+                        RESULTS["errors"]["curve/torch_style"] = f"{type(exc).__name__}: {exc}"
+                points.append(p)
+            finally:
+                case.close()
+    crossover = {}
+    for n in ns:
+        pts = [p for p in points if p["n"] == n]
+        wins = [p["tokens"] for p in pts if p["device"]["round_trip_us"] < p["host"]["round_trip_us"]]
+        crossover[str(n)] = min(wins) if wins else None
+    RESULTS["sections"]["curve"] = {"points": points, "device_beats_host_from_tokens": crossover}
+
+
+def section_jit_slot():
+    from q12drv import ScratchArena
+    from q12drv.staging import reserve_h_state_slot
+
+    dev = DEV
+    n = 8
+    res = {}
+    with ScratchArena(dev, 1 << 16) as arena:
+        slot = reserve_h_state_slot(arena, n)
+        ptrs = [0x7F00_0000_0000 + 4096 * b for b in range(n)]
+        res["q12drv"] = host_and_round_trip({"upload": lambda: slot.upload(ptrs)}, reps(300, 3), dev.synchronize)["upload"]
+        dev.synchronize()
+    if gpu():
+        try:
+            torch = torch_mod()
+            host = torch.tensor(ptrs, dtype=torch.int64).pin_memory()
+            stream = torch.cuda.current_stream()
+            keep = []
+            res["torch"] = host_and_round_trip({"t": lambda: keep.append(host.to("cuda", non_blocking=True))},
+                                               reps(300, 3), stream.synchronize)["t"]
+        except Exception as exc:
+            RESULTS["errors"]["jit_slot/torch"] = f"{type(exc).__name__}: {exc}"
+    RESULTS["sections"]["jit_slot"] = res
+    if "torch" in res:
+        row("h_state_ptrs upload (n=8): round trip", res["q12drv"]["round_trip_us"], "torch pinned tensor .to()",
+            res["torch"]["round_trip_us"], note="info")
+
+
+def section_step():
+    dev = DEV
+    res = {}
+    for name in ("8x128", "ragged"):
+        step = common.StepCase(dev, common.step_counts(name, gpu()))
+        try:
+            t = host_and_round_trip({"batched": lambda: step.run("batched"), "per_stream": lambda: step.run("per_stream")},
+                                    reps(20, 1), dev.synchronize, warmup=2)
+            res[name] = {"counts": step.counts, **t}
+        finally:
+            step.close()
+        goal = 4 if name == "8x128" else 1.5
+        row(f"step {name}: batched (stage+attn+GDN)", res[name]["batched"]["round_trip_us"], "per-stream fallback",
+            res[name]["per_stream"]["round_trip_us"], faster(goal))
+    RESULTS["sections"]["step"] = res
+
+
+def _pass_meta(dev, counts, mrope=False, block_size=16):
+    from q12drv import ScratchArena, make_scratch_plan, stage_batched_attn_metadata
+
+    streams, num_blocks, tables = common.make_streams(dev, counts, block_size=block_size)
+    plan = make_scratch_plan(counts, 0, mrope, "exact")
+    arena = ScratchArena(dev, plan.total_bytes + 4096)
+    meta = stage_batched_attn_metadata(arena, streams, block_size=block_size, use_mrope=mrope,
+                                       scratch_offset_bytes=0, dummy_kv_block=0)
+    dev.synchronize()
+    return meta, streams, num_blocks, arena, tables
+
+
+def _rand_bf16(dev, shape, seed):
+    from q12drv.bf16 import to_bf16_bits
+
+    arr = to_bf16_bits(np.random.default_rng(seed).standard_normal(shape, dtype=np.float32))
+    buf = dev.alloc(arr.nbytes)
+    dev.upload(int(buf.ptr), arr)
+    return buf, arr
+
+
+def section_kv_write():
+    from q12drv.kernels import ops
+
+    dev = DEV
+    counts = [8192] * 8 if gpu() else [64] * 2
+    hkv, d, bs = 2, 256, 16
+    meta, streams, num_blocks, arena, tables = _pass_meta(dev, counts)
+    total = sum(counts)
+    res = {"tokens": total, "row_bytes": hkv * d * 2}
+    bufs = []
+    try:
+        k, _ = _rand_bf16(dev, (total, hkv, d), 1)
+        v, _ = _rand_bf16(dev, (total, hkv, d), 2)
+        pool_bytes = num_blocks * bs * hkv * d * 2
+        kp, vp = dev.alloc(pool_bytes), dev.alloc(pool_bytes)
+        bufs += [k, v, kp, vp]
+
+        def q12():
+            ops.kv_write(dev, meta, k.ptr, v.ptr, kp.ptr, vp.ptr, num_kv_heads=hkv, head_dim=d, num_blocks=num_blocks)
+
+        res["q12drv_us"] = q12_events_us(dev, q12, reps(50, 1))
+        RESULTS["sections"]["kv_write"] = res
+        if gpu():
+            _comparator("kv_write/torch", lambda: _kv_write_torch(arena, meta, total, hkv, d, num_blocks, bs, res))
+    finally:
+        dev.synchronize()
+        for b in bufs:
+            b.free()
+        arena.close()
+        tables.free()
+
+
+def _comparator(name, fn):
+    """Run one comparator; record its error instead of losing the section."""
+    try:
+        fn()
+    except Exception as exc:
+        RESULTS["errors"][name] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+        print(traceback.format_exc(), file=sys.stderr, flush=True)
+
+
+def _kv_write_torch(arena, meta, total, hkv, d, num_blocks, bs, res):
+    torch = torch_mod()
+    slots = np.frombuffer(arena.read(int(meta.slot_stacked) - int(arena.base), 8 * total), np.int64).copy()
+    ts = torch.from_numpy(slots).cuda()
+    tk = torch.randn(total, hkv * d, device="cuda", dtype=torch.bfloat16)
+    tv = torch.randn(total, hkv * d, device="cuda", dtype=torch.bfloat16)
+    tkp = torch.zeros(num_blocks * bs, hkv * d, device="cuda", dtype=torch.bfloat16)
+    tvp = torch.zeros_like(tkp)
+
+    def ref():
+        tkp.index_copy_(0, ts, tk)
+        tvp.index_copy_(0, ts, tv)
+
+    res["torch_index_copy_us"] = torch_events_us(torch, ref, reps(50, 1))
+    row(f"kv_write {total // 1024}k tokens (K+V)", res["q12drv_us"], "torch index_copy_ (K, V)",
+        res["torch_index_copy_us"], note="info: device time")
+
+
+def section_rope():
+    from q12drv.kernels import ops
+
+    dev = DEV
+    counts = [2048] * 8 if gpu() else [32] * 2
+    hq, hkv, d, rd, theta = 16, 2, 256, 64, 1e7
+    meta, streams, num_blocks, arena, tables = _pass_meta(dev, counts)
+    total = sum(counts)
+    res = {"tokens": total, "shape": [hq, hkv, d, rd]}
+    bufs = []
+    try:
+        q, _ = _rand_bf16(dev, (total, hq, d), 3)
+        k, _ = _rand_bf16(dev, (total, hkv, d), 4)
+        bufs += [q, k]
+
+        def q12():
+            ops.rope(dev, meta, q.ptr, k.ptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, rotary_dim=rd, theta=theta)
+
+        res["q12drv_us"] = q12_events_us(dev, q12, reps(50, 1))
+        RESULTS["sections"]["rope"] = res
+        if gpu():
+            _comparator("rope/torch", lambda: _rope_torch(streams, total, hq, hkv, d, rd, theta, res))
+    finally:
+        dev.synchronize()
+        for b in bufs:
+            b.free()
+        arena.close()
+        tables.free()
+
+
+def _rope_torch(streams, total, hq, hkv, d, rd, theta, res):
+    torch = torch_mod()
+    pos = torch.from_numpy(np.concatenate([np.arange(s.proc_start, s.proc_start + s.proc_count)
+                                           for s in streams])).cuda()
+    tq = torch.randn(total, hq, d, device="cuda", dtype=torch.bfloat16)
+    tk = torch.randn(total, hkv, d, device="cuda", dtype=torch.bfloat16)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rd, 2, device="cuda", dtype=torch.float32) / rd))
+
+    def rotate_half(x):
+        x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+        return torch.cat((-x2, x1), dim=-1)
+
+    def hf():
+        freqs = pos[:, None].float() * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(tq.dtype)[:, None, :], emb.sin().to(tq.dtype)[:, None, :]
+        out = []
+        for x in (tq, tk):
+            xr, xp = x[..., :rd], x[..., rd:]
+            out.append(torch.cat((xr * cos + rotate_half(xr) * sin, xp), dim=-1))
+        return out
+
+    res["torch_eager_us"] = torch_events_us(torch, hf, reps(50, 1))
+    row(f"rope {total // 1024}k tokens (Hq16 Hkv2 D256 rd64)", res["q12drv_us"], "eager torch (HF formula)",
+        res["torch_eager_us"], note="info: device time")
+
+
+def section_attention():
+    from q12drv.kernels import ops
+
+    dev = DEV
+    n, L = (8, 2048) if gpu() else (2, 16)
+    hq, hkv, d, bs = 16, 2, 128, 16
+    counts = [L] * n
+    meta, streams, num_blocks, arena, tables = _pass_meta(dev, counts, block_size=bs)
+    total = n * L
+    res = {"n": n, "tokens": L, "shape": [hq, hkv, d, bs]}
+    bufs = []
+    try:
+        q, _ = _rand_bf16(dev, (total, hq, d), 5)
+        k, _ = _rand_bf16(dev, (total, hkv, d), 6)
+        v, _ = _rand_bf16(dev, (total, hkv, d), 7)
+        pool_bytes = num_blocks * bs * hkv * d * 2
+        kp, vp = dev.alloc(pool_bytes), dev.alloc(pool_bytes)
+        o = dev.alloc(total * hq * d * 2)
+        bufs += [q, k, v, kp, vp, o]
+        ops.kv_write(dev, meta, k.ptr, v.ptr, kp.ptr, vp.ptr, num_kv_heads=hkv, head_dim=d, num_blocks=num_blocks)
+
+        def q12():
+            ops.attention(dev, meta, q.ptr, kp.ptr, vp.ptr, o.ptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d)
+
+        res["q12drv_us"] = q12_events_us(dev, q12, reps(30, 1))
+        RESULTS["sections"]["attention"] = res
+        if gpu():
+            _comparator("attention/torch", lambda: _attention_torch(n, L, hq, hkv, d, res))
+    finally:
+        dev.synchronize()
+        for b in bufs:
+            b.free()
+        arena.close()
+        tables.free()
+
+
+def _attention_torch(n, L, hq, hkv, d, res):
+    torch = torch_mod()
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    tq = torch.randn(n, hq, L, d, device="cuda", dtype=torch.bfloat16)
+    tk = torch.randn(n, hkv, L, d, device="cuda", dtype=torch.bfloat16).repeat_interleave(hq // hkv, dim=1)
+    tv = torch.randn(n, hkv, L, d, device="cuda", dtype=torch.bfloat16).repeat_interleave(hq // hkv, dim=1)
+    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        try:
+            def sdpa(backend=backend):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
+
+            res[f"torch_sdpa_{name}_us"] = torch_events_us(torch, sdpa, reps(30, 1))
+            row(f"attention {n}x{L} D{d} Hq{hq} Hkv{hkv} (paged)", res["q12drv_us"],
+                f"torch SDPA {name} (gathered K/V)", res[f"torch_sdpa_{name}_us"], note="info: device time")
+        except Exception as exc:
+            RESULTS["errors"][f"attention/sdpa_{name}"] = f"{type(exc).__name__}: {exc}"
+
+
+def section_graph():
+    dev = DEV
+    res = {}
+    step = common.StepCase(dev, common.step_counts("8x128", gpu()))
+    try:
+        for expand in ("host", "device"):
+            gp, arena = step.pass_graph(expand)
+            try:
+                step.reset()
+                step.run("batched")
+                dev.synchronize()
+                eager = {k: step.read(k) for k in ("o", "go", "k_pool", "states")}
+                step.reset()
+                step.replay(gp)
+                dev.synchronize()
+                equal = all(step.read(k) == v for k, v in eager.items())
+                t = host_and_round_trip({"eager": lambda: step.run("batched"), "replay": lambda: step.replay(gp),
+                                         "per_stream": lambda: step.run("per_stream")}, reps(50, 2), dev.synchronize)
+                res[expand] = {"replay_equals_eager": equal, **t}
+            finally:
+                gp.close()
+                arena.close()
+            row(f"graph ({expand} metadata): set_streams + replay", res[expand]["replay"]["round_trip_us"],
+                "eager batched step (Q12Pass)", res[expand]["eager"]["round_trip_us"],
+                note="info: 8x128 attn+GDN" + ("" if equal else "; REPLAY != EAGER"))
+            row(f"graph ({expand} metadata): set_streams + replay", res[expand]["replay"]["round_trip_us"],
+                "per-stream fallback step", res[expand]["per_stream"]["round_trip_us"], note="info: 8x128 attn+GDN")
+            if not equal:
+                RESULTS["errors"][f"graph/{expand}"] = "replay results differ from the eager pass"
+    finally:
+        step.close()
+    RESULTS["sections"]["graph"] = res
+
+
+SECTIONS = {
+    "launch": section_launch,
+    "staging": section_staging,
+    "curve": section_curve,
+    "jit_slot": section_jit_slot,
+    "step": section_step,
+    "kv_write": section_kv_write,
+    "rope": section_rope,
+    "attention": section_attention,
+    "graph": section_graph,
+}
+
+
+# ----------------------------------------------------------------------------- report
+def environment(dev) -> dict:
+    env = {"date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "driver": dev.driver.name,
+           "device": dev.name, "arch": dev.arch, "python": platform.python_version(), "numpy": np.__version__,
+           "host": platform.node(), "cpu": platform.processor() or platform.machine()}
+    try:
+        env["commit"] = os.environ.get("Q12_COMMIT") or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+        env["dirty"] = bool(dirty)
+    except Exception:
+        env["commit"] = "unknown"
+    try:
+        env["driver_version"] = dev.driver.driver_version()
+        import cuda.bindings
+
+        env["cuda_bindings"] = cuda.bindings.__version__
+    except Exception:
+        pass
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+    except Exception:
+        env["torch"] = None
+    return env
+
+
+def print_table():
+    rows = RESULTS["table"]
+    print()
+    meta = RESULTS["meta"]
+    print(f"== q12drv vs comparators: {meta.get('device')} ({meta.get('driver')}), commit {meta.get('commit')}"
+          f"{' (dirty)' if meta.get('dirty') else ''}, {meta.get('date_utc')}")
+    for name, err in RESULTS["errors"].items():
+        print(f"   error in {name}: {err.splitlines()[0][:160]}")
+    header = f"{'name':<48} {'q12drv':>10} {'comparator':<40} {'comp':>10} {'ratio':>7}  {'goal':<8} {'met':<4}"
+    print(header)
+    print("-" * len(header))
+
+    def us(x):
+        return "-" if x is None else (f"{x:,.1f}" if x < 1e4 else f"{x:,.0f}")
+
+    for r in rows:
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
+        met = {True: "yes", False: "NO", None: "-"}[r["met"]]
+        goal = r["goal"] or "-"
+        print(f"{r['name'][:48]:<48} {us(r['q12drv_us']):>10} {r['comparator'][:40]:<40} {us(r['comparator_us']):>10} "
+              f"{ratio:>7}  {goal:<8} {met:<4}")
+    print("times in us; ratio = q12drv / comparator (lower is faster); goal applies to the ratio")
+
+
+def main(argv=None) -> int:
+    global ARGS, DEV
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="write every measurement as JSON here")
+    ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of: " + ", ".join(SECTIONS))
+    ap.add_argument("--driver", default=os.environ.get("Q12DRV_DRIVER") or "cuda",
+                    help="cuda (default) or emu (a plumbing check with tiny shapes; no comparators)")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions and curve points")
+    ap.add_argument("--budget-s", type=float, default=80.0, help="stop starting new work after this many seconds")
+    ARGS = ap.parse_args(argv)
+    DEV = q12drv.open_device(ARGS.driver)
+    RESULTS["meta"] = environment(DEV)
+    try:
+        for name in [s.strip() for s in ARGS.sections.split(",") if s.strip()]:
+            if name not in SECTIONS:
+                RESULTS["errors"][name] = "unknown section"
+                continue
+            if time.perf_counter() - T0 > ARGS.budget_s:
+                RESULTS["errors"][name] = "skipped: time budget spent"
+                continue
+            t = time.perf_counter()
+            print(f"-- {name} ...", flush=True)
+            try:
+                SECTIONS[name]()
+            except Exception as exc:
+                RESULTS["errors"][name] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+                print(traceback.format_exc(), file=sys.stderr, flush=True)
+                try:
+                    DEV.synchronize()
+                except Exception:
+                    pass
+            print(f"   {name}: {time.perf_counter() - t:.1f} s", flush=True)
+    finally:
+        RESULTS["meta"]["wall_s"] = time.perf_counter() - T0
+        if ARGS.out:
+            Path(ARGS.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(ARGS.out).write_text(json.dumps(RESULTS, indent=1, default=str))
+            print(f"wrote {ARGS.out}")
+        print_table()
+        try:
+            DEV.close()
+        except Exception:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""Launch latency (host enqueue time per launch), cuda-python's matrix plus q12drv's paths.
+
+For each parameter shape (``LAUNCH_CASES``): ``raw`` is the driver's launch call with the
+pre-packed argument array and nothing else (the floor); ``Launch.launch`` is q12drv's per-launch
+path; ``bound`` is :meth:`~q12drv.launch.Launch.bind`'s zero-argument callable; ``set+launch``
+rewrites every scalar argument first. One benchmark call is ``BATCH`` launches (the stream is
+drained before each call, outside the timing); ``extra_info["us_per_launch"]`` is per launch.
+"""
+
+import pytest
+
+from bench.common import LAUNCH_CASES, bench_launch, on_gpu, raw_launcher
+
+BATCH = 100
+GRID, BLOCK = (1, 1, 1), (32, 1, 1)
+PATHS = ("raw", "Launch.launch", "bound", "set+launch")
+
+
+def _batched(fn):
+    def run():
+        for _ in range(BATCH):
+            fn()
+    return run
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("case", list(LAUNCH_CASES))
+def test_launch_latency(benchmark, dev, case, path):
+    benchmark.group = f"launch-latency {case}"
+    launch = bench_launch(dev, case)
+    stream = dev.stream
+    if path == "raw":
+        fn = raw_launcher(dev, launch, GRID, BLOCK)
+    elif path == "Launch.launch":
+        def fn():
+            launch.launch(GRID, BLOCK, 0, stream)
+    elif path == "bound":
+        fn = launch.bind(GRID, BLOCK, 0, stream)
+    else:
+        values = LAUNCH_CASES[case][1]
+
+        def fn():
+            launch.set(**values)
+            launch.launch(GRID, BLOCK, 0, stream)
+    benchmark.extra_info["driver"] = dev.driver.name
+    benchmark.pedantic(_batched(fn), setup=dev.synchronize, rounds=50 if on_gpu(dev) else 5, iterations=1,
+                       warmup_rounds=1)
+    if benchmark.stats is not None:
+        benchmark.extra_info["us_per_launch"] = benchmark.stats.stats.median / BATCH * 1e6
+    dev.synchronize()
+
+
+def test_kv_write_launcher(benchmark, dev, staging_cases):
+    """``ops.kv_write``: argument checks, geometry, packing and the launch (8 streams x 16 tokens)."""
+    from q12drv.kernels import ops
+
+    benchmark.group = "launcher"
+    case = staging_cases(8, 16)
+    meta = case.host()
+    row = 2 * 256
+    pool = dev.alloc(case.num_blocks * 16 * row * 2, "bench pool")
+    rows = dev.alloc(8 * 16 * row * 2, "bench rows")
+    p, r = int(pool.ptr), int(rows.ptr)
+
+    def fn():
+        ops.kv_write(dev, meta, r, r, p, p, num_kv_heads=2, head_dim=256, num_blocks=case.num_blocks)
+
+    benchmark.pedantic(fn, setup=dev.synchronize, rounds=200 if on_gpu(dev) else 5, iterations=1, warmup_rounds=1)
+    dev.synchronize()
+    pool.free()
+    rows.free()

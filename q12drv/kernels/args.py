@@ -1,0 +1,67 @@
+"""Host-side checks of kernel arguments, shared by the launchers and :mod:`q12drv.prefill`.
+
+A bad argument must raise here, naming it and its bound, before anything is enqueued: on the GPU
+a NULL, wrapped or misaligned pointer is a fault (or silent corruption) far from its cause.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["I32_MAX", "ALIGN", "device_ptr", "count", "positive_float"]
+
+I32_MAX = (1 << 31) - 1
+_U64_MAX = (1 << 64) - 1
+_F32_MAX = float(np.finfo(np.float32).max)
+
+#: Byte alignment each kernel's accesses need, per pointer parameter (2 = one bf16; the kernels
+#: that vectorise opportunistically fall back to 2-byte accesses, the others do not).
+ALIGN = {
+    "attention": {"q": 16, "k_pool": 16, "v_pool": 16, "o": 16},  # cp.async 16 B loads, uint4 stores
+    "gdn": {"h_state_ptrs": 8, "q": 16, "k": 16, "v": 8, "o": 8, "g": 4, "beta": 4, "state": 4},
+    "kv_write": {"k": 2, "v": 2, "k_pool": 2, "v_pool": 2},
+    "rope": {"q": 2, "k": 2},
+}
+
+
+def device_ptr(name: str, value, align: int = 1) -> int:
+    """``value`` as a device address: an int in ``(0, 2**64)``, a multiple of ``align``.
+
+    Raises
+    ------
+    TypeError
+        Not an int (a float, a string, None...).
+    ValueError
+        NULL, negative, past 64 bits, or misaligned; the message names ``name`` and the bound.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be a device pointer (int), got {type(value).__name__} {value!r:.60}")
+    v = int(value)
+    if v <= 0 or v > _U64_MAX:
+        raise ValueError(f"{name} must be a non-NULL device pointer in (0, 2**64), got {v:#x}" if v >= 0 else
+                         f"{name} must be a non-NULL device pointer in (0, 2**64), got {v}")
+    if v % align:
+        raise ValueError(f"{name} must be {align}-byte aligned (the kernel's accesses need it), got {v:#x}")
+    return v
+
+
+def count(name: str, value, lo: int = 1, hi: int = I32_MAX) -> int:
+    """``value`` as an int in ``[lo, hi]`` (default: a positive C ``int``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.60}")
+    v = int(value)
+    if not lo <= v <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
+    return v
+
+
+def positive_float(name: str, value) -> float:
+    """``value`` as a positive finite float (fits a C ``float``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r:.60}")
+    v = float(value)
+    if not (v > 0 and math.isfinite(v) and v <= _F32_MAX):
+        raise ValueError(f"{name} must be a positive finite number that fits a float32, got {v}")
+    return v

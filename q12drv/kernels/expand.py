@@ -1,0 +1,145 @@
+"""Device-side expansion of the per-token metadata (``cuda_src/expand_meta.cu``): the host side.
+
+The stacked block's per-token fields (positions, H and W under MRoPE, slots: ``(4S + 8)·T`` bytes)
+follow from its per-stream fields (``block_table_ptrs``, ``seq_len_ptrs``, ``cu_seqlens``,
+``kv_lens``: ``O(n)`` bytes) and the device-resident block tables. :func:`stage_on_device` packs
+and copies only the per-stream fields and launches one kernel that writes the rest, so the host
+work and the bytes crossing PCIe no longer grow with the token count. Tokens past the last
+stream (a pass padded to fixed maxima for a CUDA graph) get position 0 and slot -1. The arena ends up holding
+exactly the bytes :func:`~q12drv.staging.stage_batched_attn_metadata` would have copied (pads
+included), at the same offsets: everything downstream (kernels, dumps, ``inspect``) is unchanged.
+
+It needs ``block_table_dev`` to hold the same table as ``block_table`` (the stager's contract
+anyway: the host copy is what is validated, the device copy what is read). Text positions only:
+a batch with per-stream MRoPE ``mrope_positions`` (vision tokens) is refused; stage it on the host.
+
+Entry::
+
+    q12_expand_meta(Q12Meta m, int block_shift, int dummy_kv_block, int use_mrope)
+
+grid ``(gx, n, 1)``: stream b is ``blockIdx.y``; block ``(THREADS, 1, 1)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+import numpy as np
+
+from ..staging import BatchedAttnMetadata, _stage_stacked
+from .meta import Q12MetaC, meta_from_staged
+
+__all__ = ["SOURCE", "ENTRIES", "THREADS", "MAX_STREAMS", "geometry", "reference", "emulate_expand_meta",
+           "EMULATORS", "stage_on_device", "device_bytes"]
+
+SOURCE = "expand_meta.cu"
+ENTRIES = ("q12_expand_meta",)
+#: Threads per CTA.
+THREADS = 256
+#: CTAs per stream at most (each walks the stream's tokens with a grid stride).
+_MAX_CTAS_PER_STREAM = 32
+#: grid.y limit of a launch: streams per pass the kernel handles.
+MAX_STREAMS = 65535
+
+
+def geometry(n: int, chunk_len: int) -> tuple:
+    """``(grid, block, smem)`` of ``q12_expand_meta`` for ``n`` streams of at most ``chunk_len`` tokens."""
+    if not 1 <= n <= MAX_STREAMS:
+        raise ValueError(f"q12_expand_meta handles 1..{MAX_STREAMS} streams (grid.y), got {n}")
+    gx = max(1, min(-(-int(chunk_len) // THREADS), _MAX_CTAS_PER_STREAM))
+    return (gx, int(n), 1), (THREADS, 1, 1), 0
+
+
+def device_bytes(layout) -> int:
+    """Bytes the device path copies for ``layout``: the per-stream tail (the rest is written on the device)."""
+    return layout.staged_bytes - layout.field("block_table_ptrs").offset
+
+
+def reference(cu_seqlens, kv_lens, tables, block_size: int, dummy_kv_block: int) -> tuple:
+    """Positions (u32) and slots (i64) of the packed tokens ``0 .. cu_seqlens[n]``, from the per-stream
+    fields and tables."""
+    cu = np.asarray(cu_seqlens, np.int64)
+    kv = np.asarray(kv_lens, np.int64)
+    pos, slots = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for b in range(kv.size):
+        count = int(cu[b + 1] - cu[b])
+        p = np.arange(int(kv[b]) - count, int(kv[b]), dtype=np.int64)
+        blocks = np.asarray(tables[b], np.int64)[p // block_size]
+        blocks = np.where(blocks < 0, dummy_kv_block, blocks)
+        pos.append(p)
+        slots.append(blocks * block_size + p % block_size)
+    return (np.concatenate(pos).astype(np.uint32), np.concatenate(slots))
+
+
+def emulate_expand_meta(args: dict, mem, grid, block) -> None:
+    """Emulated-driver stand-in for ``q12_expand_meta``: reads the per-stream fields and tables through ``mem``."""
+    grid = tuple(int(x) for x in grid)
+    block = tuple(int(x) for x in block)
+    m: Q12MetaC = args["m"]
+    n, total = int(m.batch_size), int(m.total_tokens)
+    if grid[1] != n or grid[2] != 1 or grid[0] < 1:
+        raise ValueError(f"q12_expand_meta needs grid (x, n={n}, 1), got {grid}")
+    if block[1:] != (1, 1) or block[0] < 1:
+        raise ValueError(f"q12_expand_meta needs a 1-D block, got {block}")
+    shift = int(args["block_shift"])
+    if not 0 <= shift <= 30:
+        raise ValueError(f"block_shift must be in [0, 30], got {shift}")
+    bs = 1 << shift
+    cu = np.array(mem.array(m.cu_seqlens, np.int32, (n + 1,)), np.int64)
+    kv = np.array(mem.array(m.kv_lens, np.int32, (n,)), np.int64)
+    table_ptrs = np.array(mem.array(m.block_table_ptrs, np.uint64, (n,)))
+    tables = []
+    for b in range(n):
+        needed = -(-int(kv[b]) // bs)
+        tables.append(np.array(mem.array(int(table_ptrs[b]), np.int32, (needed,))) if needed else np.zeros(0, np.int32))
+    pos, slots = reference(cu, kv, tables, bs, int(args["dummy_kv_block"]))
+    real = int(cu[n])
+    if not 0 <= real <= total:
+        raise ValueError(f"cu_seqlens[n] = {real} is not within total_tokens {total}")
+    rows = [m.positions] + ([m.positions_h, m.positions_w] if int(args["use_mrope"]) else [])
+    pad = total & 1
+    for ptr in rows:
+        out = mem.array(ptr, np.uint32, (total + pad,))
+        out[:real] = pos
+        out[real:] = 0  # padding tokens past the last stream, and the row's pad word
+    slot_out = mem.array(m.slots, np.int64, (total,))
+    slot_out[:real] = slots
+    slot_out[real:] = -1
+
+
+EMULATORS = {"q12_expand_meta": emulate_expand_meta}
+
+
+def stage_on_device(arena, streams: Sequence, *, block_size: int, use_mrope: bool, scratch_offset_bytes: int,
+                    dummy_kv_block: int, stream: Any = None) -> BatchedAttnMetadata:
+    """:func:`~q12drv.staging.stage_batched_attn_metadata`, with the per-token fields written on the device.
+
+    Same arguments, same checks, same result and the same bytes in the arena; the host packs and
+    copies only the per-stream fields (:func:`device_bytes`), then one ``q12_expand_meta`` launch
+    on ``stream`` writes positions and slots from them and the device block tables.
+
+    Raises
+    ------
+    ValueError
+        A stream carries ``mrope_positions`` (vision tokens: use the host stager), or more than
+        :data:`MAX_STREAMS` streams; plus everything the host stager raises. Nothing is written.
+    """
+    global _prepared
+    if _prepared is None:
+        from .ops import prepared as _prepared  # ops imports this module for its kernel list
+    launch = _prepared(arena.device, "q12_expand_meta")  # loaded (compiled) before anything is written
+    meta, _ = _stage_stacked(arena, streams, block_size, use_mrope, scratch_offset_bytes, dummy_kv_block, stream,
+                             tail_only=True)
+    try:
+        launch.set(block_shift=meta.block_size.bit_length() - 1, dummy_kv_block=meta.dummy_kv_block,
+                   use_mrope=int(meta.use_mrope))
+        launch.args.m = meta_from_staged(meta)
+        launch.launch(*geometry(meta.batch_size, meta.chunk_len), stream)
+    except BaseException:
+        arena.unreserve(arena.regions[-1])
+        raise
+    return meta
+
+
+_prepared = None
+
+

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""One small prefill step through q12drv.prefill.Q12Pass, for compute-sanitizer (scripts/sanitize.sh).
+
+Two passes over 3 ragged streams of a few dozen tokens (cached prefixes, a shared dummy block):
+plain RoPE with a D=64 attention layer and a d=64 Gated DeltaNet layer, then MRoPE (interleaved,
+vision positions on one stream) with a D=128 attention layer; each pass batched and per stream.
+Everything goes through q12drv's own driver API (no torch). Every buffer the step writes has a
+256-byte guard band before and after it, filled with 0xA5 and checked afterwards; the arena's own
+guard band too. Batched and per stream must agree bit for bit, every output element must be
+written, and the staged metadata must read back as the seed defines it.
+
+    python3 scripts/sanitize_step.py [--driver cuda|emu] [--compile-only]
+
+Exit status 0 when every check passes, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import numpy as np  # noqa: E402
+
+from q12drv import ScratchArena, StreamStageInfo, make_scratch_plan, open_device  # noqa: E402
+from q12drv.bf16 import to_bf16_bits  # noqa: E402
+from q12drv.checks import verify_readback  # noqa: E402
+from q12drv.prefill import AttentionShape, GdnShape, Q12Pass  # noqa: E402
+
+GUARD = 256
+GUARD_BYTE = 0xA5
+BLOCK = 16
+COUNTS = (23, 41, 9)
+STARTS = (16, 0, 37)       # stream 0 and 2 have part of their prompt in the KV cache already
+GDN = GdnShape(num_k_heads=2, num_v_heads=4, head_dim=64)
+LAYERS = {
+    "rope d64": (False, AttentionShape(4, 2, 64, 64, 1e4)),
+    "mrope d128": (True, AttentionShape(4, 2, 128, 64, 1e6, mrope_mode=2, mrope_section=(11, 11, 10))),
+}
+
+
+class Guarded:
+    """A device buffer with a guard band on each side; ``ptr`` is the first byte after the front band."""
+
+    def __init__(self, dev, name: str, host: np.ndarray):
+        self.dev, self.name, self.host = dev, name, np.ascontiguousarray(host)
+        self.buf = dev.alloc(self.host.nbytes + 2 * GUARD, name)
+        dev.memset(self.buf.ptr, GUARD_BYTE, self.buf.nbytes)
+        dev.upload(int(self.buf.ptr) + GUARD, self.host)
+        self.ptr = int(self.buf.ptr) + GUARD
+
+    def reset(self) -> None:
+        self.dev.upload(self.ptr, self.host)
+
+    def get(self, problems: list) -> bytes:
+        raw = self.dev.download(self.buf.ptr, self.buf.nbytes)
+        if raw[:GUARD] != bytes([GUARD_BYTE]) * GUARD or raw[-GUARD:] != bytes([GUARD_BYTE]) * GUARD:
+            problems.append(f"guard band around {self.name} overwritten")
+        return raw[GUARD:-GUARD]
+
+
+def make_streams(dev, rng, mrope: bool):
+    needed = [-(-(s + c) // BLOCK) for s, c in zip(STARTS, COUNTS)]
+    ids = rng.permutation(np.arange(1, sum(needed) + 1)).astype(np.int32)  # block 0: the dummy block
+    tables, off = [], 0
+    for k in needed:
+        tables.append(ids[off:off + k])
+        off += k
+    flat = np.concatenate(tables + [np.array([s + c for s, c in zip(STARTS, COUNTS)], np.int32)])
+    tbuf = Guarded(dev, "block tables + seq_lens", flat)
+    streams, at = [], 0
+    for b, (s, c) in enumerate(zip(STARTS, COUNTS)):
+        mp = None
+        if mrope and b == 1:  # vision tokens: T fixed, H and W walk a 4-wide grid
+            mp = np.stack([np.full(c, s), s + np.arange(c) // 4, s + np.arange(c) % 4]).astype(np.int64)
+        streams.append(StreamStageInfo(s, c, tables[b], tbuf.ptr + 4 * at, tbuf.ptr + 4 * (off + b), mp))
+        at += tables[b].size
+    return streams, tbuf, int(ids.max()) + 1
+
+
+def host_inputs(rng, total: int, n: int, num_blocks: int, attn: AttentionShape) -> dict:
+    hq, hkv, d = attn.num_q_heads, attn.num_kv_heads, attn.head_dim
+    hk, hv, dg = GDN.num_k_heads, GDN.num_v_heads, GDN.head_dim
+    return {
+        "q": to_bf16_bits(rng.standard_normal((total, hq, d))),
+        "k": to_bf16_bits(rng.standard_normal((total, hkv, d))),
+        "v": to_bf16_bits(rng.standard_normal((total, hkv, d))),
+        "k_pool": to_bf16_bits(rng.standard_normal((num_blocks, BLOCK, hkv, d))),
+        "v_pool": to_bf16_bits(rng.standard_normal((num_blocks, BLOCK, hkv, d))),
+        "o": np.full((total, hq, d), 0xFFFF, np.uint16),
+        "gq": to_bf16_bits(rng.standard_normal((total, hk, dg))),
+        "gk": to_bf16_bits(rng.standard_normal((total, hk, dg))),
+        "gv": to_bf16_bits(rng.standard_normal((total, hv, dg))),
+        "g": (-np.exp(rng.standard_normal((total, hv)) * 0.5) * 0.1).astype(np.float32),
+        "beta": (1 / (1 + np.exp(-rng.standard_normal((total, hv))))).astype(np.float32),
+        "go": np.full((total, hv, dg), 0xFFFF, np.uint16),
+        "states": (rng.standard_normal((n, hv, dg, dg)) * 0.1).astype(np.float32),
+    }
+
+
+def step(dev, name: str, problems: list) -> None:
+    mrope, attn = LAYERS[name]
+    rng = np.random.default_rng(12)
+    streams, tbuf, num_blocks = make_streams(dev, rng, mrope)
+    n, total = len(streams), sum(COUNTS)
+    host = host_inputs(rng, total, n, num_blocks, attn)
+    bufs = {k: Guarded(dev, f"{name} {k}", a) for k, a in host.items()}
+    chunks = [(s.proc_start + s.proc_count, s.proc_count, 0, False) for s in streams]
+    plan = make_scratch_plan(list(COUNTS), 4, mrope, "exact")
+    results = {}
+    with ScratchArena(dev, plan.total_bytes + 512) as arena:
+        for mode in ("batched", "per_stream"):
+            for b in bufs.values():
+                b.reset()
+            q12 = Q12Pass(arena, streams, block_size=BLOCK, use_mrope=mrope, dummy_kv_block=0, top_k=4,
+                          head_dim=attn.head_dim, chunks=chunks, policy="exact", mode=mode)
+            if q12.mode != mode:
+                problems.append(f"{name}: asked for {mode}, ran {q12.mode} ({q12.reason})")
+            p = {k: b.ptr for k, b in bufs.items()}
+            q12.attention_layer(p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], attn, num_blocks=num_blocks)
+            if attn.head_dim == 64:
+                states = [p["states"] + b * host["states"][0].nbytes for b in range(n)]
+                q12.gdn_layer(states, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], GDN)
+            dev.synchronize()
+            metas = [(q12.meta, streams)] if q12.batched else [(m, [s]) for m, s in zip(q12.stream_meta, streams)]
+            for meta, ss in metas:
+                for line in verify_readback(arena.read(meta.scratch_offset_bytes, meta.staged_bytes), meta, ss):
+                    problems.append(f"{name} {mode}: staged metadata: {line}")
+            results[mode] = {k: b.get(problems) for k, b in bufs.items()}
+            if not arena.guard_intact():
+                problems.append(f"{name} {mode}: the arena's guard band was overwritten")
+        written = ["o"] + (["go"] if attn.head_dim == 64 else [])
+        for k in written:
+            if np.any(np.frombuffer(results["batched"][k], np.uint16) == 0xFFFF):
+                problems.append(f"{name}: {k} has elements the kernels never wrote")
+        differ = [k for k in results["batched"] if results["batched"][k] != results["per_stream"][k]]
+        if differ:
+            problems.append(f"{name}: batched and per stream differ in {', '.join(differ)}")
+        tbuf.get(problems)
+    for b in list(bufs.values()) + [tbuf]:
+        b.buf.free()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="sanitize_step.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--driver", default="cuda", choices=["cuda", "emu", "auto"])
+    ap.add_argument("--compile-only", action="store_true",
+                    help="compile (and cache) the kernels the step uses, then exit (run once before the sanitizer)")
+    args = ap.parse_args(argv)
+    problems: list = []
+    with open_device(args.driver) as dev:
+        if args.compile_only:
+            from q12drv.kernels import ops
+
+            for entry in ("q12_rope", "q12_kv_write", "q12_attn_prefill_d64", "q12_attn_prefill_d128",
+                          "q12_gdn_prefill_d64"):
+                ops.prepared(dev, entry)
+            print(f"sanitize_step: kernels compiled and cached on {dev.name}")
+            return 0
+        for name in LAYERS:
+            step(dev, name, problems)
+    for line in problems:
+        print("FAIL " + line)
+    print(f"sanitize_step: {'ok' if not problems else f'{len(problems)} problems'} "
+          f"({', '.join(LAYERS)}; batched and per stream; 3 streams, {sum(COUNTS)} tokens)")
+    return 0 if not problems else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""On the GPU: the device-side expansion writes the host stager's bytes, and a pass captured as a CUDA
+graph and replayed with new metadata equals the eager pass bit for bit (same checks as the emulated
+tests in tests/test_kernel_expand.py and tests/test_graphs.py, through the real driver)."""
+
+import numpy as np
+import pytest
+
+from q12drv import ScratchArena, StreamStageInfo, open_device, stage_batched_attn_metadata
+from q12drv.graphs import PassGraph, capture
+from q12drv.kernels import expand
+from q12drv.kernels.ops import prepared
+from tests.helpers import make_streams
+from tests.test_graphs import BS, MAX_STREAMS, MAX_TOKENS, World, _assert_same
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    dev = open_device("cuda")
+    yield dev
+    dev.close()
+
+
+@pytest.mark.parametrize("mrope", [False, True])
+def test_device_expansion_writes_the_host_bytes(gpu, mrope):
+    rng = np.random.default_rng()
+    for counts, starts, bs in (([2048] * 8, [0] * 8, 16), ([1, 15, 16, 17, 63, 1100], [0, 3, 16, 100, 7, 5000], 16),
+                               ([333, 4097], [64, 1], 64), ([1], [0], 1)):
+        streams, _ = make_streams(gpu, counts, starts, block_size=bs, rng=rng)
+        s = streams[-1]
+        t = s.block_table.copy()
+        t[-1] = -1  # an evicted block, in both copies of the table
+        gpu.upload(s.block_table_dev, t)
+        streams[-1] = StreamStageInfo(s.proc_start, s.proc_count, t, s.block_table_dev, s.seq_len_dev)
+        with ScratchArena(gpu, 1 << 22) as a1, ScratchArena(gpu, 1 << 22) as a2:
+            m1 = stage_batched_attn_metadata(a1, streams, block_size=bs, use_mrope=mrope, scratch_offset_bytes=128,
+                                             dummy_kv_block=3)
+            m2 = expand.stage_on_device(a2, streams, block_size=bs, use_mrope=mrope, scratch_offset_bytes=128,
+                                        dummy_kv_block=3)
+            assert a1.read(128, m1.staged_bytes) == a2.read(128, m2.staged_bytes)
+            assert a2.guard_intact()
+
+
+def test_bind_and_capture_a_launch(gpu):
+    launch = prepared(gpu, "q12_expand_meta")
+    streams, _ = make_streams(gpu, [40, 7])
+    with ScratchArena(gpu, 1 << 16) as arena:
+        meta = expand.stage_on_device(arena, streams, block_size=16, use_mrope=False, scratch_offset_bytes=0,
+                                      dummy_kv_block=0)
+        gpu.synchronize()
+        want = arena.read(0, meta.staged_bytes)
+        gpu.memset(int(arena.base), 0, meta.layout.field("block_table_ptrs").offset)  # wipe the per-token fields
+        fire = launch.bind(*expand.geometry(2, 40)[:2], 0, gpu.stream)
+        with capture(gpu) as graph:
+            fire()
+        graph.launch()
+        gpu.synchronize()
+        assert arena.read(0, meta.staged_bytes) == want
+        graph.destroy()
+
+
+@pytest.mark.parametrize("expand_mode", ["host", "device"])
+def test_pass_graph_replay_equals_eager(gpu, expand_mode):
+    w = World(gpu, np.random.default_rng(11))
+    want = {name: w.eager(name) for name in ("A", "B")}
+    with ScratchArena(gpu, 1 << 20) as arena:
+        gp = PassGraph(arena, max_streams=MAX_STREAMS, max_tokens=MAX_TOKENS, max_chunk=48, block_size=BS,
+                       use_mrope=False, dummy_kv_block=0, num_ssm_layers=1, state_bytes=w.state_bytes,
+                       expand=expand_mode)
+        try:
+            streams = w.batches["A"][0]
+            w.reset()
+            gp.set_streams(streams)
+            gp.set_states(0, w.states(len(streams)))
+            gp.capture(w.body)
+            for name in ("B", "A", "B"):
+                streams = w.batches[name][0]
+                gp.set_streams(streams)
+                gp.set_states(0, w.states(len(streams)))
+                w.reset()
+                gp.replay()
+                gpu.synchronize()
+                _assert_same(w.read(sum(s.proc_count for s in streams), len(streams)), want[name])
+        finally:
+            gp.close()

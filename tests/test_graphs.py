@@ -1,0 +1,210 @@
+"""CUDA graphs on the emulated driver: captured copies re-read pinned memory at replay, a pass
+captured for fixed maxima and replayed with new metadata equals the eager pass, padding sentinels."""
+
+
+import numpy as np
+import pytest
+
+from q12drv import CapacityError, HostRaceError, Q12Error, ScratchArena, make_scratch_plan, open_device
+from q12drv.bf16 import to_bf16_bits
+from q12drv.graphs import PassGraph, capture
+from q12drv.prefill import AttentionShape, GdnShape, Q12Pass
+from q12drv.staging import unpack_metadata
+from tests.helpers import make_streams
+
+BS = 16
+ATT = AttentionShape(4, 2, 64, 32, 1e4)
+GDN = GdnShape(2, 4, 64)
+MAX_STREAMS, MAX_TOKENS = 4, 96
+BATCH_A = ([20, 7, 33], [0, 16, 5])
+BATCH_B = ([10, 30, 1, 40], [3, 0, 64, 17])
+
+
+def test_a_captured_copy_reads_the_host_buffer_at_replay(emu):
+    pin = emu.pinned(64)
+    dst = emu.alloc(64)
+    pin.array[:] = 1
+    with capture(emu) as graph:
+        emu.driver.memcpy_htod_async(int(dst.ptr), pin.addr, 64, emu.stream.raw)
+    emu.synchronize()
+    assert emu.download(dst.ptr, 64) != bytes([1]) * 64  # captured, not run
+    for value in (2, 3):
+        pin.array[:] = value
+        graph.launch()
+        assert emu.download(dst.ptr, 64) == bytes([value]) * 64
+    graph.destroy()
+
+
+def test_a_failing_capture_block_ends_capture(emu):
+    with pytest.raises(RuntimeError, match="boom"):
+        with capture(emu):
+            raise RuntimeError("boom")
+    with capture(emu) as graph:  # the stream is not left capturing
+        pass
+    graph.launch()
+
+
+def test_deferred_replay_catches_a_pinned_rewrite_under_a_pending_replay():
+    with open_device("emu", deferred=True) as dev:
+        pin = dev.pinned(64)
+        dst = dev.alloc(64)
+        with capture(dev) as graph:
+            dev.driver.memcpy_htod_async(int(dst.ptr), pin.addr, 64, dev.stream.raw)
+        graph.launch()
+        pin.array[:] = 9  # rewritten before the replay ran
+        with pytest.raises(HostRaceError):
+            dev.synchronize()
+        dev.driver._drain(dev.stream.raw)
+
+
+class World:
+    """Inputs for one attention + one GDN layer over up to MAX_TOKENS rows, and buffers to run them on."""
+
+    def __init__(self, dev, rng):
+        self.dev = dev
+        self.batches = {}
+        for name, (counts, starts) in (("A", BATCH_A), ("B", BATCH_B)):
+            streams, tables = make_streams(dev, counts, starts, block_size=BS, num_blocks=40, rng=rng)
+            self.batches[name] = (streams, tables)
+        self.num_blocks = 40
+        t, hq, hkv, d = MAX_TOKENS, ATT.num_q_heads, ATT.num_kv_heads, ATT.head_dim
+        hk, hv, dg = GDN.num_k_heads, GDN.num_v_heads, GDN.head_dim
+        self.host = {
+            "q": to_bf16_bits(rng.standard_normal((t, hq, d))), "k": to_bf16_bits(rng.standard_normal((t, hkv, d))),
+            "v": to_bf16_bits(rng.standard_normal((t, hkv, d))), "o": np.zeros((t, hq, d), np.uint16),
+            "k_pool": to_bf16_bits(rng.standard_normal((40, BS, hkv, d))),
+            "v_pool": to_bf16_bits(rng.standard_normal((40, BS, hkv, d))),
+            "gq": to_bf16_bits(rng.standard_normal((t, hk, dg))), "gk": to_bf16_bits(rng.standard_normal((t, hk, dg))),
+            "gv": to_bf16_bits(rng.standard_normal((t, hv, dg))), "go": np.zeros((t, hv, dg), np.uint16),
+            "g": (-np.exp(rng.standard_normal((t, hv))) * 0.1).astype(np.float32),
+            "beta": (1 / (1 + np.exp(-rng.standard_normal((t, hv))))).astype(np.float32),
+            "states": (rng.standard_normal((MAX_STREAMS, hv, dg, dg)) * 0.1).astype(np.float32),
+        }
+        self.bufs = {k: dev.alloc(v.nbytes, k) for k, v in self.host.items()}
+        self.state_bytes = self.host["states"][0].nbytes
+
+    def reset(self):
+        for k, v in self.host.items():
+            self.dev.upload(self.bufs[k].ptr, v)
+
+    def p(self, k):
+        return int(self.bufs[k].ptr)
+
+    def states(self, n):
+        return [self.p("states") + b * self.state_bytes for b in range(n)]
+
+    def read(self, real, n):
+        out = {}
+        for k in ("o", "go", "q", "k"):
+            out[k] = self.dev.download_array(self.bufs[k].ptr, self.host[k].dtype, self.host[k].shape)[:real]
+        for k in ("k_pool", "v_pool"):
+            out[k] = self.dev.download_array(self.bufs[k].ptr, self.host[k].dtype, self.host[k].shape)
+        out["states"] = self.dev.download_array(self.bufs["states"].ptr, np.float32, self.host["states"].shape)[:n]
+        return out
+
+    def eager(self, name):
+        """The batched Q12Pass on fresh inputs: the reference a replay must equal."""
+        streams, _ = self.batches[name]
+        self.reset()
+        counts = [s.proc_count for s in streams]
+        plan = make_scratch_plan(counts, 0, False, "exact")
+        with ScratchArena(self.dev, plan.total_bytes + 4096) as arena:
+            chunks = [(s.proc_start + s.proc_count, s.proc_count, 0, False) for s in streams]  # cached heads
+            q12 = Q12Pass(arena, streams, block_size=BS, use_mrope=False, dummy_kv_block=0, head_dim=ATT.head_dim,
+                          chunks=chunks, policy="exact", mode="batched")
+            q12.attention_layer(self.p("q"), self.p("k"), self.p("v"), self.p("k_pool"), self.p("v_pool"), self.p("o"),
+                                ATT, num_blocks=self.num_blocks)
+            q12.gdn_layer(self.states(len(streams)), self.p("gq"), self.p("gk"), self.p("gv"), self.p("g"),
+                          self.p("beta"), self.p("go"), GDN)
+            self.dev.synchronize()
+        return self.read(sum(counts), len(streams))
+
+    def body(self, gp):
+        gp.attention_layer(self.p("q"), self.p("k"), self.p("v"), self.p("k_pool"), self.p("v_pool"), self.p("o"), ATT,
+                           num_blocks=self.num_blocks)
+        gp.gdn_layer(0, self.p("gq"), self.p("gk"), self.p("gv"), self.p("g"), self.p("beta"), self.p("go"), GDN)
+
+
+def _assert_same(got, want):
+    for k in want:
+        assert np.array_equal(got[k], want[k]), f"{k}: replay != eager"
+
+
+@pytest.mark.parametrize("deferred", [False, True], ids=["immediate", "deferred"])
+@pytest.mark.parametrize("expand", ["host", "device"])
+def test_pass_graph_replay_with_new_metadata_equals_eager(expand, deferred):
+    with open_device("emu", deferred=deferred) as dev:
+        w = World(dev, np.random.default_rng(7))
+        want = {name: w.eager(name) for name in ("A", "B")}
+        arena = ScratchArena(dev, 1 << 20)
+        gp = PassGraph(arena, max_streams=MAX_STREAMS, max_tokens=MAX_TOKENS, max_chunk=48, block_size=BS,
+                       use_mrope=False, dummy_kv_block=0, num_ssm_layers=1, state_bytes=w.state_bytes, expand=expand)
+        w.reset()
+        streams_a = w.batches["A"][0]
+        gp.set_streams(streams_a)
+        gp.set_states(0, w.states(len(streams_a)))
+        gp.capture(w.body)  # runs once eagerly, then records
+        dev.synchronize()
+        _assert_same(w.read(60, 3), want["A"])  # the capture's eager run
+        meta_bytes = {}
+        for name in ("A", "B", "A"):
+            streams = w.batches[name][0]
+            gp.set_streams(streams)
+            gp.set_states(0, w.states(len(streams)))
+            w.reset()
+            gp.replay()
+            dev.synchronize()
+            _assert_same(w.read(sum(s.proc_count for s in streams), len(streams)), want[name])
+            meta_bytes[name] = arena.read(gp.region.offset, gp.layout.staged_bytes)
+        assert gp.replays == 3
+        fields = unpack_metadata(meta_bytes["A"], gp.layout)
+        assert list(fields["cu_seqlens"]) == [0, 20, 27, 60, 60] and list(fields["kv_lens"]) == [20, 23, 38, 0]
+        assert (fields["slot_stacked"][60:] == -1).all() and (fields["positions_stacked"][60:] == 0).all()
+        assert not fields["_pads"].any()
+        gp.close()
+        arena.close()
+
+
+def test_pass_graph_refuses_what_does_not_fit(emu):
+    streams, _ = make_streams(emu, [10, 10, 10, 10, 10], block_size=BS)
+    with ScratchArena(emu, 1 << 16) as arena, PassGraph(arena, max_streams=4, max_tokens=40, max_chunk=10, block_size=BS,
+                                                         use_mrope=False, dummy_kv_block=0) as gp:
+        with pytest.raises(Q12Error, match="set_streams"):
+            gp.replay()
+        with pytest.raises(CapacityError):
+            gp.set_streams(streams)  # 5 streams
+        long, _ = make_streams(emu, [11], block_size=BS)
+        with pytest.raises(CapacityError, match="max_chunk"):
+            gp.set_streams(long)
+        with pytest.raises(ValueError):
+            gp.set_streams([])
+        gp.set_streams(streams[:4])
+        with pytest.raises(Q12Error, match="capture"):
+            gp.replay()
+        with pytest.raises(IndexError):
+            gp.set_states(0, [1])
+
+
+def test_pass_graph_device_expand_refuses_vision_positions(emu):
+    streams, _ = make_streams(emu, [8, 8], block_size=BS, mrope_vision=(1,))
+    with ScratchArena(emu, 1 << 16) as arena, PassGraph(arena, max_streams=2, max_tokens=16, block_size=BS,
+                                                         use_mrope=True, dummy_kv_block=0, expand="device") as gp:
+        with pytest.raises(ValueError, match="mrope_positions"):
+            gp.set_streams(streams)
+
+
+def test_pass_graph_host_padding_with_vision_positions(emu):
+    streams, _ = make_streams(emu, [8, 5], starts=[16, 0], block_size=BS, mrope_vision=(1,))
+    with ScratchArena(emu, 1 << 16) as arena, PassGraph(arena, max_streams=3, max_tokens=17, block_size=BS,
+                                                         use_mrope=True, dummy_kv_block=0) as gp:
+        gp.set_streams(streams)
+        gp.capture(lambda gp: None)
+        gp.replay()
+        emu.synchronize()
+        f = unpack_metadata(arena.read(gp.region.offset, gp.layout.staged_bytes), gp.layout)
+        assert list(f["positions_stacked"][:8]) == list(range(16, 24))
+        assert list(f["positions_h_stacked"][8:13]) == list(streams[1].mrope_positions[1])
+        for name in ("positions_stacked", "positions_h_stacked", "positions_w_stacked"):
+            assert (f[name][13:] == 0).all()
+        assert (f["slot_stacked"][13:] == -1).all() and not f["_pads"].any()
+        assert list(f["cu_seqlens"]) == [0, 8, 13, 13] and list(f["kv_lens"]) == [24, 5, 0]

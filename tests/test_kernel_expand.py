@@ -1,0 +1,120 @@
+"""Device-side expansion (``cuda_src/expand_meta.cu``): compiles, and on the emulated driver leaves the
+arena byte for byte as the host stager does, from one small copy of the per-stream fields."""
+
+import re
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from q12drv import ScratchArena, StreamStageInfo, open_device, stage_batched_attn_metadata
+from q12drv.kernels import expand
+from q12drv.kernels.meta import meta_defines
+from tests.helpers import make_streams
+
+
+def test_compiles_without_spills():
+    from q12drv.nvrtc import compile_source
+
+    img = compile_source(expand.SOURCE, arch="sm_90", defines=meta_defines(), use_cache=False, verbose_resources=True)
+    assert img.image and "Compiling entry function 'q12_expand_meta'" in img.log, img.log
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", img.log)
+    assert spills and all(a == "0" and b == "0" for a, b in spills), img.log
+
+
+def test_entries_match_source():
+    from q12drv.nvrtc import cuda_src_dir
+
+    src = (cuda_src_dir() / expand.SOURCE).read_text()
+    decl = re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', src)
+    assert tuple(name for name, _ in decl) == expand.ENTRIES
+    assert [p.split()[-1] for p in decl[0][1].split(",")] == ["m", "block_shift", "dummy_kv_block", "use_mrope"]
+    assert set(expand.EMULATORS) == set(expand.ENTRIES)
+
+
+def _both(dev, streams, *, mrope, bs, dummy, offset=64):
+    with ScratchArena(dev, 1 << 21) as a1, ScratchArena(dev, 1 << 21) as a2:
+        m1 = stage_batched_attn_metadata(a1, streams, block_size=bs, use_mrope=mrope, scratch_offset_bytes=offset,
+                                         dummy_kv_block=dummy)
+        m2 = expand.stage_on_device(a2, streams, block_size=bs, use_mrope=mrope, scratch_offset_bytes=offset,
+                                    dummy_kv_block=dummy)
+        assert a2.cursor == offset + m2.staged_bytes == a1.cursor
+        for name in ("batch_size", "chunk_len", "total_tokens", "max_blocks_per_seq", "staged_bytes", "use_mrope"):
+            assert getattr(m1, name) == getattr(m2, name), name
+        assert list(m1.cu_seqlens_host) == list(m2.cu_seqlens_host) and list(m1.kv_lens_host) == list(m2.kv_lens_host)
+        return a1.read(offset, m1.staged_bytes), a2.read(offset, m2.staged_bytes)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_device_path_writes_the_host_path_bytes(data):
+    n = data.draw(st.integers(1, 10))
+    counts = data.draw(st.lists(st.integers(1, 300), min_size=n, max_size=n))
+    starts = data.draw(st.lists(st.integers(0, 400), min_size=n, max_size=n))
+    bs = data.draw(st.sampled_from([1, 16, 64]))
+    mrope = data.draw(st.booleans())
+    dummy = data.draw(st.integers(0, 3))
+    deferred = data.draw(st.booleans())
+    with open_device("emu", deferred=deferred) as dev:
+        rng = np.random.default_rng(n)
+        streams, _ = make_streams(dev, counts, starts, block_size=bs, rng=rng)
+        if data.draw(st.booleans()):  # an evicted block: the host table and the device table agree on -1
+            s = streams[0]
+            t = s.block_table.copy()
+            t[0] = -1
+            dev.upload(s.block_table_dev, t)
+            streams[0] = StreamStageInfo(s.proc_start, s.proc_count, t, s.block_table_dev, s.seq_len_dev)
+        host, device = _both(dev, streams, mrope=mrope, bs=bs, dummy=dummy)
+        assert host == device
+
+
+def test_one_small_copy_and_one_launch(emu, monkeypatch):
+    streams, _ = make_streams(emu, [700, 5, 64], starts=[0, 3, 100])
+    copies, launches = [], []
+    real_copy, real_launch = emu.driver.memcpy_htod_async, emu.driver.launch
+    monkeypatch.setattr(emu.driver, "memcpy_htod_async", lambda *a: (copies.append(a[2]), real_copy(*a)))
+    monkeypatch.setattr(emu.driver, "launch", lambda *a: (launches.append(a[0].name), real_launch(*a)))
+    with ScratchArena(emu, 1 << 20) as arena:
+        meta = expand.stage_on_device(arena, streams, block_size=16, use_mrope=True, scratch_offset_bytes=0,
+                                      dummy_kv_block=0)
+        assert copies == [expand.device_bytes(meta.layout)] and copies[0] == 16 * 3 + 16 + 16
+        assert launches == ["q12_expand_meta"]
+
+
+def test_vision_positions_and_bad_input_are_refused_before_anything_is_written(emu):
+    streams, _ = make_streams(emu, [9, 12], mrope_vision=(1,))
+    with ScratchArena(emu, 1 << 16) as arena:
+        arena.reserve("moe", 64)
+        before = arena.read(0, arena.capacity)
+        with pytest.raises(ValueError, match="mrope_positions"):
+            expand.stage_on_device(arena, streams, block_size=16, use_mrope=True, scratch_offset_bytes=64,
+                                   dummy_kv_block=0)
+        with pytest.raises(ValueError, match="power of two"):
+            expand.stage_on_device(arena, streams[:1], block_size=24, use_mrope=True, scratch_offset_bytes=64,
+                                   dummy_kv_block=0)
+        assert arena.read(0, arena.capacity) == before and arena.cursor == 64
+
+
+def test_emulator_refuses_a_grid_that_does_not_cover_the_streams(emu):
+    streams, _ = make_streams(emu, [9, 12])
+    with ScratchArena(emu, 1 << 16) as arena:
+        meta = expand.stage_on_device(arena, streams, block_size=16, use_mrope=False, scratch_offset_bytes=0,
+                                      dummy_kv_block=0)
+        from q12drv.kernels import ops
+        from q12drv.kernels.meta import meta_from_staged
+
+        launch = ops.prepared(emu, "q12_expand_meta")
+        launch.args.m = meta_from_staged(meta)
+        with pytest.raises(ValueError, match="grid"):
+            launch.launch((1, 1, 1), (256, 1, 1))
+
+
+def test_geometry():
+    assert expand.geometry(8, 2048) == ((8, 8, 1), (256, 1, 1), 0)
+    assert expand.geometry(1, 1) == ((1, 1, 1), (256, 1, 1), 0)
+    assert expand.geometry(64, 1 << 20)[0] == (32, 64, 1)
+    with pytest.raises(ValueError):
+        expand.geometry(0, 5)
+    with pytest.raises(ValueError):
+        expand.geometry(70000, 5)
