@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """One small prefill step through q12drv.prefill.Q12Pass, for compute-sanitizer (scripts/sanitize.sh).
 
-Two passes over 3 ragged streams of a few dozen tokens (cached prefixes, a shared dummy block):
-plain RoPE with a D=64 attention layer and a d=64 Gated DeltaNet layer, then MRoPE (interleaved,
-vision positions on one stream) with a D=128 attention layer; each pass batched and per stream.
+Three passes over 3 ragged streams of a few dozen tokens (cached prefixes, a shared dummy block),
+so that every kernel runs: plain RoPE with a D=64 attention layer and a d=64 Gated DeltaNet layer;
+MRoPE (interleaved, vision positions on one stream) with a D=128 attention layer; plain RoPE with a
+D=256 attention layer and a d=128 GDN layer, its metadata expanded on the device
+(``q12_expand_meta``) and compared with the host stager's bytes; each pass batched and per stream.
 Everything goes through q12drv's own driver API (no torch). Every buffer the step writes has a
 256-byte guard band before and after it, filled with 0xA5 and checked afterwards; the arena's own
 guard band too. Batched and per stream must agree bit for bit, every output element must be
@@ -34,10 +36,13 @@ GUARD_BYTE = 0xA5
 BLOCK = 16
 COUNTS = (23, 41, 9)
 STARTS = (16, 0, 37)       # stream 0 and 2 have part of their prompt in the KV cache already
-GDN = GdnShape(num_k_heads=2, num_v_heads=4, head_dim=64)
+GDN64 = GdnShape(num_k_heads=2, num_v_heads=4, head_dim=64)
+GDN128 = GdnShape(num_k_heads=1, num_v_heads=2, head_dim=128)
+#: name -> (MRoPE, attention shape, GDN shape or None)
 LAYERS = {
-    "rope d64": (False, AttentionShape(4, 2, 64, 64, 1e4)),
-    "mrope d128": (True, AttentionShape(4, 2, 128, 64, 1e6, mrope_mode=2, mrope_section=(11, 11, 10))),
+    "rope d64": (False, AttentionShape(4, 2, 64, 64, 1e4), GDN64),
+    "mrope d128": (True, AttentionShape(4, 2, 128, 64, 1e6, mrope_mode=2, mrope_section=(11, 11, 10)), None),
+    "rope d256": (False, AttentionShape(4, 2, 256, 64, 1e7), GDN128),
 }
 
 
@@ -80,9 +85,10 @@ def make_streams(dev, rng, mrope: bool):
     return streams, tbuf, int(ids.max()) + 1
 
 
-def host_inputs(rng, total: int, n: int, num_blocks: int, attn: AttentionShape) -> dict:
+def host_inputs(rng, total: int, n: int, num_blocks: int, attn: AttentionShape, gdn: GdnShape | None) -> dict:
     hq, hkv, d = attn.num_q_heads, attn.num_kv_heads, attn.head_dim
-    hk, hv, dg = GDN.num_k_heads, GDN.num_v_heads, GDN.head_dim
+    gdn = gdn or GDN64
+    hk, hv, dg = gdn.num_k_heads, gdn.num_v_heads, gdn.head_dim
     return {
         "q": to_bf16_bits(rng.standard_normal((total, hq, d))),
         "k": to_bf16_bits(rng.standard_normal((total, hkv, d))),
@@ -101,11 +107,11 @@ def host_inputs(rng, total: int, n: int, num_blocks: int, attn: AttentionShape) 
 
 
 def step(dev, name: str, problems: list) -> None:
-    mrope, attn = LAYERS[name]
+    mrope, attn, gdn = LAYERS[name]
     rng = np.random.default_rng(12)
     streams, tbuf, num_blocks = make_streams(dev, rng, mrope)
     n, total = len(streams), sum(COUNTS)
-    host = host_inputs(rng, total, n, num_blocks, attn)
+    host = host_inputs(rng, total, n, num_blocks, attn, gdn)
     bufs = {k: Guarded(dev, f"{name} {k}", a) for k, a in host.items()}
     chunks = [(s.proc_start + s.proc_count, s.proc_count, 0, False) for s in streams]
     plan = make_scratch_plan(list(COUNTS), 4, mrope, "exact")
@@ -120,9 +126,9 @@ def step(dev, name: str, problems: list) -> None:
                 problems.append(f"{name}: asked for {mode}, ran {q12.mode} ({q12.reason})")
             p = {k: b.ptr for k, b in bufs.items()}
             q12.attention_layer(p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], attn, num_blocks=num_blocks)
-            if attn.head_dim == 64:
+            if gdn is not None:
                 states = [p["states"] + b * host["states"][0].nbytes for b in range(n)]
-                q12.gdn_layer(states, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], GDN)
+                q12.gdn_layer(states, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], gdn)
             dev.synchronize()
             metas = [(q12.meta, streams)] if q12.batched else [(m, [s]) for m, s in zip(q12.stream_meta, streams)]
             for meta, ss in metas:
@@ -131,7 +137,9 @@ def step(dev, name: str, problems: list) -> None:
             results[mode] = {k: b.get(problems) for k, b in bufs.items()}
             if not arena.guard_intact():
                 problems.append(f"{name} {mode}: the arena's guard band was overwritten")
-        written = ["o"] + (["go"] if attn.head_dim == 64 else [])
+        if name == "rope d256":
+            expand_matches_host(dev, arena, streams, problems)
+        written = ["o"] + (["go"] if gdn is not None else [])
         for k in written:
             if np.any(np.frombuffer(results["batched"][k], np.uint16) == 0xFFFF):
                 problems.append(f"{name}: {k} has elements the kernels never wrote")
@@ -141,6 +149,23 @@ def step(dev, name: str, problems: list) -> None:
         tbuf.get(problems)
     for b in list(bufs.values()) + [tbuf]:
         b.buf.free()
+
+
+def expand_matches_host(dev, arena, streams, problems: list) -> None:
+    """Stage the same batch on the host and through the device expansion kernel; the bytes must match."""
+    from q12drv import stage_batched_attn_metadata
+    from q12drv.kernels.expand import stage_on_device
+
+    staged = []
+    for stage in (stage_batched_attn_metadata, stage_on_device):
+        arena.reset()
+        meta = stage(arena, streams, block_size=BLOCK, use_mrope=False, scratch_offset_bytes=0, dummy_kv_block=0)
+        dev.synchronize()
+        staged.append(arena.read(meta.scratch_offset_bytes, meta.staged_bytes))
+    if staged[0] != staged[1]:
+        problems.append("q12_expand_meta: device-expanded metadata differs from the host stager's")
+    if not arena.guard_intact():
+        problems.append("q12_expand_meta: the arena's guard band was overwritten")
 
 
 def main(argv=None) -> int:
@@ -155,7 +180,7 @@ def main(argv=None) -> int:
             from q12drv.kernels import ops
 
             for entry in ("q12_rope", "q12_kv_write", "q12_attn_prefill_d64", "q12_attn_prefill_d128",
-                          "q12_gdn_prefill_d64"):
+                          "q12_attn_prefill_d256", "q12_gdn_prefill_d64", "q12_gdn_prefill_d128", "q12_expand_meta"):
                 ops.prepared(dev, entry)
             print(f"sanitize_step: kernels compiled and cached on {dev.name}")
             return 0
