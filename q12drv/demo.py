@@ -23,7 +23,7 @@ from .device import Device
 from .layout import Q12_SIZING_STREAMS, make_scratch_plan
 from .staging import StreamStageInfo, place_h_state_slot, stage_batched_attn_metadata
 
-__all__ = ["DemoConfig", "run_demo", "demo_streams", "demo_layers"]
+__all__ = ["DemoConfig", "run_demo", "demo_streams", "demo_layers", "layer_inputs"]
 
 
 @dataclass(frozen=True)
@@ -148,25 +148,32 @@ def run_demo(dev: Device, cfg: DemoConfig = DemoConfig(), *, kernels: bool = Tru
     return ok
 
 
-def _layer_inputs(cfg: DemoConfig, total: int, num_blocks: int, n: int) -> dict:
-    """Fresh random host inputs for one attention and one GDN layer (bf16 as uint16 bits)."""
+def layer_inputs(rng: np.random.Generator, total: int, n: int, num_blocks: int, block_size: int,
+                 attn, gdn) -> dict:
+    """Fresh random host inputs for one attention layer and one GDN layer over ``total`` packed tokens.
+
+    bf16 tensors are uint16 bit patterns; the outputs (``o``, ``go``) are poisoned with 0xFFFF (bf16
+    NaN) so that an element no kernel wrote is visible. Keys: ``q, k, v`` ``[T, H, D]``, ``k_pool,
+    v_pool`` ``[num_blocks, block_size, Hkv, D]`` (earlier chunks' keys), ``o``; GDN ``gq, gk``
+    ``[T, Hk, d]``, ``gv, go`` ``[T, Hv, d]``, ``g`` (log decay <= 0) and ``beta`` ``[T, Hv]`` fp32,
+    ``states`` ``[n, Hv, d, d]`` fp32. Used by the demo, the tests and the GPU scripts.
+    """
     from .bf16 import to_bf16_bits
 
-    rng = np.random.default_rng(cfg.seed + 1)
-    hq, hkv, d = cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
-    hk, hv, dg = cfg.gdn_k_heads, cfg.gdn_v_heads, cfg.gdn_head_dim
-    pool_shape = (num_blocks, cfg.block_size, hkv, d)
+    hq, hkv, d = attn.num_q_heads, attn.num_kv_heads, attn.head_dim
+    hk, hv, dg = gdn.num_k_heads, gdn.num_v_heads, gdn.head_dim
+    pool_shape = (num_blocks, block_size, hkv, d)
     return {
         "q": to_bf16_bits(rng.standard_normal((total, hq, d))),
         "k": to_bf16_bits(rng.standard_normal((total, hkv, d))),
         "v": to_bf16_bits(rng.standard_normal((total, hkv, d))),
-        "k_pool": to_bf16_bits(rng.standard_normal(pool_shape)),  # earlier chunks' keys
+        "k_pool": to_bf16_bits(rng.standard_normal(pool_shape)),
         "v_pool": to_bf16_bits(rng.standard_normal(pool_shape)),
-        "o": np.full((total, hq, d), 0xFFFF, np.uint16),  # poison: NaN until written
+        "o": np.full((total, hq, d), 0xFFFF, np.uint16),
         "gq": to_bf16_bits(rng.standard_normal((total, hk, dg))),
         "gk": to_bf16_bits(rng.standard_normal((total, hk, dg))),
         "gv": to_bf16_bits(rng.standard_normal((total, hv, dg))),
-        "g": (-np.exp(rng.standard_normal((total, hv)) * 0.5) * 0.2).astype(np.float32),
+        "g": (-np.exp(rng.standard_normal((total, hv)) * 0.5) * 0.1).astype(np.float32),
         "beta": (1 / (1 + np.exp(-rng.standard_normal((total, hv))))).astype(np.float32),
         "go": np.full((total, hv, dg), 0xFFFF, np.uint16),
         "states": (rng.standard_normal((n, hv, dg, dg)) * 0.1).astype(np.float32),
@@ -180,10 +187,10 @@ def demo_layers(dev: Device, cfg: DemoConfig, streams, tuples, *, out: Callable[
     n = len(streams)
     total = sum(s.proc_count for s in streams)
     num_blocks = int(max(int(np.max(s.block_table)) for s in streams)) + 1
-    host = _layer_inputs(cfg, total, num_blocks, n)
     attn = AttentionShape(cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rotary_dim, cfg.rope_theta,
                           2 if cfg.use_mrope else 0, cfg.mrope_section if cfg.use_mrope else (0, 0, 0))
     gshape = GdnShape(cfg.gdn_k_heads, cfg.gdn_v_heads, cfg.gdn_head_dim)
+    host = layer_inputs(np.random.default_rng(cfg.seed + 1), total, n, num_blocks, cfg.block_size, attn, gshape)
     plan = make_scratch_plan([s.proc_count for s in streams], cfg.top_k, cfg.use_mrope, "exact")
     results, times = {}, {}
 

@@ -402,7 +402,7 @@ def pack_tail(batch: _Batch, layout: StackedLayout, out: np.ndarray) -> tuple:
 
 def tail_offset(layout: StackedLayout) -> int:
     """Offset of ``block_table_ptrs`` in ``layout``: the per-stream fields run from there to ``staged_bytes``."""
-    return layout.fields[4 if layout.mrope else 2].offset  # positions (x3 under MRoPE), slots, then the tail
+    return layout.field("block_table_ptrs").offset
 
 
 def _cu_seqlens(counts: list) -> list:

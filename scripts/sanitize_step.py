@@ -27,8 +27,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import numpy as np  # noqa: E402
 
 from q12drv import ScratchArena, StreamStageInfo, make_scratch_plan, open_device  # noqa: E402
-from q12drv.bf16 import to_bf16_bits  # noqa: E402
 from q12drv.checks import verify_readback  # noqa: E402
+from q12drv.demo import layer_inputs  # noqa: E402
 from q12drv.prefill import AttentionShape, GdnShape, Q12Pass  # noqa: E402
 
 GUARD = 256
@@ -85,33 +85,12 @@ def make_streams(dev, rng, mrope: bool):
     return streams, tbuf, int(ids.max()) + 1
 
 
-def host_inputs(rng, total: int, n: int, num_blocks: int, attn: AttentionShape, gdn: GdnShape | None) -> dict:
-    hq, hkv, d = attn.num_q_heads, attn.num_kv_heads, attn.head_dim
-    gdn = gdn or GDN64
-    hk, hv, dg = gdn.num_k_heads, gdn.num_v_heads, gdn.head_dim
-    return {
-        "q": to_bf16_bits(rng.standard_normal((total, hq, d))),
-        "k": to_bf16_bits(rng.standard_normal((total, hkv, d))),
-        "v": to_bf16_bits(rng.standard_normal((total, hkv, d))),
-        "k_pool": to_bf16_bits(rng.standard_normal((num_blocks, BLOCK, hkv, d))),
-        "v_pool": to_bf16_bits(rng.standard_normal((num_blocks, BLOCK, hkv, d))),
-        "o": np.full((total, hq, d), 0xFFFF, np.uint16),
-        "gq": to_bf16_bits(rng.standard_normal((total, hk, dg))),
-        "gk": to_bf16_bits(rng.standard_normal((total, hk, dg))),
-        "gv": to_bf16_bits(rng.standard_normal((total, hv, dg))),
-        "g": (-np.exp(rng.standard_normal((total, hv)) * 0.5) * 0.1).astype(np.float32),
-        "beta": (1 / (1 + np.exp(-rng.standard_normal((total, hv))))).astype(np.float32),
-        "go": np.full((total, hv, dg), 0xFFFF, np.uint16),
-        "states": (rng.standard_normal((n, hv, dg, dg)) * 0.1).astype(np.float32),
-    }
-
-
 def step(dev, name: str, problems: list) -> None:
     mrope, attn, gdn = LAYERS[name]
     rng = np.random.default_rng(12)
     streams, tbuf, num_blocks = make_streams(dev, rng, mrope)
     n, total = len(streams), sum(COUNTS)
-    host = host_inputs(rng, total, n, num_blocks, attn, gdn)
+    host = layer_inputs(rng, total, n, num_blocks, BLOCK, attn, gdn or GDN64)
     bufs = {k: Guarded(dev, f"{name} {k}", a) for k, a in host.items()}
     chunks = [(s.proc_start + s.proc_count, s.proc_count, 0, False) for s in streams]
     plan = make_scratch_plan(list(COUNTS), 4, mrope, "exact")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from q12drv import ScratchArena, make_scratch_plan
-from q12drv.bf16 import to_bf16_bits
+from q12drv.demo import layer_inputs
 from q12drv.prefill import AttentionShape, GdnShape, Q12Pass
 from tests.helpers import make_streams
 
@@ -21,23 +21,7 @@ GDN = GdnShape(num_k_heads=2, num_v_heads=4, head_dim=64)
 
 
 def host_inputs(rng, total: int, n: int, num_blocks: int, attn: AttentionShape = ATTN, gdn: GdnShape = GDN) -> dict:
-    hq, hkv, d = attn.num_q_heads, attn.num_kv_heads, attn.head_dim
-    hk, hv, dg = gdn.num_k_heads, gdn.num_v_heads, gdn.head_dim
-    return {
-        "q": to_bf16_bits(rng.standard_normal((total, hq, d))),
-        "k": to_bf16_bits(rng.standard_normal((total, hkv, d))),
-        "v": to_bf16_bits(rng.standard_normal((total, hkv, d))),
-        "k_pool": to_bf16_bits(rng.standard_normal((num_blocks, BLOCK, hkv, d))),
-        "v_pool": to_bf16_bits(rng.standard_normal((num_blocks, BLOCK, hkv, d))),
-        "o": np.full((total, hq, d), 0xFFFF, np.uint16),
-        "gq": to_bf16_bits(rng.standard_normal((total, hk, dg))),
-        "gk": to_bf16_bits(rng.standard_normal((total, hk, dg))),
-        "gv": to_bf16_bits(rng.standard_normal((total, hv, dg))),
-        "g": (-np.exp(rng.standard_normal((total, hv)) * 0.5) * 0.1).astype(np.float32),
-        "beta": (1 / (1 + np.exp(-rng.standard_normal((total, hv))))).astype(np.float32),
-        "go": np.full((total, hv, dg), 0xFFFF, np.uint16),
-        "states": (rng.standard_normal((n, hv, dg, dg)) * 0.1).astype(np.float32),
-    }
+    return layer_inputs(rng, total, n, num_blocks, BLOCK, attn, gdn)
 
 
 @dataclass

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from q12drv import ScratchArena, make_scratch_plan, open_device, place_h_state_slot, stage_batched_attn_metadata
-from q12drv.bf16 import from_bf16_bits, to_bf16_bits
+from q12drv.bf16 import from_bf16_bits
 from q12drv.checks import verify_readback
+from q12drv.demo import layer_inputs
 from q12drv.kernels import attention as attn_ref
 from q12drv.kernels import gdn as gdn_ref
 from q12drv.kernels import rope as rope_ref
@@ -85,24 +86,6 @@ class Layer:
         return np.frombuffer(raw[:-512], self.host[k].dtype).reshape(self.host[k].shape).copy()
 
 
-def make_host(rng, total, n, num_blocks, bs, hq, hkv, d, hk, hv, dg):
-    return {
-        "q": to_bf16_bits(rng.standard_normal((total, hq, d))),
-        "k": to_bf16_bits(rng.standard_normal((total, hkv, d))),
-        "v": to_bf16_bits(rng.standard_normal((total, hkv, d))),
-        "k_pool": to_bf16_bits(rng.standard_normal((num_blocks, bs, hkv, d))),
-        "v_pool": to_bf16_bits(rng.standard_normal((num_blocks, bs, hkv, d))),
-        "o": np.full((total, hq, d), 0xFFFF, np.uint16),
-        "gq": to_bf16_bits(rng.standard_normal((total, hk, dg))),
-        "gk": to_bf16_bits(rng.standard_normal((total, hk, dg))),
-        "gv": to_bf16_bits(rng.standard_normal((total, hv, dg))),
-        "g": (-np.exp(rng.standard_normal((total, hv)) * 0.5) * 0.1).astype(np.float32),
-        "beta": (1 / (1 + np.exp(-rng.standard_normal((total, hv))))).astype(np.float32),
-        "go": np.full((total, hv, dg), 0xFFFF, np.uint16),
-        "states": (rng.standard_normal((n, hv, dg, dg)) * 0.1).astype(np.float32),
-    }
-
-
 def run_pass(dev, arena, streams, host, mode, shape, gshape, num_blocks, mrope, bs):
     L = Layer(dev, host)
     # the scheduler's view: one first chunk per stream, its head already in the prefix cache
@@ -127,10 +110,10 @@ def test_prefill_step_against_references_and_batched_equals_per_stream(gpu, d, b
     num_blocks = int(max(int(s.block_table.max()) for s in streams)) + 1
     hq, hkv, hk, hv, dg = 16, 2, 4, 8, 128
     total = sum(counts)
-    host = make_host(rng, total, n, num_blocks, bs, hq, hkv, d, hk, hv, dg)
     rd = 64 if d > 64 else 32  # partial rotary; interleaved MRoPE sections sum to rd / 2
     shape = AttentionShape(hq, hkv, d, rd, 1e6, 2 if mrope else 0, (11, 11, 10) if mrope else (0, 0, 0))
     gshape = GdnShape(hk, hv, dg)
+    host = layer_inputs(rng, total, n, num_blocks, bs, shape, gshape)
     plan = make_scratch_plan(counts, 8, mrope, "exact")
     with ScratchArena(gpu, plan.total_bytes + 4096) as arena:
         batched, p1 = run_pass(gpu, arena, streams, host, "batched", shape, gshape, num_blocks, mrope, bs)
