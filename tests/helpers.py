@@ -36,3 +36,31 @@ def make_streams(dev, counts, starts=None, *, block_size=16, num_blocks=None, rn
             mp = np.stack([np.full(c, s, np.int64), s + np.arange(c) // 4, s + np.arange(c) % 4]).astype(np.int64)
         streams.append(StreamStageInfo(s, c, tables[b], int(buf.ptr) + t_off, seq_ptr, mp))
     return streams, buf
+
+
+class FakeMem:
+    """Device memory for the kernels' emulators in unit tests: numpy arrays addressed by their host
+    addresses, every view bounds-checked (a kernel emulator reading past an allocation raises)."""
+
+    def __init__(self):
+        self.allocs: list = []
+
+    def hold(self, arr: np.ndarray) -> tuple:
+        """Keep a contiguous copy of ``arr`` alive; return ``(array, address)``."""
+        a = np.ascontiguousarray(arr)
+        self.allocs.append(a)
+        return a, a.ctypes.data
+
+    def put(self, arr: np.ndarray) -> int:
+        """Like :meth:`hold`, the address only."""
+        return self.hold(arr)[1]
+
+    def array(self, ptr: int, dtype, shape) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        for a in self.allocs:
+            base = a.ctypes.data
+            if base <= ptr and ptr + nbytes <= base + a.nbytes:
+                return a.reshape(-1).view(np.uint8)[ptr - base:ptr - base + nbytes].view(dtype).reshape(shape)
+        raise IndexError(f"[{ptr:#x}, +{nbytes}) is outside every allocation")

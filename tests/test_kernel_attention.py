@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import FakeMem
 from q12drv.bf16 import from_bf16_bits, to_bf16_bits
 from q12drv.kernels import attention as attn
 from q12drv.kernels.meta import Q12MetaC, meta_defines
@@ -62,28 +63,6 @@ def textbook(q, k_pool, v_pool, cu, kv_lens, tables, hq, hkv, bs, scale):
     return out
 
 
-class FakeMem:
-    """Emulated device memory over numpy arrays: pointers are the arrays' addresses."""
-
-    def __init__(self):
-        self._allocs = []
-
-    def add(self, arr: np.ndarray) -> int:
-        arr = np.ascontiguousarray(arr)
-        self._allocs.append(arr)
-        return arr.ctypes.data
-
-    def array(self, ptr, dtype, shape):
-        dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        for a in self._allocs:
-            base = a.ctypes.data
-            if base <= ptr and ptr + nbytes <= base + a.nbytes:
-                raw = a.reshape(-1).view(np.uint8)
-                return raw[ptr - base : ptr - base + nbytes].view(dtype).reshape(shape)
-        raise IndexError(f"[{ptr:#x}, +{nbytes}) is outside every allocation")
-
-
 GUARD = 64  # uint16 guard elements on each side of O
 
 
@@ -92,19 +71,19 @@ def emulate_case(mem, q, k_pool, v_pool, cu, kv_lens, tables, hq, hkv, bs, scale
     n = len(kv_lens)
     t_total = int(cu[-1])
     o_buf = np.full(t_total * hq * d + 2 * GUARD, 0xFFFF, dtype=np.uint16)
-    o_ptr = mem.add(o_buf) + GUARD * 2
-    o_buf = mem._allocs[-1]
-    table_ptrs = np.array([mem.add(np.asarray(t, np.int32)) for t in tables], dtype=np.uint64)
+    o_buf, o_ptr = mem.hold(o_buf)
+    o_ptr += GUARD * 2
+    table_ptrs = np.array([mem.put(np.asarray(t, np.int32)) for t in tables], dtype=np.uint64)
     pos = np.concatenate([np.arange(k - (cu[i + 1] - cu[i]), k) for i, k in enumerate(kv_lens)]).astype(np.uint32)
     meta = Q12MetaC(
-        positions=mem.add(pos),
-        positions_h=mem.add(pos),
-        positions_w=mem.add(pos),
-        slots=mem.add(np.zeros(max(t_total, 1), np.int64)),
-        block_table_ptrs=mem.add(table_ptrs),
-        seq_len_ptrs=mem.add(np.asarray(kv_lens, np.uint32)),
-        cu_seqlens=mem.add(np.asarray(cu, np.int32)),
-        kv_lens=mem.add(np.asarray(kv_lens, np.int32)),
+        positions=mem.put(pos),
+        positions_h=mem.put(pos),
+        positions_w=mem.put(pos),
+        slots=mem.put(np.zeros(max(t_total, 1), np.int64)),
+        block_table_ptrs=mem.put(table_ptrs),
+        seq_len_ptrs=mem.put(np.asarray(kv_lens, np.uint32)),
+        cu_seqlens=mem.put(np.asarray(cu, np.int32)),
+        kv_lens=mem.put(np.asarray(kv_lens, np.int32)),
         batch_size=n,
         chunk_len=int(np.max(np.diff(cu))),
         total_tokens=t_total,
@@ -113,9 +92,9 @@ def emulate_case(mem, q, k_pool, v_pool, cu, kv_lens, tables, hq, hkv, bs, scale
     g, blk, _ = attn.geometry(n, int(np.max(np.diff(cu))), hq, d)
     args = {
         "m": meta,
-        "q": mem.add(q),
-        "k_pool": mem.add(k_pool),
-        "v_pool": mem.add(v_pool),
+        "q": mem.put(q),
+        "k_pool": mem.put(k_pool),
+        "v_pool": mem.put(v_pool),
         "o": o_ptr,
         "num_q_heads": hq,
         "num_kv_heads": hkv,

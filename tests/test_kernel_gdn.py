@@ -7,6 +7,7 @@ import re
 import numpy as np
 import pytest
 
+from tests.helpers import FakeMem
 from q12drv.bf16 import from_bf16_bits, to_bf16_bits
 from q12drv.kernels import gdn
 from q12drv.kernels.meta import Q12MetaC, meta_defines
@@ -170,28 +171,6 @@ def test_reference_rejects_bad_shapes():
 # --------------------------------------------------------------------------- emulator
 
 
-class FakeMem:
-    """Emulated device memory: numpy arrays addressed by their host addresses, bounds checked."""
-
-    def __init__(self):
-        self.allocs = []
-
-    def alloc(self, arr):
-        arr = np.ascontiguousarray(arr)
-        self.allocs.append(arr)
-        return arr, arr.ctypes.data
-
-    def array(self, ptr, dtype, shape):
-        dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape)) * dtype.itemsize
-        for a in self.allocs:
-            base = a.ctypes.data
-            if base <= ptr and ptr + nbytes <= base + a.nbytes:
-                flat = a.reshape(-1).view(np.uint8)
-                return flat[ptr - base : ptr - base + nbytes].view(dtype).reshape(shape)
-        raise IndexError(f"[{ptr:#x}, +{nbytes}) is outside every allocation")
-
-
 GUARD = 64  # elements of guard around the output
 
 
@@ -201,16 +180,16 @@ def run_emulated(inputs, hk, hv, d, grid=None, block=None):
     n = len(cu) - 1
     mem = FakeMem()
     T = int(cu[-1])
-    _, pq = mem.alloc(q)
-    _, pk = mem.alloc(k)
-    _, pv = mem.alloc(v)
-    _, pg = mem.alloc(g)
-    _, pb = mem.alloc(beta)
-    obuf, po = mem.alloc(np.full(T * hv * d + 2 * GUARD, 0xFFFF, np.uint16))
+    _, pq = mem.hold(q)
+    _, pk = mem.hold(k)
+    _, pv = mem.hold(v)
+    _, pg = mem.hold(g)
+    _, pb = mem.hold(beta)
+    obuf, po = mem.hold(np.full(T * hv * d + 2 * GUARD, 0xFFFF, np.uint16))
     po += GUARD * 2
-    states = [mem.alloc(s0[b].copy()) for b in range(n)]
-    _, pptrs = mem.alloc(np.array([p for _, p in states], np.uint64))
-    _, pcu = mem.alloc(cu.astype(np.int32))
+    states = [mem.hold(s0[b].copy()) for b in range(n)]
+    _, pptrs = mem.hold(np.array([p for _, p in states], np.uint64))
+    _, pcu = mem.hold(cu.astype(np.int32))
     meta = Q12MetaC(cu_seqlens=pcu, batch_size=n, chunk_len=int(np.diff(cu).max()), total_tokens=T)
     args = dict(m=meta, h_state_ptrs=pptrs, q=pq, k=pk, v=pv, g=pg, beta=pb, o=po, num_k_heads=hk, num_v_heads=hv)
     ggrid, gblock, smem = gdn.geometry(n, hv, d)

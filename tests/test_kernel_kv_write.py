@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import FakeMem
 from q12drv.kernels import kv_write as kw
 from q12drv.kernels.meta import Q12MetaC, meta_defines
 
@@ -16,31 +17,6 @@ POISON = 0xFFFF
 
 
 # ----------------------------------------------------------------------------- fake device memory
-class FakeMem:
-    """Emulated device memory: numpy arrays addressed by their ``.ctypes.data``."""
-
-    def __init__(self):
-        self._allocs: list[np.ndarray] = []
-        self.reads: list[int] = []
-
-    def put(self, arr: np.ndarray) -> int:
-        a = np.ascontiguousarray(arr)
-        self._allocs.append(a)
-        return a.ctypes.data
-
-    def array(self, ptr: int, dtype, shape) -> np.ndarray:
-        dtype = np.dtype(dtype)
-        shape = tuple(int(s) for s in shape)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        for a in self._allocs:
-            base = a.ctypes.data
-            if base <= ptr and ptr + nbytes <= base + a.nbytes:
-                self.reads.append(ptr)
-                raw = a.reshape(-1).view(np.uint8)[ptr - base : ptr - base + nbytes]
-                return raw.view(dtype).reshape(shape)
-        raise IndexError(f"[{ptr:#x}, +{nbytes}) is outside every allocation")
-
-
 # ----------------------------------------------------------------------------- metadata builder
 def build_streams(rng, lens, starts, block_size, num_blocks):
     """Block tables (physical blocks of all streams interleaved at random), positions, slots."""

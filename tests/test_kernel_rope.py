@@ -9,35 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import FakeMem
 from q12drv.bf16 import from_bf16_bits, to_bf16_bits
 from q12drv.kernels import rope
 from q12drv.kernels.meta import Q12MetaC, meta_defines
 
 
 # ----------------------------------------------------------------------------- fake device memory
-class FakeMem:
-    """Emulated device memory: numpy arrays addressed by their ``.ctypes.data``."""
-
-    def __init__(self):
-        self._allocs: list[np.ndarray] = []
-
-    def put(self, arr: np.ndarray) -> int:
-        a = np.ascontiguousarray(arr)
-        self._allocs.append(a)
-        return a.ctypes.data
-
-    def array(self, ptr: int, dtype, shape) -> np.ndarray:
-        dtype = np.dtype(dtype)
-        shape = tuple(int(s) for s in shape)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        for a in self._allocs:
-            base = a.ctypes.data
-            if base <= ptr and ptr + nbytes <= base + a.nbytes:
-                raw = a.reshape(-1).view(np.uint8)[ptr - base : ptr - base + nbytes]
-                return raw.view(dtype).reshape(shape)
-        raise IndexError(f"[{ptr:#x}, +{nbytes}) is outside every allocation")
-
-
 def rand_bf16(rng, shape, scale=2.0):
     return to_bf16_bits(rng.standard_normal(shape).astype(np.float32) * scale)
 
