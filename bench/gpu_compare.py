@@ -34,6 +34,7 @@ Expected runtime on the H200: about 30-60 s (plus NVRTC compiles on a cold cubin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -410,16 +411,29 @@ def section_step():
     RESULTS["sections"]["step"] = res
 
 
-def _pass_meta(dev, counts, mrope=False, block_size=16):
+@contextlib.contextmanager
+def _staged_pass(dev, counts, mrope=False, block_size=16):
+    """A batch of ``counts`` staged in its own arena; yields ``(meta, streams, num_blocks, arena, bufs)``.
+
+    Buffers appended to ``bufs`` are freed, with the arena and the block tables, on the way out.
+    """
     from q12drv import ScratchArena, make_scratch_plan, stage_batched_attn_metadata
 
     streams, num_blocks, tables = common.make_streams(dev, counts, block_size=block_size)
     plan = make_scratch_plan(counts, 0, mrope, "exact")
     arena = ScratchArena(dev, plan.total_bytes + 4096)
-    meta = stage_batched_attn_metadata(arena, streams, block_size=block_size, use_mrope=mrope,
-                                       scratch_offset_bytes=0, dummy_kv_block=0)
-    dev.synchronize()
-    return meta, streams, num_blocks, arena, tables
+    bufs = []
+    try:
+        meta = stage_batched_attn_metadata(arena, streams, block_size=block_size, use_mrope=mrope,
+                                           scratch_offset_bytes=0, dummy_kv_block=0)
+        dev.synchronize()
+        yield meta, streams, num_blocks, arena, bufs
+    finally:
+        dev.synchronize()
+        for b in bufs:
+            b.free()
+        arena.close()
+        tables.free()
 
 
 def _rand_bf16(dev, shape, seed):
@@ -437,11 +451,9 @@ def section_kv_write():
     dev = DEV
     counts = [8192] * 8 if gpu() else [64] * 2
     hkv, d, bs = 2, 256, 16
-    meta, streams, num_blocks, arena, tables = _pass_meta(dev, counts)
     total = sum(counts)
     res = {"tokens": total, "row_bytes": hkv * d * 2}
-    bufs = []
-    try:
+    with _staged_pass(dev, counts) as (meta, streams, num_blocks, arena, bufs):
         k, _ = _rand_bf16(dev, (total, hkv, d), 1)
         v, _ = _rand_bf16(dev, (total, hkv, d), 2)
         pool_bytes = num_blocks * bs * hkv * d * 2
@@ -455,12 +467,6 @@ def section_kv_write():
         RESULTS["sections"]["kv_write"] = res
         if gpu():
             _comparator("kv_write/torch", lambda: _kv_write_torch(arena, meta, total, hkv, d, num_blocks, bs, res))
-    finally:
-        dev.synchronize()
-        for b in bufs:
-            b.free()
-        arena.close()
-        tables.free()
 
 
 def _comparator(name, fn):
@@ -496,11 +502,9 @@ def section_rope():
     dev = DEV
     counts = [2048] * 8 if gpu() else [32] * 2
     hq, hkv, d, rd, theta = 16, 2, 256, 64, 1e7
-    meta, streams, num_blocks, arena, tables = _pass_meta(dev, counts)
     total = sum(counts)
     res = {"tokens": total, "shape": [hq, hkv, d, rd]}
-    bufs = []
-    try:
+    with _staged_pass(dev, counts) as (meta, streams, num_blocks, arena, bufs):
         q, _ = _rand_bf16(dev, (total, hq, d), 3)
         k, _ = _rand_bf16(dev, (total, hkv, d), 4)
         bufs += [q, k]
@@ -512,12 +516,6 @@ def section_rope():
         RESULTS["sections"]["rope"] = res
         if gpu():
             _comparator("rope/torch", lambda: _rope_torch(streams, total, hq, hkv, d, rd, theta, res))
-    finally:
-        dev.synchronize()
-        for b in bufs:
-            b.free()
-        arena.close()
-        tables.free()
 
 
 def _rope_torch(streams, total, hq, hkv, d, rd, theta, res):
@@ -554,11 +552,9 @@ def section_attention():
     n, L = (8, 2048) if gpu() else (2, 16)
     hq, hkv, d, bs = 16, 2, 128, 16
     counts = [L] * n
-    meta, streams, num_blocks, arena, tables = _pass_meta(dev, counts, block_size=bs)
     total = n * L
     res = {"n": n, "tokens": L, "shape": [hq, hkv, d, bs]}
-    bufs = []
-    try:
+    with _staged_pass(dev, counts, block_size=bs) as (meta, streams, num_blocks, arena, bufs):
         q, _ = _rand_bf16(dev, (total, hq, d), 5)
         k, _ = _rand_bf16(dev, (total, hkv, d), 6)
         v, _ = _rand_bf16(dev, (total, hkv, d), 7)
@@ -575,12 +571,6 @@ def section_attention():
         RESULTS["sections"]["attention"] = res
         if gpu():
             _comparator("attention/torch", lambda: _attention_torch(n, L, hq, hkv, d, res))
-    finally:
-        dev.synchronize()
-        for b in bufs:
-            b.free()
-        arena.close()
-        tables.free()
 
 
 def _attention_torch(n, L, hq, hkv, d, res):
