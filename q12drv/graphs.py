@@ -31,7 +31,7 @@ from .kernels import ops
 from .kernels.expand import geometry as _expand_geometry
 from .layout import stacked_layout
 from .prefill import AttentionShape, GdnShape
-from .staging import BatchedAttnMetadata, StreamStageInfo, _validate, metadata_at, pack_padded, tail_offset
+from .staging import BatchedAttnMetadata, StreamStageInfo, validate_streams, metadata_at, pack_padded, tail_offset
 
 __all__ = ["Graph", "capture", "PassGraph", "EXPAND_MODES"]
 
@@ -213,7 +213,7 @@ class PassGraph:
         ValueError, TypeError
             What the stager refuses; vision ``mrope_positions`` in ``expand="device"`` mode.
         """
-        batch = _validate(streams, self.block_size, self.use_mrope, self.dummy_kv_block)
+        batch = validate_streams(streams, self.block_size, self.use_mrope, self.dummy_kv_block)
         if batch.chunk > self.max_chunk:
             raise CapacityError("stacked_metadata chunk", batch.chunk, self.max_chunk,
                                 "a stream is longer than the pass's max_chunk (the captured attention grid)")

@@ -32,10 +32,10 @@ from .layout import make_scratch_plan
 from .staging import (
     BatchedAttnMetadata,
     StreamStageInfo,
-    _validate,
+    validate_streams,
     place_h_state_slot,
     reserve_h_state_slot,
-    stage_batched_attn_metadata,
+    stage_stacked,
     stage_stream_metadata,
 )
 
@@ -124,7 +124,7 @@ class Q12Pass:
         if not streams:
             raise ValueError("a pass needs at least one stream")
         # Every input is checked before the arena is touched: bad input leaves it as it was.
-        _validate(streams, block_size, use_mrope, dummy_kv_block)
+        batch = validate_streams(streams, block_size, use_mrope, dummy_kv_block)
         if chunks is not None:
             chunks = list(chunks)
             if len(chunks) != len(streams):
@@ -172,8 +172,8 @@ class Q12Pass:
         try:
             self._reserve_prefix(plan)
             if self.batched:
-                self.meta = stage_batched_attn_metadata(arena, streams, scratch_offset_bytes=plan.stacked.offset,
-                                                        stream=stream, **common)
+                self.meta = stage_stacked(arena, streams, self.block_size, use_mrope, plan.stacked.offset,
+                                          dummy_kv_block, stream, batch=batch)[0]
                 self.h_slot = place_h_state_slot(arena, self.meta)
             else:
                 self.stream_meta = [stage_stream_metadata(arena, plan, b, s, stream=stream, **common)

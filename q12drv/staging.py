@@ -37,6 +37,8 @@ __all__ = [
     "pack_metadata",
     "staging_ring",
     "unpack_metadata",
+    "validate_streams",
+    "stage_stacked",
 ]
 
 _U32_MAX = (1 << 32) - 1
@@ -127,7 +129,7 @@ class BatchedAttnMetadata:
 
 
 class _Batch:
-    """Validated, normalised inputs (built by :func:`_validate`): Python ints and the tables as given."""
+    """Validated, normalised inputs (built by :func:`validate_streams`): Python ints and the tables as given."""
 
     __slots__ = ("table_ptr_list", "seq_len_ptr_list", "mrope", "max_blocks", "count_list", "start_list", "total",
                  "chunk", "raw_tables", "block_size", "_blocks")
@@ -207,8 +209,13 @@ def _checked_table(b: int, table, block_size: int, kv_len: int) -> np.ndarray:
     return table
 
 
-def _validate(streams: Sequence[StreamStageInfo], block_size, use_mrope, dummy_kv_block) -> _Batch:
-    """Check every input; raise naming the first bad one. The common case takes :func:`_validate_fast`."""
+def validate_streams(streams: Sequence[StreamStageInfo], block_size, use_mrope, dummy_kv_block) -> _Batch:
+    """Check every staging input; raise naming the first bad one; return the normalised batch.
+
+    Callers that must refuse bad input before touching the arena (``Q12Pass``) validate first and
+    hand the result to :func:`stage_stacked` so the hot path does not check twice. The common case
+    takes :func:`_validate_fast`.
+    """
     batch = _validate_fast(streams, block_size, use_mrope, dummy_kv_block)
     if batch is not None:
         return batch
@@ -271,10 +278,10 @@ _I32 = np.dtype(np.int32)
 
 
 def _validate_fast(streams, block_size, use_mrope, dummy_kv_block) -> _Batch | None:
-    """The same checks as :func:`_validate` for the common input types, in one tight loop.
+    """The same checks as :func:`validate_streams` for the common input types, in one tight loop.
 
     Returns None whenever anything is unusual or wrong (other int or array types, a value out of
-    range, ...): :func:`_validate` then runs the precise checks, which raise the named error or
+    range, ...): :func:`validate_streams` then runs the precise checks, which raise the named error or
     accept the input. It never accepts what the precise path would refuse.
     """
     if type(streams) not in (list, tuple) or not streams:
@@ -644,18 +651,22 @@ def stage_batched_attn_metadata(
     TypeError, ValueError
         Bad input (named, with the bound); nothing written.
     """
-    return _stage_stacked(arena, streams, block_size, use_mrope, scratch_offset_bytes, dummy_kv_block, stream)[0]
+    return stage_stacked(arena, streams, block_size, use_mrope, scratch_offset_bytes, dummy_kv_block, stream)[0]
 
 
-def _stage_stacked(arena, streams, block_size, use_mrope, scratch_offset_bytes, dummy_kv_block, stream,
-                   tail_only: bool = False) -> tuple:
+def stage_stacked(arena, streams, block_size, use_mrope, scratch_offset_bytes, dummy_kv_block, stream,
+                  tail_only: bool = False, batch: _Batch | None = None) -> tuple:
     """:func:`stage_batched_attn_metadata`; with ``tail_only`` only the per-stream fields are packed and
     copied (the per-token ones are then written on the device, see :mod:`q12drv.kernels.expand`).
+
+    ``batch``: what :func:`validate_streams` returned for exactly these ``streams`` and settings,
+    just before (nothing may change in between); None validates here.
 
     Returns ``(meta, batch)``.
     """
     _require_arena(arena)
-    batch = _validate(streams, block_size, use_mrope, dummy_kv_block)
+    if batch is None:
+        batch = validate_streams(streams, block_size, use_mrope, dummy_kv_block)
     if tail_only:  # the device writes text positions only, for at most 65535 streams (grid.y)
         for b, mp in enumerate(batch.mrope):
             if mp is not None:
@@ -707,7 +718,7 @@ def stage_stream_metadata(
         raise IndexError(f"stream index {b} out of range for a plan of {plan.n} streams")
     if bool(use_mrope) != plan.mrope:
         raise ValueError(f"use_mrope={use_mrope} but the plan was made with mrope={plan.mrope}")
-    batch = _validate([info], block_size, use_mrope, dummy_kv_block)
+    batch = validate_streams([info], block_size, use_mrope, dummy_kv_block)
     if int(batch.counts[0]) != plan.counts[b]:
         raise ValueError(f"stream {b} has proc_count {int(batch.counts[0])} but the plan was made for {plan.counts[b]}")
     block = plan.stream_blocks[b]

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 import numpy as np
 
-from ..staging import BatchedAttnMetadata, _stage_stacked
+from ..staging import BatchedAttnMetadata, stage_stacked
 from .meta import Q12MetaC, meta_from_staged
 
 __all__ = ["SOURCE", "ENTRIES", "THREADS", "MAX_STREAMS", "geometry", "reference", "emulate_expand_meta",
@@ -127,7 +127,7 @@ def stage_on_device(arena, streams: Sequence, *, block_size: int, use_mrope: boo
     if _prepared is None:
         from .ops import prepared as _prepared  # ops imports this module for its kernel list
     launch = _prepared(arena.device, "q12_expand_meta")  # loaded (compiled) before anything is written
-    meta, _ = _stage_stacked(arena, streams, block_size, use_mrope, scratch_offset_bytes, dummy_kv_block, stream,
+    meta, _ = stage_stacked(arena, streams, block_size, use_mrope, scratch_offset_bytes, dummy_kv_block, stream,
                              tail_only=True)
     try:
         launch.set(block_shift=meta.block_size.bit_length() - 1, dummy_kv_block=meta.dummy_kv_block,
