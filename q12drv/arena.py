@@ -114,6 +114,13 @@ class ScratchArena:
         ValueError
             Bad sizes, alignment, or an ``offset`` behind the cursor or misaligned.
         """
+        if (type(nbytes) is int and type(align) is int and type(offset) is int and type(name) is str and self._buffer is not None
+                and nbytes >= 0 and align > 0 and not align & (align - 1) and self.cursor <= offset
+                and not offset % align and offset + nbytes <= self.capacity):  # the stager's call, nothing unusual
+            region = ArenaRegion(name, offset, nbytes, DevicePtr(int(self.base) + offset))
+            self._regions.append(region)
+            self.cursor = offset + nbytes
+            return region
         self._require_open()
         if not isinstance(name, str):
             raise TypeError(f"region name must be a str, got {type(name).__name__} {name!r:.60}")
@@ -150,6 +157,8 @@ class ScratchArena:
 
     def check_range(self, what: str, offset: int, nbytes: int) -> None:
         """Raise :class:`CapacityError` unless ``[offset, offset + nbytes)`` lies inside the capacity."""
+        if type(offset) is int and type(nbytes) is int and 0 <= offset and 0 <= nbytes and offset + nbytes <= self.capacity:
+            return
         for arg, v in (("offset", offset), ("nbytes", nbytes)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 raise TypeError(f"{what}: {arg} must be an int, got {type(v).__name__} {v!r:.60}")

@@ -20,7 +20,8 @@ from .nvrtc import compile_source, cuda_src_dir
 __all__ = ["parse_signatures", "load_module", "Module", "Kernel", "Launch"]
 
 _ENTRY_RE = re.compile(
-    r'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(\w+)\s*\(([^)]*)\)',
+    r'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?'
+    r'(\w+)\s*\(([^)]*)\)',
     re.MULTILINE,
 )
 _QUALIFIERS = {"const", "__restrict__", "__grid_constant__", "volatile"}

@@ -14,6 +14,7 @@ arena, the pinned ring and the cursor as they were. Offsets come from :mod:`q12d
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, Sequence
@@ -54,6 +55,8 @@ def _require_arena(arena) -> None:
 
 
 def _int(name: str, value, lo: int, hi: int) -> int:
+    if type(value) is int and lo <= value <= hi:  # the common case
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     v = int(value)
@@ -290,6 +293,7 @@ def _validate_fast(streams, block_size, use_mrope, dummy_kv_block) -> _Batch | N
             or type(use_mrope) is not bool or type(dummy_kv_block) is not int or not 0 <= dummy_kv_block <= _I32_MAX):
         return None
     shift = block_size.bit_length() - 1
+    starts, counts, table_ptrs, seq_len_ptrs, tables, mrope = [], [], [], [], [], []
     for s in streams:
         if type(s) is not StreamStageInfo:
             return None
@@ -308,12 +312,12 @@ def _validate_fast(streams, block_size, use_mrope, dummy_kv_block) -> _Batch | N
             if (not use_mrope or type(mp) is not np.ndarray or mp.shape != (3, c) or mp.dtype.kind not in "iu"
                     or mp.min() < 0 or mp.max() > _U32_MAX):
                 return None
-    starts = [s.proc_start for s in streams]
-    counts = [s.proc_count for s in streams]
-    table_ptrs = [s.block_table_dev for s in streams]
-    seq_len_ptrs = [s.seq_len_dev for s in streams]
-    tables = [s.block_table for s in streams]
-    mrope = [s.mrope_positions for s in streams]
+        starts.append(p0)
+        counts.append(c)
+        table_ptrs.append(tp)
+        seq_len_ptrs.append(sp)
+        tables.append(table)
+        mrope.append(mp)
     if sum(counts) > _I32_MAX:
         return None
     return _Batch(starts, counts, table_ptrs, seq_len_ptrs, tables, mrope, block_size)
@@ -339,18 +343,18 @@ def _iota(n: int, dtype) -> np.ndarray:
 class _Views:
     """Typed views of one layout over one pinned buffer, and its pad ranges (built once per pair)."""
 
-    __slots__ = ("fields", "positions3", "pads", "tail_u64", "tail_i32")
+    __slots__ = ("fields", "positions3", "pads", "out", "tail_at", "tail")
 
     def __init__(self, out: np.ndarray, layout: StackedLayout, base: int = 0):
         # ``out`` holds the layout's bytes from offset ``base`` on (0: all of it)
         fields = [f for f in layout.fields if f.offset >= base]
         self.fields = {f.name: out[f.offset - base:f.offset - base + f.nbytes].view(f.dtype) for f in fields}
-        # the per-stream tail as two runs, pads included (written whole by _pack_tail)
-        ptrs, cu, kv = (layout.field(name) for name in ("block_table_ptrs", "cu_seqlens", "kv_lens"))
-        self.tail_u64 = out[ptrs.offset - base:cu.offset - base].view(np.uint64)
-        self.tail_i32 = out[cu.offset - base:kv.end - base].view(np.int32)
+        # the per-stream tail is written whole, pads included, by one struct.pack_into (_write_tail)
+        self.out = out
+        self.tail_at = tail_offset(layout) - base
+        self.tail = _tail_struct(layout)
         self.pads = [(f.offset - base + f.nbytes, f.end - base) for f in fields
-                     if f.padded > f.nbytes and f.offset < ptrs.offset]
+                     if f.padded > f.nbytes and f.offset < self.tail_at + base]
         self.positions3 = None
         if layout.mrope and base == 0:  # T, H and W rows, one a8(4T) stride apart: one strided [3, T] view
             f = layout.field("positions_stacked")
@@ -423,17 +427,34 @@ def _pack_tail(batch: _Batch, views: _Views, cu: list) -> tuple:
 
 
 def _write_tail(views: _Views, table_ptrs: list, seq_len_ptrs: list, cu: list, kv: list) -> tuple:
-    # The tail is two runs: block_table_ptrs + seq_len_ptrs (u64, adjacent), then cu_seqlens and
-    # kv_lens (i32, each padded to 8 bytes): one conversion and one store each.
+    # one struct.pack_into writes the whole tail (u64 pointers, then the i32 prefix sums and kv
+    # lengths, zero pads included); the host copies are one int32 array cut in two
     n = len(kv)
-    views.tail_u64[:] = table_ptrs + seq_len_ptrs
-    ints = np.array(cu + _ZERO_PAD[n & 1 ^ 1] + kv + _ZERO_PAD[n & 1], np.int32)
-    views.tail_i32[:] = ints
-    kv_at = n + 1 + (n & 1 ^ 1)
-    return ints[:n + 1], ints[kv_at:kv_at + n]
+    views.tail.pack_into(views.out, views.tail_at, *table_ptrs, *seq_len_ptrs, *cu, *kv)
+    ints = np.array(cu + kv, np.int32)
+    return ints[:n + 1], ints[n + 1:]
 
 
-_ZERO_PAD = ([], [0])
+_TAIL_STRUCTS: dict = {}
+_STRUCT_CODES = {"<u8": "Q", "<i4": "i"}
+
+
+def _tail_struct(layout: StackedLayout) -> struct.Struct:
+    """The :class:`struct.Struct` of ``layout``'s per-stream tail (from :func:`tail_offset` to
+    ``staged_bytes``), built from the layout's own fields: values in field order, pads as ``x``."""
+    st = _TAIL_STRUCTS.get(layout.n)
+    if st is None:
+        at, parts = tail_offset(layout), ["<"]
+        for f in layout.fields:
+            if f.offset >= at:
+                if f.offset != at:
+                    raise AssertionError(f"layout field {f.name} at {f.offset} does not follow the previous one ({at})")
+                parts.append(f"{f.count}{_STRUCT_CODES[f.dtype]}{f.padded - f.nbytes}x")
+                at = f.end
+        if at != layout.staged_bytes:
+            raise AssertionError(f"the tail ends at {at}, not at staged_bytes {layout.staged_bytes}")
+        st = _TAIL_STRUCTS[layout.n] = struct.Struct("".join(parts))
+    return st
 
 
 class _Prefix:
@@ -549,28 +570,8 @@ def _upload(arena: ScratchArena, offset: int, batch: _Batch, layout: StackedLayo
     return cu, kv
 
 
-_PTR_CACHE: dict = {}
-_PTR_CACHE_MAX = 256
-assert not hasattr(BatchedAttnMetadata, "__post_init__"), "_new_metadata would skip __post_init__"
-
-
-def _new_metadata(**fields) -> BatchedAttnMetadata:
-    """``BatchedAttnMetadata(**fields)`` with every field given, without the frozen dataclass's
-    per-field ``object.__setattr__`` (the instance is the same: a ``__dict__`` of the fields)."""
-    meta = object.__new__(BatchedAttnMetadata)
-    meta.__dict__.update(fields)
-    return meta
-
-
-def _field_ptrs(base: int, layout: StackedLayout) -> dict:
-    """Field name -> absolute :class:`DevicePtr` for ``layout`` at device address ``base`` (memoised)."""
-    key = (base, layout.n, layout.total_tokens, layout.mrope)
-    ptrs = _PTR_CACHE.get(key)
-    if ptrs is None:
-        if len(_PTR_CACHE) >= _PTR_CACHE_MAX:
-            _PTR_CACHE.clear()
-        ptrs = _PTR_CACHE[key] = {f.name: DevicePtr(base + f.offset) for f in layout.fields}
-    return ptrs
+_META_CACHE_MAX = 256
+assert not hasattr(BatchedAttnMetadata, "__post_init__"), "metadata_at would skip __post_init__"
 
 
 def _metadata(arena, offset, layout, batch, cu, kv, block_size, use_mrope, dummy_kv_block) -> BatchedAttnMetadata:
@@ -582,11 +583,35 @@ def metadata_at(arena, offset: int, layout: StackedLayout, cu: np.ndarray, kv: n
                 max_blocks_per_seq: int, block_size: int, use_mrope: bool, dummy_kv_block: int) -> BatchedAttnMetadata:
     """The :class:`BatchedAttnMetadata` describing ``layout`` at arena ``offset`` (``layout.n`` streams,
     ``layout.total_tokens`` tokens) with host copies ``cu`` and ``kv`` (made read-only)."""
-    ptr = _field_ptrs(int(arena.base) + offset, layout)
-    positions = ptr["positions_stacked"]
+    base = int(arena.base) + offset
+    key = (base, layout.n, layout.total_tokens, layout.mrope, block_size, bool(use_mrope), int(dummy_kv_block))
+    fields = _META_TEMPLATES.get(key)
+    if fields is None:
+        if len(_META_TEMPLATES) >= _META_CACHE_MAX:
+            _META_TEMPLATES.clear()
+        fields = _META_TEMPLATES[key] = _metadata_template(base, offset, layout, block_size, use_mrope, dummy_kv_block)
     cu.setflags(write=False)
     kv.setflags(write=False)
-    return _new_metadata(
+    meta = object.__new__(BatchedAttnMetadata)  # the frozen dataclass without its per-field __setattr__
+    d = meta.__dict__
+    d.update(fields)
+    d["cu_seqlens_host"] = cu
+    d["kv_lens_host"] = kv
+    d["chunk_len"] = int(chunk_len)
+    d["max_blocks_per_seq"] = int(max_blocks_per_seq)
+    return meta
+
+
+_META_TEMPLATES: dict = {}
+
+
+def _metadata_template(base: int, offset: int, layout: StackedLayout, block_size: int, use_mrope: bool,
+                       dummy_kv_block: int) -> dict:
+    """Every :class:`BatchedAttnMetadata` field that follows from where the layout sits (all but the
+    host copies, ``chunk_len`` and ``max_blocks_per_seq``)."""
+    ptr = {f.name: DevicePtr(base + f.offset) for f in layout.fields}
+    positions = ptr["positions_stacked"]
+    fields = dict(
         positions_stacked=positions,
         positions_h_stacked=ptr.get("positions_h_stacked", positions),
         positions_w_stacked=ptr.get("positions_w_stacked", positions),
@@ -594,13 +619,13 @@ def metadata_at(arena, offset: int, layout: StackedLayout, cu: np.ndarray, kv: n
         block_table_ptrs=ptr["block_table_ptrs"],
         seq_len_ptrs=ptr["seq_len_ptrs"],
         batch_size=layout.n,
-        chunk_len=int(chunk_len),
+        chunk_len=0,
         total_tokens=layout.total_tokens,
         cu_seqlens=ptr["cu_seqlens"],
-        cu_seqlens_host=cu,
+        cu_seqlens_host=None,
         kv_lens=ptr["kv_lens"],
-        kv_lens_host=kv,
-        max_blocks_per_seq=int(max_blocks_per_seq),
+        kv_lens_host=None,
+        max_blocks_per_seq=0,
         staged_bytes=layout.staged_bytes,
         scratch_offset_bytes=offset,
         use_mrope=bool(use_mrope),
@@ -608,6 +633,9 @@ def metadata_at(arena, offset: int, layout: StackedLayout, cu: np.ndarray, kv: n
         dummy_kv_block=int(dummy_kv_block),
         layout=layout,
     )
+    if fields.keys() != BatchedAttnMetadata.__dataclass_fields__.keys():
+        raise AssertionError(f"metadata template fields {sorted(fields)} != {sorted(BatchedAttnMetadata.__dataclass_fields__)}")
+    return fields
 
 
 def stage_batched_attn_metadata(

@@ -20,7 +20,6 @@ from q12drv.checks import expected_fields
 from q12drv.layout import stacked_layout
 from q12drv.staging import (
     BatchedAttnMetadata,
-    _new_metadata,
     _validate_checked,
     _validate_fast,
     pack_metadata,
@@ -164,10 +163,16 @@ def test_fast_metadata_construction_is_the_dataclass():
 
         fields = {f.name: getattr(meta, f.name) for f in dataclasses.fields(BatchedAttnMetadata)}
         slow = BatchedAttnMetadata(**fields)
-        fast = _new_metadata(**fields)
-        assert fast.__dict__.keys() == slow.__dict__.keys()
+        assert meta.__dict__.keys() == slow.__dict__.keys() and meta == slow
         with pytest.raises(dataclasses.FrozenInstanceError):
-            fast.batch_size = 3
+            meta.batch_size = 3
+        # the next pass at the same place shares the template, not the per-pass values
+        streams2, _ = make_streams(dev, [7, 6])
+        arena.reset()
+        meta2 = stage_batched_attn_metadata(arena, streams2, block_size=16, use_mrope=False, scratch_offset_bytes=0,
+                                            dummy_kv_block=0)
+        assert meta2.cu_seqlens_host.tolist() == [0, 7, 13] and meta.cu_seqlens_host.tolist() == [0, 9, 13]
+        assert meta2.chunk_len == 7 and meta.chunk_len == 9 and meta2.slot_stacked == meta.slot_stacked
         assert meta.counts.tolist() == [9, 4] and not meta.cu_seqlens_host.flags.writeable
 
 

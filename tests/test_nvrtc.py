@@ -62,6 +62,10 @@ def test_signatures_are_parsed_from_the_source():
         ("m", Q12MetaC), ("p", ctypes.c_uint64), ("n", ctypes.c_int32), ("u", ctypes.c_uint32),
         ("s", ctypes.c_int64), ("f", ctypes.c_float)]
     assert sigs["b"] == ()
+    # __launch_bounds__ before or after the return type (both are valid CUDA)
+    bounds = parse_signatures('extern "C" __global__ __launch_bounds__(128, 2) void d(int n) {}\n'
+                              'extern "C" __global__ void __launch_bounds__(NW * 32, 1) e(float x) {}')
+    assert bounds == {"d": (("n", ctypes.c_int32),), "e": (("x", ctypes.c_float),)}
     with pytest.raises(ValueError, match="cannot pack"):
         parse_signatures('extern "C" __global__ void c(double2 x) {}')
 

@@ -130,9 +130,11 @@ def stage_on_device(arena, streams: Sequence, *, block_size: int, use_mrope: boo
     meta, _ = stage_stacked(arena, streams, block_size, use_mrope, scratch_offset_bytes, dummy_kv_block, stream,
                              tail_only=True)
     try:
-        launch.set(block_shift=meta.block_size.bit_length() - 1, dummy_kv_block=meta.dummy_kv_block,
-                   use_mrope=int(meta.use_mrope))
-        launch.args.m = meta_from_staged(meta)
+        args = launch.args  # values the stager has just validated: written straight into the argument block
+        args.block_shift = meta.block_size.bit_length() - 1
+        args.dummy_kv_block = meta.dummy_kv_block
+        args.use_mrope = meta.use_mrope
+        args.m = meta_from_staged(meta)
         launch.launch(*geometry(meta.batch_size, meta.chunk_len), stream)
     except BaseException:
         arena.unreserve(arena.regions[-1])
