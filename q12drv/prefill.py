@@ -24,6 +24,7 @@ from .admission import Admission, check_kernel_batched_eligible
 from .arena import ScratchArena
 from .errors import CapacityError, Q12Error
 from .kernels import ops
+from .kernels.expand import stage_on_device
 from .kernels import attention as _attn
 from .kernels import gdn as _gdn
 from .kernels import rope as _rope
@@ -39,9 +40,11 @@ from .staging import (
     stage_stream_metadata,
 )
 
-__all__ = ["AttentionShape", "GdnShape", "Q12Pass", "MODES"]
+__all__ = ["AttentionShape", "GdnShape", "Q12Pass", "MODES", "EXPANDS"]
 
 MODES = ("auto", "batched", "per_stream")
+#: Where a batched pass writes its per-token metadata (positions, slots): see ``Q12Pass(expand=...)``.
+EXPANDS = ("auto", "host", "device")
 _ATTENTION_ALIGN = {**ALIGN["rope"], **ALIGN["kv_write"], **ALIGN["attention"]}
 _BF16 = 2
 _F32 = 4
@@ -94,6 +97,13 @@ class Q12Pass:
     mode : {"auto", "batched", "per_stream"}
         ``"auto"`` runs batched when admitted and per stream otherwise; ``"batched"`` raises if
         refused; ``"per_stream"`` always runs the fallback.
+    expand : {"auto", "host", "device"}
+        How a batched pass writes its per-token metadata. ``"host"`` packs every field on the host
+        and copies ``staged_bytes``; ``"device"`` copies only the per-stream fields and one
+        ``q12_expand_meta`` launch writes positions and slots (:mod:`q12drv.kernels.expand`; the
+        arena ends up with the same bytes); it refuses streams with vision ``mrope_positions``.
+        ``"auto"`` (default) is ``"device"`` unless a stream carries ``mrope_positions``, then
+        ``"host"``. The per-stream fallback always packs on the host.
     stream : optional
         CUDA stream for everything the pass enqueues.
 
@@ -105,6 +115,8 @@ class Q12Pass:
         Why the pass runs per stream ("" when batched).
     meta : BatchedAttnMetadata or None
         The stacked metadata (batched).
+    expand : str
+        ``"host"`` or ``"device"``: how this pass staged (``""`` per stream).
     stream_meta : list of BatchedAttnMetadata
         Each stream's own metadata (per stream).
     """
@@ -112,12 +124,15 @@ class Q12Pass:
     def __init__(self, arena: ScratchArena, streams: Sequence[StreamStageInfo], *, block_size: int, use_mrope: bool,
                  dummy_kv_block: int, top_k: int = 0, head_dim: int = 128, chunks: Sequence[tuple] | None = None,
                  arena_tokens: int | None = None, is_mla: bool = False, allow_chunk_zero: bool = True,
-                 varlen: bool = True, policy: str = "seed", mode: str = "auto", stream: Any = None):
+                 varlen: bool = True, policy: str = "seed", mode: str = "auto", expand: str = "auto",
+                 stream: Any = None):
         if not isinstance(arena, ScratchArena):
             raise TypeError(f"arena must be a ScratchArena, got {type(arena).__name__}")
         arena._require_open()
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if expand not in EXPANDS:
+            raise ValueError(f"expand must be one of {EXPANDS}, got {expand!r}")
         if isinstance(streams, StreamStageInfo) or not isinstance(streams, Sequence):
             raise TypeError(f"streams must be a sequence of StreamStageInfo, got {type(streams).__name__}")
         streams = list(streams)
@@ -125,6 +140,10 @@ class Q12Pass:
             raise ValueError("a pass needs at least one stream")
         # Every input is checked before the arena is touched: bad input leaves it as it was.
         batch = validate_streams(streams, block_size, use_mrope, dummy_kv_block)
+        vision = [b for b, mp in enumerate(batch.mrope) if mp is not None]
+        if expand == "device" and vision:
+            raise ValueError(f"expand='device' writes text positions only, but streams[{vision[0]}] carries "
+                             f"mrope_positions (vision tokens); use expand='host' or 'auto'")
         if chunks is not None:
             chunks = list(chunks)
             if len(chunks) != len(streams):
@@ -149,6 +168,9 @@ class Q12Pass:
         if mode == "batched" and not self.admission:
             raise ValueError(f"mode='batched' but the batch was {self.admission}")
         self.batched = bool(self.admission) and mode != "per_stream"
+        self.expand = ("host" if vision else "device") if expand == "auto" else expand
+        if not self.batched:
+            self.expand = ""
         self.reason = "" if self.batched else ("per_stream requested" if mode == "per_stream" else str(self.admission))
         self.meta: BatchedAttnMetadata | None = None
         self.stream_meta: list = []
@@ -172,8 +194,13 @@ class Q12Pass:
         try:
             self._reserve_prefix(plan)
             if self.batched:
-                self.meta = stage_stacked(arena, streams, self.block_size, use_mrope, plan.stacked.offset,
-                                          dummy_kv_block, stream, batch=batch)[0]
+                if self.expand == "device":
+                    self.meta = stage_on_device(arena, streams, block_size=self.block_size, use_mrope=use_mrope,
+                                                scratch_offset_bytes=plan.stacked.offset,
+                                                dummy_kv_block=dummy_kv_block, stream=stream, batch=batch)
+                else:
+                    self.meta = stage_stacked(arena, streams, self.block_size, use_mrope, plan.stacked.offset,
+                                              dummy_kv_block, stream, batch=batch)[0]
                 self.h_slot = place_h_state_slot(arena, self.meta)
             else:
                 self.stream_meta = [stage_stream_metadata(arena, plan, b, s, stream=stream, **common)
@@ -183,6 +210,7 @@ class Q12Pass:
             arena.reset()
             raise
         self.cu_seqlens = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._table_range = None  # (min, max) of every entry attention reads, computed on first use
         self._generation = arena.generation
 
     # argument checks (before anything is enqueued) -------------------------------------------
@@ -222,7 +250,15 @@ class Q12Pass:
         if shape.scale is not None:
             positive_float("shape.scale", shape.scale)
         nb = count("num_blocks", num_blocks, 1, I32_MAX // self.block_size)
-        for b, s in enumerate(self.streams):
+        if self._table_range is None:  # every entry below kv_len, all streams at once
+            bs = self.block_size
+            read = [np.asarray(s.block_table)[:-(-(s.proc_start + s.proc_count) // bs)] for s in self.streams]
+            read = np.concatenate(read) if len(read) > 1 else read[0]
+            self._table_range = (int(read.min()), int(read.max())) if read.size else (0, -1)
+        if self._table_range[0] >= 0 and self._table_range[1] < nb:
+            self._checked.setdefault(id(shape), (shape, set()))[1].add(nb)
+            return
+        for b, s in enumerate(self.streams):  # find the stream to name
             table = np.asarray(s.block_table)[:-(-(s.proc_start + s.proc_count) // self.block_size)]
             if table.size and int(table.max()) >= nb:
                 raise ValueError(f"streams[{b}].block_table has entry {int(table.max())} where attention reads it, "

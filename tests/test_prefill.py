@@ -87,3 +87,34 @@ def test_attention_refuses_a_missing_block_below_kv_len(emu):
     with ScratchArena(emu, 1 << 18) as arena:
         with pytest.raises(ValueError, match="negative"):
             run(emu, arena, streams, host, "auto", None, num_blocks)
+
+
+def test_expand_device_and_host_stage_the_same_bytes(emu):
+    rng = np.random.default_rng(3)
+    counts, starts = [1, 17, 40, 3], [0, 5, 16, 100]
+    streams, _ = make_streams(emu, counts, starts, rng=rng)
+    plan = make_scratch_plan(counts, 4, True)
+    images = {}
+    with ScratchArena(emu, plan.total_bytes) as arena:
+        for expand in ("host", "device", "auto"):
+            q12 = Q12Pass(arena, streams, block_size=16, use_mrope=True, dummy_kv_block=0, top_k=4, expand=expand,
+                          chunks=[(s + c, c, 0, False) for s, c in zip(starts, counts)])
+            assert q12.expand == ("device" if expand == "auto" else expand)
+            emu.synchronize()
+            images[expand] = arena.read(q12.meta.scratch_offset_bytes, q12.meta.staged_bytes)
+        assert images["host"] == images["device"] == images["auto"]
+        per_stream = Q12Pass(arena, streams, block_size=16, use_mrope=True, dummy_kv_block=0, top_k=4,
+                             mode="per_stream", expand="device")
+        assert per_stream.expand == ""  # the fallback packs each stream's block on the host
+
+
+def test_expand_device_refuses_vision_positions_and_auto_packs_them_on_the_host(emu):
+    streams, _ = make_streams(emu, [5, 9], mrope_vision=(1,))
+    with ScratchArena(emu, 1 << 16) as arena:
+        before = (arena.cursor, arena.generation)
+        with pytest.raises(ValueError, match=r"streams\[1\] carries mrope_positions"):
+            Q12Pass(arena, streams, block_size=16, use_mrope=True, dummy_kv_block=0, expand="device")
+        assert (arena.cursor, arena.generation) == before  # refused before the arena was touched
+        assert Q12Pass(arena, streams, block_size=16, use_mrope=True, dummy_kv_block=0).expand == "host"
+        with pytest.raises(ValueError, match="expand must be one of"):
+            Q12Pass(arena, streams, block_size=16, use_mrope=True, dummy_kv_block=0, expand="gpu")

@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 
+from ..ptr import DevicePtr
+
 __all__ = ["I32_MAX", "ALIGN", "device_ptr", "count", "positive_float"]
 
 I32_MAX = (1 << 31) - 1
@@ -36,6 +38,8 @@ def device_ptr(name: str, value, align: int = 1) -> int:
     ValueError
         NULL, negative, past 64 bits, or misaligned; the message names ``name`` and the bound.
     """
+    if (type(value) is int or type(value) is DevicePtr) and 0 < value <= _U64_MAX and not value % align:
+        return int(value)  # the common case
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be a device pointer (int), got {type(value).__name__} {value!r:.60}")
     v = int(value)
@@ -49,6 +53,8 @@ def device_ptr(name: str, value, align: int = 1) -> int:
 
 def count(name: str, value, lo: int = 1, hi: int = I32_MAX) -> int:
     """``value`` as an int in ``[lo, hi]`` (default: a positive C ``int``)."""
+    if type(value) is int and lo <= value <= hi:  # the common case
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.60}")
     v = int(value)

@@ -110,12 +110,14 @@ EMULATORS = {"q12_expand_meta": emulate_expand_meta}
 
 
 def stage_on_device(arena, streams: Sequence, *, block_size: int, use_mrope: bool, scratch_offset_bytes: int,
-                    dummy_kv_block: int, stream: Any = None) -> BatchedAttnMetadata:
+                    dummy_kv_block: int, stream: Any = None, batch=None) -> BatchedAttnMetadata:
     """:func:`~q12drv.staging.stage_batched_attn_metadata`, with the per-token fields written on the device.
 
     Same arguments, same checks, same result and the same bytes in the arena; the host packs and
     copies only the per-stream fields (:func:`device_bytes`), then one ``q12_expand_meta`` launch
-    on ``stream`` writes positions and slots from them and the device block tables.
+    on ``stream`` writes positions and slots from them and the device block tables. ``batch``: what
+    :func:`~q12drv.staging.validate_streams` returned for exactly these arguments, just before
+    (the caller validated already); None validates here.
 
     Raises
     ------
@@ -128,7 +130,7 @@ def stage_on_device(arena, streams: Sequence, *, block_size: int, use_mrope: boo
         from .ops import prepared as _prepared  # ops imports this module for its kernel list
     launch = _prepared(arena.device, "q12_expand_meta")  # loaded (compiled) before anything is written
     meta, _ = stage_stacked(arena, streams, block_size, use_mrope, scratch_offset_bytes, dummy_kv_block, stream,
-                             tail_only=True)
+                             tail_only=True, batch=batch)
     try:
         args = launch.args  # values the stager has just validated: written straight into the argument block
         args.block_shift = meta.block_size.bit_length() - 1
