@@ -445,28 +445,88 @@ def _rand_bf16(dev, shape, seed):
     return buf, arr
 
 
+D2D_TBPS = 4.23  # H200 D2D copy, read + write (bench/RESULTS.md); the memory-bound kernels' limit
+L2_BYTES = 50 * 2**20
+
+
+def _cold_sets(bytes_per_set: int) -> int:
+    """Buffer sets to rotate among so the bytes touched between two uses of a set exceed 3x L2."""
+    if not gpu():
+        return 2
+    return max(2, min(8, -(-3 * L2_BYTES // max(bytes_per_set, 1))))
+
+
+def _variant_launch(dev, source, entry, define):
+    """A launch of ``entry`` compiled with one extra ``-D`` macro (e.g. the legacy kernel), for A/B rows."""
+    from q12drv.launch import load_module
+    from q12drv.kernels import ops
+    from q12drv.kernels.meta import meta_defines
+
+    module = load_module(dev, source, defines=tuple(meta_defines()) + (define,), struct_types=ops.struct_types())
+    return module.kernel(entry).prepare()
+
+
+def _memory_rows(name, res, key, floor_bytes, goal_fraction):
+    us = res.get(key)
+    if us is None:
+        return
+    tbps = floor_bytes / (us * 1e-6) / 1e12
+    res[key.replace("_us", "_tbps")] = tbps
+    res[key.replace("_us", "_fraction")] = tbps / D2D_TBPS
+    row(name, us, f"floor: {floor_bytes / 1e6:,.0f} MB at {D2D_TBPS} TB/s", floor_bytes / (D2D_TBPS * 1e12) * 1e6,
+        ("<=", 1.0 / goal_fraction) if goal_fraction else None,
+        note=f"{tbps:.2f} TB/s = {tbps / D2D_TBPS:.1%} of D2D")
+
+
 def section_kv_write():
+    from q12drv.kernels import kv_write as kw
     from q12drv.kernels import ops
 
     dev = DEV
     counts = [8192] * 8 if gpu() else [64] * 2
     hkv, d, bs = 2, 256, 16
     total = sum(counts)
-    res = {"tokens": total, "row_bytes": hkv * d * 2}
+    row_elems = hkv * d
+    floor = 2 * 2 * total * row_elems * 2  # K and V, read + written (the slots' 8 B/token not counted)
+    res = {"tokens": total, "row_bytes": row_elems * 2, "floor_bytes": floor}
     with _staged_pass(dev, counts) as (meta, streams, num_blocks, arena, bufs):
-        k, _ = _rand_bf16(dev, (total, hkv, d), 1)
-        v, _ = _rand_bf16(dev, (total, hkv, d), 2)
-        pool_bytes = num_blocks * bs * hkv * d * 2
-        kp, vp = dev.alloc(pool_bytes), dev.alloc(pool_bytes)
-        bufs += [k, v, kp, vp]
+        pool_bytes = num_blocks * bs * row_elems * 2
+        n_sets = _cold_sets(2 * total * row_elems * 2 + 2 * pool_bytes)
+        sets = []
+        for i in range(n_sets):
+            k, _ = _rand_bf16(dev, (total, hkv, d), 1 + 10 * i)
+            v, _ = _rand_bf16(dev, (total, hkv, d), 2 + 10 * i)
+            kp, vp = dev.alloc(pool_bytes), dev.alloc(pool_bytes)
+            bufs += [k, v, kp, vp]
+            sets.append((k, v, kp, vp))
+        res["buffer_sets"] = n_sets
+        turn = [0]
 
         def q12():
+            k, v, kp, vp = sets[turn[0] % n_sets]
+            turn[0] += 1
             ops.kv_write(dev, meta, k.ptr, v.ptr, kp.ptr, vp.ptr, num_kv_heads=hkv, head_dim=d, num_blocks=num_blocks)
 
         res["q12drv_us"] = q12_events_us(dev, q12, reps(50, 1))
+        # The previous kernel (-DKVW_LEGACY=1, its own geometry), same buffers: an A/B row.
+        legacy = _variant_launch(dev, kw.SOURCE, "q12_kv_write", "KVW_LEGACY=1")
+        lgrid, lblock, _ = kw.geometry(total, row_elems, legacy=True)
+        legacy.args.m = ops._meta_c(meta)
+
+        def q12_legacy():
+            k, v, kp, vp = sets[turn[0] % n_sets]
+            turn[0] += 1
+            legacy.set(k=int(k.ptr), v=int(v.ptr), k_pool=int(kp.ptr), v_pool=int(vp.ptr), row_elems=row_elems,
+                       num_slots=num_blocks * bs)
+            legacy.launch(lgrid, lblock, 0)
+
+        res["legacy_us"] = q12_events_us(dev, q12_legacy, reps(50, 1))
         RESULTS["sections"]["kv_write"] = res
+        _memory_rows(f"kv_write {total // 1024}k tokens: vs D2D floor", res, "q12drv_us", floor, 0.75)
+        _memory_rows(f"kv_write {total // 1024}k tokens: legacy kernel", res, "legacy_us", floor, None)
         if gpu():
-            _comparator("kv_write/torch", lambda: _kv_write_torch(arena, meta, total, hkv, d, num_blocks, bs, res))
+            _comparator("kv_write/torch",
+                        lambda: _kv_write_torch(arena, meta, total, hkv, d, num_blocks, bs, res, n_sets))
 
 
 def _comparator(name, fn):
@@ -478,59 +538,93 @@ def _comparator(name, fn):
         print(traceback.format_exc(), file=sys.stderr, flush=True)
 
 
-def _kv_write_torch(arena, meta, total, hkv, d, num_blocks, bs, res):
+def _kv_write_torch(arena, meta, total, hkv, d, num_blocks, bs, res, n_sets=1):
     torch = torch_mod()
     slots = np.frombuffer(arena.read(int(meta.slot_stacked) - int(arena.base), 8 * total), np.int64).copy()
     ts = torch.from_numpy(slots).cuda()
-    tk = torch.randn(total, hkv * d, device="cuda", dtype=torch.bfloat16)
-    tv = torch.randn(total, hkv * d, device="cuda", dtype=torch.bfloat16)
-    tkp = torch.zeros(num_blocks * bs, hkv * d, device="cuda", dtype=torch.bfloat16)
-    tvp = torch.zeros_like(tkp)
+    sets = []
+    for _ in range(n_sets):  # as many buffer sets as q12drv rotates among: same cold L2
+        tk = torch.randn(total, hkv * d, device="cuda", dtype=torch.bfloat16)
+        tv = torch.randn(total, hkv * d, device="cuda", dtype=torch.bfloat16)
+        tkp = torch.zeros(num_blocks * bs, hkv * d, device="cuda", dtype=torch.bfloat16)
+        sets.append((tk, tv, tkp, torch.zeros_like(tkp)))
+    turn = [0]
 
     def ref():
+        tk, tv, tkp, tvp = sets[turn[0] % n_sets]
+        turn[0] += 1
         tkp.index_copy_(0, ts, tk)
         tvp.index_copy_(0, ts, tv)
 
     res["torch_index_copy_us"] = torch_events_us(torch, ref, reps(50, 1))
     row(f"kv_write {total // 1024}k tokens (K+V)", res["q12drv_us"], "torch index_copy_ (K, V)",
-        res["torch_index_copy_us"], note="info: device time")
+        res["torch_index_copy_us"], faster(1.5), note="device time, cold L2")
 
 
 def section_rope():
     from q12drv.kernels import ops
+    from q12drv.kernels import rope as rk
 
     dev = DEV
-    counts = [2048] * 8 if gpu() else [32] * 2
+    counts = [8192] * 8 if gpu() else [32] * 2
     hq, hkv, d, rd, theta = 16, 2, 256, 64, 1e7
     total = sum(counts)
-    res = {"tokens": total, "shape": [hq, hkv, d, rd]}
+    # The floor: only the rotary dims of each head must move (read + written), plus the positions.
+    floor = rk.floor_bytes(total, hq, hkv, rd)
+    res = {"tokens": total, "shape": [hq, hkv, d, rd], "floor_bytes": floor}
     with _staged_pass(dev, counts) as (meta, streams, num_blocks, arena, bufs):
-        q, _ = _rand_bf16(dev, (total, hq, d), 3)
-        k, _ = _rand_bf16(dev, (total, hkv, d), 4)
-        bufs += [q, k]
+        # L2 holds whole 32-byte sectors: the rotary prefix of a head row (128 B) is what a pass touches.
+        n_sets = _cold_sets(floor)
+        sets = []
+        for i in range(n_sets):
+            q, _ = _rand_bf16(dev, (total, hq, d), 3 + 10 * i)
+            k, _ = _rand_bf16(dev, (total, hkv, d), 4 + 10 * i)
+            bufs += [q, k]
+            sets.append((q, k))
+        res["buffer_sets"] = n_sets
+        turn = [0]
 
         def q12():
+            q, k = sets[turn[0] % n_sets]
+            turn[0] += 1
             ops.rope(dev, meta, q.ptr, k.ptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, rotary_dim=rd, theta=theta)
 
         res["q12drv_us"] = q12_events_us(dev, q12, reps(50, 1))
+        legacy = _variant_launch(dev, rk.SOURCE, "q12_rope", "ROPE_LEGACY=1")
+        lgrid, lblock, _ = rk.geometry(total, hq, hkv, d, rd, legacy=True)
+        legacy.args.m = ops._meta_c(meta)
+
+        def q12_legacy():
+            q, k = sets[turn[0] % n_sets]
+            turn[0] += 1
+            legacy.set(q=int(q.ptr), k=int(k.ptr), num_q_heads=hq, num_kv_heads=hkv, head_dim=d, rotary_dim=rd,
+                       theta=float(theta), mrope_mode=0, sec_t=0, sec_h=0, sec_w=0)
+            legacy.launch(lgrid, lblock, 0)
+
+        res["legacy_us"] = q12_events_us(dev, q12_legacy, reps(50, 1))
         RESULTS["sections"]["rope"] = res
+        _memory_rows(f"rope {total // 1024}k tokens: vs floor (rotary dims)", res, "q12drv_us", floor, 0.70)
+        _memory_rows(f"rope {total // 1024}k tokens: legacy kernel", res, "legacy_us", floor, None)
         if gpu():
-            _comparator("rope/torch", lambda: _rope_torch(streams, total, hq, hkv, d, rd, theta, res))
+            _comparator("rope/torch", lambda: _rope_torch(streams, total, hq, hkv, d, rd, theta, res, n_sets))
 
 
-def _rope_torch(streams, total, hq, hkv, d, rd, theta, res):
+def _rope_torch(streams, total, hq, hkv, d, rd, theta, res, n_sets=1):
     torch = torch_mod()
     pos = torch.from_numpy(np.concatenate([np.arange(s.proc_start, s.proc_start + s.proc_count)
                                            for s in streams])).cuda()
-    tq = torch.randn(total, hq, d, device="cuda", dtype=torch.bfloat16)
-    tk = torch.randn(total, hkv, d, device="cuda", dtype=torch.bfloat16)
+    sets = [(torch.randn(total, hq, d, device="cuda", dtype=torch.bfloat16),
+             torch.randn(total, hkv, d, device="cuda", dtype=torch.bfloat16)) for _ in range(n_sets)]
     inv_freq = 1.0 / (theta ** (torch.arange(0, rd, 2, device="cuda", dtype=torch.float32) / rd))
+    turn = [0]
 
     def rotate_half(x):
         x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
         return torch.cat((-x2, x1), dim=-1)
 
     def hf():
+        tq, tk = sets[turn[0] % n_sets]
+        turn[0] += 1
         freqs = pos[:, None].float() * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(tq.dtype)[:, None, :], emb.sin().to(tq.dtype)[:, None, :]
@@ -542,7 +636,7 @@ def _rope_torch(streams, total, hq, hkv, d, rd, theta, res):
 
     res["torch_eager_us"] = torch_events_us(torch, hf, reps(50, 1))
     row(f"rope {total // 1024}k tokens (Hq16 Hkv2 D256 rd64)", res["q12drv_us"], "eager torch (HF formula)",
-        res["torch_eager_us"], note="info: device time")
+        res["torch_eager_us"], faster(3), note="device time, cold L2")
 
 
 def section_attention():
@@ -594,6 +688,68 @@ def _attention_torch(n, L, hq, hkv, d, res):
             RESULTS["errors"][f"attention/sdpa_{name}"] = f"{type(exc).__name__}: {exc}"
 
 
+def section_gdn():
+    """ops.gdn chunked vs recurrent (Hk 16, Hv 32, d 128) and fla-core's chunk_gated_delta_rule (own process)."""
+    from q12drv.kernels import ops
+
+    dev = DEV
+    hk, hv, d = 16, 32, 128
+    cases = [(8, 2048), (1, 8192)] if gpu() else [(2, 16)]
+    res = {"shape": [hk, hv, d], "cases": {}}
+    RESULTS["sections"]["gdn"] = res
+    for n, L in cases:
+        counts = [L] * n
+        total = n * L
+        key = f"{n}x{L}"
+        with _staged_pass(dev, counts) as (meta, streams, num_blocks, arena, bufs):
+            q, _ = _rand_bf16(dev, (total, hk, d), 11)
+            k, _ = _rand_bf16(dev, (total, hk, d), 12)
+            v, _ = _rand_bf16(dev, (total, hv, d), 13)
+            rng = np.random.default_rng(14)
+            g = (-rng.random((total, hv)) * 0.3).astype(np.float32)
+            beta = rng.random((total, hv)).astype(np.float32)
+            st = (rng.standard_normal((n, hv, d, d)) * 0.1).astype(np.float32)
+            gb, bb, sb = dev.alloc(g.nbytes), dev.alloc(beta.nbytes), dev.alloc(st.nbytes)
+            o = dev.alloc(total * hv * d * 2)
+            pb = dev.alloc(8 * n)
+            bufs += [q, k, v, gb, bb, sb, o, pb]
+            dev.upload(int(gb.ptr), g)
+            dev.upload(int(bb.ptr), beta)
+            dev.upload(int(sb.ptr), st)
+            dev.upload(int(pb.ptr), np.array([int(sb.ptr) + i * hv * d * d * 4 for i in range(n)], np.uint64))
+            dev.synchronize()
+            out = res["cases"][key] = {}
+            for algo in ops.GDN_ALGOS:
+                def run(algo=algo):
+                    ops.gdn(dev, meta, pb.ptr, q.ptr, k.ptr, v.ptr, gb.ptr, bb.ptr, o.ptr, num_k_heads=hk,
+                            num_v_heads=hv, head_dim=d, algo=algo)
+
+                out[f"{algo}_us"] = q12_events_us(dev, run, reps(30, 1))
+            row(f"gdn {key} Hk{hk} Hv{hv} d{d}: chunked", out["chunked_us"], "q12drv recurrent kernel",
+                out["recurrent_us"], note="info: device time")
+    if gpu():
+        _comparator("gdn/fla", lambda: _gdn_fla(res, [f"{n}x{L}" for n, L in cases]))
+
+
+def _gdn_fla(res, keys):
+    """fla-core in its own process (bench/fla_gdn.py); its JSON line becomes the comparator."""
+    env = dict(os.environ)
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "fla_gdn.py"), "--cases", ",".join(keys)],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    fla = json.loads(lines[-1]) if lines else {"ok": False, "error": f"no JSON (rc {proc.returncode}): {proc.stderr[-2000:]}"}
+    res["fla"] = fla
+    if not fla.get("ok"):
+        RESULTS["errors"]["gdn/fla"] = f"fla-core not run: {fla.get('error')}"
+        return
+    for key in keys:
+        theirs = fla["cases"][key]["ms"] * 1e3
+        for algo in ("chunked", "recurrent"):
+            row(f"gdn {key} Hk16 Hv32 d128: {algo}", res["cases"][key][f"{algo}_us"],
+                f"fla-core {fla.get('fla_version')} chunk_gated_delta_rule", theirs,
+                faster(2) if algo == "chunked" else None, note="device time; fla in its own process")
+
+
 def section_graph():
     dev = DEV
     res = {}
@@ -638,6 +794,7 @@ SECTIONS = {
     "rope": section_rope,
     "attention": section_attention,
     "graph": section_graph,
+    "gdn": section_gdn,
 }
 
 

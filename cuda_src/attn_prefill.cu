@@ -110,10 +110,25 @@ __device__ __forceinline__ unsigned int pack_bf16x2(float x, float y) {
     return *reinterpret_cast<unsigned int*>(&v);
 }
 
-// D head dim, BN keys per K/V tile, NW warps, MW 16-row sub-tiles per warp, QREG: keep the Q
-// fragments in registers for the whole loop instead of re-reading them from shared memory each
-// tile (costs KD*MW*4 registers; none of the shipped entries can afford it without losing a CTA).
-template <int D, int BN, int NW, int MW, bool QREG>
+// Compile-time configuration of one entry (template arguments of attn_prefill):
+//   D      head dim; BN keys per K/V tile; NW warps; MW 16-row sub-tiles per warp (a warp owns
+//          16 * MW query rows; the CTA NW * MW * 16).
+//   QREG   keep the Q fragments in registers for the whole loop instead of re-reading them from
+//          shared memory each tile (costs KD*MW*4 registers).
+//   ST     K/V pipeline: 0 = the two-stage ring with two __syncthreads per tile (the shipped
+//          loop); >= 2 = an ST-stage ring with one __syncthreads per tile (tile n + ST - 1 is
+//          issued right after the barrier that proves tile n - 1's stage is free).
+//   PSMEM  page lookups through shared memory: one block-table load per key row per tile, done
+//          by one thread two tiles ahead and kept in an int [2][BN] slot array, instead of each
+//          thread holding the pages of all its copy rows in registers (RPT registers). Needs ST >= 2.
+//   GQA    pack the G = Hq / Hkv query heads of one kv head into the CTA's rows: CTA row r is the
+//          pair (token (m0 + r) / G, head kvh * G + (m0 + r) % G); grid (ceil(chunk * G / BM), Hkv, n).
+//          Each K/V tile then serves G heads at once (a CTA covers BM / G tokens).
+//   WSKIP  a warp skips the math of key tiles that lie entirely above all of its rows (causal);
+//          it still takes part in the barriers and copies. Bit-identical (such a tile adds exact zeros).
+// Every configuration computes each row with the same arithmetic in the same order for a given BN,
+// so the result of a row depends only on BN (and not on the other knobs) up to the S tile split.
+template <int D, int BN, int NW, int MW, int QREG, int ST = 0, int PSMEM = 0, int GQA = 0, int WSKIP = 0>
 __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, const bf16* k_pool,
                                              const bf16* v_pool, bf16* o, int num_q_heads,
                                              int num_kv_heads, int block_size, float scale) {
@@ -128,33 +143,39 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
     constexpr int ND = D / 8;               // 8-dim n-tiles of O
     constexpr int RPT = BN * CPR / kThreads;  // K/V rows each thread copies per tile
     constexpr int QPT = kBM * CPR / kThreads; // Q rows each thread copies
+    constexpr int NST = ST == 0 ? 2 : ST;     // K/V stages in shared memory
     static_assert(kThreads % CPR == 0 && RPT * kThreads == BN * CPR && QPT * kThreads == kBM * CPR, "copy split");
     static_assert(BN % 16 == 0 && D % 16 == 0, "tile shape");
+    static_assert(ST == 0 || ST >= 2, "stages");
+    static_assert(!PSMEM || (ST >= 2 && BN <= kThreads), "PSMEM needs the one-barrier ring and BN <= threads");
 
     const int b = blockIdx.z;
     if (b >= static_cast<int>(m.batch_size)) return;
-    const int h = blockIdx.y;
-    if (h >= num_q_heads) return;
+    const int h = blockIdx.y;  // query head, or kv head with GQA packing
+    if (h >= (GQA ? num_kv_heads : num_q_heads)) return;
+    const int grp = num_q_heads / num_kv_heads;
+    const int G = GQA ? grp : 1;  // CTA rows per token
     // Heaviest tiles (most keys) first: blockIdx.x = 0 takes the last m-tile.
     const int mt = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
     const int* cu = q12_cu_seqlens(m);
     const int row0 = cu[b];
     const int q_len = cu[b + 1] - row0;
-    const int m0 = mt * kBM;
-    if (m0 >= q_len) return;
+    const int m0 = mt * kBM;  // first CTA row (a (token, head) pair index with GQA)
+    if (m0 >= q_len * G) return;
     const int kv_len = q12_kv_lens(m)[b];
     const int* bt = q12_block_table(m, b);
-    const int kvh = h / (num_q_heads / num_kv_heads);
-    const int rows_here = min(kBM, q_len - m0);
-    const int shift = kv_len - q_len;                   // row r sees keys <= shift + r
-    const int max_key = shift + m0 + rows_here - 1;     // last key any valid row of this CTA sees
+    const int kvh = GQA ? h : h / grp;
+    const int rows_here = min(kBM, q_len * G - m0);
+    const int shift = kv_len - q_len;                   // token r sees keys <= shift + r
+    const int max_key = shift + (GQA ? (m0 + rows_here - 1) / G : m0 + rows_here - 1);  // last key any row sees
     const int n_tiles = max_key >= 0 ? max_key / BN + 1 : 0;
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
     const unsigned int sQa = smem_addr(sQ);
-    const unsigned int sKa = sQa + kBM * LD * 2;         // [2][BN][LD]
-    const unsigned int sVa = sKa + 2 * BN * LD * 2;      // [2][BN][LD]
+    const unsigned int sKa = sQa + kBM * LD * 2;         // [NST][BN][LD]
+    const unsigned int sVa = sKa + NST * BN * LD * 2;    // [NST][BN][LD]
+    int* sSlot = reinterpret_cast<int*>(smem_raw + (kBM + 2 * NST * BN) * LD * 2);  // [2][BN] (PSMEM)
 
     const int tid = threadIdx.x;
     const int warp = tid >> 5;
@@ -167,8 +188,25 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
 
     const long long head_stride = static_cast<long long>(num_kv_heads) * D;
 
+    // Global row (token * Hq + head) of CTA row r (< rows_here).
+    auto q_row = [&](int r) -> long long {
+        if constexpr (GQA) {
+            const int p = m0 + r;
+            return static_cast<long long>(row0 + p / G) * num_q_heads + kvh * G + p % G;
+        }
+        return static_cast<long long>(row0 + m0 + r) * num_q_heads + h;
+    };
+
     // Q tile: rows past the stream's chunk are zero-filled and never read from global memory.
-    {
+    if constexpr (GQA) {
+#pragma unroll
+        for (int i = 0; i < QPT; ++i) {
+            const int r = cr + i * kRowStep;
+            const bool ok = r < rows_here;
+            const bf16* src = ok ? q + q_row(r) * D + cc * 8 : q;
+            cp_async16(sQa + (r * LD + cc * 8) * 2, src, ok ? 16 : 0);
+        }
+    } else {
         const bf16* qbase = q + (static_cast<long long>(row0 + m0) * num_q_heads + h) * D + cc * 8;
 #pragma unroll
         for (int i = 0; i < QPT; ++i) {
@@ -179,13 +217,24 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
         }
     }
 
+    // Pool slot (physical block * block_size + offset) of key position pos, -1 past max_key.
+    auto slot_of = [&](int pos) -> int { return pos <= max_key ? bt[pos / block_size] * block_size + pos % block_size : -1; };
+    auto copy_row = [&](int slot, int r, int stage) {
+        const bool ok = slot >= 0;
+        long long off = 0;
+        if (ok) off = static_cast<long long>(slot) * head_stride + static_cast<long long>(kvh) * D + cc * 8;
+        const unsigned int dst = ((stage * BN + r) * LD + cc * 8) * 2;
+        cp_async16(sKa + dst, k_pool + off, ok ? 16 : 0);
+        cp_async16(sVa + dst, v_pool + off, ok ? 16 : 0);
+    };
+
     // Physical pages of this thread's rows of the next tile to copy (-1: key past max_key).
-    int page[RPT];
+    int page[PSMEM ? 1 : RPT];
     auto fetch_pages = [&](int n) {
 #pragma unroll
         for (int i = 0; i < RPT; ++i) {
             const int pos = n * BN + cr + i * kRowStep;
-            page[i] = pos <= max_key ? bt[pos / block_size] : -1;
+            page[PSMEM ? 0 : i] = pos <= max_key ? bt[pos / block_size] : -1;
         }
     };
     auto issue_kv = [&](int n, int stage) {
@@ -193,10 +242,10 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
         for (int i = 0; i < RPT; ++i) {
             const int r = cr + i * kRowStep;
             const int pos = n * BN + r;
-            const bool ok = page[i] >= 0;
+            const bool ok = page[PSMEM ? 0 : i] >= 0;
             long long off = 0;
             if (ok) {
-                off = (static_cast<long long>(page[i]) * block_size + pos % block_size) * head_stride +
+                off = (static_cast<long long>(page[PSMEM ? 0 : i]) * block_size + pos % block_size) * head_stride +
                       static_cast<long long>(kvh) * D + cc * 8;
             }
             const unsigned int dst = ((stage * BN + r) * LD + cc * 8) * 2;
@@ -204,17 +253,60 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
             cp_async16(sVa + dst, v_pool + off, ok ? 16 : 0);
         }
     };
+    // PSMEM: slots of tile n from the [2][BN] array (written by the threads tid < BN beforehand).
+    auto issue_kv_smem = [&](int n, int stage) {
+        const int* sl = sSlot + (n & 1) * BN;
+#pragma unroll
+        for (int i = 0; i < RPT; ++i) {
+            const int r = cr + i * kRowStep;
+            copy_row(sl[r], r, stage);
+        }
+    };
+    int pend_slot = -1;  // PSMEM: slot of row tid of the tile two issues ahead (loaded, not yet stored)
 
-    if (n_tiles > 0) {
-        fetch_pages(0);
-        issue_kv(0, 0);
+    if constexpr (ST == 0) {
+        if (n_tiles > 0) {
+            fetch_pages(0);
+            issue_kv(0, 0);
+        }
+        cp_async_commit();  // group: Q + KV tile 0
+        if (n_tiles > 1) fetch_pages(1);
+    } else {
+        // Tiles 0 .. ST-2 now, one commit group each (possibly empty; Q rides in the first).
+#pragma unroll
+        for (int s = 0; s < ST - 1; ++s) {
+            if (s < n_tiles) {
+                if constexpr (PSMEM) {
+#pragma unroll
+                    for (int i = 0; i < RPT; ++i) {
+                        const int r = cr + i * kRowStep;
+                        copy_row(slot_of(s * BN + r), r, s);
+                    }
+                } else {
+                    fetch_pages(s);
+                    issue_kv(s, s);
+                }
+            }
+            cp_async_commit();
+        }
+        if constexpr (PSMEM) {
+            // Tile ST-1 (issued in iteration 0) into the slot array; tile ST pending in a register.
+            if (tid < BN) {
+                sSlot[((ST - 1) & 1) * BN + tid] = slot_of((ST - 1) * BN + tid);
+                pend_slot = slot_of(ST * BN + tid);
+            }
+        } else if (ST - 1 < n_tiles) {
+            fetch_pages(ST - 1);
+        }
     }
-    cp_async_commit();  // group: Q + KV tile 0
-    if (n_tiles > 1) fetch_pages(1);
 
     const float sl2 = scale * 1.4426950408889634f;  // scores in log2 units: exp(s*scale) = 2^(s*sl2)
-    const int wrow = m0 + warp * kWR;                // stream row of this warp's first row
-    const int diag_from = shift + m0;                // smallest causal bound over the CTA's rows
+    const int wrow = m0 + warp * kWR;                // CTA-row index (stream row without GQA) of this warp's first row
+    const int diag_from = shift + (GQA ? m0 / G : m0);  // smallest causal bound over the CTA's rows
+    // Largest causal bound over this warp's valid rows (WSKIP); rows past rows_here see everything
+    // the CTA loads and are discarded, so they need no tile.
+    const int warp_last = min(wrow + kWR, m0 + rows_here) - 1;
+    const int warp_bound = shift + (GQA ? warp_last / G : warp_last);
 
     // Sub-tile mi of the warp = its rows mi*16 .. mi*16+15; thread rows g and g+8 of each (i = 0, 1).
     float acc[MW][ND][4];
@@ -236,16 +328,40 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
     const unsigned int v_lane = (((lane & 15) * LD) + (lane >> 4) * 8) * 2;
 
     for (int n = 0; n < n_tiles; ++n) {
-        const int stage = n & 1;
-        if (n + 1 < n_tiles) {
-            issue_kv(n + 1, stage ^ 1);  // that stage was last read in iteration n-1 (synced below)
-            cp_async_commit();
-            if (n + 2 < n_tiles) fetch_pages(n + 2);
-            cp_async_wait<1>();
+        int stage;
+        if constexpr (ST == 0) {
+            stage = n & 1;
+            if (n + 1 < n_tiles) {
+                issue_kv(n + 1, stage ^ 1);  // that stage was last read in iteration n-1 (synced below)
+                cp_async_commit();
+                if (n + 2 < n_tiles) fetch_pages(n + 2);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
         } else {
-            cp_async_wait<0>();
+            stage = n % NST;
+            cp_async_wait<(ST >= 2 ? ST - 2 : 0)>();  // groups 0..n (tiles 0..n) complete
+            __syncthreads();  // ... for every thread; and every warp is done with tile n-1's stage
+            const int nn = n + ST - 1;
+            if (nn < n_tiles) {
+                if constexpr (PSMEM) {
+                    issue_kv_smem(nn, nn % NST);
+                } else {
+                    issue_kv(nn, nn % NST);
+                    if (nn + 1 < n_tiles) fetch_pages(nn + 1);
+                }
+            }
+            cp_async_commit();  // one group per iteration, possibly empty
+            if constexpr (PSMEM) {
+                // slot array half (nn + 1) & 1 was last read in iteration n - 1 (before the barrier)
+                if (tid < BN) {
+                    sSlot[((nn + 1) & 1) * BN + tid] = pend_slot;
+                    pend_slot = slot_of((nn + 2) * BN + tid);
+                }
+            }
         }
-        __syncthreads();
 
         if (QREG && n == 0) {
 #pragma unroll
@@ -254,6 +370,8 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
                 for (int kk = 0; kk < KD; ++kk)
                     ldmatrix_x4(qf[QREG ? mi : 0][QREG ? kk : 0], q_lane + (mi * 16 * LD + kk * 16) * 2);
         }
+        const int kb = n * BN;
+        if (!WSKIP || kb <= warp_bound) {
 
         // ---- S = Q K^T (MW x 16 rows x BN keys per warp); each K fragment feeds MW sub-tiles ----
         float s[MW][NS][4];
@@ -267,7 +385,7 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
             unsigned int a[MW][4];
 #pragma unroll
             for (int mi = 0; mi < MW; ++mi) {
-                if (QREG) {
+                if constexpr (QREG) {
 #pragma unroll
                     for (int x = 0; x < 4; ++x) a[mi][x] = qf[QREG ? mi : 0][QREG ? kk : 0][x];
                 } else {
@@ -287,7 +405,6 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
         }
 
         // ---- causal mask, on diagonal tiles only (raw scores; the scale is folded in below) ----
-        const int kb = n * BN;
         if (kb + BN - 1 > diag_from) {
 #pragma unroll
             for (int mi = 0; mi < MW; ++mi) {
@@ -296,8 +413,8 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const int key = kb + j * 8 + 2 * t + (e & 1);
-                        const int row = wrow + mi * 16 + g + (e >> 1) * 8;
-                        if (key > shift + row) s[mi][j][e] = -ATTN_INF;
+                        const int rr = wrow + mi * 16 + g + (e >> 1) * 8;
+                        if (key > shift + (GQA ? rr / G : rr)) s[mi][j][e] = -ATTN_INF;
                     }
                 }
             }
@@ -358,7 +475,8 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
                 }
             }
         }
-        __syncthreads();  // every warp is done with this stage before it is refilled
+        }  // !WSKIP || tile reaches this warp's rows
+        if constexpr (ST == 0) __syncthreads();  // every warp is done with this stage before it is refilled
     }
     cp_async_wait<0>();  // n_tiles == 0: the Q copy may still be in flight
     __syncthreads();
@@ -384,14 +502,27 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
         }
     }
     __syncwarp();
-    bf16* obase = o + (static_cast<long long>(row0 + wrow) * num_q_heads + h) * D;
+    if constexpr (GQA) {
 #pragma unroll
-    for (int c = lane; c < kWR * CPR; c += 32) {
-        const int r = c / CPR;
-        const int ch = c % CPR;
-        if (wrow + r < q_len) {
-            const uint4 v = *reinterpret_cast<const uint4*>(sQ + (warp * kWR + r) * LD + ch * 8);
-            *reinterpret_cast<uint4*>(obase + static_cast<long long>(r) * num_q_heads * D + ch * 8) = v;
+        for (int c = lane; c < kWR * CPR; c += 32) {
+            const int r = c / CPR;
+            const int ch = c % CPR;
+            const int cr_ = warp * kWR + r;  // CTA row
+            if (cr_ < rows_here) {
+                const uint4 v = *reinterpret_cast<const uint4*>(sQ + cr_ * LD + ch * 8);
+                *reinterpret_cast<uint4*>(o + q_row(cr_) * D + ch * 8) = v;
+            }
+        }
+    } else {
+        bf16* obase = o + (static_cast<long long>(row0 + wrow) * num_q_heads + h) * D;
+#pragma unroll
+        for (int c = lane; c < kWR * CPR; c += 32) {
+            const int r = c / CPR;
+            const int ch = c % CPR;
+            if (wrow + r < q_len) {
+                const uint4 v = *reinterpret_cast<const uint4*>(sQ + (warp * kWR + r) * LD + ch * 8);
+                *reinterpret_cast<uint4*>(obase + static_cast<long long>(r) * num_q_heads * D + ch * 8) = v;
+            }
         }
     }
 }
@@ -402,15 +533,119 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
 // D=64: 8 warps x 16 rows, 100 regs, 2 CTAs/SM. D=128: 4 warps x 32 rows (each K/V fragment feeds
 // two m16 sub-tiles, halving shared-memory traffic), BN=32 to stay under 255 registers without
 // spills, 2 CTAs/SM. D=256: 8 warps x 16 rows, BN=64, 1 CTA/SM (198 KiB of shared memory).
-// Keep q12drv/kernels/attention.py (WARPS, WARP_SUBTILES, BLOCK_N) in step; a CPU test checks.
+// Keep q12drv/kernels/attention.py (WARPS, WARP_SUBTILES, BLOCK_N, DEFAULT_CONFIG) in step; a CPU
+// test checks the defaults below against it.
+//
+// Variants for measurement: every knob of every entry can be overridden at compile time with
+// -D ATTN_D<d>_<KNOB>=value (d = 64, 128, 256; KNOB = BN, NW, MW, QREG, ST, PSMEM, GQA, WSKIP,
+// MINB; meanings at attn_prefill). MINB > 0 adds __launch_bounds__(NW * 32, MINB). The host side
+// must use the same values: q12drv.kernels.attention.config(d, defines) / geometry(..., defines=).
+#ifndef ATTN_D64_BN
+#define ATTN_D64_BN 64
+#endif
+#ifndef ATTN_D64_NW
+#define ATTN_D64_NW 8
+#endif
+#ifndef ATTN_D64_MW
+#define ATTN_D64_MW 1
+#endif
+#ifndef ATTN_D128_BN
+#define ATTN_D128_BN 32
+#endif
+#ifndef ATTN_D128_NW
+#define ATTN_D128_NW 4
+#endif
+#ifndef ATTN_D128_MW
+#define ATTN_D128_MW 2
+#endif
+#ifndef ATTN_D256_BN
+#define ATTN_D256_BN 64
+#endif
+#ifndef ATTN_D256_NW
+#define ATTN_D256_NW 8
+#endif
+#ifndef ATTN_D256_MW
+#define ATTN_D256_MW 1
+#endif
+#ifndef ATTN_D64_QREG
+#define ATTN_D64_QREG 0
+#endif
+#ifndef ATTN_D64_ST
+#define ATTN_D64_ST 0
+#endif
+#ifndef ATTN_D64_PSMEM
+#define ATTN_D64_PSMEM 0
+#endif
+#ifndef ATTN_D64_GQA
+#define ATTN_D64_GQA 0
+#endif
+#ifndef ATTN_D64_WSKIP
+#define ATTN_D64_WSKIP 0
+#endif
+#ifndef ATTN_D64_MINB
+#define ATTN_D64_MINB 0
+#endif
+#ifndef ATTN_D128_QREG
+#define ATTN_D128_QREG 0
+#endif
+#ifndef ATTN_D128_ST
+#define ATTN_D128_ST 0
+#endif
+#ifndef ATTN_D128_PSMEM
+#define ATTN_D128_PSMEM 0
+#endif
+#ifndef ATTN_D128_GQA
+#define ATTN_D128_GQA 0
+#endif
+#ifndef ATTN_D128_WSKIP
+#define ATTN_D128_WSKIP 0
+#endif
+#ifndef ATTN_D128_MINB
+#define ATTN_D128_MINB 0
+#endif
+#ifndef ATTN_D256_QREG
+#define ATTN_D256_QREG 0
+#endif
+#ifndef ATTN_D256_ST
+#define ATTN_D256_ST 0
+#endif
+#ifndef ATTN_D256_PSMEM
+#define ATTN_D256_PSMEM 0
+#endif
+#ifndef ATTN_D256_GQA
+#define ATTN_D256_GQA 0
+#endif
+#ifndef ATTN_D256_WSKIP
+#define ATTN_D256_WSKIP 0
+#endif
+#ifndef ATTN_D256_MINB
+#define ATTN_D256_MINB 0
+#endif
+
+
+#if ATTN_D64_MINB > 0
+extern "C" __global__ __launch_bounds__(ATTN_D64_NW * 32, ATTN_D64_MINB) void q12_attn_prefill_d64(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
+#else
 extern "C" __global__ void q12_attn_prefill_d64(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
-    attn_prefill<64, 64, 8, 1, false>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
+#endif
+    attn_prefill<64, ATTN_D64_BN, ATTN_D64_NW, ATTN_D64_MW, ATTN_D64_QREG, ATTN_D64_ST, ATTN_D64_PSMEM, ATTN_D64_GQA, ATTN_D64_WSKIP>(
+        m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
 }
 
+#if ATTN_D128_MINB > 0
+extern "C" __global__ __launch_bounds__(ATTN_D128_NW * 32, ATTN_D128_MINB) void q12_attn_prefill_d128(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
+#else
 extern "C" __global__ void q12_attn_prefill_d128(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
-    attn_prefill<128, 32, 4, 2, false>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
+#endif
+    attn_prefill<128, ATTN_D128_BN, ATTN_D128_NW, ATTN_D128_MW, ATTN_D128_QREG, ATTN_D128_ST, ATTN_D128_PSMEM, ATTN_D128_GQA, ATTN_D128_WSKIP>(
+        m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
 }
 
+#if ATTN_D256_MINB > 0
+extern "C" __global__ __launch_bounds__(ATTN_D256_NW * 32, ATTN_D256_MINB) void q12_attn_prefill_d256(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
+#else
 extern "C" __global__ void q12_attn_prefill_d256(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
-    attn_prefill<256, 64, 8, 1, false>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
+#endif
+    attn_prefill<256, ATTN_D256_BN, ATTN_D256_NW, ATTN_D256_MW, ATTN_D256_QREG, ATTN_D256_ST, ATTN_D256_PSMEM, ATTN_D256_GQA, ATTN_D256_WSKIP>(
+        m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
 }

@@ -15,22 +15,53 @@
 // HF rounds cos/sin to bf16 before multiplying; this kernel keeps them fp32 (more accurate).
 //
 // Work split: a "unit" = (token, head, 8 consecutive pairs): two 16-byte loads (x[j0..j0+7] and
-// x[half+j0..]), 8 rotations, two 16-byte stores. The CTA takes G consecutive tokens per
-// iteration (G = 2 * blockDim / units_per_token, >= 1, capped by the angle buffer) and walks the
-// tokens with a grid stride, so any grid covers T = m.total_tokens. Each thread first loads its
-// first 2 units (ROPE_PREFETCH; bytes in flight hide DRAM latency), then phase 1 computes the
-// G * half angles once (shared by all Hq + Hkv heads) into shared memory, then phase 2 rotates
-// and stores the prefetched units (and any further ones, loaded on the spot). Only the rotary
-// dims are touched. When the layout does not allow 16-byte accesses (rotary_dim % 16,
-// head_dim % 8 or a pointer not 16-byte aligned) a unit is one pair with 2-byte accesses: same
-// math, same results. 72 registers a thread on sm_90: launch with at most 512 threads a block.
+// x[half+j0..]), 8 rotations, two 16-byte stores; only the rotary dims are touched. Every warp
+// works alone (no CTA-wide barrier in the loop): it takes G consecutive tokens per iteration
+// (G = max(1, 32 * ROPE_UPL / units_per_token), capped by its share of the angle buffer) and
+// walks the tokens with a grid stride over warps, so any grid covers T = m.total_tokens. Per
+// iteration a lane
+//   1. issues the loads of its first ROPE_UPL units (units lane, lane + 32, ...: 6 x 16 B in
+//      flight; their (token, head, pair) split is loop-invariant, computed once per thread, so
+//      the loop has no integer division),
+//   2. meanwhile computes the G * half angles of the warp's tokens (positions read once per
+//      (token, frequency), sincosf once per (token, frequency), shared by all Hq + Hkv heads)
+//      into the warp's slice of shared memory, __syncwarp,
+//   3. rotates and stores its units; units past 32 * ROPE_UPL (more than 128 units per token,
+//      e.g. Qwen2-VL's 32 heads x rd 128) follow in batches of ROPE_UPL (mapped by division).
+// With many warps per SM at different phases, loads, sincosf and stores overlap.
+// A warp's slice holds ROPE_SMEM_ANGLES / warps_per_block angles; when half
+// exceeds it (only blocks of more than 256 threads with rotary_dim > 2 * 4096 / warps), each
+// unit computes its own sincosf (same bits, slower).
+// When the layout does not allow 16-byte accesses (rotary_dim % 16, head_dim % 8 or a pointer
+// not 16-byte aligned) a unit is one pair with 2-byte accesses: same math, same results.
+// Cache hints: loads ld.global.L1::no_allocate (each element is read once; the kernel works in
+// place, so not the read-only .nc path); plain write-back stores (attention and the KV write
+// read Q and K next), or st.global.cs with -DROPE_STORE_CS=1.
+// __launch_bounds__(512, 1): <= 128 registers so 512-thread blocks launch; the new kernel takes
+// about 112 (below that ptxas spills), so 2 CTAs of 256 threads are resident per SM and
+// rope.geometry() sizes a persistent grid of that many (16 warps per SM).
+// -DROPE_LEGACY=1 compiles the previous kernel (CTA-wide token groups, two __syncthreads per
+// iteration, 2 units prefetched per thread; <= 85 registers, 3 CTAs of 256 per SM) for A/B runs.
 // Everything is per token (no cross-token arithmetic): a stream's rows come out identical
-// whether it runs batched or alone.
+// whether it runs batched or alone, whatever the grid or block size.
 #include "q12_meta.cuh"
 
-#define ROPE_MAX_HALF 512      // rotary_dim <= 1024
+#ifndef ROPE_LEGACY
+#define ROPE_LEGACY 0
+#endif
+#ifndef ROPE_STORE_CS
+#define ROPE_STORE_CS 0
+#endif
+#define ROPE_MAX_HALF 512  // rotary_dim <= 1024
+#if ROPE_LEGACY
 #define ROPE_SMEM_ANGLES 2048  // G * half angles per iteration
 #define ROPE_PREFETCH 2        // units per thread loaded before the angle phase
+#else
+#define ROPE_SMEM_ANGLES 4096  // cos (and sin) floats per CTA, split evenly among its warps
+#ifndef ROPE_UPL
+#define ROPE_UPL 3  // units a lane loads before it rotates any (Qwen3-Next: 72 units per token, one round)
+#endif
+#endif
 
 namespace {
 
@@ -110,6 +141,7 @@ __device__ __forceinline__ void rotate_unit(const UnitData<VEC>& d, const float*
     }
 }
 
+#if ROPE_LEGACY
 template <bool VEC>
 __device__ __forceinline__ void rope_body(const Q12Meta& m, bf16* __restrict__ q, bf16* __restrict__ k, int hq,
                                           int hkv, int head_dim, int half, int mode, float* s_inv,
@@ -189,9 +221,250 @@ __device__ __forceinline__ void rope_body(const Q12Meta& m, bf16* __restrict__ q
     }
 }
 
+#endif
+
+#if !ROPE_LEGACY
+__device__ __forceinline__ void ld_na(uint4& d, const bf16* p) {
+    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(d.x), "=r"(d.y), "=r"(d.z), "=r"(d.w)
+                 : "l"(p));
+}
+__device__ __forceinline__ void ld_na(bf16& d, const bf16* p) {
+    unsigned short u;
+    asm volatile("ld.global.L1::no_allocate.u16 %0, [%1];" : "=h"(u) : "l"(p));
+    d = __ushort_as_bfloat16(u);
+}
+__device__ __forceinline__ void st_out(bf16* p, const uint4& d) {
+#if ROPE_STORE_CS
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(d.x), "r"(d.y), "r"(d.z), "r"(d.w)
+                 : "memory");
+#else
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(d.x), "r"(d.y), "r"(d.z), "r"(d.w)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void st_out(bf16* p, bf16 v) {
+    const unsigned short u = __bfloat16_as_ushort(v);
+#if ROPE_STORE_CS
+    asm volatile("st.global.cs.u16 [%0], %1;" ::"l"(p), "h"(u) : "memory");
+#else
+    asm volatile("st.global.u16 [%0], %1;" ::"l"(p), "h"(u) : "memory");
+#endif
+}
+
+// cos/sin of frequency j of token t (the one formula; every path calls it).
+__device__ __forceinline__ void angle_cs(const Q12Meta& m, long long t, int j, const float* s_inv,
+                                         const unsigned char* s_axis, float& c, float& s) {
+    const unsigned int p = __ldg(q12_positions(m, s_axis[j]) + t);
+    const float ang = __uint2float_rn(p) * s_inv[j];
+    sincosf(ang, &s, &c);
+}
+
+// Where unit u of a warp's token group lives, packed in two registers: ct = (token in group << 16)
+// | first pair index jj (ct = -1: no such unit), off = element offset of x1 inside the token's Q
+// rows (off >= 0) or ~offset inside its K rows (off < 0).
+struct UnitMap {
+    int ct;
+    int off;
+    __device__ __forceinline__ int tg() const { return ct >> 16; }
+    __device__ __forceinline__ int jj() const { return ct & 0xffff; }
+    __device__ __forceinline__ bool valid() const { return ct >= 0; }
+    __device__ __forceinline__ bf16* row(bf16* q, bf16* k, long long t, long long q_tok, long long k_tok) const {
+        return off >= 0 ? q + t * q_tok + off : k + t * k_tok + ~off;
+    }
+};
+
+__device__ __forceinline__ UnitMap map_unit(int u, int n_units, int upt, int upc, int vw, int hq, int head_dim) {
+    UnitMap mp;
+    if (u >= n_units) {
+        mp.ct = -1;
+        mp.off = 0;
+        return mp;
+    }
+    const int tg = u / upt;
+    const int r = u - tg * upt;
+    const int h = r / upc;
+    const int jj = (r - h * upc) * vw;
+    mp.ct = (tg << 16) | jj;
+    mp.off = h < hq ? h * head_dim + jj : ~((h - hq) * head_dim + jj);
+    return mp;
+}
+
+template <bool VEC>
+__device__ __forceinline__ void load_unit_na(UnitData<VEC>& d, const bf16* row, int half) {
+    if constexpr (VEC) {
+        ld_na(d.a, row);
+        ld_na(d.b, row + half);
+    } else {
+        ld_na(d.a, row);
+        ld_na(d.b, row + half);
+    }
+}
+
+// Rotate one unit with its cos/sin (vw values each) and store it.
+template <bool VEC>
+__device__ __forceinline__ void rotate_store(const UnitData<VEC>& d, const float* cs, const float* sn, bf16* row,
+                                             int half) {
+    if constexpr (VEC) {
+        uint4 oa, ob;
+        oa.x = rot_pack(d.a.x, d.b.x, cs[0], sn[0], cs[1], sn[1], ob.x);
+        oa.y = rot_pack(d.a.y, d.b.y, cs[2], sn[2], cs[3], sn[3], ob.y);
+        oa.z = rot_pack(d.a.z, d.b.z, cs[4], sn[4], cs[5], sn[5], ob.z);
+        oa.w = rot_pack(d.a.w, d.b.w, cs[6], sn[6], cs[7], sn[7], ob.w);
+        st_out(row, oa);
+        st_out(row + half, ob);
+    } else {
+        float y1, y2;
+        rotate(__bfloat162float(d.a), __bfloat162float(d.b), cs[0], sn[0], y1, y2);
+        st_out(row, __float2bfloat16_rn(y1));
+        st_out(row + half, __float2bfloat16_rn(y2));
+    }
+}
+
+// cos/sin of the unit's vw frequencies from the warp's table.
+template <bool VEC>
+__device__ __forceinline__ void unit_cs(int tg, int jj, int half, const float* w_cos, const float* w_sin, float* cs,
+                                        float* sn) {
+    if constexpr (VEC) {
+        const float4* c4 = reinterpret_cast<const float4*>(w_cos + tg * half + jj);
+        const float4* s4 = reinterpret_cast<const float4*>(w_sin + tg * half + jj);
+        const float4 c0 = c4[0], c1 = c4[1], s0 = s4[0], s1 = s4[1];
+        cs[0] = c0.x; cs[1] = c0.y; cs[2] = c0.z; cs[3] = c0.w;
+        cs[4] = c1.x; cs[5] = c1.y; cs[6] = c1.z; cs[7] = c1.w;
+        sn[0] = s0.x; sn[1] = s0.y; sn[2] = s0.z; sn[3] = s0.w;
+        sn[4] = s1.x; sn[5] = s1.y; sn[6] = s1.z; sn[7] = s1.w;
+    } else {
+        cs[0] = w_cos[tg * half + jj];
+        sn[0] = w_sin[tg * half + jj];
+    }
+}
+
+// The rare case of a warp slice too small for one token's angles: one unit at a time, each
+// computing its own vw sincosf (same formula, same bits). Kept out of line and simple.
+template <bool VEC>
+__device__ __forceinline__ void rope_direct(const Q12Meta& m, bf16* q, bf16* k, int hq, int hkv, int head_dim,
+                                         int half, const float* s_inv, const unsigned char* s_axis) {
+    constexpr int vw = VEC ? 8 : 1;
+    const int total_tokens = (int)m.total_tokens;
+    const int upc = half / vw;
+    const int upt = (hq + hkv) * upc;
+    const int warps = (int)blockDim.x >> 5;
+    const int lane = (int)threadIdx.x & 31;
+    const long long q_tok = (long long)hq * head_dim, k_tok = (long long)hkv * head_dim;
+    for (long long t = (long long)blockIdx.x * warps + ((int)threadIdx.x >> 5); t < total_tokens;
+         t += (long long)gridDim.x * warps) {
+#pragma unroll 1
+        for (int u = lane; u < upt; u += 32) {
+            const UnitMap mp = map_unit(u, upt, upt, upc, vw, hq, head_dim);
+            bf16* row = mp.row(q, k, t, q_tok, k_tok);
+            UnitData<VEC> d;
+            load_unit_na<VEC>(d, row, half);
+            float cs[vw], sn[vw];
+            for (int e = 0; e < vw; ++e) angle_cs(m, t, mp.jj() + e, s_inv, s_axis, cs[e], sn[e]);
+            rotate_store<VEC>(d, cs, sn, row, half);
+        }
+    }
+}
+
+template <bool VEC>
+__device__ __forceinline__ void rope_warps(const Q12Meta& m, bf16* __restrict__ q, bf16* __restrict__ k, int hq,
+                                           int hkv, int head_dim, int half, const float* s_inv,
+                                           const unsigned char* s_axis, float* s_cos, float* s_sin) {
+    constexpr int vw = VEC ? 8 : 1;
+    const int total_tokens = (int)m.total_tokens;
+    const int upc = half / vw;  // units per head
+    const int upt = (hq + hkv) * upc;
+    const int warps = (int)blockDim.x >> 5;
+    const int warp = (int)threadIdx.x >> 5;
+    const int lane = (int)threadIdx.x & 31;
+    if (warp >= warps) return;  // a partial trailing warp (the host never launches so)
+    const int cap = ROPE_SMEM_ANGLES / warps;  // this warp's angles
+    if (half > cap) {
+        rope_direct<VEC>(m, q, k, hq, hkv, head_dim, half, s_inv, s_axis);
+        return;
+    }
+    int g = (32 * ROPE_UPL) / upt;
+    if (g < 1) g = 1;
+    if (g > cap / half) g = cap / half;
+    const int n_units = g * upt;
+    const int n_angles = g * half;
+    float* w_cos = s_cos + warp * cap;
+    float* w_sin = s_sin + warp * cap;
+    const long long q_tok = (long long)hq * head_dim, k_tok = (long long)hkv * head_dim;
+
+    // Loop-invariant split of this lane's first ROPE_UPL units, and of its first angle.
+    UnitMap mp[ROPE_UPL];
+#pragma unroll
+    for (int p = 0; p < ROPE_UPL; ++p) mp[p] = map_unit(lane + 32 * p, n_units, upt, upc, vw, hq, head_dim);
+    const int a_tg0 = lane / half, a_j0 = lane - (lane / half) * half;
+    const int a_dtg = 32 / half, a_dj = 32 - (32 / half) * half;
+
+    const long long gw = (long long)blockIdx.x * warps + warp;
+    const long long step = (long long)gridDim.x * warps * g;
+    for (long long t0 = gw * g; t0 < total_tokens; t0 += step) {
+        // 1. loads of the first ROPE_UPL units (in flight while the angles are computed)
+        UnitData<VEC> d[ROPE_UPL];
+#pragma unroll
+        for (int p = 0; p < ROPE_UPL; ++p) {
+            if (mp[p].valid() && t0 + mp[p].tg() < total_tokens)
+                load_unit_na<VEC>(d[p], mp[p].row(q, k, t0 + mp[p].tg(), q_tok, k_tok), half);
+        }
+        // 2. the group's angles, once per (token, frequency)
+        {
+            int tg = a_tg0, j = a_j0;
+#pragma unroll 1
+            for (int i = lane; i < n_angles; i += 32) {
+                if (t0 + tg < total_tokens) {
+                    float c, s;
+                    angle_cs(m, t0 + tg, j, s_inv, s_axis, c, s);
+                    w_cos[i] = c;
+                    w_sin[i] = s;
+                }
+                tg += a_dtg;
+                j += a_dj;
+                if (j >= half) {
+                    j -= half;
+                    ++tg;
+                }
+            }
+            __syncwarp();
+        }
+        // 3. rotate and store
+#pragma unroll
+        for (int p = 0; p < ROPE_UPL; ++p) {
+            if (mp[p].valid() && t0 + mp[p].tg() < total_tokens) {
+                float cs[vw], sn[vw];
+                unit_cs<VEC>(mp[p].tg(), mp[p].jj(), half, w_cos, w_sin, cs, sn);
+                rotate_store<VEC>(d[p], cs, sn, mp[p].row(q, k, t0 + mp[p].tg(), q_tok, k_tok), half);
+            }
+        }
+#pragma unroll 1
+        for (int ub = 32 * ROPE_UPL; ub < n_units; ub += 32 * ROPE_UPL) {
+            UnitMap mq[ROPE_UPL];
+            UnitData<VEC> e[ROPE_UPL];
+#pragma unroll
+            for (int p = 0; p < ROPE_UPL; ++p) {
+                mq[p] = map_unit(ub + lane + 32 * p, n_units, upt, upc, vw, hq, head_dim);
+                if (mq[p].valid() && t0 + mq[p].tg() < total_tokens)
+                    load_unit_na<VEC>(e[p], mq[p].row(q, k, t0 + mq[p].tg(), q_tok, k_tok), half);
+            }
+#pragma unroll
+            for (int p = 0; p < ROPE_UPL; ++p) {
+                if (mq[p].valid() && t0 + mq[p].tg() < total_tokens) {
+                    float cs[vw], sn[vw];
+                    unit_cs<VEC>(mq[p].tg(), mq[p].jj(), half, w_cos, w_sin, cs, sn);
+                    rotate_store<VEC>(e[p], cs, sn, mq[p].row(q, k, t0 + mq[p].tg(), q_tok, k_tok), half);
+                }
+            }
+        }
+        __syncwarp();  // every lane is done with the angles before they are overwritten
+    }
+}
+#endif
+
 }  // namespace
 
-extern "C" __global__ void q12_rope(Q12Meta m, bf16* __restrict__ q, bf16* __restrict__ k, int num_q_heads, int num_kv_heads, int head_dim, int rotary_dim, float theta, int mrope_mode, int sec_t, int sec_h, int sec_w) {
+extern "C" __global__ __launch_bounds__(512, 1) void q12_rope(Q12Meta m, bf16* __restrict__ q, bf16* __restrict__ k, int num_q_heads, int num_kv_heads, int head_dim, int rotary_dim, float theta, int mrope_mode, int sec_t, int sec_h, int sec_w) {
     __shared__ float s_inv[ROPE_MAX_HALF];
     __shared__ unsigned char s_axis[ROPE_MAX_HALF];
     __shared__ __align__(16) float s_cos[ROPE_SMEM_ANGLES];
@@ -214,11 +487,20 @@ extern "C" __global__ void q12_rope(Q12Meta m, bf16* __restrict__ q, bf16* __res
     __syncthreads();
 
     const unsigned long long addr_bits = (unsigned long long)q | (unsigned long long)k;
-    if ((rotary_dim & 15) == 0 && (head_dim & 7) == 0 && (addr_bits & 15ull) == 0) {
+    const bool vec = (rotary_dim & 15) == 0 && (head_dim & 7) == 0 && (addr_bits & 15ull) == 0;
+#if ROPE_LEGACY
+    if (vec) {
         rope_body<true>(m, q, k, num_q_heads, num_kv_heads, head_dim, half, mrope_mode, s_inv, s_axis, s_cos,
                         s_sin);
     } else {
         rope_body<false>(m, q, k, num_q_heads, num_kv_heads, head_dim, half, mrope_mode, s_inv, s_axis, s_cos,
                          s_sin);
     }
+#else
+    if (vec) {
+        rope_warps<true>(m, q, k, num_q_heads, num_kv_heads, head_dim, half, s_inv, s_axis, s_cos, s_sin);
+    } else {
+        rope_warps<false>(m, q, k, num_q_heads, num_kv_heads, head_dim, half, s_inv, s_axis, s_cos, s_sin);
+    }
+#endif
 }

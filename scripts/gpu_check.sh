@@ -3,13 +3,19 @@
 # nothing is installed, the checkout runs from PYTHONPATH). Logs go to $OUT (default /tmp/q12drv-gpu).
 #
 #   scripts/gpu_check.sh            # doctor, GPU tests, demo, sanitizer, 10k-pass soak, benchmark
-#   Q12_SKIP_BENCH=1 Q12_SKIP_SANITIZE=1 Q12_SKIP_SOAK=1 scripts/gpu_check.sh
+#   Q12_SKIP_BENCH=1 Q12_SKIP_SANITIZE=1 Q12_SKIP_SOAK=1 Q12_SKIP_KERNELS=1 scripts/gpu_check.sh
+# Comparators that are not on the machine travel as wheels in .whl/ (git-ignored; see bench/README.md)
+# and are installed into /tmp/site without the network.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/q12drv-gpu}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 Q12DRV_CACHE_DIR=${Q12DRV_CACHE_DIR:-/tmp/q12drv-cubin}
 status=()
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
 step() {  # step NAME LOG SECONDS COMMAND...   (each step has its own time limit)
   local name=$1 log=$2 limit=$3; shift 3
   local t0=$SECONDS
@@ -19,10 +25,15 @@ step() {  # step NAME LOG SECONDS COMMAND...   (each step has its own time limit
   tail -n 25 "$OUT/$log"
 }
 { date -u; echo "commit ${Q12_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; python3 -c "import cuda.bindings, cuda.core, numpy, torch; print('cuda-bindings', cuda.bindings.__version__, 'cuda-core', cuda.core.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__)"; } 2>&1
-# at most 8 files come back from the H200 machine: one log per step, the bench JSON and the plot
+# at most 8 files come back from the H200 machine: one log per step and the bench JSON (the plot is
+# drawn from the JSON afterwards: python3 bench/plot_staging_curve.py bench.json -o bench/staging_curve.png)
 step doctor doctor.log 60 python3 -m q12drv doctor --driver cuda
 step gpu-tests gpu_tests.log 150 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider --timeout=90 ${Q12_PYTEST_ARGS:-}
 step demo demo.log 40 python3 -m q12drv demo --driver cuda
+if [ -z "${Q12_SKIP_KERNELS:-}" ]; then  # per-kernel diagnostics: each variant vs its reference, timed
+  step kernels kernels.log 150 bash -c 'for f in tests/gpu/gdn_debug.py tests/gpu/attn_variants.py; do
+    [ -f "$f" ] && { echo "== $f"; timeout 90 python3 "$f" || echo "!! $f rc=$?"; }; done'
+fi
 if [ -z "${Q12_SKIP_SOAK:-}" ] && [ -f scripts/gpu_soak.py ]; then
   step soak soak.log 60 python3 scripts/gpu_soak.py --passes 10000 --driver cuda
 fi
@@ -31,8 +42,7 @@ if [ -z "${Q12_SKIP_SANITIZE:-}" ] && [ -f scripts/sanitize.sh ]; then
   step sanitize sanitize.log 150 env OUT=/tmp/q12drv-sanitize Q12_SANITIZE_TIMEOUT="${Q12_SANITIZE_TIMEOUT:-30}" bash scripts/sanitize.sh
 fi
 if [ -z "${Q12_SKIP_BENCH:-}" ] && [ -f bench/gpu_compare.py ]; then
-  step bench bench.log 90 python3 bench/gpu_compare.py --budget-s ${Q12_BENCH_BUDGET:-50} --out "$OUT/bench.json"
-  timeout 30 python3 bench/plot_staging_curve.py "$OUT/bench.json" -o "$OUT/staging_curve.png" >>"$OUT/bench.log" 2>&1
+  step bench bench.log 150 python3 bench/gpu_compare.py --budget-s ${Q12_BENCH_BUDGET:-90} --out "$OUT/bench.json"
 fi
 echo "==== summary ($(date -u +%FT%TZ))"
 printf '%s\n' "${status[@]}"

@@ -142,14 +142,89 @@ def test_geometry():
 
 
 def test_python_tiles_match_the_source():
-    # geometry() must describe the template arguments the entries actually instantiate.
+    # DEFAULT_CONFIG must be the defaults of the ATTN_D<d>_<KNOB> macros the entries instantiate.
     src = (cuda_src_dir() / attn.SOURCE).read_text()
     for d, entry in attn.HEAD_DIMS.items():
-        m = re.search(rf"void {entry}\(.*?\{{\s*attn_prefill<(\d+), (\d+), (\d+), (\d+), (true|false)>", src, re.S)
+        m = re.search(rf"void {entry}\(.*?#endif\s*attn_prefill<(\d+), ((?:ATTN_D{d}_\w+(?:, )?)+)>", src, re.S)
         assert m, f"no instantiation found for {entry}"
-        got = tuple(int(m.group(i)) for i in range(1, 5))
-        assert got == (d, attn.BLOCK_N[d], attn.WARPS[d], attn.WARP_SUBTILES[d])
-        assert attn.BLOCK_M[d] == 16 * got[2] * got[3] and attn.THREADS[d] == 32 * got[2]
+        assert int(m.group(1)) == d
+        knobs = [k.strip()[len(f"ATTN_D{d}_"):] for k in m.group(2).split(",")]
+        assert knobs == ["BN", "NW", "MW", "QREG", "ST", "PSMEM", "GQA", "WSKIP"]
+        for knob, want in attn.DEFAULT_CONFIG[d].items():
+            got = re.search(rf"#ifndef ATTN_D{d}_{knob}\n#define ATTN_D{d}_{knob} (\d+)\n#endif", src)
+            assert got, f"no default for ATTN_D{d}_{knob}"
+            assert int(got.group(1)) == want, f"ATTN_D{d}_{knob}: source {got.group(1)}, python {want}"
+        assert attn.BLOCK_M[d] == 16 * attn.WARPS[d] * attn.WARP_SUBTILES[d] and attn.THREADS[d] == 32 * attn.WARPS[d]
+        assert attn.config(d) == {**attn.DEFAULT_CONFIG[d], "threads": attn.THREADS[d], "block_m": attn.BLOCK_M[d],
+                                  "stages": 2, "smem": attn.smem_bytes(d)}
+
+
+VARIANT = ("ATTN_D128_NW=8", "ATTN_D128_MW=1", "ATTN_D128_BN=64", "ATTN_D128_ST=3", "ATTN_D128_PSMEM=1",
+           "ATTN_D128_GQA=1", "ATTN_D128_WSKIP=1")
+
+
+def test_variant_config_and_geometry():
+    cfg = attn.config(128, VARIANT + ("ATTN_D256_BN=16", "OTHER=3"))
+    assert (cfg["BN"], cfg["NW"], cfg["MW"], cfg["ST"], cfg["PSMEM"], cfg["GQA"]) == (64, 8, 1, 3, 1, 1)
+    assert cfg["threads"] == 256 and cfg["block_m"] == 128 and cfg["stages"] == 3
+    assert cfg["smem"] == (128 + 2 * 3 * 64) * 136 * 2 + 2 * 64 * 4
+    assert attn.config(256, VARIANT) == attn.config(256)  # other head dims keep their defaults
+    # GQA packing: rows are (token, head) pairs of one kv head; grid y = Hkv.
+    grid, block, smem = attn.geometry(3, 300, 16, 128, num_kv_heads=2, defines=VARIANT)
+    assert grid == (-(-300 * 8 // 128), 2, 3) and block == (256, 1, 1) and smem == cfg["smem"]
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        attn.geometry(3, 300, 16, 128, defines=VARIANT)
+    # Without GQA the knobs only change the tile.
+    g2, _, _ = attn.geometry(3, 300, 16, 128, defines=("ATTN_D128_ST=2", "ATTN_D128_BN=64"))
+    assert g2 == (-(-300 // 128), 16, 3)
+    with pytest.raises(ValueError, match="PSMEM"):
+        attn.config(128, ("ATTN_D128_PSMEM=1",))
+    with pytest.raises(ValueError, match="ST"):
+        attn.config(128, ("ATTN_D128_ST=1",))
+    with pytest.raises(ValueError, match="split"):
+        attn.config(128, ("ATTN_D128_BN=8",))
+
+
+def test_variants_compile_without_spills():
+    # The configurations tests/gpu/attn_variants.py measures must compile for sm_90 with no spills.
+    from tests.gpu.attn_variants import VARIANTS
+
+    for name, defs in VARIANTS:
+        img = compile_source(attn.SOURCE, defines=tuple(meta_defines()) + tuple(defs), use_cache=False,
+                             verbose_resources=True)
+        for d in (128, 256):
+            entry = attn.HEAD_DIMS[d]
+            m = re.search(
+                rf"Compiling entry function '{entry}'.*?(\d+) bytes stack frame, (\d+) bytes spill stores, "
+                rf"(\d+) bytes spill loads",
+                img.log,
+                re.S,
+            )
+            assert m, f"{name}: no ptxas report for {entry}"
+            assert tuple(int(m.group(i)) for i in (1, 2, 3)) == (0, 0, 0), f"{name} {entry}: {m.group(0)[-80:]}"
+            assert attn.config(d, defs)["smem"] <= 227 * 1024, f"{name} {entry}: too much shared memory"
+
+
+@pytest.mark.parametrize("defs", [(), VARIANT])
+def test_emulator_gqa_geometry(defs):
+    rng = np.random.default_rng(3)
+    hq, hkv = 8, 2
+    q, kp, vp, cu, kv, tables = make_case(rng, [40, 3], [5, 0], hq=hq, hkv=hkv, d=128, bs=16)
+    fn = attn.emulate_attention(128, defs)
+    grid, block, _ = attn.geometry(2, 40, hq, 128, num_kv_heads=hkv, defines=defs)
+    mem = FakeMem()
+    orig = attn.EMULATORS[attn.HEAD_DIMS[128]]
+    attn.EMULATORS[attn.HEAD_DIMS[128]] = fn
+    try:
+        out, _ = emulate_case(mem, q, kp, vp, cu, kv, tables, hq, hkv, 16, 0.1, 128, grid=grid, block=block)
+        assert np.array_equal(out, attn.reference(q, kp, vp, cu, kv, tables, hq, hkv, 16, 0.1))
+        if defs:  # one CTA row per (token, head): a grid sized for tokens alone is too short
+            short = (-(-40 // 128), hkv, 2)
+            with pytest.raises(ValueError, match="grid"):
+                emulate_case(mem, q, kp, vp, cu, kv, tables, hq, hkv, 16, 0.1, 128, grid=(1, 2, 2), block=block)
+            del short
+    finally:
+        attn.EMULATORS[attn.HEAD_DIMS[128]] = orig
 
 
 # ---------------------------------------------------------------------------------------------

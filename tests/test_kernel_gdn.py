@@ -251,3 +251,151 @@ def test_geometry():
     assert gdn.geometry(1, 6, 64) == ((12, 1, 1), (128, 1, 1), 0)
     with pytest.raises(ValueError):
         gdn.geometry(1, 32, 256)
+
+
+# --------------------------------------------------------------------------- chunked (WY) kernel
+
+
+from q12drv.kernels import gdn_chunk  # noqa: E402
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+# numpy model of gdn_chunk.cu vs the float64 token-by-token reference (measured: o ~3.7e-3, the
+# bf16 rounding of o alone is ~2.5e-3; state 1e-4..3e-4). Bounds with margin:
+CHUNK_O_REL, CHUNK_STATE_REL = 8e-3, 1e-3
+
+
+@pytest.mark.parametrize("d,hk,hv,lens", [(64, 2, 4, RAGGED + [130, 0, 3]), (128, 1, 2, [1, 65, 200]), (32, 3, 3, [16, 17, 1])])
+def test_chunked_model_matches_reference_on_ragged_streams(d, hk, hv, lens):
+    rng = np.random.default_rng()
+    inputs = make_inputs(rng, lens, hk, hv, d, d, state_scale=1.0)
+    o_ref, fin_ref = gdn.reference(*inputs)
+    o, fin = gdn_chunk.chunked_reference(*inputs)
+    cu = inputs[5]
+    for b in range(len(lens)):
+        s, e = cu[b], cu[b + 1]
+        if e == s:
+            np.testing.assert_array_equal(fin[b], inputs[-1][b])
+            continue
+        eo = _rel(from_bf16_bits(o[s:e]), from_bf16_bits(o_ref[s:e]))
+        es = _rel(fin[b], fin_ref[b])
+        assert eo < CHUNK_O_REL, f"stream {b} (len {e - s}): o rel err {eo:.2e}"
+        assert es < CHUNK_STATE_REL, f"stream {b} (len {e - s}): state rel err {es:.2e}"
+
+
+def test_chunked_model_long_stream_and_the_update_split_matters():
+    rng = np.random.default_rng()
+    inputs = make_inputs(rng, [1100], 1, 1, 64, 64, state_scale=1.0)
+    o_ref, fin_ref = gdn.reference(*inputs)
+    o, fin = gdn_chunk.chunked_reference(*inputs)
+    assert _rel(from_bf16_bits(o), from_bf16_bits(o_ref)) < CHUNK_O_REL
+    es = _rel(fin, fin_ref)
+    assert es < CHUNK_STATE_REL
+    # bf16 K in the state update (no hi/lo split) costs several times the state error
+    _, fin_bf16 = gdn_chunk.chunked_reference(*inputs, update_split=False)
+    assert _rel(fin_bf16, fin_ref) > 2 * es
+
+
+def test_chunked_model_chunk_size_independent_of_stream_splits():
+    """A chunk never crosses a stream: batched model == each stream alone, bit for bit."""
+    rng = np.random.default_rng()
+    inputs = make_inputs(rng, [17, 64, 65], 1, 2, 32, 32)
+    o, fin = gdn_chunk.chunked_reference(*inputs)
+    q, k, v, g, beta, cu, s0 = inputs
+    for b in range(3):
+        s, e = cu[b], cu[b + 1]
+        o1, f1 = gdn_chunk.chunked_reference(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], np.array([0, e - s]), s0[b:b + 1])
+        assert np.array_equal(o[s:e], o1) and np.array_equal(fin[b], f1[0])
+
+
+def test_chunk_entries_compile_without_spills():
+    from q12drv.nvrtc import compile_source
+
+    img = compile_source(gdn_chunk.SOURCE, defines=meta_defines(), use_cache=False, verbose_resources=True)
+    assert img.image
+    for name in gdn_chunk.ENTRIES:
+        m = re.search(
+            rf"Function properties for {name}\s*\n.*?(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
+            img.log,
+        )
+        assert m, f"no ptxas report for {name}:\n{img.log}"
+        assert m.groups() == ("0", "0", "0"), f"{name} spills / uses stack: {m.group(0)}"
+
+
+def test_chunk_entry_declarations_match_the_recurrent_ones():
+    from q12drv.nvrtc import cuda_src_dir
+
+    def decls(source):
+        src = (cuda_src_dir() / source).read_text()
+        return re.findall(r'^extern "C" __global__ void (?:__launch_bounds__\(\w+\) )?(\w+)\((.*)\) \{$', src, re.M)
+
+    rec = {n[len("q12_gdn_prefill"):]: p for n, p in decls(gdn.SOURCE)}
+    chk = {n[len("q12_gdn_chunk"):]: p for n, p in decls(gdn_chunk.SOURCE)}
+    assert sorted("q12_gdn_chunk" + s for s in chk) == sorted(gdn_chunk.ENTRIES)
+    assert chk == rec
+
+
+def test_chunk_smem_matches_the_source():
+    from q12drv.nvrtc import cuda_src_dir
+
+    src = (cuda_src_dir() / gdn_chunk.SOURCE).read_text()
+    for d in (64, 128):
+        m = re.search(rf"sizeof\(gdnc::Smem<{d}>\) == (\d+)", src)
+        assert m and int(m.group(1)) == gdn_chunk.smem_bytes(d)
+    assert gdn_chunk.geometry(8, 32, 128) == ((2, 32, 8), (128, 1, 1), gdn_chunk.smem_bytes(128))
+    assert gdn_chunk.geometry(1, 6, 64) == ((1, 6, 1), (128, 1, 1), gdn_chunk.smem_bytes(64))
+    assert gdn_chunk.smem_bytes(128) <= 227 * 1024 // 2  # two CTAs per SM
+    with pytest.raises(ValueError):
+        gdn_chunk.geometry(1, 32, 256)
+
+
+def _run_chunk_emulated(inputs, hk, hv, d, grid=None, block=None):
+    q, k, v, g, beta, cu, s0 = inputs
+    n = len(cu) - 1
+    mem = FakeMem()
+    T = int(cu[-1])
+    ptrs = [mem.hold(x)[1] for x in (q, k, v, g, beta)]
+    obuf, po = mem.hold(np.full(T * hv * d + 2 * GUARD, 0xFFFF, np.uint16))
+    po += GUARD * 2
+    states = [mem.hold(s0[b].copy()) for b in range(n)]
+    _, pptrs = mem.hold(np.array([p for _, p in states], np.uint64))
+    _, pcu = mem.hold(cu.astype(np.int32))
+    meta = Q12MetaC(cu_seqlens=pcu, batch_size=n, chunk_len=int(np.diff(cu).max()), total_tokens=T)
+    args = dict(m=meta, h_state_ptrs=pptrs, q=ptrs[0], k=ptrs[1], v=ptrs[2], g=ptrs[3], beta=ptrs[4], o=po,
+                num_k_heads=hk, num_v_heads=hv)
+    ggrid, gblock, _ = gdn_chunk.geometry(n, hv, d)
+    gdn_chunk.EMULATORS[gdn_chunk.entry_name(d)](args, mem, grid or ggrid, block or gblock)
+    guards_ok = bool((obuf[:GUARD] == 0xFFFF).all() and (obuf[-GUARD:] == 0xFFFF).all())
+    return obuf[GUARD:-GUARD].reshape(T, hv, d).copy(), np.stack([s for s, _ in states]), guards_ok
+
+
+def test_chunk_emulator_runs_the_reference_in_place_and_checks_geometry():
+    rng = np.random.default_rng()
+    hk, hv, d = 2, 4, 64
+    inputs = make_inputs(rng, [5, 0, 70], hk, hv, d, d)
+    o, fin, guards_ok = _run_chunk_emulated(inputs, hk, hv, d)
+    assert guards_ok
+    o_ref, fin_ref = gdn.reference(*inputs)
+    np.testing.assert_array_equal(o, o_ref)
+    np.testing.assert_array_equal(fin, fin_ref)
+    np.testing.assert_array_equal(fin[1], inputs[-1][1])  # a stream of length 0 keeps its state
+    with pytest.raises(ValueError, match="grid"):
+        _run_chunk_emulated(inputs, hk, hv, d, grid=(1, hv - 1, 3))
+    with pytest.raises(ValueError, match="grid"):
+        _run_chunk_emulated(inputs, hk, hv, d, grid=(1, hv, 2))
+    with pytest.raises(ValueError, match="block"):
+        _run_chunk_emulated(inputs, hk, hv, d, block=(256, 1, 1))
+
+
+def test_ops_gdn_algo_keyword(monkeypatch):
+    from q12drv.kernels import ops
+
+    assert ops.GDN_ALGOS == ("chunked", "recurrent")
+    assert "gdn_chunk.cu" in ops.SOURCES and ops.ENTRIES["q12_gdn_chunk_d128"] == "gdn_chunk.cu"
+    monkeypatch.setattr(ops, "_check", lambda device, meta: None)
+    with pytest.raises(ValueError, match="algo must be one of 'chunked', 'recurrent', got 'fast'"):
+        ops.gdn(None, None, 8, 16, 16, 8, 4, 4, 8, num_k_heads=1, num_v_heads=1, head_dim=64, algo="fast")

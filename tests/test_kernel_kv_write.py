@@ -86,7 +86,7 @@ def textbook_pools(k_rows, v_rows, tables, positions, block_size, kpool, vpool, 
 
 # ----------------------------------------------------------------------------- compile
 def test_compiles_without_spills():
-    from q12drv.nvrtc import compile_source
+    from q12drv.nvrtc import compile_source, cuda_src_dir
 
     img = compile_source(kw.SOURCE, arch="sm_90", defines=meta_defines(), use_cache=False, verbose_resources=True)
     assert img.image
@@ -95,16 +95,33 @@ def test_compiles_without_spills():
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", img.log)
     assert spills, img.log
     assert all(s == "0" and l == "0" for s, l in spills), img.log
-    # Blocks of up to 1024 threads must launch, and 8 CTAs of 256 fit on an SM: <= 32 registers.
+    # Blocks of up to 1024 threads must launch, and the 4 CTAs of 256 per SM geometry() assumes
+    # must fit: <= 64 registers (the kernel's __launch_bounds__(1024, 1)).
     regs = int(re.search(r"Used (\d+) registers", img.log).group(1))
-    assert regs <= 32, img.log
+    assert regs <= 64 and regs * 256 * kw._CTAS_PER_SM <= 65536, img.log
+    # Streaming hints made it into the code (they are inline PTX).
+    src = (cuda_src_dir() / kw.SOURCE).read_text()
+    assert "ld.global.nc.L1::no_allocate.v4.u32" in src and "st.global.cs.v4.u32" in src
+
+
+@pytest.mark.parametrize("defines", [["KVW_LEGACY=1"], ["KVW_STORE_WB=1"]])
+def test_variants_compile_without_spills(defines):
+    from q12drv.nvrtc import compile_source
+
+    img = compile_source(kw.SOURCE, arch="sm_90", defines=meta_defines() + defines, use_cache=False,
+                         verbose_resources=True)
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", img.log)
+    assert spills and all(s == "0" and l == "0" for s, l in spills), img.log
+    regs = int(re.search(r"Used (\d+) registers", img.log).group(1))
+    ctas = kw._CTAS_PER_SM_LEGACY if "KVW_LEGACY=1" in defines else kw._CTAS_PER_SM
+    assert regs * 256 * ctas <= 65536, img.log
 
 
 def test_entries_match_source():
     from q12drv.nvrtc import cuda_src_dir
 
     src = (cuda_src_dir() / kw.SOURCE).read_text()
-    decl = re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', src)
+    decl = re.findall(r'extern "C" __global__ (?:__launch_bounds__\([^)]*\) )?void (\w+)\(([^)]*)\)', src)
     assert tuple(name for name, _ in decl) == kw.ENTRIES
     params = [p.split()[-1] for p in decl[0][1].split(",")]
     assert params == ["m", "k", "v", "k_pool", "v_pool", "row_elems", "num_slots"]
@@ -261,12 +278,31 @@ def test_geometry():
     g, b, s = kw.geometry(1, 512)
     assert g == (1, 1, 1) and b == (256, 1, 1) and s == 0
     g, b, _ = kw.geometry(10**6, 512)
-    assert g[0] == 132 * 8
-    # row of 2 chunks -> 2 threads per token -> 128 tokens per CTA
+    assert g[0] == 132 * 4  # one resident wave: 4 CTAs of 256 per SM
+    # Qwen3-Next rows (Hkv 2 x D 256 = 64 chunks): one warp per token pair -> 16 tokens per CTA
+    g, _, _ = kw.geometry(1000, 512)
+    assert g[0] == -(-1000 // 16)
+    # row of 2 chunks -> 2 threads per group, 4 tokens per group -> 512 tokens per CTA
     g, _, _ = kw.geometry(1000, 16)
-    assert g[0] == -(-1000 // 128)
+    assert g[0] == -(-1000 // 512)
+    # 2-byte fallback (row % 8 != 0): 12 elements -> 16 threads per group, 4 tokens each
+    g, _, _ = kw.geometry(1000, 12)
+    assert g[0] == -(-1000 // 64)
+    # legacy kernel: one token per group, 8 CTAs per SM
+    assert kw.geometry(1000, 16, legacy=True)[0][0] == -(-1000 // 128)
+    assert kw.geometry(10**6, 512, legacy=True)[0][0] == 132 * 8
     with pytest.raises(ValueError):
         kw.geometry(10, 64, threads=100)
+
+
+@pytest.mark.parametrize("row_units,tok", [(1, 4), (2, 4), (32, 4), (33, 2), (64, 2), (128, 2), (512, 2)])
+def test_tokens_per_group_matches_source(row_units, tok):
+    # kv_write.cu: copy_rows<V, 2, 2> when row_units > 32, else copy_rows<V, 4, 1>.
+    from q12drv.nvrtc import cuda_src_dir
+
+    src = (cuda_src_dir() / kw.SOURCE).read_text()
+    assert "if (row_units > 32) {\n        copy_rows<V, 2, 2>" in src and "copy_rows<V, 4, 1>" in src
+    assert kw.tokens_per_group(row_units) == tok
 
 
 @settings(max_examples=25, deadline=None)

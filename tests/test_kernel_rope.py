@@ -120,15 +120,30 @@ def test_compiles_without_spills():
     # The largest block the emulator accepts must be launchable: registers x threads <= 64K.
     regs = int(re.search(r"Used (\d+) registers", img.log).group(1))
     assert regs * rope.MAX_THREADS <= 65536, img.log
-    # The persistent grid assumes 3 resident 256-thread CTAs per SM.
-    assert regs * 256 * 3 <= 65536, img.log
+    # The persistent grid assumes rope._CTAS_PER_SM resident 256-thread CTAs per SM.
+    assert regs * 256 * rope._CTAS_PER_SM <= 65536, img.log
+    smem = int(re.search(r"(\d+) bytes smem", img.log).group(1))
+    assert smem * rope._CTAS_PER_SM <= 227 * 1024 and smem <= 48 * 1024, img.log
+
+
+@pytest.mark.parametrize("defines", [["ROPE_LEGACY=1"], ["ROPE_STORE_CS=1"]])
+def test_variants_compile_without_spills(defines):
+    from q12drv.nvrtc import compile_source
+
+    img = compile_source(rope.SOURCE, arch="sm_90", defines=meta_defines() + defines, use_cache=False,
+                         verbose_resources=True)
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", img.log)
+    assert spills and all(s == "0" and l == "0" for s, l in spills), img.log
+    regs = int(re.search(r"Used (\d+) registers", img.log).group(1))
+    ctas = rope._CTAS_PER_SM_LEGACY if "ROPE_LEGACY=1" in defines else rope._CTAS_PER_SM
+    assert regs * 256 * ctas <= 65536 and regs * rope.MAX_THREADS <= 65536, img.log
 
 
 def test_entries_match_source():
     from q12drv.nvrtc import cuda_src_dir
 
     src = (cuda_src_dir() / rope.SOURCE).read_text()
-    decl = re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', src)
+    decl = re.findall(r'extern "C" __global__ (?:__launch_bounds__\([^)]*\) )?void (\w+)\(([^)]*)\)', src)
     assert tuple(name for name, _ in decl) == rope.ENTRIES
     params = [p.split()[-1] for p in decl[0][1].split(",")]
     assert params == [
@@ -347,8 +362,20 @@ def test_check_params_and_geometry():
         rope.check_params(64, 64, 3, (32, 0, 0))
     g, b, s = rope.geometry(1, 16, 2, 256, 64)
     assert g == (1, 1, 1) and b == (256, 1, 1) and s == 0
-    # Qwen3-Next: 18 heads x 4 units = 72 units -> 2 * 256 // 72 = 7 tokens per CTA iteration
+    # Qwen3-Next: 18 heads x 4 units = 72 units -> 96 // 72 = 1 token per warp, 8 per CTA
+    assert rope.tokens_per_warp(16, 2, 256, 64) == 1
     g, _, _ = rope.geometry(301, 16, 2, 256, 64)
-    assert g[0] == 43
+    assert g[0] == -(-301 // 8)
     g, _, _ = rope.geometry(10**6, 28, 4, 128, 128)
-    assert g[0] == 132 * 3
+    assert g[0] == 132 * rope._CTAS_PER_SM
+    # small heads: 2 heads x 1 unit (rd 16) -> 48 tokens per warp (angle slice 512 / 8 = 64 >= 48)
+    assert rope.tokens_per_warp(1, 1, 64, 16) == 48
+    # rd 1024 with 512 threads: a warp's slice (4096 / 16 = 256) is too small -> direct path, G = 1
+    assert rope.tokens_per_warp(1, 1, 1024, 1024, threads=512) == 1
+    assert rope.tokens_per_warp(1, 1, 1024, 1024) == 1
+    # the previous kernel's geometry, for A/B runs
+    assert rope.geometry(301, 16, 2, 256, 64, legacy=True)[0][0] == 43
+    assert rope.geometry(10**6, 28, 4, 128, 128, legacy=True)[0][0] == 132 * 3
+    # floor bytes: rotary dims read + written, plus positions
+    assert rope.floor_bytes(10, 16, 2, 64) == 2 * 10 * 18 * 64 * 2 + 40
+    assert rope.floor_bytes(10, 16, 2, 64, mrope_mode=2) == 2 * 10 * 18 * 64 * 2 + 120

@@ -47,6 +47,8 @@ __all__ = [
     "WARP_SUBTILES",
     "entry_for_head_dim",
     "smem_bytes",
+    "config",
+    "DEFAULT_CONFIG",
     "geometry",
     "reference",
     "emulate_attention",
@@ -58,19 +60,67 @@ SOURCE = "attn_prefill.cu"
 HEAD_DIMS = {64: "q12_attn_prefill_d64", 128: "q12_attn_prefill_d128", 256: "q12_attn_prefill_d256"}
 ENTRIES = tuple(HEAD_DIMS.values())
 
-#: Head dim -> warps per CTA. Must match the template arguments of the entries in
-#: ``attn_prefill.cu`` (a CPU test checks).
-WARPS = {64: 8, 128: 4, 256: 8}
+#: Head dim -> the compile-time configuration of its entry: the defaults of the
+#: ``ATTN_D<d>_<KNOB>`` macros in ``attn_prefill.cu`` (a CPU test checks). Knobs: BN keys per K/V
+#: tile, NW warps, MW 16-row sub-tiles per warp, QREG Q in registers, ST pipeline (0 = the shipped
+#: two-barrier double buffer, >= 2 = an ST-stage one-barrier ring), PSMEM block-table lookups
+#: through shared memory, GQA the query heads of one kv head packed into one CTA, WSKIP per-warp
+#: causal tile skipping, MINB ``__launch_bounds__`` min blocks (0 = none).
+DEFAULT_CONFIG = {
+    64: {"BN": 64, "NW": 8, "MW": 1, "QREG": 0, "ST": 0, "PSMEM": 0, "GQA": 0, "WSKIP": 0, "MINB": 0},
+    128: {"BN": 32, "NW": 4, "MW": 2, "QREG": 0, "ST": 0, "PSMEM": 0, "GQA": 0, "WSKIP": 0, "MINB": 0},
+    256: {"BN": 64, "NW": 8, "MW": 1, "QREG": 0, "ST": 0, "PSMEM": 0, "GQA": 0, "WSKIP": 0, "MINB": 0},
+}
+_KNOBS = ("BN", "NW", "MW", "QREG", "ST", "PSMEM", "GQA", "WSKIP", "MINB")
+
+#: Head dim -> warps per CTA (shipped configuration).
+WARPS = {d: c["NW"] for d, c in DEFAULT_CONFIG.items()}
 #: Head dim -> 16-row sub-tiles per warp (a warp computes 16 * this query rows).
-WARP_SUBTILES = {64: 1, 128: 2, 256: 1}
+WARP_SUBTILES = {d: c["MW"] for d, c in DEFAULT_CONFIG.items()}
 #: Head dim -> keys per pipelined K/V tile.
-BLOCK_N = {64: 64, 128: 32, 256: 64}
+BLOCK_N = {d: c["BN"] for d, c in DEFAULT_CONFIG.items()}
 #: Head dim -> threads per CTA.
 THREADS = {d: 32 * w for d, w in WARPS.items()}
-#: Head dim -> query rows per CTA.
+#: Head dim -> query rows per CTA (CTA rows are (token, head) pairs with GQA packing).
 BLOCK_M = {d: 16 * WARPS[d] * WARP_SUBTILES[d] for d in WARPS}
 #: bf16 elements of padding per shared-memory row (bank-conflict-free ldmatrix).
 _SMEM_PAD = 8
+
+
+def config(head_dim: int, defines=()) -> dict:
+    """The configuration of ``q12_attn_prefill_d{head_dim}`` compiled with ``defines``.
+
+    ``defines`` are NVRTC macros ``"NAME=VALUE"``; ``ATTN_D<d>_<KNOB>`` ones override
+    :data:`DEFAULT_CONFIG`. Returns a dict with the knobs plus ``threads``, ``block_m``,
+    ``stages`` (K/V buffers in shared memory) and ``smem`` (dynamic shared-memory bytes).
+
+    Raises
+    ------
+    ValueError
+        Unknown head dim, or a combination the kernel's static_asserts reject.
+    """
+    d = int(head_dim)
+    entry_for_head_dim(d)
+    cfg = dict(DEFAULT_CONFIG[d])
+    prefix = f"ATTN_D{d}_"
+    for item in defines:
+        name, _, value = str(item).partition("=")
+        if name.startswith(prefix) and name[len(prefix):] in _KNOBS:
+            cfg[name[len(prefix):]] = int(value or 1)
+    bn, nw, mw, st = cfg["BN"], cfg["NW"], cfg["MW"], cfg["ST"]
+    threads = 32 * nw
+    cpr = d // 8
+    block_m = 16 * nw * mw
+    if bn % 16 or threads % cpr or (bn * cpr) % threads or (block_m * cpr) % threads:
+        raise ValueError(f"D={d}: tiles {cfg} do not split over {threads} threads")
+    if st not in (0,) and st < 2:
+        raise ValueError(f"D={d}: ST must be 0 or >= 2, got {st}")
+    if cfg["PSMEM"] and (st < 2 or bn > threads):
+        raise ValueError(f"D={d}: PSMEM needs ST >= 2 and BN <= threads")
+    stages = 2 if st == 0 else st
+    smem = (block_m + 2 * stages * bn) * (d + _SMEM_PAD) * 2 + (2 * bn * 4 if cfg["PSMEM"] else 0)
+    cfg.update(threads=threads, block_m=block_m, stages=stages, smem=smem)
+    return cfg
 
 
 def entry_for_head_dim(head_dim: int) -> str:
@@ -87,20 +137,20 @@ def entry_for_head_dim(head_dim: int) -> str:
         raise ValueError(f"no attention kernel for head_dim={head_dim}; supported: {sorted(HEAD_DIMS)}") from None
 
 
-def smem_bytes(head_dim: int) -> int:
-    """Dynamic shared memory of one CTA: Q tile + two-stage K and V tiles, padded rows.
+def smem_bytes(head_dim: int, defines=()) -> int:
+    """Dynamic shared memory of one CTA: Q tile + K and V stages, padded rows (+ the slot array).
 
-    ``(BLOCK_M + 4 * BLOCK_N) * (D + 8) * 2`` bytes: 55 296 (D=64), 69 632 (D=128),
-    202 752 (D=256) with the shipped tiles. Above 48 KiB the launcher must raise
+    ``(BLOCK_M + 4 * BLOCK_N) * (D + 8) * 2`` bytes with the shipped tiles: 55 296 (D=64),
+    69 632 (D=128), 202 752 (D=256). Above 48 KiB the launcher must raise
     ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` first (the H200 allows 227 KiB).
+    ``defines``: see :func:`config`.
     """
-    entry_for_head_dim(head_dim)
-    d = int(head_dim)
-    return (BLOCK_M[d] + 4 * BLOCK_N[d]) * (d + _SMEM_PAD) * 2
+    return config(head_dim, defines)["smem"]
 
 
 def geometry(
-    batch_size: int, chunk_len: int, num_q_heads: int, head_dim: int
+    batch_size: int, chunk_len: int, num_q_heads: int, head_dim: int, *, num_kv_heads: int | None = None,
+    defines=(),
 ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
     """Launch geometry of ``q12_attn_prefill_d{head_dim}``.
 
@@ -114,22 +164,32 @@ def geometry(
         Hq (grid y).
     head_dim : int
         D: 64, 128 or 256.
+    num_kv_heads : int, optional
+        Hkv; required when the entry packs GQA groups (``ATTN_D<d>_GQA=1``).
+    defines : sequence of str
+        The macros the module was compiled with (:func:`config`); none for the shipped tiles.
 
     Returns
     -------
     tuple
         ``(grid, block, dynamic_smem_bytes)`` with grid ``(ceil(chunk_len / BLOCK_M[D]), Hq, n)``
-        (at least 1 in each dimension) and block ``(THREADS[D], 1, 1)``.
+        (at least 1 in each dimension) and block ``(THREADS[D], 1, 1)``; with GQA packing grid
+        ``(ceil(chunk_len * Hq / Hkv / BLOCK_M), Hkv, n)``.
     """
     d = int(head_dim)
-    entry_for_head_dim(d)
+    cfg = config(d, defines)
     if batch_size < 0 or chunk_len < 0 or num_q_heads <= 0:
         raise ValueError(
             f"need batch_size >= 0, chunk_len >= 0, num_q_heads > 0; got {batch_size}, {chunk_len}, {num_q_heads}"
         )
-    m_tiles = max(1, -(-int(chunk_len) // BLOCK_M[d]))
-    grid = (m_tiles, int(num_q_heads), max(1, int(batch_size)))
-    return grid, (THREADS[d], 1, 1), smem_bytes(d)
+    rows, heads = int(chunk_len), int(num_q_heads)
+    if cfg["GQA"]:
+        if num_kv_heads is None or num_kv_heads <= 0 or num_q_heads % num_kv_heads:
+            raise ValueError(f"GQA packing needs num_kv_heads dividing num_q_heads, got {num_kv_heads}")
+        rows, heads = rows * (heads // int(num_kv_heads)), int(num_kv_heads)
+    m_tiles = max(1, -(-rows // cfg["block_m"]))
+    grid = (m_tiles, heads, max(1, int(batch_size)))
+    return grid, (cfg["threads"], 1, 1), cfg["smem"]
 
 
 def reference(
@@ -228,7 +288,7 @@ def reference(
     return to_bf16_bits(out)
 
 
-def _emulate(head_dim: int, args: dict, mem, grid, block) -> None:
+def _emulate(head_dim: int, args: dict, mem, grid, block, defines=()) -> None:
     meta = args["m"]
     n = int(meta.batch_size)
     hq, hkv, bs = int(args["num_q_heads"]), int(args["num_kv_heads"]), int(args["block_size"])
@@ -244,13 +304,16 @@ def _emulate(head_dim: int, args: dict, mem, grid, block) -> None:
     q_lens = cu[1:] - cu[:-1]
     if (q_lens < 0).any():
         raise ValueError(f"{name}: cu_seqlens not non-decreasing: {cu.tolist()}")
-    if tuple(block) != (THREADS[head_dim], 1, 1):
-        raise ValueError(f"{name}: block must be ({THREADS[head_dim]}, 1, 1), got {tuple(block)}")
-    need_x = -(-int(q_lens.max()) // BLOCK_M[head_dim])
-    if grid[0] < need_x or grid[1] < hq or grid[2] < n:
+    cfg = config(head_dim, defines)
+    if tuple(block) != (cfg["threads"], 1, 1):
+        raise ValueError(f"{name}: block must be ({cfg['threads']}, 1, 1), got {tuple(block)}")
+    per_token, need_y = (hq // hkv, hkv) if cfg["GQA"] else (1, hq)
+    need_x = -(-int(q_lens.max()) * per_token // cfg["block_m"])
+    if grid[0] < need_x or grid[1] < need_y or grid[2] < n:
         raise ValueError(
-            f"{name}: grid {tuple(grid)} does not cover ({need_x}, {hq}, {n}) "
-            f"(longest stream {int(q_lens.max())} rows / {BLOCK_M[head_dim]} per CTA, Hq, n)"
+            f"{name}: grid {tuple(grid)} does not cover ({need_x}, {need_y}, {n}) "
+            f"(longest stream {int(q_lens.max())} rows x {per_token} heads / {cfg['block_m']} per CTA, "
+            f"{'Hkv' if cfg['GQA'] else 'Hq'}, n)"
         )
     ptrs = mem.array(int(meta.block_table_ptrs), np.uint64, (n,))
     tables = []
@@ -278,8 +341,8 @@ def _emulate(head_dim: int, args: dict, mem, grid, block) -> None:
         o[cu[b] : cu[b + 1]] = res[cu[b] : cu[b + 1]]
 
 
-def emulate_attention(head_dim: int):
-    """The emulated-driver stand-in for ``q12_attn_prefill_d{head_dim}``.
+def emulate_attention(head_dim: int, defines=()):
+    """The emulated-driver stand-in for ``q12_attn_prefill_d{head_dim}`` (compiled with ``defines``).
 
     Returns
     -------
@@ -288,10 +351,11 @@ def emulate_attention(head_dim: int):
         ``mem`` as the kernel does, runs :func:`reference` and writes each stream's O rows in
         place. Raises ``ValueError`` when ``grid`` / ``block`` would not cover the work.
     """
-    entry_for_head_dim(head_dim)
+    config(head_dim, defines)
+    defines = tuple(defines)
 
     def emulate(args: dict, mem, grid, block) -> None:
-        _emulate(int(head_dim), args, mem, grid, block)
+        _emulate(int(head_dim), args, mem, grid, block, defines)
 
     emulate.__name__ = f"emulate_{HEAD_DIMS[int(head_dim)]}"
     return emulate

@@ -14,7 +14,9 @@ Entry::
 
 ``row_elems = Hkv * D`` (a multiple of 8 for the 16-byte path), ``num_slots = num_blocks *
 block_size``. The kernel walks the ``m.total_tokens`` tokens with a grid stride, so any grid
-covers the work; :func:`geometry` sizes a persistent grid.
+covers the work; :func:`geometry` sizes a persistent grid. Each lane issues all its loads of an
+iteration (the slots and 8 chunks of 16 bytes) before its stores; ``-DKVW_LEGACY=1`` builds the
+previous kernel and ``-DKVW_STORE_WB=1`` plain (not streaming) stores, for A/B measurements.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ __all__ = [
     "ENTRIES",
     "THREADS",
     "geometry",
+    "tokens_per_group",
     "reference",
     "emulate_kv_write",
     "EMULATORS",
@@ -38,8 +41,11 @@ ENTRIES = ("q12_kv_write",)
 
 #: Threads per CTA of the launch :func:`geometry` returns.
 THREADS = 256
-#: CTAs per SM of a persistent launch (8 x 256 threads = the SM's 2048-thread limit).
-_CTAS_PER_SM = 8
+#: CTAs per SM of a persistent launch: the kernel is built with ``__launch_bounds__(1024, 1)``
+#: (at most 64 registers a thread), so 4 CTAs of 256 threads are resident per SM.
+_CTAS_PER_SM = 4
+#: The same for the legacy kernel (``-DKVW_LEGACY=1``: at most 32 registers, 8 x 256 threads).
+_CTAS_PER_SM_LEGACY = 8
 
 
 def _group_size(row_units: int) -> int:
@@ -50,10 +56,22 @@ def _group_size(row_units: int) -> int:
     return gs
 
 
+def tokens_per_group(row_units: int) -> int:
+    """Tokens a thread group takes per iteration (``KVW_TOK``): 2 for rows of more than 32 chunks
+    (two 16-byte chunks of K and two of V per lane and token), else 4 (one chunk per lane and token).
+    Either way a lane has 8 loads of 16 bytes in flight. ``row_units`` counts 16-byte chunks (or
+    2-byte elements on the fallback path)."""
+    return 2 if row_units > 32 else 4
+
+
 def geometry(
-    total_tokens: int, row_elems: int, *, num_sms: int = 132, threads: int = THREADS
+    total_tokens: int, row_elems: int, *, num_sms: int = 132, threads: int = THREADS, legacy: bool = False
 ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
     """Launch geometry of ``q12_kv_write``.
+
+    A group of :func:`_group_size` threads takes :func:`tokens_per_group` consecutive tokens per
+    iteration; the grid covers T once in such tiles, capped at one resident wave (a persistent
+    grid: the kernel's grid-stride loop covers the rest).
 
     Parameters
     ----------
@@ -62,9 +80,12 @@ def geometry(
     row_elems : int
         ``Hkv * D``, elements of one token's K (or V) row.
     num_sms : int
-        SMs of the device (132 on the H200); caps the persistent grid at 8 CTAs per SM.
+        SMs of the device (132 on the H200); caps the persistent grid at 4 CTAs per SM.
     threads : int
         Threads per CTA, a multiple of 32.
+    legacy : bool
+        The geometry of the previous kernel (``-DKVW_LEGACY=1``: one token per group and
+        iteration, 8 CTAs per SM), for A/B measurements.
 
     Returns
     -------
@@ -76,9 +97,10 @@ def geometry(
     if row_elems <= 0:
         raise ValueError(f"row_elems must be positive, got {row_elems}")
     units = row_elems // 8 if row_elems % 8 == 0 else row_elems
-    tokens_per_cta = threads // _group_size(units)
+    per_group = 1 if legacy else tokens_per_group(units)
+    tokens_per_cta = threads // _group_size(units) * per_group
     ctas = -(-max(int(total_tokens), 1) // tokens_per_cta)
-    ctas = max(1, min(ctas, num_sms * _CTAS_PER_SM))
+    ctas = max(1, min(ctas, num_sms * (_CTAS_PER_SM_LEGACY if legacy else _CTAS_PER_SM)))
     return (ctas, 1, 1), (threads, 1, 1), 0
 
 

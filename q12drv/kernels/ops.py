@@ -17,12 +17,13 @@ from ..staging import BatchedAttnMetadata
 from . import attention as _attn
 from . import expand as _expand
 from . import gdn as _gdn
+from . import gdn_chunk as _gdnc
 from . import kv_write as _kvw
 from . import args as _args
 from . import rope as _rope
 from .meta import Q12MetaC, meta_defines, meta_from_staged
 
-__all__ = ["kv_write", "rope", "attention", "gdn", "prepared", "SOURCES", "ENTRIES", "struct_types"]
+__all__ = ["kv_write", "rope", "attention", "gdn", "GDN_ALGOS", "prepared", "SOURCES", "ENTRIES", "struct_types"]
 
 #: Every kernel source and its entries.
 SOURCES = {
@@ -30,6 +31,7 @@ SOURCES = {
     _rope.SOURCE: _rope.ENTRIES,
     _attn.SOURCE: _attn.ENTRIES,
     _gdn.SOURCE: _gdn.ENTRIES,
+    _gdnc.SOURCE: _gdnc.ENTRIES,
     _expand.SOURCE: _expand.ENTRIES,
 }
 ENTRIES = {e: src for src, entries in SOURCES.items() for e in entries}
@@ -140,17 +142,33 @@ def attention(device: Device, meta: BatchedAttnMetadata, q: int, k_pool: int, v_
     launch.launch(grid, block, smem, stream)
 
 
+#: Gated DeltaNet algorithms: ``ops.gdn(..., algo=)``.
+GDN_ALGOS = ("chunked", "recurrent")
+
+
 def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k: int, v: int, g: int, beta: int,
-        o: int, *, num_k_heads: int, num_v_heads: int, head_dim: int, stream: Any = None) -> None:
-    """Gated DeltaNet over the packed streams; stream b's fp32 state at ``h_state_ptrs[b]`` is updated in place."""
+        o: int, *, num_k_heads: int, num_v_heads: int, head_dim: int, algo: str = "chunked",
+        stream: Any = None) -> None:
+    """Gated DeltaNet over the packed streams; stream b's fp32 state at ``h_state_ptrs[b]`` is updated in place.
+
+    ``algo``: ``"chunked"`` (default; ``gdn_chunk.cu``, 64-token chunks on the tensor cores) or
+    ``"recurrent"`` (``gdn_prefill.cu``, token by token in fp32). Same math and state contract;
+    they agree to bf16 rounding (see :mod:`q12drv.kernels.gdn_chunk` for the error budget).
+    """
     _check(device, meta)
-    entry = _gdn.entry_name(head_dim)
+    if algo == "chunked":
+        mod = _gdnc
+    elif algo == "recurrent":
+        mod = _gdn
+    else:
+        raise ValueError(f"algo must be one of {', '.join(map(repr, GDN_ALGOS))}, got {algo!r}")
+    entry = mod.entry_name(head_dim)
     if _positive("num_v_heads", num_v_heads) % _positive("num_k_heads", num_k_heads):
         raise ValueError(f"num_v_heads {num_v_heads} must be a multiple of num_k_heads {num_k_heads}")
-    grid, block, smem = _gdn.geometry(meta.batch_size, num_v_heads, head_dim)
+    grid, block, smem = mod.geometry(meta.batch_size, num_v_heads, head_dim)
     launch = prepared(device, entry)
     launch.set(h_state_ptrs=_ptr("h_state_ptrs", h_state_ptrs, 8), q=_ptr("q", q, 16), k=_ptr("k", k, 16),
-               v=_ptr("v", v, 8), g=_ptr("g", g, 4), beta=_ptr("beta", beta, 4), o=_ptr("o", o, 8), num_k_heads=num_k_heads,
-               num_v_heads=num_v_heads)
+               v=_ptr("v", v, 8), g=_ptr("g", g, 4), beta=_ptr("beta", beta, 4), o=_ptr("o", o, 8),
+               num_k_heads=num_k_heads, num_v_heads=num_v_heads)
     launch.args.m = _meta_c(meta)
     launch.launch(grid, block, smem, stream)

@@ -42,6 +42,8 @@ __all__ = [
     "MAX_THREADS",
     "check_params",
     "geometry",
+    "tokens_per_warp",
+    "floor_bytes",
     "inv_freq",
     "axis_map",
     "reference",
@@ -58,16 +60,20 @@ THREADS = 256
 MODE_PLAIN = 0
 MODE_CHUNKED = 1
 MODE_INTERLEAVED = 2
-#: Largest block the kernel launches with: it uses 72 registers a thread on sm_90, so 1024
-#: threads (73,728 registers) exceed the SM's 65,536 and fail with LAUNCH_OUT_OF_RESOURCES.
+#: Largest block the kernel launches with (``__launch_bounds__(512, 1)``): it uses about 112
+#: registers a thread on sm_90, so 1024 threads would exceed the SM's 65,536.
 MAX_THREADS = 512
 #: Largest rotary_dim the kernel takes (``ROPE_MAX_HALF = 512`` frequencies).
 MAX_ROTARY_DIM = 1024
-_SMEM_ANGLES = 2048  # ROPE_SMEM_ANGLES in rope.cu
-_PREFETCH = 2  # ROPE_PREFETCH in rope.cu
-#: Resident 256-thread CTAs per SM at the kernel's register count (72 on sm_90): the grid is
-#: capped at one full wave, so no CTA waits for another to finish (grid-stride loop inside).
-_CTAS_PER_SM = 3
+_SMEM_ANGLES = 4096  # ROPE_SMEM_ANGLES in rope.cu: cos (and sin) floats per CTA, split among warps
+_UPL = 3  # ROPE_UPL in rope.cu: units a lane loads at once
+#: Resident 256-thread CTAs per SM at the kernel's register count (about 112 on sm_90): the
+#: grid is capped at one full wave, so no CTA waits for another (grid-stride loop inside).
+_CTAS_PER_SM = 2
+#: The previous kernel (``-DROPE_LEGACY=1``, for A/B runs): 85 registers, 3 CTAs of 256 per SM.
+_LEGACY_SMEM_ANGLES = 2048
+_LEGACY_PREFETCH = 2
+_CTAS_PER_SM_LEGACY = 3
 
 
 def check_params(
@@ -110,6 +116,19 @@ def check_params(
             raise ValueError(f"MRoPE sections {sections} must be 3 non-negative ints summing to {rotary_dim // 2}")
 
 
+def tokens_per_warp(num_q_heads: int, num_kv_heads: int, head_dim: int, rotary_dim: int, threads: int = THREADS) -> int:
+    """Tokens a warp takes per iteration in ``q12_rope`` (G): as many whole tokens as fit in
+    ``32 * ROPE_UPL`` units (at least 1), capped by the warp's share of the angle buffer. A unit
+    is one head's 8 pairs (1 pair when the layout forbids 16-byte accesses)."""
+    half = max(rotary_dim // 2, 1)
+    vec = rotary_dim % 16 == 0 and head_dim % 8 == 0
+    units = max(num_q_heads + num_kv_heads, 1) * (half // 8 if vec else half)
+    cap = _SMEM_ANGLES // max(threads // 32, 1)
+    if half > cap:
+        return 1  # the kernel's direct path: one token per warp, sincosf per unit
+    return max(1, min(32 * _UPL // max(units, 1), cap // half))
+
+
 def geometry(
     total_tokens: int,
     num_q_heads: int,
@@ -119,13 +138,13 @@ def geometry(
     *,
     num_sms: int = 132,
     threads: int = THREADS,
+    legacy: bool = False,
 ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
     """Launch geometry of ``q12_rope``.
 
-    The kernel gives each CTA ``G = max(1, 2 * threads // units_per_token)`` tokens per iteration
-    (a unit = one head's 8 pairs, or 1 pair when the layout forbids 16-byte accesses) and
-    walks the tokens with a grid stride; this sizes the grid to cover T once, capped at one
-    resident wave (3 CTAs of 256 threads per SM).
+    Every warp takes :func:`tokens_per_warp` tokens per iteration and walks the tokens with a
+    grid stride over warps; this sizes the grid to cover T once, capped at one resident wave
+    (2 CTAs of 256 threads per SM at the kernel's ~112 registers).
 
     Parameters
     ----------
@@ -137,21 +156,36 @@ def geometry(
         SMs of the device (132 on the H200).
     threads : int
         Threads per CTA, a multiple of 32, at most :data:`MAX_THREADS`.
+    legacy : bool
+        The geometry of the previous kernel (``-DROPE_LEGACY=1``: CTA-wide groups of
+        ``max(1, 2 * threads // units_per_token)`` tokens, 3 CTAs per SM), for A/B runs.
 
     Returns
     -------
     tuple
-        ``(grid, block, dynamic_smem_bytes)``; shared memory is static (about 19 KB).
+        ``(grid, block, dynamic_smem_bytes)``; shared memory is static (about 35 KB).
     """
     if threads <= 0 or threads % 32 or threads > MAX_THREADS:
         raise ValueError(f"threads must be a multiple of 32 in [32, {MAX_THREADS}], got {threads}")
-    half = max(rotary_dim // 2, 1)
-    vec = rotary_dim % 16 == 0 and head_dim % 8 == 0
-    units = max(num_q_heads + num_kv_heads, 1) * (half // 8 if vec else half)
-    g = max(1, min(_PREFETCH * threads // max(units, 1), _SMEM_ANGLES // half))
-    ctas = -(-max(int(total_tokens), 1) // g)
-    ctas = max(1, min(ctas, num_sms * _CTAS_PER_SM))
+    if legacy:
+        half = max(rotary_dim // 2, 1)
+        vec = rotary_dim % 16 == 0 and head_dim % 8 == 0
+        units = max(num_q_heads + num_kv_heads, 1) * (half // 8 if vec else half)
+        per_cta = max(1, min(_LEGACY_PREFETCH * threads // max(units, 1), _LEGACY_SMEM_ANGLES // half))
+        per_sm = _CTAS_PER_SM_LEGACY
+    else:
+        per_cta = threads // 32 * tokens_per_warp(num_q_heads, num_kv_heads, head_dim, rotary_dim, threads)
+        per_sm = _CTAS_PER_SM
+    ctas = -(-max(int(total_tokens), 1) // per_cta)
+    ctas = max(1, min(ctas, num_sms * per_sm))
     return (ctas, 1, 1), (threads, 1, 1), 0
+
+
+def floor_bytes(total_tokens: int, num_q_heads: int, num_kv_heads: int, rotary_dim: int, mrope_mode: int = MODE_PLAIN) -> int:
+    """Bytes ``q12_rope`` must move at least: the rotary dims of every head read and written
+    (``T * (Hq + Hkv) * rotary_dim * 2 B``, twice) plus the u32 positions (1 stream, 3 under MRoPE)."""
+    streams = 1 if mrope_mode == MODE_PLAIN else 3
+    return 2 * total_tokens * (num_q_heads + num_kv_heads) * rotary_dim * 2 + 4 * streams * total_tokens
 
 
 def inv_freq(rotary_dim: int, theta: float) -> np.ndarray:

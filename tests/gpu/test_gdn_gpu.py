@@ -221,6 +221,122 @@ def test_gdn_prefill_matches_reference_and_is_batch_invariant(kernels, d, hk, hv
         assert np.array_equal(fin[b], fin1[0]), f"stream {b}: final state differs batched vs alone"
 
 
+# --------------------------------------------------------------------------- chunked (WY) kernel
+
+from q12drv.kernels import gdn_chunk  # noqa: E402
+
+CHUNK_O_REL, CHUNK_STATE_REL = 1e-2, 1e-3   # numpy model of the kernel: ~3.7e-3 and ~3e-4
+
+
+def load_chunk_module():
+    """Compile gdn_chunk.cu, load it, opt in to its dynamic shared memory; returns {entry: CUfunction}."""
+    from cuda.bindings import driver as cu
+
+    from q12drv.nvrtc import compile_source
+
+    img = compile_source(gdn_chunk.SOURCE, defines=meta_defines())
+    mod = _check(cu.cuModuleLoadData(img.image))
+    funcs = {}
+    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    for name in gdn_chunk.ENTRIES:
+        f = _check(cu.cuModuleGetFunction(mod, name.encode()))
+        _check(cu.cuFuncSetAttribute(f, attr, gdn_chunk.smem_bytes(128 if name.endswith("128") else 64)))
+        funcs[name] = f
+    return mod, funcs
+
+
+@pytest.fixture(scope="module")
+def chunk_kernels(kernels):
+    from cuda.bindings import driver as cu
+
+    torch, rec_funcs = kernels
+    mod, funcs = load_chunk_module()
+    yield torch, funcs, rec_funcs
+    _check(cu.cuModuleUnload(mod))
+
+
+def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng):
+    """One chunked launch over all streams of `inputs`: (o bits, final states, guards intact)."""
+    q, k, v, g, beta, cu, s0 = inputs
+    lens = np.diff(cu).tolist()
+    n, T = len(lens), int(cu[-1])
+    meta, keep = build_meta(torch, [max(L, 1) for L in lens], rng)
+    cu_buf = Guarded.of(torch, cu.astype(np.int32))  # the real cu_seqlens (streams of length 0 allowed)
+    meta.cu_seqlens = cu_buf.ptr
+    meta.total_tokens = T
+    keep.append(cu_buf)
+    bufs = [Guarded.of(torch, x) for x in (q, k, v, g, beta)]
+    o = Guarded(torch, max(T, 1) * hv * d * 2, fill=0xFF)
+    states = [Guarded.of(torch, s0[b]) for b in range(n)]
+    ptrs = Guarded.of(torch, np.array([s.ptr for s in states], np.uint64))
+    grid, block, smem = gdn_chunk.geometry(n, hv, d)
+    values = [meta, ctypes.c_uint64(ptrs.ptr)]
+    values += [ctypes.c_uint64(b.ptr) for b in bufs] + [ctypes.c_uint64(o.ptr)]
+    values += [ctypes.c_int(hk), ctypes.c_int(hv)]
+    torch.cuda.synchronize()
+    launch(funcs, gdn_chunk.entry_name(d), grid, block, smem, values)
+    torch.cuda.synchronize()
+    out = o.read(np.uint16, (max(T, 1), hv, d))[:T]
+    fin = np.stack([s.read(np.float32, (hv, d, d)) for s in states])
+    guards = all(b.guards_ok() for b in [o, ptrs, *states, *bufs, *keep])
+    return out, fin, guards
+
+
+CHUNK_CASES = [
+    # (d, hk, hv, lens)
+    (128, 16, 32, RAGGED + [130]),          # Qwen3-Next heads
+    (128, 2, 4, [1100, 3, 64, 0, 2049]),    # a stream of length 0 inside the batch
+    (128, 1, 2, [8192]),
+    (64, 2, 6, RAGGED + [1030]),
+    (64, 16, 32, [5, 64, 17, 300]),
+]
+
+
+@pytest.mark.parametrize("d,hk,hv,lens", CHUNK_CASES, ids=[f"d{c[0]}-hk{c[1]}-hv{c[2]}-n{len(c[3])}" for c in CHUNK_CASES])
+def test_gdn_chunk_matches_reference_and_is_batch_invariant(chunk_kernels, d, hk, hv, lens):
+    torch, funcs, rec_funcs = chunk_kernels
+    rng = np.random.default_rng()
+    inputs = make_inputs(rng, lens, hk, hv, d)
+    o, fin, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng)
+    assert guards, "a guard byte around a written buffer changed"
+    of = from_bf16_bits(o)
+    assert np.isfinite(of).all(), "output rows left unwritten (NaN poison) or non-finite"
+    o_ref, fin_ref = gdn.reference(*inputs)
+    q, k, v, g, beta, cu, s0 = inputs
+    for b in range(len(lens)):
+        s, e = cu[b], cu[b + 1]
+        if e == s:
+            assert np.array_equal(fin[b], s0[b]), f"stream {b} (len 0): state changed"
+            continue
+        eo = rel(of[s:e], from_bf16_bits(o_ref[s:e]))
+        es = rel(fin[b], fin_ref[b])
+        assert eo < CHUNK_O_REL, f"stream {b} (len {e - s}): output rel err {eo:.3e}"
+        assert es < CHUNK_STATE_REL, f"stream {b} (len {e - s}): state rel err {es:.3e}"
+
+    # batched == each stream alone, bit for bit
+    for b in range(len(lens)):
+        s, e = cu[b], cu[b + 1]
+        if e == s:
+            continue
+        one = (q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], np.array([0, e - s], np.int32), s0[b : b + 1])
+        o1, fin1, guards1 = run_chunk_gpu(torch, funcs, one, hk, hv, d, rng)
+        assert guards1
+        assert np.array_equal(o[s:e], o1), f"stream {b}: output differs batched vs alone"
+        assert np.array_equal(fin[b], fin1[0]), f"stream {b}: final state differs batched vs alone"
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_gdn_chunk_agrees_with_recurrent(chunk_kernels, d):
+    torch, funcs, rec_funcs = chunk_kernels
+    rng = np.random.default_rng()
+    hk, hv = (16, 32) if d == 128 else (2, 4)
+    inputs = make_inputs(rng, [1, 63, 64, 65, 700], hk, hv, d)
+    o_c, fin_c, _ = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng)
+    o_r, fin_r, _ = run_gpu(torch, rec_funcs, inputs, hk, hv, d, rng)
+    assert rel(from_bf16_bits(o_c), from_bf16_bits(o_r)) < CHUNK_O_REL
+    assert rel(fin_c, fin_r) < CHUNK_STATE_REL
+
+
 def _bench(lpc=gdn.LANES_PER_COLUMN, cpt=gdn.COLS_PER_THREAD):
     """Rough timings (CUDA events), printed; Qwen3-Next heads (Hk 16, Hv 32, d 128).
 

@@ -262,3 +262,81 @@ def test_kv_write_int64_offsets():
     vp.check_guards()
     del kp, vp
     torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------- edges of the tiled kernel
+# Groups take 2 tokens (rows > 32 chunks of 16 B) or 4 (rows <= 32 chunks) per iteration, lanes 2
+# or 1 chunk per token and trip: token counts that are not multiples of that, rows of exactly one
+# chunk, rows whose size is a multiple of 16 B but not of 64 B, rows of more than 2 x 32 chunks
+# (several trips), and T = 1.
+@pytest.mark.parametrize(
+    "hkv,d",
+    [(1, 8), (1, 24), (3, 40), (5, 64), (1, 264), (8, 256), (2, 256)],
+    ids=["16B", "48B", "240B", "640B", "528B-33chunks", "4KiB", "1KiB"],
+)
+@pytest.mark.parametrize("lens", [[1], [3], [5, 2, 7], [1, 1, 1, 1, 1, 1, 1]], ids=["T1", "T3", "T14", "7x1"])
+def test_kv_write_edges(hkv, d, lens):
+    rng = np.random.default_rng()
+    bs = 16
+    starts, num_blocks, tables, positions, slots = _case(rng, bs, hkv, d, lens)
+    if len(lens) > 2:
+        slots[-1][0] = -1
+    T = sum(lens)
+    k, v = rand_bf16(rng, (T, hkv, d)), rand_bf16(rng, (T, hkv, d))
+    shape = (num_blocks, bs, hkv, d)
+    keep = []
+    meta = make_meta(keep, slots, positions, tables, starts)
+    kb, vb = Buf(k), Buf(v)
+    pk = np.full(shape, POISON, np.uint16)
+    ref_k, ref_v = kw.reference(k, v, np.concatenate(slots), pk, pk)
+    for grid, block in ((None, None), ((1, 1, 1), (32, 1, 1)), ((2, 1, 1), (64, 1, 1))):
+        kp = Buf(nbytes=int(np.prod(shape)) * 2, fill=POISON)
+        vp = Buf(nbytes=int(np.prod(shape)) * 2, fill=POISON)
+        run_kv_write(meta, kb.ptr, vb.ptr, kp.ptr, vp.ptr, hkv * d, num_blocks * bs, grid=grid, block=block)
+        np.testing.assert_array_equal(kp.read(np.uint16, shape), ref_k)
+        np.testing.assert_array_equal(vp.read(np.uint16, shape), ref_v)
+        kp.check_guards()
+        vp.check_guards()
+
+
+def variant_kernel(source, entry, define):
+    """``entry`` compiled with one extra -D macro, launchable like raw_harness.Kernel."""
+    from q12drv.kernels.meta import meta_defines
+    from q12drv.nvrtc import compile_source
+    from tests.gpu.raw_harness import _check
+
+    base = Kernel(source, entry)  # makes the context current
+    img = compile_source(source, arch="sm_90", defines=meta_defines() + [define], use_cache=False,
+                         verbose_resources=True)
+    kern = Kernel.__new__(Kernel)
+    kern.driver = base.driver
+    kern.module = _check(base.driver.cuModuleLoadData(img.image))
+    kern.func = _check(base.driver.cuModuleGetFunction(kern.module, entry.encode()))
+    return kern
+
+
+def test_kv_write_legacy_variant_same_result():
+    # -DKVW_LEGACY=1 (the previous kernel, kept for A/B benchmarks) and -DKVW_STORE_WB=1 write the same bytes.
+    rng = np.random.default_rng()
+    hkv, d, bs = 2, 256, 16
+    starts, num_blocks, tables, positions, slots = _case(rng, bs, hkv, d)
+    slots[1][3] = -1
+    T = sum(LENS)
+    k, v = rand_bf16(rng, (T, hkv, d)), rand_bf16(rng, (T, hkv, d))
+    shape = (num_blocks, bs, hkv, d)
+    keep = []
+    meta = make_meta(keep, slots, positions, tables, starts)
+    kb, vb = Buf(k), Buf(v)
+    pk = np.full(shape, POISON, np.uint16)
+    ref_k, ref_v = kw.reference(k, v, np.concatenate(slots), pk, pk)
+    for define, legacy in (("KVW_LEGACY=1", True), ("KVW_STORE_WB=1", False)):
+        kern = variant_kernel(kw.SOURCE, "q12_kv_write", define)
+        g, b, smem = kw.geometry(T, hkv * d, legacy=legacy)
+        kp = Buf(nbytes=int(np.prod(shape)) * 2, fill=POISON)
+        vp = Buf(nbytes=int(np.prod(shape)) * 2, fill=POISON)
+        kern.launch(g, b, smem, [meta, ctypes.c_uint64(kb.ptr), ctypes.c_uint64(vb.ptr), ctypes.c_uint64(kp.ptr),
+                                 ctypes.c_uint64(vp.ptr), ctypes.c_int32(hkv * d), ctypes.c_int64(num_blocks * bs)])
+        np.testing.assert_array_equal(kp.read(np.uint16, shape), ref_k)
+        np.testing.assert_array_equal(vp.read(np.uint16, shape), ref_v)
+        kp.check_guards()
+        vp.check_guards()

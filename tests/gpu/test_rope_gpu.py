@@ -227,3 +227,79 @@ def test_rope_large_positions_and_tokens():
     assert_close(kb.read(np.uint16, k.shape), rk, "k")
     qb.check_guards()
     kb.check_guards()
+
+
+# ----------------------------------------------------------------------------- edges of the per-warp kernel
+# A warp takes G tokens per iteration (G > 1 for small heads: token counts not a multiple of G),
+# units past 32 * ROPE_UPL per token go in further batches (Qwen2-VL above), and a warp whose
+# slice of the angle buffer is too small for one token's angles (rd 1024 with 512 threads) takes
+# the direct path. T = 1 everywhere.
+EDGE_CONFIGS = [
+    pytest.param(64, 16, 1, 1, 1e4, 0, (0, 0, 0), id="G48-rd16"),
+    pytest.param(32, 32, 2, 1, 1e4, 2, (6, 5, 5), id="G16-interleaved"),
+    pytest.param(1024, 1024, 2, 1, 1e6, 1, (200, 156, 156), id="rd1024"),
+    pytest.param(256, 256, 12, 2, 1e6, 0, (0, 0, 0), id="batches-224units"),
+]
+
+
+@pytest.mark.parametrize("d,rd,hq,hkv,theta,mode,sec", EDGE_CONFIGS)
+@pytest.mark.parametrize("lens", [[1], [47], [49, 1, 3]], ids=["T1", "T47", "T53"])
+def test_rope_edges(d, rd, hq, hkv, theta, mode, sec, lens):
+    rng = np.random.default_rng()
+    T = sum(lens)
+    pos_t, pos_h, pos_w = make_positions(rng, lens, mode)
+    q = rand_bf16(rng, (T, hq, d))
+    k = rand_bf16(rng, (T, hkv, d))
+    keep = []
+    meta = make_meta(keep, pos_t, pos_h, pos_w, lens)
+    rq, rk = rope.reference(q, k, pos_t, rd, theta, mode, sec, pos_h, pos_w)
+    outs = []
+    for grid, block in ((None, None), ((1, 1, 1), (512, 1, 1)), ((3, 1, 1), (32, 1, 1))):
+        qb, kb = Buf(q), Buf(k)
+        run_rope(meta, qb.ptr, kb.ptr, hq, hkv, d, rd, theta, mode, sec, grid=grid, block=block)
+        qo, ko = qb.read(np.uint16, q.shape), kb.read(np.uint16, k.shape)
+        qb.check_guards()
+        kb.check_guards()
+        assert_close(qo, rq, "q")
+        assert_close(ko, rk, "k")
+        np.testing.assert_array_equal(qo[..., rd:], q[..., rd:])
+        np.testing.assert_array_equal(ko[..., rd:], k[..., rd:])
+        outs.append((qo, ko))
+    for o in outs[1:]:  # any grid, any block, the direct path: the same bits
+        np.testing.assert_array_equal(o[0], outs[0][0])
+        np.testing.assert_array_equal(o[1], outs[0][1])
+
+
+@pytest.mark.parametrize("define", ["ROPE_LEGACY=1", "ROPE_STORE_CS=1"])
+def test_rope_variants_same_bits(define):
+    # The previous kernel (kept for A/B benchmarks) and the streaming-store build give the same bits.
+    from q12drv.kernels.meta import meta_defines
+    from q12drv.nvrtc import compile_source
+    from tests.gpu.raw_harness import _check
+
+    rng = np.random.default_rng()
+    d, rd, hq, hkv, theta, mode, sec = 256, 64, 16, 4, 1e7, 2, (11, 11, 10)
+    T = sum(LENS)
+    pos_t, pos_h, pos_w = make_positions(rng, LENS, mode)
+    q = rand_bf16(rng, (T, hq, d))
+    k = rand_bf16(rng, (T, hkv, d))
+    keep = []
+    meta = make_meta(keep, pos_t, pos_h, pos_w, LENS)
+    qa, ka = Buf(q), Buf(k)
+    run_rope(meta, qa.ptr, ka.ptr, hq, hkv, d, rd, theta, mode, sec)
+    base = Kernel(rope.SOURCE, "q12_rope")
+    img = compile_source(rope.SOURCE, arch="sm_90", defines=meta_defines() + [define], use_cache=False)
+    kern = Kernel.__new__(Kernel)
+    kern.driver = base.driver
+    kern.module = _check(base.driver.cuModuleLoadData(img.image))
+    kern.func = _check(base.driver.cuModuleGetFunction(kern.module, b"q12_rope"))
+    g, b, smem = rope.geometry(T, hq, hkv, d, rd, legacy=define == "ROPE_LEGACY=1")
+    qb, kb = Buf(q), Buf(k)
+    kern.launch(g, b, smem, [meta, ctypes.c_uint64(qb.ptr), ctypes.c_uint64(kb.ptr), ctypes.c_int32(hq),
+                             ctypes.c_int32(hkv), ctypes.c_int32(d), ctypes.c_int32(rd), ctypes.c_float(theta),
+                             ctypes.c_int32(mode), ctypes.c_int32(sec[0]), ctypes.c_int32(sec[1]),
+                             ctypes.c_int32(sec[2])])
+    np.testing.assert_array_equal(qb.read(np.uint16, q.shape), qa.read(np.uint16, q.shape))
+    np.testing.assert_array_equal(kb.read(np.uint16, k.shape), ka.read(np.uint16, k.shape))
+    qb.check_guards()
+    kb.check_guards()

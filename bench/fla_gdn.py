@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Time fla-core's ``chunk_gated_delta_rule`` (the GDN comparator) in a process of its own.
+
+    PYTHONPATH=/tmp/site python3 bench/fla_gdn.py [--cases 8x2048,1x8192] [--reps 30]
+
+Same problem as q12drv's chunked kernel: varlen streams through ``cu_seqlens`` (batch dim 1),
+Hk 16 / Hv 32 / d 128, bf16 q/k/v, fp32 log-space g, bf16 beta, an fp32 initial state
+``[N, Hv, dk, dv]``, ``output_final_state=True``, ``use_qk_l2norm_in_kernel=True``. Device time
+from torch CUDA events, median after warm-up. Prints ONE JSON line (the last line of stdout):
+``{"ok": true, "fla_version": ..., "cases": {"8x2048": {"ms": ...}, ...}}`` or
+``{"ok": false, "error": ...}``. It runs alone because fla once hit an illegal memory access after
+other GPU work in the same process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+
+def time_case(torch, fn, n, L, hk, hv, d, reps, warmup):
+    dev = "cuda"
+    T = n * L
+    q = torch.randn(1, T, hk, d, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(1, T, hk, d, device=dev, dtype=torch.bfloat16)
+    v = torch.randn(1, T, hv, d, device=dev, dtype=torch.bfloat16)
+    g = -torch.rand(1, T, hv, device=dev, dtype=torch.float32) * 0.3
+    beta = torch.rand(1, T, hv, device=dev, dtype=torch.bfloat16)
+    h0 = torch.randn(n, hv, d, d, device=dev, dtype=torch.float32) * 0.1
+    cu = torch.arange(0, n + 1, device=dev, dtype=torch.long) * L
+
+    def run():
+        return fn(q, k, v, g, beta, scale=d ** -0.5, initial_state=h0, output_final_state=True,
+                  cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+
+    out, final = run()
+    assert tuple(out.shape) == (1, T, hv, d) and tuple(final.shape) == (n, hv, d, d), (out.shape, final.shape)
+    for _ in range(warmup):
+        run()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        e0.record()
+        run()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1))
+    ms = statistics.median(times)
+    return {"ms": ms, "metric_tflops": 4 * T * hv * d * d / (ms * 1e-3) / 1e12, "n": n, "L": L}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default="8x2048,1x8192")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--heads", default="16,32,128", help="Hk,Hv,d")
+    args = ap.parse_args(argv)
+    hk, hv, d = (int(x) for x in args.heads.split(","))
+    result = {"ok": False, "heads": [hk, hv, d]}
+    try:
+        import torch
+
+        import fla
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+        result["fla_version"] = getattr(fla, "__version__", "unknown")
+        result["torch"] = torch.__version__
+        cases = {}
+        for spec in args.cases.split(","):
+            n, L = (int(x) for x in spec.split("x"))
+            cases[spec] = time_case(torch, chunk_gated_delta_rule, n, L, hk, hv, d, args.reps, args.warmup)
+        result["cases"] = cases
+        result["ok"] = True
+    except Exception as exc:  # recorded, not raised: the caller records an error row
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    print(json.dumps(result), flush=True)
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,505 @@
+// gdn_chunk.cu: Gated DeltaNet (Qwen3-Next) prefill over varlen streams, chunked (WY) form on
+// bf16 tensor cores (mma.sync m16n8k16, fp32 accumulate). Same math, arguments and in-place
+// state contract as gdn_prefill.cu (the recurrent form, see its header):
+//     k^ = k / sqrt(sum k^2 + 1e-6),  q~ = q / sqrt(sum q^2 + 1e-6) * dk^-1/2   (fp32)
+//     S <- exp(g_t) S;  S <- S + k^ (beta_t (v_t - S^T k^))^T;  o_t = S^T q~
+//
+// Algebra, per chunk of C = 64 tokens of one (stream, value head); gamma = inclusive cumsum of g in
+// the chunk, K/Q = the normalised rows, S = the fp32 state [dk, dv]:
+//     A     = strictly_lower(beta_i exp(gamma_i - gamma_j) (K K^T)_ij)
+//     R     = beta (V - exp(gamma) (K S))
+//     V_new = (I + A)^-1 R                       (= FLA's u - w S, without forming w and u)
+//     O     = exp(gamma) (Q S) + (Q K^T exp(gamma_i - gamma_j) [j <= i]) V_new
+//     S     = exp(gamma_C) S + (K exp(gamma_C - gamma))^T V_new
+// (I + A)^-1 is applied by block forward substitution over four 16-token blocks: the diagonal
+// blocks are inverted in fp32 by substitution (64 threads, one column each), the off-diagonal
+// blocks of -A and the inverses go through the tensor cores.
+// Every warp works on S^T (dv rows, dk columns): with S^T as the mma accumulator, its C fragments
+// are directly A fragments of the next products (S^T K^T, R^T, V_new^T P^T, V_new^T K), so the
+// state never leaves registers and the four warps never exchange state data.
+//
+// Geometry: grid (dv/64, Hv, n), block 128 (4 warps), warp w owns dv columns 16w..16w+15 of the
+// CTA's 64-column slice. A CTA never mixes streams (batched == alone, bit for bit); the d_v
+// columns of S evolve independently, so slices never talk. Streams of length 0 are skipped
+// (state untouched). The last chunk is partial: rows >= len load as zero (k, q, v, beta, g), so
+// they change nothing, and their o is never written.
+// Shared memory (dynamic, gdnc::Smem): bf16 K hi, K lo, Q [64][dk+8]; bf16 V (reused for O), -A
+// (off-diagonal blocks), P [64][72]; bf16 diagonal inverses [64][24]; fp32 diagonal blocks
+// [4][16][17]; gamma, beta, exp(gamma), exp(gamma_C - gamma) [64]: 88,320 B (d128), 63,744 B
+// (d64): 2 CTAs/SM at d128. Registers: S^T slice 64 fp32 (d128) + two 32-float accumulators.
+// Per warp and chunk (d128): 80 mma for K K^T / Q K^T (warp w: K rows of block w, Q rows of
+// block 3-w, causal tiles only), 64 K S, 40 solve, 64 Q S, 40 P V_new, 192 state update.
+//
+// Precision (measured with q12drv.kernels.gdn_chunk.chunked_reference, the numpy model of this
+// kernel, against the float64 reference; random inputs, non-zero initial state, up to 1100
+// tokens): o relative error ~3.7e-3 (the bf16 rounding of o itself is ~2.5e-3), final state
+// ~1e-4..3e-4. The state error is dominated by the update K^T V_new: with bf16 K and bf16 V_new
+// it is ~1.7e-3, so that product uses hi + lo bf16 pairs of both (three mma: hi hi, lo hi, hi lo;
+// GDN_UPD_SPLIT 1). V_new and the solve's intermediates always enter as hi + lo pairs (cheap).
+// S enters K S and Q S as one bf16 (GDN_S_HILO 0): a hi + lo pair changed the error by < 1%.
+// Limits: no prefetch of the next chunk (loads are exposed, covered only by the other CTA of the
+// SM); the chunk-local work (K K^T, diagonal inverses) sits on the serial path.
+// Requirements: q, k 16-byte aligned, v, o 8-byte aligned (as the recurrent kernel); dv a multiple of 64.
+#include "q12_meta.cuh"
+
+#define GDN_CHUNK_THREADS 128
+#define GDN_C 64      // tokens per chunk
+#define GDN_BV 64     // dv columns per CTA
+#ifndef GDN_S_HILO
+#define GDN_S_HILO 0
+#endif
+#ifndef GDN_UPD_SPLIT
+#define GDN_UPD_SPLIT 1
+#endif
+
+namespace gdnc {
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void ldsm_x4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(smem_u32(p)));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(smem_u32(p)));
+}
+
+// c += a * b, m16n8k16, bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&v);
+}
+
+// hi = bf16(x), lo = bf16(x - hi), for a pair of values.
+__device__ __forceinline__ void pack_hilo(float x0, float x1, unsigned& hi, unsigned& lo) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    const float2 hf = __bfloat1622float2(h);
+    __nv_bfloat162 l = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
+    hi = *reinterpret_cast<unsigned*>(&h);
+    lo = *reinterpret_cast<unsigned*>(&l);
+}
+
+// A fragment (16 x 16, k = 16 columns) from two accumulator n-tiles c0 (columns 0..7), c1 (8..15).
+__device__ __forceinline__ void a_from_c(const float* c0, const float* c1, unsigned* a) {
+    a[0] = pack(c0[0], c0[1]);
+    a[1] = pack(c0[2], c0[3]);
+    a[2] = pack(c1[0], c1[1]);
+    a[3] = pack(c1[2], c1[3]);
+}
+
+__device__ __forceinline__ void a_from_c_hilo(const float* c0, const float* c1, unsigned* hi, unsigned* lo) {
+    pack_hilo(c0[0], c0[1], hi[0], lo[0]);
+    pack_hilo(c0[2], c0[3], hi[1], lo[1]);
+    pack_hilo(c1[0], c1[1], hi[2], lo[2]);
+    pack_hilo(c1[2], c1[3], hi[3], lo[3]);
+}
+
+template <int DK>
+struct Smem {
+    static constexpr int LDK = DK + 8;   // row strides (elements): 16-byte rows shifted by 16 bytes
+    static constexpr int LDV = GDN_BV + 8;
+    static constexpr int LDD = 24;
+    bf16 k[GDN_C * LDK];
+    bf16 klo[GDN_C * LDK];
+    bf16 q[GDN_C * LDK];
+    bf16 v[GDN_C * LDV];      // V slice, then O slice (each warp reuses its own 16 columns)
+    bf16 a[GDN_C * LDV];      // -A, off-diagonal 16 x 16 blocks (strictly lower)
+    bf16 p[GDN_C * LDV];      // P = Q K^T exp(gamma_i - gamma_j) [j <= i]
+    bf16 dinv[GDN_C * LDD];   // block b: rows 16b..16b+15, columns 0..15 = (I + A_bb)^-1
+    float d[4 * 16 * 17];     // A_bb (fp32, strictly lower)
+    float gam[GDN_C];
+    float beta[GDN_C];
+    float eg[GDN_C];          // exp(gamma)
+    float wd[GDN_C];          // exp(gamma_C - gamma)
+};
+
+// acc[nt] (16 rows of X = rows 16*mt.., k over DK) x K^T (n = tokens 0 .. 8*NT-1), A from smem rows.
+template <int DK, int NT>
+__device__ __forceinline__ void rows_times_kt(float (*acc)[4], const bf16* x, const bf16* k, int mt, int lane) {
+    constexpr int LDK = Smem<DK>::LDK;
+    const int mat = lane >> 3, r = lane & 7;
+#pragma unroll
+    for (int ks = 0; ks < DK / 16; ++ks) {
+        unsigned a[4];
+        ldsm_x4(a[0], a[1], a[2], a[3], x + (16 * mt + (mat & 1) * 8 + r) * LDK + 16 * ks + (mat >> 1) * 8);
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+            unsigned b0, b1, b2, b3;
+            ldsm_x4(b0, b1, b2, b3, k + (16 * np + (mat >> 1) * 8 + r) * LDK + 16 * ks + (mat & 1) * 8);
+            mma(acc[2 * np], a, b0, b1);
+            mma(acc[2 * np + 1], a, b2, b3);
+        }
+    }
+}
+
+// acc[8] (this warp's 16 dv rows x 64 tokens) = S^T X^T, X = K or Q rows in smem.
+template <int DK>
+__device__ __forceinline__ void st_times_xt(float (*acc)[4], const float (*St)[4], const bf16* x, int lane) {
+    constexpr int LDK = Smem<DK>::LDK;
+    const int mat = lane >> 3, r = lane & 7;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < DK / 16; ++ks) {
+#if GDN_S_HILO
+        unsigned a[4], alo[4];
+        a_from_c_hilo(St[2 * ks], St[2 * ks + 1], a, alo);
+#else
+        unsigned a[4];
+        a_from_c(St[2 * ks], St[2 * ks + 1], a);
+#endif
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+            unsigned b0, b1, b2, b3;
+            ldsm_x4(b0, b1, b2, b3, x + (16 * np + (mat >> 1) * 8 + r) * LDK + 16 * ks + (mat & 1) * 8);
+            mma(acc[2 * np], a, b0, b1);
+            mma(acc[2 * np + 1], a, b2, b3);
+#if GDN_S_HILO
+            mma(acc[2 * np], alo, b0, b1);
+            mma(acc[2 * np + 1], alo, b2, b3);
+#endif
+        }
+    }
+}
+
+}  // namespace gdnc
+
+template <int DK, int DV>
+__device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned long long* __restrict__ h_state_ptrs,
+                                               const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                               const bf16* __restrict__ v, const float* __restrict__ g,
+                                               const float* __restrict__ beta, bf16* __restrict__ o,
+                                               int num_k_heads, int num_v_heads) {
+    using namespace gdnc;
+    using SM = Smem<DK>;
+    constexpr int C = GDN_C;
+    constexpr int LDK = SM::LDK, LDV = SM::LDV, LDD = SM::LDD;
+    constexpr int NTS = DK / 8;                 // n-tiles of S^T (dk columns) per warp
+    constexpr int SEGS = DK / 8;                // 16-byte segments per q/k row
+    constexpr int RPP = GDN_CHUNK_THREADS / SEGS;  // rows per pass
+    static_assert(DK % 16 == 0 && DV % GDN_BV == 0 && 32 % SEGS == 0, "shapes");
+
+    extern __shared__ __align__(16) unsigned char gdn_smem_raw[];
+    SM& s = *reinterpret_cast<SM*>(gdn_smem_raw);
+
+    const int b = blockIdx.z;
+    const int h = blockIdx.y;
+    if (b >= (int)m.batch_size || h >= num_v_heads || (int)blockIdx.x * GDN_BV >= DV) return;
+    const int col0 = blockIdx.x * GDN_BV;
+    const int kh = h / (num_v_heads / num_k_heads);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int gq = lane >> 2, tq = lane & 3;    // mma fragment row group / thread in group
+    const int mat = lane >> 3, r8 = lane & 7;   // ldmatrix: which 8x8 matrix this lane addresses, which row
+
+    const int* cu = q12_cu_seqlens(m);
+    const int tok0 = cu[b];
+    const int len = cu[b + 1] - tok0;
+    if (len <= 0) return;
+
+    float* state = reinterpret_cast<float*>(h_state_ptrs[b]) + (long long)h * DK * DV;
+    const int bv0 = col0 + 16 * warp + gq;     // this lane's dv rows of S^T: bv0, bv0 + 8
+
+    // S^T fragments: St[j] covers dk columns 8j..8j+7: [0] (bv0, 8j+2t) [1] (bv0, 8j+2t+1) [2],[3] bv0+8.
+    float St[NTS][4];
+#pragma unroll
+    for (int j = 0; j < NTS; ++j) {
+        const int kr = 8 * j + 2 * tq;
+        St[j][0] = state[kr * DV + bv0];
+        St[j][1] = state[(kr + 1) * DV + bv0];
+        St[j][2] = state[kr * DV + bv0 + 8];
+        St[j][3] = state[(kr + 1) * DV + bv0 + 8];
+    }
+
+    const float qscale = 1.0f / sqrtf((float)DK);
+    const int seg = tid % SEGS;
+
+    for (int c0 = 0; c0 < len; c0 += C) {
+        const int nt_valid = min(C, len - c0);
+        // ---- load: K, Q rows (l2-normalised), V slice, g, beta
+#pragma unroll
+        for (int p = 0; p < C / RPP; ++p) {
+            const int row = tid / SEGS + p * RPP;
+            const bool ok = row < nt_valid;
+            const long long gi = ((long long)(tok0 + c0 + row) * num_k_heads + kh) * DK + seg * 8;
+#pragma unroll
+            for (int which = 0; which < 2; ++which) {  // 0: k, 1: q
+                uint4 raw = make_uint4(0u, 0u, 0u, 0u);
+                if (ok) raw = *reinterpret_cast<const uint4*>((which ? q : k) + gi);
+                const __nv_bfloat162* pr = reinterpret_cast<const __nv_bfloat162*>(&raw);
+                float x[8];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const float2 f = __bfloat1622float2(pr[i]);
+                    x[2 * i] = f.x;
+                    x[2 * i + 1] = f.y;
+                }
+                float ss = 0.f;
+#pragma unroll
+                for (int i = 0; i < 8; ++i) ss = fmaf(x[i], x[i], ss);
+#pragma unroll
+                for (int off = SEGS / 2; off >= 1; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+                const float inv = 1.0f / sqrtf(ss + 1e-6f);
+                uint4 hi, lo;
+                unsigned* hp = reinterpret_cast<unsigned*>(&hi);
+                unsigned* lp = reinterpret_cast<unsigned*>(&lo);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    if (which) hp[i] = pack((x[2 * i] * inv) * qscale, (x[2 * i + 1] * inv) * qscale);
+                    else pack_hilo(x[2 * i] * inv, x[2 * i + 1] * inv, hp[i], lp[i]);
+                }
+                if (which) {
+                    *reinterpret_cast<uint4*>(&s.q[row * LDK + seg * 8]) = hi;
+                } else {
+                    *reinterpret_cast<uint4*>(&s.k[row * LDK + seg * 8]) = hi;
+                    *reinterpret_cast<uint4*>(&s.klo[row * LDK + seg * 8]) = lo;
+                }
+            }
+        }
+#pragma unroll
+        for (int p = 0; p < C * GDN_BV / 4 / GDN_CHUNK_THREADS; ++p) {   // 8-byte pieces: v needs 8-byte alignment only
+            const int idx = tid + p * GDN_CHUNK_THREADS;
+            const int row = idx / (GDN_BV / 4), part = idx % (GDN_BV / 4);
+            uint2 raw = make_uint2(0u, 0u);
+            if (row < nt_valid)
+                raw = *reinterpret_cast<const uint2*>(v + ((long long)(tok0 + c0 + row) * num_v_heads + h) * DV + col0 + part * 4);
+            *reinterpret_cast<uint2*>(&s.v[row * LDV + part * 4]) = raw;
+        }
+        if (tid < 2 * C) {
+            const int t = tid % C;
+            float val = 0.f;
+            if (t < nt_valid) {
+                const long long gi = (long long)(tok0 + c0 + t) * num_v_heads + h;
+                val = (tid < C) ? g[gi] : beta[gi];
+            }
+            if (tid < C) s.gam[t] = val;
+            else s.beta[t] = val;
+        }
+        __syncthreads();
+        // ---- gamma = inclusive cumsum of g (warp 0, two tokens per lane), exp(gamma), exp(gamma_C - gamma)
+        if (warp == 0) {
+            const float g0 = s.gam[2 * lane], g1 = s.gam[2 * lane + 1];
+            float incl = g0 + g1;
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1) {
+                const float y = __shfl_up_sync(0xffffffffu, incl, off);
+                if (lane >= off) incl += y;
+            }
+            const float excl = incl - (g0 + g1);
+            const float ga = excl + g0;
+            const float gb = ga + g1;
+            const float gC = __shfl_sync(0xffffffffu, gb, 31);
+            s.gam[2 * lane] = ga;
+            s.gam[2 * lane + 1] = gb;
+            s.eg[2 * lane] = expf(ga);
+            s.eg[2 * lane + 1] = expf(gb);
+            s.wd[2 * lane] = expf(gC - ga);
+            s.wd[2 * lane + 1] = expf(gC - gb);
+        }
+        __syncthreads();
+        // ---- K K^T (rows of block `warp`) -> -A blocks and fp32 diagonal block; Q K^T (block 3-warp) -> P
+        {
+            float acc[8][4];
+            const int mt = warp;
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+            // causal tiles only: n-tiles 0 .. 2*mt+1 (warp-uniform branch on a compile-time-unrolled loop)
+            if (mt == 0) rows_times_kt<DK, 2>(acc, s.k, s.k, mt, lane);
+            else if (mt == 1) rows_times_kt<DK, 4>(acc, s.k, s.k, mt, lane);
+            else if (mt == 2) rows_times_kt<DK, 6>(acc, s.k, s.k, mt, lane);
+            else rows_times_kt<DK, 8>(acc, s.k, s.k, mt, lane);
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                if (nt > 2 * mt + 1) break;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int i = 16 * mt + gq + (e >> 1) * 8;
+                    const int j = 8 * nt + 2 * tq + (e & 1);
+                    const float val = (j < i) ? s.beta[i] * expf(s.gam[i] - s.gam[j]) * acc[nt][e] : 0.f;
+                    if ((j >> 4) == mt) s.d[mt * 272 + (i & 15) * 17 + (j & 15)] = val;
+                    else s.a[i * LDV + j] = __float2bfloat16_rn(-val);
+                }
+            }
+            const int mq = 3 - warp;
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+            if (mq == 0) rows_times_kt<DK, 2>(acc, s.q, s.k, mq, lane);
+            else if (mq == 1) rows_times_kt<DK, 4>(acc, s.q, s.k, mq, lane);
+            else if (mq == 2) rows_times_kt<DK, 6>(acc, s.q, s.k, mq, lane);
+            else rows_times_kt<DK, 8>(acc, s.q, s.k, mq, lane);
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                if (nt > 2 * mq + 1) break;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int i = 16 * mq + gq + (e >> 1) * 8;
+                    const int j = 8 * nt + 2 * tq + (e & 1);
+                    const float val = (j <= i) ? expf(s.gam[i] - s.gam[j]) * acc[nt][e] : 0.f;
+                    s.p[i * LDV + j] = __float2bfloat16_rn(val);
+                }
+            }
+        }
+        __syncthreads();
+        // ---- (I + A_bb)^-1 for the four diagonal blocks, fp32 forward substitution, one column per thread
+        if (tid < 64) {
+            const int blk = tid >> 4, j = tid & 15;
+            const float* D = &s.d[blk * 272];
+            float x[16];
+#pragma unroll
+            for (int i = 0; i < 16; ++i) {
+                float acc = (i == j) ? 1.f : 0.f;
+#pragma unroll
+                for (int mm = 0; mm < i; ++mm) acc = fmaf(-D[i * 17 + mm], x[mm], acc);
+                x[i] = acc;
+            }
+#pragma unroll
+            for (int i = 0; i < 16; ++i) s.dinv[(16 * blk + i) * LDD + j] = __float2bfloat16_rn(x[i]);
+        }
+        __syncthreads();
+
+        // ---- per warp, its 16 dv rows: R^T = beta (V^T - exp(gamma) S^T K^T)
+        float X[8][4];   // V_new^T (this warp's dv rows x 64 tokens)
+        {
+            float Rt[8][4];
+            st_times_xt<DK>(Rt, St, s.k, lane);
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int c = 8 * nt + 2 * tq + (e & 1);
+                    const int bvl = 16 * warp + gq + (e >> 1) * 8;
+                    Rt[nt][e] = s.beta[c] * (__bfloat162float(s.v[c * LDV + bvl]) - s.eg[c] * Rt[nt][e]);
+                }
+            // block forward substitution: X_b = (R_b + sum_{m<b} X_m (-A_bm)^T) Dinv_b^T
+#pragma unroll
+            for (int bi = 0; bi < 4; ++bi) {
+                float* y0 = Rt[2 * bi];
+                float* y1 = Rt[2 * bi + 1];
+#pragma unroll
+                for (int mm = 0; mm < bi; ++mm) {
+                    unsigned ahi[4], alo[4], b0, b1, b2, b3;
+                    a_from_c_hilo(X[2 * mm], X[2 * mm + 1], ahi, alo);
+                    ldsm_x4(b0, b1, b2, b3, &s.a[(16 * bi + (mat >> 1) * 8 + r8) * LDV + 16 * mm + (mat & 1) * 8]);
+                    mma(y0, ahi, b0, b1);
+                    mma(y1, ahi, b2, b3);
+                    mma(y0, alo, b0, b1);
+                    mma(y1, alo, b2, b3);
+                }
+                unsigned ahi[4], alo[4], b0, b1, b2, b3;
+                a_from_c_hilo(y0, y1, ahi, alo);
+                ldsm_x4(b0, b1, b2, b3, &s.dinv[(16 * bi + (mat >> 1) * 8 + r8) * LDD + (mat & 1) * 8]);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) X[2 * bi][e] = X[2 * bi + 1][e] = 0.f;
+                mma(X[2 * bi], ahi, b0, b1);
+                mma(X[2 * bi + 1], ahi, b2, b3);
+                mma(X[2 * bi], alo, b0, b1);
+                mma(X[2 * bi + 1], alo, b2, b3);
+            }
+        }
+        // ---- O^T = exp(gamma) S^T Q^T + V_new^T P^T, into this warp's columns of s.v
+        {
+            float Ot[8][4];
+            st_times_xt<DK>(Ot, St, s.q, lane);
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) Ot[nt][e] *= s.eg[8 * nt + 2 * tq + (e & 1)];
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                unsigned ahi[4], alo[4];
+                a_from_c_hilo(X[2 * kk], X[2 * kk + 1], ahi, alo);
+#pragma unroll
+                for (int np = kk; np < 4; ++np) {   // P[c][c'] = 0 for c' > c: token pairs np >= kk only
+                    unsigned b0, b1, b2, b3;
+                    ldsm_x4(b0, b1, b2, b3, &s.p[(16 * np + (mat >> 1) * 8 + r8) * LDV + 16 * kk + (mat & 1) * 8]);
+                    mma(Ot[2 * np], ahi, b0, b1);
+                    mma(Ot[2 * np + 1], ahi, b2, b3);
+                    mma(Ot[2 * np], alo, b0, b1);
+                    mma(Ot[2 * np + 1], alo, b2, b3);
+                }
+            }
+            __syncwarp();
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int c = 8 * nt + 2 * tq + (e & 1);
+                    const int bvl = 16 * warp + gq + (e >> 1) * 8;
+                    s.v[c * LDV + bvl] = __float2bfloat16_rn(Ot[nt][e]);
+                }
+        }
+        // ---- S^T = exp(gamma_C) S^T + (V_new^T exp(gamma_C - gamma)) K
+        {
+            const float egC = s.eg[C - 1];
+#pragma unroll
+            for (int j = 0; j < NTS; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) St[j][e] *= egC;
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                float x0[4], x1[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    x0[e] = X[2 * kk][e] * s.wd[16 * kk + 2 * tq + (e & 1)];
+                    x1[e] = X[2 * kk + 1][e] * s.wd[16 * kk + 8 + 2 * tq + (e & 1)];
+                }
+                unsigned ahi[4], alo[4];
+                a_from_c_hilo(x0, x1, ahi, alo);
+#pragma unroll
+                for (int np = 0; np < DK / 16; ++np) {
+                    unsigned b0, b1, b2, b3;
+                    const int off = (16 * kk + (mat & 1) * 8 + r8) * LDK + 16 * np + (mat >> 1) * 8;
+                    ldsm_x4_t(b0, b1, b2, b3, &s.k[off]);
+                    mma(St[2 * np], ahi, b0, b1);
+                    mma(St[2 * np + 1], ahi, b2, b3);
+                    mma(St[2 * np], alo, b0, b1);
+                    mma(St[2 * np + 1], alo, b2, b3);
+#if GDN_UPD_SPLIT
+                    ldsm_x4_t(b0, b1, b2, b3, &s.klo[off]);
+                    mma(St[2 * np], ahi, b0, b1);
+                    mma(St[2 * np + 1], ahi, b2, b3);
+#endif
+                }
+            }
+        }
+        __syncthreads();   // O slice complete in s.v
+        // ---- store o rows of valid tokens: 8-byte pieces, 16 per row (o needs 8-byte alignment only)
+#pragma unroll
+        for (int p = 0; p < C * GDN_BV / 4 / GDN_CHUNK_THREADS; ++p) {
+            const int idx = tid + p * GDN_CHUNK_THREADS;
+            const int row = idx / (GDN_BV / 4), part = idx % (GDN_BV / 4);
+            if (row < nt_valid)
+                *reinterpret_cast<uint2*>(o + ((long long)(tok0 + c0 + row) * num_v_heads + h) * DV + col0 + part * 4) =
+                    *reinterpret_cast<const uint2*>(&s.v[row * LDV + part * 4]);
+        }
+        __syncthreads();   // shared memory free for the next chunk
+    }
+
+#pragma unroll
+    for (int j = 0; j < NTS; ++j) {
+        const int kr = 8 * j + 2 * tq;
+        state[kr * DV + bv0] = St[j][0];
+        state[(kr + 1) * DV + bv0] = St[j][1];
+        state[kr * DV + bv0 + 8] = St[j][2];
+        state[(kr + 1) * DV + bv0 + 8] = St[j][3];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(GDN_CHUNK_THREADS) q12_gdn_chunk_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads) {
+    gdn_chunk_body<128, 128>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
+}
+
+extern "C" __global__ void __launch_bounds__(GDN_CHUNK_THREADS) q12_gdn_chunk_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads) {
+    gdn_chunk_body<64, 64>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
+}
+
+// The host's q12drv.kernels.gdn_chunk.smem_bytes() must give these numbers.
+static_assert(sizeof(gdnc::Smem<128>) == 88320, "GdnSmem<128> size differs from gdn_chunk.smem_bytes(128)");
+static_assert(sizeof(gdnc::Smem<64>) == 63744, "GdnSmem<64> size differs from gdn_chunk.smem_bytes(64)");

@@ -1,0 +1,215 @@
+"""Gated DeltaNet prefill, chunked (WY) tensor-core form: launch geometry, numpy model, emulator.
+
+Same math, inputs and in-place state contract as :mod:`q12drv.kernels.gdn` (the recurrent form);
+``cuda_src/gdn_chunk.cu`` computes it 64 tokens at a time with bf16 ``mma.sync``. Per chunk of
+one (stream, value head), with ``gamma`` the inclusive cumulative sum of ``g`` inside the chunk,
+``K``/``Q`` the l2-normalised (q also scaled) rows rounded to bf16 and ``S`` the fp32 state::
+
+    A      = strictly_lower(beta_i * exp(gamma_i - gamma_j) * (K K^T)_ij)
+    R      = beta * (V - exp(gamma) * (K S))
+    V_new  = (I + A)^-1 R            # block forward substitution, 16-token blocks
+    O      = exp(gamma) * (Q S) + (Q K^T * exp(gamma_i - gamma_j) * [j <= i]) V_new
+    S      = exp(gamma_C) S + (K * exp(gamma_C - gamma))^T V_new
+
+(``V_new = (I + A)^-1 beta (V - exp(gamma) K S)`` equals FLA's ``u - w S`` with
+``w = T (beta e^gamma K)``, ``u = T (beta V)``, ``T = (I + A)^-1``, without forming w and u.)
+
+:func:`chunked_reference` runs that algorithm in numpy with the kernel's rounding points, so
+its distance to the float64 :func:`q12drv.kernels.gdn.reference` is the kernel's error budget.
+The emulator registered for the new entries runs the float64 reference (like the recurrent
+entries), so emulated results do not depend on the algorithm chosen.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..bf16 import from_bf16_bits, round_to_bf16, to_bf16_bits
+from . import gdn as _gdn
+
+__all__ = [
+    "SOURCE",
+    "ENTRIES",
+    "THREADS",
+    "CHUNK",
+    "BV",
+    "entry_name",
+    "geometry",
+    "smem_bytes",
+    "chunked_reference",
+    "EMULATORS",
+]
+
+#: Kernel source file in ``cuda_src/``.
+SOURCE = "gdn_chunk.cu"
+#: Entry points: dk = dv = 128 and dk = dv = 64.
+ENTRIES = ("q12_gdn_chunk_d128", "q12_gdn_chunk_d64")
+#: Threads per CTA (4 warps, each owning 16 of the CTA's dv columns).
+THREADS = 128
+#: Tokens per chunk.
+CHUNK = 64
+#: dv columns per CTA.
+BV = 64
+
+_HEAD_DIMS = {"q12_gdn_chunk_d128": 128, "q12_gdn_chunk_d64": 64}
+
+
+def entry_name(head_dim: int) -> str:
+    """The chunked entry point for ``dk = dv = head_dim`` (64 or 128)."""
+    for name, d in _HEAD_DIMS.items():
+        if d == head_dim:
+            return name
+    raise ValueError(f"chunked GDN prefill has kernels for head_dim 64 and 128, not {head_dim}")
+
+
+def smem_bytes(head_dim: int) -> int:
+    """Dynamic shared memory of one CTA; must match ``gdnc::Smem`` (static_asserts) in the source.
+
+    bf16 K (hi and lo) and Q chunks ``[64][dk+8]``; bf16 V/O slice, -A (off-diagonal blocks)
+    and P ``[64][72]``; bf16 inverted diagonal blocks ``[64][24]``; fp32 diagonal blocks
+    ``[4][16][17]``; fp32 gamma, beta, exp(gamma), exp(gamma_C - gamma) ``[64]`` each.
+    """
+    dk = head_dim
+    return 2 * (3 * CHUNK * (dk + 8) + 3 * CHUNK * (BV + 8) + CHUNK * 24) + 4 * (4 * 16 * 17 + 4 * CHUNK)
+
+
+def geometry(n: int, num_v_heads: int, head_dim: int) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+    """Launch geometry: grid ``(dv / 64, Hv, n)``, block ``(128, 1, 1)``, dynamic smem bytes."""
+    entry_name(head_dim)
+    if n < 1 or num_v_heads < 1:
+        raise ValueError(f"GDN prefill needs n >= 1 and num_v_heads >= 1, got n={n}, num_v_heads={num_v_heads}")
+    return (head_dim // BV, num_v_heads, n), (THREADS, 1, 1), smem_bytes(head_dim)
+
+
+def _split(x: np.ndarray, hilo: bool):
+    """What an A operand built from fp32 registers carries: bf16(x) (+ bf16(x - bf16(x)))."""
+    hi = round_to_bf16(x)
+    if not hilo:
+        return hi.astype(np.float64)
+    return hi.astype(np.float64) + round_to_bf16(x - hi).astype(np.float64)
+
+
+def _f32(x):
+    return np.asarray(x, np.float64).astype(np.float32)
+
+
+def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int = CHUNK, s_hilo: bool = False,
+                      update_split: bool = True):
+    """The kernel's algorithm in numpy, with its rounding points (bf16 casts where it casts).
+
+    Arguments and results as :func:`q12drv.kernels.gdn.reference`. Products of bf16 operands are
+    summed in float64 then rounded to fp32 (the tensor cores accumulate in fp32; the order
+    differs, which is below the bf16 rounding this model is about). The solve's intermediates and
+    V_new always enter the mma as bf16 hi + lo pairs (``x = bf16(x) + bf16(x - bf16(x))``).
+    ``s_hilo`` models ``GDN_S_HILO`` (default 0): S enters ``K S`` and ``Q S`` as a hi + lo pair
+    instead of one bf16. ``update_split`` models ``GDN_UPD_SPLIT`` (default 1): the state update
+    ``K^T V_new`` uses hi + lo pairs of both K (the fp32 normalised rows) and V_new, three
+    products (hi hi, lo hi, hi lo); without it, bf16 K and a hi + lo V_new.
+    """
+    T, hk, dk = q.shape
+    hv, dv = v.shape[1], v.shape[2]
+    if hv % hk:
+        raise ValueError(f"num_v_heads {hv} is not a multiple of num_k_heads {hk}")
+    if chunk % 16:
+        raise ValueError("chunk must be a multiple of 16")
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    n = cu.shape[0] - 1
+    if initial_state.shape != (n, hv, dk, dv):
+        raise ValueError(f"initial_state must be {(n, hv, dk, dv)}, got {initial_state.shape}")
+    kmap = np.arange(hv) // (hv // hk)
+    qscale = np.float32(1.0 / np.sqrt(np.float32(dk)))
+    o = np.zeros((T, hv, dv), np.float32)
+    final = np.empty((n, hv, dk, dv), np.float32)
+    nb = chunk // 16
+    blk = np.arange(chunk) // 16
+    for b in range(n):
+        s0, e0 = int(cu[b]), int(cu[b + 1])
+        S = initial_state[b].astype(np.float32).copy()  # [Hv, dk, dv]
+        for c0 in range(s0, e0, chunk):
+            L = min(chunk, e0 - c0)
+            C = chunk
+
+            def pad(x):
+                out = np.zeros((C,) + x.shape[1:], x.dtype)
+                out[:L] = x
+                return out
+
+            kf = pad(from_bf16_bits(k[c0:c0 + L]))  # [C, Hk, dk] fp32
+            qf = pad(from_bf16_bits(q[c0:c0 + L]))
+            kinv = np.float32(1.0) / np.sqrt(np.sum(kf * kf, -1, keepdims=True, dtype=np.float32) + np.float32(1e-6))
+            qinv = np.float32(1.0) / np.sqrt(np.sum(qf * qf, -1, keepdims=True, dtype=np.float32) + np.float32(1e-6))
+            kn = kf * kinv
+            K = round_to_bf16(kn)[:, kmap].transpose(1, 0, 2).astype(np.float64)  # [Hv, C, dk]
+            Kx = _split(kn, True)[:, kmap].transpose(1, 0, 2)
+            Q = round_to_bf16((qf * qinv) * qscale)[:, kmap].transpose(1, 0, 2).astype(np.float64)
+            V = pad(from_bf16_bits(v[c0:c0 + L])).transpose(1, 0, 2).astype(np.float64)  # [Hv, C, dv]
+            gg = pad(g[c0:c0 + L].astype(np.float32)).T  # [Hv, C]
+            bt = pad(beta[c0:c0 + L].astype(np.float32)).T
+            gam = np.cumsum(gg, axis=1, dtype=np.float32)
+            diff = _f32(gam[:, :, None].astype(np.float32) - gam[:, None, :])
+            low = np.tril(np.ones((C, C), bool), -1)
+            incl = np.tril(np.ones((C, C), bool), 0)
+            gmat = np.exp(np.where(incl, diff, np.float32(-np.inf)).astype(np.float32))  # exp(gi - gj), j <= i
+            KK = _f32(K @ K.transpose(0, 2, 1))
+            QK = _f32(Q @ K.transpose(0, 2, 1))
+            Afull = _f32(bt[:, :, None] * (gmat * KK)) * low  # fp32, strictly lower
+            P = round_to_bf16(_f32(gmat * QK) * incl).astype(np.float64)
+            same = blk[:, None] == blk[None, :]
+            Aoff = round_to_bf16(Afull * ~same).astype(np.float64)
+            Dinv = np.zeros((hv, C, C), np.float64)
+            for i in range(nb):
+                sl = slice(16 * i, 16 * i + 16)
+                D = Afull[:, sl, sl].astype(np.float32) + np.eye(16, dtype=np.float32)
+                Dinv[:, sl, sl] = round_to_bf16(_f32(np.linalg.inv(D.astype(np.float64))))
+            Ssplit = _split(S, s_hilo)
+            KS = _f32(K @ Ssplit)  # [Hv, C, dv]
+            QS = _f32(Q @ Ssplit)
+            eg = np.exp(gam).astype(np.float32)
+            R = _f32(bt[:, :, None] * (V - eg[:, :, None] * KS))
+            X = np.zeros((hv, C, dv), np.float32)
+            for i in range(nb):
+                sl = slice(16 * i, 16 * i + 16)
+                Y = R[:, sl].astype(np.float64)
+                if i:
+                    Y = _f32(Y - Aoff[:, sl, : 16 * i] @ _split(X[:, : 16 * i], True))
+                X[:, sl] = _f32(Dinv[:, sl, sl] @ _split(Y.astype(np.float32), True))
+            Xs = _split(X, True)
+            O = _f32(eg[:, :, None] * QS + _f32(P @ Xs))
+            egC = np.exp(gam[:, -1]).astype(np.float32)
+            wdec = np.exp(_f32(gam[:, -1:] - gam)).astype(np.float32)  # [Hv, C]
+            Xd = _split(_f32(X * wdec[:, :, None]), True)
+            Ku = Kx if update_split else K
+            S = _f32(egC[:, None, None] * S + _f32(Ku.transpose(0, 2, 1) @ Xd))
+            o[c0:c0 + L] = O[:, :L].transpose(1, 0, 2)
+        final[b] = S
+    return to_bf16_bits(o), final
+
+
+def _emulate(args: dict, mem, grid, block, head_dim: int) -> None:
+    meta = args["m"]
+    n = int(meta.batch_size)
+    hk, hv = int(args["num_k_heads"]), int(args["num_v_heads"])
+    if hk < 1 or hv < 1 or hv % hk:
+        raise ValueError(f"num_v_heads ({hv}) must be a positive multiple of num_k_heads ({hk})")
+    want_grid, want_block, _ = geometry(max(n, 1), hv, head_dim)
+    if tuple(block) != want_block:
+        raise ValueError(f"chunked GDN prefill needs block {want_block}, got {tuple(block)}")
+    if grid[0] < want_grid[0] or grid[1] < hv or grid[2] < n:
+        raise ValueError(f"grid {tuple(grid)} does not cover dv/{BV} = {want_grid[0]} x Hv = {hv} x n = {n} CTAs")
+    # the rest (alignment, the float64 reference per stream) is the recurrent entries' emulator
+    rec_grid = (hv * head_dim // _gdn.COLS_PER_CTA, max(n, 1), 1)
+    _gdn._emulate(args, mem, rec_grid, (_gdn.THREADS, 1, 1), head_dim)
+
+
+def emulate_d128(args: dict, mem, grid, block) -> None:
+    """Emulate ``q12_gdn_chunk_d128`` (the float64 reference; see :func:`q12drv.kernels.gdn.emulate_d128`)."""
+    _emulate(args, mem, grid, block, 128)
+
+
+def emulate_d64(args: dict, mem, grid, block) -> None:
+    """Emulate ``q12_gdn_chunk_d64``."""
+    _emulate(args, mem, grid, block, 64)
+
+
+#: What the emulated driver runs instead of each entry point.
+EMULATORS = {"q12_gdn_chunk_d128": emulate_d128, "q12_gdn_chunk_d64": emulate_d64}
