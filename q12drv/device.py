@@ -178,6 +178,8 @@ class Device:
             self.name = driver.device_name(self.ordinal)
             self.compute_capability = driver.compute_capability(self.ordinal)
             self.arch = "sm_%d%d" % self.compute_capability
+            #: Streaming multiprocessors (persistent grids are sized from it).
+            self.sm_count = int(driver.device_attribute(self.ordinal, "multiprocessor_count"))
             self.stream = self._own(Stream(self))
         except BaseException:
             ctx, self._ctx = self._ctx, None  # a half-opened device releases its context

@@ -266,3 +266,23 @@ def test_cuda_bound_launchers_raise_on_a_failed_launch():
     drv._launch = lambda *args: (cu.CUresult.CUDA_SUCCESS,)
     drv.launcher("f", 1)((1, 1, 1), (32, 1, 1), 0, None)
     drv.bound_launcher("f", (1, 1, 1), (32, 1, 1), 0, None, 1)()
+
+
+def test_memoised_launch_geometry_still_refuses_bad_input_every_time(emu):
+    from q12drv.kernels import ops
+
+    streams, _ = make_streams(emu, [40, 9])
+    with ScratchArena(emu, 1 << 16) as arena:
+        meta = stage_batched_attn_metadata(arena, streams, block_size=16, use_mrope=False, scratch_offset_bytes=0,
+                                           dummy_kv_block=0)
+        p = 0x7F00_0000_1000
+        for _ in range(2):  # only successful results are memoised: the second bad call raises again
+            with pytest.raises(ValueError, match="head_dim"):
+                ops.attention(emu, meta, p, p, p, p, num_q_heads=4, num_kv_heads=2, head_dim=96)
+            with pytest.raises(ValueError, match="rotary_dim"):
+                ops.rope(emu, meta, p, p, num_q_heads=4, num_kv_heads=2, head_dim=64, rotary_dim=65, theta=1e4)
+        assert emu.sm_count == 132  # from the driver (the emulator reports an H200's 132 SMs)
+        tokens = sum(s.proc_count for s in streams)
+        assert ops._kvw_geometry(tokens, 512, num_sms=emu.sm_count) == ops._kvw.geometry(tokens, 512, num_sms=132)
+        grid, _, _ = ops._kvw.geometry(1 << 20, 512, num_sms=2)
+        assert grid[0] <= 2 * 4  # the persistent grid follows the SM count it is given

@@ -9,6 +9,7 @@ block and enqueues one launch. The metadata struct is built once per staged
 from __future__ import annotations
 
 from collections import OrderedDict
+from functools import lru_cache
 from typing import Any
 
 from ..device import Device
@@ -68,15 +69,30 @@ def _meta_c(meta: BatchedAttnMetadata) -> Q12MetaC:
     return c
 
 
-def _ptr(name: str, value, align: int = 2) -> int:
-    return _args.device_ptr(name, value, align)  # int, non-NULL, < 2**64, aligned (TypeError/ValueError)
+#: ``(name, value, align)`` -> the int address: non-NULL, < 2**64, aligned (TypeError/ValueError).
+_ptr = _args.device_ptr
 
 
 def _positive(name: str, value) -> int:
     return _args.count(name, value)  # an int in [1, 2**31 - 1] (TypeError/ValueError)
 
 
+# Launch geometry and parameter checks are pure functions of a few ints: each distinct input is
+# computed (and checked) once. Only successful results are cached; a bad input raises every time.
+_kvw_geometry = lru_cache(maxsize=1024, typed=True)(_kvw.geometry)
+_rope_geometry = lru_cache(maxsize=1024, typed=True)(_rope.geometry)
+_rope_params = lru_cache(maxsize=256, typed=True)(_rope.check_params)
+_gdn_geometry = {mod: lru_cache(maxsize=1024, typed=True)(mod.geometry) for mod in (_gdn, _gdnc)}
+
+
+@lru_cache(maxsize=1024, typed=True)
+def _attn_geometry(batch_size: int, chunk_len: int, num_q_heads: int, num_kv_heads: int, head_dim: int) -> tuple:
+    return _attn.geometry(batch_size, chunk_len, num_q_heads, head_dim, num_kv_heads=num_kv_heads)
+
+
 def _check(device, meta) -> None:
+    if type(device) is Device and type(meta) is BatchedAttnMetadata:  # the common case
+        return
     if not isinstance(device, Device):
         raise TypeError(f"device must be a q12drv Device, got {type(device).__name__}")
     if not isinstance(meta, BatchedAttnMetadata):
@@ -94,7 +110,7 @@ def kv_write(device: Device, meta: BatchedAttnMetadata, k: int, v: int, k_pool: 
     row = _positive("num_kv_heads", num_kv_heads) * _positive("head_dim", head_dim)
     if row % 8:
         raise ValueError(f"num_kv_heads * head_dim = {row} must be a multiple of 8 (16-byte rows)")
-    grid, block, smem = _kvw.geometry(meta.total_tokens, row)
+    grid, block, smem = _kvw_geometry(meta.total_tokens, row, num_sms=device.sm_count)
     launch = prepared(device, "q12_kv_write")
     launch.set(k=_ptr("k", k), v=_ptr("v", v), k_pool=_ptr("k_pool", k_pool), v_pool=_ptr("v_pool", v_pool),
                row_elems=row, num_slots=_positive("num_blocks", num_blocks) * meta.block_size)
@@ -110,11 +126,12 @@ def rope(device: Device, meta: BatchedAttnMetadata, q: int, k: int, *, num_q_hea
     ``mrope_mode``: 0 plain, 1 chunked sections (Qwen2-VL), 2 interleaved (Qwen3-VL, Qwen3.5).
     """
     _check(device, meta)
-    _rope.check_params(head_dim, rotary_dim, mrope_mode, tuple(sections), num_q_heads, num_kv_heads)
+    _rope_params(head_dim, rotary_dim, mrope_mode, tuple(sections), num_q_heads, num_kv_heads)
     if mrope_mode and not meta.use_mrope:
         raise ValueError("mrope_mode needs metadata staged with use_mrope=True (H and W position streams)")
     _args.positive_float("theta", theta)
-    grid, block, smem = _rope.geometry(meta.total_tokens, num_q_heads, num_kv_heads, head_dim, rotary_dim)
+    grid, block, smem = _rope_geometry(meta.total_tokens, num_q_heads, num_kv_heads, head_dim, rotary_dim,
+                                       num_sms=device.sm_count)
     launch = prepared(device, "q12_rope")
     launch.set(q=_ptr("q", q), k=_ptr("k", k), num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
                head_dim=head_dim, rotary_dim=rotary_dim, theta=float(theta), mrope_mode=int(mrope_mode),
@@ -133,7 +150,7 @@ def attention(device: Device, meta: BatchedAttnMetadata, q: int, k_pool: int, v_
     entry = _attn.entry_for_head_dim(head_dim)
     if _positive("num_q_heads", num_q_heads) % _positive("num_kv_heads", num_kv_heads):
         raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {num_kv_heads} (GQA)")
-    grid, block, smem = _attn.geometry(meta.batch_size, meta.chunk_len, num_q_heads, head_dim)
+    grid, block, smem = _attn_geometry(meta.batch_size, meta.chunk_len, num_q_heads, num_kv_heads, head_dim)
     launch = prepared(device, entry)
     launch.set(q=_ptr("q", q, 16), k_pool=_ptr("k_pool", k_pool, 16), v_pool=_ptr("v_pool", v_pool, 16), o=_ptr("o", o, 16),
                num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, block_size=meta.block_size,
@@ -165,7 +182,7 @@ def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k:
     entry = mod.entry_name(head_dim)
     if _positive("num_v_heads", num_v_heads) % _positive("num_k_heads", num_k_heads):
         raise ValueError(f"num_v_heads {num_v_heads} must be a multiple of num_k_heads {num_k_heads}")
-    grid, block, smem = mod.geometry(meta.batch_size, num_v_heads, head_dim)
+    grid, block, smem = _gdn_geometry[mod](meta.batch_size, num_v_heads, head_dim)
     launch = prepared(device, entry)
     launch.set(h_state_ptrs=_ptr("h_state_ptrs", h_state_ptrs, 8), q=_ptr("q", q, 16), k=_ptr("k", k, 16),
                v=_ptr("v", v, 8), g=_ptr("g", g, 4), beta=_ptr("beta", beta, 4), o=_ptr("o", o, 8),
