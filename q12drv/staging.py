@@ -760,6 +760,9 @@ def stage_stream_metadata(
     return _metadata(arena, block.offset, layout, batch, cu, kv, int(block_size), use_mrope, dummy_kv_block)
 
 
+_PTR_TYPES = frozenset((int, DevicePtr))
+
+
 class HStateSlot:
     """The per-SSM-layer ``h_state_ptrs`` slot: ``n`` u64 at ``offset`` (= staging offset + staged_bytes).
 
@@ -781,7 +784,7 @@ class HStateSlot:
         self.n = n
         self.ptr = DevicePtr(int(arena.base) + offset)
         self.uploads = 0
-        self._values = np.empty(n, np.uint64)
+        self._packer = struct.Struct(f"<{n}Q")
         self._generation = arena.generation  # the pass this slot belongs to (see ScratchArena.generation)
 
     def entry(self, b: int) -> DevicePtr:
@@ -806,14 +809,15 @@ class HStateSlot:
             raise TypeError(f"state_ptrs must be a sequence of {self.n} device pointers, got {type(state_ptrs).__name__}")
         if len(state_ptrs) != self.n:
             raise ValueError(f"h_state_ptrs needs exactly {self.n} pointers (one per stream), got {len(state_ptrs)}")
-        values = self._values
-        for b, p in enumerate(state_ptrs):
-            values[b] = _int(f"state_ptrs[{b}]", p, 1, _U64_MAX)
+        values = state_ptrs if type(state_ptrs) is list else list(state_ptrs)
+        types = set(map(type, values))
+        if not (types <= _PTR_TYPES and min(values) > 0 and max(values) <= _U64_MAX):  # the precise, named checks
+            values = [_int(f"state_ptrs[{b}]", p, 1, _U64_MAX) for b, p in enumerate(values)]
         nbytes = 8 * self.n
         self.arena.check_range("h_state_ptrs", self.offset, nbytes)
         ring = staging_ring(self.arena, "h_state")
         slot = ring.acquire(nbytes)
-        slot.array[:nbytes].view(np.uint64)[:] = values
+        self._packer.pack_into(slot.array, 0, *values)
         s = self.arena.device.as_stream(stream)
         self.arena.device.driver.memcpy_htod_async(int(self.ptr), slot.addr, nbytes, s)
         ring.commit(slot, s)
