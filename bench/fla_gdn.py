@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Time fla-core's ``chunk_gated_delta_rule`` (the GDN comparator) in a process of its own.
 
-    PYTHONPATH=/tmp/site python3 bench/fla_gdn.py [--cases 8x2048,1x8192] [--reps 30]
+    PYTHONPATH=/tmp/site python3 bench/fla_gdn.py [--cases 8x2048,1x8192,ragged8] [--reps 30]
+
+A case is ``NxL`` (N streams of L tokens) or a name of RAGGED (``ragged8``: 8 streams of 256..2048
+tokens, the same lengths as bench/gpu_compare.py section_gdn and tests/gpu/gdn_debug.py).
 
 Same problem as q12drv's chunked kernel: varlen streams through ``cu_seqlens`` (batch dim 1),
 Hk 16 / Hv 32 / d 128, bf16 q/k/v, fp32 log-space g, bf16 beta, an fp32 initial state
@@ -20,16 +23,29 @@ import statistics
 import sys
 
 
-def time_case(torch, fn, n, L, hk, hv, d, reps, warmup):
+#: Named ragged cases: stream lengths.
+RAGGED = {"ragged8": [256, 2048, 512, 1792, 768, 1536, 1024, 1280]}
+
+
+def case_lens(spec: str) -> list[int]:
+    """``NxL`` -> [L] * N; a RAGGED name -> its lengths."""
+    if spec in RAGGED:
+        return list(RAGGED[spec])
+    n, L = (int(x) for x in spec.split("x"))
+    return [L] * n
+
+
+def time_case(torch, fn, lens, hk, hv, d, reps, warmup):
     dev = "cuda"
-    T = n * L
+    n, L = len(lens), max(lens)
+    T = int(sum(lens))
     q = torch.randn(1, T, hk, d, device=dev, dtype=torch.bfloat16)
     k = torch.randn(1, T, hk, d, device=dev, dtype=torch.bfloat16)
     v = torch.randn(1, T, hv, d, device=dev, dtype=torch.bfloat16)
     g = -torch.rand(1, T, hv, device=dev, dtype=torch.float32) * 0.3
     beta = torch.rand(1, T, hv, device=dev, dtype=torch.bfloat16)
     h0 = torch.randn(n, hv, d, d, device=dev, dtype=torch.float32) * 0.1
-    cu = torch.arange(0, n + 1, device=dev, dtype=torch.long) * L
+    cu = torch.tensor([0] + [int(x) for x in _cumsum(lens)], device=dev, dtype=torch.long)
 
     def run():
         return fn(q, k, v, g, beta, scale=d ** -0.5, initial_state=h0, output_final_state=True,
@@ -49,12 +65,20 @@ def time_case(torch, fn, n, L, hk, hv, d, reps, warmup):
         e1.synchronize()
         times.append(e0.elapsed_time(e1))
     ms = statistics.median(times)
-    return {"ms": ms, "metric_tflops": 4 * T * hv * d * d / (ms * 1e-3) / 1e12, "n": n, "L": L}
+    return {"ms": ms, "metric_tflops": 4 * T * hv * d * d / (ms * 1e-3) / 1e12, "n": n, "L": L, "tokens": T}
+
+
+def _cumsum(xs):
+    out, acc = [], 0
+    for x in xs:
+        acc += x
+        out.append(acc)
+    return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default="8x2048,1x8192")
+    ap.add_argument("--cases", default="8x2048,1x8192,ragged8")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--heads", default="16,32,128", help="Hk,Hv,d")
@@ -71,8 +95,7 @@ def main(argv=None) -> int:
         result["torch"] = torch.__version__
         cases = {}
         for spec in args.cases.split(","):
-            n, L = (int(x) for x in spec.split("x"))
-            cases[spec] = time_case(torch, chunk_gated_delta_rule, n, L, hk, hv, d, args.reps, args.warmup)
+            cases[spec] = time_case(torch, chunk_gated_delta_rule, case_lens(spec), hk, hv, d, args.reps, args.warmup)
         result["cases"] = cases
         result["ok"] = True
     except Exception as exc:  # recorded, not raised: the caller records an error row

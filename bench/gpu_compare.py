@@ -24,8 +24,11 @@ error is recorded and the rest still run):
 * ``step``: admission + staging + one attention + one Gated DeltaNet layer (Qwen3-Next-like),
   batched vs per stream, 8 x 128 and 8 ragged 256..2048 tokens; wall-clock round trip.
 * ``kv_write`` (64k tokens) vs torch ``index_copy_``; ``rope`` vs eager torch (the HF formula);
-  ``attention`` (8 x 2048, D 128, Hq 16, Hkv 2, paged) vs torch SDPA FLASH and cuDNN on gathered,
-  head-expanded K/V: device time from events, median after warm-up.
+  ``attention`` (the default kernel, Hq 16, Hkv 2, block 16, D 128 and 256: fresh 8 x 2048 and
+  4 x 4096, ragged 8 x 256..4096, chunked 2048 on 8192 keys for 1 and 2 streams) vs torch FA2
+  (SDPA FLASH batched, or ``varlen_attn`` with the bottom-right causal window for ragged/chunked)
+  and cuDNN (SDPA, per stream for ragged/chunked) on gathered, head-expanded K/V; device time from
+  events, median after warm-up; TFLOP/s by the pairs formula (kernels.md B2).
 * ``graph``: a captured pass (stage copy + layer kernels) replayed with new metadata vs eager.
 
 Expected runtime on the H200: about 30-60 s (plus NVRTC compiles on a cold cubin cache).
@@ -602,9 +605,29 @@ def section_rope():
             legacy.launch(lgrid, lblock, 0)
 
         res["legacy_us"] = q12_events_us(dev, q12_legacy, reps(50, 1))
+        # Full rotary (Qwen3-like Hq 32 Hkv 8 D 128 rd 128): timing only, so the buffers are left
+        # uninitialised (no host RNG for 1.3 GB; the kernel's speed does not depend on the values).
+        fhq, fhkv, fd, frd, ftheta = 32, 8, 128, 128, 1e6
+        ffloor = rk.floor_bytes(total, fhq, fhkv, frd)
+        fsets = []
+        for _ in range(_cold_sets(ffloor)):
+            fq, fk = dev.alloc(total * fhq * fd * 2), dev.alloc(total * fhkv * fd * 2)
+            bufs += [fq, fk]
+            fsets.append((fq, fk))
+
+        def q12_full():
+            q, k = fsets[turn[0] % len(fsets)]
+            turn[0] += 1
+            ops.rope(dev, meta, q.ptr, k.ptr, num_q_heads=fhq, num_kv_heads=fhkv, head_dim=fd, rotary_dim=frd,
+                     theta=ftheta)
+
+        res["full_rotary"] = {"shape": [fhq, fhkv, fd, frd], "floor_bytes": ffloor}
+        res["full_rotary"]["q12drv_us"] = q12_events_us(dev, q12_full, reps(50, 1))
         RESULTS["sections"]["rope"] = res
         _memory_rows(f"rope {total // 1024}k tokens: vs floor (rotary dims)", res, "q12drv_us", floor, 0.70)
         _memory_rows(f"rope {total // 1024}k tokens: legacy kernel", res, "legacy_us", floor, None)
+        _memory_rows(f"rope {total // 1024}k tokens: full rotary Hq32 Hkv8 D128 rd128", res["full_rotary"],
+                     "q12drv_us", ffloor, None)
         if gpu():
             _comparator("rope/torch", lambda: _rope_torch(streams, total, hq, hkv, d, rd, theta, res, n_sets))
 
@@ -639,68 +662,167 @@ def _rope_torch(streams, total, hq, hkv, d, rd, theta, res, n_sets=1):
         res["torch_eager_us"], faster(3), note="device time, cold L2")
 
 
+#: Attention cases of the issue (Hq 16, Hkv 2, block 16, D 128 and 256): name -> (q_lens, cached keys before the chunk).
+ATTN_CASES = {
+    "fresh 8x2048": ([2048] * 8, [0] * 8),
+    "fresh 4x4096": ([4096] * 4, [0] * 4),
+    "ragged 8x256..4096": ([256, 768, 1280, 1792, 2304, 2816, 3328, 4096], [0] * 8),
+    "chunked 1x(2048 on 8192)": ([2048], [6144]),
+    "chunked 2x(2048 on 8192)": ([2048] * 2, [6144] * 2),
+}
+ATTN_EMU_CASES = {"fresh 2x16": ([16, 16], [0, 0]), "chunked 2x(5 on 21)": ([5, 3], [16, 7])}
+
+
+def attn_flops(d, hq, q_lens, kv_lens) -> float:
+    """FLOPs of causal attention, kernels.md B2: 4 * D * Hq * sum_b (Lq (Lk - Lq) + Lq (Lq + 1) / 2)."""
+    pairs = sum(lq * (lk - lq) + lq * (lq + 1) // 2 for lq, lk in zip(q_lens, kv_lens))
+    return 4.0 * d * hq * pairs
+
+
 def section_attention():
+    """ops.attention (the default kernel) on the issue's cases vs torch FA2 and cuDNN; TFLOP/s by the pairs formula."""
     from q12drv.kernels import ops
 
     dev = DEV
-    n, L = (8, 2048) if gpu() else (2, 16)
-    hq, hkv, d, bs = 16, 2, 128, 16
-    counts = [L] * n
-    total = n * L
-    res = {"n": n, "tokens": L, "shape": [hq, hkv, d, bs]}
-    with _staged_pass(dev, counts, block_size=bs) as (meta, streams, num_blocks, arena, bufs):
-        q, _ = _rand_bf16(dev, (total, hq, d), 5)
-        k, _ = _rand_bf16(dev, (total, hkv, d), 6)
-        v, _ = _rand_bf16(dev, (total, hkv, d), 7)
-        pool_bytes = num_blocks * bs * hkv * d * 2
-        kp, vp = dev.alloc(pool_bytes), dev.alloc(pool_bytes)
-        o = dev.alloc(total * hq * d * 2)
-        bufs += [q, k, v, kp, vp, o]
-        ops.kv_write(dev, meta, k.ptr, v.ptr, kp.ptr, vp.ptr, num_kv_heads=hkv, head_dim=d, num_blocks=num_blocks)
+    hq, hkv, bs = 16, 2, 16
+    cases = ATTN_CASES if gpu() else ATTN_EMU_CASES
+    res = {"shape": [hq, hkv, bs], "cases": {}}
+    RESULTS["sections"]["attention"] = res
+    for d in (128, 256):
+        # One Q / K pool / V pool / O of the largest case per head dim, reused by every case.
+        t_max = max(sum(q) for q, _ in cases.values())
+        blocks_max = max(sum(-(-(q + p) // bs) for q, p in zip(qs, ps)) + 1 for qs, ps in cases.values())
+        bufs = []
+        try:
+            q, _ = _rand_bf16(dev, (t_max, hq, d), 5)
+            bufs.append(q)
+            kp, _ = _rand_bf16(dev, (blocks_max * bs, hkv, d), 6)
+            bufs.append(kp)
+            vp, _ = _rand_bf16(dev, (blocks_max * bs, hkv, d), 7)
+            bufs.append(vp)
+            o = dev.alloc(t_max * hq * d * 2)
+            bufs.append(o)
+            for cname, (q_lens, prefixes) in cases.items():
+                _attention_case(dev, ops, cname, d, q_lens, prefixes, hq, hkv, bs, q, kp, vp, o, res)
+        finally:
+            dev.synchronize()
+            for buf in bufs:
+                buf.free()
+
+
+def _attention_case(dev, ops, cname, d, q_lens, prefixes, hq, hkv, bs, q, kp, vp, o, res):
+    from q12drv import ScratchArena, make_scratch_plan, stage_batched_attn_metadata
+
+    kv_lens = [a + b for a, b in zip(q_lens, prefixes)]
+    r = {"d": d, "q_lens": q_lens, "kv_lens": kv_lens, "flop": attn_flops(d, hq, q_lens, kv_lens)}
+    res["cases"][f"{cname} D{d}"] = r
+    streams, num_blocks, tables = common.make_streams(dev, q_lens, prefixes, block_size=bs, seed=d)
+    arena = ScratchArena(dev, make_scratch_plan(q_lens, 0, False, "exact").total_bytes + 4096)
+    try:
+        meta = stage_batched_attn_metadata(arena, streams, block_size=bs, use_mrope=False,
+                                           scratch_offset_bytes=0, dummy_kv_block=0)
+        dev.synchronize()
 
         def q12():
             ops.attention(dev, meta, q.ptr, kp.ptr, vp.ptr, o.ptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d)
 
-        res["q12drv_us"] = q12_events_us(dev, q12, reps(30, 1))
-        RESULTS["sections"]["attention"] = res
+        r["q12drv_us"] = q12_events_us(dev, q12, reps(20, 1))
+        r["q12drv_tflops"] = r["flop"] / r["q12drv_us"] * 1e-6
         if gpu():
-            _comparator("attention/torch", lambda: _attention_torch(n, L, hq, hkv, d, res))
+            _comparator(f"attention/torch {cname} D{d}",
+                        lambda: r.update(_attention_torch(q_lens, kv_lens, hq, hkv, d, reps(20, 1))))
+        line = f"   attention {cname:26s} D{d}: q12drv {r['q12drv_us']:9.1f} us {r['q12drv_tflops']:6.1f} TFLOP/s"
+        for comp in ("flash", "cudnn"):
+            if r.get(f"{comp}_us"):
+                line += (f" | {comp} {r[f'{comp}_us']:9.1f} us {r['flop'] / r[f'{comp}_us'] * 1e-6:6.1f} TFLOP/s"
+                         f" q12/{comp} {r['q12drv_us'] / r[f'{comp}_us']:.3f}")
+        print(line, flush=True)
+        for comp, goal in (("flash", ("<=", 1.0)), ("cudnn", ("<=", 1.25))):
+            if r.get(f"{comp}_us"):
+                row(f"attention {cname} D{d}", r["q12drv_us"], r[f"{comp}_api"], r[f"{comp}_us"], goal,
+                    note=f"TFLOP/s {r['q12drv_tflops']:.0f} vs {r['flop'] / r[f'{comp}_us'] * 1e-6:.0f}")
+    finally:
+        dev.synchronize()
+        arena.close()
+        tables.free()
 
 
-def _attention_torch(n, L, hq, hkv, d, res):
+def _attention_torch(q_lens, kv_lens, hq, hkv, d, n_reps, warmup=3):
+    """Device time (us) of torch's FA2 and cuDNN attention on the case, K/V gathered (contiguous, head-expanded).
+
+    FA2: equal fresh streams -> SDPA FLASH on [n, Hq, L, D] with is_causal; otherwise (ragged or
+    chunked) ``torch.nn.attention.varlen.varlen_attn`` (FA2 varlen, packed rows, cu_seqlens) with
+    ``window_size=(-1, 0)``, the bottom-right causal window. cuDNN: SDPA CUDNN per stream, summed in one
+    timing (fresh: is_causal; chunked: an explicit bottom-right boolean mask). Returns
+    ``{flash_us, flash_api, cudnn_us, cudnn_api}`` (a missing entry: that comparator failed, see errors).
+    """
     torch = torch_mod()
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    tq = torch.randn(n, hq, L, d, device="cuda", dtype=torch.bfloat16)
-    tk = torch.randn(n, hkv, L, d, device="cuda", dtype=torch.bfloat16).repeat_interleave(hq // hkv, dim=1)
-    tv = torch.randn(n, hkv, L, d, device="cuda", dtype=torch.bfloat16).repeat_interleave(hq // hkv, dim=1)
-    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-        try:
-            def sdpa(backend=backend):
-                with sdpa_kernel(backend):
-                    return F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
+    g = hq // hkv
+    n = len(q_lens)
+    fresh = all(q == k for q, k in zip(q_lens, kv_lens))
+    uniform = fresh and len(set(q_lens)) == 1
+    qs = [torch.randn(1, hq, lq, d, device="cuda", dtype=torch.bfloat16) for lq in q_lens]
+    ks = [torch.randn(1, hkv, lk, d, device="cuda", dtype=torch.bfloat16).repeat_interleave(g, dim=1) for lk in kv_lens]
+    vs = [torch.randn(1, hkv, lk, d, device="cuda", dtype=torch.bfloat16).repeat_interleave(g, dim=1) for lk in kv_lens]
+    masks = [None if lq == lk else
+             torch.ones(lq, lk, dtype=torch.bool, device="cuda").tril(diagonal=lk - lq)  # row r sees keys <= lk - lq + r
+             for lq, lk in zip(q_lens, kv_lens)]
+    out = {}
 
-            res[f"torch_sdpa_{name}_us"] = torch_events_us(torch, sdpa, reps(30, 1))
-            row(f"attention {n}x{L} D{d} Hq{hq} Hkv{hkv} (paged)", res["q12drv_us"],
-                f"torch SDPA {name} (gathered K/V)", res[f"torch_sdpa_{name}_us"], note="info: device time")
+    def timed(key, api, fn):
+        try:
+            out[f"{key}_us"] = torch_events_us(torch, fn, n_reps, warmup)
+            out[f"{key}_api"] = api
         except Exception as exc:
-            RESULTS["errors"][f"attention/sdpa_{name}"] = f"{type(exc).__name__}: {exc}"
+            RESULTS["errors"][f"attention/{key} {n}x{q_lens[0]}..{kv_lens[-1]} D{d}"] = f"{type(exc).__name__}: {exc}"
+
+    def sdpa(backend, q, k, v, mask):
+        with sdpa_kernel(backend):
+            if mask is None:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    if uniform:
+        tq, tk, tv = torch.cat(qs), torch.cat(ks), torch.cat(vs)
+        timed("flash", "torch SDPA FA2 (batched)", lambda: sdpa(SDPBackend.FLASH_ATTENTION, tq, tk, tv, None))
+        timed("cudnn", "torch SDPA cuDNN (batched)", lambda: sdpa(SDPBackend.CUDNN_ATTENTION, tq, tk, tv, None))
+        return out
+    from torch.nn.attention.varlen import varlen_attn
+
+    pq = torch.cat([x[0].transpose(0, 1) for x in qs]).contiguous()  # [T, Hq, D]
+    pk = torch.cat([x[0].transpose(0, 1) for x in ks]).contiguous()
+    pv = torch.cat([x[0].transpose(0, 1) for x in vs]).contiguous()
+    cq = torch.tensor([0] + list(np.cumsum(q_lens)), dtype=torch.int32, device="cuda")
+    ck = torch.tensor([0] + list(np.cumsum(kv_lens)), dtype=torch.int32, device="cuda")
+    timed("flash", "torch varlen_attn FA2 (window -1,0)",
+          lambda: varlen_attn(pq, pk, pv, cq, ck, max(q_lens), max(kv_lens), window_size=(-1, 0)))
+
+    def per_stream():
+        for q, k, v, m in zip(qs, ks, vs, masks):
+            sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, m)
+
+    timed("cudnn", "torch SDPA cuDNN per stream" + ("" if fresh else " (bool mask)"), per_stream)
+    return out
 
 
 def section_gdn():
-    """ops.gdn chunked vs recurrent (Hk 16, Hv 32, d 128) and fla-core's chunk_gated_delta_rule (own process)."""
+    """ops.gdn chunked (the default kernel) vs recurrent (Hk 16, Hv 32, d 128) and fla-core's
+    chunk_gated_delta_rule (own process): 8 x 2048, 1 x 8192 and ragged 8 streams of 256..2048."""
     from q12drv.kernels import ops
 
     dev = DEV
     hk, hv, d = 16, 32, 128
-    cases = [(8, 2048), (1, 8192)] if gpu() else [(2, 16)]
+    ragged = [256, 2048, 512, 1792, 768, 1536, 1024, 1280]   # bench/fla_gdn.py RAGGED["ragged8"]
+    cases = [("8x2048", [2048] * 8), ("1x8192", [8192]), ("ragged8", ragged)] if gpu() else \
+        [("2x16", [16, 16]), ("ragged8", [3, 16, 1, 7, 2, 9, 5, 4])]
     res = {"shape": [hk, hv, d], "cases": {}}
     RESULTS["sections"]["gdn"] = res
-    for n, L in cases:
-        counts = [L] * n
-        total = n * L
-        key = f"{n}x{L}"
+    for key, counts in cases:
+        n = len(counts)
+        total = sum(counts)
         with _staged_pass(dev, counts) as (meta, streams, num_blocks, arena, bufs):
             q, _ = _rand_bf16(dev, (total, hk, d), 11)
             k, _ = _rand_bf16(dev, (total, hk, d), 12)
@@ -728,7 +850,7 @@ def section_gdn():
             row(f"gdn {key} Hk{hk} Hv{hv} d{d}: chunked", out["chunked_us"], "q12drv recurrent kernel",
                 out["recurrent_us"], note="info: device time")
     if gpu():
-        _comparator("gdn/fla", lambda: _gdn_fla(res, [f"{n}x{L}" for n, L in cases]))
+        _comparator("gdn/fla", lambda: _gdn_fla(res, [key for key, _ in cases]))
 
 
 def _gdn_fla(res, keys):
@@ -745,9 +867,16 @@ def _gdn_fla(res, keys):
     for key in keys:
         theirs = fla["cases"][key]["ms"] * 1e3
         for algo in ("chunked", "recurrent"):
-            row(f"gdn {key} Hk16 Hv32 d128: {algo}", res["cases"][key][f"{algo}_us"],
+            ours = res["cases"][key][f"{algo}_us"]
+            note = "device time; fla in its own process"
+            if algo == "chunked":   # goal: >= 1.0x fla (ratio ours/theirs <= 1.0), then >= 2x (<= 0.5)
+                ratio = ours / theirs
+                res["cases"][key]["chunked_over_fla"] = ratio
+                note += (f"; goal >= 1.0x fla: {'met' if ratio <= 1.0 else 'NOT met'} (ratio {ratio:.2f})"
+                         f"; 2x: {'met' if ratio <= 0.5 else 'not yet'}")
+            row(f"gdn {key} Hk16 Hv32 d128: {algo}", ours,
                 f"fla-core {fla.get('fla_version')} chunk_gated_delta_rule", theirs,
-                faster(2) if algo == "chunked" else None, note="device time; fla in its own process")
+                faster(1) if algo == "chunked" else None, note=note)
 
 
 def section_graph():

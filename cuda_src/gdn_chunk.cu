@@ -18,15 +18,23 @@
 // are directly A fragments of the next products (S^T K^T, R^T, V_new^T P^T, V_new^T K), so the
 // state never leaves registers and the four warps never exchange state data.
 //
-// Geometry: grid (dv/64, Hv, n), block 128 (4 warps), warp w owns dv columns 16w..16w+15 of the
-// CTA's 64-column slice. A CTA never mixes streams (batched == alone, bit for bit); the d_v
-// columns of S evolve independently, so slices never talk. Streams of length 0 are skipped
-// (state untouched). The last chunk is partial: rows >= len load as zero (k, q, v, beta, g), so
-// they change nothing, and their o is never written.
-// Shared memory (dynamic, gdnc::Smem): bf16 K hi, K lo, Q [64][dk+8]; bf16 V (reused for O), -A
-// (off-diagonal blocks), P [64][72]; bf16 diagonal inverses [64][24]; fp32 diagonal blocks
-// [4][16][17]; gamma, beta, exp(gamma), exp(gamma_C - gamma) [64]: 88,320 B (d128), 63,744 B
-// (d64): 2 CTAs/SM at d128. Registers: S^T slice 64 fp32 (d128) + two 32-float accumulators.
+// Geometry: grid (dv/BV, Hv, n), block 2 BV (BV/16 warps); warp w owns dv columns 16w..16w+15 of the
+// CTA's BV-column slice. BV (64, 32, 16; template) is read from gridDim.x: the host's geometry() picks it
+// among the widths compiled in (GDN_BV_SET, default 64 only: every extra width costs registers). A CTA
+// never mixes streams (batched == alone, bit for bit); the dv columns of S evolve independently, so
+// slices never talk and BV does not change any result bit. Streams of length 0 are skipped (state
+// untouched). The last chunk is partial: rows >= len load as zero (k, q, v, beta, g), so they change
+// nothing, and their o is never written.
+// Pipeline (GDN_PREFETCH 1): cp.async (zero-fill past the stream) brings raw K, the V slice, g and beta
+// of chunk c+1 into a second buffer while chunk c computes (issued after c's normalisation), and raw Q
+// into s.q once c's Q reads are done; four barriers per chunk. GDN_WARP_INV 1: the warp that computes
+// a diagonal block of K K^T inverts it (16 lanes, fp32 substitution) right away, no barrier of its own.
+// Shared memory (dynamic, gdnc::Smem<dk, BV>): bf16 K hi, K lo, Q [64][dk+8]; raw K [64][dk]; two bf16
+// V/O slices [64][BV+8]; -A (off-diagonal blocks), P [64][72]; bf16 diagonal inverses [64][24]; fp32
+// diagonal blocks [4][16][17]; g, beta [2][64]; gamma, beta, exp(gamma), exp(gamma_C - gamma) [64]:
+// 114,944 B (d128, BV 64), 82,176 B (d64): 2 CTAs/SM at d128. Registers: S^T slice 64 fp32 (d128)
+// + two 32-float accumulators; 255 with NVRTC 13.5, no spills (scalars the loop does not need in
+// registers are re-read: ld_volatile).
 // Per warp and chunk (d128): 80 mma for K K^T / Q K^T (warp w: K rows of block w, Q rows of
 // block 3-w, causal tiles only), 64 K S, 40 solve, 64 Q S, 40 P V_new, 192 state update.
 //
@@ -37,19 +45,29 @@
 // it is ~1.7e-3, so that product uses hi + lo bf16 pairs of both (three mma: hi hi, lo hi, hi lo;
 // GDN_UPD_SPLIT 1). V_new and the solve's intermediates always enter as hi + lo pairs (cheap).
 // S enters K S and Q S as one bf16 (GDN_S_HILO 0): a hi + lo pair changed the error by < 1%.
-// Limits: no prefetch of the next chunk (loads are exposed, covered only by the other CTA of the
-// SM); the chunk-local work (K K^T, diagonal inverses) sits on the serial path.
+// Limits: the chunk-local work (K K^T, diagonal inverses) still sits on the serial path of each chunk.
 // Requirements: q, k 16-byte aligned, v, o 8-byte aligned (as the recurrent kernel); dv a multiple of 64.
 #include "q12_meta.cuh"
 
-#define GDN_CHUNK_THREADS 128
 #define GDN_C 64      // tokens per chunk
-#define GDN_BV 64     // dv columns per CTA
 #ifndef GDN_S_HILO
 #define GDN_S_HILO 0
 #endif
 #ifndef GDN_UPD_SPLIT
 #define GDN_UPD_SPLIT 1
+#endif
+#ifndef GDN_PREFETCH   // 1: cp.async of chunk c+1 while chunk c computes; 0: load each chunk when it starts
+#define GDN_PREFETCH 1
+#endif
+#ifndef GDN_WARP_INV   // 1: each warp inverts the diagonal blocks it computed, no extra barrier; 0: separate phase
+#define GDN_WARP_INV 1
+#endif
+#ifndef GDN_NORM_UNROLL  // unroll of the normalisation passes
+#define GDN_NORM_UNROLL 2
+#endif
+#ifndef GDN_BV_SET     // compiled dv slice widths (bit mask): 1 = 64, 2 = 32, 4 = 16; chosen at run time by gridDim.x
+#define GDN_BV_SET 1   // more than one width in a build costs registers (spills at d128); the host's COMPILED_BVS
+                       // (q12drv/kernels/gdn_chunk.py) must list the same widths
 #endif
 
 namespace gdnc {
@@ -65,6 +83,31 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned& r0, unsigned& r1, unsigned& 
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(smem_u32(p)));
 }
+
+// cp.async with zero fill: `ok` false reads nothing (src must still be a valid address) and writes zeros.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(smem_u32(dst)), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async8(void* dst, const void* src, bool ok) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(smem_u32(dst)), "l"(src), "r"(ok ? 8 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool ok) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(smem_u32(dst)), "l"(src), "r"(ok ? 4 : 0) : "memory");
+}
+// Loads the compiler may not keep in a register across the chunk loop (they are re-read where needed:
+// the loop holds S^T, V_new and two accumulators, and every register counts).
+__device__ __forceinline__ int ld_volatile(const int* p) {
+    int r;
+    asm volatile("ld.global.s32 %0, [%1];\n" : "=r"(r) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ unsigned long long ld_volatile(const unsigned long long* p) {
+    unsigned long long r;
+    asm volatile("ld.global.u64 %0, [%1];\n" : "=l"(r) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // c += a * b, m16n8k16, bf16 in, fp32 accumulate.
 __device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
@@ -102,21 +145,25 @@ __device__ __forceinline__ void a_from_c_hilo(const float* c0, const float* c1, 
     pack_hilo(c1[2], c1[3], hi[3], lo[3]);
 }
 
-template <int DK>
+template <int DK, int BV>
 struct Smem {
     static constexpr int LDK = DK + 8;   // row strides (elements): 16-byte rows shifted by 16 bytes
-    static constexpr int LDV = GDN_BV + 8;
+    static constexpr int LDV = BV + 8;
+    static constexpr int LDP = GDN_C + 8;
     static constexpr int LDD = 24;
     bf16 k[GDN_C * LDK];
     bf16 klo[GDN_C * LDK];
-    bf16 q[GDN_C * LDK];
-    bf16 v[GDN_C * LDV];      // V slice, then O slice (each warp reuses its own 16 columns)
-    bf16 a[GDN_C * LDV];      // -A, off-diagonal 16 x 16 blocks (strictly lower)
-    bf16 p[GDN_C * LDV];      // P = Q K^T exp(gamma_i - gamma_j) [j <= i]
+    bf16 q[GDN_C * LDK];      // raw q rows (cp.async), normalised in place
+    bf16 kraw[GDN_C * DK];    // raw k rows (cp.async; the next chunk's while this one computes)
+    bf16 v[2][GDN_C * LDV];   // V slice, then O slice (each warp reuses its own 16 columns); double buffer
+    bf16 a[GDN_C * LDP];      // -A, off-diagonal 16 x 16 blocks (strictly lower)
+    bf16 p[GDN_C * LDP];      // P = Q K^T exp(gamma_i - gamma_j) [j <= i]
     bf16 dinv[GDN_C * LDD];   // block b: rows 16b..16b+15, columns 0..15 = (I + A_bb)^-1
     float d[4 * 16 * 17];     // A_bb (fp32, strictly lower)
+    float graw[2][GDN_C];     // g, beta of the chunk (double buffer)
+    float braw[2][GDN_C];
     float gam[GDN_C];
-    float beta[GDN_C];
+    float beta[GDN_C];        // braw[buf], copied: a fixed address in the phases that hold the most registers
     float eg[GDN_C];          // exp(gamma)
     float wd[GDN_C];          // exp(gamma_C - gamma)
 };
@@ -124,7 +171,7 @@ struct Smem {
 // acc[nt] (16 rows of X = rows 16*mt.., k over DK) x K^T (n = tokens 0 .. 8*NT-1), A from smem rows.
 template <int DK, int NT>
 __device__ __forceinline__ void rows_times_kt(float (*acc)[4], const bf16* x, const bf16* k, int mt, int lane) {
-    constexpr int LDK = Smem<DK>::LDK;
+    constexpr int LDK = DK + 8;
     const int mat = lane >> 3, r = lane & 7;
 #pragma unroll
     for (int ks = 0; ks < DK / 16; ++ks) {
@@ -140,10 +187,29 @@ __device__ __forceinline__ void rows_times_kt(float (*acc)[4], const bf16* x, co
     }
 }
 
+// causal tiles only: n-tiles 0 .. 2*mt+1 (mt is a compile-time constant after unrolling)
+template <int DK>
+__device__ __forceinline__ void causal_rows_kt(float (*acc)[4], const bf16* x, const bf16* k, int mt, int lane) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    if (mt == 0) rows_times_kt<DK, 2>(acc, x, k, mt, lane);
+    else if (mt == 1) rows_times_kt<DK, 4>(acc, x, k, mt, lane);
+    else if (mt == 2) rows_times_kt<DK, 6>(acc, x, k, mt, lane);
+    else rows_times_kt<DK, 8>(acc, x, k, mt, lane);
+}
+
+// Which warp computes K rows of 16-token block mt (Q rows of block mq: owner(3 - mq)); balanced causal work.
+template <int NW>
+__device__ __forceinline__ int owner(int mt) {
+    if (NW == 4) return mt;
+    if (NW == 2) return mt < 2 ? mt : 3 - mt;
+    return 0;
+}
+
 // acc[8] (this warp's 16 dv rows x 64 tokens) = S^T X^T, X = K or Q rows in smem.
 template <int DK>
 __device__ __forceinline__ void st_times_xt(float (*acc)[4], const float (*St)[4], const bf16* x, int lane) {
-    constexpr int LDK = Smem<DK>::LDK;
+    constexpr int LDK = DK + 8;
     const int mat = lane >> 3, r = lane & 7;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
@@ -170,41 +236,108 @@ __device__ __forceinline__ void st_times_xt(float (*acc)[4], const float (*St)[4
     }
 }
 
+// (I + D)^-1 of one 16 x 16 strictly lower fp32 block by forward substitution, column j, into dinv rows.
+__device__ __forceinline__ void invert_column(const float* D, bf16* dinv, int j) {
+    float x[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        float acc = (i == j) ? 1.f : 0.f;
+#pragma unroll
+        for (int mm = 0; mm < i; ++mm) acc = fmaf(-D[i * 17 + mm], x[mm], acc);
+        x[i] = acc;
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) dinv[i * 24 + j] = __float2bfloat16_rn(x[i]);
+}
+
 }  // namespace gdnc
 
-template <int DK, int DV>
+template <int DK, int DV, int BV>
 __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned long long* __restrict__ h_state_ptrs,
                                                const bf16* __restrict__ q, const bf16* __restrict__ k,
                                                const bf16* __restrict__ v, const float* __restrict__ g,
                                                const float* __restrict__ beta, bf16* __restrict__ o,
                                                int num_k_heads, int num_v_heads) {
     using namespace gdnc;
-    using SM = Smem<DK>;
+    using SM = Smem<DK, BV>;
     constexpr int C = GDN_C;
-    constexpr int LDK = SM::LDK, LDV = SM::LDV, LDD = SM::LDD;
+    constexpr int NW = BV / 16;                 // warps; warp w owns dv columns 16w..16w+15 of the slice
+    constexpr int THREADS = 32 * NW;
+    constexpr int LDK = SM::LDK, LDV = SM::LDV, LDP = SM::LDP, LDD = SM::LDD;
     constexpr int NTS = DK / 8;                 // n-tiles of S^T (dk columns) per warp
     constexpr int SEGS = DK / 8;                // 16-byte segments per q/k row
-    constexpr int RPP = GDN_CHUNK_THREADS / SEGS;  // rows per pass
-    static_assert(DK % 16 == 0 && DV % GDN_BV == 0 && 32 % SEGS == 0, "shapes");
+    constexpr int RPP = THREADS / SEGS;         // rows per pass
+    static_assert(DK % 16 == 0 && DV % BV == 0 && 32 % SEGS == 0 && C % RPP == 0, "shapes");
+    static_assert(NW == 1 || NW == 2 || NW == 4, "BV is 16, 32 or 64");
 
     extern __shared__ __align__(16) unsigned char gdn_smem_raw[];
     SM& s = *reinterpret_cast<SM*>(gdn_smem_raw);
 
     const int b = blockIdx.z;
     const int h = blockIdx.y;
-    if (b >= (int)m.batch_size || h >= num_v_heads || (int)blockIdx.x * GDN_BV >= DV) return;
-    const int col0 = blockIdx.x * GDN_BV;
-    const int kh = h / (num_v_heads / num_k_heads);
+    if ((int)blockDim.x != THREADS || b >= (int)m.batch_size || h >= num_v_heads || (int)blockIdx.x * BV >= DV) return;
+    const int col0 = blockIdx.x * BV;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int gq = lane >> 2, tq = lane & 3;    // mma fragment row group / thread in group
     const int mat = lane >> 3, r8 = lane & 7;   // ldmatrix: which 8x8 matrix this lane addresses, which row
 
     const int* cu = q12_cu_seqlens(m);
-    const int tok0 = cu[b];
-    const int len = cu[b + 1] - tok0;
+    const int len = cu[b + 1] - cu[b];
     if (len <= 0) return;
 
-    float* state = reinterpret_cast<float*>(h_state_ptrs[b]) + (long long)h * DK * DV;
+    // cp.async of chunk c: raw K rows -> kraw, V slice -> v[buf], g/beta -> graw/braw[buf] (rows >= len: zeros)
+    auto issue_kvgb = [&](int c, int buf) {
+        const int nv = min(C, len - c);
+        const int tok0 = ld_volatile(cu + b);
+        const int kh = (int)blockIdx.y / (num_v_heads / num_k_heads);
+#pragma unroll
+        for (int p = 0; p < C * SEGS / THREADS; ++p) {
+            const int idx = tid + p * THREADS;
+            const int row = idx / SEGS, sg = idx % SEGS;
+            const bool ok = row < nv;
+            const bf16* src = ok ? k + ((long long)(tok0 + c + row) * num_k_heads + kh) * DK + sg * 8 : k;
+            cp_async16(&s.kraw[row * DK + sg * 8], src, ok);
+        }
+#pragma unroll
+        for (int p = 0; p < C * BV / 4 / THREADS; ++p) {   // 8-byte pieces: v needs 8-byte alignment only
+            const int idx = tid + p * THREADS;
+            const int row = idx / (BV / 4), part = idx % (BV / 4);
+            const bool ok = row < nv;
+            const bf16* src = ok ? v + ((long long)(tok0 + c + row) * num_v_heads + h) * DV + col0 + part * 4 : v;
+            cp_async8(&s.v[buf][row * LDV + part * 4], src, ok);
+        }
+#pragma unroll
+        for (int p = 0; p < (2 * C + THREADS - 1) / THREADS; ++p) {
+            const int t = tid + p * THREADS;
+            if (t < 2 * C) {
+                const int tt = t % C;
+                const bool ok = tt < nv;
+                const long long gi = ok ? (long long)(tok0 + c + tt) * num_v_heads + h : 0;
+                if (t < C) cp_async4(&s.graw[buf][tt], g + gi, ok);
+                else cp_async4(&s.braw[buf][tt], beta + gi, ok);
+            }
+        }
+    };
+    // cp.async of chunk c's raw Q rows -> s.q
+    auto issue_q = [&](int c) {
+        const int nv = min(C, len - c);
+        const int tok0 = ld_volatile(cu + b);
+        const int kh = (int)blockIdx.y / (num_v_heads / num_k_heads);
+#pragma unroll
+        for (int p = 0; p < C * SEGS / THREADS; ++p) {
+            const int idx = tid + p * THREADS;
+            const int row = idx / SEGS, sg = idx % SEGS;
+            const bool ok = row < nv;
+            const bf16* src = ok ? q + ((long long)(tok0 + c + row) * num_k_heads + kh) * DK + sg * 8 : q;
+            cp_async16(&s.q[row * LDK + sg * 8], src, ok);
+        }
+    };
+
+    issue_kvgb(0, 0);
+    issue_q(0);
+    cp_async_commit();
+
+    const float* state = reinterpret_cast<const float*>(h_state_ptrs[b]) + (long long)h * DK * DV;
     const int bv0 = col0 + 16 * warp + gq;     // this lane's dv rows of S^T: bv0, bv0 + 8
 
     // S^T fragments: St[j] covers dk columns 8j..8j+7: [0] (bv0, 8j+2t) [1] (bv0, 8j+2t+1) [2],[3] bv0+8.
@@ -221,18 +354,26 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
     const float qscale = 1.0f / sqrtf((float)DK);
     const int seg = tid % SEGS;
 
-    for (int c0 = 0; c0 < len; c0 += C) {
-        const int nt_valid = min(C, len - c0);
-        // ---- load: K, Q rows (l2-normalised), V slice, g, beta
-#pragma unroll
+    int buf = 0;
+    for (int c0 = 0; c0 < len; c0 += C, buf ^= 1) {
+#if !GDN_PREFETCH
+        if (c0 > 0) {
+            issue_kvgb(c0, buf);
+            issue_q(c0);
+            cp_async_commit();
+        }
+#endif
+        cp_async_wait_all();
+        __syncthreads();   // B1: chunk c0's raw rows, V, g, beta in shared memory
+        // ---- normalise: K (kraw -> k hi, klo), Q in place (l2 norm over a row: SEGS lanes, shuffles).
+        //      Partly unrolled: a full unroll hoists every row's loads and spills next to S^T.
+#pragma unroll GDN_NORM_UNROLL
         for (int p = 0; p < C / RPP; ++p) {
             const int row = tid / SEGS + p * RPP;
-            const bool ok = row < nt_valid;
-            const long long gi = ((long long)(tok0 + c0 + row) * num_k_heads + kh) * DK + seg * 8;
 #pragma unroll
             for (int which = 0; which < 2; ++which) {  // 0: k, 1: q
-                uint4 raw = make_uint4(0u, 0u, 0u, 0u);
-                if (ok) raw = *reinterpret_cast<const uint4*>((which ? q : k) + gi);
+                const uint4 raw = which ? *reinterpret_cast<const uint4*>(&s.q[row * LDK + seg * 8])
+                                        : *reinterpret_cast<const uint4*>(&s.kraw[row * DK + seg * 8]);
                 const __nv_bfloat162* pr = reinterpret_cast<const __nv_bfloat162*>(&raw);
                 float x[8];
 #pragma unroll
@@ -263,29 +404,9 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
                 }
             }
         }
-#pragma unroll
-        for (int p = 0; p < C * GDN_BV / 4 / GDN_CHUNK_THREADS; ++p) {   // 8-byte pieces: v needs 8-byte alignment only
-            const int idx = tid + p * GDN_CHUNK_THREADS;
-            const int row = idx / (GDN_BV / 4), part = idx % (GDN_BV / 4);
-            uint2 raw = make_uint2(0u, 0u);
-            if (row < nt_valid)
-                raw = *reinterpret_cast<const uint2*>(v + ((long long)(tok0 + c0 + row) * num_v_heads + h) * DV + col0 + part * 4);
-            *reinterpret_cast<uint2*>(&s.v[row * LDV + part * 4]) = raw;
-        }
-        if (tid < 2 * C) {
-            const int t = tid % C;
-            float val = 0.f;
-            if (t < nt_valid) {
-                const long long gi = (long long)(tok0 + c0 + t) * num_v_heads + h;
-                val = (tid < C) ? g[gi] : beta[gi];
-            }
-            if (tid < C) s.gam[t] = val;
-            else s.beta[t] = val;
-        }
-        __syncthreads();
         // ---- gamma = inclusive cumsum of g (warp 0, two tokens per lane), exp(gamma), exp(gamma_C - gamma)
         if (warp == 0) {
-            const float g0 = s.gam[2 * lane], g1 = s.gam[2 * lane + 1];
+            const float g0 = s.graw[buf][2 * lane], g1 = s.graw[buf][2 * lane + 1];
             float incl = g0 + g1;
 #pragma unroll
             for (int off = 1; off < 32; off <<= 1) {
@@ -296,6 +417,8 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
             const float ga = excl + g0;
             const float gb = ga + g1;
             const float gC = __shfl_sync(0xffffffffu, gb, 31);
+            s.beta[2 * lane] = s.braw[buf][2 * lane];
+            s.beta[2 * lane + 1] = s.braw[buf][2 * lane + 1];
             s.gam[2 * lane] = ga;
             s.gam[2 * lane + 1] = gb;
             s.eg[2 * lane] = expf(ga);
@@ -303,67 +426,64 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
             s.wd[2 * lane] = expf(gC - ga);
             s.wd[2 * lane + 1] = expf(gC - gb);
         }
-        __syncthreads();
-        // ---- K K^T (rows of block `warp`) -> -A blocks and fp32 diagonal block; Q K^T (block 3-warp) -> P
+        __syncthreads();   // B2: K, Q, gamma ready; kraw free
+#if GDN_PREFETCH
+        if (c0 + C < len) issue_kvgb(c0 + C, buf ^ 1);
+        cp_async_commit();
+#endif
+        const float* bet = s.beta;
+        // ---- K K^T (rows of the warp's blocks) -> -A blocks and fp32 diagonal block (inverted by the warp);
+        //      Q K^T -> P
         {
             float acc[8][4];
-            const int mt = warp;
 #pragma unroll
-            for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-            // causal tiles only: n-tiles 0 .. 2*mt+1 (warp-uniform branch on a compile-time-unrolled loop)
-            if (mt == 0) rows_times_kt<DK, 2>(acc, s.k, s.k, mt, lane);
-            else if (mt == 1) rows_times_kt<DK, 4>(acc, s.k, s.k, mt, lane);
-            else if (mt == 2) rows_times_kt<DK, 6>(acc, s.k, s.k, mt, lane);
-            else rows_times_kt<DK, 8>(acc, s.k, s.k, mt, lane);
+            for (int mt = 0; mt < 4; ++mt) {
+                if (owner<NW>(mt) != warp) continue;
+                causal_rows_kt<DK>(acc, s.k, s.k, mt, lane);
 #pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
-                if (nt > 2 * mt + 1) break;
+                for (int nt = 0; nt < 8; ++nt) {
+                    if (nt > 2 * mt + 1) break;
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int i = 16 * mt + gq + (e >> 1) * 8;
-                    const int j = 8 * nt + 2 * tq + (e & 1);
-                    const float val = (j < i) ? s.beta[i] * expf(s.gam[i] - s.gam[j]) * acc[nt][e] : 0.f;
-                    if ((j >> 4) == mt) s.d[mt * 272 + (i & 15) * 17 + (j & 15)] = val;
-                    else s.a[i * LDV + j] = __float2bfloat16_rn(-val);
+                    for (int e = 0; e < 4; ++e) {
+                        const int i = 16 * mt + gq + (e >> 1) * 8;
+                        const int j = 8 * nt + 2 * tq + (e & 1);
+                        const float val = (j < i) ? bet[i] * expf(s.gam[i] - s.gam[j]) * acc[nt][e] : 0.f;
+                        if ((j >> 4) == mt) s.d[mt * 272 + (i & 15) * 17 + (j & 15)] = val;
+                        else s.a[i * LDP + j] = __float2bfloat16_rn(-val);
+                    }
                 }
+#if GDN_WARP_INV
+                __syncwarp();
+                if (lane < 16) invert_column(&s.d[mt * 272], &s.dinv[16 * mt * LDD], lane);
+                __syncwarp();
+#endif
             }
-            const int mq = 3 - warp;
 #pragma unroll
-            for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-            if (mq == 0) rows_times_kt<DK, 2>(acc, s.q, s.k, mq, lane);
-            else if (mq == 1) rows_times_kt<DK, 4>(acc, s.q, s.k, mq, lane);
-            else if (mq == 2) rows_times_kt<DK, 6>(acc, s.q, s.k, mq, lane);
-            else rows_times_kt<DK, 8>(acc, s.q, s.k, mq, lane);
+            for (int mq = 0; mq < 4; ++mq) {
+                if (owner<NW>(3 - mq) != warp) continue;
+                causal_rows_kt<DK>(acc, s.q, s.k, mq, lane);
 #pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
-                if (nt > 2 * mq + 1) break;
+                for (int nt = 0; nt < 8; ++nt) {
+                    if (nt > 2 * mq + 1) break;
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int i = 16 * mq + gq + (e >> 1) * 8;
-                    const int j = 8 * nt + 2 * tq + (e & 1);
-                    const float val = (j <= i) ? expf(s.gam[i] - s.gam[j]) * acc[nt][e] : 0.f;
-                    s.p[i * LDV + j] = __float2bfloat16_rn(val);
+                    for (int e = 0; e < 4; ++e) {
+                        const int i = 16 * mq + gq + (e >> 1) * 8;
+                        const int j = 8 * nt + 2 * tq + (e & 1);
+                        const float val = (j <= i) ? expf(s.gam[i] - s.gam[j]) * acc[nt][e] : 0.f;
+                        s.p[i * LDP + j] = __float2bfloat16_rn(val);
+                    }
                 }
             }
         }
+        __syncthreads();   // B3: -A, P (and the diagonal inverses) complete
+#if !GDN_WARP_INV
+        // ---- (I + A_bb)^-1 for the four diagonal blocks, one column per thread
+        for (int cidx = tid; cidx < 64; cidx += THREADS)
+            invert_column(&s.d[(cidx >> 4) * 272], &s.dinv[16 * (cidx >> 4) * LDD], cidx & 15);
         __syncthreads();
-        // ---- (I + A_bb)^-1 for the four diagonal blocks, fp32 forward substitution, one column per thread
-        if (tid < 64) {
-            const int blk = tid >> 4, j = tid & 15;
-            const float* D = &s.d[blk * 272];
-            float x[16];
-#pragma unroll
-            for (int i = 0; i < 16; ++i) {
-                float acc = (i == j) ? 1.f : 0.f;
-#pragma unroll
-                for (int mm = 0; mm < i; ++mm) acc = fmaf(-D[i * 17 + mm], x[mm], acc);
-                x[i] = acc;
-            }
-#pragma unroll
-            for (int i = 0; i < 16; ++i) s.dinv[(16 * blk + i) * LDD + j] = __float2bfloat16_rn(x[i]);
-        }
-        __syncthreads();
+#endif
 
+        const bf16* vb = s.v[buf];
         // ---- per warp, its 16 dv rows: R^T = beta (V^T - exp(gamma) S^T K^T)
         float X[8][4];   // V_new^T (this warp's dv rows x 64 tokens)
         {
@@ -375,7 +495,7 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
                 for (int e = 0; e < 4; ++e) {
                     const int c = 8 * nt + 2 * tq + (e & 1);
                     const int bvl = 16 * warp + gq + (e >> 1) * 8;
-                    Rt[nt][e] = s.beta[c] * (__bfloat162float(s.v[c * LDV + bvl]) - s.eg[c] * Rt[nt][e]);
+                    Rt[nt][e] = bet[c] * (__bfloat162float(vb[c * LDV + bvl]) - s.eg[c] * Rt[nt][e]);
                 }
             // block forward substitution: X_b = (R_b + sum_{m<b} X_m (-A_bm)^T) Dinv_b^T
 #pragma unroll
@@ -386,7 +506,7 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
                 for (int mm = 0; mm < bi; ++mm) {
                     unsigned ahi[4], alo[4], b0, b1, b2, b3;
                     a_from_c_hilo(X[2 * mm], X[2 * mm + 1], ahi, alo);
-                    ldsm_x4(b0, b1, b2, b3, &s.a[(16 * bi + (mat >> 1) * 8 + r8) * LDV + 16 * mm + (mat & 1) * 8]);
+                    ldsm_x4(b0, b1, b2, b3, &s.a[(16 * bi + (mat >> 1) * 8 + r8) * LDP + 16 * mm + (mat & 1) * 8]);
                     mma(y0, ahi, b0, b1);
                     mma(y1, ahi, b2, b3);
                     mma(y0, alo, b0, b1);
@@ -403,7 +523,7 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
                 mma(X[2 * bi + 1], alo, b2, b3);
             }
         }
-        // ---- O^T = exp(gamma) S^T Q^T + V_new^T P^T, into this warp's columns of s.v
+        // ---- O^T = exp(gamma) S^T Q^T + V_new^T P^T, into this warp's columns of s.v[buf]
         {
             float Ot[8][4];
             st_times_xt<DK>(Ot, St, s.q, lane);
@@ -418,7 +538,7 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
 #pragma unroll
                 for (int np = kk; np < 4; ++np) {   // P[c][c'] = 0 for c' > c: token pairs np >= kk only
                     unsigned b0, b1, b2, b3;
-                    ldsm_x4(b0, b1, b2, b3, &s.p[(16 * np + (mat >> 1) * 8 + r8) * LDV + 16 * kk + (mat & 1) * 8]);
+                    ldsm_x4(b0, b1, b2, b3, &s.p[(16 * np + (mat >> 1) * 8 + r8) * LDP + 16 * kk + (mat & 1) * 8]);
                     mma(Ot[2 * np], ahi, b0, b1);
                     mma(Ot[2 * np + 1], ahi, b2, b3);
                     mma(Ot[2 * np], alo, b0, b1);
@@ -426,13 +546,14 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
                 }
             }
             __syncwarp();
+            bf16* ob = s.v[buf];
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int c = 8 * nt + 2 * tq + (e & 1);
                     const int bvl = 16 * warp + gq + (e >> 1) * 8;
-                    s.v[c * LDV + bvl] = __float2bfloat16_rn(Ot[nt][e]);
+                    ob[c * LDV + bvl] = __float2bfloat16_rn(Ot[nt][e]);
                 }
         }
         // ---- S^T = exp(gamma_C) S^T + (V_new^T exp(gamma_C - gamma)) K
@@ -469,37 +590,75 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
                 }
             }
         }
-        __syncthreads();   // O slice complete in s.v
-        // ---- store o rows of valid tokens: 8-byte pieces, 16 per row (o needs 8-byte alignment only)
+        __syncthreads();   // B4: O slice complete in s.v[buf]; s.q, s.k, s.a, s.p free
+#if GDN_PREFETCH
+        if (c0 + C < len) issue_q(c0 + C);
+        cp_async_commit();
+#endif
+        // ---- store o rows of valid tokens: 8-byte pieces (o needs 8-byte alignment only). No barrier after:
+        //      s.v[buf] is next written by the prefetch two chunks on, behind the next chunk's B1.
+        const int tok0 = ld_volatile(cu + b);
+        const int nt_valid = min(C, len - c0);
 #pragma unroll
-        for (int p = 0; p < C * GDN_BV / 4 / GDN_CHUNK_THREADS; ++p) {
-            const int idx = tid + p * GDN_CHUNK_THREADS;
-            const int row = idx / (GDN_BV / 4), part = idx % (GDN_BV / 4);
+        for (int p = 0; p < C * BV / 4 / THREADS; ++p) {
+            const int idx = tid + p * THREADS;
+            const int row = idx / (BV / 4), part = idx % (BV / 4);
             if (row < nt_valid)
                 *reinterpret_cast<uint2*>(o + ((long long)(tok0 + c0 + row) * num_v_heads + h) * DV + col0 + part * 4) =
-                    *reinterpret_cast<const uint2*>(&s.v[row * LDV + part * 4]);
+                    *reinterpret_cast<const uint2*>(&s.v[buf][row * LDV + part * 4]);
         }
-        __syncthreads();   // shared memory free for the next chunk
     }
 
+    float* out = reinterpret_cast<float*>(ld_volatile(h_state_ptrs + b)) + (long long)h * DK * DV;
 #pragma unroll
     for (int j = 0; j < NTS; ++j) {
         const int kr = 8 * j + 2 * tq;
-        state[kr * DV + bv0] = St[j][0];
-        state[(kr + 1) * DV + bv0] = St[j][1];
-        state[kr * DV + bv0 + 8] = St[j][2];
-        state[(kr + 1) * DV + bv0 + 8] = St[j][3];
+        out[kr * DV + bv0] = St[j][0];
+        out[(kr + 1) * DV + bv0] = St[j][1];
+        out[kr * DV + bv0 + 8] = St[j][2];
+        out[(kr + 1) * DV + bv0 + 8] = St[j][3];
     }
 }
 
-extern "C" __global__ void __launch_bounds__(GDN_CHUNK_THREADS) q12_gdn_chunk_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads) {
-    gdn_chunk_body<128, 128>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
+// The dv slice width BV (and so block = 2 BV threads) is DV / gridDim.x: the host's geometry() chooses it.
+template <int D>
+__device__ __forceinline__ void gdn_chunk_dispatch(const Q12Meta& m, const unsigned long long* __restrict__ h_state_ptrs,
+                                                   const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                                   const bf16* __restrict__ v, const float* __restrict__ g,
+                                                   const float* __restrict__ beta, bf16* __restrict__ o,
+                                                   int num_k_heads, int num_v_heads) {
+#if GDN_BV_SET & 1
+    if (gridDim.x == D / 64) {
+        gdn_chunk_body<D, D, 64>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
+        return;
+    }
+#endif
+#if GDN_BV_SET & 2
+    if (gridDim.x == D / 32) {
+        gdn_chunk_body<D, D, 32>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
+        return;
+    }
+#endif
+#if GDN_BV_SET & 4
+    if (gridDim.x == D / 16) {
+        gdn_chunk_body<D, D, 16>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
+        return;
+    }
+#endif
 }
 
-extern "C" __global__ void __launch_bounds__(GDN_CHUNK_THREADS) q12_gdn_chunk_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads) {
-    gdn_chunk_body<64, 64>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
+extern "C" __global__ void __launch_bounds__(128) q12_gdn_chunk_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads) {
+    gdn_chunk_dispatch<128>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
 }
 
-// The host's q12drv.kernels.gdn_chunk.smem_bytes() must give these numbers.
-static_assert(sizeof(gdnc::Smem<128>) == 88320, "GdnSmem<128> size differs from gdn_chunk.smem_bytes(128)");
-static_assert(sizeof(gdnc::Smem<64>) == 63744, "GdnSmem<64> size differs from gdn_chunk.smem_bytes(64)");
+extern "C" __global__ void __launch_bounds__(128) q12_gdn_chunk_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads) {
+    gdn_chunk_dispatch<64>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
+}
+
+// The host's q12drv.kernels.gdn_chunk.smem_bytes(d, bv) must give these numbers.
+static_assert(sizeof(gdnc::Smem<128, 64>) == 114944, "Smem<128, 64> size differs from gdn_chunk.smem_bytes(128, 64)");
+static_assert(sizeof(gdnc::Smem<128, 32>) == 106752, "Smem<128, 32> size differs from gdn_chunk.smem_bytes(128, 32)");
+static_assert(sizeof(gdnc::Smem<128, 16>) == 102656, "Smem<128, 16> size differs from gdn_chunk.smem_bytes(128, 16)");
+static_assert(sizeof(gdnc::Smem<64, 64>) == 82176, "Smem<64, 64> size differs from gdn_chunk.smem_bytes(64, 64)");
+static_assert(sizeof(gdnc::Smem<64, 32>) == 73984, "Smem<64, 32> size differs from gdn_chunk.smem_bytes(64, 32)");
+static_assert(sizeof(gdnc::Smem<64, 16>) == 69888, "Smem<64, 16> size differs from gdn_chunk.smem_bytes(64, 16)");

@@ -40,6 +40,11 @@
 // __launch_bounds__(512, 1): <= 128 registers so 512-thread blocks launch; the new kernel takes
 // about 112 (below that ptxas spills), so 2 CTAs of 256 threads are resident per SM and
 // rope.geometry() sizes a persistent grid of that many (16 warps per SM).
+// Variant knobs (A/B builds, tests/gpu/rope_variants.py; every build gives the same bits):
+// ROPE_UPL (units per lane per round, 3), ROPE_STORE_CS, ROPE_ANGLES_FIRST=1 (angles before the
+// loads instead of overlapping them), ROPE_MAX_THREADS / ROPE_MIN_BLOCKS (the launch bounds,
+// 512 / 1; e.g. 256 / 3 caps registers at 80 for 3 CTAs of 256 per SM). Registers on sm_90
+// (NVRTC 13): UPL 1: 72, 2: 90, 3: 112, 5: 128; UPL 2 at (256, 3): 80, all without spills.
 // -DROPE_LEGACY=1 compiles the previous kernel (CTA-wide token groups, two __syncthreads per
 // iteration, 2 units prefetched per thread; <= 85 registers, 3 CTAs of 256 per SM) for A/B runs.
 // Everything is per token (no cross-token arithmetic): a stream's rows come out identical
@@ -51,6 +56,15 @@
 #endif
 #ifndef ROPE_STORE_CS
 #define ROPE_STORE_CS 0
+#endif
+#ifndef ROPE_ANGLES_FIRST
+#define ROPE_ANGLES_FIRST 0
+#endif
+#ifndef ROPE_MAX_THREADS
+#define ROPE_MAX_THREADS 512
+#endif
+#ifndef ROPE_MIN_BLOCKS
+#define ROPE_MIN_BLOCKS 1
 #endif
 #define ROPE_MAX_HALF 512  // rotary_dim <= 1024
 #if ROPE_LEGACY
@@ -402,6 +416,35 @@ __device__ __forceinline__ void rope_warps(const Q12Meta& m, bf16* __restrict__ 
     const long long gw = (long long)blockIdx.x * warps + warp;
     const long long step = (long long)gridDim.x * warps * g;
     for (long long t0 = gw * g; t0 < total_tokens; t0 += step) {
+#if ROPE_ANGLES_FIRST
+        // 2. the group's angles, once per (token, frequency)
+        {
+            int tg = a_tg0, j = a_j0;
+#pragma unroll 1
+            for (int i = lane; i < n_angles; i += 32) {
+                if (t0 + tg < total_tokens) {
+                    float c, s;
+                    angle_cs(m, t0 + tg, j, s_inv, s_axis, c, s);
+                    w_cos[i] = c;
+                    w_sin[i] = s;
+                }
+                tg += a_dtg;
+                j += a_dj;
+                if (j >= half) {
+                    j -= half;
+                    ++tg;
+                }
+            }
+            __syncwarp();
+        }
+        // 1. loads of the first ROPE_UPL units (after the angles: fewer live registers)
+        UnitData<VEC> d[ROPE_UPL];
+#pragma unroll
+        for (int p = 0; p < ROPE_UPL; ++p) {
+            if (mp[p].valid() && t0 + mp[p].tg() < total_tokens)
+                load_unit_na<VEC>(d[p], mp[p].row(q, k, t0 + mp[p].tg(), q_tok, k_tok), half);
+        }
+#else
         // 1. loads of the first ROPE_UPL units (in flight while the angles are computed)
         UnitData<VEC> d[ROPE_UPL];
 #pragma unroll
@@ -429,6 +472,7 @@ __device__ __forceinline__ void rope_warps(const Q12Meta& m, bf16* __restrict__ 
             }
             __syncwarp();
         }
+#endif
         // 3. rotate and store
 #pragma unroll
         for (int p = 0; p < ROPE_UPL; ++p) {
@@ -464,7 +508,7 @@ __device__ __forceinline__ void rope_warps(const Q12Meta& m, bf16* __restrict__ 
 
 }  // namespace
 
-extern "C" __global__ __launch_bounds__(512, 1) void q12_rope(Q12Meta m, bf16* __restrict__ q, bf16* __restrict__ k, int num_q_heads, int num_kv_heads, int head_dim, int rotary_dim, float theta, int mrope_mode, int sec_t, int sec_h, int sec_w) {
+extern "C" __global__ __launch_bounds__(ROPE_MAX_THREADS, ROPE_MIN_BLOCKS) void q12_rope(Q12Meta m, bf16* __restrict__ q, bf16* __restrict__ k, int num_q_heads, int num_kv_heads, int head_dim, int rotary_dim, float theta, int mrope_mode, int sec_t, int sec_h, int sec_w) {
     __shared__ float s_inv[ROPE_MAX_HALF];
     __shared__ unsigned char s_axis[ROPE_MAX_HALF];
     __shared__ __align__(16) float s_cos[ROPE_SMEM_ANGLES];

@@ -89,7 +89,7 @@ def emulate_case(mem, q, k_pool, v_pool, cu, kv_lens, tables, hq, hkv, bs, scale
         total_tokens=t_total,
         max_blocks_per_seq=max(len(t) for t in tables),
     )
-    g, blk, _ = attn.geometry(n, int(np.max(np.diff(cu))), hq, d)
+    g, blk, _ = attn.geometry(n, int(np.max(np.diff(cu))), hq, d, num_kv_heads=hkv)
     args = {
         "m": meta,
         "q": mem.put(q),
@@ -126,15 +126,31 @@ def test_compiles_without_spills():
 
 
 def test_geometry():
+    assert not attn.DEFAULT_CONFIG[128]["GQA"] and not attn.DEFAULT_CONFIG[64]["GQA"]
     grid, block, smem = attn.geometry(3, 300, 16, 128)
     assert grid == (-(-300 // attn.BLOCK_M[128]), 16, 3) and block == (attn.THREADS[128], 1, 1)
+    assert attn.geometry(3, 300, 16, 128, num_kv_heads=2) == (grid, block, smem)  # Hkv unused without GQA
     for d in attn.HEAD_DIMS:
-        assert attn.smem_bytes(d) == (attn.BLOCK_M[d] + 4 * attn.BLOCK_N[d]) * (d + 8) * 2
+        c = attn.DEFAULT_CONFIG[d]
+        stages = c["ST"] or 2
+        slots = 2 * attn.BLOCK_N[d] * 4 if c["PSMEM"] else 0
+        assert attn.smem_bytes(d) == (attn.BLOCK_M[d] + 2 * stages * attn.BLOCK_N[d]) * (d + 8) * 2 + slots
     assert smem == attn.smem_bytes(128)
     bm = attn.BLOCK_M[64]
     assert attn.geometry(1, bm, 2, 64)[0] == (1, 2, 1)
     assert attn.geometry(1, bm + 1, 2, 64)[0] == (2, 2, 1)
     assert attn.geometry(0, 0, 2, 64)[0] == (1, 2, 1)
+    # D=256 packs the G = Hq / Hkv query heads of a kv head into one CTA: grid (ceil(L * G / BM), Hkv, n).
+    assert attn.DEFAULT_CONFIG[256]["GQA"]
+    bm = attn.BLOCK_M[256]
+    assert attn.geometry(3, 300, 16, 256, num_kv_heads=2)[0] == (-(-300 * 8 // bm), 2, 3)
+    assert attn.geometry(1, bm, 4, 256, num_kv_heads=4)[0] == (1, 4, 1)  # group 1: as without packing
+    assert attn.geometry(1, bm // 2 + 1, 4, 256, num_kv_heads=2)[0] == (2, 2, 1)
+    assert attn.geometry(0, 0, 16, 256, num_kv_heads=2)[0] == (1, 2, 1)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        attn.geometry(3, 300, 16, 256)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        attn.geometry(3, 300, 16, 256, num_kv_heads=3)
     for d in attn.HEAD_DIMS:
         assert attn.smem_bytes(d) <= 227 * 1024
     with pytest.raises(ValueError):
@@ -156,7 +172,7 @@ def test_python_tiles_match_the_source():
             assert int(got.group(1)) == want, f"ATTN_D{d}_{knob}: source {got.group(1)}, python {want}"
         assert attn.BLOCK_M[d] == 16 * attn.WARPS[d] * attn.WARP_SUBTILES[d] and attn.THREADS[d] == 32 * attn.WARPS[d]
         assert attn.config(d) == {**attn.DEFAULT_CONFIG[d], "threads": attn.THREADS[d], "block_m": attn.BLOCK_M[d],
-                                  "stages": 2, "smem": attn.smem_bytes(d)}
+                                  "stages": attn.DEFAULT_CONFIG[d]["ST"] or 2, "smem": attn.smem_bytes(d)}
 
 
 VARIANT = ("ATTN_D128_NW=8", "ATTN_D128_MW=1", "ATTN_D128_BN=64", "ATTN_D128_ST=3", "ATTN_D128_PSMEM=1",
@@ -169,6 +185,7 @@ def test_variant_config_and_geometry():
     assert cfg["threads"] == 256 and cfg["block_m"] == 128 and cfg["stages"] == 3
     assert cfg["smem"] == (128 + 2 * 3 * 64) * 136 * 2 + 2 * 64 * 4
     assert attn.config(256, VARIANT) == attn.config(256)  # other head dims keep their defaults
+    assert attn.config(128, ("ATTN_D128_ST=0", "ATTN_D128_PSMEM=0"))["smem"] == (128 + 4 * 32) * 136 * 2  # legacy ring
     # GQA packing: rows are (token, head) pairs of one kv head; grid y = Hkv.
     grid, block, smem = attn.geometry(3, 300, 16, 128, num_kv_heads=2, defines=VARIANT)
     assert grid == (-(-300 * 8 // 128), 2, 3) and block == (256, 1, 1) and smem == cfg["smem"]
@@ -178,7 +195,7 @@ def test_variant_config_and_geometry():
     g2, _, _ = attn.geometry(3, 300, 16, 128, defines=("ATTN_D128_ST=2", "ATTN_D128_BN=64"))
     assert g2 == (-(-300 // 128), 16, 3)
     with pytest.raises(ValueError, match="PSMEM"):
-        attn.config(128, ("ATTN_D128_PSMEM=1",))
+        attn.config(128, ("ATTN_D128_ST=0",))  # the default PSMEM=1 needs the one-barrier ring
     with pytest.raises(ValueError, match="ST"):
         attn.config(128, ("ATTN_D128_ST=1",))
     with pytest.raises(ValueError, match="split"):
@@ -317,6 +334,13 @@ def test_emulator_rejects_short_grid_and_bad_block():
         emulate_case(mem, q, kp, vp, cu, kv, tables, 2, 1, 16, 0.125, 64, block=(96, 1, 1))
     with pytest.raises(ValueError, match="scale"):
         emulate_case(mem, q, kp, vp, cu, kv, tables, 2, 1, 16, -0.125, 64)
+    # D=256 packs GQA groups: a grid sized per (token, q head) is too short in x.
+    q, kp, vp, cu, kv, tables = make_case(rng, [200, 3], [0, 0], hq=4, hkv=1, d=256, bs=16)
+    bm = attn.BLOCK_M[256]
+    with pytest.raises(ValueError, match="grid"):
+        emulate_case(mem, q, kp, vp, cu, kv, tables, 4, 1, 16, 0.0625, 256, grid=(-(-200 // bm), 4, 2))
+    out, _ = emulate_case(mem, q, kp, vp, cu, kv, tables, 4, 1, 16, 0.0625, 256, grid=(-(-800 // bm), 1, 2))
+    assert np.array_equal(out, attn.reference(q, kp, vp, cu, kv, tables, 4, 1, 16, 0.0625))
 
 
 def test_emulator_reads_only_through_mem():

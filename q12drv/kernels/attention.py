@@ -17,7 +17,9 @@ Entries (one per head dim, same parameters)::
         float scale)
 
 A CTA of ``THREADS[D]`` threads computes ``BLOCK_M[D]`` query rows of one (stream, head):
-grid ``(ceil(chunk_len / BLOCK_M[D]), Hq, n)``. CTAs whose row tile lies past their stream's
+grid ``(ceil(chunk_len / BLOCK_M[D]), Hq, n)`` for D=64 and 128. D=256 packs the ``G = Hq / Hkv``
+query heads of one kv head into the CTA (rows are (token, head) pairs): grid
+``(ceil(chunk_len * G / BLOCK_M[D]), Hkv, n)``; :func:`geometry` then needs ``num_kv_heads``. CTAs whose row tile lies past their stream's
 length exit at once. ``block_size`` may be any positive integer (the kernel divides); ``Hq``
 must be a multiple of ``Hkv``. The dynamic shared memory (:func:`smem_bytes`) exceeds 48 KiB for
 every head dim, so the launcher must set ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` once
@@ -67,9 +69,9 @@ ENTRIES = tuple(HEAD_DIMS.values())
 #: through shared memory, GQA the query heads of one kv head packed into one CTA, WSKIP per-warp
 #: causal tile skipping, MINB ``__launch_bounds__`` min blocks (0 = none).
 DEFAULT_CONFIG = {
-    64: {"BN": 64, "NW": 8, "MW": 1, "QREG": 0, "ST": 0, "PSMEM": 0, "GQA": 0, "WSKIP": 0, "MINB": 0},
-    128: {"BN": 32, "NW": 4, "MW": 2, "QREG": 0, "ST": 0, "PSMEM": 0, "GQA": 0, "WSKIP": 0, "MINB": 0},
-    256: {"BN": 64, "NW": 8, "MW": 1, "QREG": 0, "ST": 0, "PSMEM": 0, "GQA": 0, "WSKIP": 0, "MINB": 0},
+    64: {"BN": 64, "NW": 8, "MW": 1, "QREG": 0, "ST": 2, "PSMEM": 1, "GQA": 0, "WSKIP": 0, "MINB": 0},
+    128: {"BN": 32, "NW": 4, "MW": 2, "QREG": 0, "ST": 2, "PSMEM": 1, "GQA": 0, "WSKIP": 0, "MINB": 0},
+    256: {"BN": 64, "NW": 8, "MW": 1, "QREG": 0, "ST": 2, "PSMEM": 1, "GQA": 1, "WSKIP": 1, "MINB": 0},
 }
 _KNOBS = ("BN", "NW", "MW", "QREG", "ST", "PSMEM", "GQA", "WSKIP", "MINB")
 
@@ -140,8 +142,8 @@ def entry_for_head_dim(head_dim: int) -> str:
 def smem_bytes(head_dim: int, defines=()) -> int:
     """Dynamic shared memory of one CTA: Q tile + K and V stages, padded rows (+ the slot array).
 
-    ``(BLOCK_M + 4 * BLOCK_N) * (D + 8) * 2`` bytes with the shipped tiles: 55 296 (D=64),
-    69 632 (D=128), 202 752 (D=256). Above 48 KiB the launcher must raise
+    ``(BLOCK_M + 4 * BLOCK_N) * (D + 8) * 2 + 8 * BLOCK_N`` bytes with the default tiles (two
+    stages, slot array): 55 808 (D=64), 69 888 (D=128), 203 264 (D=256). Above 48 KiB the launcher must raise
     ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` first (the H200 allows 227 KiB).
     ``defines``: see :func:`config`.
     """
@@ -167,7 +169,7 @@ def geometry(
     num_kv_heads : int, optional
         Hkv; required when the entry packs GQA groups (``ATTN_D<d>_GQA=1``).
     defines : sequence of str
-        The macros the module was compiled with (:func:`config`); none for the shipped tiles.
+        The macros the module was compiled with (:func:`config`); none for the default tiles.
 
     Returns
     -------

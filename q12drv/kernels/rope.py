@@ -116,17 +116,19 @@ def check_params(
             raise ValueError(f"MRoPE sections {sections} must be 3 non-negative ints summing to {rotary_dim // 2}")
 
 
-def tokens_per_warp(num_q_heads: int, num_kv_heads: int, head_dim: int, rotary_dim: int, threads: int = THREADS) -> int:
+def tokens_per_warp(num_q_heads: int, num_kv_heads: int, head_dim: int, rotary_dim: int, threads: int = THREADS,
+                    *, upl: int = _UPL) -> int:
     """Tokens a warp takes per iteration in ``q12_rope`` (G): as many whole tokens as fit in
     ``32 * ROPE_UPL`` units (at least 1), capped by the warp's share of the angle buffer. A unit
-    is one head's 8 pairs (1 pair when the layout forbids 16-byte accesses)."""
+    is one head's 8 pairs (1 pair when the layout forbids 16-byte accesses). ``upl``: the
+    build's ``ROPE_UPL`` (for variant builds, tests/gpu/rope_variants.py)."""
     half = max(rotary_dim // 2, 1)
     vec = rotary_dim % 16 == 0 and head_dim % 8 == 0
     units = max(num_q_heads + num_kv_heads, 1) * (half // 8 if vec else half)
     cap = _SMEM_ANGLES // max(threads // 32, 1)
     if half > cap:
         return 1  # the kernel's direct path: one token per warp, sincosf per unit
-    return max(1, min(32 * _UPL // max(units, 1), cap // half))
+    return max(1, min(32 * int(upl) // max(units, 1), cap // half))
 
 
 def geometry(
@@ -139,6 +141,8 @@ def geometry(
     num_sms: int = 132,
     threads: int = THREADS,
     legacy: bool = False,
+    upl: int = _UPL,
+    ctas_per_sm: int | None = None,
 ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
     """Launch geometry of ``q12_rope``.
 
@@ -159,6 +163,11 @@ def geometry(
     legacy : bool
         The geometry of the previous kernel (``-DROPE_LEGACY=1``: CTA-wide groups of
         ``max(1, 2 * threads // units_per_token)`` tokens, 3 CTAs per SM), for A/B runs.
+    upl : int
+        The build's ``ROPE_UPL`` (variant builds only; the shipped build uses 3).
+    ctas_per_sm : int, optional
+        Resident CTAs per SM to cap the grid at (variant builds: from the occupancy API);
+        default the shipped build's (2, or 3 for ``legacy``).
 
     Returns
     -------
@@ -174,8 +183,10 @@ def geometry(
         per_cta = max(1, min(_LEGACY_PREFETCH * threads // max(units, 1), _LEGACY_SMEM_ANGLES // half))
         per_sm = _CTAS_PER_SM_LEGACY
     else:
-        per_cta = threads // 32 * tokens_per_warp(num_q_heads, num_kv_heads, head_dim, rotary_dim, threads)
+        per_cta = threads // 32 * tokens_per_warp(num_q_heads, num_kv_heads, head_dim, rotary_dim, threads, upl=upl)
         per_sm = _CTAS_PER_SM
+    if ctas_per_sm is not None:
+        per_sm = max(1, int(ctas_per_sm))
     ctas = -(-max(int(total_tokens), 1) // per_cta)
     ctas = max(1, min(ctas, num_sms * per_sm))
     return (ctas, 1, 1), (threads, 1, 1), 0

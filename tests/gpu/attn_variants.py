@@ -7,9 +7,11 @@ Each variant is one NVRTC compile of the source with its ``-D ATTN_D<d>_<KNOB>``
 geometry comes from ``q12drv.kernels.attention.config``). For each variant: correctness on a small
 ragged, chunked, interleaved-block-table case against the float32 reference (D 128 and 256,
 PASS/FAIL on the same 1e-2 relative-error bound as tests/gpu/test_attention_gpu.py, plus
-batched == per-stream bit for bit), then the timing of 8 x 2048, Hq 16, Hkv 2, block 16 for
-D 128 and 256 with CUDA events (3 warm-up launches, median of 20), next to torch SDPA flash and
-cuDNN on gathered (repeat_interleave'd) K/V. TFLOP/s use the pairs formula of kernels.md B2:
+batched == per-stream bit for bit), then the timing of the issue's cases (bench/gpu_compare.py ATTN_CASES: fresh 8 x 2048 and
+4 x 4096, ragged 8 x 256..4096, chunked 2048 on 8192 keys x 1 and 2; Hq 16, Hkv 2, block 16) for
+D 128 and 256 with CUDA events (3 warm-up launches, median of 20), next to torch FA2 and cuDNN
+on gathered (repeat_interleave'd) K/V (bench/gpu_compare.py _attention_torch says which API per
+case; the FA2 varlen comparator is checked once against SDPA math with a bottom-right mask). TFLOP/s use the pairs formula of kernels.md B2:
 4 * D * Hq * sum_b (Lq (Lk - Lq) + Lq (Lq + 1) / 2).
 """
 
@@ -21,32 +23,30 @@ import re
 import sys
 import time
 
-# name, defines (both head dims set in one compile; unset knobs keep the shipped value)
+# name, defines (both head dims set in one compile; unset knobs keep the default: D128 ST2+PSMEM,
+# D256 ST2+PSMEM+GQA+WSKIP). Each variant is timed only at the head dims where it differs from v0.
 VARIANTS = [
-    ("v0-shipped", ()),
-    # one __syncthreads per tile (ring issued right after the barrier), page lookups via smem
-    ("v1-st2-psmem", ("ATTN_D128_ST=2", "ATTN_D128_PSMEM=1", "ATTN_D256_ST=2", "ATTN_D256_PSMEM=1")),
-    # + GQA packing (8 q heads of a kv head in one CTA) + per-warp causal tile skipping
-    ("v2-st2-gqa", ("ATTN_D128_ST=2", "ATTN_D128_PSMEM=1", "ATTN_D128_GQA=1", "ATTN_D128_WSKIP=1",
-                    "ATTN_D256_ST=2", "ATTN_D256_PSMEM=1", "ATTN_D256_GQA=1", "ATTN_D256_WSKIP=1")),
-    # three-stage ring (D256 with BN 32 to fit shared memory)
-    ("v3-st3-gqa", ("ATTN_D128_ST=3", "ATTN_D128_PSMEM=1", "ATTN_D128_GQA=1", "ATTN_D128_WSKIP=1",
-                    "ATTN_D256_ST=3", "ATTN_D256_BN=32", "ATTN_D256_PSMEM=1", "ATTN_D256_GQA=1",
-                    "ATTN_D256_WSKIP=1")),
-    # D128: 8 warps x 16 rows, BN 64 (169 regs: one 256-thread CTA per SM)
-    ("v4-d128-8w-bn64", ("ATTN_D128_NW=8", "ATTN_D128_MW=1", "ATTN_D128_BN=64", "ATTN_D128_ST=2",
-                         "ATTN_D128_PSMEM=1", "ATTN_D128_GQA=1", "ATTN_D128_WSKIP=1")),
-    # as v1 without GQA packing but with warp skipping, three stages
-    ("v5-st3-noGQA", ("ATTN_D128_ST=3", "ATTN_D128_PSMEM=1", "ATTN_D128_WSKIP=1")),
+    ("v0-default", ()),
+    # D128: 4 warps x 16 rows, 128 regs (MINB 4): 4 CTAs/SM (16 warps) instead of 2 x 4 warps;
+    # D256: 4 warps, BN 32, 240 regs, 101.6 KB smem: 2 CTAs/SM that sync independently.
+    ("v1-d128-4w-minb4-d256-4w-bn32", ("ATTN_D128_NW=4", "ATTN_D128_MW=1", "ATTN_D128_MINB=4",
+                                       "ATTN_D256_NW=4", "ATTN_D256_BN=32", "ATTN_D256_MINB=2")),
+    # D128: 4 warps x 16 rows, Q fragments in registers (no Q ldmatrix per tile), 3 stages, 168 regs:
+    # 3 CTAs/SM (69.9 KB smem each)
+    ("v2-d128-4w-qreg-st3-minb3", ("ATTN_D128_NW=4", "ATTN_D128_MW=1", "ATTN_D128_QREG=1", "ATTN_D128_ST=3",
+                                   "ATTN_D128_MINB=3")),
+    # as v2 with two stages, GQA packing and warp skipping (167 regs, 52.5 KB smem, 3 CTAs/SM)
+    ("v3-d128-4w-qreg-gqa-minb3", ("ATTN_D128_NW=4", "ATTN_D128_MW=1", "ATTN_D128_QREG=1", "ATTN_D128_MINB=3",
+                                   "ATTN_D128_GQA=1", "ATTN_D128_WSKIP=1")),
+    # D128: 8 warps x 32 rows (256-row CTA, half the K/V fill per row), GQA + warp skip; 245 regs, 1 CTA/SM
+    ("v4-d128-8w-mw2-gqa", ("ATTN_D128_NW=8", "ATTN_D128_GQA=1", "ATTN_D128_WSKIP=1")),
+    # the previous shipped loop (two barriers per tile, pages in registers), for reference
+    ("v5-prev-st0", ("ATTN_D128_ST=0", "ATTN_D128_PSMEM=0", "ATTN_D256_ST=0", "ATTN_D256_PSMEM=0",
+                     "ATTN_D256_GQA=0", "ATTN_D256_WSKIP=0")),
 ]
 
-N, L, HQ, HKV, BS = 8, 2048, 16, 2, 16
+HQ, HKV, BS = 16, 2, 16
 WARMUP, REPS = 3, 20
-
-
-def _flops(d, q_lens, kv_lens, hq):
-    pairs = sum(lq * (lk - lq) + lq * (lq + 1) // 2 for lq, lk in zip(q_lens, kv_lens))
-    return 4.0 * d * hq * pairs
 
 
 def main(argv):
@@ -56,7 +56,6 @@ def main(argv):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from cuda.bindings import driver as cu
 
-    from q12drv.bf16 import to_bf16_bits
     from q12drv.kernels import attention as attn
     from q12drv.kernels.meta import meta_defines
     from q12drv.nvrtc import compile_source
@@ -107,22 +106,39 @@ def main(argv):
     refs = [attn.reference(c.q, c.k_pool, c.v_pool, c.cu, c.kv_lens, c.tables, c.hq, c.hkv, c.bs, c.d ** -0.5)
             for c in checks]
 
-    # Timing problem: 8 x 2048 fresh prefill, one contiguous pool region per stream (shuffled pages).
-    def timing_case(d):
-        q_lens = [L] * N
-        c = Case(np.random.default_rng(d), q_lens, [0] * N, hq=HQ, hkv=HKV, d=d, bs=BS)
-        return c
+    from bench import gpu_compare as gc
 
-    timing = {d: timing_case(d) for d in (128, 256)}
+    class DevCase(Case):
+        """Timing case with device-side random Q and pools (no host copies); interleaved block tables."""
+
+        def __init__(self, q_lens, prefixes, d, seed):
+            rng = np.random.default_rng(seed)
+            self.q_lens = np.asarray(q_lens, np.int64)
+            self.kv_lens = (self.q_lens + np.asarray(prefixes, np.int64)).astype(np.int32)
+            self.cu = np.concatenate([[0], np.cumsum(self.q_lens)]).astype(np.int32)
+            self.hq, self.hkv, self.d, self.bs = HQ, HKV, d, BS
+            nblk = [-(-int(k) // BS) for k in self.kv_lens]
+            perm = rng.permutation(sum(nblk) + 4)
+            self.tables, at = [], 0
+            for nb in nblk:
+                self.tables.append(perm[at:at + nb].astype(np.int32))
+                at += nb
+            g = torch.Generator(device="cuda").manual_seed(seed)
+            t = int(self.cu[-1])
+            self.dq = torch.randn(t * HQ * d, device="cuda", dtype=torch.bfloat16, generator=g)
+            self.dk = torch.randn(len(perm) * BS * HKV * d, device="cuda", dtype=torch.bfloat16, generator=g)
+            self.dv = torch.randn(len(perm) * BS * HKV * d, device="cuda", dtype=torch.bfloat16, generator=g)
+            self.dtables = [torch.from_numpy(tb.copy()).cuda() for tb in self.tables]
+
+    cases = gc.ATTN_CASES
 
     def time_q12(c, funcs):
-        from tests.gpu import test_attention_gpu as tag
-
         keep = []
-        meta = c.meta(list(range(N)), keep)
+        meta = c.meta(list(range(len(c.q_lens))), keep)
         rows = int(meta.total_tokens)
         o = torch.empty(rows * c.hq * c.d, dtype=torch.int16, device="cuda")
-        grid, block, smem = real_geometry(N, L, c.hq, c.d, num_kv_heads=c.hkv, defines=funcs.defines)
+        grid, block, smem = real_geometry(len(c.q_lens), int(meta.chunk_len), c.hq, c.d, num_kv_heads=c.hkv,
+                                          defines=funcs.defines)
         params = [meta, ctypes.c_uint64(c.dq.data_ptr()), ctypes.c_uint64(c.dk.data_ptr()),
                   ctypes.c_uint64(c.dv.data_ptr()), ctypes.c_uint64(o.data_ptr()), ctypes.c_int(c.hq),
                   ctypes.c_int(c.hkv), ctypes.c_int(c.bs), ctypes.c_float(c.d ** -0.5)]
@@ -132,43 +148,41 @@ def main(argv):
         def launch():
             _ok(cu.cuLaunchKernel(funcs[c.d], *grid, *block, smem, stream, ctypes.addressof(argv_), 0))
 
-        del tag
-        return events_us(launch)
+        return gc.torch_events_us(torch, launch, REPS, WARMUP)
 
-    def events_us(fn):
-        for _ in range(WARMUP):
-            fn()
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        ts = []
-        for _ in range(REPS):
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            ts.append(s.elapsed_time(e) * 1e3)
-        return float(np.median(ts))
+    # Comparator semantics: FA2 varlen with window (-1, 0) == SDPA math with a bottom-right mask.
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+        import torch.nn.functional as F
 
-    # torch comparators on gathered K/V (same shapes; values random)
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+        ql, kl = [64, 40], [200, 40]
+        qq = [torch.randn(l, HQ, 128, device="cuda", dtype=torch.bfloat16) for l in ql]
+        kk = [torch.randn(l, HQ, 128, device="cuda", dtype=torch.bfloat16) for l in kl]
+        vv = [torch.randn(l, HQ, 128, device="cuda", dtype=torch.bfloat16) for l in kl]
+        cq = torch.tensor([0, 64, 104], dtype=torch.int32, device="cuda")
+        ck = torch.tensor([0, 200, 240], dtype=torch.int32, device="cuda")
+        got = varlen_attn(torch.cat(qq), torch.cat(kk), torch.cat(vv), cq, ck, 64, 200, window_size=(-1, 0))
+        want = []
+        for a_, b_, c_, lq, lk in zip(qq, kk, vv, ql, kl):
+            m = torch.ones(lq, lk, dtype=torch.bool, device="cuda").tril(diagonal=lk - lq)
+            want.append(F.scaled_dot_product_attention(a_.transpose(0, 1).float(), b_.transpose(0, 1).float(),
+                                                        c_.transpose(0, 1).float(), attn_mask=m).transpose(0, 1))
+        err = (got.float() - torch.cat(want)).abs().max().item()
+        print(f"comparator check: varlen_attn window (-1, 0) vs SDPA math bottom-right mask: max abs diff {err:.2e} "
+              f"{'PASS' if err < 2e-2 else 'FAIL'}")
+    except Exception as exc:  # noqa: BLE001
+        print(f"comparator check failed: {type(exc).__name__}: {exc}")
 
-    torch_us = {}
+    timing = {}
+    torch_res = {}
     for d in (128, 256):
-        tq = torch.randn(N, HQ, L, d, device="cuda", dtype=torch.bfloat16)
-        tk = torch.randn(N, HKV, L, d, device="cuda", dtype=torch.bfloat16).repeat_interleave(HQ // HKV, dim=1)
-        tv = torch.randn(N, HKV, L, d, device="cuda", dtype=torch.bfloat16).repeat_interleave(HQ // HKV, dim=1)
-        for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-            try:
-                def sdpa(backend=backend):
-                    with sdpa_kernel(backend):
-                        return F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
-
-                torch_us[(d, name)] = events_us(sdpa)
-            except Exception as exc:  # noqa: BLE001
-                torch_us[(d, name)] = None
-                print(f"torch SDPA {name} D{d}: {type(exc).__name__}: {exc}")
-        del tq, tk, tv
+        for cname, (q_lens, prefixes) in cases.items():
+            timing[(cname, d)] = DevCase(q_lens, prefixes, d, seed=d + len(q_lens))
+            kv_lens = [a_ + b_ for a_, b_ in zip(q_lens, prefixes)]
+            torch_res[(cname, d)] = gc._attention_torch(q_lens, kv_lens, HQ, HKV, d, REPS, WARMUP)
+        torch.cuda.empty_cache()
+    for k_, e_ in gc.RESULTS["errors"].items():
+        print(f"torch comparator error {k_}: {e_[:300]}")
 
     table = []
     for name, defs in variants:
@@ -191,32 +205,37 @@ def main(argv):
             except Exception as exc:  # noqa: BLE001
                 print(f"{name:18s} D{c.d}: FAIL {type(exc).__name__}: {exc}")
         for d in (128, 256):
-            c = timing[d]
-            try:
-                us = time_q12(c, funcs)
-            except Exception as exc:  # noqa: BLE001
-                print(f"{name} D{d}: timing failed {type(exc).__name__}: {exc}")
-                continue
-            table.append((name, d, us))
+            if defs and attn.config(d, defs) == attn.config(d):
+                continue  # same kernel as v0 at this head dim
+            for cname in cases:
+                try:
+                    us = time_q12(timing[(cname, d)], funcs)
+                except Exception as exc:  # noqa: BLE001
+                    print(f"{name} {cname} D{d}: timing failed {type(exc).__name__}: {exc}")
+                    continue
+                table.append((name, cname, d, us))
         _ok(cu.cuModuleUnload(module))
     attn.geometry = real_geometry
 
     print()
-    print(f"attention {N}x{L} Hq{HQ} Hkv{HKV} block {BS}, fresh prefill, device time (median of {REPS})")
-    print(f"{'variant':20s} {'D':>4s} {'us':>9s} {'TFLOP/s':>8s} {'vs FA2':>7s} {'vs cuDNN':>8s}")
+    print(f"attention Hq{HQ} Hkv{HKV} block {BS}, device time (median of {REPS}); ratio = q12 time / comparator time "
+          f"(goals: <= 1.0 vs FA2, <= 1.25 vs cuDNN)")
+    print(f"{'case':26s} {'variant':30s} {'D':>4s} {'us':>9s} {'TFLOP/s':>8s} {'q12/FA2':>8s} {'q12/cuDNN':>9s}")
     for d in (128, 256):
-        fl = _flops(d, [L] * N, [L] * N, HQ)
-        for name in ("flash", "cudnn"):
-            us = torch_us.get((d, name))
-            if us:
-                print(f"{'torch SDPA ' + name:20s} {d:4d} {us:9.1f} {fl / us * 1e-6:8.1f}")
-        for vname, vd, us in table:
-            if vd != d:
-                continue
-            fa, cd = torch_us.get((d, "flash")), torch_us.get((d, "cudnn"))
-            print(f"{vname:20s} {d:4d} {us:9.1f} {fl / us * 1e-6:8.1f} "
-                  f"{(fa / us if fa else float('nan')):7.3f} {(cd / us if cd else float('nan')):8.3f}")
-    print("ratio = comparator time / variant time (> 1: the variant is faster)")
+        for cname, (q_lens, prefixes) in cases.items():
+            kv_lens = [a_ + b_ for a_, b_ in zip(q_lens, prefixes)]
+            fl = gc.attn_flops(d, HQ, q_lens, kv_lens)
+            tr = torch_res[(cname, d)]
+            for comp in ("flash", "cudnn"):
+                us = tr.get(f"{comp}_us")
+                if us:
+                    print(f"{cname:26s} {tr[comp + '_api'][:30]:30s} {d:4d} {us:9.1f} {fl / us * 1e-6:8.1f}")
+            fa, cd = tr.get("flash_us"), tr.get("cudnn_us")
+            for vname, vc, vd, us in table:
+                if vd != d or vc != cname:
+                    continue
+                print(f"{cname:26s} {vname:30s} {d:4d} {us:9.1f} {fl / us * 1e-6:8.1f} "
+                      f"{(us / fa if fa else float('nan')):8.3f} {(us / cd if cd else float('nan')):9.3f}")
     print(f"total {time.time() - t_start:.1f} s")
     return 0
 

@@ -11,8 +11,15 @@ variants that isolate the kernel's paths:
   * ``full``: both.
 For each it prints the max abs error of o per 64-token chunk and of the final state against the
 float64 reference (and the numpy model of the kernel, whose own error is the floor).
-Part 2: CUDA-event timings (median of 30 after 5 warm-ups) of both kernels at Hk 16 / Hv 32 /
-d 128 for 8 x 2048 and 1 x 8192 tokens.
+Part 2 (variants): each entry of VARIANTS is one NVRTC compile of gdn_chunk.cu with its -D set,
+at a forced slice width bv (or geometry's choice, "auto"). For each: registers / local bytes,
+PASS/FAIL of o and final state against the float64 reference on a small ragged case (the GPU
+tests' bounds) plus bit-equality with the default variant's result, then CUDA-event timings
+(median of 15 after 3 warm-ups) at Hk 16 / Hv 32 / d 128 for 8 x 2048, 1 x 8192 and ragged
+8 streams 256..2048; the recurrent kernel as a reference row. One table at the end.
+
+    PYTHONPATH=. python3 tests/gpu/gdn_debug.py --no-debug          # variants only
+    PYTHONPATH=. python3 tests/gpu/gdn_debug.py --variants v0,v3    # a subset
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import argparse
 import ctypes
 import statistics
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +59,7 @@ def setup():
     for name, f in chunk.items():
         regs = T._check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, f))
         local = T._check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f))
-        print(f"{name}: {regs} registers, {local} B local, {gdn_chunk.smem_bytes(128 if name.endswith('128') else 64)} B dynamic smem")
+        print(f"{name}: {regs} registers, {local} B local, {gdn_chunk.smem_bytes(128 if name.endswith('128') else 64)} B dynamic smem (bv 64)")
     return torch, rec, chunk
 
 
@@ -86,7 +94,22 @@ def debug_cases(torch, chunk):
     print(f"worst o error relative to max|o|: {worst:.2e}")
 
 
-def time_kernel(torch, funcs, entry, grid, block, smem, vals, reps=30, warmup=5):
+# name, defines, bv (None: geometry's choice, 64 in the default build). Defaults: GDN_PREFETCH 1, GDN_WARP_INV 1,
+# GDN_BV_SET 1 (bv 64 only), GDN_NORM_UNROLL 2. v4/v5 build one narrower width each (fewer registers than all three).
+VARIANTS = [
+    ("v0-default", (), None),
+    ("v1-noprefetch", ("GDN_PREFETCH=0",), None),
+    ("v2-nowarpinv", ("GDN_WARP_INV=0",), None),
+    ("v3-noprefetch-nowarpinv", ("GDN_PREFETCH=0", "GDN_WARP_INV=0"), None),
+    ("v4-bv32", ("GDN_BV_SET=2",), 32),
+    ("v5-bv16", ("GDN_BV_SET=4",), 16),
+    ("v6-bv64-in-a-3-width-build", ("GDN_BV_SET=7",), 64),
+    ("v7-norm-unroll1", ("GDN_NORM_UNROLL=1",), None),
+]
+RAGGED_LENS = [256, 2048, 512, 1792, 768, 1536, 1024, 1280]   # 8 streams, 256..2048
+
+
+def time_kernel(torch, funcs, entry, grid, block, smem, vals, reps=15, warmup=3):
     for _ in range(warmup):
         T.launch(funcs, entry, grid, block, smem, vals)
     torch.cuda.synchronize()
@@ -101,11 +124,12 @@ def time_kernel(torch, funcs, entry, grid, block, smem, vals, reps=30, warmup=5)
     return statistics.median(times)
 
 
-def timings(torch, rec, chunk):
+def timing_cases(torch):
     hk, hv, d = 16, 32, 128
-    for n, L in ((8, 2048), (1, 8192)):
-        Tt = n * L
-        cu_t = torch.from_numpy((np.arange(n + 1) * L).astype(np.int32)).cuda()
+    out = []
+    for key, lens in (("8x2048", [2048] * 8), ("1x8192", [8192]), ("ragged8", RAGGED_LENS)):
+        n, Tt = len(lens), int(sum(lens))
+        cu_t = torch.from_numpy(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)).cuda()
         q = torch.randn(Tt, hk, d, device="cuda").bfloat16()
         k = torch.randn(Tt, hk, d, device="cuda").bfloat16()
         v = torch.randn(Tt, hv, d, device="cuda").bfloat16()
@@ -114,29 +138,104 @@ def timings(torch, rec, chunk):
         o = torch.empty(Tt, hv, d, device="cuda", dtype=torch.bfloat16)
         st = torch.randn(n, hv, d, d, device="cuda") * 0.1
         ptrs = torch.tensor([st[i].data_ptr() for i in range(n)], dtype=torch.uint64, device="cuda")
-        meta = Q12MetaC(cu_seqlens=cu_t.data_ptr(), batch_size=n, chunk_len=L, total_tokens=Tt)
+        meta = Q12MetaC(cu_seqlens=cu_t.data_ptr(), batch_size=n, chunk_len=max(lens), total_tokens=Tt)
         vals = [meta, ctypes.c_uint64(ptrs.data_ptr())]
         vals += [ctypes.c_uint64(x.data_ptr()) for x in (q, k, v, g, beta, o)] + [ctypes.c_int(hk), ctypes.c_int(hv)]
-        res = {}
-        for algo, mod, funcs in (("chunked", gdn_chunk, chunk), ("recurrent", gdn, rec)):
-            grid, block, smem = mod.geometry(n, hv, d)
-            res[algo] = time_kernel(torch, funcs, mod.entry_name(d), grid, block, smem, vals)
-        tf = {a: 4 * Tt * hv * d * d / (ms * 1e-3) / 1e12 for a, ms in res.items()}
-        print(f"{n}x{L} Hk{hk} Hv{hv} d{d}: chunked {res['chunked']:.3f} ms ({tf['chunked']:.1f} metric-TFLOPS), "
-              f"recurrent {res['recurrent']:.3f} ms ({tf['recurrent']:.1f}); speed-up {res['recurrent'] / res['chunked']:.2f}x"
-              f"  [fla-core published here: 0.959 ms at 8x2048]")
+        out.append((key, n, Tt, hv, d, vals, (q, k, v, g, beta, o, st, ptrs, cu_t)))
+    return out
+
+
+def small_ragged_check(torch, funcs, bv, ref_bits):
+    """PASS/FAIL of one variant on a small ragged case; returns (verdict, o, fin)."""
+    rng = np.random.default_rng(77)
+    hk, hv, d = 2, 4, 128
+    inputs = T.make_inputs(rng, [1, 63, 64, 65, 0, 300, 130], hk, hv, d)
+    o, fin, guards = T.run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, bv=bv)
+    o_ref, fin_ref = gdn.reference(*inputs)
+    eo = T.rel(from_bf16_bits(o), from_bf16_bits(o_ref))
+    es = T.rel(fin, fin_ref)
+    ok = guards and eo < T.CHUNK_O_REL and es < T.CHUNK_STATE_REL and np.isfinite(from_bf16_bits(o)).all()
+    same = "" if ref_bits is None else (" =v0" if np.array_equal(o, ref_bits[0]) and np.array_equal(fin, ref_bits[1]) else " !=v0")
+    return f"{'PASS' if ok else 'FAIL'} o {eo:.1e} S {es:.1e}{same}", o, fin
+
+
+def _compile_one(defines):
+    from q12drv.nvrtc import compile_source
+
+    compile_source(gdn_chunk.SOURCE, defines=[*meta_defines(), *defines])  # into the on-disk cubin cache
+    return defines
+
+
+def precompile(selected):
+    """NVRTC compiles of every variant in parallel processes (each takes ~20-40 s; the loads then hit
+    the on-disk cache), so the whole script stays well under 90 s."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    t0 = time.time()
+    with ProcessPoolExecutor(max_workers=len(selected)) as ex:
+        for _ in ex.map(_compile_one, [d for _, d, _ in selected]):
+            pass
+    print(f"compiled {len(selected)} variants in {time.time() - t0:.1f} s", flush=True)
+
+
+def variants(torch, rec, names=None):
+    from cuda.bindings import driver as cu
+
+    selected = [v for v in VARIANTS if not names or v[0] in names or v[0].split("-")[0] in names]
+    cases = timing_cases(torch)
+    rows = []
+    # the recurrent kernel, once
+    rec_row = ["recurrent", "-", "-", "-"]
+    for key, n, Tt, hv, d, vals, _ in cases:
+        grid, block, smem = gdn.geometry(n, hv, d)
+        rec_row.append(time_kernel(torch, rec, gdn.entry_name(d), grid, block, smem, vals))
+    rows.append(rec_row)
+    ref_bits = None
+    for name, defines, bv in selected:
+        t0 = time.time()
+        try:
+            mod, funcs = T.load_chunk_module(defines)
+        except Exception as exc:  # a variant that does not compile is a row, not the end of the run
+            rows.append([name, "compile error", str(exc).splitlines()[0][:60], "-", None, None, None])
+            continue
+        f = funcs["q12_gdn_chunk_d128"]
+        regs = T._check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, f))
+        local = T._check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f))
+        verdict, o, fin = small_ragged_check(torch, funcs, bv, ref_bits)
+        if ref_bits is None:
+            ref_bits = (o, fin)
+        row = [name, f"{regs}r/{local}B", verdict, bv or "auto"]
+        for key, n, Tt, hv, d, vals, _ in cases:
+            grid, block, smem = gdn_chunk.geometry(n, hv, d, bv=bv)
+            row.append(time_kernel(torch, funcs, gdn_chunk.entry_name(d), grid, block, smem, vals))
+        rows.append(row)
+        T._check(cu.cuModuleUnload(mod))
+        print(f"{name}: {verdict}  ({time.time() - t0:.1f} s)", flush=True)
+    keys = [c[0] for c in cases]
+    toks = {c[0]: c[2] for c in cases}
+    print("\nchunked GDN variants, Hk 16 Hv 32 d 128, CUDA events median (ms); fla-core 0.6.0 at 2ba1baa: "
+          "8x2048 1.2285, 1x8192 0.9783")
+    print(f"{'variant':<26} {'regs/local':<11} {'bv':<5} " + " ".join(f"{k:>9}" for k in keys) + "  small ragged vs float64")
+    for name, rl, verdict, bvs, *ms in rows:
+        cells = " ".join(f"{m:9.3f}" if isinstance(m, float) else f"{'-':>9}" for m in ms)
+        print(f"{name:<26} {rl:<11} {str(bvs):<5} {cells}  {verdict}")
+    print("metric TFLOPS = 4 T Hv d^2 / t: " + ", ".join(f"{k}: T={toks[k]}" for k in keys))
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--no-time", action="store_true")
-    ap.add_argument("--no-debug", action="store_true")
+    ap.add_argument("--no-time", action="store_true", help="skip the variants table")
+    ap.add_argument("--no-debug", action="store_true", help="skip the per-chunk error cases")
+    ap.add_argument("--variants", default="", help="comma-separated names or prefixes (v0,v3); default all")
     args = ap.parse_args(argv)
+    names = [x for x in args.variants.split(",") if x]
+    if not args.no_time:   # before any CUDA context in this process (the workers fork)
+        precompile([v for v in VARIANTS if not names or v[0] in names or v[0].split("-")[0] in names])
     torch, rec, chunk = setup()
     if not args.no_debug:
         debug_cases(torch, chunk)
     if not args.no_time:
-        timings(torch, rec, chunk)
+        variants(torch, rec, names)
     return 0
 
 

@@ -158,7 +158,7 @@ class Case:
         else:
             assert list(streams) == list(range(len(self.q_lens)))
             q_ptr = self.dq.data_ptr()
-        grid, block, smem = attn.geometry(len(streams), int(meta.chunk_len), self.hq, self.d)
+        grid, block, smem = attn.geometry(len(streams), int(meta.chunk_len), self.hq, self.d, num_kv_heads=self.hkv)
         grid = tuple(g + e for g, e in zip(grid, grid_extra))
         params = [
             meta,
@@ -196,6 +196,19 @@ CASES = [
     (64, 64, 4, 2, [1, 15, 16, 17, 63, 64, 65, 1100], [5, 0, 49, 16, 1, 0, 64, 17], None),
     (256, 16, 4, 1, [1, 15, 16, 17, 63, 64, 65, 1100], [0, 3, 0, 40, 1, 64, 0, 100], None),
     (256, 64, 2, 2, [1, 129, 300, 64], [700, 0, 40, 64], None),
+    # The default D=256 entry packs the G = Hq / Hkv heads of a kv head into CTA rows (GQA); D=64
+    # and 128 use one head per CTA. Group sizes 1, 2, 8 at every head dim, ragged lengths around
+    # the 16-row warp tile and the CTA tile (BLOCK_M / G tokens with packing), chunked rows
+    # (kv_len > q_len) and interleaved block tables (all streams' blocks shuffled together).
+    (256, 16, 16, 2, [1, 15, 16, 17, 63, 64, 65, 1031], [0] * 8, None),
+    (256, 16, 16, 2, [1, 15, 16, 17, 63, 64, 65, 1100], [9, 0, 700, 16, 1, 64, 33, 900], None),
+    (256, 16, 8, 4, [1, 15, 16, 17, 63, 64, 65, 1025], [0, 77, 5, 16, 200, 64, 0, 40], None),
+    (256, 32, 3, 3, [1, 15, 16, 17, 63, 64, 65, 1001], [0, 1, 2, 3, 127, 128, 129, 0], None),
+    (256, 16, 8, 1, [1, 15, 17, 129, 1040], [500, 0, 3, 16, 17], None),
+    (128, 16, 16, 2, [1, 15, 16, 17, 63, 64, 65, 1031], [0, 77, 5, 16, 200, 64, 900, 0], None),
+    (128, 16, 8, 8, [1, 15, 16, 17, 63, 64, 65, 1100], [3, 0, 16, 1, 0, 64, 17, 0], None),
+    (64, 16, 16, 2, [1, 15, 16, 17, 63, 64, 65, 1031], [0, 77, 5, 16, 200, 64, 900, 0], None),
+    (64, 32, 8, 8, [1, 15, 16, 17, 63, 64, 65, 1100], [0] * 8, None),
 ]
 
 
@@ -224,16 +237,16 @@ def test_attention_matches_reference(kernels, case):
     assert np.array_equal(again, out), f"seed {seed}: oversized grid changed the output"
 
 
-@pytest.mark.parametrize("d", [64, 128, 256])
-def test_attention_chunked_long(kernels, d):
-    # Chunked prefill: 2048 new rows on 6144 cached keys (kv 8192), GQA 4, plus a decode-like row.
+@pytest.mark.parametrize("d,hq,hkv", [(64, 4, 1), (128, 4, 1), (256, 4, 1), (256, 16, 2), (128, 8, 8)])
+def test_attention_chunked_long(kernels, d, hq, hkv):
+    # Chunked prefill: 2048 new rows on 6144 cached keys (kv 8192), plus a decode-like row.
     seed = secrets.randbits(32)
     rng = np.random.default_rng(seed)
-    c = Case(rng, [2048, 1], [6144, 4000], hq=4, hkv=1, d=d, bs=64)
+    c = Case(rng, [2048, 1], [6144, 4000], hq=hq, hkv=hkv, d=d, bs=64)
     scale = d**-0.5
     out = c.run(kernels, [0, 1], scale)
     assert not (out == 0xFFFF).any(), f"seed {seed}: some O rows were not written"
-    ref = attn.reference(c.q, c.k_pool, c.v_pool, c.cu, c.kv_lens, c.tables, 4, 1, 64, scale)
+    ref = attn.reference(c.q, c.k_pool, c.v_pool, c.cu, c.kv_lens, c.tables, hq, hkv, 64, scale)
     for b in range(2):
         s = slice(c.cu[b], c.cu[b + 1])
         err = _rel(out[s], ref[s])
@@ -242,11 +255,12 @@ def test_attention_chunked_long(kernels, d):
     assert np.array_equal(one, out[c.cu[1] : c.cu[2]]), f"seed {seed}: batched != alone"
 
 
-def test_attention_large_logits(kernels):
+@pytest.mark.parametrize("d", [128, 256])
+def test_attention_large_logits(kernels, d):
     # Peaked softmax (logits of order 10-50): the online max rescaling must stay accurate.
     seed = secrets.randbits(32)
     rng = np.random.default_rng(seed)
-    c = Case(rng, [300, 70], [500, 0], hq=2, hkv=1, d=128, bs=16, std=4.0)
+    c = Case(rng, [300, 70], [500, 0], hq=2, hkv=1, d=d, bs=16, std=4.0)
     out = c.run(kernels, [0, 1], 128**-0.5)
     ref = attn.reference(c.q, c.k_pool, c.v_pool, c.cu, c.kv_lens, c.tables, 2, 1, 16, 128**-0.5)
     assert not (out == 0xFFFF).any()

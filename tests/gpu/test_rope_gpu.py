@@ -270,9 +270,11 @@ def test_rope_edges(d, rd, hq, hkv, theta, mode, sec, lens):
         np.testing.assert_array_equal(o[1], outs[0][1])
 
 
-@pytest.mark.parametrize("define", ["ROPE_LEGACY=1", "ROPE_STORE_CS=1"])
+@pytest.mark.parametrize("define", ["ROPE_LEGACY=1", "ROPE_STORE_CS=1", "ROPE_ANGLES_FIRST=1", "ROPE_UPL=5",
+                                    "ROPE_UPL=2,ROPE_MAX_THREADS=256,ROPE_MIN_BLOCKS=3"])
 def test_rope_variants_same_bits(define):
-    # The previous kernel (kept for A/B benchmarks) and the streaming-store build give the same bits.
+    # The previous kernel (kept for A/B benchmarks) and the variant builds (tests/gpu/rope_variants.py)
+    # give the same bits.
     from q12drv.kernels.meta import meta_defines
     from q12drv.nvrtc import compile_source
     from tests.gpu.raw_harness import _check
@@ -288,7 +290,7 @@ def test_rope_variants_same_bits(define):
     qa, ka = Buf(q), Buf(k)
     run_rope(meta, qa.ptr, ka.ptr, hq, hkv, d, rd, theta, mode, sec)
     base = Kernel(rope.SOURCE, "q12_rope")
-    img = compile_source(rope.SOURCE, arch="sm_90", defines=meta_defines() + [define], use_cache=False)
+    img = compile_source(rope.SOURCE, arch="sm_90", defines=list(meta_defines()) + define.split(","), use_cache=False)
     kern = Kernel.__new__(Kernel)
     kern.driver = base.driver
     kern.module = _check(base.driver.cuModuleLoadData(img.image))
