@@ -557,7 +557,7 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
 #define ATTN_D128_BN 32
 #endif
 #ifndef ATTN_D128_NW
-#define ATTN_D128_NW 4
+#define ATTN_D128_NW 8
 #endif
 #ifndef ATTN_D128_MW
 #define ATTN_D128_MW 2
@@ -599,10 +599,10 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
 #define ATTN_D128_PSMEM 1
 #endif
 #ifndef ATTN_D128_GQA
-#define ATTN_D128_GQA 0
+#define ATTN_D128_GQA 1
 #endif
 #ifndef ATTN_D128_WSKIP
-#define ATTN_D128_WSKIP 0
+#define ATTN_D128_WSKIP 1
 #endif
 #ifndef ATTN_D128_MINB
 #define ATTN_D128_MINB 0

@@ -57,10 +57,10 @@
 #define GDN_UPD_SPLIT 1
 #endif
 #ifndef GDN_PREFETCH   // 1: cp.async of chunk c+1 while chunk c computes; 0: load each chunk when it starts
-#define GDN_PREFETCH 1
+#define GDN_PREFETCH 0
 #endif
 #ifndef GDN_WARP_INV   // 1: each warp inverts the diagonal blocks it computed, no extra barrier; 0: separate phase
-#define GDN_WARP_INV 1
+#define GDN_WARP_INV 0
 #endif
 #ifndef GDN_NORM_UNROLL  // unroll of the normalisation passes
 #define GDN_NORM_UNROLL 2

@@ -126,16 +126,19 @@ def test_compiles_without_spills():
 
 
 def test_geometry():
-    assert not attn.DEFAULT_CONFIG[128]["GQA"] and not attn.DEFAULT_CONFIG[64]["GQA"]
-    grid, block, smem = attn.geometry(3, 300, 16, 128)
-    assert grid == (-(-300 // attn.BLOCK_M[128]), 16, 3) and block == (attn.THREADS[128], 1, 1)
-    assert attn.geometry(3, 300, 16, 128, num_kv_heads=2) == (grid, block, smem)  # Hkv unused without GQA
+    assert not attn.DEFAULT_CONFIG[64]["GQA"] and attn.DEFAULT_CONFIG[128]["GQA"] and attn.DEFAULT_CONFIG[256]["GQA"]
+    grid, block, smem = attn.geometry(3, 300, 16, 64)
+    assert grid == (-(-300 // attn.BLOCK_M[64]), 16, 3) and block == (attn.THREADS[64], 1, 1)
+    assert attn.geometry(3, 300, 16, 64, num_kv_heads=2) == (grid, block, smem)  # Hkv unused without GQA
+    # D128 packs the 8 query heads of a kv head into one CTA: rows are (token, head) pairs
+    grid, block, _ = attn.geometry(3, 300, 16, 128, num_kv_heads=2)
+    assert grid == (-(-300 * 8 // attn.BLOCK_M[128]), 2, 3) and block == (attn.THREADS[128], 1, 1)
     for d in attn.HEAD_DIMS:
         c = attn.DEFAULT_CONFIG[d]
         stages = c["ST"] or 2
         slots = 2 * attn.BLOCK_N[d] * 4 if c["PSMEM"] else 0
         assert attn.smem_bytes(d) == (attn.BLOCK_M[d] + 2 * stages * attn.BLOCK_N[d]) * (d + 8) * 2 + slots
-    assert smem == attn.smem_bytes(128)
+    assert smem == attn.smem_bytes(64)
     bm = attn.BLOCK_M[64]
     assert attn.geometry(1, bm, 2, 64)[0] == (1, 2, 1)
     assert attn.geometry(1, bm + 1, 2, 64)[0] == (2, 2, 1)
@@ -185,14 +188,16 @@ def test_variant_config_and_geometry():
     assert cfg["threads"] == 256 and cfg["block_m"] == 128 and cfg["stages"] == 3
     assert cfg["smem"] == (128 + 2 * 3 * 64) * 136 * 2 + 2 * 64 * 4
     assert attn.config(256, VARIANT) == attn.config(256)  # other head dims keep their defaults
-    assert attn.config(128, ("ATTN_D128_ST=0", "ATTN_D128_PSMEM=0"))["smem"] == (128 + 4 * 32) * 136 * 2  # legacy ring
+    legacy = attn.config(128, ("ATTN_D128_ST=0", "ATTN_D128_PSMEM=0"))
+    assert legacy["smem"] == (legacy["block_m"] + 4 * 32) * 136 * 2  # the two-barrier ring: Q + 2 x (K, V) tiles
     # GQA packing: rows are (token, head) pairs of one kv head; grid y = Hkv.
     grid, block, smem = attn.geometry(3, 300, 16, 128, num_kv_heads=2, defines=VARIANT)
     assert grid == (-(-300 * 8 // 128), 2, 3) and block == (256, 1, 1) and smem == cfg["smem"]
     with pytest.raises(ValueError, match="num_kv_heads"):
         attn.geometry(3, 300, 16, 128, defines=VARIANT)
     # Without GQA the knobs only change the tile.
-    g2, _, _ = attn.geometry(3, 300, 16, 128, defines=("ATTN_D128_ST=2", "ATTN_D128_BN=64"))
+    g2, _, _ = attn.geometry(3, 300, 16, 128, defines=("ATTN_D128_ST=2", "ATTN_D128_BN=64", "ATTN_D128_NW=4",
+                                                        "ATTN_D128_GQA=0"))
     assert g2 == (-(-300 // 128), 16, 3)
     with pytest.raises(ValueError, match="PSMEM"):
         attn.config(128, ("ATTN_D128_ST=0",))  # the default PSMEM=1 needs the one-barrier ring

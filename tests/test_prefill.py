@@ -118,3 +118,27 @@ def test_expand_device_refuses_vision_positions_and_auto_packs_them_on_the_host(
         assert Q12Pass(arena, streams, block_size=16, use_mrope=True, dummy_kv_block=0).expand == "host"
         with pytest.raises(ValueError, match="expand must be one of"):
             Q12Pass(arena, streams, block_size=16, use_mrope=True, dummy_kv_block=0, expand="gpu")
+
+
+def test_layer_shape_checks_are_remembered_only_for_immutable_shapes_that_passed(emu):
+    from q12drv import prefill
+
+    rng = np.random.default_rng(4)
+    counts = [5, 9]
+    streams, _ = make_streams(emu, counts, rng=rng)
+    num_blocks = int(max(s.block_table.max() for s in streams)) + 1
+    host = inputs(rng, counts, num_blocks)
+    with ScratchArena(emu, make_scratch_plan(counts, 4, False).total_bytes) as arena:
+        bad = AttentionShape(num_q_heads=4, num_kv_heads=2, head_dim=96, rotary_dim=32)
+        listy = AttentionShape(num_q_heads=4, num_kv_heads=2, head_dim=64, rotary_dim=32, mrope_section=[0, 0, 0])
+        bufs = {k: emu.alloc(v.nbytes, k) for k, v in host.items()}
+        p = {k: int(b.ptr) for k, b in bufs.items()}
+        args = (p["q"], p["k"], p["v"], p["kp"], p["vp"], p["o"])
+        for _ in range(2):  # a refused shape is refused every time
+            q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4)
+            with pytest.raises(ValueError, match="head_dim"):
+                q12.attention_layer(*args, bad, num_blocks=num_blocks)
+            q12.attention_layer(*args, listy, num_blocks=num_blocks)
+        assert all(v is not bad and v is not listy for v in prefill._SHAPES_OK.values())
+        run(emu, arena, streams, host, "auto", None, num_blocks)
+        assert any(v is SHAPE for v in prefill._SHAPES_OK.values()) and any(v is GSHAPE for v in prefill._SHAPES_OK.values())

@@ -70,7 +70,7 @@ ENTRIES = tuple(HEAD_DIMS.values())
 #: causal tile skipping, MINB ``__launch_bounds__`` min blocks (0 = none).
 DEFAULT_CONFIG = {
     64: {"BN": 64, "NW": 8, "MW": 1, "QREG": 0, "ST": 2, "PSMEM": 1, "GQA": 0, "WSKIP": 0, "MINB": 0},
-    128: {"BN": 32, "NW": 4, "MW": 2, "QREG": 0, "ST": 2, "PSMEM": 1, "GQA": 0, "WSKIP": 0, "MINB": 0},
+    128: {"BN": 32, "NW": 8, "MW": 2, "QREG": 0, "ST": 2, "PSMEM": 1, "GQA": 1, "WSKIP": 1, "MINB": 0},
     256: {"BN": 64, "NW": 8, "MW": 1, "QREG": 0, "ST": 2, "PSMEM": 1, "GQA": 1, "WSKIP": 1, "MINB": 0},
 }
 _KNOBS = ("BN", "NW", "MW", "QREG", "ST", "PSMEM", "GQA", "WSKIP", "MINB")

@@ -25,24 +25,13 @@ import time
 
 # name, defines (both head dims set in one compile; unset knobs keep the default: D128 ST2+PSMEM,
 # D256 ST2+PSMEM+GQA+WSKIP). Each variant is timed only at the head dims where it differs from v0.
-VARIANTS = [
+VARIANTS = [  # measured at d18a17d (tests/GPU.md): D128 8 warps x 32 rows + GQA won; 4-warp QREG/MINB variants lost
     ("v0-default", ()),
-    # D128: 4 warps x 16 rows, 128 regs (MINB 4): 4 CTAs/SM (16 warps) instead of 2 x 4 warps;
-    # D256: 4 warps, BN 32, 240 regs, 101.6 KB smem: 2 CTAs/SM that sync independently.
-    ("v1-d128-4w-minb4-d256-4w-bn32", ("ATTN_D128_NW=4", "ATTN_D128_MW=1", "ATTN_D128_MINB=4",
-                                       "ATTN_D256_NW=4", "ATTN_D256_BN=32", "ATTN_D256_MINB=2")),
-    # D128: 4 warps x 16 rows, Q fragments in registers (no Q ldmatrix per tile), 3 stages, 168 regs:
-    # 3 CTAs/SM (69.9 KB smem each)
-    ("v2-d128-4w-qreg-st3-minb3", ("ATTN_D128_NW=4", "ATTN_D128_MW=1", "ATTN_D128_QREG=1", "ATTN_D128_ST=3",
-                                   "ATTN_D128_MINB=3")),
-    # as v2 with two stages, GQA packing and warp skipping (167 regs, 52.5 KB smem, 3 CTAs/SM)
-    ("v3-d128-4w-qreg-gqa-minb3", ("ATTN_D128_NW=4", "ATTN_D128_MW=1", "ATTN_D128_QREG=1", "ATTN_D128_MINB=3",
-                                   "ATTN_D128_GQA=1", "ATTN_D128_WSKIP=1")),
-    # D128: 8 warps x 32 rows (256-row CTA, half the K/V fill per row), GQA + warp skip; 245 regs, 1 CTA/SM
-    ("v4-d128-8w-mw2-gqa", ("ATTN_D128_NW=8", "ATTN_D128_GQA=1", "ATTN_D128_WSKIP=1")),
-    # the previous shipped loop (two barriers per tile, pages in registers), for reference
-    ("v5-prev-st0", ("ATTN_D128_ST=0", "ATTN_D128_PSMEM=0", "ATTN_D256_ST=0", "ATTN_D256_PSMEM=0",
-                     "ATTN_D256_GQA=0", "ATTN_D256_WSKIP=0")),
+    # D128 as shipped at d18a17d: 4 warps x 32 rows, no GQA packing, no warp skipping
+    ("v1-d128-4w-nogqa", ("ATTN_D128_NW=4", "ATTN_D128_GQA=0", "ATTN_D128_WSKIP=0")),
+    # the loop shipped before (two barriers per tile, pages in registers), for reference
+    ("v5-prev-st0", ("ATTN_D128_ST=0", "ATTN_D128_PSMEM=0", "ATTN_D128_NW=4", "ATTN_D128_GQA=0", "ATTN_D128_WSKIP=0",
+                     "ATTN_D256_ST=0", "ATTN_D256_PSMEM=0", "ATTN_D256_GQA=0", "ATTN_D256_WSKIP=0")),
 ]
 
 HQ, HKV, BS = 16, 2, 16
