@@ -104,6 +104,11 @@ __device__ __forceinline__ float exp2_ftz(float x) {
     return y;
 }
 
+// Named barrier of the 64 threads of one warp pair (id 1..8; __syncthreads uses 0).
+__device__ __forceinline__ void pair_sync(int id) {
+    asm volatile("bar.sync %0, 64;\n" ::"r"(id) : "memory");
+}
+
 // Two floats -> bf16x2 (round to nearest even), x in the low half.
 __device__ __forceinline__ unsigned int pack_bf16x2(float x, float y) {
     __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
@@ -126,21 +131,32 @@ __device__ __forceinline__ unsigned int pack_bf16x2(float x, float y) {
 //          Each K/V tile then serves G heads at once (a CTA covers BM / G tokens).
 //   WSKIP  a warp skips the math of key tiles that lie entirely above all of its rows (causal);
 //          it still takes part in the barriers and copies. Bit-identical (such a tile adds exact zeros).
+//   DS     warp pairs split the work of 16 * MW rows (needs MW = 2, even NW, BN % 32 == 0): in
+//          S = Q K^T warp half hw takes keys hw * BN/2 .. +BN/2, in O += P V head dims hw * D/2 ..
+//          +D/2; the pair exchanges row maxima and P (bf16) through shared memory with a named
+//          64-thread barrier (two per tile) and the row sums at the end. Each K and V fragment then
+//          feeds two m16 sub-tiles (half the ldmatrix traffic of MW=1) while a warp holds only D/2
+//          accumulator columns (MW=2 at D=256 would need 256 accumulator registers). CTA rows
+//          NW * MW * 8. Same P and row maxima as without; the row sum adds two partial sums.
 // Every configuration computes each row with the same arithmetic in the same order for a given BN,
 // so the result of a row depends only on BN (and not on the other knobs) up to the S tile split.
-template <int D, int BN, int NW, int MW, int QREG, int ST = 0, int PSMEM = 0, int GQA = 0, int WSKIP = 0>
+template <int D, int BN, int NW, int MW, int QREG, int ST = 0, int PSMEM = 0, int GQA = 0, int WSKIP = 0,
+          int DS = 0>
 __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, const bf16* k_pool,
                                              const bf16* v_pool, bf16* o, int num_q_heads,
                                              int num_kv_heads, int block_size, float scale) {
     constexpr int kThreads = NW * 32;     // NW warps
     constexpr int kWR = MW * 16;          // query rows per warp: MW sub-tiles of 16
-    constexpr int kBM = NW * kWR;         // query rows per CTA
+    constexpr int kBM = NW * kWR / (DS ? 2 : 1);  // query rows per CTA (warp pairs share rows with DS)
     constexpr int LD = D + kPad;            // smem row stride (elements)
     constexpr int CPR = D / 8;              // 16-byte chunks per row
     constexpr int KD = D / 16;              // k-steps of S = Q K^T
     constexpr int NS = BN / 8;              // 8-key n-tiles of S
     constexpr int KN = BN / 16;             // 16-key k-steps of O += P V
     constexpr int ND = D / 8;               // 8-dim n-tiles of O
+    constexpr int NSW = DS ? NS / 2 : NS;   // n-tiles of S this warp computes
+    constexpr int NDW = DS ? ND / 2 : ND;   // n-tiles of O this warp accumulates
+    constexpr int PLD = BN + kPad;          // DS: row stride of the P exchange tile (elements)
     constexpr int RPT = BN * CPR / kThreads;  // K/V rows each thread copies per tile
     constexpr int QPT = kBM * CPR / kThreads; // Q rows each thread copies
     constexpr int NST = ST == 0 ? 2 : ST;     // K/V stages in shared memory
@@ -148,6 +164,7 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
     static_assert(BN % 16 == 0 && D % 16 == 0, "tile shape");
     static_assert(ST == 0 || ST >= 2, "stages");
     static_assert(!PSMEM || (ST >= 2 && BN <= kThreads), "PSMEM needs the one-barrier ring and BN <= threads");
+    static_assert(!DS || (MW == 2 && NW % 2 == 0 && BN % 32 == 0), "DS: warp pairs of 32 rows, BN % 32 == 0");
 
     const int b = blockIdx.z;
     if (b >= static_cast<int>(m.batch_size)) return;
@@ -176,12 +193,18 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
     const unsigned int sKa = sQa + kBM * LD * 2;         // [NST][BN][LD]
     const unsigned int sVa = sKa + NST * BN * LD * 2;    // [NST][BN][LD]
     int* sSlot = reinterpret_cast<int*>(smem_raw + (kBM + 2 * NST * BN) * LD * 2);  // [2][BN] (PSMEM)
+    // DS: per pair a P tile [32][PLD] bf16, then row maxima / sums float [NW/2][2 halves][32 rows].
+    const unsigned int sPa = smem_addr(smem_raw) + (kBM + 2 * NST * BN) * LD * 2 + (PSMEM ? 2 * BN * 4 : 0);
+    float* sRed = reinterpret_cast<float*>(smem_raw + (kBM + 2 * NST * BN) * LD * 2 + (PSMEM ? 2 * BN * 4 : 0) +
+                                           (DS ? (NW / 2) * 32 * PLD * 2 : 0));
 
     const int tid = threadIdx.x;
     const int warp = tid >> 5;
     const int lane = tid & 31;
     const int g = lane >> 2;
     const int t = lane & 3;
+    const int wq = DS ? warp >> 1 : warp;  // row group of this warp (its pair with DS)
+    const int hw = DS ? warp & 1 : 0;      // DS: key half in S, dim half in O
     const int cr = tid / CPR;  // first row this thread copies
     const int cc = tid % CPR;  // its 16-byte chunk within a row
     constexpr int kRowStep = kThreads / CPR;
@@ -301,7 +324,7 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
     }
 
     const float sl2 = scale * 1.4426950408889634f;  // scores in log2 units: exp(s*scale) = 2^(s*sl2)
-    const int wrow = m0 + warp * kWR;                // CTA-row index (stream row without GQA) of this warp's first row
+    const int wrow = m0 + wq * kWR;                // CTA-row index (stream row without GQA) of this warp's first row
     const int diag_from = shift + (GQA ? m0 / G : m0);  // smallest causal bound over the CTA's rows
     // Largest causal bound over this warp's valid rows (WSKIP); rows past rows_here see everything
     // the CTA loads and are discarded, so they need no tile.
@@ -309,11 +332,11 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
     const int warp_bound = shift + (GQA ? warp_last / G : warp_last);
 
     // Sub-tile mi of the warp = its rows mi*16 .. mi*16+15; thread rows g and g+8 of each (i = 0, 1).
-    float acc[MW][ND][4];
+    float acc[MW][NDW][4];
 #pragma unroll
     for (int mi = 0; mi < MW; ++mi)
 #pragma unroll
-        for (int j = 0; j < ND; ++j) acc[mi][j][0] = acc[mi][j][1] = acc[mi][j][2] = acc[mi][j][3] = 0.f;
+        for (int j = 0; j < NDW; ++j) acc[mi][j][0] = acc[mi][j][1] = acc[mi][j][2] = acc[mi][j][3] = 0.f;
     float row_max[MW][2];
     float row_sum[MW][2];  // per-thread partial sums, reduced over the quad at the end
 #pragma unroll
@@ -323,7 +346,7 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
     }
     unsigned int qf[QREG ? MW : 1][QREG ? KD : 1][4];
 
-    const unsigned int q_lane = sQa + ((warp * kWR + (lane & 15)) * LD + (lane >> 4) * 8) * 2;
+    const unsigned int q_lane = sQa + ((wq * kWR + (lane & 15)) * LD + (lane >> 4) * 8) * 2;
     const unsigned int k_lane = ((((lane & 7) + ((lane >> 4) << 3)) * LD) + ((lane >> 3) & 1) * 8) * 2;
     const unsigned int v_lane = (((lane & 15) * LD) + (lane >> 4) * 8) * 2;
 
@@ -374,12 +397,12 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
         if (!WSKIP || kb <= warp_bound) {
 
         // ---- S = Q K^T (MW x 16 rows x BN keys per warp); each K fragment feeds MW sub-tiles ----
-        float s[MW][NS][4];
+        float s[MW][NSW][4];
 #pragma unroll
         for (int mi = 0; mi < MW; ++mi)
 #pragma unroll
-            for (int j = 0; j < NS; ++j) s[mi][j][0] = s[mi][j][1] = s[mi][j][2] = s[mi][j][3] = 0.f;
-        const unsigned int kst = sKa + stage * BN * LD * 2 + k_lane;
+            for (int j = 0; j < NSW; ++j) s[mi][j][0] = s[mi][j][1] = s[mi][j][2] = s[mi][j][3] = 0.f;
+        const unsigned int kst = sKa + (stage * BN + hw * (BN / 2)) * LD * 2 + k_lane;
 #pragma unroll
         for (int kk = 0; kk < KD; ++kk) {
             unsigned int a[MW][4];
@@ -393,7 +416,7 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
                 }
             }
 #pragma unroll
-            for (int j2 = 0; j2 < NS / 2; ++j2) {
+            for (int j2 = 0; j2 < NSW / 2; ++j2) {
                 unsigned int bk[4];
                 ldmatrix_x4(bk, kst + (j2 * 16 * LD + kk * 16) * 2);
 #pragma unroll
@@ -409,10 +432,10 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
 #pragma unroll
             for (int mi = 0; mi < MW; ++mi) {
 #pragma unroll
-                for (int j = 0; j < NS; ++j) {
+                for (int j = 0; j < NSW; ++j) {
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        const int key = kb + j * 8 + 2 * t + (e & 1);
+                        const int key = kb + hw * (BN / 2) + j * 8 + 2 * t + (e & 1);
                         const int rr = wrow + mi * 16 + g + (e >> 1) * 8;
                         if (key > shift + (GQA ? rr / G : rr)) s[mi][j][e] = -ATTN_INF;
                     }
@@ -423,29 +446,51 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
         // ---- online softmax (row g + 8i of sub-tile mi; element e belongs to i = e >> 1) ----
         // Max over raw scores (scale > 0), kept in log2 units: row_max = max(s) * sl2, and
         // p = 2^(s * sl2 - row_max) = exp(scale * (s - max s)).
+        float tmax[MW][2];
 #pragma unroll
         for (int mi = 0; mi < MW; ++mi) {
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
                 float mx = -ATTN_INF;
 #pragma unroll
-                for (int j = 0; j < NS; ++j) mx = fmaxf(mx, fmaxf(s[mi][j][2 * i], s[mi][j][2 * i + 1]));
+                for (int j = 0; j < NSW; ++j) mx = fmaxf(mx, fmaxf(s[mi][j][2 * i], s[mi][j][2 * i + 1]));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                tmax[mi][i] = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            }
+        }
+        if constexpr (DS) {  // the pair's max over both key halves (the partner read the last one before the P barrier)
+            if (t == 0) {
+#pragma unroll
+                for (int mi = 0; mi < MW; ++mi)
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) sRed[(wq * 2 + hw) * 32 + mi * 16 + g + 8 * i] = tmax[mi][i];
+            }
+            pair_sync(1 + wq);
+#pragma unroll
+            for (int mi = 0; mi < MW; ++mi)
+#pragma unroll
+                for (int i = 0; i < 2; ++i)
+                    tmax[mi][i] = fmaxf(tmax[mi][i], sRed[(wq * 2 + (hw ^ 1)) * 32 + mi * 16 + g + 8 * i]);
+        }
+#pragma unroll
+        for (int mi = 0; mi < MW; ++mi) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const float mx = tmax[mi][i];
                 const float mnew = fmaxf(row_max[mi][i], mx * sl2);
                 const float muse = mnew == -ATTN_INF ? 0.f : mnew;  // all masked so far: avoid inf - inf
                 const float alpha = exp2_ftz(row_max[mi][i] - muse);
                 row_max[mi][i] = mnew;
                 float sum = 0.f;
 #pragma unroll
-                for (int j = 0; j < NS; ++j) {
+                for (int j = 0; j < NSW; ++j) {
                     s[mi][j][2 * i] = exp2_ftz(fmaf(s[mi][j][2 * i], sl2, -muse));
                     s[mi][j][2 * i + 1] = exp2_ftz(fmaf(s[mi][j][2 * i + 1], sl2, -muse));
                     sum += s[mi][j][2 * i] + s[mi][j][2 * i + 1];
                 }
                 row_sum[mi][i] = row_sum[mi][i] * alpha + sum;
 #pragma unroll
-                for (int d = 0; d < ND; ++d) {
+                for (int d = 0; d < NDW; ++d) {
                     acc[mi][d][2 * i] *= alpha;
                     acc[mi][d][2 * i + 1] *= alpha;
                 }
@@ -453,19 +498,37 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
         }
 
         // ---- O += P V; each V fragment feeds MW sub-tiles ----
-        const unsigned int vst = sVa + stage * BN * LD * 2 + v_lane;
+        const unsigned int vst = sVa + stage * BN * LD * 2 + hw * (D / 2) * 2 + v_lane;
+        if constexpr (DS) {  // P of this key half -> the pair's tile; both halves back as A fragments
+            unsigned int* sP = reinterpret_cast<unsigned int*>(smem_raw + (sPa - smem_addr(smem_raw)));
+#pragma unroll
+            for (int mi = 0; mi < MW; ++mi)
+#pragma unroll
+                for (int j = 0; j < NSW; ++j) {
+                    const int r = wq * 32 + mi * 16 + g;
+                    const int col = hw * (BN / 2) + j * 8 + 2 * t;
+                    sP[(r * PLD + col) / 2] = pack_bf16x2(s[mi][j][0], s[mi][j][1]);
+                    sP[((r + 8) * PLD + col) / 2] = pack_bf16x2(s[mi][j][2], s[mi][j][3]);
+                }
+            pair_sync(1 + wq);
+        }
 #pragma unroll
         for (int ks = 0; ks < KN; ++ks) {
             unsigned int a[MW][4];
 #pragma unroll
             for (int mi = 0; mi < MW; ++mi) {
-                a[mi][0] = pack_bf16x2(s[mi][2 * ks][0], s[mi][2 * ks][1]);
-                a[mi][1] = pack_bf16x2(s[mi][2 * ks][2], s[mi][2 * ks][3]);
-                a[mi][2] = pack_bf16x2(s[mi][2 * ks + 1][0], s[mi][2 * ks + 1][1]);
-                a[mi][3] = pack_bf16x2(s[mi][2 * ks + 1][2], s[mi][2 * ks + 1][3]);
+                if constexpr (DS) {
+                    ldmatrix_x4(a[mi], sPa + ((wq * 32 + mi * 16 + (lane & 15)) * PLD + ks * 16 + (lane >> 4) * 8) * 2);
+                    continue;
+                } else {
+                a[mi][0] = pack_bf16x2(s[mi][2 * (DS ? 0 : ks)][0], s[mi][2 * (DS ? 0 : ks)][1]);
+                a[mi][1] = pack_bf16x2(s[mi][2 * (DS ? 0 : ks)][2], s[mi][2 * (DS ? 0 : ks)][3]);
+                a[mi][2] = pack_bf16x2(s[mi][2 * (DS ? 0 : ks) + 1][0], s[mi][2 * (DS ? 0 : ks) + 1][1]);
+                a[mi][3] = pack_bf16x2(s[mi][2 * (DS ? 0 : ks) + 1][2], s[mi][2 * (DS ? 0 : ks) + 1][3]);
+                }
             }
 #pragma unroll
-            for (int d2 = 0; d2 < ND / 2; ++d2) {
+            for (int d2 = 0; d2 < NDW / 2; ++d2) {
                 unsigned int bv[4];
                 ldmatrix_x4_trans(bv, vst + (ks * 16 * LD + d2 * 16) * 2);
 #pragma unroll
@@ -480,6 +543,28 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
     }
     cp_async_wait<0>();  // n_tiles == 0: the Q copy may still be in flight
     __syncthreads();
+    float lsum[MW][2];
+#pragma unroll
+    for (int mi = 0; mi < MW; ++mi)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            float l = row_sum[mi][i];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            lsum[mi][i] = l + __shfl_xor_sync(0xffffffffu, l, 2);
+        }
+    if constexpr (DS) {  // add the partner's sum over the other key half (a + b == b + a: same in both)
+        if (t == 0) {
+#pragma unroll
+            for (int mi = 0; mi < MW; ++mi)
+#pragma unroll
+                for (int i = 0; i < 2; ++i) sRed[(wq * 2 + hw) * 32 + mi * 16 + g + 8 * i] = lsum[mi][i];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int mi = 0; mi < MW; ++mi)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) lsum[mi][i] += sRed[(wq * 2 + (hw ^ 1)) * 32 + mi * 16 + g + 8 * i];
+    }
 
     // ---- epilogue: O / l -> bf16 into this warp's own Q rows of smem, then 16-B stores ----
     unsigned int* sO = reinterpret_cast<unsigned int*>(sQ);
@@ -487,27 +572,23 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
     for (int mi = 0; mi < MW; ++mi) {
         float inv[2];
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            float l = row_sum[mi][i];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            inv[i] = l > 0.f ? 1.f / l : 0.f;
-        }
-        const int r_lo = warp * kWR + mi * 16 + g;
+        for (int i = 0; i < 2; ++i) inv[i] = lsum[mi][i] > 0.f ? 1.f / lsum[mi][i] : 0.f;
+        const int r_lo = wq * kWR + mi * 16 + g;
 #pragma unroll
-        for (int d = 0; d < ND; ++d) {
-            const int col = d * 8 + 2 * t;
+        for (int d = 0; d < NDW; ++d) {
+            const int col = hw * (D / 2) + d * 8 + 2 * t;
             sO[(r_lo * LD + col) / 2] = pack_bf16x2(acc[mi][d][0] * inv[0], acc[mi][d][1] * inv[0]);
             sO[((r_lo + 8) * LD + col) / 2] = pack_bf16x2(acc[mi][d][2] * inv[1], acc[mi][d][3] * inv[1]);
         }
     }
     __syncwarp();
+    constexpr int CPW = DS ? CPR / 2 : CPR;  // 16-byte chunks of a row this warp wrote (its dim half)
     if constexpr (GQA) {
 #pragma unroll
-        for (int c = lane; c < kWR * CPR; c += 32) {
-            const int r = c / CPR;
-            const int ch = c % CPR;
-            const int cr_ = warp * kWR + r;  // CTA row
+        for (int c = lane; c < kWR * CPW; c += 32) {
+            const int r = c / CPW;
+            const int ch = hw * CPW + c % CPW;
+            const int cr_ = wq * kWR + r;  // CTA row
             if (cr_ < rows_here) {
                 const uint4 v = *reinterpret_cast<const uint4*>(sQ + cr_ * LD + ch * 8);
                 *reinterpret_cast<uint4*>(o + q_row(cr_) * D + ch * 8) = v;
@@ -516,11 +597,11 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
     } else {
         bf16* obase = o + (static_cast<long long>(row0 + wrow) * num_q_heads + h) * D;
 #pragma unroll
-        for (int c = lane; c < kWR * CPR; c += 32) {
-            const int r = c / CPR;
-            const int ch = c % CPR;
+        for (int c = lane; c < kWR * CPW; c += 32) {
+            const int r = c / CPW;
+            const int ch = hw * CPW + c % CPW;
             if (wrow + r < q_len) {
-                const uint4 v = *reinterpret_cast<const uint4*>(sQ + (warp * kWR + r) * LD + ch * 8);
+                const uint4 v = *reinterpret_cast<const uint4*>(sQ + (wq * kWR + r) * LD + ch * 8);
                 *reinterpret_cast<uint4*>(obase + static_cast<long long>(r) * num_q_heads * D + ch * 8) = v;
             }
         }
@@ -542,7 +623,7 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
 //
 // Variants for measurement: every knob of every entry can be overridden at compile time with
 // -D ATTN_D<d>_<KNOB>=value (d = 64, 128, 256; KNOB = BN, NW, MW, QREG, ST, PSMEM, GQA, WSKIP,
-// MINB; meanings at attn_prefill). MINB > 0 adds __launch_bounds__(NW * 32, MINB). The host side
+// MINB, DS; meanings at attn_prefill). MINB > 0 adds __launch_bounds__(NW * 32, MINB). The host side
 // must use the same values: q12drv.kernels.attention.config(d, defines) / geometry(..., defines=).
 #ifndef ATTN_D64_BN
 #define ATTN_D64_BN 64
@@ -589,6 +670,9 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
 #ifndef ATTN_D64_MINB
 #define ATTN_D64_MINB 0
 #endif
+#ifndef ATTN_D64_DS
+#define ATTN_D64_DS 0
+#endif
 #ifndef ATTN_D128_QREG
 #define ATTN_D128_QREG 0
 #endif
@@ -606,6 +690,9 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
 #endif
 #ifndef ATTN_D128_MINB
 #define ATTN_D128_MINB 0
+#endif
+#ifndef ATTN_D128_DS
+#define ATTN_D128_DS 0
 #endif
 #ifndef ATTN_D256_QREG
 #define ATTN_D256_QREG 0
@@ -625,6 +712,9 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
 #ifndef ATTN_D256_MINB
 #define ATTN_D256_MINB 0
 #endif
+#ifndef ATTN_D256_DS
+#define ATTN_D256_DS 0
+#endif
 
 
 #if ATTN_D64_MINB > 0
@@ -632,7 +722,7 @@ extern "C" __global__ __launch_bounds__(ATTN_D64_NW * 32, ATTN_D64_MINB) void q1
 #else
 extern "C" __global__ void q12_attn_prefill_d64(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
 #endif
-    attn_prefill<64, ATTN_D64_BN, ATTN_D64_NW, ATTN_D64_MW, ATTN_D64_QREG, ATTN_D64_ST, ATTN_D64_PSMEM, ATTN_D64_GQA, ATTN_D64_WSKIP>(
+    attn_prefill<64, ATTN_D64_BN, ATTN_D64_NW, ATTN_D64_MW, ATTN_D64_QREG, ATTN_D64_ST, ATTN_D64_PSMEM, ATTN_D64_GQA, ATTN_D64_WSKIP, ATTN_D64_DS>(
         m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
 }
 
@@ -641,7 +731,7 @@ extern "C" __global__ __launch_bounds__(ATTN_D128_NW * 32, ATTN_D128_MINB) void 
 #else
 extern "C" __global__ void q12_attn_prefill_d128(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
 #endif
-    attn_prefill<128, ATTN_D128_BN, ATTN_D128_NW, ATTN_D128_MW, ATTN_D128_QREG, ATTN_D128_ST, ATTN_D128_PSMEM, ATTN_D128_GQA, ATTN_D128_WSKIP>(
+    attn_prefill<128, ATTN_D128_BN, ATTN_D128_NW, ATTN_D128_MW, ATTN_D128_QREG, ATTN_D128_ST, ATTN_D128_PSMEM, ATTN_D128_GQA, ATTN_D128_WSKIP, ATTN_D128_DS>(
         m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
 }
 
@@ -650,6 +740,6 @@ extern "C" __global__ __launch_bounds__(ATTN_D256_NW * 32, ATTN_D256_MINB) void 
 #else
 extern "C" __global__ void q12_attn_prefill_d256(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
 #endif
-    attn_prefill<256, ATTN_D256_BN, ATTN_D256_NW, ATTN_D256_MW, ATTN_D256_QREG, ATTN_D256_ST, ATTN_D256_PSMEM, ATTN_D256_GQA, ATTN_D256_WSKIP>(
+    attn_prefill<256, ATTN_D256_BN, ATTN_D256_NW, ATTN_D256_MW, ATTN_D256_QREG, ATTN_D256_ST, ATTN_D256_PSMEM, ATTN_D256_GQA, ATTN_D256_WSKIP, ATTN_D256_DS>(
         m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
 }

@@ -58,7 +58,7 @@
 #define ROPE_STORE_CS 0
 #endif
 #ifndef ROPE_ANGLES_FIRST
-#define ROPE_ANGLES_FIRST 1
+#define ROPE_ANGLES_FIRST 0
 #endif
 #ifndef ROPE_MAX_THREADS
 #define ROPE_MAX_THREADS 512

@@ -42,7 +42,10 @@ if [ -z "${Q12_SKIP_SANITIZE:-}" ] && [ -f scripts/sanitize.sh ]; then
   step sanitize sanitize.log 150 env OUT=/tmp/q12drv-sanitize Q12_SANITIZE_TIMEOUT="${Q12_SANITIZE_TIMEOUT:-30}" bash scripts/sanitize.sh
 fi
 if [ -z "${Q12_SKIP_BENCH:-}" ] && [ -f bench/gpu_compare.py ]; then
-  step bench bench.log 150 python3 bench/gpu_compare.py --budget-s ${Q12_BENCH_BUDGET:-90} --out "$OUT/bench.json"
+  # host-side profile first (cProfile of staging and the 8 x 128 step), into the bench log
+  timeout 60 python3 bench/profile_host.py --reps 200 --top 25 >"$OUT/bench.log" 2>&1
+  step bench bench.log.tmp 150 python3 bench/gpu_compare.py --budget-s ${Q12_BENCH_BUDGET:-90} --out "$OUT/bench.json"
+  cat "$OUT/bench.log.tmp" >>"$OUT/bench.log" && rm -f "$OUT/bench.log.tmp"
 fi
 echo "==== summary ($(date -u +%FT%TZ))"
 printf '%s\n' "${status[@]}"

@@ -67,13 +67,15 @@ ENTRIES = tuple(HEAD_DIMS.values())
 #: tile, NW warps, MW 16-row sub-tiles per warp, QREG Q in registers, ST pipeline (0 = the shipped
 #: two-barrier double buffer, >= 2 = an ST-stage one-barrier ring), PSMEM block-table lookups
 #: through shared memory, GQA the query heads of one kv head packed into one CTA, WSKIP per-warp
-#: causal tile skipping, MINB ``__launch_bounds__`` min blocks (0 = none).
+#: causal tile skipping, MINB ``__launch_bounds__`` min blocks (0 = none), DS warp pairs splitting
+#: S over key halves and O over head-dim halves (MW must be 2; CTA rows ``8 * NW * MW``; adds the
+#: pairs' P tiles and row maxima to the shared memory).
 DEFAULT_CONFIG = {
-    64: {"BN": 64, "NW": 8, "MW": 1, "QREG": 0, "ST": 2, "PSMEM": 1, "GQA": 0, "WSKIP": 0, "MINB": 0},
-    128: {"BN": 32, "NW": 8, "MW": 2, "QREG": 0, "ST": 2, "PSMEM": 1, "GQA": 1, "WSKIP": 1, "MINB": 0},
-    256: {"BN": 64, "NW": 8, "MW": 1, "QREG": 0, "ST": 2, "PSMEM": 1, "GQA": 1, "WSKIP": 1, "MINB": 0},
+    64: {"BN": 64, "NW": 8, "MW": 1, "QREG": 0, "ST": 2, "PSMEM": 1, "GQA": 0, "WSKIP": 0, "MINB": 0, "DS": 0},
+    128: {"BN": 32, "NW": 8, "MW": 2, "QREG": 0, "ST": 2, "PSMEM": 1, "GQA": 1, "WSKIP": 1, "MINB": 0, "DS": 0},
+    256: {"BN": 64, "NW": 8, "MW": 1, "QREG": 0, "ST": 2, "PSMEM": 1, "GQA": 1, "WSKIP": 1, "MINB": 0, "DS": 0},
 }
-_KNOBS = ("BN", "NW", "MW", "QREG", "ST", "PSMEM", "GQA", "WSKIP", "MINB")
+_KNOBS = ("BN", "NW", "MW", "QREG", "ST", "PSMEM", "GQA", "WSKIP", "MINB", "DS")
 
 #: Head dim -> warps per CTA (shipped configuration).
 WARPS = {d: c["NW"] for d, c in DEFAULT_CONFIG.items()}
@@ -112,7 +114,10 @@ def config(head_dim: int, defines=()) -> dict:
     bn, nw, mw, st = cfg["BN"], cfg["NW"], cfg["MW"], cfg["ST"]
     threads = 32 * nw
     cpr = d // 8
-    block_m = 16 * nw * mw
+    ds = cfg["DS"]
+    block_m = 16 * nw * mw // (2 if ds else 1)
+    if ds and (mw != 2 or nw % 2 or bn % 32):
+        raise ValueError(f"D={d}: DS needs MW=2, an even NW and BN % 32 == 0, got {cfg}")
     if bn % 16 or threads % cpr or (bn * cpr) % threads or (block_m * cpr) % threads:
         raise ValueError(f"D={d}: tiles {cfg} do not split over {threads} threads")
     if st not in (0,) and st < 2:
@@ -121,6 +126,8 @@ def config(head_dim: int, defines=()) -> dict:
         raise ValueError(f"D={d}: PSMEM needs ST >= 2 and BN <= threads")
     stages = 2 if st == 0 else st
     smem = (block_m + 2 * stages * bn) * (d + _SMEM_PAD) * 2 + (2 * bn * 4 if cfg["PSMEM"] else 0)
+    if ds:  # per warp pair: P tile [32][BN + 8] bf16 and row maxima/sums [2][32] fp32
+        smem += (nw // 2) * (32 * (bn + _SMEM_PAD) * 2 + 2 * 32 * 4)
     cfg.update(threads=threads, block_m=block_m, stages=stages, smem=smem)
     return cfg
 

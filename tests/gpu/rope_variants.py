@@ -25,9 +25,9 @@ import sys
 import time
 
 # name, defines, threads per CTA, grid_waves (x resident CTAs; 0 = no persistence)
-VARIANTS = [  # measured at d18a17d (tests/GPU.md): all within noise on the partial-rotary shape; angles first won on full rotary
+VARIANTS = [  # measured at d18a17d and 017c571 (tests/GPU.md): within run-to-run noise (+-10%) of each other
     ("v0-shipped", (), 256, 1),
-    ("v1-angles-later", ("ROPE_ANGLES_FIRST=0",), 256, 1),
+    ("v1-angles-first", ("ROPE_ANGLES_FIRST=1",), 256, 1),
     ("v2-512", (), 512, 1),
     ("v3-upl2-3cta", ("ROPE_UPL=2", "ROPE_MAX_THREADS=256", "ROPE_MIN_BLOCKS=3"), 256, 1),  # 80 regs, 24 warps/SM
 ]
