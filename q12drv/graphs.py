@@ -268,11 +268,15 @@ class PassGraph:
         ops.attention(dev, m, q, k_pool, v_pool, o, num_q_heads=shape.num_q_heads, num_kv_heads=shape.num_kv_heads,
                       head_dim=shape.head_dim, scale=shape.scale, stream=st)
 
-    def gdn_layer(self, layer: int, q: int, k: int, v: int, g: int, beta: int, o: int, shape: GdnShape) -> None:
-        """Upload SSM layer ``layer``'s state table into the slot, then Gated DeltaNet over the padded pass."""
+    def gdn_layer(self, layer: int, q: int, k: int, v: int, g: int, beta: int, o: int, shape: GdnShape, *,
+                  algo: str = "chunked") -> None:
+        """Upload SSM layer ``layer``'s state table into the slot, then Gated DeltaNet over the padded pass
+        (``algo`` as for :func:`q12drv.kernels.ops.gdn`)."""
+        if algo not in ops.GDN_ALGOS:
+            raise ValueError(f"algo must be one of {ops.GDN_ALGOS}, got {algo!r}")
         slot = self.h_state_upload(layer)
         ops.gdn(self.device, self.meta, slot, q, k, v, g, beta, o, num_k_heads=shape.num_k_heads,
-                num_v_heads=shape.num_v_heads, head_dim=shape.head_dim, stream=self.stream)
+                num_v_heads=shape.num_v_heads, head_dim=shape.head_dim, algo=algo, stream=self.stream)
 
     def _enqueue_metadata(self) -> None:
         dst = int(self.region.ptr) + self._upload_from

@@ -363,11 +363,13 @@ class Q12Pass:
             self._per_stream(lambda meta, b, row: run(meta, row * hq * d * _BF16, row * hkv * d * _BF16))
 
     def gdn_layer(self, state_ptrs: Sequence[int], q: int, k: int, v: int, g: int, beta: int, o: int,
-                  shape: GdnShape) -> None:
+                  shape: GdnShape, *, algo: str = "chunked") -> None:
         """Upload this layer's per-stream state pointers into the JIT slot, then run Gated DeltaNet.
 
         ``q``, ``k``: ``[T, Hk, D]`` bf16; ``v``, ``o``: ``[T, Hv, D]`` bf16; ``g``, ``beta``: ``[T, Hv]``
-        fp32; ``state_ptrs[b]``: stream b's fp32 ``[Hv, D, D]`` state, updated in place.
+        fp32; ``state_ptrs[b]``: stream b's fp32 ``[Hv, D, D]`` state, updated in place. ``algo``:
+        ``"chunked"`` (tensor cores, the default) or ``"recurrent"`` (token by token in fp32), see
+        :func:`q12drv.kernels.ops.gdn`.
 
         Raises
         ------
@@ -375,6 +377,8 @@ class Q12Pass:
             A bad pointer, shape or state pointer list: raised before the slot is rewritten or
             anything is enqueued.
         """
+        if algo not in ops.GDN_ALGOS:
+            raise ValueError(f"algo must be one of {ops.GDN_ALGOS}, got {algo!r}")
         self._check_gdn(state_ptrs, q, k, v, g, beta, o, shape)
         self.h_slot.upload(state_ptrs, self.stream)
         hk, hv, d = shape.num_k_heads, shape.num_v_heads, shape.head_dim
@@ -383,7 +387,7 @@ class Q12Pass:
         def run(meta, slot_ptr, row):
             ops.gdn(dev, meta, slot_ptr, q + row * hk * d * _BF16, k + row * hk * d * _BF16,
                     v + row * hv * d * _BF16, g + row * hv * _F32, beta + row * hv * _F32,
-                    o + row * hv * d * _BF16, num_k_heads=hk, num_v_heads=hv, head_dim=d, stream=st)
+                    o + row * hv * d * _BF16, num_k_heads=hk, num_v_heads=hv, head_dim=d, algo=algo, stream=st)
 
         if self.batched:
             run(self.meta, int(self.h_slot.ptr), 0)

@@ -107,7 +107,8 @@ def step(dev, name: str, problems: list) -> None:
             q12.attention_layer(p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], attn, num_blocks=num_blocks)
             if gdn is not None:
                 states = [p["states"] + b * host["states"][0].nbytes for b in range(n)]
-                q12.gdn_layer(states, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], gdn)
+                for algo in ("chunked", "recurrent"):  # both kernels, the second on the first's states
+                    q12.gdn_layer(states, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], gdn, algo=algo)
             dev.synchronize()
             metas = [(q12.meta, streams)] if q12.batched else [(m, [s]) for m, s in zip(q12.stream_meta, streams)]
             for meta, ss in metas:
@@ -159,7 +160,8 @@ def main(argv=None) -> int:
             from q12drv.kernels import ops
 
             for entry in ("q12_rope", "q12_kv_write", "q12_attn_prefill_d64", "q12_attn_prefill_d128",
-                          "q12_attn_prefill_d256", "q12_gdn_prefill_d64", "q12_gdn_prefill_d128", "q12_expand_meta"):
+                          "q12_attn_prefill_d256", "q12_gdn_prefill_d64", "q12_gdn_prefill_d128", "q12_gdn_chunk_d64",
+                          "q12_gdn_chunk_d128", "q12_expand_meta"):
                 ops.prepared(dev, entry)
             print(f"sanitize_step: kernels compiled and cached on {dev.name}")
             return 0

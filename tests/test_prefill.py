@@ -142,3 +142,23 @@ def test_layer_shape_checks_are_remembered_only_for_immutable_shapes_that_passed
         assert all(v is not bad and v is not listy for v in prefill._SHAPES_OK.values())
         run(emu, arena, streams, host, "auto", None, num_blocks)
         assert any(v is SHAPE for v in prefill._SHAPES_OK.values()) and any(v is GSHAPE for v in prefill._SHAPES_OK.values())
+
+
+def test_gdn_layer_algo_is_checked_before_anything_is_enqueued(emu):
+    rng = np.random.default_rng(5)
+    counts = [5, 9]
+    streams, _ = make_streams(emu, counts, rng=rng)
+    num_blocks = int(max(s.block_table.max() for s in streams)) + 1
+    host = inputs(rng, counts, num_blocks)
+    with ScratchArena(emu, make_scratch_plan(counts, 4, False).total_bytes) as arena:
+        bufs = {k: emu.alloc(v.nbytes, k) for k, v in host.items()}
+        p = {k: int(b.ptr) for k, b in bufs.items()}
+        q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4)
+        states = [p["st"] + b * host["st"][0].nbytes for b in range(2)]
+        args = (states, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], GSHAPE)
+        with pytest.raises(ValueError, match="algo must be one of"):
+            q12.gdn_layer(*args, algo="wy")
+        assert q12.h_slot.uploads == 0  # refused before the slot was rewritten
+        for algo in ("chunked", "recurrent"):
+            q12.gdn_layer(*args, algo=algo)
+        assert q12.h_slot.uploads == 2
