@@ -82,11 +82,11 @@ def _attn(w, shape=ATTN, num_blocks=None, **ptrs):
     w.q12.attention_layer(*args.values(), shape, num_blocks=w.num_blocks if num_blocks is None else num_blocks)
 
 
-def _gdn(w, shape=GDN, state_ptrs=None, **ptrs):
+def _gdn(w, shape=GDN, state_ptrs=None, algo="chunked", **ptrs):
     states, *rest = w.gdn_args()
     args = dict(zip(("q", "k", "v", "g", "beta", "o"), rest))
     args.update(ptrs)
-    w.q12.gdn_layer(states if state_ptrs is None else state_ptrs, *args.values(), shape)
+    w.q12.gdn_layer(states if state_ptrs is None else state_ptrs, *args.values(), shape, algo=algo)
 
 
 def _op_kv_write(w, **kw):
@@ -315,6 +315,11 @@ CASES = [
                                                                          use_mrope=True, dummy_kv_block=0),
          TypeError, "arena must be a ScratchArena"),
     Case("pass mode", "mode='fast'", lambda w: _pass(w, mode="fast"), ValueError, "mode must be one of"),
+    Case("pass expand", "expand='gpu'", lambda w: _pass(w, expand="gpu"), ValueError, "expand must be one of"),
+    Case("pass expand device with vision", "expand='device', a stream with mrope_positions",
+         lambda w: _pass(w, _with(w, 1, mrope_positions=np.zeros((3, w.streams[1].proc_count), np.int32)),
+                         expand="device"),
+         ValueError, r"expand='device' writes text positions only, but streams\[\d+\] carries mrope_positions"),
     Case("pass empty", "streams=[]", lambda w: _pass(w, []), ValueError, "at least one stream"),
     Case("pass NULL table", "block_table_dev=0", lambda w: _pass(w, _with(w, 2, block_table_dev=0)), ValueError,
          r"streams\[2\].block_table_dev"),
@@ -373,6 +378,7 @@ CASES = [
          r"state_ptrs\[2\] must be a non-NULL"),
     Case("gdn misaligned q", "q=ptr+8", lambda w: _gdn(w, q=w.p("gq") + 8), ValueError, "q must be 16-byte aligned"),
     Case("gdn misaligned g", "g=ptr+2", lambda w: _gdn(w, g=w.p("g") + 2), ValueError, "g must be 4-byte aligned"),
+    Case("gdn algo", "algo='wy'", lambda w: _gdn(w, algo="wy"), ValueError, "algo must be one of"),
     Case("gdn head_dim 96", "head_dim=96", lambda w: _gdn(w, GdnShape(2, 4, 96)), ValueError,
          "GDN prefill has kernels for head_dim 64 and 128, not 96"),
     Case("gdn heads", "Hk=3, Hv=4", lambda w: _gdn(w, GdnShape(3, 4, 64)), ValueError,
@@ -407,6 +413,7 @@ CASES = [
          r"o must be a non-NULL device pointer in \(0, 2\*\*64\)"),
     Case("gdn op misaligned h_state_ptrs", "h_state_ptrs=ptr+4",
          lambda w: _op_gdn(w, h_state_ptrs=int(w.q12.h_slot.ptr) + 4), ValueError, "h_state_ptrs must be 8-byte aligned"),
+    Case("gdn op algo", "algo='fast'", lambda w: _op_gdn(w, algo="fast"), ValueError, "algo must be one of"),
     Case("gdn op head_dim 256", "head_dim=256", lambda w: _op_gdn(w, head_dim=256), ValueError,
          "GDN prefill has kernels for head_dim 64 and 128"),
 ]
