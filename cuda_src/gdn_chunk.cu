@@ -29,6 +29,14 @@
 // of chunk c+1 into a second buffer while chunk c computes (issued after c's normalisation), and raw Q
 // into s.q once c's Q reads are done; four barriers per chunk. GDN_WARP_INV 1: the warp that computes
 // a diagonal block of K K^T inverts it (16 lanes, fp32 substitution) right away, no barrier of its own.
+// GDN_KSPLIT 2 (default 1; the host passes geometry(..., ksplit=2)): 2 warps per 16 dv columns (block 4 BV, 8 warps
+// at BV 64), warp w: columns wc = w % NW, dk part kh = w / NW, holding S^T's dk columns 64kh.. (d128) only. After B2
+// each warp writes its partial S^T K^T and S^T Q^T (half the k-steps) to shared memory (fp32, fragment order); after
+// B3 both warps of a pair read part 0 + part 1 (the same bits in both), and both run the block solve (redundant:
+// both need all of V_new for their half of the update). K K^T / Q K^T n-tile pairs of a column warp's blocks are
+// dealt alternately to the pair; P V_new and the O write are split by token tiles ({0, 3} / {1, 2}) into a
+// separate O slice; the update touches the warp's dk half. Results differ from GDN_KSPLIT 1 in the last bits
+// (K S and Q S are two fp32 partial sums added); chunked_reference sums in float64 either way.
 // Shared memory (dynamic, gdnc::Smem<dk, BV>): bf16 K hi, K lo, Q [64][dk+8]; raw K [64][dk]; two bf16
 // V/O slices [64][BV+8]; -A (off-diagonal blocks), P [64][72]; bf16 diagonal inverses [64][24]; fp32
 // diagonal blocks [4][16][17]; g, beta [2][64]; gamma, beta, exp(gamma), exp(gamma_C - gamma) [64]:
@@ -296,7 +304,8 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
     if ((int)blockDim.x != THREADS || b >= (int)m.batch_size || h >= num_v_heads || (int)blockIdx.x * BV >= DV) return;
     const int col0 = blockIdx.x * BV;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wc = warp % NW, kh = warp / NW;   // column warp, dk part (0 unless GDN_KSPLIT 2)
+    const int wc = KSP > 1 ? warp % NW : warp;  // column warp
+    const int kh = KSP > 1 ? warp / NW : 0;     // dk part (0 unless GDN_KSPLIT 2)
     const int gq = lane >> 2, tq = lane & 3;    // mma fragment row group / thread in group
     const int mat = lane >> 3, r8 = lane & 7;   // ldmatrix: which 8x8 matrix this lane addresses, which row
 

@@ -168,7 +168,7 @@ def test_python_tiles_match_the_source():
         assert m, f"no instantiation found for {entry}"
         assert int(m.group(1)) == d
         knobs = [k.strip()[len(f"ATTN_D{d}_"):] for k in m.group(2).split(",")]
-        assert knobs == ["BN", "NW", "MW", "QREG", "ST", "PSMEM", "GQA", "WSKIP"]
+        assert knobs == ["BN", "NW", "MW", "QREG", "ST", "PSMEM", "GQA", "WSKIP", "DS"]
         for knob, want in attn.DEFAULT_CONFIG[d].items():
             got = re.search(rf"#ifndef ATTN_D{d}_{knob}\n#define ATTN_D{d}_{knob} (\d+)\n#endif", src)
             assert got, f"no default for ATTN_D{d}_{knob}"
@@ -205,6 +205,52 @@ def test_variant_config_and_geometry():
         attn.config(128, ("ATTN_D128_ST=1",))
     with pytest.raises(ValueError, match="split"):
         attn.config(128, ("ATTN_D128_BN=8",))
+
+
+
+DS_VARIANT = ("ATTN_D256_MW=2", "ATTN_D256_DS=1", "ATTN_D256_BN=32", "ATTN_D256_ST=3")
+
+
+def test_ds_config_and_geometry():
+    # DS: warp pairs share 16 * MW rows, so the CTA holds NW * MW * 8 rows; smem adds per pair a P tile
+    # [32][BN + 8] bf16 and row maxima / sums [2][32] fp32.
+    assert all(not c["DS"] for c in attn.DEFAULT_CONFIG.values())
+    cfg = attn.config(256, DS_VARIANT)
+    assert (cfg["NW"], cfg["MW"], cfg["DS"], cfg["threads"], cfg["block_m"], cfg["stages"]) == (8, 2, 1, 256, 128, 3)
+    assert cfg["smem"] == (128 + 2 * 3 * 32) * 264 * 2 + 2 * 32 * 4 + 4 * (32 * 40 * 2 + 2 * 32 * 4)
+    assert cfg["smem"] <= 227 * 1024
+    grid, block, smem = attn.geometry(3, 300, 16, 256, num_kv_heads=2, defines=DS_VARIANT)
+    assert grid == (-(-300 * 8 // 128), 2, 3) and block == (256, 1, 1) and smem == cfg["smem"]
+    four = attn.config(256, DS_VARIANT + ("ATTN_D256_NW=4", "ATTN_D256_ST=2"))
+    assert four["block_m"] == 64 and four["threads"] == 128
+    assert 2 * (four["smem"] + 1024) <= 228 * 1024  # two CTAs per SM
+    assert attn.config(128, ("ATTN_D128_DS=1",))["block_m"] == 128  # D128 default MW=2, NW=8
+    for bad in (("ATTN_D256_DS=1",), ("ATTN_D256_DS=1", "ATTN_D256_MW=2", "ATTN_D256_NW=3"),
+                ("ATTN_D256_DS=1", "ATTN_D256_MW=2", "ATTN_D256_BN=48")):
+        with pytest.raises(ValueError, match="DS|split"):
+            attn.config(256, bad)
+
+
+@pytest.mark.parametrize("d", [128, 256])
+def test_emulator_ds_geometry(d):
+    # The emulator accepts the DS grid (CTA rows NW * MW * 8, GQA-packed) and rejects a shorter one.
+    defs = ("ATTN_D128_DS=1",) if d == 128 else DS_VARIANT
+    rng = np.random.default_rng(5)
+    hq, hkv = 8, 2
+    q, kp, vp, cu, kv, tables = make_case(rng, [40, 3], [5, 0], hq=hq, hkv=hkv, d=d, bs=16)
+    fn = attn.emulate_attention(d, defs)
+    grid, block, _ = attn.geometry(2, 40, hq, d, num_kv_heads=hkv, defines=defs)
+    assert grid == (-(-40 * 4 // 128), hkv, 2) and block == (256, 1, 1)
+    mem = FakeMem()
+    orig = attn.EMULATORS[attn.HEAD_DIMS[d]]
+    attn.EMULATORS[attn.HEAD_DIMS[d]] = fn
+    try:
+        out, _ = emulate_case(mem, q, kp, vp, cu, kv, tables, hq, hkv, 16, 0.1, d, grid=grid, block=block)
+        assert np.array_equal(out, attn.reference(q, kp, vp, cu, kv, tables, hq, hkv, 16, 0.1))
+        with pytest.raises(ValueError, match="grid"):
+            emulate_case(mem, q, kp, vp, cu, kv, tables, hq, hkv, 16, 0.1, d, grid=(grid[0] - 1, hkv, 2), block=block)
+    finally:
+        attn.EMULATORS[attn.HEAD_DIMS[d]] = orig
 
 
 def test_variants_compile_without_spills():

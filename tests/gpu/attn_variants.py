@@ -32,6 +32,22 @@ VARIANTS = [  # measured at d18a17d (tests/GPU.md): D128 8 warps x 32 rows + GQA
     # the loop shipped before (two barriers per tile, pages in registers), for reference
     ("v5-prev-st0", ("ATTN_D128_ST=0", "ATTN_D128_PSMEM=0", "ATTN_D128_NW=4", "ATTN_D128_GQA=0", "ATTN_D128_WSKIP=0",
                      "ATTN_D256_ST=0", "ATTN_D256_PSMEM=0", "ATTN_D256_GQA=0", "ATTN_D256_WSKIP=0")),
+    # DS: warp pairs share 32 rows (S split over key halves, O over head-dim halves, P and row maxima
+    # exchanged through smem with a 64-thread named barrier): K/V fragments feed 2 sub-tiles (about
+    # 0.7x the ldmatrix bytes per mma of MW=1) with D/2 accumulator columns. Local NVRTC 13.5 regs/smem:
+    ("v6-d256-ds", ("ATTN_D256_MW=2", "ATTN_D256_DS=1")),  # BN64 ST2: 251 regs, 222720 B, 1 CTA/SM
+    ("v7-d256-ds-bn32-st3", ("ATTN_D256_MW=2", "ATTN_D256_DS=1", "ATTN_D256_BN=32", "ATTN_D256_ST=3")),  # 242, 180480
+    ("v8-d256-ds-bn32-st4", ("ATTN_D256_MW=2", "ATTN_D256_DS=1", "ATTN_D256_BN=32", "ATTN_D256_ST=4")),  # 242, 214272
+    # 4 warps (2 pairs, 64 rows), BN32: 240 regs, 107264 B -> 2 CTAs/SM
+    ("v9-d256-ds-4w-bn32", ("ATTN_D256_MW=2", "ATTN_D256_DS=1", "ATTN_D256_NW=4", "ATTN_D256_BN=32")),
+    # no DS: BN32 with a 4-stage ring in the same smem as v0 (242 regs, 203008 B)
+    ("v10-d256-bn32-st4", ("ATTN_D256_BN=32", "ATTN_D256_ST=4")),
+    # D128 (chunked case): DS with BN64 (165 regs, 124416 B); DS BN32 under __launch_bounds__(256, 2)
+    # (exactly 128 regs on 13.5, 0 spills; 81152 B -> 2 CTAs/SM: check the spill column on 13.0);
+    # the default with a 3-stage ring (243 regs, 122112 B)
+    ("v11-d128-ds-bn64", ("ATTN_D128_DS=1", "ATTN_D128_BN=64")),
+    ("v12-d128-ds-minb2", ("ATTN_D128_DS=1", "ATTN_D128_MINB=2")),
+    ("v13-d128-st3", ("ATTN_D128_ST=3",)),
 ]
 
 HQ, HKV, BS = 16, 2, 16
