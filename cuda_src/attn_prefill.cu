@@ -16,8 +16,8 @@
 // 8 x 256..4096 0.89-1.00, chunked 2048 on 8192 0.94-1.07; D256 fresh 1.03-1.09, ragged 0.99-1.05,
 // chunked 0.95-1.03. Against cuDNN: 1.4-2.2x its time fresh (it uses wgmma), 1.16-1.53 ragged, 0.77-0.94
 // chunked. Tried and not
-// promoted: 4 warps x 16 rows with MINB 3-4 or Q in registers (+5..20%), BN 32 with 3-4 stages at D256
-// (+15..20%), DS (two warps share 32 rows) at D128 (+15%); DS at D256 was 1-9% faster but spills 8 bytes
+// promoted: 4 warps x 16 rows with MINB 3-4 or Q in registers (+5..50%), BN 32 with 3-4 stages at D256
+// (+15..20%), DS (two warps share 32 rows) at D128 (+15..30%); DS at D256 was 3-5% faster but spills 8 bytes
 // with NVRTC 13.0, so the default keeps MW 1 there.
 // ---------------------------------------------------------------------------------------------
 // Fragment layouts (PTX ISA, mma.m16n8k16 with .bf16 A/B and .f32 C/D), lane = 0..31,
