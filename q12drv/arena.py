@@ -8,7 +8,7 @@ Every reservation is bounds-checked before anything is written.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -147,6 +147,31 @@ class ScratchArena:
         self._regions.append(region)
         self.cursor = start + nbytes
         return region
+
+    def reserve_all(self, regions: Sequence[ArenaRegion]) -> None:
+        """Reserve regions this arena handed out before, as they were (same names, offsets, sizes and
+        pointers): what a pass that lays out the same plan again does, without rebuilding each region.
+
+        Raises
+        ------
+        ValueError
+            A region that is not this arena's (its pointer is not ``base + offset``), regions out of
+            order or overlapping, or one behind the cursor; nothing is reserved.
+        CapacityError
+            The last region ends past the capacity; nothing is reserved.
+        """
+        self._require_open()
+        base, at = int(self.base), self.cursor
+        for r in regions:
+            if type(r) is not ArenaRegion or r.ptr != base + r.offset or r.nbytes < 0:
+                raise ValueError(f"region {getattr(r, 'name', r)!r} was not handed out by this arena (base {base:#x})")
+            if r.offset < at:
+                raise ValueError(f"region {r.name!r} at offset {r.offset:,} would overlap what is reserved up to {at:,}")
+            at = r.offset + r.nbytes
+        if at > self.capacity:
+            raise CapacityError(regions[-1].name, at, self.capacity, f"the arena is {self.capacity:,} bytes")
+        self._regions.extend(regions)
+        self.cursor = at
 
     def unreserve(self, region: ArenaRegion) -> None:
         """Undo the most recent reservation (used to roll back after a failed upload)."""

@@ -73,6 +73,9 @@ class GdnShape:
     head_dim: int
 
 
+#: (id(plan), arena base) -> (plan, the regions its MoE area and per-stream blocks got there).
+_PREFIX_REGIONS: dict = {}
+
 #: (id(shape), use_mrope or None) -> the layer shape object whose checks passed. Shapes are frozen;
 #: holding the object keeps its id from being reused; a shape with a mutable field is not remembered.
 _SHAPES_OK: dict = {}
@@ -313,8 +316,20 @@ class Q12Pass:
             device_ptr(f"state_ptrs[{b}]", p, ALIGN["gdn"]["state"])
 
     def _reserve_prefix(self, plan) -> None:
+        # The MoE area and the per-stream blocks, as the plan lays them out. A plan (memoised per
+        # distinct input) laid out again on the same arena reuses the regions it got last time.
+        arena = self.arena
+        key = (id(plan), int(arena.base))
+        hit = _PREFIX_REGIONS.get(key)
+        if hit is not None and hit[0] is plan:
+            arena.reserve_all(hit[1])
+            return
+        first = len(arena.regions)
         for r in (plan.moe, *plan.stream_blocks):
-            self.arena.reserve(r.name, r.nbytes, offset=r.offset)
+            arena.reserve(r.name, r.nbytes, offset=r.offset)
+        if len(_PREFIX_REGIONS) >= 64:
+            _PREFIX_REGIONS.clear()
+        _PREFIX_REGIONS[key] = (plan, arena.regions[first:])
 
     @property
     def mode(self) -> str:

@@ -286,3 +286,43 @@ def test_memoised_launch_geometry_still_refuses_bad_input_every_time(emu):
         assert ops._kvw_geometry(tokens, 512, num_sms=emu.sm_count) == ops._kvw.geometry(tokens, 512, num_sms=132)
         grid, _, _ = ops._kvw.geometry(1 << 20, 512, num_sms=2)
         assert grid[0] <= 2 * 4  # the persistent grid follows the SM count it is given
+
+
+def test_reserve_all_adopts_this_arenas_regions_and_refuses_anything_else(emu):
+    from q12drv import CapacityError
+
+    with ScratchArena(emu, 4096) as arena, ScratchArena(emu, 4096) as other:
+        a = arena.reserve("a", 100, offset=0)
+        b = arena.reserve("b", 50, offset=128)
+        arena.reset()
+        arena.reserve_all([a, b])
+        assert arena.regions == (a, b) and arena.cursor == 178
+        arena.reset()
+        foreign = other.reserve("x", 10, offset=0)
+        for bad, err in (([foreign], ValueError), ([b, a], ValueError)):
+            with pytest.raises(err):
+                arena.reserve_all(bad)
+            assert arena.regions == () and arena.cursor == 0  # nothing reserved
+        arena.reserve("c", 200, offset=0)
+        with pytest.raises(ValueError, match="overlap"):
+            arena.reserve_all([a])
+        big = ScratchArena(emu, 8192)
+        try:
+            far = big.reserve("far", 100, offset=8000)
+            small = type(far)("far", 8000, 100, DevicePtr(int(arena.base) + 8000))
+            with pytest.raises(CapacityError):
+                arena.reserve_all([small])
+        finally:
+            big.close()
+
+
+def test_a_plan_laid_out_again_reuses_its_regions(emu):
+    from q12drv.prefill import Q12Pass
+
+    streams, _ = make_streams(emu, [40, 9])
+    with ScratchArena(emu, 1 << 16) as arena:
+        first = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4)
+        regions = arena.regions
+        again = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4)
+        assert again.plan is first.plan and arena.regions == regions
+        assert all(x is y for x, y in zip(arena.regions[:3], regions[:3]))  # the MoE area and the blocks, reused
