@@ -35,6 +35,7 @@ __all__ = [
     "emulate_d128",
     "emulate_d64",
     "EMULATORS",
+    "emulator_heads",
 ]
 
 #: Kernel source file in ``cuda_src/``.
@@ -176,12 +177,17 @@ def reference(
     return to_bf16_bits(o), final
 
 
-def _emulate(args: dict, mem, grid, block, head_dim: int) -> None:
-    meta = args["m"]
-    n = int(meta.batch_size)
+def emulator_heads(args: dict) -> tuple[int, int, int]:
+    """``(n, Hk, Hv)`` of a GDN launch's arguments, checked as every GDN kernel needs them."""
     hk, hv = int(args["num_k_heads"]), int(args["num_v_heads"])
     if hk < 1 or hv < 1 or hv % hk:
         raise ValueError(f"num_v_heads ({hv}) must be a positive multiple of num_k_heads ({hk})")
+    return int(args["m"].batch_size), hk, hv
+
+
+def _emulate(args: dict, mem, grid, block, head_dim: int) -> None:
+    meta = args["m"]
+    n, hk, hv = emulator_heads(args)
     want_grid, want_block, _ = geometry(max(n, 1), hv, head_dim)
     if tuple(block) != want_block:
         raise ValueError(f"GDN prefill needs block {want_block}, got {tuple(block)}")

@@ -242,11 +242,7 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
 
 
 def _emulate(args: dict, mem, grid, block, head_dim: int) -> None:
-    meta = args["m"]
-    n = int(meta.batch_size)
-    hk, hv = int(args["num_k_heads"]), int(args["num_v_heads"])
-    if hk < 1 or hv < 1 or hv % hk:
-        raise ValueError(f"num_v_heads ({hv}) must be a positive multiple of num_k_heads ({hk})")
+    n, hk, hv = _gdn.emulator_heads(args)
     # the kernel reads bv = dv / gridDim.x and needs block 2 bv (any other grid.x launches nothing useful)
     bvs = {head_dim // bv: bv for bv in BVS}
     if grid[0] not in bvs:
