@@ -54,9 +54,9 @@
 // GDN_UPD_SPLIT 1). V_new and the solve's intermediates always enter as hi + lo pairs (cheap).
 // S enters K S and Q S as one bf16 (GDN_S_HILO 0): a hi + lo pair changed the error by < 1%.
 // Limits: the chunk-local work (K K^T, diagonal inverses) still sits on the serial path of each chunk.
-// Measured on the H200 (tests/GPU.md session 2, runs B-E; Hk 16, Hv 32, d 128; CUDA events, medians):
+// Measured on the H200 (tests/GPU.md session 2, runs C-E; Hk 16, Hv 32, d 128; CUDA events, medians):
 // 8 x 2048 tokens 1.04-1.07 ms (the recurrent kernel 2.87 ms), 1 x 8192 1.46-1.49 ms, ragged 8 x 256..2048
-// 0.72-0.75 ms; fla-core 0.6.0 chunk_gated_delta_rule in the same runs: 1.23-1.39, 0.98-1.74, 0.95-1.63 ms.
+// 0.72-0.75 ms; fla-core 0.6.0 chunk_gated_delta_rule in the same runs: 1.27-1.39, 1.24-1.74, 0.95-1.63 ms.
 // Tried and kept off (every variant bit-identical or within the model's error): GDN_PREFETCH 1 (+3..7% at
 // 8 x 2048, -4% at 1 x 8192, and 16 B of local memory on NVRTC 13.0), GDN_WARP_INV 1 (+10%), BV 32 (2.3x
 // slower: the chunk-local work is repeated per slice), BV 16 (10x), GDN_KSPLIT 2 (+40% at 8 x 2048, +3% at
