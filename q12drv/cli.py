@@ -32,7 +32,14 @@ def _cmd_demo(args) -> int:
 def _cmd_doctor(args) -> int:
     from .doctor import run_doctor
 
-    return run_doctor(args.driver, arch=args.arch)
+    from .doctor import parse_define
+
+    try:
+        defines = tuple(parse_define(d) for d in args.define)
+    except ValueError as exc:
+        print(f"q12drv doctor: {exc}", file=sys.stderr)
+        return 2
+    return run_doctor(args.driver, arch=args.arch, defines=defines)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,10 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_cmd_demo)
     doc = sub.add_parser("doctor", help="print driver, device, NVRTC and compile every kernel",
                          description="Print the driver, the device, the NVRTC version and header directory, then "
-                                     "compile every kernel in cuda_src/ and print registers, spills and shared memory "
-                                     "per kernel. Works without a GPU (compile only). Exit status 1 if any fails.")
+                                     "compile every kernel in cuda_src/ and print registers, spills, static and dynamic "
+                                     "shared memory per kernel, for the shipped build or a variant (-D). Works "
+                                     "without a GPU (compile only). Exit status 1 if any fails or spills.")
     doc.add_argument("--driver", default="auto", choices=["auto", "cuda", "emu"], help=_DRIVER_HELP)
     doc.add_argument("--arch", default=None, help="compile target (default: the device's, sm_90 without a GPU)")
+    doc.add_argument("-D", "--define", action="append", default=[], metavar="NAME=VALUE",
+                     help="compile a variant build: a macro for every kernel, repeatable (e.g. -D ATTN_D256_DS=1 "
+                          "-D ATTN_D256_MW=2; each kernel's knobs are listed in its cuda_src/ header)")
     doc.set_defaults(func=_cmd_doctor)
     from .dump_cli import COMMANDS
 

@@ -9,11 +9,13 @@ from dataclasses import dataclass
 
 from .driver import open_driver
 from .errors import NvrtcError, Q12Error
+from .kernels import attention as _attn
+from .kernels import gdn_chunk as _gdnc
 from .kernels.meta import meta_defines
 from .kernels.ops import SOURCES
 from .nvrtc import compile_source, cuda_header_dir, cuda_src_dir, nvrtc_version
 
-__all__ = ["KernelResources", "parse_ptxas_report", "run_doctor"]
+__all__ = ["KernelResources", "parse_ptxas_report", "dynamic_smem", "parse_define", "run_doctor"]
 
 
 @dataclass(frozen=True)
@@ -47,9 +49,43 @@ def parse_ptxas_report(log: str) -> list:
     return out
 
 
-def run_doctor(driver: str | None = "auto", *, arch: str | None = None, out=print) -> int:
-    """Print the environment and compile every kernel; return 0 when all compile without spills."""
+_DEFINE = re.compile(r"^[A-Za-z_]\w*(=[\w.+-]*)?$")
+
+
+def parse_define(text: str) -> str:
+    """``NAME`` or ``NAME=VALUE`` as NVRTC takes it (a variant build's macro, e.g. ``ATTN_D256_DS=1``).
+
+    Raises
+    ------
+    ValueError
+        Anything else (spaces, quotes, an option in disguise).
+    """
+    if not isinstance(text, str) or not _DEFINE.match(text):
+        raise ValueError(f"a define is NAME or NAME=VALUE (letters, digits, _ . + -), got {text!r}")
+    return text
+
+
+def dynamic_smem(entry: str, defines=()) -> int:
+    """Dynamic shared memory a launch of ``entry`` asks for when built with ``defines`` (0: static only)."""
+    if entry in _attn.ENTRIES:
+        return _attn.smem_bytes(int(entry.rsplit("_d", 1)[1]), defines)
+    if entry in _gdnc.ENTRIES:
+        ksplit = 1
+        for d in defines:
+            if d.startswith("GDN_KSPLIT="):
+                ksplit = int(d.split("=", 1)[1])
+        return _gdnc.smem_bytes(int(entry.rsplit("_d", 1)[1]), ksplit=ksplit)
+    return 0
+
+
+def run_doctor(driver: str | None = "auto", *, arch: str | None = None, defines=(), out=print) -> int:
+    """Print the environment and compile every kernel; return 0 when all compile without spills.
+
+    ``defines``: extra ``NAME=VALUE`` macros for every kernel (a variant build, e.g. the knobs in
+    ``cuda_src/attn_prefill.cu``'s header); the report then describes that build.
+    """
     ok = True
+    defines = tuple(parse_define(d) for d in defines)
     try:
         drv = open_driver(driver)
         out(f"driver: {drv.name}" + (" (no usable GPU: emulating)" if drv.name == "emu" and driver == "auto" else ""))
@@ -67,11 +103,15 @@ def run_doctor(driver: str | None = "auto", *, arch: str | None = None, out=prin
     arch = arch or dev_arch
     major, minor = nvrtc_version()
     out(f"NVRTC {major}.{minor}; headers {cuda_header_dir()}; sources {cuda_src_dir()}; target {arch}")
-    out(f"{'kernel':<26}{'regs':>6}{'spill st':>10}{'spill ld':>10}{'stack':>8}{'smem':>8}{'compile s':>11}")
+    if defines:
+        out("variant build: " + " ".join(f"-D{d}" for d in defines))
+    out(f"{'kernel':<26}{'regs':>6}{'spill st':>10}{'spill ld':>10}{'stack':>8}{'smem':>8}{'dyn smem':>10}"
+        f"{'compile s':>11}")
     for source in SOURCES:
         t0 = time.perf_counter()
         try:
-            compiled = compile_source(source, arch=arch, defines=tuple(meta_defines()), verbose_resources=True)
+            compiled = compile_source(source, arch=arch, defines=tuple(meta_defines()) + defines,
+                                      verbose_resources=True)
         except NvrtcError as exc:
             out(f"{source}: FAILED\n{exc.log}")
             ok = False
@@ -80,8 +120,13 @@ def run_doctor(driver: str | None = "auto", *, arch: str | None = None, out=prin
         for r in parse_ptxas_report(compiled.log):
             flag = "" if r.spill_stores == r.spill_loads == 0 else "  <- spills"
             ok &= not flag
+            try:
+                dyn = f"{dynamic_smem(r.name, defines):>10}"
+            except ValueError as exc:  # a define combination the host side refuses (the kernel's static_asserts agree)
+                dyn, flag = f"{'?':>10}", f"  <- {exc}"
+                ok = False
             out(f"{r.name:<26}{r.registers:>6}{r.spill_stores:>10}{r.spill_loads:>10}{r.stack_frame:>8}"
-                f"{r.static_smem:>8}{dt:>11.2f}{flag}")
+                f"{r.static_smem:>8}{dyn}{dt:>11.2f}{flag}")
     out("doctor: " + ("ok" if ok else "PROBLEMS FOUND"))
     return 0 if ok else 1
 

@@ -40,6 +40,22 @@ def test_doctor_compiles_every_kernel_for_sm90(capsys):
     assert "target sm_90" in out and out.strip().endswith("doctor: ok")
 
 
+def test_doctor_reports_a_variant_build_with_its_dynamic_shared_memory(capsys):
+    from q12drv.kernels import attention, gdn_chunk
+
+    defines = ("ATTN_D256_DS=1", "ATTN_D256_MW=2")
+    assert main(["doctor", "--driver", "emu", "-D", defines[0], "--define", defines[1]]) == 0
+    out = capsys.readouterr().out
+    assert "variant build: -DATTN_D256_DS=1 -DATTN_D256_MW=2" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("q12_")}
+    assert int(rows["q12_attn_prefill_d256"][6]) == attention.smem_bytes(256, defines) != attention.smem_bytes(256)
+    assert int(rows["q12_attn_prefill_d128"][6]) == attention.smem_bytes(128)
+    assert int(rows["q12_gdn_chunk_d128"][6]) == gdn_chunk.smem_bytes(128) and int(rows["q12_kv_write"][6]) == 0
+    for bad in ("X Y", "-O3", "A=1;B"):
+        assert main(["doctor", "--driver", "emu", f"--define={bad}"]) == 2
+        assert "a define is NAME or NAME=VALUE" in capsys.readouterr().err
+
+
 def test_ptxas_report_parser():
     log = """ptxas info    : Compiling entry function 'k1' for 'sm_90'
 ptxas info    : Function properties for k1

@@ -150,7 +150,7 @@ def smem_bytes(head_dim: int, defines=()) -> int:
     """Dynamic shared memory of one CTA: Q tile + K and V stages, padded rows (+ the slot array).
 
     ``(BLOCK_M + 4 * BLOCK_N) * (D + 8) * 2 + 8 * BLOCK_N`` bytes with the default tiles (two
-    stages, slot array): 55 808 (D=64), 69 888 (D=128), 203 264 (D=256). Above 48 KiB the launcher must raise
+    stages, slot array, the shipped tiles): 55 808 (D=64), 104 704 (D=128), 203 264 (D=256). Above 48 KiB the launcher must raise
     ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` first (the H200 allows 227 KiB).
     ``defines``: see :func:`config`.
     """
