@@ -29,14 +29,6 @@
 // of chunk c+1 into a second buffer while chunk c computes (issued after c's normalisation), and raw Q
 // into s.q once c's Q reads are done; four barriers per chunk. GDN_WARP_INV 1: the warp that computes
 // a diagonal block of K K^T inverts it (16 lanes, fp32 substitution) right away, no barrier of its own.
-// GDN_KSPLIT 2 (default 1; the host passes geometry(..., ksplit=2)): 2 warps per 16 dv columns (block 4 BV, 8 warps
-// at BV 64), warp w: columns wc = w % NW, dk part kh = w / NW, holding S^T's dk columns 64kh.. (d128) only. After B2
-// each warp writes its partial S^T K^T and S^T Q^T (half the k-steps) to shared memory (fp32, fragment order); after
-// B3 both warps of a pair read part 0 + part 1 (the same bits in both), and both run the block solve (redundant:
-// both need all of V_new for their half of the update). K K^T / Q K^T n-tile pairs of a column warp's blocks are
-// dealt alternately to the pair; P V_new and the O write are split by token tiles ({0, 3} / {1, 2}) into a
-// separate O slice; the update touches the warp's dk half. Results differ from GDN_KSPLIT 1 in the last bits
-// (K S and Q S are two fp32 partial sums added); chunked_reference sums in float64 either way.
 // Shared memory (dynamic, gdnc::Smem<dk, BV>): bf16 K hi, K lo, Q [64][dk+8]; raw K [64][dk]; two bf16
 // V/O slices [64][BV+8]; -A (off-diagonal blocks), P [64][72]; bf16 diagonal inverses [64][24]; fp32
 // diagonal blocks [4][16][17]; g, beta [2][64]; gamma, beta, exp(gamma), exp(gamma_C - gamma) [64]:
@@ -59,8 +51,9 @@
 // 0.72-0.75 ms; fla-core 0.6.0 chunk_gated_delta_rule in the same runs: 1.27-1.39, 1.24-1.74, 0.95-1.63 ms.
 // Tried and kept off (every variant bit-identical or within the model's error): GDN_PREFETCH 1 (+3..7% at
 // 8 x 2048, -4% at 1 x 8192, and 16 B of local memory on NVRTC 13.0), GDN_WARP_INV 1 (+10%), BV 32 (2.3x
-// slower: the chunk-local work is repeated per slice), BV 16 (10x), GDN_KSPLIT 2 (+40% at 8 x 2048, +3% at
-// 1 x 8192: the pair's partial sums and the redundant solve cost more than the halved chains save).
+// slower: the chunk-local work is repeated per slice), BV 16 (10x). Tried and removed: GDN_KSPLIT 2 (two warps
+// per 16 dv columns, each holding half of S^T's dk columns; +40% at 8 x 2048, +3% at 1 x 8192: the pair's
+// partial sums and the redundant solve cost more than the halved chains save).
 // Requirements: q, k 16-byte aligned, v, o 8-byte aligned (as the recurrent kernel); dv a multiple of 64.
 #include "q12_meta.cuh"
 
@@ -79,9 +72,6 @@
 #endif
 #ifndef GDN_NORM_UNROLL  // unroll of the normalisation passes
 #define GDN_NORM_UNROLL 2
-#endif
-#ifndef GDN_KSPLIT     // 2: two warps per 16 dv columns (block 4 BV), each holding half of the dk columns of S^T;
-#define GDN_KSPLIT 1   // the host's geometry(..., ksplit=2) must match (block and shared memory)
 #endif
 #ifndef GDN_BV_SET     // compiled dv slice widths (bit mask): 1 = 64, 2 = 32, 4 = 16; chosen at run time by gridDim.x
 #define GDN_BV_SET 1   // more than one width in a build costs registers (spills at d128); the host's COMPILED_BVS
@@ -163,7 +153,7 @@ __device__ __forceinline__ void a_from_c_hilo(const float* c0, const float* c1, 
     pack_hilo(c1[2], c1[3], hi[3], lo[3]);
 }
 
-template <int DK, int BV, int KSP = 1>
+template <int DK, int BV>
 struct Smem {
     static constexpr int LDK = DK + 8;   // row strides (elements): 16-byte rows shifted by 16 bytes
     static constexpr int LDV = BV + 8;
@@ -186,18 +176,9 @@ struct Smem {
     float wd[GDN_C];          // exp(gamma_C - gamma)
 };
 
-// GDN_KSPLIT 2: + partial S^T K^T, S^T Q^T of each warp (fragment order: [col warp][dk half][K, Q][nt][lane][4])
-// and a separate O slice (the pair's two warps write O tokens while the other still reads V).
-template <int DK, int BV>
-struct Smem<DK, BV, 2> : Smem<DK, BV, 1> {
-    float xch[(BV / 16) * 2 * 2 * 8 * 32 * 4];
-    bf16 ob[GDN_C * (BV + 8)];
-};
-
 // acc[nt] (16 rows of X = rows 16*mt.., k over DK) x K^T (n = tokens 0 .. 8*NT-1), A from smem rows.
 template <int DK, int NT>
-__device__ __forceinline__ void rows_times_kt(float (*acc)[4], const bf16* x, const bf16* k, int mt, int lane,
-                                              unsigned sel) {
+__device__ __forceinline__ void rows_times_kt(float (*acc)[4], const bf16* x, const bf16* k, int mt, int lane) {
     constexpr int LDK = DK + 8;
     const int mat = lane >> 3, r = lane & 7;
 #pragma unroll
@@ -206,7 +187,6 @@ __device__ __forceinline__ void rows_times_kt(float (*acc)[4], const bf16* x, co
         ldsm_x4(a[0], a[1], a[2], a[3], x + (16 * mt + (mat & 1) * 8 + r) * LDK + 16 * ks + (mat >> 1) * 8);
 #pragma unroll
         for (int np = 0; np < NT / 2; ++np) {
-            if (!((sel >> np) & 1u)) continue;   // n-tile pairs of the other warp (GDN_KSPLIT 2)
             unsigned b0, b1, b2, b3;
             ldsm_x4(b0, b1, b2, b3, k + (16 * np + (mat >> 1) * 8 + r) * LDK + 16 * ks + (mat & 1) * 8);
             mma(acc[2 * np], a, b0, b1);
@@ -217,14 +197,13 @@ __device__ __forceinline__ void rows_times_kt(float (*acc)[4], const bf16* x, co
 
 // causal tiles only: n-tiles 0 .. 2*mt+1 (mt is a compile-time constant after unrolling)
 template <int DK>
-__device__ __forceinline__ void causal_rows_kt(float (*acc)[4], const bf16* x, const bf16* k, int mt, int lane,
-                                               unsigned sel = 0xFu) {
+__device__ __forceinline__ void causal_rows_kt(float (*acc)[4], const bf16* x, const bf16* k, int mt, int lane) {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-    if (mt == 0) rows_times_kt<DK, 2>(acc, x, k, mt, lane, sel);
-    else if (mt == 1) rows_times_kt<DK, 4>(acc, x, k, mt, lane, sel);
-    else if (mt == 2) rows_times_kt<DK, 6>(acc, x, k, mt, lane, sel);
-    else rows_times_kt<DK, 8>(acc, x, k, mt, lane, sel);
+    if (mt == 0) rows_times_kt<DK, 2>(acc, x, k, mt, lane);
+    else if (mt == 1) rows_times_kt<DK, 4>(acc, x, k, mt, lane);
+    else if (mt == 2) rows_times_kt<DK, 6>(acc, x, k, mt, lane);
+    else rows_times_kt<DK, 8>(acc, x, k, mt, lane);
 }
 
 // Which warp computes K rows of 16-token block mt (Q rows of block mq: owner(3 - mq)); balanced causal work.
@@ -235,16 +214,15 @@ __device__ __forceinline__ int owner(int mt) {
     return 0;
 }
 
-// acc[8] (this warp's 16 dv rows x 64 tokens) = S^T X^T, X = K or Q rows in smem; over KSN k-steps of 16 dk
-// columns from 16 ks0 (St holds those columns: St[2 ks], St[2 ks + 1]).
-template <int DK, int KSN>
-__device__ __forceinline__ void st_times_xt(float (*acc)[4], const float (*St)[4], const bf16* x, int lane, int ks0) {
+// acc[8] (this warp's 16 dv rows x 64 tokens) = S^T X^T, X = K or Q rows in smem (k-step ks: St[2 ks], St[2 ks + 1]).
+template <int DK>
+__device__ __forceinline__ void st_times_xt(float (*acc)[4], const float (*St)[4], const bf16* x, int lane) {
     constexpr int LDK = DK + 8;
     const int mat = lane >> 3, r = lane & 7;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
 #pragma unroll
-    for (int ks = 0; ks < KSN; ++ks) {
+    for (int ks = 0; ks < DK / 16; ++ks) {
 #if GDN_S_HILO
         unsigned a[4], alo[4];
         a_from_c_hilo(St[2 * ks], St[2 * ks + 1], a, alo);
@@ -255,7 +233,7 @@ __device__ __forceinline__ void st_times_xt(float (*acc)[4], const float (*St)[4
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
             unsigned b0, b1, b2, b3;
-            ldsm_x4(b0, b1, b2, b3, x + (16 * np + (mat >> 1) * 8 + r) * LDK + 16 * (ks0 + ks) + (mat & 1) * 8);
+            ldsm_x4(b0, b1, b2, b3, x + (16 * np + (mat >> 1) * 8 + r) * LDK + 16 * ks + (mat & 1) * 8);
             mma(acc[2 * np], a, b0, b1);
             mma(acc[2 * np + 1], a, b2, b3);
 #if GDN_S_HILO
@@ -289,19 +267,16 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
                                                const float* __restrict__ beta, bf16* __restrict__ o,
                                                int num_k_heads, int num_v_heads) {
     using namespace gdnc;
-    constexpr int KSP = GDN_KSPLIT;             // warps per 16 dv columns (each: DK / KSP columns of S^T)
-    using SM = Smem<DK, BV, KSP>;
+    using SM = Smem<DK, BV>;
     constexpr int C = GDN_C;
-    constexpr int NW = BV / 16;                 // column warps; warp w owns dv columns 16wc..16wc+15, wc = w % NW
-    constexpr int THREADS = 32 * NW * KSP;
+    constexpr int NW = BV / 16;                 // warps; warp w owns dv columns 16w..16w+15
+    constexpr int THREADS = 32 * NW;
     constexpr int LDK = SM::LDK, LDV = SM::LDV, LDP = SM::LDP, LDD = SM::LDD;
-    constexpr int NTS = DK / 8 / KSP;           // n-tiles of S^T (dk columns) per warp
-    constexpr int KSH = DK / 16 / KSP;          // k-steps of 16 dk columns per warp
+    constexpr int NTS = DK / 8;                 // n-tiles of S^T (dk columns)
     constexpr int SEGS = DK / 8;                // 16-byte segments per q/k row
     constexpr int RPP = THREADS / SEGS;         // rows per pass
     static_assert(DK % 16 == 0 && DV % BV == 0 && 32 % SEGS == 0 && C % RPP == 0, "shapes");
     static_assert(NW == 1 || NW == 2 || NW == 4, "BV is 16, 32 or 64");
-    static_assert(KSP == 1 || KSP == 2, "GDN_KSPLIT is 1 or 2");
 
     extern __shared__ __align__(16) unsigned char gdn_smem_raw[];
     SM& s = *reinterpret_cast<SM*>(gdn_smem_raw);
@@ -311,8 +286,6 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
     if ((int)blockDim.x != THREADS || b >= (int)m.batch_size || h >= num_v_heads || (int)blockIdx.x * BV >= DV) return;
     const int col0 = blockIdx.x * BV;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wc = KSP > 1 ? warp % NW : warp;  // column warp
-    const int kh = KSP > 1 ? warp / NW : 0;     // dk part (0 unless GDN_KSPLIT 2)
     const int gq = lane >> 2, tq = lane & 3;    // mma fragment row group / thread in group
     const int mat = lane >> 3, r8 = lane & 7;   // ldmatrix: which 8x8 matrix this lane addresses, which row
 
@@ -373,13 +346,13 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
     cp_async_commit();
 
     const float* state = reinterpret_cast<const float*>(h_state_ptrs[b]) + (long long)h * DK * DV;
-    const int bv0 = col0 + 16 * wc + gq;     // this lane's dv rows of S^T: bv0, bv0 + 8
+    const int bv0 = col0 + 16 * warp + gq;     // this lane's dv rows of S^T: bv0, bv0 + 8
 
     // S^T fragments: St[j] covers dk columns 8j..8j+7: [0] (bv0, 8j+2t) [1] (bv0, 8j+2t+1) [2],[3] bv0+8.
     float St[NTS][4];
 #pragma unroll
     for (int j = 0; j < NTS; ++j) {
-        const int kr = 8 * (j + NTS * kh) + 2 * tq;
+        const int kr = 8 * j + 2 * tq;
         St[j][0] = state[kr * DV + bv0];
         St[j][1] = state[(kr + 1) * DV + bv0];
         St[j][2] = state[kr * DV + bv0 + 8];
@@ -467,36 +440,17 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
         cp_async_commit();
 #endif
         const float* bet = s.beta;
-#if GDN_KSPLIT > 1
-        // ---- partial S^T K^T and S^T Q^T over this warp's dk part (no A or P needed): the pair sums them after B3
-        {
-            float acc[8][4];
-#pragma unroll
-            for (int which = 0; which < 2; ++which) {
-                st_times_xt<DK, KSH>(acc, St, which ? s.q : s.k, lane, KSH * kh);
-                float4* xp = reinterpret_cast<float4*>(&s.xch[((wc * KSP + kh) * 2 + which) * 1024]);
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt) xp[nt * 32 + lane] = make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
-            }
-        }
-        // K K^T / Q K^T n-tile pairs: the warp of dk part kh takes every other pair of its column warp's list
-        const unsigned selK = kh ? 0xAu : 0x5u;
-        const unsigned selQ = ((kh + wc + 1) & 1) ? 0xAu : 0x5u;
-#else
-        const unsigned selK = 0xFu, selQ = 0xFu;
-#endif
         // ---- K K^T (rows of the warp's blocks) -> -A blocks and fp32 diagonal block (inverted by the warp);
         //      Q K^T -> P
         {
             float acc[8][4];
 #pragma unroll
             for (int mt = 0; mt < 4; ++mt) {
-                if (owner<NW>(mt) != wc) continue;
-                causal_rows_kt<DK>(acc, s.k, s.k, mt, lane, selK);
+                if (owner<NW>(mt) != warp) continue;
+                causal_rows_kt<DK>(acc, s.k, s.k, mt, lane);
 #pragma unroll
                 for (int nt = 0; nt < 8; ++nt) {
                     if (nt > 2 * mt + 1) break;
-                    if (!((selK >> (nt >> 1)) & 1u)) continue;
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const int i = 16 * mt + gq + (e >> 1) * 8;
@@ -508,18 +462,17 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
                 }
 #if GDN_WARP_INV
                 __syncwarp();
-                if (lane < 16 && ((selK >> mt) & 1u)) invert_column(&s.d[mt * 272], &s.dinv[16 * mt * LDD], lane);
+                if (lane < 16) invert_column(&s.d[mt * 272], &s.dinv[16 * mt * LDD], lane);
                 __syncwarp();
 #endif
             }
 #pragma unroll
             for (int mq = 0; mq < 4; ++mq) {
-                if (owner<NW>(3 - mq) != wc) continue;
-                causal_rows_kt<DK>(acc, s.q, s.k, mq, lane, selQ);
+                if (owner<NW>(3 - mq) != warp) continue;
+                causal_rows_kt<DK>(acc, s.q, s.k, mq, lane);
 #pragma unroll
                 for (int nt = 0; nt < 8; ++nt) {
                     if (nt > 2 * mq + 1) break;
-                    if (!((selQ >> (nt >> 1)) & 1u)) continue;
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const int i = 16 * mq + gq + (e >> 1) * 8;
@@ -543,25 +496,13 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
         float X[8][4];   // V_new^T (this warp's dv rows x 64 tokens)
         {
             float Rt[8][4];
-#if GDN_KSPLIT > 1
-            {   // the pair's partials, dk part 0 + dk part 1 (the same bits in both warps)
-                const float4* x0 = reinterpret_cast<const float4*>(&s.xch[((wc * KSP + 0) * 2 + 0) * 1024]);
-                const float4* x1 = reinterpret_cast<const float4*>(&s.xch[((wc * KSP + 1) * 2 + 0) * 1024]);
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt) {
-                    const float4 a = x0[nt * 32 + lane], c = x1[nt * 32 + lane];
-                    Rt[nt][0] = a.x + c.x; Rt[nt][1] = a.y + c.y; Rt[nt][2] = a.z + c.z; Rt[nt][3] = a.w + c.w;
-                }
-            }
-#else
-            st_times_xt<DK, DK / 16>(Rt, St, s.k, lane, 0);
-#endif
+            st_times_xt<DK>(Rt, St, s.k, lane);
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int c = 8 * nt + 2 * tq + (e & 1);
-                    const int bvl = 16 * wc + gq + (e >> 1) * 8;
+                    const int bvl = 16 * warp + gq + (e >> 1) * 8;
                     Rt[nt][e] = bet[c] * (__bfloat162float(vb[c * LDV + bvl]) - s.eg[c] * Rt[nt][e]);
                 }
             // block forward substitution: X_b = (R_b + sum_{m<b} X_m (-A_bm)^T) Dinv_b^T
@@ -593,22 +534,7 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
         // ---- O^T = exp(gamma) S^T Q^T + V_new^T P^T, into this warp's columns of s.v[buf]
         {
             float Ot[8][4];
-#if GDN_KSPLIT > 1
-            {
-                const float4* x0 = reinterpret_cast<const float4*>(&s.xch[((wc * KSP + 0) * 2 + 1) * 1024]);
-                const float4* x1 = reinterpret_cast<const float4*>(&s.xch[((wc * KSP + 1) * 2 + 1) * 1024]);
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt) {
-                    const float4 a = x0[nt * 32 + lane], c = x1[nt * 32 + lane];
-                    Ot[nt][0] = a.x + c.x; Ot[nt][1] = a.y + c.y; Ot[nt][2] = a.z + c.z; Ot[nt][3] = a.w + c.w;
-                }
-            }
-            // token tiles of O this warp finishes and writes: {0, 3} (dk part 0), {1, 2} (part 1): 5 P V_new pairs each
-            auto own = [&](int np) { return ((np == 0 || np == 3) ? 0 : 1) == kh; };
-#else
-            st_times_xt<DK, DK / 16>(Ot, St, s.q, lane, 0);
-            auto own = [](int) { return true; };
-#endif
+            st_times_xt<DK>(Ot, St, s.q, lane);
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -619,7 +545,6 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
                 a_from_c_hilo(X[2 * kk], X[2 * kk + 1], ahi, alo);
 #pragma unroll
                 for (int np = kk; np < 4; ++np) {   // P[c][c'] = 0 for c' > c: token pairs np >= kk only
-                    if (!own(np)) continue;
                     unsigned b0, b1, b2, b3;
                     ldsm_x4(b0, b1, b2, b3, &s.p[(16 * np + (mat >> 1) * 8 + r8) * LDP + 16 * kk + (mat & 1) * 8]);
                     mma(Ot[2 * np], ahi, b0, b1);
@@ -629,18 +554,13 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
                 }
             }
             __syncwarp();
-#if GDN_KSPLIT > 1
-            bf16* ob = s.ob;
-#else
             bf16* ob = s.v[buf];
-#endif
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    if (!own(nt >> 1)) continue;
                     const int c = 8 * nt + 2 * tq + (e & 1);
-                    const int bvl = 16 * wc + gq + (e >> 1) * 8;
+                    const int bvl = 16 * warp + gq + (e >> 1) * 8;
                     ob[c * LDV + bvl] = __float2bfloat16_rn(Ot[nt][e]);
                 }
         }
@@ -662,9 +582,9 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
                 unsigned ahi[4], alo[4];
                 a_from_c_hilo(x0, x1, ahi, alo);
 #pragma unroll
-                for (int np = 0; np < KSH; ++np) {
+                for (int np = 0; np < DK / 16; ++np) {
                     unsigned b0, b1, b2, b3;
-                    const int off = (16 * kk + (mat & 1) * 8 + r8) * LDK + 16 * (np + KSH * kh) + (mat >> 1) * 8;
+                    const int off = (16 * kk + (mat & 1) * 8 + r8) * LDK + 16 * np + (mat >> 1) * 8;
                     ldsm_x4_t(b0, b1, b2, b3, &s.k[off]);
                     mma(St[2 * np], ahi, b0, b1);
                     mma(St[2 * np + 1], ahi, b2, b3);
@@ -693,18 +613,14 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
             const int row = idx / (BV / 4), part = idx % (BV / 4);
             if (row < nt_valid)
                 *reinterpret_cast<uint2*>(o + ((long long)(tok0 + c0 + row) * num_v_heads + h) * DV + col0 + part * 4) =
-#if GDN_KSPLIT > 1
-                    *reinterpret_cast<const uint2*>(&s.ob[row * LDV + part * 4]);
-#else
                     *reinterpret_cast<const uint2*>(&s.v[buf][row * LDV + part * 4]);
-#endif
         }
     }
 
     float* out = reinterpret_cast<float*>(ld_volatile(h_state_ptrs + b)) + (long long)h * DK * DV;
 #pragma unroll
     for (int j = 0; j < NTS; ++j) {
-        const int kr = 8 * (j + NTS * kh) + 2 * tq;
+        const int kr = 8 * j + 2 * tq;
         out[kr * DV + bv0] = St[j][0];
         out[(kr + 1) * DV + bv0] = St[j][1];
         out[kr * DV + bv0 + 8] = St[j][2];
@@ -712,8 +628,8 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
     }
 }
 
-#define GDN_MAX_THREADS (128 * GDN_KSPLIT)
-// The dv slice width BV (and so block = 2 BV GDN_KSPLIT threads) is DV / gridDim.x: the host's geometry() chooses it.
+#define GDN_MAX_THREADS 128
+// The dv slice width BV (and so block = 2 BV threads) is DV / gridDim.x: the host's geometry() chooses it.
 template <int D>
 __device__ __forceinline__ void gdn_chunk_dispatch(const Q12Meta& m, const unsigned long long* __restrict__ h_state_ptrs,
                                                    const bf16* __restrict__ q, const bf16* __restrict__ k,
@@ -755,5 +671,3 @@ static_assert(sizeof(gdnc::Smem<128, 16>) == 102656, "Smem<128, 16> size differs
 static_assert(sizeof(gdnc::Smem<64, 64>) == 82176, "Smem<64, 64> size differs from gdn_chunk.smem_bytes(64, 64)");
 static_assert(sizeof(gdnc::Smem<64, 32>) == 73984, "Smem<64, 32> size differs from gdn_chunk.smem_bytes(64, 32)");
 static_assert(sizeof(gdnc::Smem<64, 16>) == 69888, "Smem<64, 16> size differs from gdn_chunk.smem_bytes(64, 16)");
-static_assert(sizeof(gdnc::Smem<128, 64, 2>) == 189696, "Smem<128, 64, 2> size differs from gdn_chunk.smem_bytes(128, 64, 2)");
-static_assert(sizeof(gdnc::Smem<64, 64, 2>) == 156928, "Smem<64, 64, 2> size differs from gdn_chunk.smem_bytes(64, 64, 2)");

@@ -70,11 +70,7 @@ def dynamic_smem(entry: str, defines=()) -> int:
     if entry in _attn.ENTRIES:
         return _attn.smem_bytes(int(entry.rsplit("_d", 1)[1]), defines)
     if entry in _gdnc.ENTRIES:
-        ksplit = 1
-        for d in defines:
-            if d.startswith("GDN_KSPLIT="):
-                ksplit = int(d.split("=", 1)[1])
-        return _gdnc.smem_bytes(int(entry.rsplit("_d", 1)[1]), ksplit=ksplit)
+        return _gdnc.smem_bytes(int(entry.rsplit("_d", 1)[1]))
     return 0
 
 

@@ -361,17 +361,6 @@ def test_chunk_smem_matches_the_source():
     assert gdn_chunk.geometry(1, 6, 64, bv=16) == ((4, 6, 1), (32, 1, 1), gdn_chunk.smem_bytes(64, 16))
     assert gdn_chunk.geometry(1, 6, 64, bv=64) == ((1, 6, 1), (128, 1, 1), gdn_chunk.smem_bytes(64))
     assert gdn_chunk.smem_bytes(128) <= 227 * 1024 // 2  # two CTAs per SM
-    # GDN_KSPLIT 2 (8 warps at bv 64): block 2 bv ksplit; + partial products and an O slice in shared memory
-    for d in (64, 128):
-        m = re.search(rf"sizeof\(gdnc::Smem<{d}, 64, 2>\) == (\d+)", src)
-        assert m and int(m.group(1)) == gdn_chunk.smem_bytes(d, 64, 2), d
-    assert gdn_chunk.smem_bytes(128, 64, 2) <= 227 * 1024
-    assert gdn_chunk.geometry(1, 32, 128, ksplit=2) == ((2, 32, 1), (256, 1, 1), gdn_chunk.smem_bytes(128, 64, 2))
-    assert gdn_chunk.geometry(1, 32, 128, bv=32, ksplit=2) == ((4, 32, 1), (128, 1, 1),
-                                                               gdn_chunk.smem_bytes(128, 32, 2))
-    assert re.search(r"#define GDN_KSPLIT 1\b", src)
-    with pytest.raises(ValueError):
-        gdn_chunk.geometry(1, 32, 128, ksplit=3)
     with pytest.raises(ValueError):
         gdn_chunk.geometry(1, 32, 256)
     with pytest.raises(ValueError):

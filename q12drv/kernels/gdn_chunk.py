@@ -34,7 +34,6 @@ __all__ = [
     "CHUNK",
     "BV",
     "BVS",
-    "KSPLITS",
     "COMPILED_BVS",
     "NUM_SMS",
     "FILL",
@@ -56,11 +55,6 @@ THREADS = 128
 CHUNK = 64
 #: dv columns per CTA (the widest slice; the default when the grid is full).
 BV = 64
-#: Warps per 16 dv columns the kernel can be compiled for (``GDN_KSPLIT``, default 1): 2 splits the dk columns of
-#: each warp's S^T slice over two warps (block ``2 bv ksplit``; each warp's serial chain per chunk shorter; partial
-#: ``S^T K^T``, ``S^T Q^T`` summed through shared memory). Selected at compile time: ``geometry(..., ksplit=)`` and
-#: ``smem_bytes(..., ksplit=)`` must name the build's value.
-KSPLITS = (1, 2)
 #: Slice widths the kernel can be compiled for; it reads bv = dv / gridDim.x and runs 2 * bv threads.
 BVS = (64, 32, 16)
 #: Slice widths the default build compiles (``GDN_BV_SET`` 1 in the source): geometry's automatic choice
@@ -83,7 +77,7 @@ def entry_name(head_dim: int) -> str:
     raise ValueError(f"chunked GDN prefill has kernels for head_dim 64 and 128, not {head_dim}")
 
 
-def smem_bytes(head_dim: int, bv: int = BV, ksplit: int = 1) -> int:
+def smem_bytes(head_dim: int, bv: int = BV) -> int:
     """Dynamic shared memory of one CTA; must match ``gdnc::Smem<dk, bv>`` (static_asserts) in the source.
 
     bf16 K (hi and lo) and Q chunks ``[64][dk+8]`` (Q arrives raw by cp.async and is normalised in
@@ -91,19 +85,13 @@ def smem_bytes(head_dim: int, bv: int = BV, ksplit: int = 1) -> int:
     -A (off-diagonal blocks) and P ``[64][72]``; bf16 inverted diagonal blocks ``[64][24]``; fp32
     diagonal blocks ``[4][16][17]``; fp32 g and beta ``[2][64]`` each (double buffer), gamma,
     beta, exp(gamma), exp(gamma_C - gamma) ``[64]`` each. The default (bv 64) is the largest, so an
-    opt-in of ``smem_bytes(d)`` covers every slice width (of one ``ksplit``). ``ksplit`` 2 adds the fp32
-    partial products ``[bv/16][2][2][16 x 64]`` and a bf16 O slice ``[64][bv+8]``.
+    opt-in of ``smem_bytes(d)`` covers every slice width.
     """
     dk = head_dim
     if bv not in BVS:
         raise ValueError(f"bv must be one of {BVS}, got {bv}")
-    if ksplit not in KSPLITS:
-        raise ValueError(f"ksplit must be one of {KSPLITS}, got {ksplit}")
-    base = 2 * (3 * CHUNK * (dk + 8) + CHUNK * dk + 2 * CHUNK * (bv + 8) + 2 * CHUNK * 72 + CHUNK * 24) + \
+    return 2 * (3 * CHUNK * (dk + 8) + CHUNK * dk + 2 * CHUNK * (bv + 8) + 2 * CHUNK * 72 + CHUNK * 24) + \
         4 * (4 * 16 * 17 + 8 * CHUNK)
-    if ksplit > 1:
-        base += 4 * (bv // 16) * 2 * 2 * 16 * CHUNK + 2 * CHUNK * (bv + 8)
-    return base
 
 
 def choose_bv(n: int, num_v_heads: int, head_dim: int, num_sms: int = NUM_SMS,
@@ -118,12 +106,11 @@ def choose_bv(n: int, num_v_heads: int, head_dim: int, num_sms: int = NUM_SMS,
 
 
 def geometry(n: int, num_v_heads: int, head_dim: int, *, num_sms: int | None = None,
-             bv: int | None = None, ksplit: int = 1) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
-    """Launch geometry: grid ``(dv / bv, Hv, n)``, block ``(2 bv ksplit, 1, 1)``, dynamic smem bytes.
+             bv: int | None = None) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+    """Launch geometry: grid ``(dv / bv, Hv, n)``, block ``(2 bv, 1, 1)``, dynamic smem bytes.
 
     ``bv`` (64, 32, 16) defaults to :func:`choose_bv` with ``num_sms`` (default :data:`NUM_SMS`;
-    pass the device's ``MULTIPROCESSOR_COUNT``). The kernel derives bv from ``gridDim.x``. ``ksplit``: the
-    build's ``GDN_KSPLIT`` (1 in the default build; a kernel launched with another block size returns at once).
+    pass the device's ``MULTIPROCESSOR_COUNT``). The kernel derives bv from ``gridDim.x``.
     """
     entry_name(head_dim)
     if n < 1 or num_v_heads < 1:
@@ -132,9 +119,7 @@ def geometry(n: int, num_v_heads: int, head_dim: int, *, num_sms: int | None = N
         bv = choose_bv(n, num_v_heads, head_dim, NUM_SMS if num_sms is None else int(num_sms))
     if bv not in BVS:
         raise ValueError(f"bv must be one of {BVS}, got {bv}")
-    if ksplit not in KSPLITS:
-        raise ValueError(f"ksplit must be one of {KSPLITS}, got {ksplit}")
-    return (head_dim // bv, num_v_heads, n), (2 * bv * ksplit, 1, 1), smem_bytes(head_dim, bv, ksplit)
+    return (head_dim // bv, num_v_heads, n), (2 * bv, 1, 1), smem_bytes(head_dim, bv)
 
 
 def _split(x: np.ndarray, hilo: bool):

@@ -95,19 +95,14 @@ def debug_cases(torch, chunk):
 
 
 # name, defines, bv (None: geometry's choice, 64 in the default build). Defaults: GDN_PREFETCH 0, GDN_WARP_INV 0,
-# GDN_BV_SET 1 (bv 64 only), GDN_NORM_UNROLL 2, GDN_KSPLIT 1 (the block is 2 bv ksplit threads: ksplit from the -D's).
+# GDN_BV_SET 1 (bv 64 only), GDN_NORM_UNROLL 2. (v4-v7, GDN_KSPLIT 2: 8 warps splitting dk, lost (+40% at 8 x 2048,
+# +3% at 1 x 8192) and were removed with the kernel path.)
 # At 017c571 v4-bv32 (GDN_BV_SET=2, bv 32): 255r/144B, 2.48 / 2.48 / 1.60 ms; v5-bv16 11.2 / 5.6 / 6.1 ms (dropped).
 VARIANTS = [  # measured at d18a17d (tests/GPU.md): no prefetch and no per-warp inversion won; BV 32/16 lost 2-10x
     ("v0-default", (), None),
     ("v1-prefetch", ("GDN_PREFETCH=1",), None),
     ("v2-warpinv", ("GDN_WARP_INV=1",), None),
     ("v3-prefetch-warpinv", ("GDN_PREFETCH=1", "GDN_WARP_INV=1"), None),
-    # GDN_KSPLIT 2: 8 warps at bv 64, two per 16 dv columns, each holding half of S^T's dk columns (the per-warp
-    # serial chain per chunk: K S / Q S / update halved, K K^T / Q K^T split by n-tile pairs; aimed at 1 x 8192)
-    ("v4-ksplit2", ("GDN_KSPLIT=2",), None),
-    ("v5-ksplit2-prefetch", ("GDN_KSPLIT=2", "GDN_PREFETCH=1"), None),
-    ("v6-ksplit2-warpinv", ("GDN_KSPLIT=2", "GDN_WARP_INV=1"), None),
-    ("v7-ksplit2-bv32", ("GDN_KSPLIT=2", "GDN_BV_SET=2"), 32),   # 128 CTAs of 4 warps at 1 x 32 heads
 ]
 RAGGED_LENS = [256, 2048, 512, 1792, 768, 1536, 1024, 1280]   # 8 streams, 256..2048
 
@@ -148,12 +143,12 @@ def timing_cases(torch):
     return out
 
 
-def small_ragged_check(torch, funcs, bv, ref_bits, ksplit=1):
+def small_ragged_check(torch, funcs, bv, ref_bits):
     """PASS/FAIL of one variant on a small ragged case; returns (verdict, o, fin)."""
     rng = np.random.default_rng(77)
     hk, hv, d = 2, 4, 128
     inputs = T.make_inputs(rng, [1, 63, 64, 65, 0, 300, 130], hk, hv, d)
-    o, fin, guards = T.run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, bv=bv, ksplit=ksplit)
+    o, fin, guards = T.run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, bv=bv)
     o_ref, fin_ref = gdn.reference(*inputs)
     eo = T.rel(from_bf16_bits(o), from_bf16_bits(o_ref))
     es = T.rel(fin, fin_ref)
@@ -204,13 +199,12 @@ def variants(torch, rec, names=None):
         f = funcs["q12_gdn_chunk_d128"]
         regs = T._check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, f))
         local = T._check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f))
-        ks = T.ksplit_of(defines)
-        verdict, o, fin = small_ragged_check(torch, funcs, bv, ref_bits, ks)
+        verdict, o, fin = small_ragged_check(torch, funcs, bv, ref_bits)
         if ref_bits is None:
             ref_bits = (o, fin)
         row = [name, f"{regs}r/{local}B", verdict, bv or "auto"]
         for key, n, Tt, hv, d, vals, _ in cases:
-            grid, block, smem = gdn_chunk.geometry(n, hv, d, bv=bv, ksplit=ks)
+            grid, block, smem = gdn_chunk.geometry(n, hv, d, bv=bv)
             row.append(time_kernel(torch, funcs, gdn_chunk.entry_name(d), grid, block, smem, vals))
         rows.append(row)
         T._check(cu.cuModuleUnload(mod))

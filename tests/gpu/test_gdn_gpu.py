@@ -228,14 +228,6 @@ from q12drv.kernels import gdn_chunk  # noqa: E402
 CHUNK_O_REL, CHUNK_STATE_REL = 1e-2, 1e-3   # numpy model of the kernel: ~3.7e-3 and ~3e-4
 
 
-def ksplit_of(defines) -> int:
-    """The GDN_KSPLIT a list of -D's builds (1 unless named)."""
-    for d in defines:
-        if d.startswith("GDN_KSPLIT="):
-            return int(d.split("=", 1)[1])
-    return 1
-
-
 def load_chunk_module(defines=()):
     """Compile gdn_chunk.cu (extra ``defines``: its GDN_* variant macros), load it, opt in to its
     dynamic shared memory (the bv-64 size covers every slice width); returns (module, {entry: CUfunction})."""
@@ -249,7 +241,7 @@ def load_chunk_module(defines=()):
     attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     for name in gdn_chunk.ENTRIES:
         f = _check(cu.cuModuleGetFunction(mod, name.encode()))
-        smem = gdn_chunk.smem_bytes(128 if name.endswith("128") else 64, ksplit=ksplit_of(defines))
+        smem = gdn_chunk.smem_bytes(128 if name.endswith("128") else 64)
         _check(cu.cuFuncSetAttribute(f, attr, smem))
         funcs[name] = f
     return mod, funcs
@@ -265,9 +257,9 @@ def chunk_kernels(kernels):
     _check(cu.cuModuleUnload(mod))
 
 
-def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, bv=None, ksplit=1):
+def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, bv=None):
     """One chunked launch over all streams of `inputs`: (o bits, final states, guards intact).
-    ``bv``: the dv slice width (default: geometry's choice for this batch); ``ksplit``: the build's GDN_KSPLIT."""
+    ``bv``: the dv slice width (default: geometry's choice for this batch)."""
     q, k, v, g, beta, cu, s0 = inputs
     lens = np.diff(cu).tolist()
     n, T = len(lens), int(cu[-1])
@@ -280,7 +272,7 @@ def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, bv=None, ksplit=1):
     o = Guarded(torch, max(T, 1) * hv * d * 2, fill=0xFF)
     states = [Guarded.of(torch, s0[b]) for b in range(n)]
     ptrs = Guarded.of(torch, np.array([s.ptr for s in states], np.uint64))
-    grid, block, smem = gdn_chunk.geometry(n, hv, d, bv=bv, ksplit=ksplit)
+    grid, block, smem = gdn_chunk.geometry(n, hv, d, bv=bv)
     values = [meta, ctypes.c_uint64(ptrs.ptr)]
     values += [ctypes.c_uint64(b.ptr) for b in bufs] + [ctypes.c_uint64(o.ptr)]
     values += [ctypes.c_int(hk), ctypes.c_int(hv)]
@@ -354,35 +346,6 @@ def test_gdn_chunk_slice_widths_agree_bit_for_bit(chunk_kernels, d):
         assert rel(from_bf16_bits(o), from_bf16_bits(o_ref)) < CHUNK_O_REL, f"bv {bv}: output error"
         assert rel(fin, fin_ref) < CHUNK_STATE_REL, f"bv {bv}: state error"
         assert np.array_equal(o, res[64][0]) and np.array_equal(fin, res[64][1]), f"bv {bv} differs from bv 64"
-    _check(cu.cuModuleUnload(mod))
-
-
-@pytest.mark.parametrize("d", [64, 128])
-def test_gdn_chunk_ksplit2(chunk_kernels, d):
-    """GDN_KSPLIT 2 (two warps per 16 dv columns, block 2 bv ksplit): within the float64 bounds at bv 64 and 32,
-    the two widths equal bit for bit, and a stream alone equals the batch."""
-    from cuda.bindings import driver as cu
-
-    torch = chunk_kernels[0]
-    mod, funcs = load_chunk_module(["GDN_KSPLIT=2", "GDN_BV_SET=3"])
-    rng = np.random.default_rng()
-    hk, hv = 2, 4
-    lens = [1, 64, 65, 300, 0, 17, 1100]
-    inputs = make_inputs(rng, lens, hk, hv, d)
-    o_ref, fin_ref = gdn.reference(*inputs)
-    res = {bv: run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, bv=bv, ksplit=2) for bv in (64, 32)}
-    for bv, (o, fin, guards) in res.items():
-        assert guards, f"bv {bv}: a guard byte changed"
-        assert np.isfinite(from_bf16_bits(o)).all(), f"bv {bv}: output rows unwritten or non-finite"
-        assert rel(from_bf16_bits(o), from_bf16_bits(o_ref)) < CHUNK_O_REL, f"bv {bv}: output error"
-        assert rel(fin, fin_ref) < CHUNK_STATE_REL, f"bv {bv}: state error"
-        assert np.array_equal(o, res[64][0]) and np.array_equal(fin, res[64][1]), f"bv {bv} differs from bv 64"
-    assert np.array_equal(fin[4], inputs[-1][4]), "a stream of length 0 changed its state"
-    q, k, v, g, beta, cus, s0 = inputs
-    s, e = cus[6], cus[7]
-    one = (q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], np.array([0, e - s], np.int32), s0[6:7])
-    o1, fin1, _ = run_chunk_gpu(torch, funcs, one, hk, hv, d, rng, bv=64, ksplit=2)
-    assert np.array_equal(res[64][0][s:e], o1) and np.array_equal(res[64][1][6], fin1[0]), "batched != alone"
     _check(cu.cuModuleUnload(mod))
 
 
