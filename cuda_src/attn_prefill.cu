@@ -17,8 +17,9 @@
 // chunked 0.95-1.03. Against cuDNN: 1.4-2.2x its time fresh (it uses wgmma), 1.16-1.53 ragged, 0.77-0.94
 // chunked. Tried and not
 // promoted: 4 warps x 16 rows with MINB 3-4 or Q in registers (+5..50%), BN 32 with 3-4 stages at D256
-// (+15..20%), DS (two warps share 32 rows) at D128 (+15..30%); DS at D256 was 3-5% faster but spills 8 bytes
-// with NVRTC 13.0, so the default keeps MW 1 there.
+// (+15..20%), DS (two warps share 32 rows) at D128 (+15..30%); DS at D256 was 3-5% faster but spilled 8 bytes
+// with NVRTC 13.0 (the block-table pointer; DS now reloads it in slot_of: 254 regs, 0 spills on 13.0,
+// 249 on 13.5), so the default keeps MW 1 there for now.
 // ---------------------------------------------------------------------------------------------
 // Fragment layouts (PTX ISA, mma.m16n8k16 with .bf16 A/B and .f32 C/D), lane = 0..31,
 // g = lane >> 2 (groupID), t = lane & 3 (threadID_in_group). Each .b32 A/B register holds two
@@ -249,7 +250,16 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
     }
 
     // Pool slot (physical block * block_size + offset) of key position pos, -1 past max_key.
-    auto slot_of = [&](int pos) -> int { return pos <= max_key ? bt[pos / block_size] * block_size + pos % block_size : -1; };
+    // DS: reload the block-table pointer (an L1 hit) instead of keeping it live across the loop,
+    // where this 64-bit pointer was the one value NVRTC 13.0 spilled (8 bytes) in the D256 DS build.
+    auto slot_of = [&](int pos) -> int {
+        if constexpr (DS) {
+            const int* btr = q12_block_table(m, b);
+            return pos <= max_key ? btr[pos / block_size] * block_size + pos % block_size : -1;
+        } else {
+            return pos <= max_key ? bt[pos / block_size] * block_size + pos % block_size : -1;
+        }
+    };
     auto copy_row = [&](int slot, int r, int stage) {
         const bool ok = slot >= 0;
         long long off = 0;

@@ -27,6 +27,9 @@ import time
 # D256 ST2+PSMEM+GQA+WSKIP). Each variant is timed only at the head dims where it differs from v0.
 VARIANTS = [  # measured at d18a17d (tests/GPU.md): D128 8 warps x 32 rows + GQA won; 4-warp QREG/MINB variants lost
     ("v0-default", ()),
+    # D256 as shipped before the DS promotion (8 warps x 16 rows, no warp pairs): after promoting
+    # ATTN_D256_DS=1 / MW=2 to the defaults, this compares old vs new in one run (equal to v0 until then)
+    ("v-d256-ds0", ("ATTN_D256_DS=0", "ATTN_D256_MW=1")),
     # D128 as shipped at d18a17d: 4 warps x 32 rows, no GQA packing, no warp skipping
     ("v1-d128-4w-nogqa", ("ATTN_D128_NW=4", "ATTN_D128_GQA=0", "ATTN_D128_WSKIP=0")),
     # the loop shipped before (two barriers per tile, pages in registers), for reference
@@ -35,7 +38,7 @@ VARIANTS = [  # measured at d18a17d (tests/GPU.md): D128 8 warps x 32 rows + GQA
     # DS: warp pairs share 32 rows (S split over key halves, O over head-dim halves, P and row maxima
     # exchanged through smem with a 64-thread named barrier): K/V fragments feed 2 sub-tiles (about
     # 0.7x the ldmatrix bytes per mma of MW=1) with D/2 accumulator columns. Local NVRTC 13.5 regs/smem:
-    ("v6-d256-ds", ("ATTN_D256_MW=2", "ATTN_D256_DS=1")),  # BN64 ST2: 251 regs, 222720 B, 1 CTA/SM
+    ("v6-d256-ds", ("ATTN_D256_MW=2", "ATTN_D256_DS=1")),  # BN64 ST2: 249 regs (254 on 13.0, 0 spills), 222720 B, 1 CTA/SM
     ("v7-d256-ds-bn32-st3", ("ATTN_D256_MW=2", "ATTN_D256_DS=1", "ATTN_D256_BN=32", "ATTN_D256_ST=3")),  # 242, 180480
     ("v8-d256-ds-bn32-st4", ("ATTN_D256_MW=2", "ATTN_D256_DS=1", "ATTN_D256_BN=32", "ATTN_D256_ST=4")),  # 242, 214272
     # 4 warps (2 pairs, 64 rows), BN32: 240 regs, 107264 B -> 2 CTAs/SM
