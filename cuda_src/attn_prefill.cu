@@ -17,9 +17,9 @@
 // chunked 0.95-1.03. Against cuDNN: 1.4-2.2x its time fresh (it uses wgmma), 1.16-1.53 ragged, 0.77-0.94
 // chunked. Tried and not
 // promoted: 4 warps x 16 rows with MINB 3-4 or Q in registers (+5..50%), BN 32 with 3-4 stages at D256
-// (+15..20%), DS (two warps share 32 rows) at D128 (+15..30%); DS at D256 was 3-5% faster but spilled 8 bytes
-// with NVRTC 13.0 (the block-table pointer; DS now reloads it in slot_of: 254 regs, 0 spills on 13.0,
-// 249 on 13.5), so the default keeps MW 1 there for now.
+// (+15..20%), DS (two warps share 32 rows) at D128 (+15..30%); DS at D256 is 3-5% faster and is the default
+// there (MW 2, DS 1; 254 regs, 0 spills on NVRTC 13.0 with the block-table pointer reloaded in slot_of,
+// 249 on 13.5; tests/gpu/attn_variants.py v-d256-ds0 is the previous 8 warps x 16 rows).
 // ---------------------------------------------------------------------------------------------
 // Fragment layouts (PTX ISA, mma.m16n8k16 with .bf16 A/B and .f32 C/D), lane = 0..31,
 // g = lane >> 2 (groupID), t = lane & 3 (threadID_in_group). Each .b32 A/B register holds two
@@ -635,7 +635,8 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
 // Tiles <D, BN, NW, MW, Q in registers>, chosen on the H200 (fresh 8k prefill, GQA 4/8):
 // D=64: 8 warps x 16 rows, 100 regs, 2 CTAs/SM. D=128: 4 warps x 32 rows (each K/V fragment feeds
 // two m16 sub-tiles, halving shared-memory traffic), BN=32 to stay under 255 registers without
-// spills, 2 CTAs/SM. D=256: 8 warps x 16 rows, BN=64, 1 CTA/SM (198 KiB of shared memory).
+// spills, 2 CTAs/SM. D=256: 8 warps in 4 pairs sharing 32 rows each (DS=1, MW=2: 128 CTA rows), BN=64, 1 CTA/SM
+// (217.5 KiB of shared memory with the pairs' P tiles).
 // Keep q12drv/kernels/attention.py (WARPS, WARP_SUBTILES, BLOCK_N, DEFAULT_CONFIG) in step; a CPU
 // test checks the defaults below against it.
 //
@@ -668,7 +669,7 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
 #define ATTN_D256_NW 8
 #endif
 #ifndef ATTN_D256_MW
-#define ATTN_D256_MW 1
+#define ATTN_D256_MW 2
 #endif
 #ifndef ATTN_D64_QREG
 #define ATTN_D64_QREG 0
@@ -731,7 +732,7 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
 #define ATTN_D256_MINB 0
 #endif
 #ifndef ATTN_D256_DS
-#define ATTN_D256_DS 0
+#define ATTN_D256_DS 1
 #endif
 
 

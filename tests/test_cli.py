@@ -43,10 +43,10 @@ def test_doctor_compiles_every_kernel_for_sm90(capsys):
 def test_doctor_reports_a_variant_build_with_its_dynamic_shared_memory(capsys):
     from q12drv.kernels import attention, gdn_chunk
 
-    defines = ("ATTN_D256_DS=1", "ATTN_D256_MW=2")
+    defines = ("ATTN_D256_DS=0", "ATTN_D256_MW=1")  # the D256 build shipped before DS was promoted
     assert main(["doctor", "--driver", "emu", "-D", defines[0], "--define", defines[1]]) == 0
     out = capsys.readouterr().out
-    assert "variant build: -DATTN_D256_DS=1 -DATTN_D256_MW=2" in out
+    assert "variant build: -DATTN_D256_DS=0 -DATTN_D256_MW=1" in out
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("q12_")}
     assert int(rows["q12_attn_prefill_d256"][6]) == attention.smem_bytes(256, defines) != attention.smem_bytes(256)
     assert int(rows["q12_attn_prefill_d128"][6]) == attention.smem_bytes(128)

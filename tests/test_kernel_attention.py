@@ -137,7 +137,9 @@ def test_geometry():
         c = attn.DEFAULT_CONFIG[d]
         stages = c["ST"] or 2
         slots = 2 * attn.BLOCK_N[d] * 4 if c["PSMEM"] else 0
-        assert attn.smem_bytes(d) == (attn.BLOCK_M[d] + 2 * stages * attn.BLOCK_N[d]) * (d + 8) * 2 + slots
+        pairs = c["NW"] // 2 * (32 * (attn.BLOCK_N[d] + 8) * 2 + 2 * 32 * 4) if c["DS"] else 0
+        assert attn.smem_bytes(d) == (attn.BLOCK_M[d] + 2 * stages * attn.BLOCK_N[d]) * (d + 8) * 2 + slots + pairs
+    assert attn.smem_bytes(256) == 222720 and attn.BLOCK_M[256] == 128  # D256: DS warp pairs, 8 warps x 32 rows / 2
     assert smem == attn.smem_bytes(64)
     bm = attn.BLOCK_M[64]
     assert attn.geometry(1, bm, 2, 64)[0] == (1, 2, 1)
@@ -173,7 +175,9 @@ def test_python_tiles_match_the_source():
             got = re.search(rf"#ifndef ATTN_D{d}_{knob}\n#define ATTN_D{d}_{knob} (\d+)\n#endif", src)
             assert got, f"no default for ATTN_D{d}_{knob}"
             assert int(got.group(1)) == want, f"ATTN_D{d}_{knob}: source {got.group(1)}, python {want}"
-        assert attn.BLOCK_M[d] == 16 * attn.WARPS[d] * attn.WARP_SUBTILES[d] and attn.THREADS[d] == 32 * attn.WARPS[d]
+        ds = attn.DEFAULT_CONFIG[d]["DS"]
+        assert attn.BLOCK_M[d] == 16 * attn.WARPS[d] * attn.WARP_SUBTILES[d] // (2 if ds else 1)
+        assert attn.THREADS[d] == 32 * attn.WARPS[d]
         assert attn.config(d) == {**attn.DEFAULT_CONFIG[d], "threads": attn.THREADS[d], "block_m": attn.BLOCK_M[d],
                                   "stages": attn.DEFAULT_CONFIG[d]["ST"] or 2, "smem": attn.smem_bytes(d)}
 
@@ -214,7 +218,11 @@ DS_VARIANT = ("ATTN_D256_MW=2", "ATTN_D256_DS=1", "ATTN_D256_BN=32", "ATTN_D256_
 def test_ds_config_and_geometry():
     # DS: warp pairs share 16 * MW rows, so the CTA holds NW * MW * 8 rows; smem adds per pair a P tile
     # [32][BN + 8] bf16 and row maxima / sums [2][32] fp32.
-    assert all(not c["DS"] for c in attn.DEFAULT_CONFIG.values())
+    # D256 ships DS (MW 2, BN 64, ST 2); D64 and D128 do not.
+    assert [d for d, c in attn.DEFAULT_CONFIG.items() if c["DS"]] == [256]
+    assert attn.DEFAULT_CONFIG[256]["MW"] == 2
+    old = attn.config(256, ("ATTN_D256_DS=0", "ATTN_D256_MW=1"))  # the previous D256 default
+    assert (old["block_m"], old["smem"]) == (128, 203264)
     cfg = attn.config(256, DS_VARIANT)
     assert (cfg["NW"], cfg["MW"], cfg["DS"], cfg["threads"], cfg["block_m"], cfg["stages"]) == (8, 2, 1, 256, 128, 3)
     assert cfg["smem"] == (128 + 2 * 3 * 32) * 264 * 2 + 2 * 32 * 4 + 4 * (32 * 40 * 2 + 2 * 32 * 4)
@@ -225,7 +233,7 @@ def test_ds_config_and_geometry():
     assert four["block_m"] == 64 and four["threads"] == 128
     assert 2 * (four["smem"] + 1024) <= 228 * 1024  # two CTAs per SM
     assert attn.config(128, ("ATTN_D128_DS=1",))["block_m"] == 128  # D128 default MW=2, NW=8
-    for bad in (("ATTN_D256_DS=1",), ("ATTN_D256_DS=1", "ATTN_D256_MW=2", "ATTN_D256_NW=3"),
+    for bad in (("ATTN_D256_MW=1",), ("ATTN_D256_DS=1", "ATTN_D256_MW=2", "ATTN_D256_NW=3"),
                 ("ATTN_D256_DS=1", "ATTN_D256_MW=2", "ATTN_D256_BN=48")):
         with pytest.raises(ValueError, match="DS|split"):
             attn.config(256, bad)

@@ -73,7 +73,7 @@ ENTRIES = tuple(HEAD_DIMS.values())
 DEFAULT_CONFIG = {
     64: {"BN": 64, "NW": 8, "MW": 1, "QREG": 0, "ST": 2, "PSMEM": 1, "GQA": 0, "WSKIP": 0, "MINB": 0, "DS": 0},
     128: {"BN": 32, "NW": 8, "MW": 2, "QREG": 0, "ST": 2, "PSMEM": 1, "GQA": 1, "WSKIP": 1, "MINB": 0, "DS": 0},
-    256: {"BN": 64, "NW": 8, "MW": 1, "QREG": 0, "ST": 2, "PSMEM": 1, "GQA": 1, "WSKIP": 1, "MINB": 0, "DS": 0},
+    256: {"BN": 64, "NW": 8, "MW": 2, "QREG": 0, "ST": 2, "PSMEM": 1, "GQA": 1, "WSKIP": 1, "MINB": 0, "DS": 1},
 }
 _KNOBS = ("BN", "NW", "MW", "QREG", "ST", "PSMEM", "GQA", "WSKIP", "MINB", "DS")
 
@@ -85,8 +85,9 @@ WARP_SUBTILES = {d: c["MW"] for d, c in DEFAULT_CONFIG.items()}
 BLOCK_N = {d: c["BN"] for d, c in DEFAULT_CONFIG.items()}
 #: Head dim -> threads per CTA.
 THREADS = {d: 32 * w for d, w in WARPS.items()}
-#: Head dim -> query rows per CTA (CTA rows are (token, head) pairs with GQA packing).
-BLOCK_M = {d: 16 * WARPS[d] * WARP_SUBTILES[d] for d in WARPS}
+#: Head dim -> query rows per CTA (CTA rows are (token, head) pairs with GQA packing; DS warp
+#: pairs share their rows).
+BLOCK_M = {d: 16 * WARPS[d] * WARP_SUBTILES[d] // (2 if DEFAULT_CONFIG[d]["DS"] else 1) for d in WARPS}
 #: bf16 elements of padding per shared-memory row (bank-conflict-free ldmatrix).
 _SMEM_PAD = 8
 
@@ -150,7 +151,8 @@ def smem_bytes(head_dim: int, defines=()) -> int:
     """Dynamic shared memory of one CTA: Q tile + K and V stages, padded rows (+ the slot array).
 
     ``(BLOCK_M + 4 * BLOCK_N) * (D + 8) * 2 + 8 * BLOCK_N`` bytes with the default tiles (two
-    stages, slot array, the shipped tiles): 55 808 (D=64), 104 704 (D=128), 203 264 (D=256). Above 48 KiB the launcher must raise
+    stages, slot array, the shipped tiles): 55 808 (D=64), 104 704 (D=128); D=256 (DS) adds per warp pair a
+    P tile ``[32][BN + 8]`` bf16 and ``[2][32]`` fp32 row maxima/sums: 203 264 + 19 456 = 222 720. Above 48 KiB the launcher must raise
     ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` first (the H200 allows 227 KiB).
     ``defines``: see :func:`config`.
     """
