@@ -11,15 +11,16 @@
 // A CTA never spans two streams, and what it computes depends only on (b, m-tile, h) and that
 // stream's data, so batched and single-stream launches give bit-identical results.
 //
-// Measured on the H200 (tests/GPU.md session 2, runs C-D; Hq 16, Hkv 2, block 16), q12drv time /
+// Measured on the H200 (tests/GPU.md session 2, runs C-F; Hq 16, Hkv 2, block 16), q12drv time /
 // torch SDPA FLASH (FA2) time on gathered K/V: D128 fresh 8 x 2048 0.96-1.07, 4 x 4096 0.96-0.99, ragged
-// 8 x 256..4096 0.89-1.00, chunked 2048 on 8192 0.94-1.07; D256 fresh 1.03-1.09, ragged 0.99-1.05,
-// chunked 0.95-1.03. Against cuDNN: 1.4-2.2x its time fresh (it uses wgmma), 1.16-1.53 ragged, 0.77-0.94
-// chunked. Tried and not
-// promoted: 4 warps x 16 rows with MINB 3-4 or Q in registers (+5..50%), BN 32 with 3-4 stages at D256
-// (+15..20%), DS (two warps share 32 rows) at D128 (+15..30%); DS at D256 is 3-5% faster and is the default
-// there (MW 2, DS 1; 254 regs, 0 spills on NVRTC 13.0 with the block-table pointer reloaded in slot_of,
-// 249 on 13.5; tests/gpu/attn_variants.py v-d256-ds0 is the previous 8 warps x 16 rows).
+// 8 x 256..4096 0.89-1.00, chunked 2048 on 8192 0.94-1.07. D256 with 8 warps x 16 rows (runs C-E): fresh
+// 1.03-1.11, ragged 0.99-1.05, chunked 0.95-1.03; with the DS default (run F, ecb0a5f): fresh 0.96,
+// ragged 0.91, chunked 0.89-0.92 (6-8% faster than the 8 x 16 build in the same run). Against cuDNN:
+// 1.4-2.2x its time fresh (it uses wgmma), 1.16-1.53 ragged, 0.66-0.94 chunked. Tried and not promoted:
+// 4 warps x 16 rows with MINB 3-4 or Q in registers (+5..50%), BN 32 with 3-4 stages at D256 (+15..20%),
+// DS (two warps share 32 rows) at D128 (+15..30%). DS is the D256 default (MW 2, DS 1; 254 regs, 0 spills
+// on NVRTC 13.0 with the block-table pointer reloaded in slot_of, 249 on 13.5; tests/gpu/attn_variants.py
+// v-d256-ds0 is the previous 8 warps x 16 rows).
 // ---------------------------------------------------------------------------------------------
 // Fragment layouts (PTX ISA, mma.m16n8k16 with .bf16 A/B and .f32 C/D), lane = 0..31,
 // g = lane >> 2 (groupID), t = lane & 3 (threadID_in_group). Each .b32 A/B register holds two
