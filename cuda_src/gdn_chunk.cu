@@ -18,21 +18,19 @@
 // are directly A fragments of the next products (S^T K^T, R^T, V_new^T P^T, V_new^T K), so the
 // state never leaves registers and the four warps never exchange state data.
 //
-// Geometry: grid (dv/BV, Hv, n), block 2 BV (BV/16 warps); warp w owns dv columns 16w..16w+15 of the
-// CTA's BV-column slice. BV (64, 32, 16; template) is read from gridDim.x: the host's geometry() picks it
-// among the widths compiled in (GDN_BV_SET, default 64 only: every extra width costs registers). A CTA
-// never mixes streams (batched == alone, bit for bit); the dv columns of S evolve independently, so
-// slices never talk and BV does not change any result bit. Streams of length 0 are skipped (state
-// untouched). The last chunk is partial: rows >= len load as zero (k, q, v, beta, g), so they change
-// nothing, and their o is never written.
+// Geometry: grid (dv/64, Hv, n), block 128 (4 warps); warp w owns dv columns 16w..16w+15 of the CTA's
+// 64-column slice (BV = 64; a launch with any other grid.x or block does nothing). A CTA never mixes
+// streams (batched == alone, bit for bit); the dv columns of S evolve independently, so slices never
+// talk. Streams of length 0 are skipped (state untouched). The last chunk is partial: rows >= len load
+// as zero (k, q, v, beta, g), so they change nothing, and their o is never written.
 // Pipeline (GDN_PREFETCH 1): cp.async (zero-fill past the stream) brings raw K, the V slice, g and beta
 // of chunk c+1 into a second buffer while chunk c computes (issued after c's normalisation), and raw Q
 // into s.q once c's Q reads are done; four barriers per chunk. GDN_WARP_INV 1: the warp that computes
 // a diagonal block of K K^T inverts it (16 lanes, fp32 substitution) right away, no barrier of its own.
-// Shared memory (dynamic, gdnc::Smem<dk, BV>): bf16 K hi, K lo, Q [64][dk+8]; raw K [64][dk]; two bf16
-// V/O slices [64][BV+8]; -A (off-diagonal blocks), P [64][72]; bf16 diagonal inverses [64][24]; fp32
+// Shared memory (dynamic, gdnc::Smem<dk>): bf16 K hi, K lo, Q [64][dk+8]; raw K [64][dk]; two bf16
+// V/O slices [64][72]; -A (off-diagonal blocks), P [64][72]; bf16 diagonal inverses [64][24]; fp32
 // diagonal blocks [4][16][17]; g, beta [2][64]; gamma, beta, exp(gamma), exp(gamma_C - gamma) [64]:
-// 114,944 B (d128, BV 64), 82,176 B (d64): 2 CTAs/SM at d128. Registers: S^T slice 64 fp32 (d128)
+// 114,944 B (d128), 82,176 B (d64): 2 CTAs/SM at d128. Registers: S^T slice 64 fp32 (d128)
 // + two 32-float accumulators; 255 with NVRTC 13.5, no spills (scalars the loop does not need in
 // registers are re-read: ld_volatile).
 // Per warp and chunk (d128): 80 mma for K K^T / Q K^T (warp w: K rows of block w, Q rows of
@@ -50,14 +48,17 @@
 // 8 x 2048 tokens 1.04-1.07 ms (the recurrent kernel 2.87 ms), 1 x 8192 1.46-1.49 ms, ragged 8 x 256..2048
 // 0.72-0.75 ms; fla-core 0.6.0 chunk_gated_delta_rule in the same runs: 1.27-1.39, 1.24-1.74, 0.95-1.63 ms.
 // Tried and kept off (every variant bit-identical or within the model's error): GDN_PREFETCH 1 (+3..7% at
-// 8 x 2048, -4% at 1 x 8192, and 16 B of local memory on NVRTC 13.0), GDN_WARP_INV 1 (+10%), BV 32 (2.3x
-// slower: the chunk-local work is repeated per slice), BV 16 (10x). Tried and removed: GDN_KSPLIT 2 (two warps
-// per 16 dv columns, each holding half of S^T's dk columns; +40% at 8 x 2048, +3% at 1 x 8192: the pair's
-// partial sums and the redundant solve cost more than the halved chains save).
+// 8 x 2048, -4% at 1 x 8192, and 16 B of local memory on NVRTC 13.0), GDN_WARP_INV 1 (+10%). Tried and removed:
+// GDN_KSPLIT 2 (two warps per 16 dv columns, each holding half of S^T's dk columns; +40% at 8 x 2048, +3% at
+// 1 x 8192: the pair's partial sums and the redundant solve cost more than the halved chains save); narrower
+// dv slices BV 32 (64 threads, 2.3x slower on every case: the chunk-local work is repeated per slice) and
+// BV 16 (32 threads, 10x slower), removed after measuring (they had filled the grid when dv/64 * Hv * n
+// CTAs were fewer than the SMs).
 // Requirements: q, k 16-byte aligned, v, o 8-byte aligned (as the recurrent kernel); dv a multiple of 64.
 #include "q12_meta.cuh"
 
 #define GDN_C 64      // tokens per chunk
+#define GDN_BV 64     // dv columns per CTA: 4 warps of 16 (the host's gdn_chunk.BV)
 #ifndef GDN_S_HILO
 #define GDN_S_HILO 0
 #endif
@@ -72,10 +73,6 @@
 #endif
 #ifndef GDN_NORM_UNROLL  // unroll of the normalisation passes
 #define GDN_NORM_UNROLL 2
-#endif
-#ifndef GDN_BV_SET     // compiled dv slice widths (bit mask): 1 = 64, 2 = 32, 4 = 16; chosen at run time by gridDim.x
-#define GDN_BV_SET 1   // more than one width in a build costs registers (spills at d128); the host's COMPILED_BVS
-                       // (q12drv/kernels/gdn_chunk.py) must list the same widths
 #endif
 
 namespace gdnc {
@@ -153,10 +150,10 @@ __device__ __forceinline__ void a_from_c_hilo(const float* c0, const float* c1, 
     pack_hilo(c1[2], c1[3], hi[3], lo[3]);
 }
 
-template <int DK, int BV>
+template <int DK>
 struct Smem {
     static constexpr int LDK = DK + 8;   // row strides (elements): 16-byte rows shifted by 16 bytes
-    static constexpr int LDV = BV + 8;
+    static constexpr int LDV = GDN_BV + 8;
     static constexpr int LDP = GDN_C + 8;
     static constexpr int LDD = 24;
     bf16 k[GDN_C * LDK];
@@ -260,15 +257,16 @@ __device__ __forceinline__ void invert_column(const float* D, bf16* dinv, int j)
 
 }  // namespace gdnc
 
-template <int DK, int DV, int BV>
+template <int DK, int DV>
 __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned long long* __restrict__ h_state_ptrs,
                                                const bf16* __restrict__ q, const bf16* __restrict__ k,
                                                const bf16* __restrict__ v, const float* __restrict__ g,
                                                const float* __restrict__ beta, bf16* __restrict__ o,
                                                int num_k_heads, int num_v_heads) {
     using namespace gdnc;
-    using SM = Smem<DK, BV>;
+    using SM = Smem<DK>;
     constexpr int C = GDN_C;
+    constexpr int BV = GDN_BV;
     constexpr int NW = BV / 16;                 // warps; warp w owns dv columns 16w..16w+15
     constexpr int THREADS = 32 * NW;
     constexpr int LDK = SM::LDK, LDV = SM::LDV, LDP = SM::LDP, LDD = SM::LDD;
@@ -276,7 +274,7 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
     constexpr int SEGS = DK / 8;                // 16-byte segments per q/k row
     constexpr int RPP = THREADS / SEGS;         // rows per pass
     static_assert(DK % 16 == 0 && DV % BV == 0 && 32 % SEGS == 0 && C % RPP == 0, "shapes");
-    static_assert(NW == 1 || NW == 2 || NW == 4, "BV is 16, 32 or 64");
+    static_assert(NW == 4, "4 warps of 16 dv columns");
 
     extern __shared__ __align__(16) unsigned char gdn_smem_raw[];
     SM& s = *reinterpret_cast<SM*>(gdn_smem_raw);
@@ -629,31 +627,14 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
 }
 
 #define GDN_MAX_THREADS 128
-// The dv slice width BV (and so block = 2 BV threads) is DV / gridDim.x: the host's geometry() chooses it.
+// One dv slice width: grid.x must be D / 64 (and the block 128 threads, checked in the body).
 template <int D>
 __device__ __forceinline__ void gdn_chunk_dispatch(const Q12Meta& m, const unsigned long long* __restrict__ h_state_ptrs,
                                                    const bf16* __restrict__ q, const bf16* __restrict__ k,
                                                    const bf16* __restrict__ v, const float* __restrict__ g,
                                                    const float* __restrict__ beta, bf16* __restrict__ o,
                                                    int num_k_heads, int num_v_heads) {
-#if GDN_BV_SET & 1
-    if (gridDim.x == D / 64) {
-        gdn_chunk_body<D, D, 64>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
-        return;
-    }
-#endif
-#if GDN_BV_SET & 2
-    if (gridDim.x == D / 32) {
-        gdn_chunk_body<D, D, 32>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
-        return;
-    }
-#endif
-#if GDN_BV_SET & 4
-    if (gridDim.x == D / 16) {
-        gdn_chunk_body<D, D, 16>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
-        return;
-    }
-#endif
+    if (gridDim.x == D / GDN_BV) gdn_chunk_body<D, D>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
 }
 
 extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads) {
@@ -664,10 +645,6 @@ extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_d64(
     gdn_chunk_dispatch<64>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
 }
 
-// The host's q12drv.kernels.gdn_chunk.smem_bytes(d, bv) must give these numbers.
-static_assert(sizeof(gdnc::Smem<128, 64>) == 114944, "Smem<128, 64> size differs from gdn_chunk.smem_bytes(128, 64)");
-static_assert(sizeof(gdnc::Smem<128, 32>) == 106752, "Smem<128, 32> size differs from gdn_chunk.smem_bytes(128, 32)");
-static_assert(sizeof(gdnc::Smem<128, 16>) == 102656, "Smem<128, 16> size differs from gdn_chunk.smem_bytes(128, 16)");
-static_assert(sizeof(gdnc::Smem<64, 64>) == 82176, "Smem<64, 64> size differs from gdn_chunk.smem_bytes(64, 64)");
-static_assert(sizeof(gdnc::Smem<64, 32>) == 73984, "Smem<64, 32> size differs from gdn_chunk.smem_bytes(64, 32)");
-static_assert(sizeof(gdnc::Smem<64, 16>) == 69888, "Smem<64, 16> size differs from gdn_chunk.smem_bytes(64, 16)");
+// The host's q12drv.kernels.gdn_chunk.smem_bytes(d) must give these numbers.
+static_assert(sizeof(gdnc::Smem<128>) == 114944, "Smem<128> size differs from gdn_chunk.smem_bytes(128)");
+static_assert(sizeof(gdnc::Smem<64>) == 82176, "Smem<64> size differs from gdn_chunk.smem_bytes(64)");

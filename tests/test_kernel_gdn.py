@@ -344,27 +344,17 @@ def test_chunk_smem_matches_the_source():
 
     src = (cuda_src_dir() / gdn_chunk.SOURCE).read_text()
     for d in (64, 128):
-        for bv in gdn_chunk.BVS:
-            m = re.search(rf"sizeof\(gdnc::Smem<{d}, {bv}>\) == (\d+)", src)
-            assert m and int(m.group(1)) == gdn_chunk.smem_bytes(d, bv), (d, bv)
-            assert gdn_chunk.smem_bytes(d, bv) <= gdn_chunk.smem_bytes(d)  # one opt-in covers every slice
+        m = re.search(rf"sizeof\(gdnc::Smem<{d}>\) == (\d+)", src)
+        assert m and int(m.group(1)) == gdn_chunk.smem_bytes(d), d
+    assert re.search(r"#define GDN_BV 64\b", src) and gdn_chunk.BV == 64
     assert gdn_chunk.geometry(8, 32, 128) == ((2, 32, 8), (128, 1, 1), gdn_chunk.smem_bytes(128))
-    # the default build has bv 64 only, so the automatic choice is 64 whatever the grid
-    assert gdn_chunk.COMPILED_BVS == (64,) and re.search(r"#define GDN_BV_SET 1\b", src)
     assert gdn_chunk.geometry(1, 32, 128) == ((2, 32, 1), (128, 1, 1), gdn_chunk.smem_bytes(128))
     assert gdn_chunk.geometry(1, 6, 64) == ((1, 6, 1), (128, 1, 1), gdn_chunk.smem_bytes(64))
-    # with more widths compiled: 1 x 32 heads = 64 CTAs at bv 64 fill half of 132 SMs -> bv 32 (128 CTAs)
-    assert gdn_chunk.choose_bv(1, 32, 128, 132, gdn_chunk.BVS) == 32
-    assert gdn_chunk.choose_bv(1, 32, 128, 64, gdn_chunk.BVS) == 64
-    assert gdn_chunk.choose_bv(1, 6, 64, 132, gdn_chunk.BVS) == 16
-    assert gdn_chunk.geometry(1, 32, 128, bv=32) == ((4, 32, 1), (64, 1, 1), gdn_chunk.smem_bytes(128, 32))
-    assert gdn_chunk.geometry(1, 6, 64, bv=16) == ((4, 6, 1), (32, 1, 1), gdn_chunk.smem_bytes(64, 16))
-    assert gdn_chunk.geometry(1, 6, 64, bv=64) == ((1, 6, 1), (128, 1, 1), gdn_chunk.smem_bytes(64))
     assert gdn_chunk.smem_bytes(128) <= 227 * 1024 // 2  # two CTAs per SM
     with pytest.raises(ValueError):
         gdn_chunk.geometry(1, 32, 256)
     with pytest.raises(ValueError):
-        gdn_chunk.geometry(1, 32, 128, bv=8)
+        gdn_chunk.geometry(0, 32, 128)
 
 
 def _run_chunk_emulated(inputs, hk, hv, d, grid=None, block=None):
@@ -397,21 +387,22 @@ def test_chunk_emulator_runs_the_reference_in_place_and_checks_geometry():
     np.testing.assert_array_equal(o, o_ref)
     np.testing.assert_array_equal(fin, fin_ref)
     np.testing.assert_array_equal(fin[1], inputs[-1][1])  # a stream of length 0 keeps its state
-    # any slice width (grid.x = dv / bv with block 2 bv) is accepted
-    o1, fin1, _ = _run_chunk_emulated(inputs, hk, hv, d, grid=(4, hv, 3), block=(32, 1, 1))
+    # a grid larger than n x Hv is accepted (the extra CTAs return); grid.x and the block are exact
+    o1, fin1, _ = _run_chunk_emulated(inputs, hk, hv, d, grid=(1, hv + 1, 4))
     np.testing.assert_array_equal(o1, o_ref)
     np.testing.assert_array_equal(fin1, fin_ref)
     with pytest.raises(ValueError, match="grid"):
-        _run_chunk_emulated(inputs, hk, hv, d, grid=(4, hv - 1, 3), block=(32, 1, 1))
+        _run_chunk_emulated(inputs, hk, hv, d, grid=(1, hv - 1, 3))
     with pytest.raises(ValueError, match="grid"):
-        _run_chunk_emulated(inputs, hk, hv, d, grid=(4, hv, 2), block=(32, 1, 1))
+        _run_chunk_emulated(inputs, hk, hv, d, grid=(1, hv, 2))
     with pytest.raises(ValueError, match="grid"):
-        _run_chunk_emulated(inputs, hk, hv, d, grid=(3, hv, 3), block=(32, 1, 1))
+        _run_chunk_emulated(inputs, hk, hv, d, grid=(2, hv, 3))
+    with pytest.raises(ValueError, match="grid"):  # the removed bv 16 geometry
+        _run_chunk_emulated(inputs, hk, hv, d, grid=(4, hv, 3), block=(32, 1, 1))
     with pytest.raises(ValueError, match="block"):
         _run_chunk_emulated(inputs, hk, hv, d, block=(256, 1, 1))
     with pytest.raises(ValueError, match="block"):
-        _run_chunk_emulated(inputs, hk, hv, d, grid=(1, hv, 3), block=(64, 1, 1))
-
+        _run_chunk_emulated(inputs, hk, hv, d, block=(64, 1, 1))
 
 def test_ops_gdn_algo_keyword(monkeypatch):
     from q12drv.kernels import ops

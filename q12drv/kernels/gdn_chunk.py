@@ -33,11 +33,6 @@ __all__ = [
     "THREADS",
     "CHUNK",
     "BV",
-    "BVS",
-    "COMPILED_BVS",
-    "NUM_SMS",
-    "FILL",
-    "choose_bv",
     "entry_name",
     "geometry",
     "smem_bytes",
@@ -49,22 +44,13 @@ __all__ = [
 SOURCE = "gdn_chunk.cu"
 #: Entry points: dk = dv = 128 and dk = dv = 64.
 ENTRIES = ("q12_gdn_chunk_d128", "q12_gdn_chunk_d64")
-#: Threads per CTA at the widest slice (4 warps, each owning 16 of the CTA's dv columns); 2 * bv in general.
+#: Threads per CTA (4 warps, each owning 16 of the CTA's dv columns).
 THREADS = 128
 #: Tokens per chunk.
 CHUNK = 64
-#: dv columns per CTA (the widest slice; the default when the grid is full).
+#: dv columns per CTA (``GDN_BV`` in the source): grid.x = dv / BV. (Narrower slices, BV 32 and 16, were
+#: measured 2.3x and 10x slower on the H200 and removed.)
 BV = 64
-#: Slice widths the kernel can be compiled for; it reads bv = dv / gridDim.x and runs 2 * bv threads.
-BVS = (64, 32, 16)
-#: Slice widths the default build compiles (``GDN_BV_SET`` 1 in the source): geometry's automatic choice
-#: picks among these only. (A build with ``-D GDN_BV_SET=7`` and ``bv=`` forced serves measurements.)
-COMPILED_BVS = (64,)
-#: SM count assumed when the caller does not pass ``num_sms`` (the H200's 132).
-NUM_SMS = 132
-#: A slice width narrower than 64 is chosen only while dv/64 * Hv * n CTAs fill less than FILL of the SMs
-#: (each halving of bv doubles the CTAs; the per-CTA K K^T / solve work is repeated per slice).
-FILL = 0.9
 
 _HEAD_DIMS = {"q12_gdn_chunk_d128": 128, "q12_gdn_chunk_d64": 64}
 
@@ -77,49 +63,26 @@ def entry_name(head_dim: int) -> str:
     raise ValueError(f"chunked GDN prefill has kernels for head_dim 64 and 128, not {head_dim}")
 
 
-def smem_bytes(head_dim: int, bv: int = BV) -> int:
-    """Dynamic shared memory of one CTA; must match ``gdnc::Smem<dk, bv>`` (static_asserts) in the source.
+def smem_bytes(head_dim: int) -> int:
+    """Dynamic shared memory of one CTA; must match ``gdnc::Smem<dk>`` (static_asserts) in the source.
 
     bf16 K (hi and lo) and Q chunks ``[64][dk+8]`` (Q arrives raw by cp.async and is normalised in
-    place); raw K ``[64][dk]`` (the next chunk's, prefetched); two bf16 V/O slices ``[64][bv+8]``;
+    place); raw K ``[64][dk]`` (the next chunk's, prefetched); two bf16 V/O slices ``[64][BV+8]``;
     -A (off-diagonal blocks) and P ``[64][72]``; bf16 inverted diagonal blocks ``[64][24]``; fp32
     diagonal blocks ``[4][16][17]``; fp32 g and beta ``[2][64]`` each (double buffer), gamma,
-    beta, exp(gamma), exp(gamma_C - gamma) ``[64]`` each. The default (bv 64) is the largest, so an
-    opt-in of ``smem_bytes(d)`` covers every slice width.
+    beta, exp(gamma), exp(gamma_C - gamma) ``[64]`` each.
     """
     dk = head_dim
-    if bv not in BVS:
-        raise ValueError(f"bv must be one of {BVS}, got {bv}")
-    return 2 * (3 * CHUNK * (dk + 8) + CHUNK * dk + 2 * CHUNK * (bv + 8) + 2 * CHUNK * 72 + CHUNK * 24) + \
+    return 2 * (3 * CHUNK * (dk + 8) + CHUNK * dk + 2 * CHUNK * (BV + 8) + 2 * CHUNK * 72 + CHUNK * 24) + \
         4 * (4 * 16 * 17 + 8 * CHUNK)
 
 
-def choose_bv(n: int, num_v_heads: int, head_dim: int, num_sms: int = NUM_SMS,
-              bvs: tuple[int, ...] = COMPILED_BVS) -> int:
-    """The dv slice width among ``bvs`` (widest first): the widest whose ``dv/bv * Hv * n`` CTAs fill at
-    least FILL of ``num_sms``, else the narrowest. Batched and per-stream launches may differ in bv; the
-    results do not (each dv column's arithmetic is the same whatever the slice)."""
-    for bv in bvs:
-        if (head_dim // bv) * num_v_heads * n >= FILL * num_sms:
-            return bv
-    return bvs[-1]
-
-
-def geometry(n: int, num_v_heads: int, head_dim: int, *, num_sms: int | None = None,
-             bv: int | None = None) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
-    """Launch geometry: grid ``(dv / bv, Hv, n)``, block ``(2 bv, 1, 1)``, dynamic smem bytes.
-
-    ``bv`` (64, 32, 16) defaults to :func:`choose_bv` with ``num_sms`` (default :data:`NUM_SMS`;
-    pass the device's ``MULTIPROCESSOR_COUNT``). The kernel derives bv from ``gridDim.x``.
-    """
+def geometry(n: int, num_v_heads: int, head_dim: int) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+    """Launch geometry: grid ``(dv / 64, Hv, n)``, block ``(128, 1, 1)``, dynamic smem bytes."""
     entry_name(head_dim)
     if n < 1 or num_v_heads < 1:
         raise ValueError(f"GDN prefill needs n >= 1 and num_v_heads >= 1, got n={n}, num_v_heads={num_v_heads}")
-    if bv is None:
-        bv = choose_bv(n, num_v_heads, head_dim, NUM_SMS if num_sms is None else int(num_sms))
-    if bv not in BVS:
-        raise ValueError(f"bv must be one of {BVS}, got {bv}")
-    return (head_dim // bv, num_v_heads, n), (2 * bv, 1, 1), smem_bytes(head_dim, bv)
+    return (head_dim // BV, num_v_heads, n), (THREADS, 1, 1), smem_bytes(head_dim)
 
 
 def _split(x: np.ndarray, hilo: bool):
@@ -228,15 +191,13 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
 
 def _emulate(args: dict, mem, grid, block, head_dim: int) -> None:
     n, hk, hv = _gdn.emulator_heads(args)
-    # the kernel reads bv = dv / gridDim.x and needs block 2 bv (any other grid.x launches nothing useful)
-    bvs = {head_dim // bv: bv for bv in BVS}
-    if grid[0] not in bvs:
-        raise ValueError(f"chunked GDN prefill needs grid.x = dv / bv for bv in {BVS}, got {tuple(grid)}")
-    bv = bvs[grid[0]]
-    if tuple(block) != (2 * bv, 1, 1):
-        raise ValueError(f"chunked GDN prefill needs block {(2 * bv, 1, 1)} for bv {bv}, got {tuple(block)}")
+    # the kernel does nothing unless grid.x == dv / 64 and block == 128 threads
+    if grid[0] != head_dim // BV:
+        raise ValueError(f"chunked GDN prefill needs grid.x = dv / 64 = {head_dim // BV}, got {tuple(grid)}")
+    if tuple(block) != (THREADS, 1, 1):
+        raise ValueError(f"chunked GDN prefill needs block {(THREADS, 1, 1)}, got {tuple(block)}")
     if grid[1] < hv or grid[2] < n:
-        raise ValueError(f"grid {tuple(grid)} does not cover dv/{bv} = {grid[0]} x Hv = {hv} x n = {n} CTAs")
+        raise ValueError(f"grid {tuple(grid)} does not cover dv/64 = {grid[0]} x Hv = {hv} x n = {n} CTAs")
     # the rest (alignment, the float64 reference per stream) is the recurrent entries' emulator
     rec_grid = (hv * head_dim // _gdn.COLS_PER_CTA, max(n, 1), 1)
     _gdn._emulate(args, mem, rec_grid, (_gdn.THREADS, 1, 1), head_dim)

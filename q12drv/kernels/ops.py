@@ -183,8 +183,8 @@ def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k:
     entry = mod.entry_name(head_dim)
     if _positive("num_v_heads", num_v_heads) % _positive("num_k_heads", num_k_heads):
         raise ValueError(f"num_v_heads {num_v_heads} must be a multiple of num_k_heads {num_k_heads}")
-    if mod is _gdnc:  # the value-slice width (grid x) follows the SM count
-        grid, block, smem = _gdnc_geometry(meta.batch_size, num_v_heads, head_dim, num_sms=device.sm_count)
+    if mod is _gdnc:
+        grid, block, smem = _gdnc_geometry(meta.batch_size, num_v_heads, head_dim)
     else:
         grid, block, smem = _gdn_geometry(meta.batch_size, num_v_heads, head_dim)
     launch = prepared(device, entry)

@@ -11,8 +11,8 @@ variants that isolate the kernel's paths:
   * ``full``: both.
 For each it prints the max abs error of o per 64-token chunk and of the final state against the
 float64 reference (and the numpy model of the kernel, whose own error is the floor).
-Part 2 (variants): each entry of VARIANTS is one NVRTC compile of gdn_chunk.cu with its -D set,
-at a forced slice width bv (or geometry's choice, "auto"). For each: registers / local bytes,
+Part 2 (variants): each entry of VARIANTS is one NVRTC compile of gdn_chunk.cu with its -D set.
+For each: registers / local bytes,
 PASS/FAIL of o and final state against the float64 reference on a small ragged case (the GPU
 tests' bounds) plus bit-equality with the default variant's result, then CUDA-event timings
 (median of 15 after 3 warm-ups) at Hk 16 / Hv 32 / d 128 for 8 x 2048, 1 x 8192 and ragged
@@ -59,7 +59,7 @@ def setup():
     for name, f in chunk.items():
         regs = T._check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, f))
         local = T._check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f))
-        print(f"{name}: {regs} registers, {local} B local, {gdn_chunk.smem_bytes(128 if name.endswith('128') else 64)} B dynamic smem (bv 64)")
+        print(f"{name}: {regs} registers, {local} B local, {gdn_chunk.smem_bytes(128 if name.endswith('128') else 64)} B dynamic smem")
     return torch, rec, chunk
 
 
@@ -94,15 +94,15 @@ def debug_cases(torch, chunk):
     print(f"worst o error relative to max|o|: {worst:.2e}")
 
 
-# name, defines, bv (None: geometry's choice, 64 in the default build). Defaults: GDN_PREFETCH 0, GDN_WARP_INV 0,
-# GDN_BV_SET 1 (bv 64 only), GDN_NORM_UNROLL 2. (v4-v7, GDN_KSPLIT 2: 8 warps splitting dk, lost (+40% at 8 x 2048,
-# +3% at 1 x 8192) and were removed with the kernel path.)
-# At 017c571 v4-bv32 (GDN_BV_SET=2, bv 32): 255r/144B, 2.48 / 2.48 / 1.60 ms; v5-bv16 11.2 / 5.6 / 6.1 ms (dropped).
+# name, defines. Defaults: GDN_PREFETCH 0, GDN_WARP_INV 0, GDN_NORM_UNROLL 2. (v4-v7, GDN_KSPLIT 2: 8 warps
+# splitting dk, lost (+40% at 8 x 2048, +3% at 1 x 8192) and were removed with the kernel path.)
+# At 017c571 v4-bv32 (GDN_BV_SET=2, bv 32): 255r/144B, 2.48 / 2.48 / 1.60 ms; v5-bv16 11.2 / 5.6 / 6.1 ms; the
+# narrower slice widths (BV 32/16) were then removed from the kernel (it is BV 64 only).
 VARIANTS = [  # measured at d18a17d (tests/GPU.md): no prefetch and no per-warp inversion won; BV 32/16 lost 2-10x
-    ("v0-default", (), None),
-    ("v1-prefetch", ("GDN_PREFETCH=1",), None),
-    ("v2-warpinv", ("GDN_WARP_INV=1",), None),
-    ("v3-prefetch-warpinv", ("GDN_PREFETCH=1", "GDN_WARP_INV=1"), None),
+    ("v0-default", ()),
+    ("v1-prefetch", ("GDN_PREFETCH=1",)),
+    ("v2-warpinv", ("GDN_WARP_INV=1",)),
+    ("v3-prefetch-warpinv", ("GDN_PREFETCH=1", "GDN_WARP_INV=1")),
 ]
 RAGGED_LENS = [256, 2048, 512, 1792, 768, 1536, 1024, 1280]   # 8 streams, 256..2048
 
@@ -143,12 +143,12 @@ def timing_cases(torch):
     return out
 
 
-def small_ragged_check(torch, funcs, bv, ref_bits):
+def small_ragged_check(torch, funcs, ref_bits):
     """PASS/FAIL of one variant on a small ragged case; returns (verdict, o, fin)."""
     rng = np.random.default_rng(77)
     hk, hv, d = 2, 4, 128
     inputs = T.make_inputs(rng, [1, 63, 64, 65, 0, 300, 130], hk, hv, d)
-    o, fin, guards = T.run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, bv=bv)
+    o, fin, guards = T.run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng)
     o_ref, fin_ref = gdn.reference(*inputs)
     eo = T.rel(from_bf16_bits(o), from_bf16_bits(o_ref))
     es = T.rel(fin, fin_ref)
@@ -171,7 +171,7 @@ def precompile(selected):
 
     t0 = time.time()
     with ProcessPoolExecutor(max_workers=len(selected)) as ex:
-        for _ in ex.map(_compile_one, [d for _, d, _ in selected]):
+        for _ in ex.map(_compile_one, [d for _, d in selected]):
             pass
     print(f"compiled {len(selected)} variants in {time.time() - t0:.1f} s", flush=True)
 
@@ -183,28 +183,28 @@ def variants(torch, rec, names=None):
     cases = timing_cases(torch)
     rows = []
     # the recurrent kernel, once
-    rec_row = ["recurrent", "-", "-", "-"]
+    rec_row = ["recurrent", "-", "-"]
     for key, n, Tt, hv, d, vals, _ in cases:
         grid, block, smem = gdn.geometry(n, hv, d)
         rec_row.append(time_kernel(torch, rec, gdn.entry_name(d), grid, block, smem, vals))
     rows.append(rec_row)
     ref_bits = None
-    for name, defines, bv in selected:
+    for name, defines in selected:
         t0 = time.time()
         try:
             mod, funcs = T.load_chunk_module(defines)
         except Exception as exc:  # a variant that does not compile is a row, not the end of the run
-            rows.append([name, "compile error", str(exc).splitlines()[0][:60], "-", None, None, None])
+            rows.append([name, "compile error", str(exc).splitlines()[0][:60], None, None, None])
             continue
         f = funcs["q12_gdn_chunk_d128"]
         regs = T._check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, f))
         local = T._check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f))
-        verdict, o, fin = small_ragged_check(torch, funcs, bv, ref_bits)
+        verdict, o, fin = small_ragged_check(torch, funcs, ref_bits)
         if ref_bits is None:
             ref_bits = (o, fin)
-        row = [name, f"{regs}r/{local}B", verdict, bv or "auto"]
+        row = [name, f"{regs}r/{local}B", verdict]
         for key, n, Tt, hv, d, vals, _ in cases:
-            grid, block, smem = gdn_chunk.geometry(n, hv, d, bv=bv)
+            grid, block, smem = gdn_chunk.geometry(n, hv, d)
             row.append(time_kernel(torch, funcs, gdn_chunk.entry_name(d), grid, block, smem, vals))
         rows.append(row)
         T._check(cu.cuModuleUnload(mod))
@@ -213,10 +213,10 @@ def variants(torch, rec, names=None):
     toks = {c[0]: c[2] for c in cases}
     print("\nchunked GDN variants, Hk 16 Hv 32 d 128, CUDA events median (ms); fla-core 0.6.0 at 2ba1baa: "
           "8x2048 1.2285, 1x8192 0.9783")
-    print(f"{'variant':<26} {'regs/local':<11} {'bv':<5} " + " ".join(f"{k:>9}" for k in keys) + "  small ragged vs float64")
-    for name, rl, verdict, bvs, *ms in rows:
+    print(f"{'variant':<26} {'regs/local':<11} " + " ".join(f"{k:>9}" for k in keys) + "  small ragged vs float64")
+    for name, rl, verdict, *ms in rows:
         cells = " ".join(f"{m:9.3f}" if isinstance(m, float) else f"{'-':>9}" for m in ms)
-        print(f"{name:<26} {rl:<11} {str(bvs):<5} {cells}  {verdict}")
+        print(f"{name:<26} {rl:<11} {cells}  {verdict}")
     print("metric TFLOPS = 4 T Hv d^2 / t: " + ", ".join(f"{k}: T={toks[k]}" for k in keys))
 
 

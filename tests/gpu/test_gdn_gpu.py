@@ -230,7 +230,7 @@ CHUNK_O_REL, CHUNK_STATE_REL = 1e-2, 1e-3   # numpy model of the kernel: ~3.7e-3
 
 def load_chunk_module(defines=()):
     """Compile gdn_chunk.cu (extra ``defines``: its GDN_* variant macros), load it, opt in to its
-    dynamic shared memory (the bv-64 size covers every slice width); returns (module, {entry: CUfunction})."""
+    dynamic shared memory; returns (module, {entry: CUfunction})."""
     from cuda.bindings import driver as cu
 
     from q12drv.nvrtc import compile_source
@@ -257,9 +257,8 @@ def chunk_kernels(kernels):
     _check(cu.cuModuleUnload(mod))
 
 
-def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, bv=None):
-    """One chunked launch over all streams of `inputs`: (o bits, final states, guards intact).
-    ``bv``: the dv slice width (default: geometry's choice for this batch)."""
+def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng):
+    """One chunked launch over all streams of `inputs`: (o bits, final states, guards intact)."""
     q, k, v, g, beta, cu, s0 = inputs
     lens = np.diff(cu).tolist()
     n, T = len(lens), int(cu[-1])
@@ -272,7 +271,7 @@ def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, bv=None):
     o = Guarded(torch, max(T, 1) * hv * d * 2, fill=0xFF)
     states = [Guarded.of(torch, s0[b]) for b in range(n)]
     ptrs = Guarded.of(torch, np.array([s.ptr for s in states], np.uint64))
-    grid, block, smem = gdn_chunk.geometry(n, hv, d, bv=bv)
+    grid, block, smem = gdn_chunk.geometry(n, hv, d)
     values = [meta, ctypes.c_uint64(ptrs.ptr)]
     values += [ctypes.c_uint64(b.ptr) for b in bufs] + [ctypes.c_uint64(o.ptr)]
     values += [ctypes.c_int(hk), ctypes.c_int(hv)]
@@ -326,27 +325,6 @@ def test_gdn_chunk_matches_reference_and_is_batch_invariant(chunk_kernels, d, hk
         assert guards1
         assert np.array_equal(o[s:e], o1), f"stream {b}: output differs batched vs alone"
         assert np.array_equal(fin[b], fin1[0]), f"stream {b}: final state differs batched vs alone"
-
-
-@pytest.mark.parametrize("d", [64, 128])
-def test_gdn_chunk_slice_widths_agree_bit_for_bit(chunk_kernels, d):
-    """bv 64 / 32 / 16 (grid.x = dv / bv, 2 bv threads) compute each dv column the same way: equal bits.
-    (geometry picks bv from n * Hv, so batched and per-stream launches may use different widths.)"""
-    from cuda.bindings import driver as cu
-
-    torch = chunk_kernels[0]
-    mod, funcs = load_chunk_module(["GDN_BV_SET=7"])   # the default build has bv 64 only
-    rng = np.random.default_rng()
-    hk, hv = 2, 4
-    inputs = make_inputs(rng, [1, 64, 65, 300, 0, 17], hk, hv, d)
-    o_ref, fin_ref = gdn.reference(*inputs)
-    res = {bv: run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, bv=bv) for bv in gdn_chunk.BVS}
-    for bv, (o, fin, guards) in res.items():
-        assert guards, f"bv {bv}: a guard byte changed"
-        assert rel(from_bf16_bits(o), from_bf16_bits(o_ref)) < CHUNK_O_REL, f"bv {bv}: output error"
-        assert rel(fin, fin_ref) < CHUNK_STATE_REL, f"bv {bv}: state error"
-        assert np.array_equal(o, res[64][0]) and np.array_equal(fin, res[64][1]), f"bv {bv} differs from bv 64"
-    _check(cu.cuModuleUnload(mod))
 
 
 @pytest.mark.parametrize("d", [64, 128])
