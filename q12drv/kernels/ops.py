@@ -82,8 +82,7 @@ def _positive(name: str, value) -> int:
 _kvw_geometry = lru_cache(maxsize=1024, typed=True)(_kvw.geometry)
 _rope_geometry = lru_cache(maxsize=1024, typed=True)(_rope.geometry)
 _rope_params = lru_cache(maxsize=256, typed=True)(_rope.check_params)
-_gdn_geometry = lru_cache(maxsize=1024, typed=True)(_gdn.geometry)
-_gdnc_geometry = lru_cache(maxsize=1024, typed=True)(_gdnc.geometry)
+_GDN_GEOMETRY = {mod: lru_cache(maxsize=1024, typed=True)(mod.geometry) for mod in (_gdn, _gdnc)}
 
 
 @lru_cache(maxsize=1024, typed=True)
@@ -183,10 +182,7 @@ def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k:
     entry = mod.entry_name(head_dim)
     if _positive("num_v_heads", num_v_heads) % _positive("num_k_heads", num_k_heads):
         raise ValueError(f"num_v_heads {num_v_heads} must be a multiple of num_k_heads {num_k_heads}")
-    if mod is _gdnc:
-        grid, block, smem = _gdnc_geometry(meta.batch_size, num_v_heads, head_dim)
-    else:
-        grid, block, smem = _gdn_geometry(meta.batch_size, num_v_heads, head_dim)
+    grid, block, smem = _GDN_GEOMETRY[mod](meta.batch_size, num_v_heads, head_dim)
     launch = prepared(device, entry)
     launch.set(h_state_ptrs=_ptr("h_state_ptrs", h_state_ptrs, 8), q=_ptr("q", q, 16), k=_ptr("k", k, 16),
                v=_ptr("v", v, 8), g=_ptr("g", g, 4), beta=_ptr("beta", beta, 4), o=_ptr("o", o, 8),
