@@ -30,6 +30,7 @@ from .kernels import gdn as _gdn
 from .kernels import rope as _rope
 from .kernels.args import ALIGN, I32_MAX, count, device_ptr, positive_float
 from .layout import make_scratch_plan
+from .ptr import DevicePtr
 from .staging import (
     BatchedAttnMetadata,
     StreamStageInfo,
@@ -46,6 +47,8 @@ MODES = ("auto", "batched", "per_stream")
 #: Where a batched pass writes its per-token metadata (positions, slots): see ``Q12Pass(expand=...)``.
 EXPANDS = ("auto", "host", "device")
 _ATTENTION_ALIGN = {**ALIGN["rope"], **ALIGN["kv_write"], **ALIGN["attention"]}
+_STATE_ALIGN = ALIGN["gdn"]["state"]
+_PTR_TYPES = frozenset((int, DevicePtr))
 _BF16 = 2
 _F32 = 4
 
@@ -307,13 +310,17 @@ class Q12Pass:
             _remember_shape(shape, None)
         for name, p in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("o", o)):
             device_ptr(name, p, ALIGN["gdn"][name])
+        n = len(self.streams)
+        if (type(state_ptrs) in (list, tuple) and len(state_ptrs) == n and set(map(type, state_ptrs)) <= _PTR_TYPES
+                and min(state_ptrs) > 0 and max(state_ptrs) < 1 << 64
+                and not any(p % _STATE_ALIGN for p in state_ptrs)):  # the common case, checked in bulk
+            return
         if isinstance(state_ptrs, (str, bytes)) or not isinstance(state_ptrs, (Sequence, np.ndarray)):
-            raise TypeError(f"state_ptrs must be a sequence of {len(self.streams)} device pointers, "
-                            f"got {type(state_ptrs).__name__}")
-        if len(state_ptrs) != len(self.streams):
-            raise ValueError(f"state_ptrs needs exactly {len(self.streams)} pointers (one per stream), got {len(state_ptrs)}")
+            raise TypeError(f"state_ptrs must be a sequence of {n} device pointers, got {type(state_ptrs).__name__}")
+        if len(state_ptrs) != n:
+            raise ValueError(f"state_ptrs needs exactly {n} pointers (one per stream), got {len(state_ptrs)}")
         for b, p in enumerate(state_ptrs):
-            device_ptr(f"state_ptrs[{b}]", p, ALIGN["gdn"]["state"])
+            device_ptr(f"state_ptrs[{b}]", p, _STATE_ALIGN)
 
     def _reserve_prefix(self, plan) -> None:
         # The MoE area and the per-stream blocks, as the plan lays them out. A plan (memoised per
