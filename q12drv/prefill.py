@@ -401,8 +401,8 @@ class Q12Pass:
         """
         if algo not in ops.GDN_ALGOS:
             raise ValueError(f"algo must be one of {ops.GDN_ALGOS}, got {algo!r}")
-        self._check_gdn(state_ptrs, q, k, v, g, beta, o, shape)
-        self.h_slot.upload(state_ptrs, self.stream)
+        self._check_gdn(state_ptrs, q, k, v, g, beta, o, shape)  # the state pointers included, for this pass
+        self.h_slot._write(state_ptrs, self.stream)
         hk, hv, d = shape.num_k_heads, shape.num_v_heads, shape.head_dim
         dev, st = self.device, self.stream
 

@@ -813,6 +813,11 @@ class HStateSlot:
         types = set(map(type, values))
         if not (types <= _PTR_TYPES and min(values) > 0 and max(values) <= _U64_MAX):  # the precise, named checks
             values = [_int(f"state_ptrs[{b}]", p, 1, _U64_MAX) for b, p in enumerate(values)]
+        self._write(values, stream)
+
+    def _write(self, values: Sequence[int], stream: Any) -> None:
+        # ``values``: exactly n ints in (0, 2**64), checked by the caller (upload, or Q12Pass.gdn_layer
+        # whose own checks are stricter), for this slot's current pass
         nbytes = 8 * self.n
         self.arena.check_range("h_state_ptrs", self.offset, nbytes)
         ring = staging_ring(self.arena, "h_state")

@@ -295,10 +295,9 @@ def test_emulator_gqa_geometry(defs):
         out, _ = emulate_case(mem, q, kp, vp, cu, kv, tables, hq, hkv, 16, 0.1, 128, grid=grid, block=block)
         assert np.array_equal(out, attn.reference(q, kp, vp, cu, kv, tables, hq, hkv, 16, 0.1))
         if defs:  # one CTA row per (token, head): a grid sized for tokens alone is too short
-            short = (-(-40 // 128), hkv, 2)
+            short = (-(-40 // attn.config(128, defs)["block_m"]), hkv, 2)
             with pytest.raises(ValueError, match="grid"):
-                emulate_case(mem, q, kp, vp, cu, kv, tables, hq, hkv, 16, 0.1, 128, grid=(1, 2, 2), block=block)
-            del short
+                emulate_case(mem, q, kp, vp, cu, kv, tables, hq, hkv, 16, 0.1, 128, grid=short, block=block)
     finally:
         attn.EMULATORS[attn.HEAD_DIMS[128]] = orig
 

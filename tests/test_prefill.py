@@ -162,3 +162,21 @@ def test_gdn_layer_algo_is_checked_before_anything_is_enqueued(emu):
         for algo in ("chunked", "recurrent"):
             q12.gdn_layer(*args, algo=algo)
         assert q12.h_slot.uploads == 2
+
+
+def test_gdn_layer_takes_state_pointers_as_a_numpy_array_too(emu):
+    rng = np.random.default_rng(6)
+    counts = [5, 9]
+    streams, _ = make_streams(emu, counts, rng=rng)
+    num_blocks = int(max(s.block_table.max() for s in streams)) + 1
+    host = inputs(rng, counts, num_blocks)
+    with ScratchArena(emu, make_scratch_plan(counts, 4, False).total_bytes) as arena:
+        bufs = {k: emu.alloc(v.nbytes, k) for k, v in host.items()}
+        p = {k: int(b.ptr) for k, b in bufs.items()}
+        q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4)
+        states = [p["st"] + b * host["st"][0].nbytes for b in range(2)]
+        rest = (p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], GSHAPE)
+        for ptrs in (states, np.array(states, np.uint64)):  # the bulk path and the per-entry path
+            q12.gdn_layer(ptrs, *rest)
+            emu.synchronize()
+            assert np.frombuffer(arena.read(q12.h_slot.offset, 16), np.uint64).tolist() == states
