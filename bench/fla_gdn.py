@@ -19,8 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.timing import torch_events_us  # noqa: E402
 
 
 #: Named ragged cases: stream lengths.
@@ -53,18 +57,7 @@ def time_case(torch, fn, lens, hk, hv, d, reps, warmup):
 
     out, final = run()
     assert tuple(out.shape) == (1, T, hv, d) and tuple(final.shape) == (n, hv, d, d), (out.shape, final.shape)
-    for _ in range(warmup):
-        run()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        e0.record()
-        run()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1))
-    ms = statistics.median(times)
+    ms = torch_events_us(torch, run, reps, warmup) / 1e3
     return {"ms": ms, "metric_tflops": 4 * T * hv * d * d / (ms * 1e-3) / 1e12, "n": n, "L": L, "tokens": T}
 
 

@@ -57,6 +57,7 @@ import numpy as np  # noqa: E402
 
 import q12drv  # noqa: E402
 from bench import common  # noqa: E402
+from bench.timing import torch_events_us  # noqa: E402
 
 RESULTS: dict = {"meta": {}, "sections": {}, "errors": {}, "table": []}
 ARGS = None
@@ -125,21 +126,6 @@ def q12_events_us(dev, fn, reps: int, warmup: int = 3) -> float:
         times.append(start.elapsed_ms(end) * 1e3)
     start.destroy()
     end.destroy()
-    return med(times)
-
-
-def torch_events_us(torch, fn, reps: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
     return med(times)
 
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -42,3 +44,38 @@ def test_host_profile_runs_and_names_the_hot_functions(tmp_path):
     assert r.stdout.count("== ") == 3 and "staging.py" in r.stdout and "prefill.py" in r.stdout, r.stdout
     r = _run(["bench/profile_host.py", "--reps", "0"], tmp_path)
     assert r.returncode == 2 and "--reps" in r.stderr
+
+
+def test_torch_events_timer_takes_the_median_of_timed_calls_after_warmup():
+    sys.path.insert(0, str(ROOT))
+    from bench.timing import torch_events_us
+
+    class FakeTorch:  # the slice of torch's CUDA API the timer uses, with scripted elapsed times
+        def __init__(self, elapsed_ms):
+            self.elapsed, self.calls, self.synced = list(elapsed_ms), [], 0
+            outer = self
+
+            class Event:
+                def __init__(self, enable_timing=False):
+                    assert enable_timing
+
+                def record(self):
+                    outer.calls.append("record")
+
+                def synchronize(self):
+                    pass
+
+                def elapsed_time(self, end):
+                    return outer.elapsed.pop(0)
+
+            def synchronize():
+                outer.synced += 1
+
+            self.cuda = type("Cuda", (), {"Event": Event, "synchronize": staticmethod(synchronize)})
+
+    torch = FakeTorch([0.010, 0.030, 0.020])
+    ran = []
+    assert torch_events_us(torch, lambda: ran.append(1), reps=3, warmup=2) == 20.0  # median, in us
+    assert len(ran) == 5 and torch.synced == 1 and torch.calls.count("record") == 6
+    with pytest.raises(ValueError, match="reps >= 1"):
+        torch_events_us(torch, lambda: None, reps=0)

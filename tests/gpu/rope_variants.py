@@ -57,6 +57,7 @@ def main(argv):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from cuda.bindings import driver as cu
 
+    from bench.timing import torch_events_us
     from q12drv.kernels import rope
     from q12drv.kernels.meta import meta_defines
     from q12drv.nvrtc import compile_source
@@ -130,18 +131,7 @@ def main(argv):
         timing[name] = dict(hq=hq, hkv=hkv, d=d, rd=rd, theta=theta, floor=floor, meta=meta, sets=sets)
 
     def events_us(fn):
-        for _ in range(WARMUP):
-            fn()
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        ts = []
-        for _ in range(REPS):
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            ts.append(s.elapsed_time(e) * 1e3)
-        return float(np.median(ts))
+        return torch_events_us(torch, fn, REPS, WARMUP)
 
     # D2D reference: copy floor/2 bytes (read + write = floor), rotating buffers
     d2d = {}
