@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-import numpy as np
-
+from .ints import checked_int
 from .layout import POLICIES, ScratchPlan, make_scratch_plan
 
 __all__ = ["Admission", "check_kernel_batched_eligible", "MAX_HEAD_DIM", "RULES"]
@@ -70,16 +69,6 @@ def _refuse(rule: str, reason: str, plan=None, needed=None) -> Admission:
     return Admission(False, rule, reason, plan, needed)
 
 
-def _as_int(name: str, v) -> int:
-    if type(v) is int and v >= 0:  # the common case
-        return v
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(v).__name__} {v!r}")
-    if int(v) < 0:
-        raise ValueError(f"{name} must be >= 0, got {int(v)}")
-    return int(v)
-
-
 def check_kernel_batched_eligible(
     streams: Sequence[tuple],
     n: int,
@@ -133,14 +122,14 @@ def check_kernel_batched_eligible(
     """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
-    n = _as_int("n", n)
+    n = checked_int("n", n)
     streams = list(streams)
     if len(streams) != n:
         raise ValueError(f"n = {n} but {len(streams)} stream tuples were given")
-    arena_cap = _as_int("arena_cap", arena_cap)
-    head_dim = _as_int("head_dim", head_dim)
-    scratch_cap = _as_int("scratch_cap", scratch_cap)
-    top_k = _as_int("top_k", top_k)
+    arena_cap = checked_int("arena_cap", arena_cap)
+    head_dim = checked_int("head_dim", head_dim)
+    scratch_cap = checked_int("scratch_cap", scratch_cap)
+    top_k = checked_int("top_k", top_k)
     parsed = []
     for b, s in enumerate(streams):
         if not isinstance(s, (tuple, list)) or len(s) != 4:
@@ -148,7 +137,7 @@ def check_kernel_batched_eligible(
         chunk_len, eff_len, chunk_start = s[:3]
         if not (type(chunk_len) is int and type(eff_len) is int and type(chunk_start) is int
                 and chunk_len >= 0 and eff_len >= 0 and chunk_start >= 0):  # else: the named checks
-            chunk_len, eff_len, chunk_start = (_as_int(f"streams[{b}].{k}", v) for k, v in
+            chunk_len, eff_len, chunk_start = (checked_int(f"streams[{b}].{k}", v) for k, v in
                                                zip(("chunk_len", "eff_len", "chunk_start"), s[:3]))
         if eff_len > chunk_len:
             raise ValueError(f"streams[{b}]: eff_len {eff_len} exceeds chunk_len {chunk_len}")

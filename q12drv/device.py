@@ -14,6 +14,7 @@ import numpy as np
 
 from .driver import Driver, open_driver
 from .errors import Q12Error
+from .ints import checked_int
 from .ptr import DevicePtr
 
 __all__ = ["Device", "DeviceBuffer", "PinnedBuffer", "Stream", "Event", "DeviceArray", "open_device"]
@@ -169,7 +170,7 @@ class Device:
         if not isinstance(driver, Driver):
             raise TypeError(f"driver must be a q12drv Driver, got {type(driver).__name__}")
         self.driver = driver
-        self.ordinal = _count("ordinal", ordinal, 0)
+        self.ordinal = checked_int("ordinal", ordinal, 0)
         self._owned: list = []
         self._keepalive: list = []  # (stream, host array) of copies a failed wait left pending
         self.cache: dict = {}  # per-device memo for higher layers (loaded modules)
@@ -218,13 +219,13 @@ class Device:
     def alloc(self, nbytes: int, name: str = "") -> DeviceBuffer:
         """Allocate ``nbytes`` of device memory (``cuMemAlloc``, 256-byte aligned)."""
         self._require_open()
-        _count("nbytes (allocation size)", nbytes, 1)
+        checked_int("nbytes (allocation size)", nbytes, 1)
         return self._own(DeviceBuffer(self, nbytes, name))
 
     def pinned(self, nbytes: int, name: str = "") -> PinnedBuffer:
         """Allocate ``nbytes`` of page-locked host memory (``cuMemHostAlloc``)."""
         self._require_open()
-        _count("nbytes (pinned allocation size)", nbytes, 1)
+        checked_int("nbytes (pinned allocation size)", nbytes, 1)
         return self._own(PinnedBuffer(self, nbytes, name))
 
     def new_stream(self) -> Stream:
@@ -350,14 +351,6 @@ class Device:
 
     def __repr__(self) -> str:
         return f"Device({self.name!r}, driver={self.driver.name}, arch={self.arch})"
-
-
-def _count(name: str, value, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.60}")
-    if int(value) < lo:
-        raise ValueError(f"{name} must be >= {lo}, got {int(value)}")
-    return int(value)
 
 
 #: Devices not yet closed; closed at interpreter exit so contexts, modules and pinned memory are

@@ -28,6 +28,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .ints import checked_int
+
 __all__ = [
     "Q12_SIZING_STREAMS",
     "POLICIES",
@@ -64,15 +66,6 @@ def a8(x: int) -> int:
 def a64(x: int) -> int:
     """Round up to a multiple of 64."""
     return (x + 63) & ~63
-
-
-def _count(name: str, value, *, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    v = int(value)
-    if v < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {v}")
-    return v
 
 
 def _flag(name: str, value) -> bool:
@@ -126,10 +119,10 @@ def q12_batched_scratch_bytes_varlen(n: int, total_tokens: int, max_chunk_len: i
     >>> q12_batched_scratch_bytes_varlen(4, 3740, 935, 8, True)
     374392
     """
-    n = _count("n", n)
-    t = _count("total_tokens", total_tokens)
-    m = _count("max_chunk_len", max_chunk_len)
-    k = _count("top_k", top_k)
+    n = checked_int("n", n)
+    t = checked_int("total_tokens", total_tokens)
+    m = checked_int("max_chunk_len", max_chunk_len)
+    k = checked_int("top_k", top_k)
     mrope = _flag("mrope", mrope)
     return moe_bytes(t, k) + n * seed_stream_block_stride(m) + staged_bytes(n, t, mrope) + 8 * n
 
@@ -142,8 +135,8 @@ def q12_batched_scratch_bytes(n: int, chunk_len: int, top_k: int, mrope: bool) -
     >>> q12_batched_scratch_bytes(4, 935, 8, True)
     374392
     """
-    n = _count("n", n)
-    chunk_len = _count("chunk_len", chunk_len)
+    n = checked_int("n", n)
+    chunk_len = checked_int("chunk_len", chunk_len)
     return q12_batched_scratch_bytes_varlen(n, n * chunk_len, chunk_len, top_k, mrope)
 
 
@@ -216,8 +209,8 @@ def stacked_layout(n: int, total_tokens: int, mrope: bool) -> StackedLayout:
         hit = _LAYOUTS.get((n, total_tokens, mrope))
         if hit is not None:
             return hit
-    n = _count("n", n, minimum=1)
-    t = _count("total_tokens", total_tokens)
+    n = checked_int("n", n, 1)
+    t = checked_int("total_tokens", total_tokens)
     mrope = _flag("mrope", mrope)
     if t > _I32_MAX:
         raise ValueError(f"total_tokens {t} overflows the i32 cu_seqlens prefix sum (max {_I32_MAX})")
@@ -256,7 +249,7 @@ def _build_stacked_layout(n: int, t: int, mrope: bool) -> StackedLayout:
 
 def single_stream_payload(count: int, mrope: bool) -> int:
     """Bytes of one stream's own metadata (the n = 1 stacked layout): ``S*a8(4L) + 8L + 32``."""
-    return staged_bytes(1, _count("count", count), _flag("mrope", mrope))
+    return staged_bytes(1, checked_int("count", count), _flag("mrope", mrope))
 
 
 # --- the scratch plan ---------------------------------------------------------------------
@@ -389,10 +382,10 @@ def make_scratch_plan(counts: Sequence[int], top_k: int, mrope: bool, policy: st
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
     counts = tuple(counts)
     if not all(type(c) is int and c >= 1 for c in counts):  # else: the named checks (and conversions)
-        counts = tuple(_count(f"counts[{i}]", c, minimum=1) for i, c in enumerate(counts))
+        counts = tuple(checked_int(f"counts[{i}]", c, 1) for i, c in enumerate(counts))
     if not counts:
         raise ValueError("a scratch plan needs at least one stream (counts is empty)")
-    top_k = _count("top_k", top_k)
+    top_k = checked_int("top_k", top_k)
     mrope = _flag("mrope", mrope)
     key = (counts, top_k, mrope, policy)
     plan = _PLANS.get(key)

@@ -23,6 +23,7 @@ import numpy as np
 
 from .arena import ScratchArena
 from .errors import CapacityError, Q12Error
+from .ints import checked_int as _int
 from .layout import StackedLayout, ScratchPlan, stacked_layout
 from .pinned import PinnedRing
 from .ptr import DevicePtr
@@ -52,17 +53,6 @@ _H_STATE_RING_SLOTS = 16
 def _require_arena(arena) -> None:
     if not isinstance(arena, ScratchArena):
         raise TypeError(f"arena must be a ScratchArena, got {type(arena).__name__}")
-
-
-def _int(name: str, value, lo: int, hi: int) -> int:
-    if type(value) is int and lo <= value <= hi:  # the common case
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    v = int(value)
-    if not lo <= v <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
-    return v
 
 
 @dataclass(frozen=True, eq=False)

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from ..ints import checked_int
 from ..ptr import DevicePtr
 
 __all__ = ["I32_MAX", "ALIGN", "device_ptr", "count", "positive_float"]
@@ -53,14 +54,7 @@ def device_ptr(name: str, value, align: int = 1) -> int:
 
 def count(name: str, value, lo: int = 1, hi: int = I32_MAX) -> int:
     """``value`` as an int in ``[lo, hi]`` (default: a positive C ``int``)."""
-    if type(value) is int and lo <= value <= hi:  # the common case
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.60}")
-    v = int(value)
-    if not lo <= v <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
-    return v
+    return checked_int(name, value, lo, hi)
 
 
 def positive_float(name: str, value) -> float:
