@@ -57,7 +57,7 @@ import numpy as np  # noqa: E402
 
 import q12drv  # noqa: E402
 from bench import common  # noqa: E402
-from bench.timing import torch_events_us  # noqa: E402
+from bench.timing import q12_events_us, torch_events_us  # noqa: E402
 
 RESULTS: dict = {"meta": {}, "sections": {}, "errors": {}, "table": []}
 ARGS = None
@@ -109,24 +109,6 @@ def host_and_round_trip(paths: dict, reps: int, sync, warmup: int = 3) -> dict:
             host[name].append((t1 - t0) * 1e6)
             rt[name].append((t2 - t0) * 1e6)
     return {name: {"host_us": med(host[name]), "round_trip_us": med(rt[name])} for name in paths}
-
-
-def q12_events_us(dev, fn, reps: int, warmup: int = 3) -> float:
-    """Median device time (us) of ``fn``'s work on the device's stream, from q12drv events."""
-    for _ in range(warmup):
-        fn()
-    dev.synchronize()
-    start, end = dev.event(timing=True), dev.event(timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_ms(end) * 1e3)
-    start.destroy()
-    end.destroy()
-    return med(times)
 
 
 def row(name, ours, comparator, theirs, goal=None, note=""):
