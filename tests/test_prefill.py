@@ -1,5 +1,7 @@
 """The prefill step on the emulated driver: batched == per stream, fallback with a reason, capacity."""
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -120,19 +122,25 @@ def test_expand_device_refuses_vision_positions_and_auto_packs_them_on_the_host(
             Q12Pass(arena, streams, block_size=16, use_mrope=True, dummy_kv_block=0, expand="gpu")
 
 
-def test_layer_shape_checks_are_remembered_only_for_immutable_shapes_that_passed(emu):
-    from q12drv import prefill
-
-    rng = np.random.default_rng(4)
+@contextlib.contextmanager
+def two_streams(emu, seed):
+    """Two streams (5 and 9 tokens), their inputs uploaded, an arena planned for them."""
+    rng = np.random.default_rng(seed)
     counts = [5, 9]
     streams, _ = make_streams(emu, counts, rng=rng)
     num_blocks = int(max(s.block_table.max() for s in streams)) + 1
     host = inputs(rng, counts, num_blocks)
     with ScratchArena(emu, make_scratch_plan(counts, 4, False).total_bytes) as arena:
+        bufs = {k: emu.alloc(v.nbytes, k) for k, v in host.items()}
+        yield arena, streams, host, {k: int(b.ptr) for k, b in bufs.items()}, num_blocks
+
+
+def test_layer_shape_checks_are_remembered_only_for_immutable_shapes_that_passed(emu):
+    from q12drv import prefill
+
+    with two_streams(emu, 4) as (arena, streams, host, p, num_blocks):
         bad = AttentionShape(num_q_heads=4, num_kv_heads=2, head_dim=96, rotary_dim=32)
         listy = AttentionShape(num_q_heads=4, num_kv_heads=2, head_dim=64, rotary_dim=32, mrope_section=[0, 0, 0])
-        bufs = {k: emu.alloc(v.nbytes, k) for k, v in host.items()}
-        p = {k: int(b.ptr) for k, b in bufs.items()}
         args = (p["q"], p["k"], p["v"], p["kp"], p["vp"], p["o"])
         for _ in range(2):  # a refused shape is refused every time
             q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4)
@@ -145,14 +153,7 @@ def test_layer_shape_checks_are_remembered_only_for_immutable_shapes_that_passed
 
 
 def test_gdn_layer_algo_is_checked_before_anything_is_enqueued(emu):
-    rng = np.random.default_rng(5)
-    counts = [5, 9]
-    streams, _ = make_streams(emu, counts, rng=rng)
-    num_blocks = int(max(s.block_table.max() for s in streams)) + 1
-    host = inputs(rng, counts, num_blocks)
-    with ScratchArena(emu, make_scratch_plan(counts, 4, False).total_bytes) as arena:
-        bufs = {k: emu.alloc(v.nbytes, k) for k, v in host.items()}
-        p = {k: int(b.ptr) for k, b in bufs.items()}
+    with two_streams(emu, 5) as (arena, streams, host, p, num_blocks):
         q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4)
         states = [p["st"] + b * host["st"][0].nbytes for b in range(2)]
         args = (states, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], GSHAPE)
@@ -165,14 +166,7 @@ def test_gdn_layer_algo_is_checked_before_anything_is_enqueued(emu):
 
 
 def test_gdn_layer_takes_state_pointers_as_a_numpy_array_too(emu):
-    rng = np.random.default_rng(6)
-    counts = [5, 9]
-    streams, _ = make_streams(emu, counts, rng=rng)
-    num_blocks = int(max(s.block_table.max() for s in streams)) + 1
-    host = inputs(rng, counts, num_blocks)
-    with ScratchArena(emu, make_scratch_plan(counts, 4, False).total_bytes) as arena:
-        bufs = {k: emu.alloc(v.nbytes, k) for k, v in host.items()}
-        p = {k: int(b.ptr) for k, b in bufs.items()}
+    with two_streams(emu, 6) as (arena, streams, host, p, num_blocks):
         q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4)
         states = [p["st"] + b * host["st"][0].nbytes for b in range(2)]
         rest = (p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], GSHAPE)
