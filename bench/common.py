@@ -290,12 +290,22 @@ class StepCase:
         gp.set_states(0, self.state_ptrs)
         gp.replay()
 
-    def run(self, mode: str) -> Q12Pass:
+    def run(self, mode: str, blocks: int = 0) -> Q12Pass:
+        """One pass: one attention layer and one GDN layer; ``blocks`` > 0: instead that many of
+        Qwen3-Next's layer blocks (three GDN layers, then one attention layer; its 48 layers are 12)."""
         p = self.ptrs
         q12 = Q12Pass(self.arena, self.streams, block_size=self.bs, use_mrope=False, dummy_kv_block=0,
                       head_dim=self.att.head_dim, policy="exact", mode=mode)
-        q12.attention_layer(p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], self.att, num_blocks=self.num_blocks)
-        q12.gdn_layer(self.state_ptrs, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], self.gdn)
+        gdn = (self.state_ptrs, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], self.gdn)
+        att = (p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], self.att)
+        if not blocks:
+            q12.attention_layer(*att, num_blocks=self.num_blocks)
+            q12.gdn_layer(*gdn)
+        for _ in range(blocks):
+            q12.gdn_layer(*gdn)
+            q12.gdn_layer(*gdn)
+            q12.gdn_layer(*gdn)
+            q12.attention_layer(*att, num_blocks=self.num_blocks)
         return q12
 
     def close(self):

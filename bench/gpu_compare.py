@@ -22,7 +22,8 @@ error is recorded and the rest still run):
   the device path overtakes the packed copy.
 * ``jit_slot``: the per-SSM-layer ``h_state_ptrs`` upload.
 * ``step``: admission + staging + one attention + one Gated DeltaNet layer (Qwen3-Next-like),
-  batched vs per stream, 8 x 128 and 8 ragged 256..2048 tokens; wall-clock round trip.
+  batched vs per stream, 8 x 128 and 8 ragged 256..2048 tokens; wall-clock round trip. Also the
+  8 x 128 pass through Qwen3-Next's 48 layers (12 x (3 GDN + 1 attention)), for information.
 * ``kv_write`` (64k tokens) vs torch ``index_copy_``; ``rope`` vs eager torch (the HF formula);
   ``attention`` (the default kernel, Hq 16, Hkv 2, block 16, D 128 and 256: fresh 8 x 2048 and
   4 x 4096, ragged 8 x 256..4096, chunked 2048 on 8192 keys for 1 and 2 streams) vs torch FA2
@@ -379,6 +380,20 @@ def section_step():
         goal = 4 if name == "8x128" else 1.5
         row(f"step {name}: batched (stage+attn+GDN)", res[name]["batched"]["round_trip_us"], "per-stream fallback",
             res[name]["per_stream"]["round_trip_us"], faster(goal))
+    # the same 8 x 128 pass through all 48 layers of Qwen3-Next (12 x (3 GDN + 1 attention)): what a
+    # runtime's pass costs once the per-layer work, not the per-pass work, dominates
+    step = common.StepCase(dev, common.step_counts("8x128", gpu()))
+    try:
+        t = host_and_round_trip({"batched": lambda: step.run("batched", 12), "per_stream": lambda: step.run("per_stream", 12)},
+                                reps(10, 1), dev.synchronize, warmup=1)
+        res["8x128_48_layers"] = {"counts": step.counts, **t}
+    finally:
+        step.close()
+    for mode in ("batched", "per_stream"):
+        row(f"step 8x128 48 layers: {mode} host time", res["8x128_48_layers"][mode]["host_us"], "its round trip",
+            res["8x128_48_layers"][mode]["round_trip_us"], note="info")
+    row("step 8x128 48 layers: batched", res["8x128_48_layers"]["batched"]["round_trip_us"], "per-stream fallback",
+        res["8x128_48_layers"]["per_stream"]["round_trip_us"], note="info: Qwen3-Next's 12 x (3 GDN + attn)")
     RESULTS["sections"]["step"] = res
 
 

@@ -13,7 +13,7 @@ from typing import Sequence
 from .ints import checked_int
 from .layout import POLICIES, ScratchPlan, make_scratch_plan
 
-__all__ = ["Admission", "check_kernel_batched_eligible", "MAX_HEAD_DIM", "RULES"]
+__all__ = ["Admission", "check_kernel_batched_eligible", "decide", "MAX_HEAD_DIM", "RULES"]
 
 #: Largest head dimension the batched attention kernels take.
 MAX_HEAD_DIM = 256
@@ -142,7 +142,15 @@ def check_kernel_batched_eligible(
         if eff_len > chunk_len:
             raise ValueError(f"streams[{b}]: eff_len {eff_len} exceeds chunk_len {chunk_len}")
         parsed.append((chunk_len, eff_len, chunk_start, bool(s[3])))
+    return decide(parsed, arena_cap, is_mla, head_dim, scratch_cap, top_k, mrope, allow_chunk_zero, varlen, policy)
 
+
+def decide(parsed: list, arena_cap: int, is_mla: bool, head_dim: int, scratch_cap: int, top_k: int, mrope: bool,
+           allow_chunk_zero: bool, varlen: bool, policy: str) -> Admission:
+    """The rules of :func:`check_kernel_batched_eligible` over checked input: ``parsed`` is a list of
+    ``(chunk_len, eff_len, chunk_start, is_last)`` with non-negative ints, ``eff_len <= chunk_len``
+    and a bool; the other ints non-negative and ``policy`` one of :data:`POLICIES`."""
+    n = len(parsed)
     # 1-3: batch-wide shape rules
     if n < 2:
         return _refuse("too_few_streams", f"n = {n}: a batch needs at least 2 streams")

@@ -16,11 +16,12 @@ states, with the same instructions, so their results are bit-identical.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate, repeat
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .admission import Admission, check_kernel_batched_eligible
+from .admission import Admission, check_kernel_batched_eligible, decide
 from .arena import ScratchArena
 from .errors import CapacityError, Q12Error
 from .kernels import ops
@@ -29,7 +30,7 @@ from .kernels import attention as _attn
 from .kernels import gdn as _gdn
 from .kernels import rope as _rope
 from .kernels.args import ALIGN, I32_MAX, count, device_ptr, positive_float
-from .layout import make_scratch_plan
+from .layout import POLICIES, make_scratch_plan
 from .ptr import DevicePtr
 from .staging import (
     BatchedAttnMetadata,
@@ -176,13 +177,19 @@ class Q12Pass:
         self.stream = stream
         self.block_size = int(block_size)
         self.use_mrope = bool(use_mrope)
-        counts = [s.proc_count for s in streams]
-        if chunks is None:
-            chunks = [(s.proc_count, s.proc_count, s.proc_start, False) for s in streams]
-        total = sum(int(c) for c in counts)
-        self.admission: Admission = check_kernel_batched_eligible(
-            chunks, len(streams), total if arena_tokens is None else arena_tokens, is_mla, head_dim,
-            arena.capacity, top_k, use_mrope, allow_chunk_zero, varlen, policy)
+        counts = batch.count_list  # validated ints
+        if chunks is None and arena_tokens is None and type(head_dim) is int and type(top_k) is int \
+                and 0 <= head_dim and 0 <= top_k and policy in POLICIES:
+            # the scheduler's view is the streams' own: the rules over the validated counts and starts
+            self.admission: Admission = decide(list(zip(counts, counts, batch.start_list, repeat(False))),
+                                               batch.total, is_mla, head_dim, arena.capacity, top_k, use_mrope,
+                                               allow_chunk_zero, varlen, policy)
+        else:
+            if chunks is None:
+                chunks = [(c, c, p0, False) for c, p0 in zip(counts, batch.start_list)]
+            self.admission = check_kernel_batched_eligible(
+                chunks, len(streams), batch.total if arena_tokens is None else arena_tokens, is_mla, head_dim,
+                arena.capacity, top_k, use_mrope, allow_chunk_zero, varlen, policy)
         if mode == "batched" and not self.admission:
             raise ValueError(f"mode='batched' but the batch was {self.admission}")
         self.batched = bool(self.admission) and mode != "per_stream"
@@ -227,7 +234,7 @@ class Q12Pass:
         except BaseException:
             arena.reset()
             raise
-        self.cu_seqlens = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.cu_seqlens = np.array(list(accumulate(counts, initial=0)), np.int64)
         self._table_range = None  # (min, max) of every entry attention reads, computed on first use
         self._generation = arena.generation
 
@@ -367,17 +374,20 @@ class Q12Pass:
             enqueued, so no buffer has changed.
         """
         self._check_attention(q, k, v, k_pool, v_pool, o, shape, num_blocks)
-        hq, hkv, d = shape.num_q_heads, shape.num_kv_heads, shape.head_dim
-        dev, st = self.device, self.stream
+        # every argument is checked now (pointers, shape, tables, num_blocks): the launches go
+        # straight to the kernels' argument blocks
+        hq, hkv, d, rd = shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.rotary_dim
+        theta, mode, sections = float(shape.rope_theta), shape.mrope_mode, tuple(shape.mrope_section)
+        scale = float(d ** -0.5 if shape.scale is None else shape.scale)
+        entry = _attn.entry_for_head_dim(d)
+        dev, st, row_elems = self.device, self.stream, hkv * d
+        num_slots = int(num_blocks) * self.block_size
+        q, k, v, k_pool, v_pool, o = int(q), int(k), int(v), int(k_pool), int(v_pool), int(o)
 
         def run(meta, row_q, row_k):
-            ops.rope(dev, meta, q + row_q, k + row_k, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
-                     rotary_dim=shape.rotary_dim, theta=shape.rope_theta, mrope_mode=shape.mrope_mode,
-                     sections=shape.mrope_section, stream=st)
-            ops.kv_write(dev, meta, k + row_k, v + row_k, k_pool, v_pool, num_kv_heads=hkv, head_dim=d,
-                         num_blocks=num_blocks, stream=st)
-            ops.attention(dev, meta, q + row_q, k_pool, v_pool, o + row_q, num_q_heads=hq, num_kv_heads=hkv,
-                          head_dim=d, scale=shape.scale, stream=st)
+            ops.enqueue_rope(dev, meta, q + row_q, k + row_k, hq, hkv, d, rd, theta, mode, sections, st)
+            ops.enqueue_kv_write(dev, meta, k + row_k, v + row_k, k_pool, v_pool, row_elems, num_slots, st)
+            ops.enqueue_attention(dev, meta, entry, q + row_q, k_pool, v_pool, o + row_q, hq, hkv, d, scale, st)
 
         if self.batched:
             run(self.meta, 0, 0)
@@ -404,12 +414,14 @@ class Q12Pass:
         self._check_gdn(state_ptrs, q, k, v, g, beta, o, shape)  # the state pointers included, for this pass
         self.h_slot._write(state_ptrs, self.stream)
         hk, hv, d = shape.num_k_heads, shape.num_v_heads, shape.head_dim
-        dev, st = self.device, self.stream
+        mod = ops.GDN_MODULES[algo]
+        entry, dev, st = mod.entry_name(d), self.device, self.stream
+        q, k, v, g, beta, o = int(q), int(k), int(v), int(g), int(beta), int(o)
 
         def run(meta, slot_ptr, row):
-            ops.gdn(dev, meta, slot_ptr, q + row * hk * d * _BF16, k + row * hk * d * _BF16,
-                    v + row * hv * d * _BF16, g + row * hv * _F32, beta + row * hv * _F32,
-                    o + row * hv * d * _BF16, num_k_heads=hk, num_v_heads=hv, head_dim=d, algo=algo, stream=st)
+            ops.enqueue_gdn(dev, meta, mod, entry, slot_ptr, q + row * hk * d * _BF16, k + row * hk * d * _BF16,
+                            v + row * hv * d * _BF16, g + row * hv * _F32, beta + row * hv * _F32,
+                            o + row * hv * d * _BF16, hk, hv, d, st)
 
         if self.batched:
             run(self.meta, int(self.h_slot.ptr), 0)

@@ -24,7 +24,8 @@ from . import args as _args
 from . import rope as _rope
 from .meta import Q12MetaC, meta_defines, meta_from_staged
 
-__all__ = ["kv_write", "rope", "attention", "gdn", "GDN_ALGOS", "prepared", "SOURCES", "ENTRIES", "struct_types"]
+__all__ = ["kv_write", "rope", "attention", "gdn", "GDN_ALGOS", "GDN_MODULES", "enqueue_kv_write", "enqueue_rope",
+           "enqueue_attention", "enqueue_gdn", "prepared", "SOURCES", "ENTRIES", "struct_types"]
 
 #: Every kernel source and its entries.
 SOURCES = {
@@ -108,13 +109,20 @@ def kv_write(device: Device, meta: BatchedAttnMetadata, k: int, v: int, k_pool: 
     """
     _check(device, meta)
     row = _positive("num_kv_heads", num_kv_heads) * _positive("head_dim", head_dim)
-    if row % 8:
-        raise ValueError(f"num_kv_heads * head_dim = {row} must be a multiple of 8 (16-byte rows)")
-    grid, block, smem = _kvw_geometry(meta.total_tokens, row, num_sms=device.sm_count)
+    if row % 8 or row > _args.I32_MAX:
+        raise ValueError(f"num_kv_heads * head_dim = {row} must be a multiple of 8 (16-byte rows) and fit an int32")
+    enqueue_kv_write(device, meta, _ptr("k", k), _ptr("v", v), _ptr("k_pool", k_pool), _ptr("v_pool", v_pool), row,
+                     _positive("num_blocks", num_blocks) * meta.block_size, stream)
+
+
+def enqueue_kv_write(device: Device, meta: BatchedAttnMetadata, k: int, v: int, k_pool: int, v_pool: int,
+                     row_elems: int, num_slots: int, stream: Any) -> None:
+    """:func:`kv_write` with every argument already checked (ints in range): geometry, pack, launch."""
+    grid, block, smem = _kvw_geometry(meta.total_tokens, row_elems, num_sms=device.sm_count)
     launch = prepared(device, "q12_kv_write")
-    launch.set(k=_ptr("k", k), v=_ptr("v", v), k_pool=_ptr("k_pool", k_pool), v_pool=_ptr("v_pool", v_pool),
-               row_elems=row, num_slots=_positive("num_blocks", num_blocks) * meta.block_size)
-    launch.args.m = _meta_c(meta)
+    a = launch.args
+    a.k, a.v, a.k_pool, a.v_pool, a.row_elems, a.num_slots = k, v, k_pool, v_pool, row_elems, num_slots
+    a.m = _meta_c(meta)
     launch.launch(grid, block, smem, stream)
 
 
@@ -126,17 +134,29 @@ def rope(device: Device, meta: BatchedAttnMetadata, q: int, k: int, *, num_q_hea
     ``mrope_mode``: 0 plain, 1 chunked sections (Qwen2-VL), 2 interleaved (Qwen3-VL, Qwen3.5).
     """
     _check(device, meta)
-    _rope_params(head_dim, rotary_dim, mrope_mode, tuple(sections), num_q_heads, num_kv_heads)
-    if mrope_mode and not meta.use_mrope:
+    hq, hkv = _args.count("num_q_heads", num_q_heads, 0), _args.count("num_kv_heads", num_kv_heads, 0)
+    d, rd = _positive("head_dim", head_dim), _args.count("rotary_dim", rotary_dim, 0)
+    mode = _args.count("mrope_mode", mrope_mode, 0, 2)
+    if isinstance(sections, (str, bytes)) or not isinstance(sections, (tuple, list)) or len(sections) != 3:
+        raise ValueError(f"MRoPE sections must be 3 ints (T, H, W), got {sections!r:.60}")
+    secs = tuple(_args.count(f"sections[{i}]", x, 0) for i, x in enumerate(sections))
+    _rope_params(d, rd, mode, secs, hq, hkv)
+    if mode and not meta.use_mrope:
         raise ValueError("mrope_mode needs metadata staged with use_mrope=True (H and W position streams)")
-    _args.positive_float("theta", theta)
+    theta = _args.positive_float("theta", theta)
+    enqueue_rope(device, meta, _ptr("q", q), _ptr("k", k), hq, hkv, d, rd, theta, mode, secs, stream)
+
+
+def enqueue_rope(device: Device, meta: BatchedAttnMetadata, q: int, k: int, num_q_heads: int, num_kv_heads: int,
+                 head_dim: int, rotary_dim: int, theta: float, mrope_mode: int, sections: tuple, stream: Any) -> None:
+    """:func:`rope` with every argument already checked (ints, a float, 3 section ints): geometry, pack, launch."""
     grid, block, smem = _rope_geometry(meta.total_tokens, num_q_heads, num_kv_heads, head_dim, rotary_dim,
                                        num_sms=device.sm_count)
     launch = prepared(device, "q12_rope")
-    launch.set(q=_ptr("q", q), k=_ptr("k", k), num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-               head_dim=head_dim, rotary_dim=rotary_dim, theta=float(theta), mrope_mode=int(mrope_mode),
-               sec_t=int(sections[0]), sec_h=int(sections[1]), sec_w=int(sections[2]))
-    launch.args.m = _meta_c(meta)
+    a = launch.args
+    a.q, a.k, a.num_q_heads, a.num_kv_heads, a.head_dim, a.rotary_dim = q, k, num_q_heads, num_kv_heads, head_dim, rotary_dim
+    a.theta, a.mrope_mode, a.sec_t, a.sec_h, a.sec_w = theta, mrope_mode, sections[0], sections[1], sections[2]
+    a.m = _meta_c(meta)
     launch.launch(grid, block, smem, stream)
 
 
@@ -147,20 +167,30 @@ def attention(device: Device, meta: BatchedAttnMetadata, q: int, k_pool: int, v_
     _check(device, meta)
     if scale is not None:
         _args.positive_float("scale", scale)
-    entry = _attn.entry_for_head_dim(head_dim)
-    if _positive("num_q_heads", num_q_heads) % _positive("num_kv_heads", num_kv_heads):
-        raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {num_kv_heads} (GQA)")
+    d = _positive("head_dim", head_dim)
+    entry = _attn.entry_for_head_dim(d)
+    hq, hkv = _positive("num_q_heads", num_q_heads), _positive("num_kv_heads", num_kv_heads)
+    if hq % hkv:
+        raise ValueError(f"num_q_heads {hq} must be a multiple of num_kv_heads {hkv} (GQA)")
+    enqueue_attention(device, meta, entry, _ptr("q", q, 16), _ptr("k_pool", k_pool, 16), _ptr("v_pool", v_pool, 16),
+                      _ptr("o", o, 16), hq, hkv, d, float(d ** -0.5 if scale is None else scale), stream)
+
+
+def enqueue_attention(device: Device, meta: BatchedAttnMetadata, entry: str, q: int, k_pool: int, v_pool: int, o: int,
+                      num_q_heads: int, num_kv_heads: int, head_dim: int, scale: float, stream: Any) -> None:
+    """:func:`attention` with every argument already checked and ``entry`` its kernel: geometry, pack, launch."""
     grid, block, smem = _attn_geometry(meta.batch_size, meta.chunk_len, num_q_heads, num_kv_heads, head_dim)
     launch = prepared(device, entry)
-    launch.set(q=_ptr("q", q, 16), k_pool=_ptr("k_pool", k_pool, 16), v_pool=_ptr("v_pool", v_pool, 16), o=_ptr("o", o, 16),
-               num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, block_size=meta.block_size,
-               scale=float(head_dim ** -0.5 if scale is None else scale))
-    launch.args.m = _meta_c(meta)
+    a = launch.args
+    a.q, a.k_pool, a.v_pool, a.o, a.num_q_heads, a.num_kv_heads = q, k_pool, v_pool, o, num_q_heads, num_kv_heads
+    a.block_size, a.scale = meta.block_size, scale
+    a.m = _meta_c(meta)
     launch.launch(grid, block, smem, stream)
 
 
-#: Gated DeltaNet algorithms: ``ops.gdn(..., algo=)``.
-GDN_ALGOS = ("chunked", "recurrent")
+#: Gated DeltaNet algorithms (``ops.gdn(..., algo=)``) and the kernel module of each.
+GDN_MODULES = {"chunked": _gdnc, "recurrent": _gdn}
+GDN_ALGOS = tuple(GDN_MODULES)
 
 
 def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k: int, v: int, g: int, beta: int,
@@ -173,19 +203,25 @@ def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k:
     they agree to bf16 rounding (see :mod:`q12drv.kernels.gdn_chunk` for the error budget).
     """
     _check(device, meta)
-    if algo == "chunked":
-        mod = _gdnc
-    elif algo == "recurrent":
-        mod = _gdn
-    else:
+    mod = GDN_MODULES.get(algo) if type(algo) is str else None
+    if mod is None:
         raise ValueError(f"algo must be one of {', '.join(map(repr, GDN_ALGOS))}, got {algo!r}")
-    entry = mod.entry_name(head_dim)
-    if _positive("num_v_heads", num_v_heads) % _positive("num_k_heads", num_k_heads):
-        raise ValueError(f"num_v_heads {num_v_heads} must be a multiple of num_k_heads {num_k_heads}")
+    d = _positive("head_dim", head_dim)
+    entry = mod.entry_name(d)
+    hk, hv = _positive("num_k_heads", num_k_heads), _positive("num_v_heads", num_v_heads)
+    if hv % hk:
+        raise ValueError(f"num_v_heads {hv} must be a multiple of num_k_heads {hk}")
+    enqueue_gdn(device, meta, mod, entry, _ptr("h_state_ptrs", h_state_ptrs, 8), _ptr("q", q, 16), _ptr("k", k, 16),
+                _ptr("v", v, 8), _ptr("g", g, 4), _ptr("beta", beta, 4), _ptr("o", o, 8), hk, hv, d, stream)
+
+
+def enqueue_gdn(device: Device, meta: BatchedAttnMetadata, mod, entry: str, h_state_ptrs: int, q: int, k: int, v: int,
+                g: int, beta: int, o: int, num_k_heads: int, num_v_heads: int, head_dim: int, stream: Any) -> None:
+    """:func:`gdn` with every argument already checked; ``mod``/``entry``: the algorithm's module and kernel."""
     grid, block, smem = _GDN_GEOMETRY[mod](meta.batch_size, num_v_heads, head_dim)
     launch = prepared(device, entry)
-    launch.set(h_state_ptrs=_ptr("h_state_ptrs", h_state_ptrs, 8), q=_ptr("q", q, 16), k=_ptr("k", k, 16),
-               v=_ptr("v", v, 8), g=_ptr("g", g, 4), beta=_ptr("beta", beta, 4), o=_ptr("o", o, 8),
-               num_k_heads=num_k_heads, num_v_heads=num_v_heads)
-    launch.args.m = _meta_c(meta)
+    a = launch.args
+    a.h_state_ptrs, a.q, a.k, a.v, a.g, a.beta, a.o = h_state_ptrs, q, k, v, g, beta, o
+    a.num_k_heads, a.num_v_heads = num_k_heads, num_v_heads
+    a.m = _meta_c(meta)
     launch.launch(grid, block, smem, stream)

@@ -103,6 +103,7 @@ VARIANTS = [  # measured at d18a17d (tests/GPU.md): no prefetch and no per-warp 
     ("v1-prefetch", ("GDN_PREFETCH=1",)),
     ("v2-warpinv", ("GDN_WARP_INV=1",)),
     ("v3-prefetch-warpinv", ("GDN_PREFETCH=1", "GDN_WARP_INV=1")),
+    ("v4-upd-bf16", ("GDN_UPD_SPLIT=0",)),  # the state update from one bf16 product (fla's precision): speed vs error
 ]
 RAGGED_LENS = [256, 2048, 512, 1792, 768, 1536, 1024, 1280]   # 8 streams, 256..2048
 

@@ -9,6 +9,8 @@ resident CTAs (from ``cuOccupancyMaxActiveBlocksPerMultiprocessor``; 0 = one CTA
 tokens, no persistence), never more CTAs than the work needs. Correctness on a small ragged case
 (plain RoPE Qwen3-Next shape, interleaved MRoPE, chunked MRoPE full rotary): bit for bit equal to
 the legacy kernel (``-DROPE_LEGACY=1``) and within the tests' tolerance of the float64 reference.
+Two references for the access pattern: torch copying only the rotary prefixes (the floor's bytes,
+strided like the kernel's), and the shipped kernel under each ``CU_LIMIT_MAX_L2_FETCH_GRANULARITY``.
 Timing: 64k tokens for the Qwen3-Next shape (Hq 16, Hkv 2, D 256, rd 64, theta 1e7) and a
 full-rotary Qwen3-like shape (Hq 32, Hkv 8, D 128, rd 128, theta 1e6), plain RoPE, cold L2 (the
 buffer sets rotate as in bench/gpu_compare.py), CUDA events, 3 warm-up launches, median of 20.
@@ -149,8 +151,24 @@ def main(argv):
         d2d[name] = events_us(cp)
         del bufs
 
+    # the same access pattern without the math: a strided copy of the rotary prefix of every head row
+    # (reads and writes exactly the floor bytes, through torch's copy kernel)
+    strided = {}
+    for name, tc in timing.items():
+        turn = [0]
+
+        def sc(tc=tc, turn=turn):
+            sets, rd = tc["sets"], tc["rd"]
+            (qa, ka), (qb, kb) = sets[turn[0] % len(sets)], sets[(turn[0] + 1) % len(sets)]
+            turn[0] += 1
+            qb[..., :rd].copy_(qa[..., :rd])
+            kb[..., :rd].copy_(ka[..., :rd])
+
+        strided[name] = events_us(sc)
+
     legacy_out = []
     table = []
+    l2_rows = []  # (granularity, shape, us) for the shipped kernel under cuCtxSetLimit(MAX_L2_FETCH_GRANULARITY)
     for vi, (vname, defs, threads, waves) in enumerate(variants):
         try:
             module, func, info = build(defs)
@@ -198,6 +216,27 @@ def main(argv):
                 table.append((vname, sname, us, info, occ, grid[0], ok_all))
             except Exception as exc:  # noqa: BLE001
                 print(f"{vname} {sname}: timing failed {type(exc).__name__}: {exc}")
+        if vname == "v0-shipped":  # does the L2 fetch granularity hint change the partial-row pattern?
+            lim = cu.CUlimit.CU_LIMIT_MAX_L2_FETCH_GRANULARITY
+            orig = _check(cu.cuCtxGetLimit(lim))
+            try:
+                for gran in (32, 64, 128):
+                    _check(cu.cuCtxSetLimit(lim, gran))
+                    for sname, tc in timing.items():
+                        grid, block, _ = geometry(func, defs, threads, waves, T_TIMING, tc["hq"], tc["hkv"], tc["d"],
+                                                  tc["rd"])
+                        turn = [0]
+
+                        def run(tc=tc, grid=grid, block=block, turn=turn):
+                            q, k = tc["sets"][turn[0] % len(tc["sets"])]
+                            turn[0] += 1
+                            launch(func, grid, block, tc["meta"], q.data_ptr(), k.data_ptr(), tc["hq"], tc["hkv"],
+                                   tc["d"], tc["rd"], tc["theta"], 0, (0, 0, 0))
+
+                        l2_rows.append((gran, sname, events_us(run)))
+            finally:
+                _check(cu.cuCtxSetLimit(lim, orig))
+            print(f"L2 fetch granularity: the context's default is {orig} B")
         _check(cu.cuModuleUnload(module))
 
     print()
@@ -209,6 +248,12 @@ def main(argv):
         print(f"\n{sname}: Hq{hq} Hkv{hkv} D{d} rd{rd}, floor {fl / 1e6:.0f} MB = {fl / (D2D_TBPS * 1e6):.1f} us; "
               f"torch D2D copy of the same bytes {d2d[sname]:.1f} us ({fl / d2d[sname] / 1e6:.2f} TB/s)")
         print(f"{'variant':24s} {'us':>8s} {'TB/s':>6s} {'floor':>6s} {'vs D2D':>6s} {'grid':>5s}  build")
+        print(f"torch strided copy of the rotary prefixes (the same bytes, the same pattern): {strided[sname]:.1f} us "
+              f"({fl / strided[sname] / 1e6:.2f} TB/s, {fl / strided[sname] / 1e6 / D2D_TBPS:.1%} of the floor rate)")
+        for gran, sn, us in l2_rows:
+            if sn == sname:
+                print(f"v0-shipped with MAX_L2_FETCH_GRANULARITY {gran:3d} B: {us:8.1f} us "
+                      f"({fl / us / 1e6 / D2D_TBPS:.1%} of the floor rate)")
         for vname, sn, us, info, occ, g, ok in table:
             if sn != sname:
                 continue
