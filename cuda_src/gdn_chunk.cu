@@ -255,8 +255,368 @@ __device__ __forceinline__ void invert_column(const float* D, bf16* dinv, int j)
     for (int i = 0; i < 16; ++i) dinv[i * 24 + j] = __float2bfloat16_rn(x[i]);
 }
 
+// ---- the per-chunk phases, shared by the fused kernel, the split pair's precompute kernel (chunk-local
+//      work) and its sequential kernel (the state work)
+
+// cp.async of chunk c of (stream b, value head h): raw K rows -> kraw, (LOAD_V) the V slice -> vdst,
+// g/beta -> graw/braw[buf]; rows >= len read nothing and land as zeros.
+template <int DK, int DV, bool LOAD_V>
+__device__ __forceinline__ void issue_kvgb(Smem<DK>& s, bf16* vdst, const int* cub, int len, int c, int buf,
+                                           const bf16* __restrict__ k, const bf16* __restrict__ v,
+                                           const float* __restrict__ g, const float* __restrict__ beta,
+                                           int num_k_heads, int num_v_heads, int h, int col0, int tid) {
+    constexpr int C = GDN_C, BV = GDN_BV, THREADS = 128, SEGS = DK / 8, LDV = Smem<DK>::LDV;
+    const int nv = min(C, len - c);
+    const int tok0 = ld_volatile(cub);
+    const int kh = h / (num_v_heads / num_k_heads);
+#pragma unroll
+    for (int p = 0; p < C * SEGS / THREADS; ++p) {
+        const int idx = tid + p * THREADS;
+        const int row = idx / SEGS, sg = idx % SEGS;
+        const bool ok = row < nv;
+        const bf16* src = ok ? k + ((long long)(tok0 + c + row) * num_k_heads + kh) * DK + sg * 8 : k;
+        cp_async16(&s.kraw[row * DK + sg * 8], src, ok);
+    }
+    if (LOAD_V) {
+#pragma unroll
+        for (int p = 0; p < C * BV / 4 / THREADS; ++p) {   // 8-byte pieces: v needs 8-byte alignment only
+            const int idx = tid + p * THREADS;
+            const int row = idx / (BV / 4), part = idx % (BV / 4);
+            const bool ok = row < nv;
+            const bf16* src = ok ? v + ((long long)(tok0 + c + row) * num_v_heads + h) * DV + col0 + part * 4 : v;
+            cp_async8(&vdst[row * LDV + part * 4], src, ok);
+        }
+    }
+#pragma unroll
+    for (int p = 0; p < (2 * C + THREADS - 1) / THREADS; ++p) {
+        const int t = tid + p * THREADS;
+        if (t < 2 * C) {
+            const int tt = t % C;
+            const bool ok = tt < nv;
+            const long long gi = ok ? (long long)(tok0 + c + tt) * num_v_heads + h : 0;
+            if (t < C) cp_async4(&s.graw[buf][tt], g + gi, ok);
+            else cp_async4(&s.braw[buf][tt], beta + gi, ok);
+        }
+    }
+}
+
+// cp.async of chunk c's raw Q rows -> s.q
+template <int DK>
+__device__ __forceinline__ void issue_q(Smem<DK>& s, const int* cub, int len, int c, const bf16* __restrict__ q,
+                                        int num_k_heads, int num_v_heads, int h, int tid) {
+    constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8, LDK = Smem<DK>::LDK;
+    const int nv = min(C, len - c);
+    const int tok0 = ld_volatile(cub);
+    const int kh = h / (num_v_heads / num_k_heads);
+#pragma unroll
+    for (int p = 0; p < C * SEGS / THREADS; ++p) {
+        const int idx = tid + p * THREADS;
+        const int row = idx / SEGS, sg = idx % SEGS;
+        const bool ok = row < nv;
+        const bf16* src = ok ? q + ((long long)(tok0 + c + row) * num_k_heads + kh) * DK + sg * 8 : q;
+        cp_async16(&s.q[row * LDK + sg * 8], src, ok);
+    }
+}
+
+// K (kraw -> k hi, klo) and Q (in place) l2-normalised, Q scaled by dk^-1/2: SEGS lanes per row, shuffles.
+// Partly unrolled: a full unroll hoists every row's loads and spills next to S^T.
+template <int DK>
+__device__ __forceinline__ void normalise(Smem<DK>& s, int tid, int seg, float qscale) {
+    constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8, RPP = THREADS / SEGS, LDK = Smem<DK>::LDK;
+#pragma unroll GDN_NORM_UNROLL
+    for (int p = 0; p < C / RPP; ++p) {
+        const int row = tid / SEGS + p * RPP;
+#pragma unroll
+        for (int which = 0; which < 2; ++which) {  // 0: k, 1: q
+            const uint4 raw = which ? *reinterpret_cast<const uint4*>(&s.q[row * LDK + seg * 8])
+                                    : *reinterpret_cast<const uint4*>(&s.kraw[row * DK + seg * 8]);
+            const __nv_bfloat162* pr = reinterpret_cast<const __nv_bfloat162*>(&raw);
+            float x[8];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float2 f = __bfloat1622float2(pr[i]);
+                x[2 * i] = f.x;
+                x[2 * i + 1] = f.y;
+            }
+            float ss = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) ss = fmaf(x[i], x[i], ss);
+#pragma unroll
+            for (int off = SEGS / 2; off >= 1; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+            const float inv = 1.0f / sqrtf(ss + 1e-6f);
+            uint4 hi, lo;
+            unsigned* hp = reinterpret_cast<unsigned*>(&hi);
+            unsigned* lp = reinterpret_cast<unsigned*>(&lo);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                if (which) hp[i] = pack((x[2 * i] * inv) * qscale, (x[2 * i + 1] * inv) * qscale);
+                else pack_hilo(x[2 * i] * inv, x[2 * i + 1] * inv, hp[i], lp[i]);
+            }
+            if (which) {
+                *reinterpret_cast<uint4*>(&s.q[row * LDK + seg * 8]) = hi;
+            } else {
+                *reinterpret_cast<uint4*>(&s.k[row * LDK + seg * 8]) = hi;
+                *reinterpret_cast<uint4*>(&s.klo[row * LDK + seg * 8]) = lo;
+            }
+        }
+    }
+}
+
+// gamma = inclusive cumsum of g (one warp, two tokens per lane), exp(gamma), exp(gamma_C - gamma); beta copied.
+template <int DK>
+__device__ __forceinline__ void chunk_gamma(Smem<DK>& s, int buf, int lane) {
+    const float g0 = s.graw[buf][2 * lane], g1 = s.graw[buf][2 * lane + 1];
+    float incl = g0 + g1;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const float y = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += y;
+    }
+    const float excl = incl - (g0 + g1);
+    const float ga = excl + g0;
+    const float gb = ga + g1;
+    const float gC = __shfl_sync(0xffffffffu, gb, 31);
+    s.beta[2 * lane] = s.braw[buf][2 * lane];
+    s.beta[2 * lane + 1] = s.braw[buf][2 * lane + 1];
+    s.gam[2 * lane] = ga;
+    s.gam[2 * lane + 1] = gb;
+    s.eg[2 * lane] = expf(ga);
+    s.eg[2 * lane + 1] = expf(gb);
+    s.wd[2 * lane] = expf(gC - ga);
+    s.wd[2 * lane + 1] = expf(gC - gb);
+}
+
+// K K^T (rows of the warp's blocks) -> -A blocks and the fp32 diagonal blocks (GDN_WARP_INV: inverted by
+// the warp); Q K^T -> P.
+template <int DK, int NW>
+__device__ __forceinline__ void local_products(Smem<DK>& s, int warp, int lane) {
+    constexpr int LDP = Smem<DK>::LDP, LDD = Smem<DK>::LDD;
+    const int gq = lane >> 2, tq = lane & 3;
+    const float* bet = s.beta;
+    float acc[8][4];
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt) {
+        if (owner<NW>(mt) != warp) continue;
+        causal_rows_kt<DK>(acc, s.k, s.k, mt, lane);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            if (nt > 2 * mt + 1) break;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = 16 * mt + gq + (e >> 1) * 8;
+                const int j = 8 * nt + 2 * tq + (e & 1);
+                const float val = (j < i) ? bet[i] * expf(s.gam[i] - s.gam[j]) * acc[nt][e] : 0.f;
+                if ((j >> 4) == mt) s.d[mt * 272 + (i & 15) * 17 + (j & 15)] = val;
+                else s.a[i * LDP + j] = __float2bfloat16_rn(-val);
+            }
+        }
+#if GDN_WARP_INV
+        __syncwarp();
+        if (lane < 16) invert_column(&s.d[mt * 272], &s.dinv[16 * mt * LDD], lane);
+        __syncwarp();
+#endif
+    }
+#pragma unroll
+    for (int mq = 0; mq < 4; ++mq) {
+        if (owner<NW>(3 - mq) != warp) continue;
+        causal_rows_kt<DK>(acc, s.q, s.k, mq, lane);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            if (nt > 2 * mq + 1) break;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = 16 * mq + gq + (e >> 1) * 8;
+                const int j = 8 * nt + 2 * tq + (e & 1);
+                const float val = (j <= i) ? expf(s.gam[i] - s.gam[j]) * acc[nt][e] : 0.f;
+                s.p[i * LDP + j] = __float2bfloat16_rn(val);
+            }
+        }
+    }
+}
+
+// (I + A_bb)^-1 of the four diagonal blocks, one column per thread.
+template <int DK>
+__device__ __forceinline__ void invert_diagonal(Smem<DK>& s, int tid) {
+    constexpr int LDD = Smem<DK>::LDD;
+    for (int cidx = tid; cidx < 64; cidx += 128)
+        invert_column(&s.d[(cidx >> 4) * 272], &s.dinv[16 * (cidx >> 4) * LDD], cidx & 15);
+}
+
+// Where one chunk's operands of the state step sit in shared memory (row strides as in Smem<DK>).
+struct ChunkOps {
+    const bf16* k;      // normalised K, bf16 hi [64][LDK]
+    const bf16* klo;    // its lo part
+    const bf16* q;      // normalised, scaled Q [64][LDK]
+    const bf16* a;      // -A off-diagonal blocks [64][LDP]
+    const bf16* p;      // P [64][LDP]
+    const bf16* dinv;   // diagonal inverses [64][LDD]
+    const float* beta;  // [64]
+    const float* eg;    // exp(gamma) [64]
+    const float* wd;    // exp(gamma_C - gamma) [64]
+};
+
+// The state step of one chunk for this warp's 16 dv rows: R^T = beta (V^T - exp(gamma) S^T K^T), the block
+// solve V_new^T, O^T = exp(gamma) S^T Q^T + V_new^T P^T into this warp's columns of vo (which held the V
+// slice), and S^T = exp(gamma_C) S^T + (V_new^T exp(gamma_C - gamma)) K.
+template <int DK>
+__device__ __forceinline__ void state_step(const ChunkOps& c, float (*St)[4], bf16* vo, int warp, int lane) {
+    constexpr int C = GDN_C, LDK = DK + 8, LDV = GDN_BV + 8, LDP = C + 8, LDD = 24, NTS = DK / 8;
+    const int gq = lane >> 2, tq = lane & 3;
+    const int mat = lane >> 3, r8 = lane & 7;
+    const float* bet = c.beta;
+    const bf16* vb = vo;
+    float X[8][4];   // V_new^T (this warp's dv rows x 64 tokens)
+    {
+        float Rt[8][4];
+        st_times_xt<DK>(Rt, St, c.k, lane);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int cc = 8 * nt + 2 * tq + (e & 1);
+                const int bvl = 16 * warp + gq + (e >> 1) * 8;
+                Rt[nt][e] = bet[cc] * (__bfloat162float(vb[cc * LDV + bvl]) - c.eg[cc] * Rt[nt][e]);
+            }
+        // block forward substitution: X_b = (R_b + sum_{m<b} X_m (-A_bm)^T) Dinv_b^T
+#pragma unroll
+        for (int bi = 0; bi < 4; ++bi) {
+            float* y0 = Rt[2 * bi];
+            float* y1 = Rt[2 * bi + 1];
+#pragma unroll
+            for (int mm = 0; mm < bi; ++mm) {
+                unsigned ahi[4], alo[4], b0, b1, b2, b3;
+                a_from_c_hilo(X[2 * mm], X[2 * mm + 1], ahi, alo);
+                ldsm_x4(b0, b1, b2, b3, &c.a[(16 * bi + (mat >> 1) * 8 + r8) * LDP + 16 * mm + (mat & 1) * 8]);
+                mma(y0, ahi, b0, b1);
+                mma(y1, ahi, b2, b3);
+                mma(y0, alo, b0, b1);
+                mma(y1, alo, b2, b3);
+            }
+            unsigned ahi[4], alo[4], b0, b1, b2, b3;
+            a_from_c_hilo(y0, y1, ahi, alo);
+            ldsm_x4(b0, b1, b2, b3, &c.dinv[(16 * bi + (mat >> 1) * 8 + r8) * LDD + (mat & 1) * 8]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) X[2 * bi][e] = X[2 * bi + 1][e] = 0.f;
+            mma(X[2 * bi], ahi, b0, b1);
+            mma(X[2 * bi + 1], ahi, b2, b3);
+            mma(X[2 * bi], alo, b0, b1);
+            mma(X[2 * bi + 1], alo, b2, b3);
+        }
+    }
+    // ---- O^T = exp(gamma) S^T Q^T + V_new^T P^T, into this warp's columns of vo
+    {
+        float Ot[8][4];
+        st_times_xt<DK>(Ot, St, c.q, lane);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) Ot[nt][e] *= c.eg[8 * nt + 2 * tq + (e & 1)];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            unsigned ahi[4], alo[4];
+            a_from_c_hilo(X[2 * kk], X[2 * kk + 1], ahi, alo);
+#pragma unroll
+            for (int np = kk; np < 4; ++np) {   // P[c][c'] = 0 for c' > c: token pairs np >= kk only
+                unsigned b0, b1, b2, b3;
+                ldsm_x4(b0, b1, b2, b3, &c.p[(16 * np + (mat >> 1) * 8 + r8) * LDP + 16 * kk + (mat & 1) * 8]);
+                mma(Ot[2 * np], ahi, b0, b1);
+                mma(Ot[2 * np + 1], ahi, b2, b3);
+                mma(Ot[2 * np], alo, b0, b1);
+                mma(Ot[2 * np + 1], alo, b2, b3);
+            }
+        }
+        __syncwarp();
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int cc = 8 * nt + 2 * tq + (e & 1);
+                const int bvl = 16 * warp + gq + (e >> 1) * 8;
+                vo[cc * LDV + bvl] = __float2bfloat16_rn(Ot[nt][e]);
+            }
+    }
+    // ---- S^T = exp(gamma_C) S^T + (V_new^T exp(gamma_C - gamma)) K
+    {
+        const float egC = c.eg[C - 1];
+#pragma unroll
+        for (int j = 0; j < NTS; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) St[j][e] *= egC;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            float x0[4], x1[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                x0[e] = X[2 * kk][e] * c.wd[16 * kk + 2 * tq + (e & 1)];
+                x1[e] = X[2 * kk + 1][e] * c.wd[16 * kk + 8 + 2 * tq + (e & 1)];
+            }
+            unsigned ahi[4], alo[4];
+            a_from_c_hilo(x0, x1, ahi, alo);
+#pragma unroll
+            for (int np = 0; np < DK / 16; ++np) {
+                unsigned b0, b1, b2, b3;
+                const int off = (16 * kk + (mat & 1) * 8 + r8) * LDK + 16 * np + (mat >> 1) * 8;
+                ldsm_x4_t(b0, b1, b2, b3, &c.k[off]);
+                mma(St[2 * np], ahi, b0, b1);
+                mma(St[2 * np + 1], ahi, b2, b3);
+                mma(St[2 * np], alo, b0, b1);
+                mma(St[2 * np + 1], alo, b2, b3);
+#if GDN_UPD_SPLIT
+                ldsm_x4_t(b0, b1, b2, b3, &c.klo[off]);
+                mma(St[2 * np], ahi, b0, b1);
+                mma(St[2 * np + 1], ahi, b2, b3);
+#endif
+            }
+        }
+    }
+}
+
+// S^T fragments of this lane (dv rows bv0, bv0 + 8): St[j] covers dk columns 8j..8j+7:
+// [0] (bv0, 8j+2t) [1] (bv0, 8j+2t+1) [2],[3] bv0+8.
+template <int DK, int DV>
+__device__ __forceinline__ void load_state(float (*St)[4], const float* state, int bv0, int tq) {
+#pragma unroll
+    for (int j = 0; j < DK / 8; ++j) {
+        const int kr = 8 * j + 2 * tq;
+        St[j][0] = state[kr * DV + bv0];
+        St[j][1] = state[(kr + 1) * DV + bv0];
+        St[j][2] = state[kr * DV + bv0 + 8];
+        St[j][3] = state[(kr + 1) * DV + bv0 + 8];
+    }
+}
+
+template <int DK, int DV>
+__device__ __forceinline__ void store_state(const float (*St)[4], float* out, int bv0, int tq) {
+#pragma unroll
+    for (int j = 0; j < DK / 8; ++j) {
+        const int kr = 8 * j + 2 * tq;
+        out[kr * DV + bv0] = St[j][0];
+        out[(kr + 1) * DV + bv0] = St[j][1];
+        out[kr * DV + bv0 + 8] = St[j][2];
+        out[(kr + 1) * DV + bv0 + 8] = St[j][3];
+    }
+}
+
+// o rows of valid tokens from this CTA's O slice: 8-byte pieces (o needs 8-byte alignment only).
+template <int DV>
+__device__ __forceinline__ void store_o(bf16* __restrict__ o, const bf16* ob, const int* cub, int len, int c0,
+                                        int num_v_heads, int h, int col0, int tid) {
+    constexpr int C = GDN_C, BV = GDN_BV, THREADS = 128, LDV = GDN_BV + 8;
+    const int tok0 = ld_volatile(cub);
+    const int nt_valid = min(C, len - c0);
+#pragma unroll
+    for (int p = 0; p < C * BV / 4 / THREADS; ++p) {
+        const int idx = tid + p * THREADS;
+        const int row = idx / (BV / 4), part = idx % (BV / 4);
+        if (row < nt_valid)
+            *reinterpret_cast<uint2*>(o + ((long long)(tok0 + c0 + row) * num_v_heads + h) * DV + col0 + part * 4) =
+                *reinterpret_cast<const uint2*>(&ob[row * LDV + part * 4]);
+    }
+}
+
 }  // namespace gdnc
 
+// ================================================================ the fused kernel (the default)
 template <int DK, int DV>
 __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned long long* __restrict__ h_state_ptrs,
                                                const bf16* __restrict__ q, const bf16* __restrict__ k,
@@ -269,8 +629,6 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
     constexpr int BV = GDN_BV;
     constexpr int NW = BV / 16;                 // warps; warp w owns dv columns 16w..16w+15
     constexpr int THREADS = 32 * NW;
-    constexpr int LDK = SM::LDK, LDV = SM::LDV, LDP = SM::LDP, LDD = SM::LDD;
-    constexpr int NTS = DK / 8;                 // n-tiles of S^T (dk columns)
     constexpr int SEGS = DK / 8;                // 16-byte segments per q/k row
     constexpr int RPP = THREADS / SEGS;         // rows per pass
     static_assert(DK % 16 == 0 && DV % BV == 0 && 32 % SEGS == 0 && C % RPP == 0, "shapes");
@@ -285,345 +643,243 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
     const int col0 = blockIdx.x * BV;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int gq = lane >> 2, tq = lane & 3;    // mma fragment row group / thread in group
-    const int mat = lane >> 3, r8 = lane & 7;   // ldmatrix: which 8x8 matrix this lane addresses, which row
 
     const int* cu = q12_cu_seqlens(m);
     const int len = cu[b + 1] - cu[b];
     if (len <= 0) return;
 
-    // cp.async of chunk c: raw K rows -> kraw, V slice -> v[buf], g/beta -> graw/braw[buf] (rows >= len: zeros)
-    auto issue_kvgb = [&](int c, int buf) {
-        const int nv = min(C, len - c);
-        const int tok0 = ld_volatile(cu + b);
-        const int kh = (int)blockIdx.y / (num_v_heads / num_k_heads);
-#pragma unroll
-        for (int p = 0; p < C * SEGS / THREADS; ++p) {
-            const int idx = tid + p * THREADS;
-            const int row = idx / SEGS, sg = idx % SEGS;
-            const bool ok = row < nv;
-            const bf16* src = ok ? k + ((long long)(tok0 + c + row) * num_k_heads + kh) * DK + sg * 8 : k;
-            cp_async16(&s.kraw[row * DK + sg * 8], src, ok);
-        }
-#pragma unroll
-        for (int p = 0; p < C * BV / 4 / THREADS; ++p) {   // 8-byte pieces: v needs 8-byte alignment only
-            const int idx = tid + p * THREADS;
-            const int row = idx / (BV / 4), part = idx % (BV / 4);
-            const bool ok = row < nv;
-            const bf16* src = ok ? v + ((long long)(tok0 + c + row) * num_v_heads + h) * DV + col0 + part * 4 : v;
-            cp_async8(&s.v[buf][row * LDV + part * 4], src, ok);
-        }
-#pragma unroll
-        for (int p = 0; p < (2 * C + THREADS - 1) / THREADS; ++p) {
-            const int t = tid + p * THREADS;
-            if (t < 2 * C) {
-                const int tt = t % C;
-                const bool ok = tt < nv;
-                const long long gi = ok ? (long long)(tok0 + c + tt) * num_v_heads + h : 0;
-                if (t < C) cp_async4(&s.graw[buf][tt], g + gi, ok);
-                else cp_async4(&s.braw[buf][tt], beta + gi, ok);
-            }
-        }
-    };
-    // cp.async of chunk c's raw Q rows -> s.q
-    auto issue_q = [&](int c) {
-        const int nv = min(C, len - c);
-        const int tok0 = ld_volatile(cu + b);
-        const int kh = (int)blockIdx.y / (num_v_heads / num_k_heads);
-#pragma unroll
-        for (int p = 0; p < C * SEGS / THREADS; ++p) {
-            const int idx = tid + p * THREADS;
-            const int row = idx / SEGS, sg = idx % SEGS;
-            const bool ok = row < nv;
-            const bf16* src = ok ? q + ((long long)(tok0 + c + row) * num_k_heads + kh) * DK + sg * 8 : q;
-            cp_async16(&s.q[row * LDK + sg * 8], src, ok);
-        }
-    };
-
-    issue_kvgb(0, 0);
-    issue_q(0);
+    issue_kvgb<DK, DV, true>(s, s.v[0], cu + b, len, 0, 0, k, v, g, beta, num_k_heads, num_v_heads, h, col0, tid);
+    issue_q<DK>(s, cu + b, len, 0, q, num_k_heads, num_v_heads, h, tid);
     cp_async_commit();
 
     const float* state = reinterpret_cast<const float*>(h_state_ptrs[b]) + (long long)h * DK * DV;
     const int bv0 = col0 + 16 * warp + gq;     // this lane's dv rows of S^T: bv0, bv0 + 8
-
-    // S^T fragments: St[j] covers dk columns 8j..8j+7: [0] (bv0, 8j+2t) [1] (bv0, 8j+2t+1) [2],[3] bv0+8.
-    float St[NTS][4];
-#pragma unroll
-    for (int j = 0; j < NTS; ++j) {
-        const int kr = 8 * j + 2 * tq;
-        St[j][0] = state[kr * DV + bv0];
-        St[j][1] = state[(kr + 1) * DV + bv0];
-        St[j][2] = state[kr * DV + bv0 + 8];
-        St[j][3] = state[(kr + 1) * DV + bv0 + 8];
-    }
+    float St[DK / 8][4];
+    load_state<DK, DV>(St, state, bv0, tq);
 
     const float qscale = 1.0f / sqrtf((float)DK);
     const int seg = tid % SEGS;
-
     int buf = 0;
     for (int c0 = 0; c0 < len; c0 += C, buf ^= 1) {
 #if !GDN_PREFETCH
         if (c0 > 0) {
-            issue_kvgb(c0, buf);
-            issue_q(c0);
+            issue_kvgb<DK, DV, true>(s, s.v[buf], cu + b, len, c0, buf, k, v, g, beta, num_k_heads, num_v_heads, h, col0,
+                                     tid);
+            issue_q<DK>(s, cu + b, len, c0, q, num_k_heads, num_v_heads, h, tid);
             cp_async_commit();
         }
 #endif
         cp_async_wait_all();
         __syncthreads();   // B1: chunk c0's raw rows, V, g, beta in shared memory
-        // ---- normalise: K (kraw -> k hi, klo), Q in place (l2 norm over a row: SEGS lanes, shuffles).
-        //      Partly unrolled: a full unroll hoists every row's loads and spills next to S^T.
-#pragma unroll GDN_NORM_UNROLL
-        for (int p = 0; p < C / RPP; ++p) {
-            const int row = tid / SEGS + p * RPP;
-#pragma unroll
-            for (int which = 0; which < 2; ++which) {  // 0: k, 1: q
-                const uint4 raw = which ? *reinterpret_cast<const uint4*>(&s.q[row * LDK + seg * 8])
-                                        : *reinterpret_cast<const uint4*>(&s.kraw[row * DK + seg * 8]);
-                const __nv_bfloat162* pr = reinterpret_cast<const __nv_bfloat162*>(&raw);
-                float x[8];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const float2 f = __bfloat1622float2(pr[i]);
-                    x[2 * i] = f.x;
-                    x[2 * i + 1] = f.y;
-                }
-                float ss = 0.f;
-#pragma unroll
-                for (int i = 0; i < 8; ++i) ss = fmaf(x[i], x[i], ss);
-#pragma unroll
-                for (int off = SEGS / 2; off >= 1; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-                const float inv = 1.0f / sqrtf(ss + 1e-6f);
-                uint4 hi, lo;
-                unsigned* hp = reinterpret_cast<unsigned*>(&hi);
-                unsigned* lp = reinterpret_cast<unsigned*>(&lo);
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    if (which) hp[i] = pack((x[2 * i] * inv) * qscale, (x[2 * i + 1] * inv) * qscale);
-                    else pack_hilo(x[2 * i] * inv, x[2 * i + 1] * inv, hp[i], lp[i]);
-                }
-                if (which) {
-                    *reinterpret_cast<uint4*>(&s.q[row * LDK + seg * 8]) = hi;
-                } else {
-                    *reinterpret_cast<uint4*>(&s.k[row * LDK + seg * 8]) = hi;
-                    *reinterpret_cast<uint4*>(&s.klo[row * LDK + seg * 8]) = lo;
-                }
-            }
-        }
-        // ---- gamma = inclusive cumsum of g (warp 0, two tokens per lane), exp(gamma), exp(gamma_C - gamma)
-        if (warp == 0) {
-            const float g0 = s.graw[buf][2 * lane], g1 = s.graw[buf][2 * lane + 1];
-            float incl = g0 + g1;
-#pragma unroll
-            for (int off = 1; off < 32; off <<= 1) {
-                const float y = __shfl_up_sync(0xffffffffu, incl, off);
-                if (lane >= off) incl += y;
-            }
-            const float excl = incl - (g0 + g1);
-            const float ga = excl + g0;
-            const float gb = ga + g1;
-            const float gC = __shfl_sync(0xffffffffu, gb, 31);
-            s.beta[2 * lane] = s.braw[buf][2 * lane];
-            s.beta[2 * lane + 1] = s.braw[buf][2 * lane + 1];
-            s.gam[2 * lane] = ga;
-            s.gam[2 * lane + 1] = gb;
-            s.eg[2 * lane] = expf(ga);
-            s.eg[2 * lane + 1] = expf(gb);
-            s.wd[2 * lane] = expf(gC - ga);
-            s.wd[2 * lane + 1] = expf(gC - gb);
-        }
+        normalise<DK>(s, tid, seg, qscale);
+        if (warp == 0) chunk_gamma<DK>(s, buf, lane);
         __syncthreads();   // B2: K, Q, gamma ready; kraw free
 #if GDN_PREFETCH
-        if (c0 + C < len) issue_kvgb(c0 + C, buf ^ 1);
+        if (c0 + C < len)
+            issue_kvgb<DK, DV, true>(s, s.v[buf ^ 1], cu + b, len, c0 + C, buf ^ 1, k, v, g, beta, num_k_heads,
+                                     num_v_heads, h, col0, tid);
         cp_async_commit();
 #endif
-        const float* bet = s.beta;
-        // ---- K K^T (rows of the warp's blocks) -> -A blocks and fp32 diagonal block (inverted by the warp);
-        //      Q K^T -> P
-        {
-            float acc[8][4];
-#pragma unroll
-            for (int mt = 0; mt < 4; ++mt) {
-                if (owner<NW>(mt) != warp) continue;
-                causal_rows_kt<DK>(acc, s.k, s.k, mt, lane);
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt) {
-                    if (nt > 2 * mt + 1) break;
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int i = 16 * mt + gq + (e >> 1) * 8;
-                        const int j = 8 * nt + 2 * tq + (e & 1);
-                        const float val = (j < i) ? bet[i] * expf(s.gam[i] - s.gam[j]) * acc[nt][e] : 0.f;
-                        if ((j >> 4) == mt) s.d[mt * 272 + (i & 15) * 17 + (j & 15)] = val;
-                        else s.a[i * LDP + j] = __float2bfloat16_rn(-val);
-                    }
-                }
-#if GDN_WARP_INV
-                __syncwarp();
-                if (lane < 16) invert_column(&s.d[mt * 272], &s.dinv[16 * mt * LDD], lane);
-                __syncwarp();
-#endif
-            }
-#pragma unroll
-            for (int mq = 0; mq < 4; ++mq) {
-                if (owner<NW>(3 - mq) != warp) continue;
-                causal_rows_kt<DK>(acc, s.q, s.k, mq, lane);
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt) {
-                    if (nt > 2 * mq + 1) break;
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int i = 16 * mq + gq + (e >> 1) * 8;
-                        const int j = 8 * nt + 2 * tq + (e & 1);
-                        const float val = (j <= i) ? expf(s.gam[i] - s.gam[j]) * acc[nt][e] : 0.f;
-                        s.p[i * LDP + j] = __float2bfloat16_rn(val);
-                    }
-                }
-            }
-        }
+        local_products<DK, NW>(s, warp, lane);
         __syncthreads();   // B3: -A, P (and the diagonal inverses) complete
 #if !GDN_WARP_INV
-        // ---- (I + A_bb)^-1 for the four diagonal blocks, one column per thread
-        for (int cidx = tid; cidx < 64; cidx += THREADS)
-            invert_column(&s.d[(cidx >> 4) * 272], &s.dinv[16 * (cidx >> 4) * LDD], cidx & 15);
+        invert_diagonal<DK>(s, tid);
         __syncthreads();
 #endif
-
-        const bf16* vb = s.v[buf];
-        // ---- per warp, its 16 dv rows: R^T = beta (V^T - exp(gamma) S^T K^T)
-        float X[8][4];   // V_new^T (this warp's dv rows x 64 tokens)
-        {
-            float Rt[8][4];
-            st_times_xt<DK>(Rt, St, s.k, lane);
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int c = 8 * nt + 2 * tq + (e & 1);
-                    const int bvl = 16 * warp + gq + (e >> 1) * 8;
-                    Rt[nt][e] = bet[c] * (__bfloat162float(vb[c * LDV + bvl]) - s.eg[c] * Rt[nt][e]);
-                }
-            // block forward substitution: X_b = (R_b + sum_{m<b} X_m (-A_bm)^T) Dinv_b^T
-#pragma unroll
-            for (int bi = 0; bi < 4; ++bi) {
-                float* y0 = Rt[2 * bi];
-                float* y1 = Rt[2 * bi + 1];
-#pragma unroll
-                for (int mm = 0; mm < bi; ++mm) {
-                    unsigned ahi[4], alo[4], b0, b1, b2, b3;
-                    a_from_c_hilo(X[2 * mm], X[2 * mm + 1], ahi, alo);
-                    ldsm_x4(b0, b1, b2, b3, &s.a[(16 * bi + (mat >> 1) * 8 + r8) * LDP + 16 * mm + (mat & 1) * 8]);
-                    mma(y0, ahi, b0, b1);
-                    mma(y1, ahi, b2, b3);
-                    mma(y0, alo, b0, b1);
-                    mma(y1, alo, b2, b3);
-                }
-                unsigned ahi[4], alo[4], b0, b1, b2, b3;
-                a_from_c_hilo(y0, y1, ahi, alo);
-                ldsm_x4(b0, b1, b2, b3, &s.dinv[(16 * bi + (mat >> 1) * 8 + r8) * LDD + (mat & 1) * 8]);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) X[2 * bi][e] = X[2 * bi + 1][e] = 0.f;
-                mma(X[2 * bi], ahi, b0, b1);
-                mma(X[2 * bi + 1], ahi, b2, b3);
-                mma(X[2 * bi], alo, b0, b1);
-                mma(X[2 * bi + 1], alo, b2, b3);
-            }
-        }
-        // ---- O^T = exp(gamma) S^T Q^T + V_new^T P^T, into this warp's columns of s.v[buf]
-        {
-            float Ot[8][4];
-            st_times_xt<DK>(Ot, St, s.q, lane);
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) Ot[nt][e] *= s.eg[8 * nt + 2 * tq + (e & 1)];
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk) {
-                unsigned ahi[4], alo[4];
-                a_from_c_hilo(X[2 * kk], X[2 * kk + 1], ahi, alo);
-#pragma unroll
-                for (int np = kk; np < 4; ++np) {   // P[c][c'] = 0 for c' > c: token pairs np >= kk only
-                    unsigned b0, b1, b2, b3;
-                    ldsm_x4(b0, b1, b2, b3, &s.p[(16 * np + (mat >> 1) * 8 + r8) * LDP + 16 * kk + (mat & 1) * 8]);
-                    mma(Ot[2 * np], ahi, b0, b1);
-                    mma(Ot[2 * np + 1], ahi, b2, b3);
-                    mma(Ot[2 * np], alo, b0, b1);
-                    mma(Ot[2 * np + 1], alo, b2, b3);
-                }
-            }
-            __syncwarp();
-            bf16* ob = s.v[buf];
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int c = 8 * nt + 2 * tq + (e & 1);
-                    const int bvl = 16 * warp + gq + (e >> 1) * 8;
-                    ob[c * LDV + bvl] = __float2bfloat16_rn(Ot[nt][e]);
-                }
-        }
-        // ---- S^T = exp(gamma_C) S^T + (V_new^T exp(gamma_C - gamma)) K
-        {
-            const float egC = s.eg[C - 1];
-#pragma unroll
-            for (int j = 0; j < NTS; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) St[j][e] *= egC;
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk) {
-                float x0[4], x1[4];
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    x0[e] = X[2 * kk][e] * s.wd[16 * kk + 2 * tq + (e & 1)];
-                    x1[e] = X[2 * kk + 1][e] * s.wd[16 * kk + 8 + 2 * tq + (e & 1)];
-                }
-                unsigned ahi[4], alo[4];
-                a_from_c_hilo(x0, x1, ahi, alo);
-#pragma unroll
-                for (int np = 0; np < DK / 16; ++np) {
-                    unsigned b0, b1, b2, b3;
-                    const int off = (16 * kk + (mat & 1) * 8 + r8) * LDK + 16 * np + (mat >> 1) * 8;
-                    ldsm_x4_t(b0, b1, b2, b3, &s.k[off]);
-                    mma(St[2 * np], ahi, b0, b1);
-                    mma(St[2 * np + 1], ahi, b2, b3);
-                    mma(St[2 * np], alo, b0, b1);
-                    mma(St[2 * np + 1], alo, b2, b3);
-#if GDN_UPD_SPLIT
-                    ldsm_x4_t(b0, b1, b2, b3, &s.klo[off]);
-                    mma(St[2 * np], ahi, b0, b1);
-                    mma(St[2 * np + 1], ahi, b2, b3);
-#endif
-                }
-            }
-        }
+        state_step<DK>(ChunkOps{s.k, s.klo, s.q, s.a, s.p, s.dinv, s.beta, s.eg, s.wd}, St, s.v[buf], warp, lane);
         __syncthreads();   // B4: O slice complete in s.v[buf]; s.q, s.k, s.a, s.p free
 #if GDN_PREFETCH
-        if (c0 + C < len) issue_q(c0 + C);
+        if (c0 + C < len) issue_q<DK>(s, cu + b, len, c0 + C, q, num_k_heads, num_v_heads, h, tid);
         cp_async_commit();
 #endif
-        // ---- store o rows of valid tokens: 8-byte pieces (o needs 8-byte alignment only). No barrier after:
-        //      s.v[buf] is next written by the prefetch two chunks on, behind the next chunk's B1.
-        const int tok0 = ld_volatile(cu + b);
-        const int nt_valid = min(C, len - c0);
-#pragma unroll
-        for (int p = 0; p < C * BV / 4 / THREADS; ++p) {
-            const int idx = tid + p * THREADS;
-            const int row = idx / (BV / 4), part = idx % (BV / 4);
-            if (row < nt_valid)
-                *reinterpret_cast<uint2*>(o + ((long long)(tok0 + c0 + row) * num_v_heads + h) * DV + col0 + part * 4) =
-                    *reinterpret_cast<const uint2*>(&s.v[buf][row * LDV + part * 4]);
-        }
+        // No barrier after the o store: s.v[buf] is next written by the load two chunks on, behind the next B1.
+        store_o<DV>(o, s.v[buf], cu + b, len, c0, num_v_heads, h, col0, tid);
     }
+    store_state<DK, DV>(St, reinterpret_cast<float*>(ld_volatile(h_state_ptrs + b)) + (long long)h * DK * DV, bv0, tq);
+}
 
-    float* out = reinterpret_cast<float*>(ld_volatile(h_state_ptrs + b)) + (long long)h * DK * DV;
-#pragma unroll
-    for (int j = 0; j < NTS; ++j) {
-        const int kr = 8 * j + 2 * tq;
-        out[kr * DV + bv0] = St[j][0];
-        out[(kr + 1) * DV + bv0] = St[j][1];
-        out[kr * DV + bv0 + 8] = St[j][2];
-        out[(kr + 1) * DV + bv0 + 8] = St[j][3];
+// ================================================================ the split pair (few CTAs, long streams)
+// The chunk-local work (normalisation, gamma, K K^T, Q K^T, the diagonal inverses) does not depend on the
+// state: q12_gdn_chunk_prep computes it for every (stream, value head, chunk) in parallel into a workspace
+// record, and q12_gdn_chunk_seq walks the chunks with only the state step on its serial path, the next
+// chunk's record arriving by cp.async while this one computes. Same instructions on the same values as the
+// fused kernel: the results are bit-identical to it.
+
+namespace gdnc {
+
+// One (stream, value head, chunk) record: K hi, K lo, Q [64][DK] bf16; -A, P [64][64] bf16; the diagonal
+// inverses [64][16] bf16; beta, exp(gamma), exp(gamma_C - gamma) [64] fp32. Unpadded; byte offsets.
+template <int DK>
+struct Rec {
+    static constexpr int K = 0, KLO = K + GDN_C * DK * 2, Q = KLO + GDN_C * DK * 2, A = Q + GDN_C * DK * 2,
+                         P = A + GDN_C * GDN_C * 2, DINV = P + GDN_C * GDN_C * 2, BETA = DINV + GDN_C * 16 * 2,
+                         EG = BETA + GDN_C * 4, WD = EG + GDN_C * 4, BYTES = WD + GDN_C * 4;
+};
+
+// Record of chunk ci of (stream b, value head h): the workspace holds n x ceil(chunk_len / 64) x Hv records.
+template <int DK>
+__device__ __forceinline__ unsigned char* rec_at(unsigned char* ws, const Q12Meta& m, int b, int ci, int h,
+                                                 int num_v_heads) {
+    const int nchunks = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
+    return ws + (((long long)b * nchunks + ci) * num_v_heads + h) * Rec<DK>::BYTES;
+}
+
+template <int DK>
+struct SeqSmem {
+    static constexpr int LDK = DK + 8, LDV = GDN_BV + 8, LDP = GDN_C + 8, LDD = 24;
+    struct Buf {
+        bf16 k[GDN_C * LDK];
+        bf16 klo[GDN_C * LDK];
+        bf16 q[GDN_C * LDK];
+        bf16 a[GDN_C * LDP];
+        bf16 p[GDN_C * LDP];
+        bf16 dinv[GDN_C * LDD];
+        bf16 v[GDN_C * LDV];   // V slice, then O slice
+        float beta[GDN_C];
+        float eg[GDN_C];
+        float wd[GDN_C];
+    } buf[2];
+};
+
+// cp.async of chunk c's record and V slice into one buffer of the sequential kernel.
+template <int DK, int DV>
+__device__ __forceinline__ void issue_record(typename SeqSmem<DK>::Buf& sb, const unsigned char* rec,
+                                             const bf16* __restrict__ v, const int* cub, int len, int c,
+                                             int num_v_heads, int h, int col0, int tid) {
+    constexpr int C = GDN_C, BV = GDN_BV, THREADS = 128, SEGS = DK / 8;
+    constexpr int LDK = SeqSmem<DK>::LDK, LDV = SeqSmem<DK>::LDV, LDP = SeqSmem<DK>::LDP, LDD = SeqSmem<DK>::LDD;
+    using R = Rec<DK>;
+#pragma unroll 1
+    for (int idx = tid; idx < 3 * C * SEGS; idx += THREADS) {   // K hi, K lo, Q
+        const int which = idx / (C * SEGS), rest = idx % (C * SEGS), row = rest / SEGS, sg = rest % SEGS;
+        bf16* dst = (which == 0 ? sb.k : which == 1 ? sb.klo : sb.q) + row * LDK + sg * 8;
+        cp_async16(dst, rec + R::K + which * (C * DK * 2) + row * (DK * 2) + sg * 16, true);
     }
+#pragma unroll
+    for (int idx = tid; idx < 2 * C * 8; idx += THREADS) {      // -A, P
+        const int which = idx / (C * 8), rest = idx % (C * 8), row = rest / 8, sg = rest % 8;
+        cp_async16((which ? sb.p : sb.a) + row * LDP + sg * 8, rec + R::A + which * (C * C * 2) + row * 128 + sg * 16, true);
+    }
+    if (tid < 2 * C) cp_async16(sb.dinv + (tid >> 1) * LDD + (tid & 1) * 8, rec + R::DINV + tid * 16, true);
+    if (tid < 3 * 16) {                                         // beta, exp(gamma), exp(gamma_C - gamma)
+        float* dst = tid < 16 ? sb.beta : tid < 32 ? sb.eg : sb.wd;
+        cp_async16(dst + (tid & 15) * 4, rec + R::BETA + tid * 16, true);
+    }
+    const int nv = min(C, len - c);
+    const int tok0 = ld_volatile(cub);
+#pragma unroll
+    for (int p = 0; p < C * BV / 4 / THREADS; ++p) {           // 8-byte pieces: v needs 8-byte alignment only
+        const int idx = tid + p * THREADS;
+        const int row = idx / (BV / 4), part = idx % (BV / 4);
+        const bool ok = row < nv;
+        const bf16* src = ok ? v + ((long long)(tok0 + c + row) * num_v_heads + h) * DV + col0 + part * 4 : v;
+        cp_async8(&sb.v[row * LDV + part * 4], src, ok);
+    }
+}
+
+}  // namespace gdnc
+
+// grid (ceil(chunk_len / 64), Hv, n), 128 threads, dynamic smem Smem<DK>: one chunk of one (stream, head).
+template <int DK, int DV>
+__device__ __forceinline__ void gdn_prep_body(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                              const float* __restrict__ g, const float* __restrict__ beta,
+                                              int num_k_heads, int num_v_heads, unsigned char* __restrict__ ws) {
+    using namespace gdnc;
+    using SM = Smem<DK>;
+    using R = Rec<DK>;
+    constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8, LDK = SM::LDK, LDP = SM::LDP, LDD = SM::LDD;
+    extern __shared__ __align__(16) unsigned char gdn_smem_raw[];
+    SM& s = *reinterpret_cast<SM*>(gdn_smem_raw);
+
+    const int b = blockIdx.z, h = blockIdx.y, ci = blockIdx.x;
+    if ((int)blockDim.x != THREADS || b >= (int)m.batch_size || h >= num_v_heads) return;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int* cu = q12_cu_seqlens(m);
+    const int len = cu[b + 1] - cu[b];
+    const int c0 = ci * C;
+    if (c0 >= len) return;
+
+    // -A and P: every byte of the record defined (the products write only the blocks the solve reads)
+    for (int i = tid; i < C * LDP / 8; i += THREADS) {
+        reinterpret_cast<uint4*>(s.a)[i] = make_uint4(0, 0, 0, 0);
+        reinterpret_cast<uint4*>(s.p)[i] = make_uint4(0, 0, 0, 0);
+    }
+    issue_kvgb<DK, DV, false>(s, nullptr, cu + b, len, c0, 0, k, nullptr, g, beta, num_k_heads, num_v_heads, h, 0, tid);
+    issue_q<DK>(s, cu + b, len, c0, q, num_k_heads, num_v_heads, h, tid);
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+    normalise<DK>(s, tid, tid % SEGS, 1.0f / sqrtf((float)DK));
+    if (warp == 0) chunk_gamma<DK>(s, 0, lane);
+    __syncthreads();
+    local_products<DK, 4>(s, warp, lane);
+    __syncthreads();
+#if !GDN_WARP_INV
+    invert_diagonal<DK>(s, tid);
+    __syncthreads();
+#endif
+    unsigned char* rec = rec_at<DK>(ws, m, b, ci, h, num_v_heads);
+    for (int idx = tid; idx < 3 * C * SEGS; idx += THREADS) {
+        const int which = idx / (C * SEGS), rest = idx % (C * SEGS), row = rest / SEGS, sg = rest % SEGS;
+        const bf16* src = (which == 0 ? s.k : which == 1 ? s.klo : s.q) + row * LDK + sg * 8;
+        *reinterpret_cast<uint4*>(rec + R::K + which * (C * DK * 2) + row * (DK * 2) + sg * 16) =
+            *reinterpret_cast<const uint4*>(src);
+    }
+    for (int idx = tid; idx < 2 * C * 8; idx += THREADS) {
+        const int which = idx / (C * 8), rest = idx % (C * 8), row = rest / 8, sg = rest % 8;
+        *reinterpret_cast<uint4*>(rec + R::A + which * (C * C * 2) + row * 128 + sg * 16) =
+            *reinterpret_cast<const uint4*>((which ? s.p : s.a) + row * LDP + sg * 8);
+    }
+    if (tid < 2 * C)
+        *reinterpret_cast<uint4*>(rec + R::DINV + tid * 16) =
+            *reinterpret_cast<const uint4*>(s.dinv + (tid >> 1) * LDD + (tid & 1) * 8);
+    if (tid < 3 * 16) {
+        const float* src = tid < 16 ? s.beta : tid < 32 ? s.eg : s.wd;
+        *reinterpret_cast<uint4*>(rec + R::BETA + tid * 16) = *reinterpret_cast<const uint4*>(src + (tid & 15) * 4);
+    }
+}
+
+// grid (DV / 64, Hv, n), 128 threads, dynamic smem SeqSmem<DK>: the fused kernel's chunk loop with the
+// chunk-local work read from the records.
+template <int DK, int DV>
+__device__ __forceinline__ void gdn_seq_body(const Q12Meta& m, const unsigned long long* __restrict__ h_state_ptrs,
+                                             const bf16* __restrict__ v, bf16* __restrict__ o, int num_v_heads,
+                                             unsigned char* __restrict__ ws) {
+    using namespace gdnc;
+    constexpr int C = GDN_C, BV = GDN_BV, THREADS = 128;
+    extern __shared__ __align__(16) unsigned char gdn_smem_raw[];
+    SeqSmem<DK>& ss = *reinterpret_cast<SeqSmem<DK>*>(gdn_smem_raw);
+
+    const int b = blockIdx.z, h = blockIdx.y;
+    if ((int)blockDim.x != THREADS || b >= (int)m.batch_size || h >= num_v_heads || (int)blockIdx.x * BV >= DV) return;
+    const int col0 = blockIdx.x * BV;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int gq = lane >> 2, tq = lane & 3;
+    const int* cu = q12_cu_seqlens(m);
+    const int len = cu[b + 1] - cu[b];
+    if (len <= 0) return;
+
+    issue_record<DK, DV>(ss.buf[0], rec_at<DK>(ws, m, b, 0, h, num_v_heads), v, cu + b, len, 0, num_v_heads, h, col0, tid);
+    cp_async_commit();
+    const float* state = reinterpret_cast<const float*>(h_state_ptrs[b]) + (long long)h * DK * DV;
+    const int bv0 = col0 + 16 * warp + gq;
+    float St[DK / 8][4];
+    load_state<DK, DV>(St, state, bv0, tq);
+
+    int t = 0;
+    for (int c0 = 0, ci = 0; c0 < len; c0 += C, ++ci, t ^= 1) {
+        cp_async_wait_all();
+        __syncthreads();   // chunk ci's record and V slice in buf[t]; buf[t ^ 1] free (its o rows stored)
+        if (c0 + C < len)
+            issue_record<DK, DV>(ss.buf[t ^ 1], rec_at<DK>(ws, m, b, ci + 1, h, num_v_heads), v, cu + b, len, c0 + C,
+                                 num_v_heads, h, col0, tid);
+        cp_async_commit();
+        auto& sb = ss.buf[t];
+        state_step<DK>(ChunkOps{sb.k, sb.klo, sb.q, sb.a, sb.p, sb.dinv, sb.beta, sb.eg, sb.wd}, St, sb.v, warp, lane);
+        __syncthreads();   // O slice complete in buf[t].v
+        store_o<DV>(o, sb.v, cu + b, len, c0, num_v_heads, h, col0, tid);
+    }
+    store_state<DK, DV>(St, reinterpret_cast<float*>(ld_volatile(h_state_ptrs + b)) + (long long)h * DK * DV, bv0, tq);
 }
 
 #define GDN_MAX_THREADS 128
@@ -645,6 +901,23 @@ extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_d64(
     gdn_chunk_dispatch<64>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
 }
 
+// The split pair takes the fused kernel's arguments and the workspace (see q12drv.kernels.gdn_chunk).
+extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_prep_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
+    gdn_prep_body<128, 128>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
+}
+extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_prep_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
+    gdn_prep_body<64, 64>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
+}
+extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_seq_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
+    if (gridDim.x == 128 / GDN_BV) gdn_seq_body<128, 128>(m, h_state_ptrs, v, o, num_v_heads, workspace);
+}
+extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_seq_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
+    if (gridDim.x == 64 / GDN_BV) gdn_seq_body<64, 64>(m, h_state_ptrs, v, o, num_v_heads, workspace);
+}
+
 // The host's q12drv.kernels.gdn_chunk.smem_bytes(d) must give these numbers.
 static_assert(sizeof(gdnc::Smem<128>) == 114944, "Smem<128> size differs from gdn_chunk.smem_bytes(128)");
 static_assert(sizeof(gdnc::Smem<64>) == 82176, "Smem<64> size differs from gdn_chunk.smem_bytes(64)");
+static_assert(gdnc::Rec<128>::BYTES == 68352 && gdnc::Rec<64>::BYTES == 43776, "record size differs from gdn_chunk.record_bytes");
+static_assert(sizeof(gdnc::SeqSmem<128>) == 167424 && sizeof(gdnc::SeqSmem<64>) == 118272,
+              "SeqSmem size differs from gdn_chunk.seq_smem_bytes");

@@ -70,7 +70,7 @@ def dynamic_smem(entry: str, defines=()) -> int:
     if entry in _attn.ENTRIES:
         return _attn.smem_bytes(int(entry.rsplit("_d", 1)[1]), defines)
     if entry in _gdnc.ENTRIES:
-        return _gdnc.smem_bytes(int(entry.rsplit("_d", 1)[1]))
+        return _gdnc.entry_smem_bytes(entry)
     return 0
 
 

@@ -269,14 +269,16 @@ class PassGraph:
                       head_dim=shape.head_dim, scale=shape.scale, stream=st)
 
     def gdn_layer(self, layer: int, q: int, k: int, v: int, g: int, beta: int, o: int, shape: GdnShape, *,
-                  algo: str = "chunked") -> None:
+                  algo: str = "chunked", workspace: int | None = None, workspace_bytes: int | None = None) -> None:
         """Upload SSM layer ``layer``'s state table into the slot, then Gated DeltaNet over the padded pass
-        (``algo`` as for :func:`q12drv.kernels.ops.gdn`)."""
-        if algo not in ops.GDN_ALGOS:
+        (``algo``, ``workspace`` and ``workspace_bytes`` as for :func:`q12drv.kernels.ops.gdn`; the split
+        pair's workspace is sized for the graph's maxima, ``max_streams`` streams of ``max_chunk`` tokens)."""
+        if type(algo) is not str or algo not in ops.GDN_MODULES:
             raise ValueError(f"algo must be one of {ops.GDN_ALGOS}, got {algo!r}")
         slot = self.h_state_upload(layer)
         ops.gdn(self.device, self.meta, slot, q, k, v, g, beta, o, num_k_heads=shape.num_k_heads,
-                num_v_heads=shape.num_v_heads, head_dim=shape.head_dim, algo=algo, stream=self.stream)
+                num_v_heads=shape.num_v_heads, head_dim=shape.head_dim, algo=algo, workspace=workspace,
+                workspace_bytes=workspace_bytes, stream=self.stream)
 
     def _enqueue_metadata(self) -> None:
         dst = int(self.region.ptr) + self._upload_from

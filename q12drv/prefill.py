@@ -28,6 +28,7 @@ from .kernels import ops
 from .kernels.expand import stage_on_device
 from .kernels import attention as _attn
 from .kernels import gdn as _gdn
+from .kernels import gdn_chunk as _gdnc
 from .kernels import rope as _rope
 from .kernels.args import ALIGN, I32_MAX, count, device_ptr, positive_float
 from .layout import POLICIES, make_scratch_plan
@@ -395,35 +396,49 @@ class Q12Pass:
             self._per_stream(lambda meta, b, row: run(meta, row * hq * d * _BF16, row * hkv * d * _BF16))
 
     def gdn_layer(self, state_ptrs: Sequence[int], q: int, k: int, v: int, g: int, beta: int, o: int,
-                  shape: GdnShape, *, algo: str = "chunked") -> None:
+                  shape: GdnShape, *, algo: str = "chunked", workspace: int | None = None,
+                  workspace_bytes: int | None = None) -> None:
         """Upload this layer's per-stream state pointers into the JIT slot, then run Gated DeltaNet.
 
         ``q``, ``k``: ``[T, Hk, D]`` bf16; ``v``, ``o``: ``[T, Hv, D]`` bf16; ``g``, ``beta``: ``[T, Hv]``
         fp32; ``state_ptrs[b]``: stream b's fp32 ``[Hv, D, D]`` state, updated in place. ``algo``:
-        ``"chunked"`` (tensor cores, the default) or ``"recurrent"`` (token by token in fp32), see
-        :func:`q12drv.kernels.ops.gdn`.
+        ``"chunked"`` (tensor cores, the default), ``"split"`` (the same results in two launches, for
+        long single streams; needs ``workspace`` and ``workspace_bytes`` >= :meth:`gdn_workspace_bytes`)
+        or ``"recurrent"`` (token by token in fp32), see :func:`q12drv.kernels.ops.gdn`.
 
         Raises
         ------
         TypeError, ValueError
-            A bad pointer, shape or state pointer list: raised before the slot is rewritten or
-            anything is enqueued.
+            A bad pointer, shape, state pointer list or workspace: raised before the slot is
+            rewritten or anything is enqueued.
         """
-        if algo not in ops.GDN_ALGOS:
+        if type(algo) is not str or algo not in ops.GDN_MODULES:
             raise ValueError(f"algo must be one of {ops.GDN_ALGOS}, got {algo!r}")
         self._check_gdn(state_ptrs, q, k, v, g, beta, o, shape)  # the state pointers included, for this pass
-        self.h_slot._write(state_ptrs, self.stream)
         hk, hv, d = shape.num_k_heads, shape.num_v_heads, shape.head_dim
-        mod = ops.GDN_MODULES[algo]
-        entry, dev, st = mod.entry_name(d), self.device, self.stream
+        ws = ops.gdn_workspace(algo, *self._gdn_extent(), hv, d, workspace, workspace_bytes)
+        self.h_slot._write(state_ptrs, self.stream)
+        dev, st = self.device, self.stream
         q, k, v, g, beta, o = int(q), int(k), int(v), int(g), int(beta), int(o)
 
         def run(meta, slot_ptr, row):
-            ops.enqueue_gdn(dev, meta, mod, entry, slot_ptr, q + row * hk * d * _BF16, k + row * hk * d * _BF16,
+            ops.enqueue_gdn(dev, meta, algo, slot_ptr, q + row * hk * d * _BF16, k + row * hk * d * _BF16,
                             v + row * hv * d * _BF16, g + row * hv * _F32, beta + row * hv * _F32,
-                            o + row * hv * d * _BF16, hk, hv, d, st)
+                            o + row * hv * d * _BF16, hk, hv, d, ws, st)
 
         if self.batched:
             run(self.meta, int(self.h_slot.ptr), 0)
         else:
             self._per_stream(lambda meta, b, row: run(meta, int(self.h_slot.entry(b)), row))
+
+    def _gdn_extent(self) -> tuple:
+        # (streams, tokens of the longest) that one GDN launch of this pass covers
+        if self.batched:
+            return self.meta.batch_size, self.meta.chunk_len
+        return 1, max(m.chunk_len for m in self.stream_meta)
+
+    def gdn_workspace_bytes(self, shape: GdnShape) -> int:
+        """Workspace ``gdn_layer(..., algo="split")`` needs for this pass and ``shape``."""
+        if not isinstance(shape, GdnShape):
+            raise TypeError(f"shape must be a GdnShape, got {type(shape).__name__}")
+        return _gdnc.workspace_bytes(*self._gdn_extent(), shape.num_v_heads, shape.head_dim)

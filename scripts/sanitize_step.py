@@ -107,9 +107,14 @@ def step(dev, name: str, problems: list) -> None:
             q12.attention_layer(p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], attn, num_blocks=num_blocks)
             if gdn is not None:
                 states = [p["states"] + b * host["states"][0].nbytes for b in range(n)]
-                for algo in ("chunked", "recurrent"):  # both kernels, the second on the first's states
-                    q12.gdn_layer(states, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], gdn, algo=algo)
+                ws_bytes = q12.gdn_workspace_bytes(gdn)
+                ws = dev.alloc(ws_bytes, "gdn split workspace")
+                for algo in ("chunked", "split", "recurrent"):  # every kernel, each on the previous one's states
+                    q12.gdn_layer(states, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], gdn, algo=algo,
+                                  workspace=int(ws.ptr), workspace_bytes=ws_bytes)
             dev.synchronize()
+            if gdn is not None:
+                ws.free()
             metas = [(q12.meta, streams)] if q12.batched else [(m, [s]) for m, s in zip(q12.stream_meta, streams)]
             for meta, ss in metas:
                 for line in verify_readback(arena.read(meta.scratch_offset_bytes, meta.staged_bytes), meta, ss):

@@ -336,7 +336,11 @@ def test_chunk_entry_declarations_match_the_recurrent_ones():
     rec = {n[len("q12_gdn_prefill"):]: p for n, p in decls(gdn.SOURCE)}
     chk = {n[len("q12_gdn_chunk"):]: p for n, p in decls(gdn_chunk.SOURCE)}
     assert sorted("q12_gdn_chunk" + s for s in chk) == sorted(gdn_chunk.ENTRIES)
-    assert chk == rec
+    assert {s: p for s, p in chk.items() if s in rec} == rec
+    # the split pair: the fused kernel's parameters, then the workspace
+    for d in (128, 64):
+        for entry in gdn_chunk.split_entries(d):
+            assert chk[entry[len("q12_gdn_chunk"):]] == rec[f"_d{d}"] + ", unsigned char* __restrict__ workspace"
 
 
 def test_chunk_smem_matches_the_source():
@@ -407,8 +411,8 @@ def test_chunk_emulator_runs_the_reference_in_place_and_checks_geometry():
 def test_ops_gdn_algo_keyword(monkeypatch):
     from q12drv.kernels import ops
 
-    assert ops.GDN_ALGOS == ("chunked", "recurrent")
+    assert ops.GDN_ALGOS == ("chunked", "recurrent", "split")
     assert "gdn_chunk.cu" in ops.SOURCES and ops.ENTRIES["q12_gdn_chunk_d128"] == "gdn_chunk.cu"
     monkeypatch.setattr(ops, "_check", lambda device, meta: None)
-    with pytest.raises(ValueError, match="algo must be one of 'chunked', 'recurrent', got 'fast'"):
+    with pytest.raises(ValueError, match="algo must be one of 'chunked', 'recurrent', 'split', got 'fast'"):
         ops.gdn(None, None, 8, 16, 16, 8, 4, 4, 8, num_k_heads=1, num_v_heads=1, head_dim=64, algo="fast")

@@ -7,6 +7,7 @@ import pytest
 
 from q12drv import CapacityError, ScratchArena, make_scratch_plan
 from q12drv.bf16 import to_bf16_bits
+from q12drv.kernels import gdn_chunk
 from q12drv.prefill import AttentionShape, GdnShape, Q12Pass
 from tests.helpers import make_streams
 
@@ -163,6 +164,22 @@ def test_gdn_layer_algo_is_checked_before_anything_is_enqueued(emu):
         for algo in ("chunked", "recurrent"):
             q12.gdn_layer(*args, algo=algo)
         assert q12.h_slot.uploads == 2
+        need = q12.gdn_workspace_bytes(GSHAPE)
+        assert need == gdn_chunk.workspace_bytes(2, q12.meta.chunk_len, GSHAPE.num_v_heads, GSHAPE.head_dim) > 0
+        ws = emu.alloc(need, "gdn workspace")
+        try:
+            for kw, msg in (({}, f"needs workspace= .* {need:,} bytes"),
+                            (dict(workspace=int(ws.ptr), workspace_bytes=need - 1), f"too small: .* needs {need:,}"),
+                            (dict(workspace=int(ws.ptr) + 8, workspace_bytes=need), "workspace must be 16-byte aligned"),
+                            (dict(workspace=0, workspace_bytes=need), "workspace must be a non-NULL")):
+                with pytest.raises(ValueError, match=msg):
+                    q12.gdn_layer(*args, algo="split", **kw)
+            assert q12.h_slot.uploads == 2  # every refusal before the slot was rewritten
+            q12.gdn_layer(*args, algo="split", workspace=int(ws.ptr), workspace_bytes=need)
+            assert q12.h_slot.uploads == 3
+        finally:
+            emu.synchronize()
+            ws.free()
 
 
 def test_gdn_layer_takes_state_pointers_as_a_numpy_array_too(emu):

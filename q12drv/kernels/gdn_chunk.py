@@ -36,14 +36,21 @@ __all__ = [
     "entry_name",
     "geometry",
     "smem_bytes",
+    "split_entries",
+    "record_bytes",
+    "workspace_bytes",
+    "seq_smem_bytes",
+    "split_geometry",
+    "entry_smem_bytes",
     "chunked_reference",
     "EMULATORS",
 ]
 
 #: Kernel source file in ``cuda_src/``.
 SOURCE = "gdn_chunk.cu"
-#: Entry points: dk = dv = 128 and dk = dv = 64.
-ENTRIES = ("q12_gdn_chunk_d128", "q12_gdn_chunk_d64")
+#: Entry points: the fused kernel for dk = dv = 128 and 64, then the split pair's (:func:`split_entries`).
+ENTRIES = ("q12_gdn_chunk_d128", "q12_gdn_chunk_d64", "q12_gdn_chunk_prep_d128", "q12_gdn_chunk_prep_d64",
+           "q12_gdn_chunk_seq_d128", "q12_gdn_chunk_seq_d64")
 #: Threads per CTA (4 warps, each owning 16 of the CTA's dv columns).
 THREADS = 128
 #: Tokens per chunk.
@@ -52,7 +59,7 @@ CHUNK = 64
 #: measured 2.3x and 10x slower on the H200 and removed.)
 BV = 64
 
-_HEAD_DIMS = {"q12_gdn_chunk_d128": 128, "q12_gdn_chunk_d64": 64}
+_HEAD_DIMS = {"q12_gdn_chunk_d128": 128, "q12_gdn_chunk_d64": 64}  # the fused entries
 
 
 def entry_name(head_dim: int) -> str:
@@ -61,6 +68,51 @@ def entry_name(head_dim: int) -> str:
         if d == head_dim:
             return name
     raise ValueError(f"chunked GDN prefill has kernels for head_dim 64 and 128, not {head_dim}")
+
+
+def split_entries(head_dim: int) -> tuple[str, str]:
+    """The split pair for ``dk = dv = head_dim``: ``(precompute entry, sequential entry)``."""
+    entry_name(head_dim)
+    return f"q12_gdn_chunk_prep_d{head_dim}", f"q12_gdn_chunk_seq_d{head_dim}"
+
+
+def record_bytes(head_dim: int) -> int:
+    """Bytes of one (stream, value head, chunk) record of the split pair's workspace (``gdnc::Rec<dk>``):
+    normalised K hi, K lo and Q ``[64][dk]`` bf16, -A and P ``[64][64]`` bf16, the diagonal inverses
+    ``[64][16]`` bf16, beta, exp(gamma) and exp(gamma_C - gamma) ``[64]`` fp32."""
+    return 2 * (3 * CHUNK * head_dim + 2 * CHUNK * CHUNK + CHUNK * 16) + 3 * 4 * CHUNK
+
+
+def workspace_bytes(n: int, chunk_len: int, num_v_heads: int, head_dim: int) -> int:
+    """Workspace of the split pair (``algo="split"``): one record per (stream, chunk, value head) for
+    ``n`` streams of at most ``chunk_len`` tokens (the pass's ``meta.chunk_len``)."""
+    entry_name(head_dim)
+    if n < 1 or chunk_len < 0 or num_v_heads < 1:
+        raise ValueError(f"need n >= 1, chunk_len >= 0, num_v_heads >= 1; got {n}, {chunk_len}, {num_v_heads}")
+    return n * (-(-chunk_len // CHUNK)) * num_v_heads * record_bytes(head_dim)
+
+
+def seq_smem_bytes(head_dim: int) -> int:
+    """Dynamic shared memory of the split pair's sequential kernel (``gdnc::SeqSmem<dk>``): two buffers,
+    each one chunk's record with padded rows and a V/O slice ``[64][72]``."""
+    dk = head_dim
+    return 2 * (2 * (3 * CHUNK * (dk + 8) + 2 * CHUNK * 72 + CHUNK * 24 + CHUNK * (BV + 8)) + 3 * 4 * CHUNK)
+
+
+def entry_smem_bytes(entry: str) -> int:
+    """Dynamic shared memory a launch of ``entry`` (any of :data:`ENTRIES`) asks for."""
+    if entry not in ENTRIES:
+        raise KeyError(f"{entry!r} is not a gdn_chunk.cu entry; entries: {', '.join(ENTRIES)}")
+    d = int(entry.rsplit("_d", 1)[1])
+    return seq_smem_bytes(d) if entry == split_entries(d)[1] else smem_bytes(d)
+
+
+def split_geometry(n: int, chunk_len: int, num_v_heads: int, head_dim: int) -> tuple:
+    """``((grid, block, smem) of the precompute kernel, (grid, block, smem) of the sequential one)``:
+    one precompute CTA per (chunk, value head, stream), the sequential grid as the fused kernel's."""
+    seq = geometry(n, num_v_heads, head_dim)
+    prep = ((max(1, -(-chunk_len // CHUNK)), num_v_heads, n), (THREADS, 1, 1), smem_bytes(head_dim))
+    return prep, (seq[0], seq[1], seq_smem_bytes(head_dim))
 
 
 def smem_bytes(head_dim: int) -> int:
@@ -213,5 +265,37 @@ def emulate_d64(args: dict, mem, grid, block) -> None:
     _emulate(args, mem, grid, block, 64)
 
 
+def _touch_workspace(args: dict, mem, head_dim: int) -> None:
+    # what the pair reads and writes of the workspace must be mapped device memory (the GPU would fault)
+    n, _, hv = _gdn.emulator_heads(args)
+    m = args["m"]
+    nbytes = workspace_bytes(max(n, 1), int(m.chunk_len), hv, head_dim)
+    mem.array(int(args["workspace"]), np.uint8, (nbytes,))
+
+
+def _emulate_prep(head_dim: int):
+    def run(args: dict, mem, grid, block) -> None:
+        """Emulate the split pair's precompute kernel: its records are internal to the pair, so the
+        emulator only checks the launch and that the workspace is there (the sequential emulator
+        computes the result)."""
+        n, _, hv = _gdn.emulator_heads(args)
+        want = split_geometry(max(n, 1), int(args["m"].chunk_len), hv, head_dim)[0]
+        if tuple(block) != want[1] or tuple(grid)[1:] != want[0][1:] or grid[0] < want[0][0]:
+            raise ValueError(f"the GDN precompute kernel needs grid {want[0]} and block {want[1]}, got "
+                             f"{tuple(grid)}, {tuple(block)}")
+        _touch_workspace(args, mem, head_dim)
+    return run
+
+
+def _emulate_seq(head_dim: int):
+    def run(args: dict, mem, grid, block) -> None:
+        """Emulate the split pair's sequential kernel: the fused kernel's result (bit-identical on the GPU)."""
+        _touch_workspace(args, mem, head_dim)
+        _emulate(args, mem, grid, block, head_dim)
+    return run
+
+
 #: What the emulated driver runs instead of each entry point.
-EMULATORS = {"q12_gdn_chunk_d128": emulate_d128, "q12_gdn_chunk_d64": emulate_d64}
+EMULATORS = {"q12_gdn_chunk_d128": emulate_d128, "q12_gdn_chunk_d64": emulate_d64,
+             **{split_entries(d)[0]: _emulate_prep(d) for d in (128, 64)},
+             **{split_entries(d)[1]: _emulate_seq(d) for d in (128, 64)}}

@@ -25,7 +25,7 @@ from . import rope as _rope
 from .meta import Q12MetaC, meta_defines, meta_from_staged
 
 __all__ = ["kv_write", "rope", "attention", "gdn", "GDN_ALGOS", "GDN_MODULES", "enqueue_kv_write", "enqueue_rope",
-           "enqueue_attention", "enqueue_gdn", "prepared", "SOURCES", "ENTRIES", "struct_types"]
+           "enqueue_attention", "enqueue_gdn", "gdn_workspace", "prepared", "SOURCES", "ENTRIES", "struct_types"]
 
 #: Every kernel source and its entries.
 SOURCES = {
@@ -189,39 +189,82 @@ def enqueue_attention(device: Device, meta: BatchedAttnMetadata, entry: str, q: 
 
 
 #: Gated DeltaNet algorithms (``ops.gdn(..., algo=)``) and the kernel module of each.
-GDN_MODULES = {"chunked": _gdnc, "recurrent": _gdn}
+GDN_MODULES = {"chunked": _gdnc, "recurrent": _gdn, "split": _gdnc}
 GDN_ALGOS = tuple(GDN_MODULES)
+_split_geometry = lru_cache(maxsize=1024, typed=True)(_gdnc.split_geometry)
 
 
 def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k: int, v: int, g: int, beta: int,
         o: int, *, num_k_heads: int, num_v_heads: int, head_dim: int, algo: str = "chunked",
-        stream: Any = None) -> None:
+        workspace: int | None = None, workspace_bytes: int | None = None, stream: Any = None) -> None:
     """Gated DeltaNet over the packed streams; stream b's fp32 state at ``h_state_ptrs[b]`` is updated in place.
 
-    ``algo``: ``"chunked"`` (default; ``gdn_chunk.cu``, 64-token chunks on the tensor cores) or
-    ``"recurrent"`` (``gdn_prefill.cu``, token by token in fp32). Same math and state contract;
-    they agree to bf16 rounding (see :mod:`q12drv.kernels.gdn_chunk` for the error budget).
+    ``algo``:
+
+    * ``"chunked"`` (default): ``gdn_chunk.cu``'s fused kernel, 64-token chunks on the tensor cores;
+    * ``"split"``: the same arithmetic in two launches, bit-identical to ``"chunked"``: a precompute
+      kernel does every chunk's state-independent work in parallel into ``workspace``, then the
+      sequential kernel walks the chunks with only the state step on its serial path. For passes
+      whose fused grid (``n * Hv * dv / 64`` CTAs) leaves SMs idle: long single streams. Needs
+      ``workspace`` (device pointer, 16-byte aligned) of ``workspace_bytes`` >=
+      :func:`q12drv.kernels.gdn_chunk.workspace_bytes` ``(n, meta.chunk_len, num_v_heads, head_dim)``;
+      the other algorithms ignore both;
+    * ``"recurrent"``: ``gdn_prefill.cu``, token by token in fp32.
+
+    Same math and state contract; they agree to bf16 rounding (see :mod:`q12drv.kernels.gdn_chunk`
+    for the error budget).
     """
     _check(device, meta)
-    mod = GDN_MODULES.get(algo) if type(algo) is str else None
-    if mod is None:
+    if type(algo) is not str or algo not in GDN_MODULES:
         raise ValueError(f"algo must be one of {', '.join(map(repr, GDN_ALGOS))}, got {algo!r}")
     d = _positive("head_dim", head_dim)
-    entry = mod.entry_name(d)
+    GDN_MODULES[algo].entry_name(d)
     hk, hv = _positive("num_k_heads", num_k_heads), _positive("num_v_heads", num_v_heads)
     if hv % hk:
         raise ValueError(f"num_v_heads {hv} must be a multiple of num_k_heads {hk}")
-    enqueue_gdn(device, meta, mod, entry, _ptr("h_state_ptrs", h_state_ptrs, 8), _ptr("q", q, 16), _ptr("k", k, 16),
-                _ptr("v", v, 8), _ptr("g", g, 4), _ptr("beta", beta, 4), _ptr("o", o, 8), hk, hv, d, stream)
+    ws = gdn_workspace(algo, meta.batch_size, meta.chunk_len, hv, d, workspace, workspace_bytes)
+    enqueue_gdn(device, meta, algo, _ptr("h_state_ptrs", h_state_ptrs, 8), _ptr("q", q, 16), _ptr("k", k, 16),
+                _ptr("v", v, 8), _ptr("g", g, 4), _ptr("beta", beta, 4), _ptr("o", o, 8), hk, hv, d, ws, stream)
 
 
-def enqueue_gdn(device: Device, meta: BatchedAttnMetadata, mod, entry: str, h_state_ptrs: int, q: int, k: int, v: int,
-                g: int, beta: int, o: int, num_k_heads: int, num_v_heads: int, head_dim: int, stream: Any) -> None:
-    """:func:`gdn` with every argument already checked; ``mod``/``entry``: the algorithm's module and kernel."""
-    grid, block, smem = _GDN_GEOMETRY[mod](meta.batch_size, num_v_heads, head_dim)
-    launch = prepared(device, entry)
-    a = launch.args
-    a.h_state_ptrs, a.q, a.k, a.v, a.g, a.beta, a.o = h_state_ptrs, q, k, v, g, beta, o
-    a.num_k_heads, a.num_v_heads = num_k_heads, num_v_heads
-    a.m = _meta_c(meta)
-    launch.launch(grid, block, smem, stream)
+def gdn_workspace(algo: str, n: int, chunk_len: int, num_v_heads: int, head_dim: int, workspace, workspace_bytes) -> int:
+    """The checked workspace pointer for ``algo`` (0 when the algorithm needs none).
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``"split"`` without a workspace, a NULL or misaligned one, or one smaller than the pass needs.
+    """
+    if algo != "split":
+        return 0
+    need = _gdnc.workspace_bytes(n, chunk_len, num_v_heads, head_dim)
+    if workspace is None or workspace_bytes is None:
+        raise ValueError(f"algo='split' needs workspace= (a device pointer) and workspace_bytes= (its size): this pass "
+                         f"needs {need:,} bytes (q12drv.kernels.gdn_chunk.workspace_bytes)")
+    have = _args.count("workspace_bytes", workspace_bytes, 0, None)
+    if have < need:
+        raise ValueError(f"workspace_bytes {have:,} is too small: algo='split' needs {need:,} bytes for {n} stream(s) "
+                         f"of up to {chunk_len} tokens x {num_v_heads} value heads (gdn_chunk.workspace_bytes)")
+    return _ptr("workspace", workspace, 16)
+
+
+def enqueue_gdn(device: Device, meta: BatchedAttnMetadata, algo: str, h_state_ptrs: int, q: int, k: int, v: int,
+                g: int, beta: int, o: int, num_k_heads: int, num_v_heads: int, head_dim: int, workspace: int,
+                stream: Any) -> None:
+    """:func:`gdn` with every argument already checked (``workspace``: from :func:`gdn_workspace`)."""
+    if algo == "split":
+        geos = _split_geometry(meta.batch_size, meta.chunk_len, num_v_heads, head_dim)
+        launches = tuple(zip(_gdnc.split_entries(head_dim), geos))
+    else:
+        mod = GDN_MODULES[algo]
+        launches = ((mod.entry_name(head_dim), _GDN_GEOMETRY[mod](meta.batch_size, num_v_heads, head_dim)),)
+    mc = _meta_c(meta)
+    for entry, (grid, block, smem) in launches:
+        launch = prepared(device, entry)
+        a = launch.args
+        a.h_state_ptrs, a.q, a.k, a.v, a.g, a.beta, a.o = h_state_ptrs, q, k, v, g, beta, o
+        a.num_k_heads, a.num_v_heads = num_k_heads, num_v_heads
+        if workspace:
+            a.workspace = workspace
+        a.m = mc
+        launch.launch(grid, block, smem, stream)

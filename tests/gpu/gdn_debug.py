@@ -109,14 +109,22 @@ RAGGED_LENS = [256, 2048, 512, 1792, 768, 1536, 1024, 1280]   # 8 streams, 256..
 
 
 def time_kernel(torch, funcs, entry, grid, block, smem, vals, reps=15, warmup=3):
+    """Median ms of one launch (``entry`` a name), or of a sequence of launches (a list of
+    ``(entry, grid, block, smem)``, ``grid`` etc. then None)."""
+    seq = entry if isinstance(entry, list) else [(entry, grid, block, smem)]
+
+    def go():
+        for e, gr, bl, sm in seq:
+            T.launch(funcs, e, gr, bl, sm, vals)
+
     for _ in range(warmup):
-        T.launch(funcs, entry, grid, block, smem, vals)
+        go()
     torch.cuda.synchronize()
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(reps):
         e0.record()
-        T.launch(funcs, entry, grid, block, smem, vals)
+        go()
         e1.record()
         e1.synchronize()
         times.append(e0.elapsed_time(e1))
@@ -126,7 +134,8 @@ def time_kernel(torch, funcs, entry, grid, block, smem, vals, reps=15, warmup=3)
 def timing_cases(torch):
     hk, hv, d = 16, 32, 128
     out = []
-    for key, lens in (("8x2048", [2048] * 8), ("1x8192", [8192]), ("ragged8", RAGGED_LENS)):
+    for key, lens in (("8x2048", [2048] * 8), ("1x8192", [8192]), ("ragged8", RAGGED_LENS), ("8x128", [128] * 8),
+                      ("1x2048", [2048])):
         n, Tt = len(lens), int(sum(lens))
         cu_t = torch.from_numpy(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)).cuda()
         q = torch.randn(Tt, hk, d, device="cuda").bfloat16()
@@ -138,9 +147,11 @@ def timing_cases(torch):
         st = torch.randn(n, hv, d, d, device="cuda") * 0.1
         ptrs = torch.tensor([st[i].data_ptr() for i in range(n)], dtype=torch.uint64, device="cuda")
         meta = Q12MetaC(cu_seqlens=cu_t.data_ptr(), batch_size=n, chunk_len=max(lens), total_tokens=Tt)
+        ws = torch.empty(gdn_chunk.workspace_bytes(n, max(lens), hv, d), dtype=torch.uint8, device="cuda")
         vals = [meta, ctypes.c_uint64(ptrs.data_ptr())]
         vals += [ctypes.c_uint64(x.data_ptr()) for x in (q, k, v, g, beta, o)] + [ctypes.c_int(hk), ctypes.c_int(hv)]
-        out.append((key, n, Tt, hv, d, vals, (q, k, v, g, beta, o, st, ptrs, cu_t)))
+        vals.append(ctypes.c_uint64(ws.data_ptr()))  # the split pair's extra argument (ignored by the others)
+        out.append((key, n, Tt, hv, d, vals, (q, k, v, g, beta, o, st, ptrs, cu_t, ws)))
     return out
 
 
@@ -204,10 +215,18 @@ def variants(torch, rec, names=None):
         if ref_bits is None:
             ref_bits = (o, fin)
         row = [name, f"{regs}r/{local}B", verdict]
+        split_row = [f"{name.split('-')[0]}-split-pair", "-", "bit-identical: tests/gpu/test_gdn_gpu.py"]
+        prep_row = [f"{name.split('-')[0]}-split-prep-only", "-", "-"]
         for key, n, Tt, hv, d, vals, _ in cases:
             grid, block, smem = gdn_chunk.geometry(n, hv, d)
             row.append(time_kernel(torch, funcs, gdn_chunk.entry_name(d), grid, block, smem, vals))
+            chunk_len = int(vals[0].chunk_len)
+            pair = [(e, *geo) for e, geo in zip(gdn_chunk.split_entries(d), gdn_chunk.split_geometry(n, chunk_len, hv, d))]
+            split_row.append(time_kernel(torch, funcs, pair, None, None, None, vals))
+            prep_row.append(time_kernel(torch, funcs, pair[:1], None, None, None, vals))
         rows.append(row)
+        if name == "v0-default":
+            rows += [split_row, prep_row]
         T._check(cu.cuModuleUnload(mod))
         print(f"{name}: {verdict}  ({time.time() - t0:.1f} s)", flush=True)
     keys = [c[0] for c in cases]

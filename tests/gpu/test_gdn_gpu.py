@@ -241,8 +241,7 @@ def load_chunk_module(defines=()):
     attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     for name in gdn_chunk.ENTRIES:
         f = _check(cu.cuModuleGetFunction(mod, name.encode()))
-        smem = gdn_chunk.smem_bytes(128 if name.endswith("128") else 64)
-        _check(cu.cuFuncSetAttribute(f, attr, smem))
+        _check(cu.cuFuncSetAttribute(f, attr, gdn_chunk.entry_smem_bytes(name)))
         funcs[name] = f
     return mod, funcs
 
@@ -257,8 +256,9 @@ def chunk_kernels(kernels):
     _check(cu.cuModuleUnload(mod))
 
 
-def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng):
-    """One chunked launch over all streams of `inputs`: (o bits, final states, guards intact)."""
+def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=False):
+    """One chunked launch over all streams of `inputs` (``split``: the split pair through a guarded
+    workspace instead of the fused kernel): (o bits, final states, guards intact)."""
     q, k, v, g, beta, cu, s0 = inputs
     lens = np.diff(cu).tolist()
     n, T = len(lens), int(cu[-1])
@@ -271,12 +271,20 @@ def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng):
     o = Guarded(torch, max(T, 1) * hv * d * 2, fill=0xFF)
     states = [Guarded.of(torch, s0[b]) for b in range(n)]
     ptrs = Guarded.of(torch, np.array([s.ptr for s in states], np.uint64))
-    grid, block, smem = gdn_chunk.geometry(n, hv, d)
     values = [meta, ctypes.c_uint64(ptrs.ptr)]
     values += [ctypes.c_uint64(b.ptr) for b in bufs] + [ctypes.c_uint64(o.ptr)]
     values += [ctypes.c_int(hk), ctypes.c_int(hv)]
     torch.cuda.synchronize()
-    launch(funcs, gdn_chunk.entry_name(d), grid, block, smem, values)
+    if split:
+        ws = Guarded(torch, gdn_chunk.workspace_bytes(n, int(meta.chunk_len), hv, d), fill=0xFF)
+        keep.append(ws)
+        values.append(ctypes.c_uint64(ws.ptr))
+        for entry, (grid, block, smem) in zip(gdn_chunk.split_entries(d),
+                                              gdn_chunk.split_geometry(n, int(meta.chunk_len), hv, d)):
+            launch(funcs, entry, grid, block, smem, values)
+    else:
+        grid, block, smem = gdn_chunk.geometry(n, hv, d)
+        launch(funcs, gdn_chunk.entry_name(d), grid, block, smem, values)
     torch.cuda.synchronize()
     out = o.read(np.uint16, (max(T, 1), hv, d))[:T]
     fin = np.stack([s.read(np.float32, (hv, d, d)) for s in states])
@@ -325,6 +333,27 @@ def test_gdn_chunk_matches_reference_and_is_batch_invariant(chunk_kernels, d, hk
         assert guards1
         assert np.array_equal(o[s:e], o1), f"stream {b}: output differs batched vs alone"
         assert np.array_equal(fin[b], fin1[0]), f"stream {b}: final state differs batched vs alone"
+
+
+@pytest.mark.parametrize("d,hk,hv,lens", CHUNK_CASES, ids=[f"d{c[0]}-hk{c[1]}-hv{c[2]}-n{len(c[3])}" for c in CHUNK_CASES])
+def test_gdn_split_pair_equals_the_fused_kernel(chunk_kernels, d, hk, hv, lens):
+    """algo="split": the precompute + sequential pair gives the fused kernel's bits (o and every final
+    state), batched and for one stream alone, and writes nothing outside its workspace and outputs."""
+    torch, funcs, _ = chunk_kernels
+    rng = np.random.default_rng()
+    inputs = make_inputs(rng, lens, hk, hv, d)
+    o_f, fin_f, _ = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng)
+    o_s, fin_s, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=True)
+    assert guards, "a guard byte around a written buffer (the workspace included) changed"
+    assert np.array_equal(o_s, o_f), "split pair output differs from the fused kernel's"
+    assert np.array_equal(fin_s, fin_f), "split pair final states differ from the fused kernel's"
+    q, k, v, g, beta, cu, s0 = inputs
+    b = int(np.argmax(np.diff(cu)))  # the longest stream alone
+    s, e = cu[b], cu[b + 1]
+    one = (q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], np.array([0, e - s], np.int32), s0[b : b + 1])
+    o1, fin1, guards1 = run_chunk_gpu(torch, funcs, one, hk, hv, d, rng, split=True)
+    assert guards1
+    assert np.array_equal(o1, o_f[s:e]) and np.array_equal(fin1[0], fin_f[b]), "split alone != fused batched"
 
 
 @pytest.mark.parametrize("d", [64, 128])

@@ -86,7 +86,7 @@ class Layer:
         return np.frombuffer(raw[:-512], self.host[k].dtype).reshape(self.host[k].shape).copy()
 
 
-def run_pass(dev, arena, streams, host, mode, shape, gshape, num_blocks, mrope, bs):
+def run_pass(dev, arena, streams, host, mode, shape, gshape, num_blocks, mrope, bs, algo="chunked"):
     L = Layer(dev, host)
     # the scheduler's view: one first chunk per stream, its head already in the prefix cache
     chunks = [(s.proc_start + s.proc_count, s.proc_count, 0, False) for s in streams]
@@ -95,8 +95,15 @@ def run_pass(dev, arena, streams, host, mode, shape, gshape, num_blocks, mrope, 
     q12.attention_layer(L.p("q"), L.p("k"), L.p("v"), L.p("k_pool"), L.p("v_pool"), L.p("o"), shape, num_blocks=num_blocks)
     n = len(streams)
     states = [L.p("states") + b * host["states"][0].nbytes for b in range(n)]
-    q12.gdn_layer(states, L.p("gq"), L.p("gk"), L.p("gv"), L.p("g"), L.p("beta"), L.p("go"), gshape)
+    ws = None
+    if algo == "split":
+        nbytes = q12.gdn_workspace_bytes(gshape)
+        ws = dev.alloc(nbytes, "gdn workspace")
+    q12.gdn_layer(states, L.p("gq"), L.p("gk"), L.p("gv"), L.p("g"), L.p("beta"), L.p("go"), gshape, algo=algo,
+                  workspace=None if ws is None else int(ws.ptr), workspace_bytes=None if ws is None else nbytes)
     dev.synchronize()
+    if ws is not None:
+        ws.free()
     return {k: L.get(k) for k in ("o", "k_pool", "v_pool", "go", "states", "q", "k")}, q12
 
 
@@ -122,6 +129,10 @@ def test_prefill_step_against_references_and_batched_equals_per_stream(gpu, d, b
         for k in batched:
             assert np.array_equal(batched[k], per_stream[k]), f"{k}: batched != per stream"
         assert not np.any(batched["o"] == 0xFFFF) and not np.any(batched["go"] == 0xFFFF)
+        for mode in ("batched", "per_stream"):  # the split GDN pair: the fused kernel's bits, both ways
+            split, _ = run_pass(gpu, arena, streams, host, mode, shape, gshape, num_blocks, mrope, bs, algo="split")
+            for k in batched:
+                assert np.array_equal(split[k], batched[k]), f"{k}: algo='split' ({mode}) != chunked"
 
         # references (fp32) from the host inputs
         cu = np.concatenate([[0], np.cumsum(counts)])
