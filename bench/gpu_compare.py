@@ -818,7 +818,7 @@ def section_gdn():
             gb, bb, sb = dev.alloc(g.nbytes), dev.alloc(beta.nbytes), dev.alloc(st.nbytes)
             o = dev.alloc(total * hv * d * 2)
             pb = dev.alloc(8 * n)
-            ws_bytes = gdn_chunk.workspace_bytes(n, max(counts), hv, d)
+            ws_bytes = gdn_chunk.workspace_bytes(n, max(counts), hk, hv, d)
             ws = dev.alloc(ws_bytes)
             bufs += [q, k, v, gb, bb, sb, o, pb, ws]
             dev.upload(int(gb.ptr), g)

@@ -258,9 +258,9 @@ __device__ __forceinline__ void invert_column(const float* D, bf16* dinv, int j)
 // ---- the per-chunk phases, shared by the fused kernel, the split pair's precompute kernel (chunk-local
 //      work) and its sequential kernel (the state work)
 
-// cp.async of chunk c of (stream b, value head h): raw K rows -> kraw, (LOAD_V) the V slice -> vdst,
-// g/beta -> graw/braw[buf]; rows >= len read nothing and land as zeros.
-template <int DK, int DV, bool LOAD_V>
+// cp.async of chunk c of (stream b, value head h): (LOAD_K) raw K rows -> kraw, (LOAD_V) the V slice -> vdst,
+// (LOAD_GB) g/beta -> graw/braw[buf]; rows >= len read nothing and land as zeros.
+template <int DK, int DV, bool LOAD_K, bool LOAD_V, bool LOAD_GB>
 __device__ __forceinline__ void issue_kvgb(Smem<DK>& s, bf16* vdst, const int* cub, int len, int c, int buf,
                                            const bf16* __restrict__ k, const bf16* __restrict__ v,
                                            const float* __restrict__ g, const float* __restrict__ beta,
@@ -269,13 +269,15 @@ __device__ __forceinline__ void issue_kvgb(Smem<DK>& s, bf16* vdst, const int* c
     const int nv = min(C, len - c);
     const int tok0 = ld_volatile(cub);
     const int kh = h / (num_v_heads / num_k_heads);
+    if (LOAD_K) {
 #pragma unroll
-    for (int p = 0; p < C * SEGS / THREADS; ++p) {
-        const int idx = tid + p * THREADS;
-        const int row = idx / SEGS, sg = idx % SEGS;
-        const bool ok = row < nv;
-        const bf16* src = ok ? k + ((long long)(tok0 + c + row) * num_k_heads + kh) * DK + sg * 8 : k;
-        cp_async16(&s.kraw[row * DK + sg * 8], src, ok);
+        for (int p = 0; p < C * SEGS / THREADS; ++p) {
+            const int idx = tid + p * THREADS;
+            const int row = idx / SEGS, sg = idx % SEGS;
+            const bool ok = row < nv;
+            const bf16* src = ok ? k + ((long long)(tok0 + c + row) * num_k_heads + kh) * DK + sg * 8 : k;
+            cp_async16(&s.kraw[row * DK + sg * 8], src, ok);
+        }
     }
     if (LOAD_V) {
 #pragma unroll
@@ -287,15 +289,17 @@ __device__ __forceinline__ void issue_kvgb(Smem<DK>& s, bf16* vdst, const int* c
             cp_async8(&vdst[row * LDV + part * 4], src, ok);
         }
     }
+    if (LOAD_GB) {
 #pragma unroll
-    for (int p = 0; p < (2 * C + THREADS - 1) / THREADS; ++p) {
-        const int t = tid + p * THREADS;
-        if (t < 2 * C) {
-            const int tt = t % C;
-            const bool ok = tt < nv;
-            const long long gi = ok ? (long long)(tok0 + c + tt) * num_v_heads + h : 0;
-            if (t < C) cp_async4(&s.graw[buf][tt], g + gi, ok);
-            else cp_async4(&s.braw[buf][tt], beta + gi, ok);
+        for (int p = 0; p < (2 * C + THREADS - 1) / THREADS; ++p) {
+            const int t = tid + p * THREADS;
+            if (t < 2 * C) {
+                const int tt = t % C;
+                const bool ok = tt < nv;
+                const long long gi = ok ? (long long)(tok0 + c + tt) * num_v_heads + h : 0;
+                if (t < C) cp_async4(&s.graw[buf][tt], g + gi, ok);
+                else cp_async4(&s.braw[buf][tt], beta + gi, ok);
+            }
         }
     }
 }
@@ -648,7 +652,7 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
     const int len = cu[b + 1] - cu[b];
     if (len <= 0) return;
 
-    issue_kvgb<DK, DV, true>(s, s.v[0], cu + b, len, 0, 0, k, v, g, beta, num_k_heads, num_v_heads, h, col0, tid);
+    issue_kvgb<DK, DV, true, true, true>(s, s.v[0], cu + b, len, 0, 0, k, v, g, beta, num_k_heads, num_v_heads, h, col0, tid);
     issue_q<DK>(s, cu + b, len, 0, q, num_k_heads, num_v_heads, h, tid);
     cp_async_commit();
 
@@ -663,7 +667,7 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
     for (int c0 = 0; c0 < len; c0 += C, buf ^= 1) {
 #if !GDN_PREFETCH
         if (c0 > 0) {
-            issue_kvgb<DK, DV, true>(s, s.v[buf], cu + b, len, c0, buf, k, v, g, beta, num_k_heads, num_v_heads, h, col0,
+            issue_kvgb<DK, DV, true, true, true>(s, s.v[buf], cu + b, len, c0, buf, k, v, g, beta, num_k_heads, num_v_heads, h, col0,
                                      tid);
             issue_q<DK>(s, cu + b, len, c0, q, num_k_heads, num_v_heads, h, tid);
             cp_async_commit();
@@ -676,7 +680,7 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
         __syncthreads();   // B2: K, Q, gamma ready; kraw free
 #if GDN_PREFETCH
         if (c0 + C < len)
-            issue_kvgb<DK, DV, true>(s, s.v[buf ^ 1], cu + b, len, c0 + C, buf ^ 1, k, v, g, beta, num_k_heads,
+            issue_kvgb<DK, DV, true, true, true>(s, s.v[buf ^ 1], cu + b, len, c0 + C, buf ^ 1, k, v, g, beta, num_k_heads,
                                      num_v_heads, h, col0, tid);
         cp_async_commit();
 #endif
@@ -698,30 +702,40 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
     store_state<DK, DV>(St, reinterpret_cast<float*>(ld_volatile(h_state_ptrs + b)) + (long long)h * DK * DV, bv0, tq);
 }
 
-// ================================================================ the split pair (few CTAs, long streams)
+// ================================================================ the split pair
 // The chunk-local work (normalisation, gamma, K K^T, Q K^T, the diagonal inverses) does not depend on the
-// state: q12_gdn_chunk_prep computes it for every (stream, value head, chunk) in parallel into a workspace
-// record, and q12_gdn_chunk_seq walks the chunks with only the state step on its serial path, the next
-// chunk's record arriving by cp.async while this one computes. Same instructions on the same values as the
-// fused kernel: the results are bit-identical to it.
+// state: q12_gdn_chunk_prep computes it for every (stream, chunk) in parallel into a workspace, and
+// q12_gdn_chunk_seq walks the chunks with only the state step on its serial path, the next chunk's records
+// arriving by cp.async while this one computes. The same instructions on the same values as the fused
+// kernel: the results are bit-identical to it.
 
 namespace gdnc {
 
-// One (stream, value head, chunk) record: K hi, K lo, Q [64][DK] bf16; -A, P [64][64] bf16; the diagonal
-// inverses [64][16] bf16; beta, exp(gamma), exp(gamma_C - gamma) [64] fp32. Unpadded; byte offsets.
+// K record of one (stream, key head, chunk): normalised K hi, K lo, Q [64][DK] bf16 (shared by the value
+// heads of that key head). V record of one (stream, value head, chunk): -A, P [64][64] bf16, the diagonal
+// inverses [64][16] bf16, beta, exp(gamma), exp(gamma_C - gamma) [64] fp32. Unpadded; byte offsets.
 template <int DK>
-struct Rec {
-    static constexpr int K = 0, KLO = K + GDN_C * DK * 2, Q = KLO + GDN_C * DK * 2, A = Q + GDN_C * DK * 2,
-                         P = A + GDN_C * GDN_C * 2, DINV = P + GDN_C * GDN_C * 2, BETA = DINV + GDN_C * 16 * 2,
+struct KRec {
+    static constexpr int K = 0, KLO = GDN_C * DK * 2, Q = 2 * GDN_C * DK * 2, BYTES = 3 * GDN_C * DK * 2;
+};
+struct VRec {
+    static constexpr int A = 0, P = GDN_C * GDN_C * 2, DINV = 2 * GDN_C * GDN_C * 2, BETA = DINV + GDN_C * 16 * 2,
                          EG = BETA + GDN_C * 4, WD = EG + GDN_C * 4, BYTES = WD + GDN_C * 4;
 };
 
-// Record of chunk ci of (stream b, value head h): the workspace holds n x ceil(chunk_len / 64) x Hv records.
+// The workspace: n x ceil(chunk_len / 64) x Hk K records, then n x ceil(chunk_len / 64) x Hv V records.
 template <int DK>
-__device__ __forceinline__ unsigned char* rec_at(unsigned char* ws, const Q12Meta& m, int b, int ci, int h,
-                                                 int num_v_heads) {
+__device__ __forceinline__ unsigned char* krec_at(unsigned char* ws, const Q12Meta& m, int b, int ci, int kh,
+                                                  int num_k_heads) {
     const int nchunks = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
-    return ws + (((long long)b * nchunks + ci) * num_v_heads + h) * Rec<DK>::BYTES;
+    return ws + (((long long)b * nchunks + ci) * num_k_heads + kh) * KRec<DK>::BYTES;
+}
+template <int DK>
+__device__ __forceinline__ unsigned char* vrec_at(unsigned char* ws, const Q12Meta& m, int b, int ci, int h,
+                                                  int num_k_heads, int num_v_heads) {
+    const int nchunks = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
+    const long long kblock = (long long)m.batch_size * nchunks * num_k_heads * KRec<DK>::BYTES;
+    return ws + kblock + (((long long)b * nchunks + ci) * num_v_heads + h) * VRec::BYTES;
 }
 
 template <int DK>
@@ -741,29 +755,29 @@ struct SeqSmem {
     } buf[2];
 };
 
-// cp.async of chunk c's record and V slice into one buffer of the sequential kernel.
+// cp.async of chunk c's records and V slice into one buffer of the sequential kernel.
 template <int DK, int DV>
-__device__ __forceinline__ void issue_record(typename SeqSmem<DK>::Buf& sb, const unsigned char* rec,
-                                             const bf16* __restrict__ v, const int* cub, int len, int c,
-                                             int num_v_heads, int h, int col0, int tid) {
+__device__ __forceinline__ void issue_record(typename SeqSmem<DK>::Buf& sb, const unsigned char* krec,
+                                             const unsigned char* vrec, const bf16* __restrict__ v, const int* cub,
+                                             int len, int c, int num_v_heads, int h, int col0, int tid) {
     constexpr int C = GDN_C, BV = GDN_BV, THREADS = 128, SEGS = DK / 8;
     constexpr int LDK = SeqSmem<DK>::LDK, LDV = SeqSmem<DK>::LDV, LDP = SeqSmem<DK>::LDP, LDD = SeqSmem<DK>::LDD;
-    using R = Rec<DK>;
 #pragma unroll 1
     for (int idx = tid; idx < 3 * C * SEGS; idx += THREADS) {   // K hi, K lo, Q
         const int which = idx / (C * SEGS), rest = idx % (C * SEGS), row = rest / SEGS, sg = rest % SEGS;
         bf16* dst = (which == 0 ? sb.k : which == 1 ? sb.klo : sb.q) + row * LDK + sg * 8;
-        cp_async16(dst, rec + R::K + which * (C * DK * 2) + row * (DK * 2) + sg * 16, true);
+        cp_async16(dst, krec + which * (C * DK * 2) + row * (DK * 2) + sg * 16, true);
     }
 #pragma unroll
     for (int idx = tid; idx < 2 * C * 8; idx += THREADS) {      // -A, P
         const int which = idx / (C * 8), rest = idx % (C * 8), row = rest / 8, sg = rest % 8;
-        cp_async16((which ? sb.p : sb.a) + row * LDP + sg * 8, rec + R::A + which * (C * C * 2) + row * 128 + sg * 16, true);
+        cp_async16((which ? sb.p : sb.a) + row * LDP + sg * 8, vrec + VRec::A + which * (C * C * 2) + row * 128 + sg * 16,
+                   true);
     }
-    if (tid < 2 * C) cp_async16(sb.dinv + (tid >> 1) * LDD + (tid & 1) * 8, rec + R::DINV + tid * 16, true);
+    if (tid < 2 * C) cp_async16(sb.dinv + (tid >> 1) * LDD + (tid & 1) * 8, vrec + VRec::DINV + tid * 16, true);
     if (tid < 3 * 16) {                                         // beta, exp(gamma), exp(gamma_C - gamma)
         float* dst = tid < 16 ? sb.beta : tid < 32 ? sb.eg : sb.wd;
-        cp_async16(dst + (tid & 15) * 4, rec + R::BETA + tid * 16, true);
+        cp_async16(dst + (tid & 15) * 4, vrec + VRec::BETA + tid * 16, true);
     }
     const int nv = min(C, len - c);
     const int tok0 = ld_volatile(cub);
@@ -779,63 +793,80 @@ __device__ __forceinline__ void issue_record(typename SeqSmem<DK>::Buf& sb, cons
 
 }  // namespace gdnc
 
-// grid (ceil(chunk_len / 64), Hv, n), 128 threads, dynamic smem Smem<DK>: one chunk of one (stream, head).
+// grid (ceil(chunk_len / 64), Hk, n), 128 threads, dynamic smem Smem<DK>: one chunk of one (stream, key
+// head): its K record once, then each value head of the group's V record (K K^T and Q K^T again per value
+// head: beta and gamma scale them inside the products' epilogue).
 template <int DK, int DV>
 __device__ __forceinline__ void gdn_prep_body(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
                                               const float* __restrict__ g, const float* __restrict__ beta,
                                               int num_k_heads, int num_v_heads, unsigned char* __restrict__ ws) {
     using namespace gdnc;
     using SM = Smem<DK>;
-    using R = Rec<DK>;
     constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8, LDK = SM::LDK, LDP = SM::LDP, LDD = SM::LDD;
     extern __shared__ __align__(16) unsigned char gdn_smem_raw[];
     SM& s = *reinterpret_cast<SM*>(gdn_smem_raw);
 
-    const int b = blockIdx.z, h = blockIdx.y, ci = blockIdx.x;
-    if ((int)blockDim.x != THREADS || b >= (int)m.batch_size || h >= num_v_heads) return;
+    const int b = blockIdx.z, kh = blockIdx.y, ci = blockIdx.x;
+    if ((int)blockDim.x != THREADS || b >= (int)m.batch_size || kh >= num_k_heads) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int* cu = q12_cu_seqlens(m);
     const int len = cu[b + 1] - cu[b];
     const int c0 = ci * C;
     if (c0 >= len) return;
+    const int group = num_v_heads / num_k_heads;
 
-    // -A and P: every byte of the record defined (the products write only the blocks the solve reads)
+    // -A and P: every byte of the records defined (the products write only the blocks the solve reads,
+    // the same ones for every value head)
     for (int i = tid; i < C * LDP / 8; i += THREADS) {
         reinterpret_cast<uint4*>(s.a)[i] = make_uint4(0, 0, 0, 0);
         reinterpret_cast<uint4*>(s.p)[i] = make_uint4(0, 0, 0, 0);
     }
-    issue_kvgb<DK, DV, false>(s, nullptr, cu + b, len, c0, 0, k, nullptr, g, beta, num_k_heads, num_v_heads, h, 0, tid);
-    issue_q<DK>(s, cu + b, len, c0, q, num_k_heads, num_v_heads, h, tid);
+    issue_kvgb<DK, DV, true, false, true>(s, nullptr, cu + b, len, c0, 0, k, nullptr, g, beta, num_k_heads, num_v_heads,
+                                          kh * group, 0, tid);
+    issue_q<DK>(s, cu + b, len, c0, q, num_k_heads, num_v_heads, kh * group, tid);
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();
     normalise<DK>(s, tid, tid % SEGS, 1.0f / sqrtf((float)DK));
-    if (warp == 0) chunk_gamma<DK>(s, 0, lane);
     __syncthreads();
-    local_products<DK, 4>(s, warp, lane);
-    __syncthreads();
-#if !GDN_WARP_INV
-    invert_diagonal<DK>(s, tid);
-    __syncthreads();
-#endif
-    unsigned char* rec = rec_at<DK>(ws, m, b, ci, h, num_v_heads);
+    unsigned char* krec = krec_at<DK>(ws, m, b, ci, kh, num_k_heads);
     for (int idx = tid; idx < 3 * C * SEGS; idx += THREADS) {
         const int which = idx / (C * SEGS), rest = idx % (C * SEGS), row = rest / SEGS, sg = rest % SEGS;
         const bf16* src = (which == 0 ? s.k : which == 1 ? s.klo : s.q) + row * LDK + sg * 8;
-        *reinterpret_cast<uint4*>(rec + R::K + which * (C * DK * 2) + row * (DK * 2) + sg * 16) =
+        *reinterpret_cast<uint4*>(krec + which * (C * DK * 2) + row * (DK * 2) + sg * 16) =
             *reinterpret_cast<const uint4*>(src);
     }
-    for (int idx = tid; idx < 2 * C * 8; idx += THREADS) {
-        const int which = idx / (C * 8), rest = idx % (C * 8), row = rest / 8, sg = rest % 8;
-        *reinterpret_cast<uint4*>(rec + R::A + which * (C * C * 2) + row * 128 + sg * 16) =
-            *reinterpret_cast<const uint4*>((which ? s.p : s.a) + row * LDP + sg * 8);
-    }
-    if (tid < 2 * C)
-        *reinterpret_cast<uint4*>(rec + R::DINV + tid * 16) =
-            *reinterpret_cast<const uint4*>(s.dinv + (tid >> 1) * LDD + (tid & 1) * 8);
-    if (tid < 3 * 16) {
-        const float* src = tid < 16 ? s.beta : tid < 32 ? s.eg : s.wd;
-        *reinterpret_cast<uint4*>(rec + R::BETA + tid * 16) = *reinterpret_cast<const uint4*>(src + (tid & 15) * 4);
+    for (int j = 0; j < group; ++j) {
+        const int h = kh * group + j;
+        if (j > 0) {   // this value head's g and beta (the previous head's products are written out)
+            issue_kvgb<DK, DV, false, false, true>(s, nullptr, cu + b, len, c0, 0, k, nullptr, g, beta, num_k_heads,
+                                                   num_v_heads, h, 0, tid);
+            cp_async_commit();
+            cp_async_wait_all();
+            __syncthreads();
+        }
+        if (warp == 0) chunk_gamma<DK>(s, 0, lane);
+        __syncthreads();
+        local_products<DK, 4>(s, warp, lane);
+        __syncthreads();
+#if !GDN_WARP_INV
+        invert_diagonal<DK>(s, tid);
+        __syncthreads();
+#endif
+        unsigned char* vrec = vrec_at<DK>(ws, m, b, ci, h, num_k_heads, num_v_heads);
+        for (int idx = tid; idx < 2 * C * 8; idx += THREADS) {
+            const int which = idx / (C * 8), rest = idx % (C * 8), row = rest / 8, sg = rest % 8;
+            *reinterpret_cast<uint4*>(vrec + VRec::A + which * (C * C * 2) + row * 128 + sg * 16) =
+                *reinterpret_cast<const uint4*>((which ? s.p : s.a) + row * LDP + sg * 8);
+        }
+        if (tid < 2 * C)
+            *reinterpret_cast<uint4*>(vrec + VRec::DINV + tid * 16) =
+                *reinterpret_cast<const uint4*>(s.dinv + (tid >> 1) * LDD + (tid & 1) * 8);
+        if (tid < 3 * 16) {
+            const float* src = tid < 16 ? s.beta : tid < 32 ? s.eg : s.wd;
+            *reinterpret_cast<uint4*>(vrec + VRec::BETA + tid * 16) = *reinterpret_cast<const uint4*>(src + (tid & 15) * 4);
+        }
+        __syncthreads();   // s.a, s.p, s.dinv, s.beta, s.eg, s.wd read out before the next head rewrites them
     }
 }
 
@@ -843,8 +874,8 @@ __device__ __forceinline__ void gdn_prep_body(const Q12Meta& m, const bf16* __re
 // chunk-local work read from the records.
 template <int DK, int DV>
 __device__ __forceinline__ void gdn_seq_body(const Q12Meta& m, const unsigned long long* __restrict__ h_state_ptrs,
-                                             const bf16* __restrict__ v, bf16* __restrict__ o, int num_v_heads,
-                                             unsigned char* __restrict__ ws) {
+                                             const bf16* __restrict__ v, bf16* __restrict__ o, int num_k_heads,
+                                             int num_v_heads, unsigned char* __restrict__ ws) {
     using namespace gdnc;
     constexpr int C = GDN_C, BV = GDN_BV, THREADS = 128;
     extern __shared__ __align__(16) unsigned char gdn_smem_raw[];
@@ -858,8 +889,11 @@ __device__ __forceinline__ void gdn_seq_body(const Q12Meta& m, const unsigned lo
     const int* cu = q12_cu_seqlens(m);
     const int len = cu[b + 1] - cu[b];
     if (len <= 0) return;
+    const int kh = h / (num_v_heads / num_k_heads);
 
-    issue_record<DK, DV>(ss.buf[0], rec_at<DK>(ws, m, b, 0, h, num_v_heads), v, cu + b, len, 0, num_v_heads, h, col0, tid);
+    issue_record<DK, DV>(ss.buf[0], krec_at<DK>(ws, m, b, 0, kh, num_k_heads),
+                         vrec_at<DK>(ws, m, b, 0, h, num_k_heads, num_v_heads), v, cu + b, len, 0, num_v_heads, h, col0,
+                         tid);
     cp_async_commit();
     const float* state = reinterpret_cast<const float*>(h_state_ptrs[b]) + (long long)h * DK * DV;
     const int bv0 = col0 + 16 * warp + gq;
@@ -869,9 +903,10 @@ __device__ __forceinline__ void gdn_seq_body(const Q12Meta& m, const unsigned lo
     int t = 0;
     for (int c0 = 0, ci = 0; c0 < len; c0 += C, ++ci, t ^= 1) {
         cp_async_wait_all();
-        __syncthreads();   // chunk ci's record and V slice in buf[t]; buf[t ^ 1] free (its o rows stored)
+        __syncthreads();   // chunk ci's records and V slice in buf[t]; buf[t ^ 1] free (its o rows stored)
         if (c0 + C < len)
-            issue_record<DK, DV>(ss.buf[t ^ 1], rec_at<DK>(ws, m, b, ci + 1, h, num_v_heads), v, cu + b, len, c0 + C,
+            issue_record<DK, DV>(ss.buf[t ^ 1], krec_at<DK>(ws, m, b, ci + 1, kh, num_k_heads),
+                                 vrec_at<DK>(ws, m, b, ci + 1, h, num_k_heads, num_v_heads), v, cu + b, len, c0 + C,
                                  num_v_heads, h, col0, tid);
         cp_async_commit();
         auto& sb = ss.buf[t];
@@ -909,15 +944,16 @@ extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_prep
     gdn_prep_body<64, 64>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
 }
 extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_seq_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 128 / GDN_BV) gdn_seq_body<128, 128>(m, h_state_ptrs, v, o, num_v_heads, workspace);
+    if (gridDim.x == 128 / GDN_BV) gdn_seq_body<128, 128>(m, h_state_ptrs, v, o, num_k_heads, num_v_heads, workspace);
 }
 extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_seq_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 64 / GDN_BV) gdn_seq_body<64, 64>(m, h_state_ptrs, v, o, num_v_heads, workspace);
+    if (gridDim.x == 64 / GDN_BV) gdn_seq_body<64, 64>(m, h_state_ptrs, v, o, num_k_heads, num_v_heads, workspace);
 }
 
 // The host's q12drv.kernels.gdn_chunk.smem_bytes(d) must give these numbers.
 static_assert(sizeof(gdnc::Smem<128>) == 114944, "Smem<128> size differs from gdn_chunk.smem_bytes(128)");
 static_assert(sizeof(gdnc::Smem<64>) == 82176, "Smem<64> size differs from gdn_chunk.smem_bytes(64)");
-static_assert(gdnc::Rec<128>::BYTES == 68352 && gdnc::Rec<64>::BYTES == 43776, "record size differs from gdn_chunk.record_bytes");
+static_assert(gdnc::KRec<128>::BYTES == 49152 && gdnc::KRec<64>::BYTES == 24576 && gdnc::VRec::BYTES == 19200,
+              "record sizes differ from gdn_chunk.k_record_bytes / v_record_bytes");
 static_assert(sizeof(gdnc::SeqSmem<128>) == 167424 && sizeof(gdnc::SeqSmem<64>) == 118272,
               "SeqSmem size differs from gdn_chunk.seq_smem_bytes");

@@ -416,7 +416,7 @@ class Q12Pass:
             raise ValueError(f"algo must be one of {ops.GDN_ALGOS}, got {algo!r}")
         self._check_gdn(state_ptrs, q, k, v, g, beta, o, shape)  # the state pointers included, for this pass
         hk, hv, d = shape.num_k_heads, shape.num_v_heads, shape.head_dim
-        ws = ops.gdn_workspace(algo, *self._gdn_extent(), hv, d, workspace, workspace_bytes)
+        ws = ops.gdn_workspace(algo, *self._gdn_extent(), hk, hv, d, workspace, workspace_bytes)
         self.h_slot._write(state_ptrs, self.stream)
         dev, st = self.device, self.stream
         q, k, v, g, beta, o = int(q), int(k), int(v), int(g), int(beta), int(o)
@@ -441,4 +441,4 @@ class Q12Pass:
         """Workspace ``gdn_layer(..., algo="split")`` needs for this pass and ``shape``."""
         if not isinstance(shape, GdnShape):
             raise TypeError(f"shape must be a GdnShape, got {type(shape).__name__}")
-        return _gdnc.workspace_bytes(*self._gdn_extent(), shape.num_v_heads, shape.head_dim)
+        return _gdnc.workspace_bytes(*self._gdn_extent(), shape.num_k_heads, shape.num_v_heads, shape.head_dim)

@@ -165,7 +165,7 @@ def test_gdn_layer_algo_is_checked_before_anything_is_enqueued(emu):
             q12.gdn_layer(*args, algo=algo)
         assert q12.h_slot.uploads == 2
         need = q12.gdn_workspace_bytes(GSHAPE)
-        assert need == gdn_chunk.workspace_bytes(2, q12.meta.chunk_len, GSHAPE.num_v_heads, GSHAPE.head_dim) > 0
+        assert need == gdn_chunk.workspace_bytes(2, q12.meta.chunk_len, GSHAPE.num_k_heads, GSHAPE.num_v_heads, GSHAPE.head_dim) > 0
         ws = emu.alloc(need, "gdn workspace")
         try:
             for kw, msg in (({}, f"needs workspace= .* {need:,} bytes"),

@@ -37,7 +37,8 @@ __all__ = [
     "geometry",
     "smem_bytes",
     "split_entries",
-    "record_bytes",
+    "k_record_bytes",
+    "v_record_bytes",
     "workspace_bytes",
     "seq_smem_bytes",
     "split_geometry",
@@ -76,20 +77,27 @@ def split_entries(head_dim: int) -> tuple[str, str]:
     return f"q12_gdn_chunk_prep_d{head_dim}", f"q12_gdn_chunk_seq_d{head_dim}"
 
 
-def record_bytes(head_dim: int) -> int:
-    """Bytes of one (stream, value head, chunk) record of the split pair's workspace (``gdnc::Rec<dk>``):
-    normalised K hi, K lo and Q ``[64][dk]`` bf16, -A and P ``[64][64]`` bf16, the diagonal inverses
-    ``[64][16]`` bf16, beta, exp(gamma) and exp(gamma_C - gamma) ``[64]`` fp32."""
-    return 2 * (3 * CHUNK * head_dim + 2 * CHUNK * CHUNK + CHUNK * 16) + 3 * 4 * CHUNK
+def k_record_bytes(head_dim: int) -> int:
+    """Bytes of one (stream, key head, chunk) record of the split pair's workspace (``gdnc::KRec<dk>``):
+    normalised K hi, K lo and Q ``[64][dk]`` bf16, shared by the value heads of that key head."""
+    return 2 * 3 * CHUNK * head_dim
 
 
-def workspace_bytes(n: int, chunk_len: int, num_v_heads: int, head_dim: int) -> int:
-    """Workspace of the split pair (``algo="split"``): one record per (stream, chunk, value head) for
-    ``n`` streams of at most ``chunk_len`` tokens (the pass's ``meta.chunk_len``)."""
+def v_record_bytes() -> int:
+    """Bytes of one (stream, value head, chunk) record (``gdnc::VRec``): -A and P ``[64][64]`` bf16, the
+    diagonal inverses ``[64][16]`` bf16, beta, exp(gamma) and exp(gamma_C - gamma) ``[64]`` fp32."""
+    return 2 * (2 * CHUNK * CHUNK + CHUNK * 16) + 3 * 4 * CHUNK
+
+
+def workspace_bytes(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int) -> int:
+    """Workspace of the split pair (``algo="split"``) for ``n`` streams of at most ``chunk_len`` tokens
+    (the pass's ``meta.chunk_len``): per stream and 64-token chunk, one K record per key head and one
+    V record per value head (:func:`k_record_bytes`, :func:`v_record_bytes`)."""
     entry_name(head_dim)
-    if n < 1 or chunk_len < 0 or num_v_heads < 1:
-        raise ValueError(f"need n >= 1, chunk_len >= 0, num_v_heads >= 1; got {n}, {chunk_len}, {num_v_heads}")
-    return n * (-(-chunk_len // CHUNK)) * num_v_heads * record_bytes(head_dim)
+    if n < 1 or chunk_len < 0 or num_k_heads < 1 or num_v_heads < 1:
+        raise ValueError(f"need n >= 1, chunk_len >= 0, num_k_heads >= 1, num_v_heads >= 1; got {n}, {chunk_len}, "
+                         f"{num_k_heads}, {num_v_heads}")
+    return n * (-(-chunk_len // CHUNK)) * (num_k_heads * k_record_bytes(head_dim) + num_v_heads * v_record_bytes())
 
 
 def seq_smem_bytes(head_dim: int) -> int:
@@ -107,11 +115,11 @@ def entry_smem_bytes(entry: str) -> int:
     return seq_smem_bytes(d) if entry == split_entries(d)[1] else smem_bytes(d)
 
 
-def split_geometry(n: int, chunk_len: int, num_v_heads: int, head_dim: int) -> tuple:
+def split_geometry(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int) -> tuple:
     """``((grid, block, smem) of the precompute kernel, (grid, block, smem) of the sequential one)``:
-    one precompute CTA per (chunk, value head, stream), the sequential grid as the fused kernel's."""
+    one precompute CTA per (chunk, key head, stream), the sequential grid as the fused kernel's."""
     seq = geometry(n, num_v_heads, head_dim)
-    prep = ((max(1, -(-chunk_len // CHUNK)), num_v_heads, n), (THREADS, 1, 1), smem_bytes(head_dim))
+    prep = ((max(1, -(-chunk_len // CHUNK)), num_k_heads, n), (THREADS, 1, 1), smem_bytes(head_dim))
     return prep, (seq[0], seq[1], seq_smem_bytes(head_dim))
 
 
@@ -267,9 +275,9 @@ def emulate_d64(args: dict, mem, grid, block) -> None:
 
 def _touch_workspace(args: dict, mem, head_dim: int) -> None:
     # what the pair reads and writes of the workspace must be mapped device memory (the GPU would fault)
-    n, _, hv = _gdn.emulator_heads(args)
+    n, hk, hv = _gdn.emulator_heads(args)
     m = args["m"]
-    nbytes = workspace_bytes(max(n, 1), int(m.chunk_len), hv, head_dim)
+    nbytes = workspace_bytes(max(n, 1), int(m.chunk_len), hk, hv, head_dim)
     mem.array(int(args["workspace"]), np.uint8, (nbytes,))
 
 
@@ -278,8 +286,8 @@ def _emulate_prep(head_dim: int):
         """Emulate the split pair's precompute kernel: its records are internal to the pair, so the
         emulator only checks the launch and that the workspace is there (the sequential emulator
         computes the result)."""
-        n, _, hv = _gdn.emulator_heads(args)
-        want = split_geometry(max(n, 1), int(args["m"].chunk_len), hv, head_dim)[0]
+        n, hk, hv = _gdn.emulator_heads(args)
+        want = split_geometry(max(n, 1), int(args["m"].chunk_len), hk, hv, head_dim)[0]
         if tuple(block) != want[1] or tuple(grid)[1:] != want[0][1:] or grid[0] < want[0][0]:
             raise ValueError(f"the GDN precompute kernel needs grid {want[0]} and block {want[1]}, got "
                              f"{tuple(grid)}, {tuple(block)}")

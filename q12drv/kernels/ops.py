@@ -222,12 +222,13 @@ def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k:
     hk, hv = _positive("num_k_heads", num_k_heads), _positive("num_v_heads", num_v_heads)
     if hv % hk:
         raise ValueError(f"num_v_heads {hv} must be a multiple of num_k_heads {hk}")
-    ws = gdn_workspace(algo, meta.batch_size, meta.chunk_len, hv, d, workspace, workspace_bytes)
+    ws = gdn_workspace(algo, meta.batch_size, meta.chunk_len, hk, hv, d, workspace, workspace_bytes)
     enqueue_gdn(device, meta, algo, _ptr("h_state_ptrs", h_state_ptrs, 8), _ptr("q", q, 16), _ptr("k", k, 16),
                 _ptr("v", v, 8), _ptr("g", g, 4), _ptr("beta", beta, 4), _ptr("o", o, 8), hk, hv, d, ws, stream)
 
 
-def gdn_workspace(algo: str, n: int, chunk_len: int, num_v_heads: int, head_dim: int, workspace, workspace_bytes) -> int:
+def gdn_workspace(algo: str, n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int, workspace,
+                  workspace_bytes) -> int:
     """The checked workspace pointer for ``algo`` (0 when the algorithm needs none).
 
     Raises
@@ -237,14 +238,15 @@ def gdn_workspace(algo: str, n: int, chunk_len: int, num_v_heads: int, head_dim:
     """
     if algo != "split":
         return 0
-    need = _gdnc.workspace_bytes(n, chunk_len, num_v_heads, head_dim)
+    need = _gdnc.workspace_bytes(n, chunk_len, num_k_heads, num_v_heads, head_dim)
     if workspace is None or workspace_bytes is None:
         raise ValueError(f"algo='split' needs workspace= (a device pointer) and workspace_bytes= (its size): this pass "
                          f"needs {need:,} bytes (q12drv.kernels.gdn_chunk.workspace_bytes)")
     have = _args.count("workspace_bytes", workspace_bytes, 0, None)
     if have < need:
         raise ValueError(f"workspace_bytes {have:,} is too small: algo='split' needs {need:,} bytes for {n} stream(s) "
-                         f"of up to {chunk_len} tokens x {num_v_heads} value heads (gdn_chunk.workspace_bytes)")
+                         f"of up to {chunk_len} tokens, {num_k_heads} key / {num_v_heads} value heads "
+                         f"(gdn_chunk.workspace_bytes)")
     return _ptr("workspace", workspace, 16)
 
 
@@ -253,7 +255,7 @@ def enqueue_gdn(device: Device, meta: BatchedAttnMetadata, algo: str, h_state_pt
                 stream: Any) -> None:
     """:func:`gdn` with every argument already checked (``workspace``: from :func:`gdn_workspace`)."""
     if algo == "split":
-        geos = _split_geometry(meta.batch_size, meta.chunk_len, num_v_heads, head_dim)
+        geos = _split_geometry(meta.batch_size, meta.chunk_len, num_k_heads, num_v_heads, head_dim)
         launches = tuple(zip(_gdnc.split_entries(head_dim), geos))
     else:
         mod = GDN_MODULES[algo]

@@ -147,7 +147,7 @@ def timing_cases(torch):
         st = torch.randn(n, hv, d, d, device="cuda") * 0.1
         ptrs = torch.tensor([st[i].data_ptr() for i in range(n)], dtype=torch.uint64, device="cuda")
         meta = Q12MetaC(cu_seqlens=cu_t.data_ptr(), batch_size=n, chunk_len=max(lens), total_tokens=Tt)
-        ws = torch.empty(gdn_chunk.workspace_bytes(n, max(lens), hv, d), dtype=torch.uint8, device="cuda")
+        ws = torch.empty(gdn_chunk.workspace_bytes(n, max(lens), hk, hv, d), dtype=torch.uint8, device="cuda")
         vals = [meta, ctypes.c_uint64(ptrs.data_ptr())]
         vals += [ctypes.c_uint64(x.data_ptr()) for x in (q, k, v, g, beta, o)] + [ctypes.c_int(hk), ctypes.c_int(hv)]
         vals.append(ctypes.c_uint64(ws.data_ptr()))  # the split pair's extra argument (ignored by the others)
@@ -221,7 +221,7 @@ def variants(torch, rec, names=None):
             grid, block, smem = gdn_chunk.geometry(n, hv, d)
             row.append(time_kernel(torch, funcs, gdn_chunk.entry_name(d), grid, block, smem, vals))
             chunk_len = int(vals[0].chunk_len)
-            pair = [(e, *geo) for e, geo in zip(gdn_chunk.split_entries(d), gdn_chunk.split_geometry(n, chunk_len, hv, d))]
+            pair = [(e, *geo) for e, geo in zip(gdn_chunk.split_entries(d), gdn_chunk.split_geometry(n, chunk_len, vals[8].value, hv, d))]
             split_row.append(time_kernel(torch, funcs, pair, None, None, None, vals))
             prep_row.append(time_kernel(torch, funcs, pair[:1], None, None, None, vals))
         rows.append(row)

@@ -276,11 +276,11 @@ def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=False):
     values += [ctypes.c_int(hk), ctypes.c_int(hv)]
     torch.cuda.synchronize()
     if split:
-        ws = Guarded(torch, gdn_chunk.workspace_bytes(n, int(meta.chunk_len), hv, d), fill=0xFF)
+        ws = Guarded(torch, gdn_chunk.workspace_bytes(n, int(meta.chunk_len), hk, hv, d), fill=0xFF)
         keep.append(ws)
         values.append(ctypes.c_uint64(ws.ptr))
         for entry, (grid, block, smem) in zip(gdn_chunk.split_entries(d),
-                                              gdn_chunk.split_geometry(n, int(meta.chunk_len), hv, d)):
+                                              gdn_chunk.split_geometry(n, int(meta.chunk_len), hk, hv, d)):
             launch(funcs, entry, grid, block, smem, values)
     else:
         grid, block, smem = gdn_chunk.geometry(n, hv, d)
