@@ -43,10 +43,27 @@
 // it is ~1.7e-3, so that product uses hi + lo bf16 pairs of both (three mma: hi hi, lo hi, hi lo;
 // GDN_UPD_SPLIT 1). V_new and the solve's intermediates always enter as hi + lo pairs (cheap).
 // S enters K S and Q S as one bf16 (GDN_S_HILO 0): a hi + lo pair changed the error by < 1%.
-// Limits: the chunk-local work (K K^T, diagonal inverses) still sits on the serial path of each chunk.
+// The split pair (q12_gdn_chunk_prep_d* + q12_gdn_chunk_seq_d*, ops.gdn(algo="split")): the chunk-local work
+// (normalisation, gamma, K K^T, Q K^T, -A, P, the diagonal inverses) does not depend on the state, so the
+// precompute kernel does it for every (stream, key head, chunk) in parallel, grid (chunks, Hk, n), into a
+// caller-provided workspace: a K record per (stream, key head, chunk) (K hi, K lo, Q: 48 KiB at d128, shared
+// by the key head's value heads) and a V record per (stream, value head, chunk) (-A, P, inverses, beta,
+// exp(gamma), exp(gamma_C - gamma): 18.75 KiB). The sequential kernel is the fused kernel's loop with only
+// the state step on each chunk's serial path; the next chunk's records come in by cp.async while this one
+// computes (two buffers: 167,424 B smem at d128, 1 CTA/SM). The same phase functions run on the same values:
+// o and the final states are bit-identical to the fused kernel (tests/gpu/test_gdn_gpu.py), batched == alone.
+// Costs: the workspace (gdn_chunk.workspace_bytes: n x ceil(chunk_len / 64) x (Hk x 48 KiB + Hv x 18.75 KiB) at
+// d128; 1 x 8192 Qwen3-Next heads: 178 MiB) and one more launch.
 // Measured on the H200 (tests/GPU.md session 2, runs C-E; Hk 16, Hv 32, d 128; CUDA events, medians):
 // 8 x 2048 tokens 1.04-1.07 ms (the recurrent kernel 2.87 ms), 1 x 8192 1.46-1.49 ms, ragged 8 x 256..2048
 // 0.72-0.75 ms; fla-core 0.6.0 chunk_gated_delta_rule in the same runs: 1.27-1.39, 1.24-1.74, 0.95-1.63 ms.
+// The split pair, same runs as its comparators (tests/GPU.md session 3, runs I and J, commit 6a08629): 8 x 2048
+// 0.92-0.95 ms (fused 1.06-1.09), 1 x 8192 0.76-0.78 ms (fused 1.48), ragged 0.57-0.59 ms (fused 0.72-0.74),
+// 1 x 2048 0.209 ms (fused 0.392); 8 x 128 0.094 ms (fused 0.084: two chunks per stream leave nothing to
+// take off the serial path). The precompute kernel alone: 0.33 / 0.18 / 0.20 ms. fla-core in the same run
+// 1.46 / 1.31 / 0.93 ms. Before the K records were shared per key head (run H, d7ab05e): 1.06 / 0.83 / 0.65 ms.
+// A bf16 state update (GDN_UPD_SPLIT 0, fla's precision) measured 8% faster at 8 x 2048 with a 7x larger
+// state error (5.4e-4 vs 7.9e-5; run G): kept off.
 // Tried and kept off (every variant bit-identical or within the model's error): GDN_PREFETCH 1 (+3..7% at
 // 8 x 2048, -4% at 1 x 8192, and 16 B of local memory on NVRTC 13.0), GDN_WARP_INV 1 (+10%). Tried and removed:
 // GDN_KSPLIT 2 (two warps per 16 dv columns, each holding half of S^T's dk columns; +40% at 8 x 2048, +3% at
@@ -738,30 +755,33 @@ __device__ __forceinline__ unsigned char* vrec_at(unsigned char* ws, const Q12Me
     return ws + kblock + (((long long)b * nchunks + ci) * num_v_heads + h) * VRec::BYTES;
 }
 
+// One chunk's records (rows padded as in Smem<DK>) and V/O slice in the sequential kernel's shared memory.
 template <int DK>
-struct SeqSmem {
+struct SeqBuf {
     static constexpr int LDK = DK + 8, LDV = GDN_BV + 8, LDP = GDN_C + 8, LDD = 24;
-    struct Buf {
-        bf16 k[GDN_C * LDK];
-        bf16 klo[GDN_C * LDK];
-        bf16 q[GDN_C * LDK];
-        bf16 a[GDN_C * LDP];
-        bf16 p[GDN_C * LDP];
-        bf16 dinv[GDN_C * LDD];
-        bf16 v[GDN_C * LDV];   // V slice, then O slice
-        float beta[GDN_C];
-        float eg[GDN_C];
-        float wd[GDN_C];
-    } buf[2];
+    bf16 k[GDN_C * LDK];
+    bf16 klo[GDN_C * LDK];
+    bf16 q[GDN_C * LDK];
+    bf16 a[GDN_C * LDP];
+    bf16 p[GDN_C * LDP];
+    bf16 dinv[GDN_C * LDD];
+    bf16 v[GDN_C * LDV];   // V slice, then O slice
+    float beta[GDN_C];
+    float eg[GDN_C];
+    float wd[GDN_C];
+};
+template <int DK, int STAGES>
+struct SeqSmem {
+    SeqBuf<DK> buf[STAGES];
 };
 
 // cp.async of chunk c's records and V slice into one buffer of the sequential kernel.
 template <int DK, int DV>
-__device__ __forceinline__ void issue_record(typename SeqSmem<DK>::Buf& sb, const unsigned char* krec,
+__device__ __forceinline__ void issue_record(SeqBuf<DK>& sb, const unsigned char* krec,
                                              const unsigned char* vrec, const bf16* __restrict__ v, const int* cub,
                                              int len, int c, int num_v_heads, int h, int col0, int tid) {
     constexpr int C = GDN_C, BV = GDN_BV, THREADS = 128, SEGS = DK / 8;
-    constexpr int LDK = SeqSmem<DK>::LDK, LDV = SeqSmem<DK>::LDV, LDP = SeqSmem<DK>::LDP, LDD = SeqSmem<DK>::LDD;
+    constexpr int LDK = SeqBuf<DK>::LDK, LDV = SeqBuf<DK>::LDV, LDP = SeqBuf<DK>::LDP, LDD = SeqBuf<DK>::LDD;
 #pragma unroll 1
     for (int idx = tid; idx < 3 * C * SEGS; idx += THREADS) {   // K hi, K lo, Q
         const int which = idx / (C * SEGS), rest = idx % (C * SEGS), row = rest / SEGS, sg = rest % SEGS;
@@ -870,16 +890,18 @@ __device__ __forceinline__ void gdn_prep_body(const Q12Meta& m, const bf16* __re
     }
 }
 
-// grid (DV / 64, Hv, n), 128 threads, dynamic smem SeqSmem<DK>: the fused kernel's chunk loop with the
-// chunk-local work read from the records.
-template <int DK, int DV>
+// grid (DV / 64, Hv, n), 128 threads, dynamic smem SeqSmem<DK, STAGES>: the fused kernel's chunk loop with the
+// chunk-local work read from the records. STAGES 2: the next chunk's records load while this one computes
+// (1 CTA/SM: for grids of few CTAs, where nothing else would hide the loads); STAGES 1: one buffer, loaded
+// at the top of each chunk (2 CTAs/SM: for grids of several waves, where the other CTA computes meanwhile).
+template <int DK, int DV, int STAGES>
 __device__ __forceinline__ void gdn_seq_body(const Q12Meta& m, const unsigned long long* __restrict__ h_state_ptrs,
                                              const bf16* __restrict__ v, bf16* __restrict__ o, int num_k_heads,
                                              int num_v_heads, unsigned char* __restrict__ ws) {
     using namespace gdnc;
     constexpr int C = GDN_C, BV = GDN_BV, THREADS = 128;
     extern __shared__ __align__(16) unsigned char gdn_smem_raw[];
-    SeqSmem<DK>& ss = *reinterpret_cast<SeqSmem<DK>*>(gdn_smem_raw);
+    SeqSmem<DK, STAGES>& ss = *reinterpret_cast<SeqSmem<DK, STAGES>*>(gdn_smem_raw);
 
     const int b = blockIdx.z, h = blockIdx.y;
     if ((int)blockDim.x != THREADS || b >= (int)m.batch_size || h >= num_v_heads || (int)blockIdx.x * BV >= DV) return;
@@ -901,15 +923,24 @@ __device__ __forceinline__ void gdn_seq_body(const Q12Meta& m, const unsigned lo
     load_state<DK, DV>(St, state, bv0, tq);
 
     int t = 0;
-    for (int c0 = 0, ci = 0; c0 < len; c0 += C, ++ci, t ^= 1) {
+    for (int c0 = 0, ci = 0; c0 < len; c0 += C, ++ci, t ^= (STAGES - 1)) {
+        if (STAGES == 1 && c0 > 0) {   // the buffer's o rows are stored: load this chunk into it
+            __syncthreads();
+            issue_record<DK, DV>(ss.buf[0], krec_at<DK>(ws, m, b, ci, kh, num_k_heads),
+                                 vrec_at<DK>(ws, m, b, ci, h, num_k_heads, num_v_heads), v, cu + b, len, c0,
+                                 num_v_heads, h, col0, tid);
+            cp_async_commit();
+        }
         cp_async_wait_all();
         __syncthreads();   // chunk ci's records and V slice in buf[t]; buf[t ^ 1] free (its o rows stored)
-        if (c0 + C < len)
-            issue_record<DK, DV>(ss.buf[t ^ 1], krec_at<DK>(ws, m, b, ci + 1, kh, num_k_heads),
-                                 vrec_at<DK>(ws, m, b, ci + 1, h, num_k_heads, num_v_heads), v, cu + b, len, c0 + C,
-                                 num_v_heads, h, col0, tid);
-        cp_async_commit();
-        auto& sb = ss.buf[t];
+        if (STAGES == 2) {
+            if (c0 + C < len)
+                issue_record<DK, DV>(ss.buf[(t + 1) % STAGES], krec_at<DK>(ws, m, b, ci + 1, kh, num_k_heads),
+                                     vrec_at<DK>(ws, m, b, ci + 1, h, num_k_heads, num_v_heads), v, cu + b, len, c0 + C,
+                                     num_v_heads, h, col0, tid);
+            cp_async_commit();
+        }
+        SeqBuf<DK>& sb = ss.buf[t];
         state_step<DK>(ChunkOps{sb.k, sb.klo, sb.q, sb.a, sb.p, sb.dinv, sb.beta, sb.eg, sb.wd}, St, sb.v, warp, lane);
         __syncthreads();   // O slice complete in buf[t].v
         store_o<DV>(o, sb.v, cu + b, len, c0, num_v_heads, h, col0, tid);
@@ -944,10 +975,16 @@ extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_prep
     gdn_prep_body<64, 64>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
 }
 extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_seq_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 128 / GDN_BV) gdn_seq_body<128, 128>(m, h_state_ptrs, v, o, num_k_heads, num_v_heads, workspace);
+    if (gridDim.x == 128 / GDN_BV) gdn_seq_body<128, 128, 2>(m, h_state_ptrs, v, o, num_k_heads, num_v_heads, workspace);
 }
 extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_seq_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 64 / GDN_BV) gdn_seq_body<64, 64>(m, h_state_ptrs, v, o, num_k_heads, num_v_heads, workspace);
+    if (gridDim.x == 64 / GDN_BV) gdn_seq_body<64, 64, 2>(m, h_state_ptrs, v, o, num_k_heads, num_v_heads, workspace);
+}
+extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_seq1_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
+    if (gridDim.x == 128 / GDN_BV) gdn_seq_body<128, 128, 1>(m, h_state_ptrs, v, o, num_k_heads, num_v_heads, workspace);
+}
+extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_seq1_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
+    if (gridDim.x == 64 / GDN_BV) gdn_seq_body<64, 64, 1>(m, h_state_ptrs, v, o, num_k_heads, num_v_heads, workspace);
 }
 
 // The host's q12drv.kernels.gdn_chunk.smem_bytes(d) must give these numbers.
@@ -955,5 +992,5 @@ static_assert(sizeof(gdnc::Smem<128>) == 114944, "Smem<128> size differs from gd
 static_assert(sizeof(gdnc::Smem<64>) == 82176, "Smem<64> size differs from gdn_chunk.smem_bytes(64)");
 static_assert(gdnc::KRec<128>::BYTES == 49152 && gdnc::KRec<64>::BYTES == 24576 && gdnc::VRec::BYTES == 19200,
               "record sizes differ from gdn_chunk.k_record_bytes / v_record_bytes");
-static_assert(sizeof(gdnc::SeqSmem<128>) == 167424 && sizeof(gdnc::SeqSmem<64>) == 118272,
+static_assert(sizeof(gdnc::SeqSmem<128, 2>) == 167424 && sizeof(gdnc::SeqSmem<64, 2>) == 118272,
               "SeqSmem size differs from gdn_chunk.seq_smem_bytes");

@@ -18,6 +18,12 @@ one (stream, value head), with ``gamma`` the inclusive cumulative sum of ``g`` i
 its distance to the float64 :func:`q12drv.kernels.gdn.reference` is the kernel's error budget.
 The emulator registered for the new entries runs the float64 reference (like the recurrent
 entries), so emulated results do not depend on the algorithm chosen.
+
+The split pair (``ops.gdn(algo="split")``) runs the same phases in two launches: a precompute kernel,
+parallel over (chunk, key head, stream), writes each chunk's state-independent operands into a
+workspace (:func:`workspace_bytes`; K records per key head, V records per value head), and a
+sequential kernel walks the chunks with only the state step on its serial path
+(:func:`split_geometry`, :func:`entry_smem_bytes`). Its results are the fused kernel's bits.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ __all__ = [
     "THREADS",
     "CHUNK",
     "BV",
+    "SEQ_STAGES",
     "entry_name",
     "geometry",
     "smem_bytes",
@@ -42,6 +49,7 @@ __all__ = [
     "workspace_bytes",
     "seq_smem_bytes",
     "split_geometry",
+    "split_stages",
     "entry_smem_bytes",
     "chunked_reference",
     "EMULATORS",
@@ -51,7 +59,10 @@ __all__ = [
 SOURCE = "gdn_chunk.cu"
 #: Entry points: the fused kernel for dk = dv = 128 and 64, then the split pair's (:func:`split_entries`).
 ENTRIES = ("q12_gdn_chunk_d128", "q12_gdn_chunk_d64", "q12_gdn_chunk_prep_d128", "q12_gdn_chunk_prep_d64",
-           "q12_gdn_chunk_seq_d128", "q12_gdn_chunk_seq_d64")
+           "q12_gdn_chunk_seq_d128", "q12_gdn_chunk_seq_d64", "q12_gdn_chunk_seq1_d128", "q12_gdn_chunk_seq1_d64")
+#: Record buffers of the split pair's sequential kernel: 2 (the next chunk loads while this one computes,
+#: 1 CTA/SM) or 1 (2 CTAs/SM). See :func:`split_stages`.
+SEQ_STAGES = (2, 1)
 #: Threads per CTA (4 warps, each owning 16 of the CTA's dv columns).
 THREADS = 128
 #: Tokens per chunk.
@@ -71,10 +82,13 @@ def entry_name(head_dim: int) -> str:
     raise ValueError(f"chunked GDN prefill has kernels for head_dim 64 and 128, not {head_dim}")
 
 
-def split_entries(head_dim: int) -> tuple[str, str]:
-    """The split pair for ``dk = dv = head_dim``: ``(precompute entry, sequential entry)``."""
+def split_entries(head_dim: int, stages: int = 2) -> tuple[str, str]:
+    """The split pair for ``dk = dv = head_dim``: ``(precompute entry, sequential entry)``; ``stages``: the
+    sequential kernel's record buffers (:data:`SEQ_STAGES`)."""
     entry_name(head_dim)
-    return f"q12_gdn_chunk_prep_d{head_dim}", f"q12_gdn_chunk_seq_d{head_dim}"
+    if stages not in SEQ_STAGES:
+        raise ValueError(f"stages must be one of {SEQ_STAGES}, got {stages!r}")
+    return f"q12_gdn_chunk_prep_d{head_dim}", f"q12_gdn_chunk_seq{'' if stages == 2 else stages}_d{head_dim}"
 
 
 def k_record_bytes(head_dim: int) -> int:
@@ -100,11 +114,11 @@ def workspace_bytes(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, 
     return n * (-(-chunk_len // CHUNK)) * (num_k_heads * k_record_bytes(head_dim) + num_v_heads * v_record_bytes())
 
 
-def seq_smem_bytes(head_dim: int) -> int:
-    """Dynamic shared memory of the split pair's sequential kernel (``gdnc::SeqSmem<dk>``): two buffers,
-    each one chunk's record with padded rows and a V/O slice ``[64][72]``."""
+def seq_smem_bytes(head_dim: int, stages: int = 2) -> int:
+    """Dynamic shared memory of the split pair's sequential kernel (``gdnc::SeqSmem<dk, stages>``): per
+    buffer, one chunk's records with padded rows and a V/O slice ``[64][72]``."""
     dk = head_dim
-    return 2 * (2 * (3 * CHUNK * (dk + 8) + 2 * CHUNK * 72 + CHUNK * 24 + CHUNK * (BV + 8)) + 3 * 4 * CHUNK)
+    return stages * (2 * (3 * CHUNK * (dk + 8) + 2 * CHUNK * 72 + CHUNK * 24 + CHUNK * (BV + 8)) + 3 * 4 * CHUNK)
 
 
 def entry_smem_bytes(entry: str) -> int:
@@ -112,15 +126,26 @@ def entry_smem_bytes(entry: str) -> int:
     if entry not in ENTRIES:
         raise KeyError(f"{entry!r} is not a gdn_chunk.cu entry; entries: {', '.join(ENTRIES)}")
     d = int(entry.rsplit("_d", 1)[1])
-    return seq_smem_bytes(d) if entry == split_entries(d)[1] else smem_bytes(d)
+    for stages in SEQ_STAGES:
+        if entry == split_entries(d, stages)[1]:
+            return seq_smem_bytes(d, stages)
+    return smem_bytes(d)
 
 
-def split_geometry(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int) -> tuple:
+def split_stages(n: int, num_v_heads: int, head_dim: int, num_sms: int) -> int:
+    """Record buffers of the sequential kernel for a pass (:data:`SEQ_STAGES`): 1 (2 CTAs/SM) once its
+    ``n * Hv * dv / 64`` CTAs fill two per SM, so a co-resident CTA computes while one loads; else 2
+    (1 CTA/SM, the next chunk's records loading behind this one's state step)."""
+    return 1 if n * num_v_heads * (head_dim // BV) >= 2 * num_sms else 2
+
+
+def split_geometry(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int,
+                   stages: int = 2) -> tuple:
     """``((grid, block, smem) of the precompute kernel, (grid, block, smem) of the sequential one)``:
     one precompute CTA per (chunk, key head, stream), the sequential grid as the fused kernel's."""
     seq = geometry(n, num_v_heads, head_dim)
     prep = ((max(1, -(-chunk_len // CHUNK)), num_k_heads, n), (THREADS, 1, 1), smem_bytes(head_dim))
-    return prep, (seq[0], seq[1], seq_smem_bytes(head_dim))
+    return prep, (seq[0], seq[1], seq_smem_bytes(head_dim, stages))
 
 
 def smem_bytes(head_dim: int) -> int:
@@ -306,4 +331,4 @@ def _emulate_seq(head_dim: int):
 #: What the emulated driver runs instead of each entry point.
 EMULATORS = {"q12_gdn_chunk_d128": emulate_d128, "q12_gdn_chunk_d64": emulate_d64,
              **{split_entries(d)[0]: _emulate_prep(d) for d in (128, 64)},
-             **{split_entries(d)[1]: _emulate_seq(d) for d in (128, 64)}}
+             **{split_entries(d, st)[1]: _emulate_seq(d) for d in (128, 64) for st in SEQ_STAGES}}

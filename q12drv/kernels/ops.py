@@ -255,8 +255,9 @@ def enqueue_gdn(device: Device, meta: BatchedAttnMetadata, algo: str, h_state_pt
                 stream: Any) -> None:
     """:func:`gdn` with every argument already checked (``workspace``: from :func:`gdn_workspace`)."""
     if algo == "split":
-        geos = _split_geometry(meta.batch_size, meta.chunk_len, num_k_heads, num_v_heads, head_dim)
-        launches = tuple(zip(_gdnc.split_entries(head_dim), geos))
+        stages = _gdnc.split_stages(meta.batch_size, num_v_heads, head_dim, device.sm_count)
+        geos = _split_geometry(meta.batch_size, meta.chunk_len, num_k_heads, num_v_heads, head_dim, stages)
+        launches = tuple(zip(_gdnc.split_entries(head_dim, stages), geos))
     else:
         mod = GDN_MODULES[algo]
         launches = ((mod.entry_name(head_dim), _GDN_GEOMETRY[mod](meta.batch_size, num_v_heads, head_dim)),)

@@ -215,18 +215,21 @@ def variants(torch, rec, names=None):
         if ref_bits is None:
             ref_bits = (o, fin)
         row = [name, f"{regs}r/{local}B", verdict]
-        split_row = [f"{name.split('-')[0]}-split-pair", "-", "bit-identical: tests/gpu/test_gdn_gpu.py"]
+        split_rows = {st: [f"{name.split('-')[0]}-split-seq{st}", "-", "bit-identical: tests/gpu/test_gdn_gpu.py"]
+                      for st in gdn_chunk.SEQ_STAGES}
         prep_row = [f"{name.split('-')[0]}-split-prep-only", "-", "-"]
         for key, n, Tt, hv, d, vals, _ in cases:
             grid, block, smem = gdn_chunk.geometry(n, hv, d)
             row.append(time_kernel(torch, funcs, gdn_chunk.entry_name(d), grid, block, smem, vals))
             chunk_len = int(vals[0].chunk_len)
-            pair = [(e, *geo) for e, geo in zip(gdn_chunk.split_entries(d), gdn_chunk.split_geometry(n, chunk_len, vals[8].value, hv, d))]
-            split_row.append(time_kernel(torch, funcs, pair, None, None, None, vals))
+            for st, srow in split_rows.items():
+                geos = gdn_chunk.split_geometry(n, chunk_len, vals[8].value, hv, d, st)
+                pair = [(e, *geo) for e, geo in zip(gdn_chunk.split_entries(d, st), geos)]
+                srow.append(time_kernel(torch, funcs, pair, None, None, None, vals))
             prep_row.append(time_kernel(torch, funcs, pair[:1], None, None, None, vals))
         rows.append(row)
         if name == "v0-default":
-            rows += [split_row, prep_row]
+            rows += [*split_rows.values(), prep_row]
         T._check(cu.cuModuleUnload(mod))
         print(f"{name}: {verdict}  ({time.time() - t0:.1f} s)", flush=True)
     keys = [c[0] for c in cases]

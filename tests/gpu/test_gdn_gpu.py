@@ -256,9 +256,10 @@ def chunk_kernels(kernels):
     _check(cu.cuModuleUnload(mod))
 
 
-def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=False):
-    """One chunked launch over all streams of `inputs` (``split``: the split pair through a guarded
-    workspace instead of the fused kernel): (o bits, final states, guards intact)."""
+def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=0):
+    """One chunked launch over all streams of `inputs` (``split`` 1 or 2: the split pair, its sequential
+    kernel with that many record buffers, through a guarded workspace instead of the fused kernel):
+    (o bits, final states, guards intact)."""
     q, k, v, g, beta, cu, s0 = inputs
     lens = np.diff(cu).tolist()
     n, T = len(lens), int(cu[-1])
@@ -279,8 +280,8 @@ def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=False):
         ws = Guarded(torch, gdn_chunk.workspace_bytes(n, int(meta.chunk_len), hk, hv, d), fill=0xFF)
         keep.append(ws)
         values.append(ctypes.c_uint64(ws.ptr))
-        for entry, (grid, block, smem) in zip(gdn_chunk.split_entries(d),
-                                              gdn_chunk.split_geometry(n, int(meta.chunk_len), hk, hv, d)):
+        for entry, (grid, block, smem) in zip(gdn_chunk.split_entries(d, split),
+                                              gdn_chunk.split_geometry(n, int(meta.chunk_len), hk, hv, d, split)):
             launch(funcs, entry, grid, block, smem, values)
     else:
         grid, block, smem = gdn_chunk.geometry(n, hv, d)
@@ -343,17 +344,18 @@ def test_gdn_split_pair_equals_the_fused_kernel(chunk_kernels, d, hk, hv, lens):
     rng = np.random.default_rng()
     inputs = make_inputs(rng, lens, hk, hv, d)
     o_f, fin_f, _ = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng)
-    o_s, fin_s, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=True)
-    assert guards, "a guard byte around a written buffer (the workspace included) changed"
-    assert np.array_equal(o_s, o_f), "split pair output differs from the fused kernel's"
-    assert np.array_equal(fin_s, fin_f), "split pair final states differ from the fused kernel's"
     q, k, v, g, beta, cu, s0 = inputs
     b = int(np.argmax(np.diff(cu)))  # the longest stream alone
     s, e = cu[b], cu[b + 1]
     one = (q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], np.array([0, e - s], np.int32), s0[b : b + 1])
-    o1, fin1, guards1 = run_chunk_gpu(torch, funcs, one, hk, hv, d, rng, split=True)
-    assert guards1
-    assert np.array_equal(o1, o_f[s:e]) and np.array_equal(fin1[0], fin_f[b]), "split alone != fused batched"
+    for stages in gdn_chunk.SEQ_STAGES:
+        o_s, fin_s, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=stages)
+        assert guards, f"stages {stages}: a guard byte around a written buffer (the workspace included) changed"
+        assert np.array_equal(o_s, o_f), f"stages {stages}: split pair output differs from the fused kernel's"
+        assert np.array_equal(fin_s, fin_f), f"stages {stages}: split pair final states differ from the fused kernel's"
+        o1, fin1, guards1 = run_chunk_gpu(torch, funcs, one, hk, hv, d, rng, split=stages)
+        assert guards1
+        assert np.array_equal(o1, o_f[s:e]) and np.array_equal(fin1[0], fin_f[b]), f"stages {stages}: alone != fused"
 
 
 @pytest.mark.parametrize("d", [64, 128])
