@@ -277,12 +277,12 @@ __device__ __forceinline__ void invert_column(const float* D, bf16* dinv, int j)
 
 // cp.async of chunk c of (stream b, value head h): (LOAD_K) raw K rows -> kraw, (LOAD_V) the V slice -> vdst,
 // (LOAD_GB) g/beta -> graw/braw[buf]; rows >= len read nothing and land as zeros.
-template <int DK, int DV, bool LOAD_K, bool LOAD_V, bool LOAD_GB>
-__device__ __forceinline__ void issue_kvgb(Smem<DK>& s, bf16* vdst, const int* cub, int len, int c, int buf,
+template <int DK, int DV, bool LOAD_K, bool LOAD_V, bool LOAD_GB, typename S>
+__device__ __forceinline__ void issue_kvgb(S& s, bf16* vdst, const int* cub, int len, int c, int buf,
                                            const bf16* __restrict__ k, const bf16* __restrict__ v,
                                            const float* __restrict__ g, const float* __restrict__ beta,
                                            int num_k_heads, int num_v_heads, int h, int col0, int tid) {
-    constexpr int C = GDN_C, BV = GDN_BV, THREADS = 128, SEGS = DK / 8, LDV = Smem<DK>::LDV;
+    constexpr int C = GDN_C, BV = GDN_BV, THREADS = 128, SEGS = DK / 8, LDV = GDN_BV + 8;
     const int nv = min(C, len - c);
     const int tok0 = ld_volatile(cub);
     const int kh = h / (num_v_heads / num_k_heads);
@@ -322,10 +322,10 @@ __device__ __forceinline__ void issue_kvgb(Smem<DK>& s, bf16* vdst, const int* c
 }
 
 // cp.async of chunk c's raw Q rows -> s.q
-template <int DK>
-__device__ __forceinline__ void issue_q(Smem<DK>& s, const int* cub, int len, int c, const bf16* __restrict__ q,
+template <int DK, typename S>
+__device__ __forceinline__ void issue_q(S& s, const int* cub, int len, int c, const bf16* __restrict__ q,
                                         int num_k_heads, int num_v_heads, int h, int tid) {
-    constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8, LDK = Smem<DK>::LDK;
+    constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8, LDK = DK + 8;
     const int nv = min(C, len - c);
     const int tok0 = ld_volatile(cub);
     const int kh = h / (num_v_heads / num_k_heads);
@@ -341,9 +341,9 @@ __device__ __forceinline__ void issue_q(Smem<DK>& s, const int* cub, int len, in
 
 // K (kraw -> k hi, klo) and Q (in place) l2-normalised, Q scaled by dk^-1/2: SEGS lanes per row, shuffles.
 // Partly unrolled: a full unroll hoists every row's loads and spills next to S^T.
-template <int DK>
-__device__ __forceinline__ void normalise(Smem<DK>& s, int tid, int seg, float qscale) {
-    constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8, RPP = THREADS / SEGS, LDK = Smem<DK>::LDK;
+template <int DK, typename S>
+__device__ __forceinline__ void normalise(S& s, bf16* klo, int klo_ld, int tid, int seg, float qscale) {
+    constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8, RPP = THREADS / SEGS, LDK = DK + 8;
 #pragma unroll GDN_NORM_UNROLL
     for (int p = 0; p < C / RPP; ++p) {
         const int row = tid / SEGS + p * RPP;
@@ -377,15 +377,15 @@ __device__ __forceinline__ void normalise(Smem<DK>& s, int tid, int seg, float q
                 *reinterpret_cast<uint4*>(&s.q[row * LDK + seg * 8]) = hi;
             } else {
                 *reinterpret_cast<uint4*>(&s.k[row * LDK + seg * 8]) = hi;
-                *reinterpret_cast<uint4*>(&s.klo[row * LDK + seg * 8]) = lo;
+                *reinterpret_cast<uint4*>(&klo[row * klo_ld + seg * 8]) = lo;
             }
         }
     }
 }
 
 // gamma = inclusive cumsum of g (one warp, two tokens per lane), exp(gamma), exp(gamma_C - gamma); beta copied.
-template <int DK>
-__device__ __forceinline__ void chunk_gamma(Smem<DK>& s, int buf, int lane) {
+template <typename S>
+__device__ __forceinline__ void chunk_gamma(S& s, int buf, int lane) {
     const float g0 = s.graw[buf][2 * lane], g1 = s.graw[buf][2 * lane + 1];
     float incl = g0 + g1;
 #pragma unroll
@@ -409,9 +409,9 @@ __device__ __forceinline__ void chunk_gamma(Smem<DK>& s, int buf, int lane) {
 
 // K K^T (rows of the warp's blocks) -> -A blocks and the fp32 diagonal blocks (GDN_WARP_INV: inverted by
 // the warp); Q K^T -> P.
-template <int DK, int NW>
-__device__ __forceinline__ void local_products(Smem<DK>& s, int warp, int lane) {
-    constexpr int LDP = Smem<DK>::LDP, LDD = Smem<DK>::LDD;
+template <int DK, int NW, typename S>
+__device__ __forceinline__ void local_products(S& s, int warp, int lane) {
+    constexpr int LDP = GDN_C + 8, LDD = 24;
     const int gq = lane >> 2, tq = lane & 3;
     const float* bet = s.beta;
     float acc[8][4];
@@ -456,9 +456,9 @@ __device__ __forceinline__ void local_products(Smem<DK>& s, int warp, int lane) 
 }
 
 // (I + A_bb)^-1 of the four diagonal blocks, one column per thread.
-template <int DK>
-__device__ __forceinline__ void invert_diagonal(Smem<DK>& s, int tid) {
-    constexpr int LDD = Smem<DK>::LDD;
+template <int DK, typename S>
+__device__ __forceinline__ void invert_diagonal(S& s, int tid) {
+    constexpr int LDD = 24;
     for (int cidx = tid; cidx < 64; cidx += 128)
         invert_column(&s.d[(cidx >> 4) * 272], &s.dinv[16 * (cidx >> 4) * LDD], cidx & 15);
 }
@@ -692,8 +692,8 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
 #endif
         cp_async_wait_all();
         __syncthreads();   // B1: chunk c0's raw rows, V, g, beta in shared memory
-        normalise<DK>(s, tid, seg, qscale);
-        if (warp == 0) chunk_gamma<DK>(s, buf, lane);
+        normalise<DK>(s, s.klo, SM::LDK, tid, seg, qscale);
+        if (warp == 0) chunk_gamma(s, buf, lane);
         __syncthreads();   // B2: K, Q, gamma ready; kraw free
 #if GDN_PREFETCH
         if (c0 + C < len)
@@ -775,6 +775,31 @@ struct SeqSmem {
     SeqBuf<DK> buf[STAGES];
 };
 
+// The precompute kernel's shared memory: Smem<DK> without what it does not need (V/O slices; K lo goes
+// straight to the K record) and with raw K sharing its bytes with -A and P (raw K is read by the
+// normalisation, -A and P are first written after it): 62,720 B at d128, 3 CTAs/SM.
+template <int DK>
+struct PrepSmem {
+    static constexpr int LDK = DK + 8, LDP = GDN_C + 8, LDD = 24;
+    bf16 k[GDN_C * LDK];
+    bf16 q[GDN_C * LDK];
+    union {
+        bf16 kraw[GDN_C * DK];
+        struct {
+            bf16 a[GDN_C * LDP];
+            bf16 p[GDN_C * LDP];
+        };
+    };
+    bf16 dinv[GDN_C * LDD];
+    float d[4 * 16 * 17];
+    float graw[2][GDN_C];
+    float braw[2][GDN_C];
+    float gam[GDN_C];
+    float beta[GDN_C];
+    float eg[GDN_C];
+    float wd[GDN_C];
+};
+
 // cp.async of chunk c's records and V slice into one buffer of the sequential kernel.
 template <int DK, int DV>
 __device__ __forceinline__ void issue_record(SeqBuf<DK>& sb, const unsigned char* krec,
@@ -821,7 +846,7 @@ __device__ __forceinline__ void gdn_prep_body(const Q12Meta& m, const bf16* __re
                                               const float* __restrict__ g, const float* __restrict__ beta,
                                               int num_k_heads, int num_v_heads, unsigned char* __restrict__ ws) {
     using namespace gdnc;
-    using SM = Smem<DK>;
+    using SM = PrepSmem<DK>;
     constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8, LDK = SM::LDK, LDP = SM::LDP, LDD = SM::LDD;
     extern __shared__ __align__(16) unsigned char gdn_smem_raw[];
     SM& s = *reinterpret_cast<SM*>(gdn_smem_raw);
@@ -835,26 +860,22 @@ __device__ __forceinline__ void gdn_prep_body(const Q12Meta& m, const bf16* __re
     if (c0 >= len) return;
     const int group = num_v_heads / num_k_heads;
 
-    // -A and P: every byte of the records defined (the products write only the blocks the solve reads,
-    // the same ones for every value head)
-    for (int i = tid; i < C * LDP / 8; i += THREADS) {
-        reinterpret_cast<uint4*>(s.a)[i] = make_uint4(0, 0, 0, 0);
-        reinterpret_cast<uint4*>(s.p)[i] = make_uint4(0, 0, 0, 0);
-    }
     issue_kvgb<DK, DV, true, false, true>(s, nullptr, cu + b, len, c0, 0, k, nullptr, g, beta, num_k_heads, num_v_heads,
                                           kh * group, 0, tid);
     issue_q<DK>(s, cu + b, len, c0, q, num_k_heads, num_v_heads, kh * group, tid);
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();
-    normalise<DK>(s, tid, tid % SEGS, 1.0f / sqrtf((float)DK));
-    __syncthreads();
     unsigned char* krec = krec_at<DK>(ws, m, b, ci, kh, num_k_heads);
-    for (int idx = tid; idx < 3 * C * SEGS; idx += THREADS) {
+    normalise<DK>(s, reinterpret_cast<bf16*>(krec + KRec<DK>::KLO), DK, tid, tid % SEGS, 1.0f / sqrtf((float)DK));
+    __syncthreads();   // raw K read out: its bytes become -A and P
+    // -A and P: every byte of the records defined (the products write only the blocks the solve reads,
+    // the same ones for every value head)
+    for (int i = tid; i < 2 * C * LDP / 8; i += THREADS) reinterpret_cast<uint4*>(s.a)[i] = make_uint4(0, 0, 0, 0);
+    for (int idx = tid; idx < 2 * C * SEGS; idx += THREADS) {   // K hi and Q rows to the K record
         const int which = idx / (C * SEGS), rest = idx % (C * SEGS), row = rest / SEGS, sg = rest % SEGS;
-        const bf16* src = (which == 0 ? s.k : which == 1 ? s.klo : s.q) + row * LDK + sg * 8;
-        *reinterpret_cast<uint4*>(krec + which * (C * DK * 2) + row * (DK * 2) + sg * 16) =
-            *reinterpret_cast<const uint4*>(src);
+        *reinterpret_cast<uint4*>(krec + (which ? KRec<DK>::Q : KRec<DK>::K) + row * (DK * 2) + sg * 16) =
+            *reinterpret_cast<const uint4*>((which ? s.q : s.k) + row * LDK + sg * 8);
     }
     for (int j = 0; j < group; ++j) {
         const int h = kh * group + j;
@@ -863,9 +884,9 @@ __device__ __forceinline__ void gdn_prep_body(const Q12Meta& m, const bf16* __re
                                                    num_v_heads, h, 0, tid);
             cp_async_commit();
             cp_async_wait_all();
-            __syncthreads();
         }
-        if (warp == 0) chunk_gamma<DK>(s, 0, lane);
+        __syncthreads();
+        if (warp == 0) chunk_gamma(s, 0, lane);
         __syncthreads();
         local_products<DK, 4>(s, warp, lane);
         __syncthreads();
@@ -968,10 +989,10 @@ extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_d64(
 }
 
 // The split pair takes the fused kernel's arguments and the workspace (see q12drv.kernels.gdn_chunk).
-extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_prep_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
+extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS, 3) q12_gdn_chunk_prep_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
     gdn_prep_body<128, 128>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
 }
-extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_prep_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
+extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS, 3) q12_gdn_chunk_prep_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
     gdn_prep_body<64, 64>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
 }
 extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_seq_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
@@ -992,5 +1013,7 @@ static_assert(sizeof(gdnc::Smem<128>) == 114944, "Smem<128> size differs from gd
 static_assert(sizeof(gdnc::Smem<64>) == 82176, "Smem<64> size differs from gdn_chunk.smem_bytes(64)");
 static_assert(gdnc::KRec<128>::BYTES == 49152 && gdnc::KRec<64>::BYTES == 24576 && gdnc::VRec::BYTES == 19200,
               "record sizes differ from gdn_chunk.k_record_bytes / v_record_bytes");
+static_assert(sizeof(gdnc::PrepSmem<128>) == 62720 && sizeof(gdnc::PrepSmem<64>) == 46336,
+              "PrepSmem size differs from gdn_chunk.prep_smem_bytes");
 static_assert(sizeof(gdnc::SeqSmem<128, 2>) == 167424 && sizeof(gdnc::SeqSmem<64, 2>) == 118272,
               "SeqSmem size differs from gdn_chunk.seq_smem_bytes");

@@ -331,7 +331,7 @@ def test_chunk_entry_declarations_match_the_recurrent_ones():
 
     def decls(source):
         src = (cuda_src_dir() / source).read_text()
-        return re.findall(r'^extern "C" __global__ void (?:__launch_bounds__\(\w+\) )?(\w+)\((.*)\) \{$', src, re.M)
+        return re.findall(r'^extern "C" __global__ void (?:__launch_bounds__\([\w, ]+\) )?(\w+)\((.*)\) \{$', src, re.M)
 
     rec = {n[len("q12_gdn_prefill"):]: p for n, p in decls(gdn.SOURCE)}
     chk = {n[len("q12_gdn_chunk"):]: p for n, p in decls(gdn_chunk.SOURCE)}

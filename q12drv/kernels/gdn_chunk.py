@@ -48,6 +48,7 @@ __all__ = [
     "v_record_bytes",
     "workspace_bytes",
     "seq_smem_bytes",
+    "prep_smem_bytes",
     "split_geometry",
     "split_stages",
     "entry_smem_bytes",
@@ -129,7 +130,7 @@ def entry_smem_bytes(entry: str) -> int:
     for stages in SEQ_STAGES:
         if entry == split_entries(d, stages)[1]:
             return seq_smem_bytes(d, stages)
-    return smem_bytes(d)
+    return prep_smem_bytes(d) if entry == split_entries(d)[0] else smem_bytes(d)
 
 
 def split_stages(n: int, num_v_heads: int, head_dim: int, num_sms: int) -> int:
@@ -139,12 +140,21 @@ def split_stages(n: int, num_v_heads: int, head_dim: int, num_sms: int) -> int:
     return 1 if n * num_v_heads * (head_dim // BV) >= 2 * num_sms else 2
 
 
+def prep_smem_bytes(head_dim: int) -> int:
+    """Dynamic shared memory of the split pair's precompute kernel (``gdnc::PrepSmem<dk>``): normalised K
+    and Q ``[64][dk+8]`` bf16, raw K ``[64][dk]`` sharing its bytes with -A and P ``[64][72]``, the
+    diagonal inverses ``[64][24]`` bf16, fp32 diagonal blocks ``[4][16][17]``, g and beta ``[2][64]``,
+    gamma, beta, exp(gamma), exp(gamma_C - gamma) ``[64]``."""
+    dk = head_dim
+    return 2 * (2 * CHUNK * (dk + 8) + max(CHUNK * dk, 2 * CHUNK * 72) + CHUNK * 24) + 4 * (4 * 16 * 17 + 8 * CHUNK)
+
+
 def split_geometry(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int,
                    stages: int = 2) -> tuple:
     """``((grid, block, smem) of the precompute kernel, (grid, block, smem) of the sequential one)``:
     one precompute CTA per (chunk, key head, stream), the sequential grid as the fused kernel's."""
     seq = geometry(n, num_v_heads, head_dim)
-    prep = ((max(1, -(-chunk_len // CHUNK)), num_k_heads, n), (THREADS, 1, 1), smem_bytes(head_dim))
+    prep = ((max(1, -(-chunk_len // CHUNK)), num_k_heads, n), (THREADS, 1, 1), prep_smem_bytes(head_dim))
     return prep, (seq[0], seq[1], seq_smem_bytes(head_dim, stages))
 
 
