@@ -409,49 +409,64 @@ __device__ __forceinline__ void chunk_gamma(S& s, int buf, int lane) {
 
 // K K^T (rows of the warp's blocks) -> -A blocks and the fp32 diagonal blocks (GDN_WARP_INV: inverted by
 // the warp); Q K^T -> P.
-template <int DK, int NW, typename S>
-__device__ __forceinline__ void local_products(S& s, int warp, int lane) {
+// -A block row mt (and its fp32 diagonal block; GDN_WARP_INV: inverted by this warp) from acc = K K^T rows.
+template <typename S>
+__device__ __forceinline__ void kk_epilogue(S& s, const float (*acc)[4], int mt, int lane) {
     constexpr int LDP = GDN_C + 8, LDD = 24;
     const int gq = lane >> 2, tq = lane & 3;
     const float* bet = s.beta;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+        if (nt > 2 * mt + 1) break;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int i = 16 * mt + gq + (e >> 1) * 8;
+            const int j = 8 * nt + 2 * tq + (e & 1);
+            const float val = (j < i) ? bet[i] * expf(s.gam[i] - s.gam[j]) * acc[nt][e] : 0.f;
+            if ((j >> 4) == mt) s.d[mt * 272 + (i & 15) * 17 + (j & 15)] = val;
+            else s.a[i * LDP + j] = __float2bfloat16_rn(-val);
+        }
+    }
+#if GDN_WARP_INV
+    __syncwarp();
+    if (lane < 16) invert_column(&s.d[mt * 272], &s.dinv[16 * mt * LDD], lane);
+    __syncwarp();
+#endif
+}
+
+// P block row mq from acc = Q K^T rows.
+template <typename S>
+__device__ __forceinline__ void qk_epilogue(S& s, const float (*acc)[4], int mq, int lane) {
+    constexpr int LDP = GDN_C + 8;
+    const int gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+        if (nt > 2 * mq + 1) break;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int i = 16 * mq + gq + (e >> 1) * 8;
+            const int j = 8 * nt + 2 * tq + (e & 1);
+            const float val = (j <= i) ? expf(s.gam[i] - s.gam[j]) * acc[nt][e] : 0.f;
+            s.p[i * LDP + j] = __float2bfloat16_rn(val);
+        }
+    }
+}
+
+// K K^T (rows of the warp's blocks) -> -A blocks and the fp32 diagonal blocks; Q K^T -> P.
+template <int DK, int NW, typename S>
+__device__ __forceinline__ void local_products(S& s, int warp, int lane) {
     float acc[8][4];
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt) {
         if (owner<NW>(mt) != warp) continue;
         causal_rows_kt<DK>(acc, s.k, s.k, mt, lane);
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-            if (nt > 2 * mt + 1) break;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int i = 16 * mt + gq + (e >> 1) * 8;
-                const int j = 8 * nt + 2 * tq + (e & 1);
-                const float val = (j < i) ? bet[i] * expf(s.gam[i] - s.gam[j]) * acc[nt][e] : 0.f;
-                if ((j >> 4) == mt) s.d[mt * 272 + (i & 15) * 17 + (j & 15)] = val;
-                else s.a[i * LDP + j] = __float2bfloat16_rn(-val);
-            }
-        }
-#if GDN_WARP_INV
-        __syncwarp();
-        if (lane < 16) invert_column(&s.d[mt * 272], &s.dinv[16 * mt * LDD], lane);
-        __syncwarp();
-#endif
+        kk_epilogue(s, acc, mt, lane);
     }
 #pragma unroll
     for (int mq = 0; mq < 4; ++mq) {
         if (owner<NW>(3 - mq) != warp) continue;
         causal_rows_kt<DK>(acc, s.q, s.k, mq, lane);
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-            if (nt > 2 * mq + 1) break;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int i = 16 * mq + gq + (e >> 1) * 8;
-                const int j = 8 * nt + 2 * tq + (e & 1);
-                const float val = (j <= i) ? expf(s.gam[i] - s.gam[j]) * acc[nt][e] : 0.f;
-                s.p[i * LDP + j] = __float2bfloat16_rn(val);
-            }
-        }
+        qk_epilogue(s, acc, mq, lane);
     }
 }
 
@@ -838,9 +853,9 @@ __device__ __forceinline__ void issue_record(SeqBuf<DK>& sb, const unsigned char
 
 }  // namespace gdnc
 
-// grid (ceil(chunk_len / 64), Hk, n), 128 threads, dynamic smem Smem<DK>: one chunk of one (stream, key
-// head): its K record once, then each value head of the group's V record (K K^T and Q K^T again per value
-// head: beta and gamma scale them inside the products' epilogue).
+// grid (ceil(chunk_len / 64), Hk, n), 128 threads, dynamic smem PrepSmem<DK>: one chunk of one (stream, key
+// head): its K record, K K^T and Q K^T once, then each value head's V record (its beta and gamma scale the
+// products in the epilogues).
 template <int DK, int DV>
 __device__ __forceinline__ void gdn_prep_body(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
                                               const float* __restrict__ g, const float* __restrict__ beta,
@@ -877,6 +892,11 @@ __device__ __forceinline__ void gdn_prep_body(const Q12Meta& m, const bf16* __re
         *reinterpret_cast<uint4*>(krec + (which ? KRec<DK>::Q : KRec<DK>::K) + row * (DK * 2) + sg * 16) =
             *reinterpret_cast<const uint4*>((which ? s.q : s.k) + row * LDK + sg * 8);
     }
+    // K K^T and Q K^T once for the key head (4 warps: warp w owns K rows of block w, Q rows of block 3 - w);
+    // each value head scales them by its own beta and gamma in the epilogues
+    float acck[8][4], accq[8][4];
+    causal_rows_kt<DK>(acck, s.k, s.k, warp, lane);
+    causal_rows_kt<DK>(accq, s.q, s.k, 3 - warp, lane);
     for (int j = 0; j < group; ++j) {
         const int h = kh * group + j;
         if (j > 0) {   // this value head's g and beta (the previous head's products are written out)
@@ -888,7 +908,8 @@ __device__ __forceinline__ void gdn_prep_body(const Q12Meta& m, const bf16* __re
         __syncthreads();
         if (warp == 0) chunk_gamma(s, 0, lane);
         __syncthreads();
-        local_products<DK, 4>(s, warp, lane);
+        kk_epilogue(s, acck, warp, lane);
+        qk_epilogue(s, accq, 3 - warp, lane);
         __syncthreads();
 #if !GDN_WARP_INV
         invert_diagonal<DK>(s, tid);
