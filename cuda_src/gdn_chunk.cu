@@ -43,27 +43,29 @@
 // it is ~1.7e-3, so that product uses hi + lo bf16 pairs of both (three mma: hi hi, lo hi, hi lo;
 // GDN_UPD_SPLIT 1). V_new and the solve's intermediates always enter as hi + lo pairs (cheap).
 // S enters K S and Q S as one bf16 (GDN_S_HILO 0): a hi + lo pair changed the error by < 1%.
-// The split pair (q12_gdn_chunk_prep_d* + q12_gdn_chunk_seq_d*, ops.gdn(algo="split")): the chunk-local work
-// (normalisation, gamma, K K^T, Q K^T, -A, P, the diagonal inverses) does not depend on the state, so the
-// precompute kernel does it for every (stream, key head, chunk) in parallel, grid (chunks, Hk, n), into a
-// caller-provided workspace: a K record per (stream, key head, chunk) (K hi, K lo, Q: 48 KiB at d128, shared
-// by the key head's value heads) and a V record per (stream, value head, chunk) (-A, P, inverses, beta,
-// exp(gamma), exp(gamma_C - gamma): 18.75 KiB). The sequential kernel is the fused kernel's loop with only
-// the state step on each chunk's serial path; the next chunk's records come in by cp.async while this one
-// computes (two buffers: 167,424 B smem at d128, 1 CTA/SM). The same phase functions run on the same values:
-// o and the final states are bit-identical to the fused kernel (tests/gpu/test_gdn_gpu.py), batched == alone.
+// The split pair (ops.gdn(algo="split")): the chunk-local work (normalisation, gamma, K K^T, Q K^T, -A, P,
+// the diagonal inverses) does not depend on the state, so q12_gdn_chunk_prep_d* does it for every (stream,
+// key head, chunk) in parallel, grid (chunks, Hk, n), into a caller-provided workspace: a K record per
+// (stream, key head, chunk) (K hi, K lo, Q: 48 KiB at d128), K K^T and Q K^T computed once per key head, and
+// a V record per (stream, value head, chunk) (-A, P, inverses, beta, exp(gamma), exp(gamma_C - gamma):
+// 18.75 KiB), each value head's beta and gamma applied in the epilogues (gdnc::PrepSmem: 62,720 B, 3 CTAs/SM).
+// q12_gdn_chunk_seq*_d* is the fused kernel's loop with only the state step on each chunk's serial path.
+// seq (two record buffers, 167,424 B, 1 CTA/SM) loads the next chunk's records while this one computes: for
+// grids of few CTAs; seq1 (one buffer, 83,712 B, 2 CTAs/SM) loads at the top of each chunk while the other
+// CTA computes: for grids of >= 2 CTAs per SM (gdn_chunk.split_stages). The same phase functions run on the
+// same values: o and the final states are bit-identical to the fused kernel (tests/gpu/test_gdn_gpu.py).
 // Costs: the workspace (gdn_chunk.workspace_bytes: n x ceil(chunk_len / 64) x (Hk x 48 KiB + Hv x 18.75 KiB) at
-// d128; 1 x 8192 Qwen3-Next heads: 178 MiB) and one more launch.
-// Measured on the H200 (tests/GPU.md session 2, runs C-E; Hk 16, Hv 32, d 128; CUDA events, medians):
-// 8 x 2048 tokens 1.04-1.07 ms (the recurrent kernel 2.87 ms), 1 x 8192 1.46-1.49 ms, ragged 8 x 256..2048
-// 0.72-0.75 ms; fla-core 0.6.0 chunk_gated_delta_rule in the same runs: 1.27-1.39, 1.24-1.74, 0.95-1.63 ms.
-// The split pair, same runs as its comparators (tests/GPU.md session 3, runs I and J, commit 6a08629): 8 x 2048
-// 0.92-0.95 ms (fused 1.06-1.09), 1 x 8192 0.76-0.78 ms (fused 1.48), ragged 0.57-0.59 ms (fused 0.72-0.74),
-// 1 x 2048 0.209 ms (fused 0.392); 8 x 128 0.094 ms (fused 0.084: two chunks per stream leave nothing to
-// take off the serial path). The precompute kernel alone: 0.33 / 0.18 / 0.20 ms. fla-core in the same run
-// 1.46 / 1.31 / 0.93 ms. Before the K records were shared per key head (run H, d7ab05e): 1.06 / 0.83 / 0.65 ms.
-// A bf16 state update (GDN_UPD_SPLIT 0, fla's precision) measured 8% faster at 8 x 2048 with a 7x larger
-// state error (5.4e-4 vs 7.9e-5; run G): kept off.
+// d128; 1 x 8192 Qwen3-Next heads: 171 MiB) and one more launch.
+// The split pair, H200, CUDA events, medians (tests/GPU.md session 3, run L, commit 3e0ccea), ms, fused in
+// brackets: 8 x 2048 0.696 (1.066), 1 x 8192 0.720 (1.465), ragged 8 x 256..2048 0.481 (0.732), 8 x 128 0.079
+// (0.088), 1 x 2048 0.205 (0.393); the precompute kernel alone 0.228 / 0.129 / 0.139 / 0.032 / 0.053. The way
+// there (runs H-L): one record per value head, 1 CTA/SM for both kernels: 1.06 / 0.83 / 0.65; K records per
+// key head: 0.92-0.95 / 0.76-0.78 / 0.57-0.59; the one-buffer sequential kernel for many CTAs: 0.81 / 0.78 /
+// 0.55 (the two-buffer one was 0.94 / 0.78 / 0.58 there: the rule in split_stages picks the faster on all five
+// cases); the precompute kernel's own smem layout (3 CTAs/SM): 0.72 / 0.75 / 0.52; its products once per
+// key head: the numbers above. fla-core 0.6.0 in run K: 1.49 / 1.33 / 1.43 ms.
+// A bf16 state update (GDN_UPD_SPLIT 0, fla's precision) measured 8% faster at 8 x 2048 (fused) with a 7x
+// larger state error (5.4e-4 vs 7.9e-5; run G): kept off.
 // Tried and kept off (every variant bit-identical or within the model's error): GDN_PREFETCH 1 (+3..7% at
 // 8 x 2048, -4% at 1 x 8192, and 16 B of local memory on NVRTC 13.0), GDN_WARP_INV 1 (+10%). Tried and removed:
 // GDN_KSPLIT 2 (two warps per 16 dv columns, each holding half of S^T's dk columns; +40% at 8 x 2048, +3% at
