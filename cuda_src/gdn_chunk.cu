@@ -75,6 +75,7 @@
 // CTAs were fewer than the SMs).
 // Requirements: q, k 16-byte aligned, v, o 8-byte aligned (as the recurrent kernel); dv a multiple of 64.
 #include "q12_meta.cuh"
+#include "gdn_norm.cuh"
 
 #define GDN_C 64      // tokens per chunk
 #define GDN_BV 64     // dv columns per CTA: 4 warps of 16 (the host's gdn_chunk.BV)
@@ -277,6 +278,22 @@ __device__ __forceinline__ void invert_column(const float* D, bf16* dinv, int j)
 // ---- the per-chunk phases, shared by the fused kernel, the split pair's precompute kernel (chunk-local
 //      work) and its sequential kernel (the state work)
 
+// cp.async of 64 rows of key head kh from x ([T, num_k_heads, DK] bf16) from packed token tok, into dst
+// (row stride ld elements); rows >= nv read nothing and land as zeros.
+template <int DK>
+__device__ __forceinline__ void issue_rows(bf16* dst, int ld, const bf16* __restrict__ x, int nv, int tok,
+                                           int num_k_heads, int kh, int tid) {
+    constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8;
+#pragma unroll
+    for (int p = 0; p < C * SEGS / THREADS; ++p) {
+        const int idx = tid + p * THREADS;
+        const int row = idx / SEGS, sg = idx % SEGS;
+        const bool ok = row < nv;
+        const bf16* src = ok ? x + ((long long)(tok + row) * num_k_heads + kh) * DK + sg * 8 : x;
+        cp_async16(&dst[row * ld + sg * 8], src, ok);
+    }
+}
+
 // cp.async of chunk c of (stream b, value head h): (LOAD_K) raw K rows -> kraw, (LOAD_V) the V slice -> vdst,
 // (LOAD_GB) g/beta -> graw/braw[buf]; rows >= len read nothing and land as zeros.
 template <int DK, int DV, bool LOAD_K, bool LOAD_V, bool LOAD_GB, typename S>
@@ -288,16 +305,7 @@ __device__ __forceinline__ void issue_kvgb(S& s, bf16* vdst, const int* cub, int
     const int nv = min(C, len - c);
     const int tok0 = ld_volatile(cub);
     const int kh = h / (num_v_heads / num_k_heads);
-    if (LOAD_K) {
-#pragma unroll
-        for (int p = 0; p < C * SEGS / THREADS; ++p) {
-            const int idx = tid + p * THREADS;
-            const int row = idx / SEGS, sg = idx % SEGS;
-            const bool ok = row < nv;
-            const bf16* src = ok ? k + ((long long)(tok0 + c + row) * num_k_heads + kh) * DK + sg * 8 : k;
-            cp_async16(&s.kraw[row * DK + sg * 8], src, ok);
-        }
-    }
+    if (LOAD_K) issue_rows<DK>(s.kraw, DK, k, nv, tok0 + c, num_k_heads, kh, tid);
     if (LOAD_V) {
 #pragma unroll
         for (int p = 0; p < C * BV / 4 / THREADS; ++p) {   // 8-byte pieces: v needs 8-byte alignment only
@@ -327,18 +335,8 @@ __device__ __forceinline__ void issue_kvgb(S& s, bf16* vdst, const int* cub, int
 template <int DK, typename S>
 __device__ __forceinline__ void issue_q(S& s, const int* cub, int len, int c, const bf16* __restrict__ q,
                                         int num_k_heads, int num_v_heads, int h, int tid) {
-    constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8, LDK = DK + 8;
-    const int nv = min(C, len - c);
-    const int tok0 = ld_volatile(cub);
-    const int kh = h / (num_v_heads / num_k_heads);
-#pragma unroll
-    for (int p = 0; p < C * SEGS / THREADS; ++p) {
-        const int idx = tid + p * THREADS;
-        const int row = idx / SEGS, sg = idx % SEGS;
-        const bool ok = row < nv;
-        const bf16* src = ok ? q + ((long long)(tok0 + c + row) * num_k_heads + kh) * DK + sg * 8 : q;
-        cp_async16(&s.q[row * LDK + sg * 8], src, ok);
-    }
+    const int nv = min(GDN_C, len - c);
+    issue_rows<DK>(s.q, DK + 8, q, nv, ld_volatile(cub) + c, num_k_heads, h / (num_v_heads / num_k_heads), tid);
 }
 
 // K (kraw -> k hi, klo) and Q (in place) l2-normalised, Q scaled by dk^-1/2: SEGS lanes per row, shuffles.
@@ -353,20 +351,8 @@ __device__ __forceinline__ void normalise(S& s, bf16* klo, int klo_ld, int tid, 
         for (int which = 0; which < 2; ++which) {  // 0: k, 1: q
             const uint4 raw = which ? *reinterpret_cast<const uint4*>(&s.q[row * LDK + seg * 8])
                                     : *reinterpret_cast<const uint4*>(&s.kraw[row * DK + seg * 8]);
-            const __nv_bfloat162* pr = reinterpret_cast<const __nv_bfloat162*>(&raw);
             float x[8];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const float2 f = __bfloat1622float2(pr[i]);
-                x[2 * i] = f.x;
-                x[2 * i + 1] = f.y;
-            }
-            float ss = 0.f;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) ss = fmaf(x[i], x[i], ss);
-#pragma unroll
-            for (int off = SEGS / 2; off >= 1; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-            const float inv = 1.0f / sqrtf(ss + 1e-6f);
+            const float inv = gdn_row_inv_norm<SEGS>(raw, x);
             uint4 hi, lo;
             unsigned* hp = reinterpret_cast<unsigned*>(&hi);
             unsigned* lp = reinterpret_cast<unsigned*>(&lo);
@@ -409,11 +395,11 @@ __device__ __forceinline__ void chunk_gamma(S& s, int buf, int lane) {
     s.wd[2 * lane + 1] = expf(gC - gb);
 }
 
-// K K^T (rows of the warp's blocks) -> -A blocks and the fp32 diagonal blocks (GDN_WARP_INV: inverted by
-// the warp); Q K^T -> P.
-// -A block row mt (and its fp32 diagonal block; GDN_WARP_INV: inverted by this warp) from acc = K K^T rows.
-template <typename S>
-__device__ __forceinline__ void kk_epilogue(S& s, const float (*acc)[4], int mt, int lane) {
+// The products' epilogue for block row mt, with beta and gamma of the chunk's value head: KK: acc = K K^T
+// rows -> -A (strictly lower, off the diagonal block) and the fp32 diagonal block (GDN_WARP_INV: inverted by
+// this warp); else acc = Q K^T rows -> P (lower, diagonal included).
+template <bool KK, typename S>
+__device__ __forceinline__ void products_epilogue(S& s, const float (*acc)[4], int mt, int lane) {
     constexpr int LDP = GDN_C + 8, LDD = 24;
     const int gq = lane >> 2, tq = lane & 3;
     const float* bet = s.beta;
@@ -424,34 +410,23 @@ __device__ __forceinline__ void kk_epilogue(S& s, const float (*acc)[4], int mt,
         for (int e = 0; e < 4; ++e) {
             const int i = 16 * mt + gq + (e >> 1) * 8;
             const int j = 8 * nt + 2 * tq + (e & 1);
-            const float val = (j < i) ? bet[i] * expf(s.gam[i] - s.gam[j]) * acc[nt][e] : 0.f;
-            if ((j >> 4) == mt) s.d[mt * 272 + (i & 15) * 17 + (j & 15)] = val;
-            else s.a[i * LDP + j] = __float2bfloat16_rn(-val);
+            if (KK) {
+                const float val = (j < i) ? bet[i] * expf(s.gam[i] - s.gam[j]) * acc[nt][e] : 0.f;
+                if ((j >> 4) == mt) s.d[mt * 272 + (i & 15) * 17 + (j & 15)] = val;
+                else s.a[i * LDP + j] = __float2bfloat16_rn(-val);
+            } else {
+                const float val = (j <= i) ? expf(s.gam[i] - s.gam[j]) * acc[nt][e] : 0.f;
+                s.p[i * LDP + j] = __float2bfloat16_rn(val);
+            }
         }
     }
 #if GDN_WARP_INV
-    __syncwarp();
-    if (lane < 16) invert_column(&s.d[mt * 272], &s.dinv[16 * mt * LDD], lane);
-    __syncwarp();
-#endif
-}
-
-// P block row mq from acc = Q K^T rows.
-template <typename S>
-__device__ __forceinline__ void qk_epilogue(S& s, const float (*acc)[4], int mq, int lane) {
-    constexpr int LDP = GDN_C + 8;
-    const int gq = lane >> 2, tq = lane & 3;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-        if (nt > 2 * mq + 1) break;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int i = 16 * mq + gq + (e >> 1) * 8;
-            const int j = 8 * nt + 2 * tq + (e & 1);
-            const float val = (j <= i) ? expf(s.gam[i] - s.gam[j]) * acc[nt][e] : 0.f;
-            s.p[i * LDP + j] = __float2bfloat16_rn(val);
-        }
+    if (KK) {
+        __syncwarp();
+        if (lane < 16) invert_column(&s.d[mt * 272], &s.dinv[16 * mt * LDD], lane);
+        __syncwarp();
     }
+#endif
 }
 
 // K K^T (rows of the warp's blocks) -> -A blocks and the fp32 diagonal blocks; Q K^T -> P.
@@ -462,13 +437,13 @@ __device__ __forceinline__ void local_products(S& s, int warp, int lane) {
     for (int mt = 0; mt < 4; ++mt) {
         if (owner<NW>(mt) != warp) continue;
         causal_rows_kt<DK>(acc, s.k, s.k, mt, lane);
-        kk_epilogue(s, acc, mt, lane);
+        products_epilogue<true>(s, acc, mt, lane);
     }
 #pragma unroll
     for (int mq = 0; mq < 4; ++mq) {
         if (owner<NW>(3 - mq) != warp) continue;
         causal_rows_kt<DK>(acc, s.q, s.k, mq, lane);
-        qk_epilogue(s, acc, mq, lane);
+        products_epilogue<false>(s, acc, mq, lane);
     }
 }
 
@@ -910,8 +885,8 @@ __device__ __forceinline__ void gdn_prep_body(const Q12Meta& m, const bf16* __re
         __syncthreads();
         if (warp == 0) chunk_gamma(s, 0, lane);
         __syncthreads();
-        kk_epilogue(s, acck, warp, lane);
-        qk_epilogue(s, accq, 3 - warp, lane);
+        products_epilogue<true>(s, acck, warp, lane);
+        products_epilogue<false>(s, accq, 3 - warp, lane);
         __syncthreads();
 #if !GDN_WARP_INV
         invert_diagonal<DK>(s, tid);

@@ -23,6 +23,7 @@
 // current chunk's serial loop runs, then l2-normalised into shared memory after it.
 // Requirements: q, k 16-byte aligned (dk a multiple of 8), v, o 8-byte aligned.
 #include "q12_meta.cuh"
+#include "gdn_norm.cuh"
 
 #define GDN_THREADS 128
 #define GDN_CT 16     // tokens per chunk
@@ -119,20 +120,8 @@ __device__ __forceinline__ void gdn_prefill_body(const Q12Meta& m, const unsigne
 #pragma unroll
         for (int p = 0; p < QK_PASSES; ++p) {
             const int row = qk_row0 + p * ROWS_PER_PASS;
-            const __nv_bfloat162* pr = reinterpret_cast<const __nv_bfloat162*>(&st_qk[p]);
             float x[8];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const float2 f = __bfloat1622float2(pr[i]);
-                x[2 * i] = f.x;
-                x[2 * i + 1] = f.y;
-            }
-            float ss = 0.f;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) ss = fmaf(x[i], x[i], ss);
-#pragma unroll
-            for (int off = SEGS / 2; off >= 1; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-            float inv = 1.0f / sqrtf(ss + 1e-6f);
+            const float inv = gdn_row_inv_norm<SEGS>(st_qk[p], x);
             float* dst;
             if (row & 1) {
                 dst = &s_k[row >> 1][qk_seg * 8];
