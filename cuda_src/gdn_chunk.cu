@@ -294,6 +294,23 @@ __device__ __forceinline__ void issue_rows(bf16* dst, int ld, const bf16* __rest
     }
 }
 
+// cp.async of the V slice (columns col0..col0+63 of value head h, [T, num_v_heads, DV] bf16) of 64 rows from
+// packed token tok into dst (row stride BV + 8): 8-byte pieces (v needs 8-byte alignment only); rows >= nv
+// read nothing and land as zeros.
+template <int DV>
+__device__ __forceinline__ void issue_v_slice(bf16* dst, const bf16* __restrict__ v, int nv, int tok, int num_v_heads,
+                                              int h, int col0, int tid) {
+    constexpr int C = GDN_C, BV = GDN_BV, THREADS = 128, LDV = GDN_BV + 8;
+#pragma unroll
+    for (int p = 0; p < C * BV / 4 / THREADS; ++p) {
+        const int idx = tid + p * THREADS;
+        const int row = idx / (BV / 4), part = idx % (BV / 4);
+        const bool ok = row < nv;
+        const bf16* src = ok ? v + ((long long)(tok + row) * num_v_heads + h) * DV + col0 + part * 4 : v;
+        cp_async8(&dst[row * LDV + part * 4], src, ok);
+    }
+}
+
 // cp.async of chunk c of (stream b, value head h): (LOAD_K) raw K rows -> kraw, (LOAD_V) the V slice -> vdst,
 // (LOAD_GB) g/beta -> graw/braw[buf]; rows >= len read nothing and land as zeros.
 template <int DK, int DV, bool LOAD_K, bool LOAD_V, bool LOAD_GB, typename S>
@@ -301,21 +318,12 @@ __device__ __forceinline__ void issue_kvgb(S& s, bf16* vdst, const int* cub, int
                                            const bf16* __restrict__ k, const bf16* __restrict__ v,
                                            const float* __restrict__ g, const float* __restrict__ beta,
                                            int num_k_heads, int num_v_heads, int h, int col0, int tid) {
-    constexpr int C = GDN_C, BV = GDN_BV, THREADS = 128, SEGS = DK / 8, LDV = GDN_BV + 8;
+    constexpr int C = GDN_C, THREADS = 128;
     const int nv = min(C, len - c);
     const int tok0 = ld_volatile(cub);
     const int kh = h / (num_v_heads / num_k_heads);
     if (LOAD_K) issue_rows<DK>(s.kraw, DK, k, nv, tok0 + c, num_k_heads, kh, tid);
-    if (LOAD_V) {
-#pragma unroll
-        for (int p = 0; p < C * BV / 4 / THREADS; ++p) {   // 8-byte pieces: v needs 8-byte alignment only
-            const int idx = tid + p * THREADS;
-            const int row = idx / (BV / 4), part = idx % (BV / 4);
-            const bool ok = row < nv;
-            const bf16* src = ok ? v + ((long long)(tok0 + c + row) * num_v_heads + h) * DV + col0 + part * 4 : v;
-            cp_async8(&vdst[row * LDV + part * 4], src, ok);
-        }
-    }
+    if (LOAD_V) issue_v_slice<DV>(vdst, v, nv, tok0 + c, num_v_heads, h, col0, tid);
     if (LOAD_GB) {
 #pragma unroll
         for (int p = 0; p < (2 * C + THREADS - 1) / THREADS; ++p) {
@@ -816,16 +824,7 @@ __device__ __forceinline__ void issue_record(SeqBuf<DK>& sb, const unsigned char
         float* dst = tid < 16 ? sb.beta : tid < 32 ? sb.eg : sb.wd;
         cp_async16(dst + (tid & 15) * 4, vrec + VRec::BETA + tid * 16, true);
     }
-    const int nv = min(C, len - c);
-    const int tok0 = ld_volatile(cub);
-#pragma unroll
-    for (int p = 0; p < C * BV / 4 / THREADS; ++p) {           // 8-byte pieces: v needs 8-byte alignment only
-        const int idx = tid + p * THREADS;
-        const int row = idx / (BV / 4), part = idx % (BV / 4);
-        const bool ok = row < nv;
-        const bf16* src = ok ? v + ((long long)(tok0 + c + row) * num_v_heads + h) * DV + col0 + part * 4 : v;
-        cp_async8(&sb.v[row * LDV + part * 4], src, ok);
-    }
+    issue_v_slice<DV>(sb.v, v, min(C, len - c), ld_volatile(cub) + c, num_v_heads, h, col0, tid);
 }
 
 }  // namespace gdnc
