@@ -402,9 +402,10 @@ class Q12Pass:
 
         ``q``, ``k``: ``[T, Hk, D]`` bf16; ``v``, ``o``: ``[T, Hv, D]`` bf16; ``g``, ``beta``: ``[T, Hv]``
         fp32; ``state_ptrs[b]``: stream b's fp32 ``[Hv, D, D]`` state, updated in place. ``algo``:
-        ``"chunked"`` (tensor cores, the default), ``"split"`` (the same results in two launches, for
-        long single streams; needs ``workspace`` and ``workspace_bytes`` >= :meth:`gdn_workspace_bytes`)
-        or ``"recurrent"`` (token by token in fp32), see :func:`q12drv.kernels.ops.gdn`.
+        ``"chunked"`` (tensor cores, the default), ``"split"`` (the same bits in two launches, faster
+        on every pass measured, 2x for one long stream; needs ``workspace`` and ``workspace_bytes`` >=
+        :meth:`gdn_workspace_bytes`) or ``"recurrent"`` (token by token in fp32), see
+        :func:`q12drv.kernels.ops.gdn`.
 
         Raises
         ------
