@@ -8,6 +8,7 @@ import pytest
 from q12drv import CapacityError, HostRaceError, Q12Error, ScratchArena, make_scratch_plan, open_device
 from q12drv.bf16 import to_bf16_bits
 from q12drv.graphs import PassGraph, capture
+from q12drv.kernels import gdn_chunk
 from q12drv.prefill import AttentionShape, GdnShape, Q12Pass
 from q12drv.staging import unpack_metadata
 from tests.helpers import make_streams
@@ -119,10 +120,14 @@ class World:
             self.dev.synchronize()
         return self.read(sum(counts), len(streams))
 
-    def body(self, gp):
+    def body(self, gp, algo="chunked"):
         gp.attention_layer(self.p("q"), self.p("k"), self.p("v"), self.p("k_pool"), self.p("v_pool"), self.p("o"), ATT,
                            num_blocks=self.num_blocks)
-        gp.gdn_layer(0, self.p("gq"), self.p("gk"), self.p("gv"), self.p("g"), self.p("beta"), self.p("go"), GDN)
+        ws = {}
+        if algo == "split":  # sized for the graph's maxima, allocated before the capture
+            ws = dict(workspace=int(self.ws.ptr), workspace_bytes=self.ws_bytes)
+        gp.gdn_layer(0, self.p("gq"), self.p("gk"), self.p("gv"), self.p("g"), self.p("beta"), self.p("go"), GDN,
+                     algo=algo, **ws)
 
 
 def _assert_same(got, want):
@@ -130,11 +135,14 @@ def _assert_same(got, want):
         assert np.array_equal(got[k], want[k]), f"{k}: replay != eager"
 
 
-@pytest.mark.parametrize("deferred", [False, True], ids=["immediate", "deferred"])
+@pytest.mark.parametrize("deferred,algo", [(False, "chunked"), (True, "chunked"), (False, "split")],
+                         ids=["immediate", "deferred", "split-gdn"])
 @pytest.mark.parametrize("expand", ["host", "device"])
-def test_pass_graph_replay_with_new_metadata_equals_eager(expand, deferred):
+def test_pass_graph_replay_with_new_metadata_equals_eager(expand, deferred, algo):
     with open_device("emu", deferred=deferred) as dev:
         w = World(dev, np.random.default_rng(7))
+        w.ws_bytes = gdn_chunk.workspace_bytes(MAX_STREAMS, 48, GDN.num_k_heads, GDN.num_v_heads, GDN.head_dim)
+        w.ws = dev.alloc(w.ws_bytes, "gdn workspace")
         want = {name: w.eager(name) for name in ("A", "B")}
         arena = ScratchArena(dev, 1 << 20)
         gp = PassGraph(arena, max_streams=MAX_STREAMS, max_tokens=MAX_TOKENS, max_chunk=48, block_size=BS,
@@ -143,7 +151,7 @@ def test_pass_graph_replay_with_new_metadata_equals_eager(expand, deferred):
         streams_a = w.batches["A"][0]
         gp.set_streams(streams_a)
         gp.set_states(0, w.states(len(streams_a)))
-        gp.capture(w.body)  # runs once eagerly, then records
+        gp.capture(lambda g: w.body(g, algo))  # runs once eagerly, then records
         dev.synchronize()
         _assert_same(w.read(60, 3), want["A"])  # the capture's eager run
         meta_bytes = {}

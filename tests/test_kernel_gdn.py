@@ -361,7 +361,63 @@ def test_chunk_smem_matches_the_source():
         gdn_chunk.geometry(0, 32, 128)
 
 
-def _run_chunk_emulated(inputs, hk, hv, d, grid=None, block=None):
+def test_split_pair_sizes_match_the_source():
+    """The split pair's shared memory, record sizes and geometry: the host's numbers are the ones the
+    source's static_asserts pin, so the launches ask for what the kernels lay out."""
+    from q12drv.nvrtc import cuda_src_dir
+
+    src = (cuda_src_dir() / gdn_chunk.SOURCE).read_text()
+    for d in (64, 128):
+        m = re.search(rf"sizeof\(gdnc::PrepSmem<{d}>\) == (\d+)", src)
+        assert m and int(m.group(1)) == gdn_chunk.prep_smem_bytes(d), d
+        m = re.search(rf"sizeof\(gdnc::SeqSmem<{d}, 2>\) == (\d+)", src)
+        assert m and int(m.group(1)) == gdn_chunk.seq_smem_bytes(d, 2) == 2 * gdn_chunk.seq_smem_bytes(d, 1), d
+        m = re.search(rf"gdnc::KRec<{d}>::BYTES == (\d+)", src)
+        assert m and int(m.group(1)) == gdn_chunk.k_record_bytes(d), d
+    m = re.search(r"gdnc::VRec::BYTES == (\d+)", src)
+    assert m and int(m.group(1)) == gdn_chunk.v_record_bytes()
+    # occupancy the design relies on (227 KiB of shared memory per SM, 1 KiB reserved per CTA)
+    assert 3 * (gdn_chunk.prep_smem_bytes(128) + 1024) <= 227 * 1024
+    assert 2 * (gdn_chunk.seq_smem_bytes(128, 1) + 1024) <= 227 * 1024 < 2 * (gdn_chunk.seq_smem_bytes(128, 2) + 1024)
+    # geometry: one precompute CTA per (chunk, key head, stream); the sequential grid is the fused one
+    prep, seq = gdn_chunk.split_geometry(8, 2048, 16, 32, 128, 1)
+    assert prep == ((32, 16, 8), (128, 1, 1), gdn_chunk.prep_smem_bytes(128))
+    assert seq == ((2, 32, 8), (128, 1, 1), gdn_chunk.seq_smem_bytes(128, 1))
+    assert gdn_chunk.split_geometry(1, 1, 16, 32, 64)[0][0] == (1, 16, 1)
+    assert gdn_chunk.workspace_bytes(1, 8192, 16, 32, 128) == 128 * (16 * 49152 + 32 * 19200)
+    assert gdn_chunk.workspace_bytes(3, 65, 2, 6, 64) == 3 * 2 * (2 * 24576 + 6 * 19200)
+    # the sequential build: one buffer once the fused grid holds two CTAs per SM
+    assert gdn_chunk.split_stages(8, 32, 128, 132) == 1 and gdn_chunk.split_stages(5, 32, 128, 132) == 1
+    assert gdn_chunk.split_stages(1, 32, 128, 132) == 2 and gdn_chunk.split_stages(4, 32, 128, 132) == 2
+    assert gdn_chunk.split_entries(128, 1) == ("q12_gdn_chunk_prep_d128", "q12_gdn_chunk_seq1_d128")
+    for entry in gdn_chunk.ENTRIES:
+        assert gdn_chunk.entry_smem_bytes(entry) > 0
+    with pytest.raises(ValueError, match="stages"):
+        gdn_chunk.split_entries(128, 3)
+    with pytest.raises(KeyError, match="not a gdn_chunk.cu entry"):
+        gdn_chunk.entry_smem_bytes("q12_gdn_prefill_d128")
+    with pytest.raises(ValueError):
+        gdn_chunk.workspace_bytes(0, 64, 16, 32, 128)
+
+
+def test_split_emulators_give_the_fused_result_and_need_the_whole_workspace():
+    """The split pair's emulators (prep: launch and workspace checks; seq: the fused result) on ragged
+    streams with partial chunks, both sequential builds; a workspace one byte short is refused as
+    the GPU would fault on it."""
+    rng = np.random.default_rng(5)
+    hk, hv, d, lens = 2, 4, 64, [1, 70, 130]
+    inputs = make_inputs(rng, lens, hk, hv, d, d)
+    o_f, fin_f, _ = _run_chunk_emulated(inputs, hk, hv, d)
+    for stages in gdn_chunk.SEQ_STAGES:
+        o_s, fin_s, guards = _run_chunk_emulated(inputs, hk, hv, d, split=stages)
+        assert guards
+        np.testing.assert_array_equal(o_s, o_f)
+        np.testing.assert_array_equal(fin_s, fin_f)
+    with pytest.raises(IndexError, match="outside every allocation"):
+        _run_chunk_emulated(inputs, hk, hv, d, split=2, ws_short=1)
+
+
+def _run_chunk_emulated(inputs, hk, hv, d, grid=None, block=None, split=0, ws_short=0):
     q, k, v, g, beta, cu, s0 = inputs
     n = len(cu) - 1
     mem = FakeMem()
@@ -375,8 +431,15 @@ def _run_chunk_emulated(inputs, hk, hv, d, grid=None, block=None):
     meta = Q12MetaC(cu_seqlens=pcu, batch_size=n, chunk_len=int(np.diff(cu).max()), total_tokens=T)
     args = dict(m=meta, h_state_ptrs=pptrs, q=ptrs[0], k=ptrs[1], v=ptrs[2], g=ptrs[3], beta=ptrs[4], o=po,
                 num_k_heads=hk, num_v_heads=hv)
-    ggrid, gblock, _ = gdn_chunk.geometry(n, hv, d)
-    gdn_chunk.EMULATORS[gdn_chunk.entry_name(d)](args, mem, grid or ggrid, block or gblock)
+    if split:  # the pair, through a workspace of exactly what it needs (ws_short bytes less)
+        nbytes = gdn_chunk.workspace_bytes(n, meta.chunk_len, hk, hv, d) - ws_short
+        args["workspace"] = mem.hold(np.zeros(nbytes, np.uint8))[1]
+        geos = gdn_chunk.split_geometry(n, meta.chunk_len, hk, hv, d, split)
+        for entry, (ggrid, gblock, _) in zip(gdn_chunk.split_entries(d, split), geos):
+            gdn_chunk.EMULATORS[entry](args, mem, ggrid, gblock)
+    else:
+        ggrid, gblock, _ = gdn_chunk.geometry(n, hv, d)
+        gdn_chunk.EMULATORS[gdn_chunk.entry_name(d)](args, mem, grid or ggrid, block or gblock)
     guards_ok = bool((obuf[:GUARD] == 0xFFFF).all() and (obuf[-GUARD:] == 0xFFFF).all())
     return obuf[GUARD:-GUARD].reshape(T, hv, d).copy(), np.stack([s for s, _ in states]), guards_ok
 
