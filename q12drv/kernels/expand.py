@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..staging import BatchedAttnMetadata, stage_stacked
-from .meta import Q12MetaC, meta_from_staged
+from .meta import Q12MetaC
 
 __all__ = ["SOURCE", "ENTRIES", "THREADS", "MAX_STREAMS", "geometry", "reference", "emulate_expand_meta",
            "EMULATORS", "stage_on_device", "device_bytes"]
@@ -125,9 +125,9 @@ def stage_on_device(arena, streams: Sequence, *, block_size: int, use_mrope: boo
         A stream carries ``mrope_positions`` (vision tokens: use the host stager), or more than
         :data:`MAX_STREAMS` streams; plus everything the host stager raises. Nothing is written.
     """
-    global _prepared
+    global _prepared, _meta_c
     if _prepared is None:
-        from .ops import prepared as _prepared  # ops imports this module for its kernel list
+        from .ops import _meta_c, prepared as _prepared  # ops imports this module for its kernel list
     launch = _prepared(arena.device, "q12_expand_meta")  # loaded (compiled) before anything is written
     meta, _ = stage_stacked(arena, streams, block_size, use_mrope, scratch_offset_bytes, dummy_kv_block, stream,
                              tail_only=True, batch=batch)
@@ -136,7 +136,7 @@ def stage_on_device(arena, streams: Sequence, *, block_size: int, use_mrope: boo
         args.block_shift = meta.block_size.bit_length() - 1
         args.dummy_kv_block = meta.dummy_kv_block
         args.use_mrope = meta.use_mrope
-        args.m = meta_from_staged(meta)
+        args.m = _meta_c(meta)  # the by-value struct, built once: the pass's layers take the same one
         launch.launch(*geometry(meta.batch_size, meta.chunk_len), stream)
     except BaseException:
         arena.unreserve(arena.regions[-1])
@@ -144,6 +144,6 @@ def stage_on_device(arena, streams: Sequence, *, block_size: int, use_mrope: boo
     return meta
 
 
-_prepared = None
+_prepared = _meta_c = None
 
 
