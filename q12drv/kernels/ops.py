@@ -83,7 +83,6 @@ def _positive(name: str, value) -> int:
 _kvw_geometry = lru_cache(maxsize=1024, typed=True)(_kvw.geometry)
 _rope_geometry = lru_cache(maxsize=1024, typed=True)(_rope.geometry)
 _rope_params = lru_cache(maxsize=256, typed=True)(_rope.check_params)
-_GDN_GEOMETRY = {mod: lru_cache(maxsize=1024, typed=True)(mod.geometry) for mod in (_gdn, _gdnc)}
 
 
 @lru_cache(maxsize=1024, typed=True)
@@ -191,7 +190,18 @@ def enqueue_attention(device: Device, meta: BatchedAttnMetadata, entry: str, q: 
 #: Gated DeltaNet algorithms (``ops.gdn(..., algo=)``) and the kernel module of each.
 GDN_MODULES = {"chunked": _gdnc, "recurrent": _gdn, "split": _gdnc}
 GDN_ALGOS = tuple(GDN_MODULES)
-_split_geometry = lru_cache(maxsize=1024, typed=True)(_gdnc.split_geometry)
+
+
+@lru_cache(maxsize=1024, typed=True)
+def _gdn_launches(algo: str, n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int,
+                  num_sms: int) -> tuple:
+    """``((entry, grid, block, smem), ...)`` of one Gated DeltaNet layer: one launch, or the split pair's two."""
+    if algo == "split":
+        stages = _gdnc.split_stages(n, num_v_heads, head_dim, num_sms)
+        geos = _gdnc.split_geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim, stages)
+        return tuple((entry, *geo) for entry, geo in zip(_gdnc.split_entries(head_dim, stages), geos))
+    mod = GDN_MODULES[algo]
+    return ((mod.entry_name(head_dim), *mod.geometry(n, num_v_heads, head_dim)),)
 
 
 def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k: int, v: int, g: int, beta: int,
@@ -208,8 +218,8 @@ def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k:
       builds, by grid size: :func:`q12drv.kernels.gdn_chunk.split_stages`). Faster than the fused
       kernel on every pass measured on the H200, 2x on one long stream. Needs
       ``workspace`` (device pointer, 16-byte aligned) of ``workspace_bytes`` >=
-      :func:`q12drv.kernels.gdn_chunk.workspace_bytes` ``(n, meta.chunk_len, num_v_heads, head_dim)``;
-      the other algorithms ignore both;
+      :func:`q12drv.kernels.gdn_chunk.workspace_bytes`
+      ``(n, meta.chunk_len, num_k_heads, num_v_heads, head_dim)``; the other algorithms ignore both;
     * ``"recurrent"``: ``gdn_prefill.cu``, token by token in fp32.
 
     Same math and state contract; they agree to bf16 rounding (see :mod:`q12drv.kernels.gdn_chunk`
@@ -255,15 +265,9 @@ def enqueue_gdn(device: Device, meta: BatchedAttnMetadata, algo: str, h_state_pt
                 g: int, beta: int, o: int, num_k_heads: int, num_v_heads: int, head_dim: int, workspace: int,
                 stream: Any) -> None:
     """:func:`gdn` with every argument already checked (``workspace``: from :func:`gdn_workspace`)."""
-    if algo == "split":
-        stages = _gdnc.split_stages(meta.batch_size, num_v_heads, head_dim, device.sm_count)
-        geos = _split_geometry(meta.batch_size, meta.chunk_len, num_k_heads, num_v_heads, head_dim, stages)
-        launches = tuple(zip(_gdnc.split_entries(head_dim, stages), geos))
-    else:
-        mod = GDN_MODULES[algo]
-        launches = ((mod.entry_name(head_dim), _GDN_GEOMETRY[mod](meta.batch_size, num_v_heads, head_dim)),)
     mc = _meta_c(meta)
-    for entry, (grid, block, smem) in launches:
+    for entry, grid, block, smem in _gdn_launches(algo, meta.batch_size, meta.chunk_len, num_k_heads, num_v_heads,
+                                                  head_dim, device.sm_count):
         launch = prepared(device, entry)
         a = launch.args
         a.h_state_ptrs, a.q, a.k, a.v, a.g, a.beta, a.o = h_state_ptrs, q, k, v, g, beta, o
