@@ -13,7 +13,7 @@ from typing import Sequence
 from .ints import checked_int
 from .layout import POLICIES, ScratchPlan, make_scratch_plan
 
-__all__ = ["Admission", "check_kernel_batched_eligible", "decide", "MAX_HEAD_DIM", "RULES"]
+__all__ = ["Admission", "check_kernel_batched_eligible", "parse_chunks", "decide", "MAX_HEAD_DIM", "RULES"]
 
 #: Largest head dimension the batched attention kernels take.
 MAX_HEAD_DIM = 256
@@ -120,16 +120,23 @@ def check_kernel_batched_eligible(
     TypeError, ValueError
         Malformed arguments (as opposed to a batch that is merely refused).
     """
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    return decide(parse_chunks(streams, n), arena_cap, is_mla, head_dim, scratch_cap, top_k, mrope, allow_chunk_zero,
+                  varlen, policy)
+
+
+def parse_chunks(streams: Sequence[tuple], n: int) -> list:
+    """``streams`` (the scheduler's ``(chunk_len, eff_len, chunk_start, is_last)`` per stream, ``n`` of
+    them) checked and normalised to a list of (int, int, int, bool).
+
+    Raises
+    ------
+    TypeError, ValueError
+        Not ``n`` tuples of four, a negative or non-int length or start, or ``eff_len > chunk_len``.
+    """
     n = checked_int("n", n)
     streams = list(streams)
     if len(streams) != n:
         raise ValueError(f"n = {n} but {len(streams)} stream tuples were given")
-    arena_cap = checked_int("arena_cap", arena_cap)
-    head_dim = checked_int("head_dim", head_dim)
-    scratch_cap = checked_int("scratch_cap", scratch_cap)
-    top_k = checked_int("top_k", top_k)
     parsed = []
     for b, s in enumerate(streams):
         if not isinstance(s, (tuple, list)) or len(s) != 4:
@@ -142,14 +149,25 @@ def check_kernel_batched_eligible(
         if eff_len > chunk_len:
             raise ValueError(f"streams[{b}]: eff_len {eff_len} exceeds chunk_len {chunk_len}")
         parsed.append((chunk_len, eff_len, chunk_start, bool(s[3])))
-    return decide(parsed, arena_cap, is_mla, head_dim, scratch_cap, top_k, mrope, allow_chunk_zero, varlen, policy)
+    return parsed
 
 
 def decide(parsed: list, arena_cap: int, is_mla: bool, head_dim: int, scratch_cap: int, top_k: int, mrope: bool,
-           allow_chunk_zero: bool, varlen: bool, policy: str) -> Admission:
-    """The rules of :func:`check_kernel_batched_eligible` over checked input: ``parsed`` is a list of
-    ``(chunk_len, eff_len, chunk_start, is_last)`` with non-negative ints, ``eff_len <= chunk_len``
-    and a bool; the other ints non-negative and ``policy`` one of :data:`POLICIES`."""
+           allow_chunk_zero: bool, varlen: bool, policy: str = "seed") -> Admission:
+    """:func:`check_kernel_batched_eligible` over streams already checked by :func:`parse_chunks` (or
+    built from validated staging input): the settings' checks, then the rules.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A malformed setting (policy, a negative or non-int capacity, head_dim or top_k).
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    arena_cap = checked_int("arena_cap", arena_cap)
+    head_dim = checked_int("head_dim", head_dim)
+    scratch_cap = checked_int("scratch_cap", scratch_cap)
+    top_k = checked_int("top_k", top_k)
     n = len(parsed)
     # 1-3: batch-wide shape rules
     if n < 2:

@@ -1,6 +1,6 @@
 """One Q12 prefill pass over an arena: admission, plan, stage, then the layers, batched or per stream.
 
-:class:`Q12Pass` decides (through :func:`~q12drv.admission.check_kernel_batched_eligible`)
+:class:`Q12Pass` decides (through :func:`~q12drv.admission.decide`, the rules of ``check_kernel_batched_eligible``)
 whether the batch runs batched, lays out the arena from the plan, stages the metadata once, and
 then runs any number of layers:
 
@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .admission import Admission, check_kernel_batched_eligible, decide
+from .admission import Admission, decide, parse_chunks
 from .arena import ScratchArena
 from .errors import CapacityError, Q12Error
 from .kernels import ops
@@ -31,7 +31,7 @@ from .kernels import gdn as _gdn
 from .kernels import gdn_chunk as _gdnc
 from .kernels import rope as _rope
 from .kernels.args import ALIGN, I32_MAX, count, device_ptr, positive_float
-from .layout import POLICIES, make_scratch_plan
+from .layout import make_scratch_plan
 from .ptr import DevicePtr
 from .staging import (
     BatchedAttnMetadata,
@@ -179,18 +179,12 @@ class Q12Pass:
         self.block_size = int(block_size)
         self.use_mrope = bool(use_mrope)
         counts = batch.count_list  # validated ints
-        if chunks is None and arena_tokens is None and type(head_dim) is int and type(top_k) is int \
-                and 0 <= head_dim and 0 <= top_k and policy in POLICIES:
-            # the scheduler's view is the streams' own: the rules over the validated counts and starts
-            self.admission: Admission = decide(list(zip(counts, counts, batch.start_list, repeat(False))),
-                                               batch.total, is_mla, head_dim, arena.capacity, top_k, use_mrope,
-                                               allow_chunk_zero, varlen, policy)
-        else:
-            if chunks is None:
-                chunks = [(c, c, p0, False) for c, p0 in zip(counts, batch.start_list)]
-            self.admission = check_kernel_batched_eligible(
-                chunks, len(streams), batch.total if arena_tokens is None else arena_tokens, is_mla, head_dim,
-                arena.capacity, top_k, use_mrope, allow_chunk_zero, varlen, policy)
+        # the scheduler's view; by default each stream's own (validated) counts and starts
+        parsed = (list(zip(counts, counts, batch.start_list, repeat(False))) if chunks is None
+                  else parse_chunks(chunks, len(streams)))
+        self.admission: Admission = decide(parsed, batch.total if arena_tokens is None else arena_tokens, is_mla,
+                                           head_dim, arena.capacity, top_k, use_mrope, allow_chunk_zero, varlen,
+                                           policy)
         if mode == "batched" and not self.admission:
             raise ValueError(f"mode='batched' but the batch was {self.admission}")
         self.batched = bool(self.admission) and mode != "per_stream"
