@@ -30,7 +30,7 @@ from .kernels import attention as _attn
 from .kernels import gdn as _gdn
 from .kernels import gdn_chunk as _gdnc
 from .kernels import rope as _rope
-from .kernels.args import ALIGN, I32_MAX, count, device_ptr, positive_float
+from .kernels.args import ALIGN, I32_MAX, count, device_ptr, head_group, positive_float
 from .layout import make_scratch_plan
 from .ptr import DevicePtr
 from .staging import (
@@ -257,12 +257,9 @@ class Q12Pass:
         self._check_tables(shape, nb)
 
     def _check_attention_shape(self, shape: AttentionShape) -> None:
-        hq = count("shape.num_q_heads", shape.num_q_heads)
-        hkv = count("shape.num_kv_heads", shape.num_kv_heads)
+        hq, hkv = head_group("shape.num_q_heads", shape.num_q_heads, "shape.num_kv_heads", shape.num_kv_heads)
         d = count("shape.head_dim", shape.head_dim)
         _attn.entry_for_head_dim(d)
-        if hq % hkv:
-            raise ValueError(f"shape.num_q_heads {hq} must be a multiple of shape.num_kv_heads {hkv} (GQA)")
         rd = count("shape.rotary_dim", shape.rotary_dim, 0)
         mode = count("shape.mrope_mode", shape.mrope_mode, 0, 2)
         sections = tuple(shape.mrope_section) if isinstance(shape.mrope_section, (tuple, list)) else None
@@ -303,12 +300,8 @@ class Q12Pass:
         if not isinstance(shape, GdnShape):
             raise TypeError(f"shape must be a GdnShape, got {type(shape).__name__}")
         if _SHAPES_OK.get((id(shape), None)) is not shape:
-            hk = count("shape.num_k_heads", shape.num_k_heads)
-            hv = count("shape.num_v_heads", shape.num_v_heads)
-            d = count("shape.head_dim", shape.head_dim)
-            _gdn.entry_name(d)
-            if hv % hk:
-                raise ValueError(f"shape.num_v_heads {hv} must be a multiple of shape.num_k_heads {hk}")
+            head_group("shape.num_v_heads", shape.num_v_heads, "shape.num_k_heads", shape.num_k_heads)
+            _gdn.entry_name(count("shape.head_dim", shape.head_dim))
             _remember_shape(shape, None)
         for name, p in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("o", o)):
             device_ptr(name, p, ALIGN["gdn"][name])

@@ -13,7 +13,7 @@ import numpy as np
 from ..ints import checked_int
 from ..ptr import DevicePtr
 
-__all__ = ["I32_MAX", "ALIGN", "device_ptr", "count", "positive_float"]
+__all__ = ["I32_MAX", "ALIGN", "device_ptr", "count", "head_group", "positive_float"]
 
 I32_MAX = (1 << 31) - 1
 _U64_MAX = (1 << 64) - 1
@@ -55,6 +55,15 @@ def device_ptr(name: str, value, align: int = 1) -> int:
 def count(name: str, value, lo: int = 1, hi: int = I32_MAX) -> int:
     """``value`` as an int in ``[lo, hi]`` (default: a positive C ``int``)."""
     return checked_int(name, value, lo, hi)
+
+
+def head_group(name: str, heads, group_name: str, groups) -> tuple[int, int]:
+    """``(heads, groups)`` as positive C ints, ``heads`` a multiple of ``groups``: query heads over KV
+    heads (GQA), Gated DeltaNet value heads over key heads (TypeError/ValueError naming both)."""
+    h, g = count(name, heads), count(group_name, groups)
+    if h % g:
+        raise ValueError(f"{name} {h} must be a multiple of {group_name} {g} (whole groups of heads)")
+    return h, g
 
 
 def positive_float(name: str, value) -> float:

@@ -168,9 +168,7 @@ def attention(device: Device, meta: BatchedAttnMetadata, q: int, k_pool: int, v_
         _args.positive_float("scale", scale)
     d = _positive("head_dim", head_dim)
     entry = _attn.entry_for_head_dim(d)
-    hq, hkv = _positive("num_q_heads", num_q_heads), _positive("num_kv_heads", num_kv_heads)
-    if hq % hkv:
-        raise ValueError(f"num_q_heads {hq} must be a multiple of num_kv_heads {hkv} (GQA)")
+    hq, hkv = _args.head_group("num_q_heads", num_q_heads, "num_kv_heads", num_kv_heads)
     enqueue_attention(device, meta, entry, _ptr("q", q, 16), _ptr("k_pool", k_pool, 16), _ptr("v_pool", v_pool, 16),
                       _ptr("o", o, 16), hq, hkv, d, float(d ** -0.5 if scale is None else scale), stream)
 
@@ -230,9 +228,7 @@ def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k:
         raise ValueError(f"algo must be one of {', '.join(map(repr, GDN_ALGOS))}, got {algo!r}")
     d = _positive("head_dim", head_dim)
     GDN_MODULES[algo].entry_name(d)
-    hk, hv = _positive("num_k_heads", num_k_heads), _positive("num_v_heads", num_v_heads)
-    if hv % hk:
-        raise ValueError(f"num_v_heads {hv} must be a multiple of num_k_heads {hk}")
+    hv, hk = _args.head_group("num_v_heads", num_v_heads, "num_k_heads", num_k_heads)
     ws = gdn_workspace(algo, meta.batch_size, meta.chunk_len, hk, hv, d, workspace, workspace_bytes)
     enqueue_gdn(device, meta, algo, _ptr("h_state_ptrs", h_state_ptrs, 8), _ptr("q", q, 16), _ptr("k", k, 16),
                 _ptr("v", v, 8), _ptr("g", g, 4), _ptr("beta", beta, 4), _ptr("o", o, 8), hk, hv, d, ws, stream)
