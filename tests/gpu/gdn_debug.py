@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
+from bench.timing import torch_events_us  # noqa: E402
 from q12drv.bf16 import from_bf16_bits  # noqa: E402
 from q12drv.kernels import gdn, gdn_chunk  # noqa: E402
 from q12drv.kernels.meta import Q12MetaC, meta_defines  # noqa: E402
@@ -110,25 +110,14 @@ RAGGED_LENS = [256, 2048, 512, 1792, 768, 1536, 1024, 1280]   # 8 streams, 256..
 
 def time_kernel(torch, funcs, entry, grid, block, smem, vals, reps=15, warmup=3):
     """Median ms of one launch (``entry`` a name), or of a sequence of launches (a list of
-    ``(entry, grid, block, smem)``, ``grid`` etc. then None)."""
+    ``(entry, grid, block, smem)``, ``grid`` etc. then None): bench/timing.py's event loop."""
     seq = entry if isinstance(entry, list) else [(entry, grid, block, smem)]
 
     def go():
         for e, gr, bl, sm in seq:
             T.launch(funcs, e, gr, bl, sm, vals)
 
-    for _ in range(warmup):
-        go()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        e0.record()
-        go()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1))
-    return statistics.median(times)
+    return torch_events_us(torch, go, reps, warmup) / 1e3
 
 
 def timing_cases(torch):
