@@ -242,7 +242,7 @@ def section_staging():
     n, tokens = (8, 2048) if gpu() else (8, 256)
     case = common.StagingCase(dev, n, tokens)
     res = {"n": n, "tokens_per_stream": tokens, "staged_bytes": case.staged_bytes,
-           "device_path_bytes": case.staged_bytes - case.layout.field("block_table_ptrs").offset}
+           "device_path_bytes": case.staged_bytes - case.layout.tail_offset}
     try:
         paths = {"host": case.host, "device": case.device, "bare": case.bare, "per_field": case.per_field}
         t = host_and_round_trip(paths, reps(200, 3), dev.synchronize)

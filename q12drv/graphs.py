@@ -31,7 +31,7 @@ from .kernels import ops
 from .kernels.expand import geometry as _expand_geometry
 from .layout import stacked_layout
 from .prefill import AttentionShape, GdnShape
-from .staging import BatchedAttnMetadata, StreamStageInfo, validate_streams, metadata_at, pack_padded, tail_offset
+from .staging import BatchedAttnMetadata, StreamStageInfo, validate_streams, metadata_at, pack_padded
 
 __all__ = ["Graph", "capture", "PassGraph", "EXPAND_MODES"]
 
@@ -162,7 +162,7 @@ class PassGraph:
         self.block_size, self.use_mrope, self.dummy_kv_block = int(block_size), bool(use_mrope), int(dummy_kv_block)
         self.expand = expand
         self.layout = stacked_layout(self.max_streams, self.max_tokens, self.use_mrope)
-        self._upload_from = tail_offset(self.layout) if expand == "device" else 0
+        self._upload_from = self.layout.tail_offset if expand == "device" else 0
         self._owned: list = []
         arena.reset()
         self.region = arena.reserve("stacked_metadata", self.layout.staged_bytes, offset=0, align=8)

@@ -190,6 +190,12 @@ class StackedLayout:
                 return f
         raise KeyError(f"no metadata field {name!r}; fields: {', '.join(f.name for f in self.fields)}")
 
+    @cached_property
+    def tail_offset(self) -> int:
+        """Offset of ``block_table_ptrs``: the per-stream fields run from here to ``staged_bytes`` (what the
+        device-side expansion copies; the per-token fields before it are written on the device)."""
+        return self.field("block_table_ptrs").offset
+
     def shifted(self, base: int) -> tuple:
         """The fields with offsets moved by ``base`` (e.g. to arena offsets)."""
         return tuple(FieldSpec(f.name, f.dtype, f.count, f.offset + base, f.nbytes, f.padded) for f in self.fields)

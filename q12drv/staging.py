@@ -341,7 +341,7 @@ class _Views:
         self.fields = {f.name: out[f.offset - base:f.offset - base + f.nbytes].view(f.dtype) for f in fields}
         # the per-stream tail is written whole, pads included, by one struct.pack_into (_write_tail)
         self.out = out
-        self.tail_at = tail_offset(layout) - base
+        self.tail_at = layout.tail_offset - base
         self.tail = _tail_struct(layout)
         self.pads = [(f.offset - base + f.nbytes, f.end - base) for f in fields
                      if f.padded > f.nbytes and f.offset < self.tail_at + base]
@@ -390,20 +390,17 @@ def pack_metadata(batch: _Batch, layout: StackedLayout, block_size: int, dummy_k
 
 
 def pack_tail(batch: _Batch, layout: StackedLayout, out: np.ndarray) -> tuple:
-    """Write only the per-stream fields (``block_table_ptrs`` .. ``kv_lens``, the layout's tail from
-    :func:`tail_offset`) into ``out``, pads zeroed; the per-token fields are left to the device.
+    """Write only the per-stream fields (``block_table_ptrs`` .. ``kv_lens``, from ``layout.tail_offset``)
+    into ``out``, pads zeroed; the per-token fields are left to the device.
 
     Returns ``(cu_seqlens, kv_lens)`` as int32 host arrays.
     """
-    views = _views(out, layout, tail_offset(layout))
+    views = _views(out, layout, layout.tail_offset)
     for lo, hi in views.pads:
         out[lo:hi] = 0
     return _pack_tail(batch, views, _cu_seqlens(batch.count_list))
 
 
-def tail_offset(layout: StackedLayout) -> int:
-    """Offset of ``block_table_ptrs`` in ``layout``: the per-stream fields run from there to ``staged_bytes``."""
-    return layout.field("block_table_ptrs").offset
 
 
 def _cu_seqlens(counts: list) -> list:
@@ -430,11 +427,11 @@ _STRUCT_CODES = {"<u8": "Q", "<i4": "i"}
 
 
 def _tail_struct(layout: StackedLayout) -> struct.Struct:
-    """The :class:`struct.Struct` of ``layout``'s per-stream tail (from :func:`tail_offset` to
+    """The :class:`struct.Struct` of ``layout``'s per-stream tail (``layout.tail_offset`` to
     ``staged_bytes``), built from the layout's own fields: values in field order, pads as ``x``."""
     st = _TAIL_STRUCTS.get(layout.n)
     if st is None:
-        at, parts = tail_offset(layout), ["<"]
+        at, parts = layout.tail_offset, ["<"]
         for f in layout.fields:
             if f.offset >= at:
                 if f.offset != at:
@@ -465,7 +462,7 @@ def pack_padded(batch: _Batch, layout: StackedLayout, block_size: int, dummy_kv_
     Streams past the batch get ``cu_seqlens`` = the real token count (no tokens), ``kv_lens`` 0 and
     the first stream's table and seq_len pointers as stand-ins (never read: no tokens); tokens past
     the real ones get position 0 and slot -1. ``tail_only``: write only the per-stream fields
-    (``out`` then starts at :func:`tail_offset`; the device expansion writes the rest).
+    (``out`` then starts at ``layout.tail_offset``; the device expansion writes the rest).
 
     Returns ``(cu_seqlens, kv_lens)`` (int32, ``layout.n + 1`` and ``layout.n`` entries).
 
@@ -479,7 +476,7 @@ def pack_padded(batch: _Batch, layout: StackedLayout, block_size: int, dummy_kv_
         raise CapacityError("stacked_metadata streams", k, n, "the pass was sized for fewer streams")
     if real > layout.total_tokens:
         raise CapacityError("stacked_metadata tokens", real, layout.total_tokens, "the pass was sized for fewer tokens")
-    views = _views(out, layout, tail_offset(layout) if tail_only else 0)
+    views = _views(out, layout, layout.tail_offset if tail_only else 0)
     for lo, hi in views.pads:
         out[lo:hi] = 0
     cu = _cu_seqlens(batch.count_list)
@@ -547,7 +544,7 @@ def staging_ring(arena: ScratchArena, kind: str = "staging") -> PinnedRing:
 def _upload(arena: ScratchArena, offset: int, batch: _Batch, layout: StackedLayout, block_size: int,
             dummy_kv_block: int, stream: Any, tail_only: bool = False) -> tuple:
     ring = staging_ring(arena)
-    start = tail_offset(layout) if tail_only else 0
+    start = layout.tail_offset if tail_only else 0
     nbytes = layout.staged_bytes - start
     slot = ring.acquire(nbytes)
     if tail_only:

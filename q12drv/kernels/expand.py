@@ -51,7 +51,7 @@ def geometry(n: int, chunk_len: int) -> tuple:
 
 def device_bytes(layout) -> int:
     """Bytes the device path copies for ``layout``: the per-stream tail (the rest is written on the device)."""
-    return layout.staged_bytes - layout.field("block_table_ptrs").offset
+    return layout.staged_bytes - layout.tail_offset
 
 
 def reference(cu_seqlens, kv_lens, tables, block_size: int, dummy_kv_block: int) -> tuple:

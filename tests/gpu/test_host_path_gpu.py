@@ -50,7 +50,7 @@ def test_bind_and_capture_a_launch(gpu):
                                       dummy_kv_block=0)
         gpu.synchronize()
         want = arena.read(0, meta.staged_bytes)
-        gpu.memset(int(arena.base), 0, meta.layout.field("block_table_ptrs").offset)  # wipe the per-token fields
+        gpu.memset(int(arena.base), 0, meta.layout.tail_offset)  # wipe the per-token fields
         fire = launch.bind(*expand.geometry(2, 40)[:2], 0, gpu.stream)
         with capture(gpu) as graph:
             fire()
