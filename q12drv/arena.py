@@ -68,7 +68,7 @@ class ScratchArena:
         self.device = device
         self.capacity = int(nbytes)
         self.cursor = 0
-        #: Bumped by :meth:`reset` and :meth:`restore_state`: what was placed before is no longer valid
+        #: Bumped by :meth:`reset`: what was placed before is no longer valid
         #: (a JIT slot or a pass from an earlier generation refuses to write).
         self.generation = 0
         self._regions: list[ArenaRegion] = []
@@ -196,17 +196,6 @@ class ScratchArena:
         """Forget every reservation; the cursor goes back to 0 (the bytes are left as they are)."""
         self.cursor = 0
         self._regions.clear()
-        self.generation += 1
-
-    def save_state(self) -> tuple:
-        """The cursor and the reservations, for :meth:`restore_state` (rolling back a failed pass)."""
-        return (self.cursor, tuple(self._regions))
-
-    def restore_state(self, state: tuple) -> None:
-        """Put the cursor and the reservations back to what :meth:`save_state` returned."""
-        cursor, regions = state
-        self.cursor = int(cursor)
-        self._regions = list(regions)
         self.generation += 1
 
     def check_consistent(self) -> None:

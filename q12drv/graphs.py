@@ -36,8 +36,6 @@ from .staging import BatchedAttnMetadata, StreamStageInfo, validate_streams, met
 __all__ = ["Graph", "capture", "PassGraph", "EXPAND_MODES"]
 
 EXPAND_MODES = ("host", "device")
-_BF16 = 2
-_F32 = 4
 
 
 class Graph:

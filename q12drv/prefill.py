@@ -196,10 +196,8 @@ class Q12Pass:
         self.stream_meta: list = []
         self._checked: dict = {}  # id(shape) -> (shape, {num_blocks}) already validated for this pass
         common = dict(block_size=block_size, use_mrope=use_mrope, dummy_kv_block=dummy_kv_block)
-        if self.batched:
-            plan = self.admission.plan
-        else:
-            plan = self.admission.plan
+        plan = self.admission.plan
+        if not self.batched:
             if plan is None or plan.first_unfit_stream() is not None or plan.total_bytes > arena.capacity:
                 plan = make_scratch_plan(counts, top_k, use_mrope, "exact")
             needed = plan.stacked.offset + 8 * len(streams)

@@ -145,18 +145,6 @@ class _Batch:
     def counts(self) -> np.ndarray:
         return np.array(self.count_list, np.int64)
 
-    @property
-    def starts(self) -> np.ndarray:
-        return np.array(self.start_list, np.int64)
-
-    @property
-    def table_ptrs(self) -> np.ndarray:
-        return np.array(self.table_ptr_list, np.uint64)
-
-    @property
-    def seq_len_ptrs(self) -> np.ndarray:
-        return np.array(self.seq_len_ptr_list, np.uint64)
-
     def touched_blocks(self) -> tuple:
         """``(used, first, block_offsets, head_skip, tail_len)`` for the blocks the pass touches (memoised).
 
@@ -182,10 +170,6 @@ class _Batch:
         self._blocks = (used, firsts, offsets, head_skip, tail_len)
         return self._blocks
 
-    @property
-    def tables(self) -> list:
-        """Per-stream tables as int64 arrays (for inspection; packing reads ``used``)."""
-        return [np.asarray(t, np.int64) for t in self.raw_tables]
 
 
 def _checked_table(b: int, table, block_size: int, kv_len: int) -> np.ndarray:
