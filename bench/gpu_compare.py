@@ -499,7 +499,7 @@ def section_kv_write():
         # The previous kernel (-DKVW_LEGACY=1, its own geometry), same buffers: an A/B row.
         legacy = _variant_launch(dev, kw.SOURCE, "q12_kv_write", "KVW_LEGACY=1")
         lgrid, lblock, _ = kw.geometry(total, row_elems, legacy=True)
-        legacy.args.m = ops._meta_c(meta)
+        legacy.args.m = ops.meta_struct(meta)
 
         def q12_legacy():
             k, v, kp, vp = sets[turn[0] % n_sets]
@@ -580,7 +580,7 @@ def section_rope():
         res["q12drv_us"] = q12_events_us(dev, q12, reps(50, 1))
         legacy = _variant_launch(dev, rk.SOURCE, "q12_rope", "ROPE_LEGACY=1")
         lgrid, lblock, _ = rk.geometry(total, hq, hkv, d, rd, legacy=True)
-        legacy.args.m = ops._meta_c(meta)
+        legacy.args.m = ops.meta_struct(meta)
 
         def q12_legacy():
             q, k = sets[turn[0] % n_sets]

@@ -28,7 +28,7 @@ from .arena import ScratchArena
 from .device import Device, PinnedBuffer
 from .errors import CapacityError, Q12Error
 from .kernels import ops
-from .kernels.expand import geometry as _expand_geometry
+from .kernels.expand import enqueue_expand
 from .layout import stacked_layout
 from .prefill import AttentionShape, GdnShape
 from .staging import BatchedAttnMetadata, StreamStageInfo, validate_streams, metadata_at, pack_padded
@@ -281,13 +281,8 @@ class PassGraph:
     def _enqueue_metadata(self) -> None:
         dst = int(self.region.ptr) + self._upload_from
         self.device.driver.memcpy_htod_async(dst, self._pinned.addr, self._pinned.nbytes, self._raw)
-        if self.expand == "device":
-            launch = ops.prepared(self.device, "q12_expand_meta")
-            launch.set(block_shift=self.block_size.bit_length() - 1, dummy_kv_block=self.dummy_kv_block,
-                       use_mrope=int(self.use_mrope))
-            launch.args.m = ops._meta_c(self.meta)
-            grid, block, smem = _expand_geometry(self.max_streams, self.max_chunk)
-            launch.launch(grid, block, smem, self.stream)
+        if self.expand == "device":  # self.meta: max_streams streams of max_chunk tokens, the padded grid
+            enqueue_expand(ops.prepared(self.device, "q12_expand_meta"), self.meta, self.stream)
 
     # --- running ---------------------------------------------------------------------------------
     def run_eager(self, body: Callable[["PassGraph"], None]) -> None:

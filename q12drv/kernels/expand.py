@@ -26,10 +26,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..staging import BatchedAttnMetadata, stage_stacked
-from .meta import Q12MetaC
+from .meta import Q12MetaC, meta_struct
 
 __all__ = ["SOURCE", "ENTRIES", "THREADS", "MAX_STREAMS", "geometry", "reference", "emulate_expand_meta",
-           "EMULATORS", "stage_on_device", "device_bytes"]
+           "EMULATORS", "stage_on_device", "enqueue_expand", "device_bytes"]
 
 SOURCE = "expand_meta.cu"
 ENTRIES = ("q12_expand_meta",)
@@ -125,25 +125,32 @@ def stage_on_device(arena, streams: Sequence, *, block_size: int, use_mrope: boo
         A stream carries ``mrope_positions`` (vision tokens: use the host stager), or more than
         :data:`MAX_STREAMS` streams; plus everything the host stager raises. Nothing is written.
     """
-    global _prepared, _meta_c
+    global _prepared
     if _prepared is None:
-        from .ops import _meta_c, prepared as _prepared  # ops imports this module for its kernel list
+        from .ops import prepared as _prepared  # ops imports this module for its kernel list
     launch = _prepared(arena.device, "q12_expand_meta")  # loaded (compiled) before anything is written
     meta, _ = stage_stacked(arena, streams, block_size, use_mrope, scratch_offset_bytes, dummy_kv_block, stream,
                              tail_only=True, batch=batch)
     try:
-        args = launch.args  # values the stager has just validated: written straight into the argument block
-        args.block_shift = meta.block_size.bit_length() - 1
-        args.dummy_kv_block = meta.dummy_kv_block
-        args.use_mrope = meta.use_mrope
-        args.m = _meta_c(meta)  # the by-value struct, built once: the pass's layers take the same one
-        launch.launch(*geometry(meta.batch_size, meta.chunk_len), stream)
+        enqueue_expand(launch, meta, stream)
     except BaseException:
         arena.unreserve(arena.regions[-1])
         raise
     return meta
 
 
-_prepared = _meta_c = None
+def enqueue_expand(launch, meta, stream: Any) -> None:
+    """One ``q12_expand_meta`` launch over staged ``meta`` (``launch``: the entry's prepared
+    :class:`~q12drv.launch.Launch`): every argument comes from the metadata the stager validated,
+    straight into the argument block; the grid covers ``meta.batch_size`` streams of ``meta.chunk_len``."""
+    args = launch.args
+    args.block_shift = meta.block_size.bit_length() - 1
+    args.dummy_kv_block = meta.dummy_kv_block
+    args.use_mrope = meta.use_mrope
+    args.m = meta_struct(meta)  # built once per pass: the pass's layers take the same one
+    launch.launch(*geometry(meta.batch_size, meta.chunk_len), stream)
+
+
+_prepared = None
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 
-__all__ = ["Q12MetaC", "META_FIELDS", "meta_defines", "meta_from_staged"]
+__all__ = ["Q12MetaC", "META_FIELDS", "meta_defines", "meta_from_staged", "meta_struct"]
 
 #: (C field name, ctypes type) in declaration order; the only list of the struct's fields.
 META_FIELDS = (
@@ -48,3 +48,12 @@ def meta_from_staged(meta) -> Q12MetaC:
     return Q12MetaC(meta.positions_stacked, meta.positions_h_stacked, meta.positions_w_stacked, meta.slot_stacked,
                     meta.block_table_ptrs, meta.seq_len_ptrs, meta.cu_seqlens, meta.kv_lens, meta.batch_size,
                     meta.chunk_len, meta.total_tokens, meta.max_blocks_per_seq)
+
+
+def meta_struct(meta) -> Q12MetaC:
+    """``meta``'s by-value struct, built on first use and kept on the (immutable) metadata object: every
+    launch of a pass copies the same one into its argument block."""
+    c = meta.__dict__.get("_q12_struct")
+    if c is None:
+        c = meta.__dict__["_q12_struct"] = meta_from_staged(meta)  # frozen dataclass: its dict, not setattr
+    return c

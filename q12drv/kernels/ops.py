@@ -8,7 +8,6 @@ block and enqueues one launch. The metadata struct is built once per staged
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from functools import lru_cache
 from typing import Any
 
@@ -22,7 +21,7 @@ from . import gdn_chunk as _gdnc
 from . import kv_write as _kvw
 from . import args as _args
 from . import rope as _rope
-from .meta import Q12MetaC, meta_defines, meta_from_staged
+from .meta import Q12MetaC, meta_defines, meta_struct
 
 __all__ = ["kv_write", "rope", "attention", "gdn", "GDN_ALGOS", "GDN_MODULES", "enqueue_kv_write", "enqueue_rope",
            "enqueue_attention", "enqueue_gdn", "gdn_workspace", "prepared", "SOURCES", "ENTRIES", "struct_types"]
@@ -37,9 +36,6 @@ SOURCES = {
     _expand.SOURCE: _expand.ENTRIES,
 }
 ENTRIES = {e: src for src, entries in SOURCES.items() for e in entries}
-
-_META_CACHE: "OrderedDict[int, tuple]" = OrderedDict()
-_META_CACHE_SIZE = 64
 
 
 def struct_types() -> dict:
@@ -57,17 +53,6 @@ def prepared(device: Device, entry: str) -> Launch:
         module = load_module(device, source, defines=tuple(meta_defines()), struct_types=struct_types())
         launch = device.cache[key] = module.kernel(entry).prepare()
     return launch
-
-
-def _meta_c(meta: BatchedAttnMetadata) -> Q12MetaC:
-    hit = _META_CACHE.get(id(meta))
-    if hit is not None and hit[0] is meta:
-        return hit[1]
-    c = meta_from_staged(meta)
-    _META_CACHE[id(meta)] = (meta, c)
-    if len(_META_CACHE) > _META_CACHE_SIZE:
-        _META_CACHE.popitem(last=False)
-    return c
 
 
 #: ``(name, value, align)`` -> the int address: non-NULL, < 2**64, aligned (TypeError/ValueError).
@@ -121,7 +106,7 @@ def enqueue_kv_write(device: Device, meta: BatchedAttnMetadata, k: int, v: int, 
     launch = prepared(device, "q12_kv_write")
     a = launch.args
     a.k, a.v, a.k_pool, a.v_pool, a.row_elems, a.num_slots = k, v, k_pool, v_pool, row_elems, num_slots
-    a.m = _meta_c(meta)
+    a.m = meta_struct(meta)
     launch.launch(grid, block, smem, stream)
 
 
@@ -155,7 +140,7 @@ def enqueue_rope(device: Device, meta: BatchedAttnMetadata, q: int, k: int, num_
     a = launch.args
     a.q, a.k, a.num_q_heads, a.num_kv_heads, a.head_dim, a.rotary_dim = q, k, num_q_heads, num_kv_heads, head_dim, rotary_dim
     a.theta, a.mrope_mode, a.sec_t, a.sec_h, a.sec_w = theta, mrope_mode, sections[0], sections[1], sections[2]
-    a.m = _meta_c(meta)
+    a.m = meta_struct(meta)
     launch.launch(grid, block, smem, stream)
 
 
@@ -181,7 +166,7 @@ def enqueue_attention(device: Device, meta: BatchedAttnMetadata, entry: str, q: 
     a = launch.args
     a.q, a.k_pool, a.v_pool, a.o, a.num_q_heads, a.num_kv_heads = q, k_pool, v_pool, o, num_q_heads, num_kv_heads
     a.block_size, a.scale = meta.block_size, scale
-    a.m = _meta_c(meta)
+    a.m = meta_struct(meta)
     launch.launch(grid, block, smem, stream)
 
 
@@ -261,7 +246,7 @@ def enqueue_gdn(device: Device, meta: BatchedAttnMetadata, algo: str, h_state_pt
                 g: int, beta: int, o: int, num_k_heads: int, num_v_heads: int, head_dim: int, workspace: int,
                 stream: Any) -> None:
     """:func:`gdn` with every argument already checked (``workspace``: from :func:`gdn_workspace`)."""
-    mc = _meta_c(meta)
+    mc = meta_struct(meta)
     for entry, grid, block, smem in _gdn_launches(algo, meta.batch_size, meta.chunk_len, num_k_heads, num_v_heads,
                                                   head_dim, device.sm_count):
         launch = prepared(device, entry)
