@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -93,7 +92,7 @@ def raw_launcher(dev, launch, grid=(1, 1, 1), block=(32, 1, 1)):
 
 
 # ----------------------------------------------------------------------------- streams
-def make_streams(dev, counts, starts=None, *, block_size=16, seed=0, keep=None):
+def make_streams(dev, counts, starts=None, *, block_size=16, seed=0):
     """Streams whose block tables live in device memory (blocks interleaved across streams).
 
     Returns ``(streams, num_blocks, buffer)``; keep the buffer alive while the streams are used.
@@ -201,12 +200,6 @@ def step_counts(case: str, gpu: bool) -> list:
     if case == "ragged":
         return [256, 512, 768, 1024, 1280, 1536, 1792, 2048] if gpu else [4, 8, 12, 16, 20, 24, 28, 32]
     raise ValueError(case)
-
-
-@dataclass
-class _Bufs:
-    ptrs: dict
-    owned: list
 
 
 class StepCase:

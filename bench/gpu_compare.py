@@ -58,7 +58,7 @@ import numpy as np  # noqa: E402
 
 import q12drv  # noqa: E402
 from bench import common  # noqa: E402
-from bench.timing import q12_events_us, torch_events_us  # noqa: E402
+from bench.timing import cold_sets, q12_events_us, torch_events_us  # noqa: E402
 
 RESULTS: dict = {"meta": {}, "sections": {}, "errors": {}, "table": []}
 ARGS = None
@@ -372,8 +372,8 @@ def section_step():
     for name in ("8x128", "ragged"):
         step = common.StepCase(dev, common.step_counts(name, gpu()))
         try:
-            # as many repetitions and warm-ups as the graph section gives the same step: with 20 and 2 the
-            # same eager step measured 445 us here and 259 us there (run M)
+            # 50 repetitions after 5 warm-ups: with 20 after 2, the same eager step measured 445 us here
+            # and 259 us in the graph section (run M); with these both sections agree (run N)
             t = host_and_round_trip({"batched": lambda: step.run("batched"), "per_stream": lambda: step.run("per_stream")},
                                     reps(50, 1), dev.synchronize, warmup=5)
             res[name] = {"counts": step.counts, **t}
@@ -434,14 +434,9 @@ def _rand_bf16(dev, shape, seed):
 
 
 D2D_TBPS = 4.23  # H200 D2D copy, read + write (bench/RESULTS.md); the memory-bound kernels' limit
-L2_BYTES = 50 * 2**20
-
-
 def _cold_sets(bytes_per_set: int) -> int:
-    """Buffer sets to rotate among so the bytes touched between two uses of a set exceed 3x L2."""
-    if not gpu():
-        return 2
-    return max(2, min(8, -(-3 * L2_BYTES // max(bytes_per_set, 1))))
+    """Buffer sets to rotate among so the bytes touched between two uses of a set exceed 3x L2 (two on the emulator)."""
+    return cold_sets(bytes_per_set) if gpu() else 2
 
 
 def _variant_launch(dev, source, entry, define):
@@ -717,12 +712,13 @@ def _attention_case(dev, ops, cname, d, q_lens, prefixes, hq, hkv, bs, q, kp, vp
             _comparator(f"attention/torch {cname} D{d}",
                         lambda: r.update(_attention_torch(q_lens, kv_lens, hq, hkv, d, reps(20, 1))))
         line = f"   attention {cname:26s} D{d}: q12drv {r['q12drv_us']:9.1f} us {r['q12drv_tflops']:6.1f} TFLOP/s"
-        for comp in ("flash", "cudnn"):
+        for comp in ("flash", "cudnn", "flash_gqa", "cudnn_gqa"):
             if r.get(f"{comp}_us"):
                 line += (f" | {comp} {r[f'{comp}_us']:9.1f} us {r['flop'] / r[f'{comp}_us'] * 1e-6:6.1f} TFLOP/s"
                          f" q12/{comp} {r['q12drv_us'] / r[f'{comp}_us']:.3f}")
         print(line, flush=True)
-        for comp, goal in (("flash", ("<=", 1.0)), ("cudnn", ("<=", 1.25))):
+        for comp, goal in (("flash", ("<=", 1.0)), ("cudnn", ("<=", 1.25)), ("flash_gqa", ("<=", 1.0)),
+                           ("cudnn_gqa", ("<=", 1.25))):
             if r.get(f"{comp}_us"):
                 row(f"attention {cname} D{d}", r["q12drv_us"], r[f"{comp}_api"], r[f"{comp}_us"], goal,
                     note=f"TFLOP/s {r['q12drv_tflops']:.0f} vs {r['flop'] / r[f'{comp}_us'] * 1e-6:.0f}")
@@ -733,13 +729,16 @@ def _attention_case(dev, ops, cname, d, q_lens, prefixes, hq, hkv, bs, q, kp, vp
 
 
 def _attention_torch(q_lens, kv_lens, hq, hkv, d, n_reps, warmup=3):
-    """Device time (us) of torch's FA2 and cuDNN attention on the case, K/V gathered (contiguous, head-expanded).
+    """Device time (us) of torch's FA2 and cuDNN attention on the case, K/V gathered (contiguous): head-expanded
+    (``flash``, ``cudnn``: G = Hq / Hkv copies of every K/V head) and on the Hkv heads (``flash_gqa``,
+    ``cudnn_gqa``: SDPA ``enable_gqa``, FA2 varlen's own GQA), which reads the K/V bytes q12drv reads.
 
     FA2: equal fresh streams -> SDPA FLASH on [n, Hq, L, D] with is_causal; otherwise (ragged or
     chunked) ``torch.nn.attention.varlen.varlen_attn`` (FA2 varlen, packed rows, cu_seqlens) with
     ``window_size=(-1, 0)``, the bottom-right causal window. cuDNN: SDPA CUDNN per stream, summed in one
     timing (fresh: is_causal; chunked: an explicit bottom-right boolean mask). Returns
-    ``{flash_us, flash_api, cudnn_us, cudnn_api}`` (a missing entry: that comparator failed, see errors).
+    ``{flash_us, flash_api, cudnn_us, cudnn_api}`` and the same for ``flash_gqa``, ``cudnn_gqa`` (a missing
+    entry: that comparator failed, see errors).
     """
     torch = torch_mod()
     import torch.nn.functional as F
@@ -750,8 +749,10 @@ def _attention_torch(q_lens, kv_lens, hq, hkv, d, n_reps, warmup=3):
     fresh = all(q == k for q, k in zip(q_lens, kv_lens))
     uniform = fresh and len(set(q_lens)) == 1
     qs = [torch.randn(1, hq, lq, d, device="cuda", dtype=torch.bfloat16) for lq in q_lens]
-    ks = [torch.randn(1, hkv, lk, d, device="cuda", dtype=torch.bfloat16).repeat_interleave(g, dim=1) for lk in kv_lens]
-    vs = [torch.randn(1, hkv, lk, d, device="cuda", dtype=torch.bfloat16).repeat_interleave(g, dim=1) for lk in kv_lens]
+    ks_g = [torch.randn(1, hkv, lk, d, device="cuda", dtype=torch.bfloat16) for lk in kv_lens]  # Hkv heads (GQA)
+    vs_g = [torch.randn(1, hkv, lk, d, device="cuda", dtype=torch.bfloat16) for lk in kv_lens]
+    ks = [k.repeat_interleave(g, dim=1) for k in ks_g]  # head-expanded: every query head its own K/V copy
+    vs = [v.repeat_interleave(g, dim=1) for v in vs_g]
     masks = [None if lq == lk else
              torch.ones(lq, lk, dtype=torch.bool, device="cuda").tril(diagonal=lk - lq)  # row r sees keys <= lk - lq + r
              for lq, lk in zip(q_lens, kv_lens)]
@@ -764,16 +765,22 @@ def _attention_torch(q_lens, kv_lens, hq, hkv, d, n_reps, warmup=3):
         except Exception as exc:
             RESULTS["errors"][f"attention/{key} {n}x{q_lens[0]}..{kv_lens[-1]} D{d}"] = f"{type(exc).__name__}: {exc}"
 
-    def sdpa(backend, q, k, v, mask):
+    def sdpa(backend, q, k, v, mask, gqa=False):
         with sdpa_kernel(backend):
             if mask is None:
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
     if uniform:
         tq, tk, tv = torch.cat(qs), torch.cat(ks), torch.cat(vs)
+        gk, gv = torch.cat(ks_g), torch.cat(vs_g)
         timed("flash", "torch SDPA FA2 (batched)", lambda: sdpa(SDPBackend.FLASH_ATTENTION, tq, tk, tv, None))
         timed("cudnn", "torch SDPA cuDNN (batched)", lambda: sdpa(SDPBackend.CUDNN_ATTENTION, tq, tk, tv, None))
+        # the same on the Hkv heads (enable_gqa): 1/G of the K/V bytes, as q12drv reads them
+        timed("flash_gqa", "torch SDPA FA2 GQA (batched)",
+              lambda: sdpa(SDPBackend.FLASH_ATTENTION, tq, gk, gv, None, gqa=True))
+        timed("cudnn_gqa", "torch SDPA cuDNN GQA (batched)",
+              lambda: sdpa(SDPBackend.CUDNN_ATTENTION, tq, gk, gv, None, gqa=True))
         return out
     from torch.nn.attention.varlen import varlen_attn
 
@@ -784,12 +791,22 @@ def _attention_torch(q_lens, kv_lens, hq, hkv, d, n_reps, warmup=3):
     ck = torch.tensor([0] + list(np.cumsum(kv_lens)), dtype=torch.int32, device="cuda")
     timed("flash", "torch varlen_attn FA2 (window -1,0)",
           lambda: varlen_attn(pq, pk, pv, cq, ck, max(q_lens), max(kv_lens), window_size=(-1, 0)))
+    gk = torch.cat([x[0].transpose(0, 1) for x in ks_g]).contiguous()  # [T, Hkv, D]: FA2's own GQA
+    gv = torch.cat([x[0].transpose(0, 1) for x in vs_g]).contiguous()
+    timed("flash_gqa", "torch varlen_attn FA2 GQA (window -1,0)",
+          lambda: varlen_attn(pq, gk, gv, cq, ck, max(q_lens), max(kv_lens), window_size=(-1, 0)))
 
     def per_stream():
         for q, k, v, m in zip(qs, ks, vs, masks):
             sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, m)
 
     timed("cudnn", "torch SDPA cuDNN per stream" + ("" if fresh else " (bool mask)"), per_stream)
+
+    def per_stream_gqa():
+        for q, k, v, m in zip(qs, ks_g, vs_g, masks):
+            sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, m, gqa=True)
+
+    timed("cudnn_gqa", "torch SDPA cuDNN GQA per stream" + ("" if fresh else " (bool mask)"), per_stream_gqa)
     return out
 
 

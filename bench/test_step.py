@@ -32,4 +32,4 @@ def test_step(benchmark, dev, steps, case, mode):
     step = steps(case)
     benchmark.extra_info["counts"] = step.counts
     benchmark.pedantic(round_trip(dev, lambda: step.run(mode)), setup=dev.synchronize,
-                       rounds=20 if on_gpu(dev) else 1, iterations=1, warmup_rounds=1)
+                       rounds=50 if on_gpu(dev) else 1, iterations=1, warmup_rounds=5)

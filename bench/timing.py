@@ -10,27 +10,47 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable
 
-__all__ = ["torch_events_us", "q12_events_us"]
+__all__ = ["torch_events_us", "q12_events_us", "BATCH", "L2_BYTES", "cold_sets"]
 
 
-def _median_us(start, end, elapsed_ms, sync, fn, reps: int, warmup: int) -> float:
-    if reps < 1 or warmup < 0:
-        raise ValueError(f"need reps >= 1 and warmup >= 0, got reps={reps}, warmup={warmup}")
+#: Bytes a kernel's inputs must exceed, rotated, to time it with a cold L2: the H200's 50 MiB, with margin.
+L2_BYTES = 60 * 2**20
+
+
+def cold_sets(bytes_per_set: int, l2_bytes: int = L2_BYTES) -> int:
+    """Buffer sets to rotate among (2..8) so the bytes touched between two uses of a set exceed 3x L2."""
+    return max(2, min(8, -(-3 * l2_bytes // max(int(bytes_per_set), 1))))
+
+
+#: Calls between one pair of events. With one, the host's work for the call (argument checks, packing,
+#: the launch itself: 5-15 us on the H200's VM) falls between the events while the device idles and is
+#: counted as device time; with several back to back, the device is still busy with one call while the
+#: host prepares the next, and that work is paid once per ``batch`` calls.
+BATCH = 8
+
+
+def _median_us(start, end, elapsed_ms, sync, fn, reps: int, warmup: int, batch: int) -> float:
+    if reps < 1 or warmup < 0 or batch < 1:
+        raise ValueError(f"need reps >= 1, warmup >= 0 and batch >= 1, got reps={reps}, warmup={warmup}, "
+                         f"batch={batch}")
     for _ in range(warmup):
         fn()
     sync()
     times = []
     for _ in range(reps):
         start.record()
-        fn()
+        for _ in range(batch):
+            fn()
         end.record()
         end.synchronize()
-        times.append(elapsed_ms() * 1e3)
+        times.append(elapsed_ms() * 1e3 / batch)
     return float(statistics.median(times))
 
 
-def torch_events_us(torch: Any, fn: Callable[[], Any], reps: int, warmup: int = 3) -> float:
-    """Median device time of ``fn()`` in microseconds, from CUDA events recorded around each call.
+def torch_events_us(torch: Any, fn: Callable[[], Any], reps: int, warmup: int = 3, batch: int = BATCH) -> float:
+    """Median device time of ``fn()`` in microseconds, from CUDA events recorded around ``batch`` calls
+    back to back (the time divided by ``batch``; see :data:`BATCH`). ``fn`` that rotates its inputs
+    through buffer sets larger than L2 stays cold-L2 call after call.
 
     Parameters
     ----------
@@ -39,20 +59,20 @@ def torch_events_us(torch: Any, fn: Callable[[], Any], reps: int, warmup: int = 
     fn : callable
         Enqueues the work on torch's current stream.
     reps : int
-        Timed calls (>= 1), each waited for before the next.
+        Timed batches (>= 1), each waited for before the next.
     warmup : int
         Untimed calls first (compilation, autotuning, caches).
     """
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    return _median_us(start, end, lambda: start.elapsed_time(end), torch.cuda.synchronize, fn, reps, warmup)
+    return _median_us(start, end, lambda: start.elapsed_time(end), torch.cuda.synchronize, fn, reps, warmup, batch)
 
 
-def q12_events_us(dev: Any, fn: Callable[[], Any], reps: int, warmup: int = 3) -> float:
+def q12_events_us(dev: Any, fn: Callable[[], Any], reps: int, warmup: int = 3, batch: int = BATCH) -> float:
     """:func:`torch_events_us` for work on a q12drv :class:`~q12drv.device.Device`'s stream, from its events
     (on the emulated driver too)."""
     start, end = dev.event(timing=True), dev.event(timing=True)
     try:
-        return _median_us(start, end, lambda: start.elapsed_ms(end), dev.synchronize, fn, reps, warmup)
+        return _median_us(start, end, lambda: start.elapsed_ms(end), dev.synchronize, fn, reps, warmup, batch)
     finally:
         start.destroy()
         end.destroy()

@@ -2,7 +2,7 @@
 # Everything q12drv checks on a GPU, in one command (the H200 test machine has no network:
 # nothing is installed, the checkout runs from PYTHONPATH). Logs go to $OUT (default /tmp/q12drv-gpu).
 #
-#   scripts/gpu_check.sh            # doctor, GPU tests, demo, sanitizer, 10k-pass soak, benchmark
+#   scripts/gpu_check.sh            # doctor, GPU tests, demo, kernel variants, 10k-pass soak, sanitizer, benchmark
 #   Q12_SKIP_BENCH=1 Q12_SKIP_SANITIZE=1 Q12_SKIP_SOAK=1 Q12_SKIP_KERNELS=1 scripts/gpu_check.sh
 # Comparators that are not on the machine travel as wheels in .whl/ (git-ignored; see bench/README.md)
 # and are installed into /tmp/site without the network.
@@ -31,7 +31,7 @@ step doctor doctor.log 60 python3 -m q12drv doctor --driver cuda
 step gpu-tests gpu_tests.log 150 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider --timeout=90 ${Q12_PYTEST_ARGS:-}
 step demo demo.log 40 python3 -m q12drv demo --driver cuda
 if [ -z "${Q12_SKIP_KERNELS:-}" ]; then  # per-kernel diagnostics: each variant vs its reference, timed
-  step kernels kernels.log 300 bash -c 'for f in tests/gpu/gdn_debug.py tests/gpu/attn_variants.py tests/gpu/rope_variants.py; do
+  step kernels kernels.log 360 bash -c 'for f in tests/gpu/gdn_debug.py tests/gpu/attn_variants.py tests/gpu/rope_variants.py; do
     [ -f "$f" ] && { echo "== $f"; timeout 120 python3 "$f" || echo "!! $f rc=$?"; }; done'
 fi
 if [ -z "${Q12_SKIP_SOAK:-}" ] && [ -f scripts/gpu_soak.py ]; then

@@ -16,7 +16,7 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 Q12DRV_CACHE_DIR=${Q12DRV_CACHE_DIR:-/tmp/q12drv-cubin}
 SAN=${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}
 PY=${PYTHON:-python3}
-LIMIT=${Q12_SANITIZE_TIMEOUT:-40}  # per tool; gpu_check.sh gives the whole script 200 s
+LIMIT=${Q12_SANITIZE_TIMEOUT:-40}  # per tool; gpu_check.sh passes 30 and gives the whole script 150 s
 fail=0
 if [ ! -x "$SAN" ]; then
   echo "compute-sanitizer not found at $SAN (set COMPUTE_SANITIZER)"

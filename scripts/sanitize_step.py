@@ -164,9 +164,7 @@ def main(argv=None) -> int:
         if args.compile_only:
             from q12drv.kernels import ops
 
-            for entry in ("q12_rope", "q12_kv_write", "q12_attn_prefill_d64", "q12_attn_prefill_d128",
-                          "q12_attn_prefill_d256", "q12_gdn_prefill_d64", "q12_gdn_prefill_d128", "q12_gdn_chunk_d64",
-                          "q12_gdn_chunk_d128", "q12_expand_meta"):
+            for entry in ops.ENTRIES:  # every kernel the step can launch (the GDN split pair included)
                 ops.prepared(dev, entry)
             print(f"sanitize_step: kernels compiled and cached on {dev.name}")
             return 0

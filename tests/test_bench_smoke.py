@@ -75,7 +75,14 @@ def test_torch_events_timer_takes_the_median_of_timed_calls_after_warmup():
 
     torch = FakeTorch([0.010, 0.030, 0.020])
     ran = []
-    assert torch_events_us(torch, lambda: ran.append(1), reps=3, warmup=2) == 20.0  # median, in us
+    assert torch_events_us(torch, lambda: ran.append(1), reps=3, warmup=2, batch=1) == 20.0  # median, in us
     assert len(ran) == 5 and torch.synced == 1 and torch.calls.count("record") == 6
+    # batches: each pair of events brackets `batch` calls; the time per call is the batch's over batch
+    torch = FakeTorch([0.040, 0.120, 0.080])
+    ran = []
+    assert torch_events_us(torch, lambda: ran.append(1), reps=3, warmup=1, batch=4) == 20.0
+    assert len(ran) == 1 + 3 * 4 and torch.calls.count("record") == 6
     with pytest.raises(ValueError, match="reps >= 1"):
         torch_events_us(torch, lambda: None, reps=0)
+    with pytest.raises(ValueError, match="batch >= 1"):
+        torch_events_us(torch, lambda: None, reps=1, batch=0)

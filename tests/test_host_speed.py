@@ -94,6 +94,17 @@ def test_bulk_validation_accepts_only_what_the_precise_one_accepts(data):
     event(f"precise {precise[0]}, fast {'accepts' if fast is not None else 'defers'}")
     if fast is not None:
         assert precise == ("ok", _batch_summary(fast))
+    elif precise[0] == "ok" and not odd and _common_types(streams):
+        raise AssertionError("the bulk validator deferred a valid batch of the common input types")
+
+
+def _common_types(streams) -> bool:
+    """Every field of the types the bulk validator is for: exact ints, int/DevicePtr pointers, 1-D int32 or
+    int64 tables, no vision positions (where it must not defer to the precise path)."""
+    return all(type(s.proc_start) is int and type(s.proc_count) is int and type(s.block_table_dev) in (int, DevicePtr)
+               and type(s.seq_len_dev) in (int, DevicePtr) and type(s.block_table) is np.ndarray
+               and s.block_table.ndim == 1 and s.block_table.dtype in (np.int32, np.int64)
+               and s.mrope_positions is None for s in streams)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

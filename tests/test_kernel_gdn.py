@@ -400,10 +400,11 @@ def test_split_pair_sizes_match_the_source():
         gdn_chunk.workspace_bytes(0, 64, 16, 32, 128)
 
 
-def test_split_emulators_give_the_fused_result_and_need_the_whole_workspace():
-    """The split pair's emulators (prep: launch and workspace checks; seq: the fused result) on ragged
-    streams with partial chunks, both sequential builds; a workspace one byte short is refused as
-    the GPU would fault on it."""
+def test_split_emulators_check_the_launch_and_need_the_whole_workspace():
+    """The split pair's emulators: the precompute entry checks its grid and that the workspace is mapped,
+    the sequential entries run the fused emulator (the same float64 reference, so equal by construction
+    here; the GPU test test_gdn_split_pair_equals_the_fused_kernel checks the kernels' bits); a workspace
+    one byte short is refused as the GPU would fault on it."""
     rng = np.random.default_rng(5)
     hk, hv, d, lens = 2, 4, 64, [1, 70, 130]
     inputs = make_inputs(rng, lens, hk, hv, d, d)

@@ -133,7 +133,14 @@ def two_streams(emu, seed):
     host = inputs(rng, counts, num_blocks)
     with ScratchArena(emu, make_scratch_plan(counts, 4, False).total_bytes) as arena:
         bufs = {k: emu.alloc(v.nbytes, k) for k, v in host.items()}
-        yield arena, streams, host, {k: int(b.ptr) for k, b in bufs.items()}, num_blocks
+        try:
+            for k, v in host.items():
+                emu.upload(bufs[k].ptr, v)
+            yield arena, streams, host, {k: int(b.ptr) for k, b in bufs.items()}, num_blocks
+        finally:
+            emu.synchronize()
+            for b in bufs.values():
+                b.free()
 
 
 def test_layer_shape_checks_are_remembered_only_for_immutable_shapes_that_passed(emu):

@@ -41,7 +41,6 @@ SHAPES = [  # name, hq, hkv, d, rd, theta
 ]
 T_TIMING = 65536
 D2D_TBPS = 4.23
-L2_BYTES = 60 * 1024 * 1024
 WARMUP, REPS = 3, 20
 
 
@@ -59,7 +58,7 @@ def main(argv):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from cuda.bindings import driver as cu
 
-    from bench.timing import torch_events_us
+    from bench.timing import cold_sets, torch_events_us
     from q12drv.kernels import rope
     from q12drv.kernels.meta import meta_defines
     from q12drv.nvrtc import compile_source
@@ -125,7 +124,7 @@ def main(argv):
     timing = {}
     for name, hq, hkv, d, rd, theta in SHAPES:
         floor = rope.floor_bytes(T_TIMING, hq, hkv, rd)
-        n_sets = max(2, min(8, -(-3 * L2_BYTES // floor)))
+        n_sets = cold_sets(floor)
         pos = np.arange(T_TIMING, dtype=np.uint32) % 8192  # 8 streams of 8192, as the bench
         meta = make_meta(keep, pos, pos, pos, [8192] * (T_TIMING // 8192))
         sets = [(torch.randn(T_TIMING, hq, d, device="cuda", dtype=torch.bfloat16),
