@@ -28,7 +28,7 @@ from .arena import ScratchArena
 from .device import Device, PinnedBuffer
 from .errors import CapacityError, Q12Error
 from .kernels import ops
-from .kernels.expand import enqueue_expand
+from .kernels.expand import MAX_STREAMS as _EXPAND_MAX_STREAMS, enqueue_expand
 from .layout import stacked_layout
 from .prefill import AttentionShape, GdnShape
 from .staging import BatchedAttnMetadata, StreamStageInfo, validate_streams, metadata_at, pack_padded
@@ -151,8 +151,9 @@ class PassGraph:
             raise ValueError(f"max_chunk must be in [1, max_tokens={max_tokens}], got {max_chunk}")
         if num_ssm_layers and state_bytes < 4:
             raise ValueError("num_ssm_layers > 0 needs state_bytes (one stream's state) for the dummy state")
-        if expand == "device" and max_streams > 65535:
-            raise ValueError("the device expansion handles at most 65535 streams")
+        if expand == "device" and max_streams > _EXPAND_MAX_STREAMS:
+            raise ValueError(f"the device expansion handles at most {_EXPAND_MAX_STREAMS} streams, got max_streams "
+                             f"{max_streams}")
         self.arena, self.device = arena, arena.device
         self.stream = stream
         self._raw = self.device.as_stream(stream)

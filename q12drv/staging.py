@@ -656,7 +656,8 @@ def stage_batched_attn_metadata(
 def stage_stacked(arena, streams, block_size, use_mrope, scratch_offset_bytes, dummy_kv_block, stream,
                   tail_only: bool = False, batch: _Batch | None = None) -> tuple:
     """:func:`stage_batched_attn_metadata`; with ``tail_only`` only the per-stream fields are packed and
-    copied (the per-token ones are then written on the device, see :mod:`q12drv.kernels.expand`).
+    copied (the per-token ones are then written on the device: :mod:`q12drv.kernels.expand`, which
+    checks what that path takes).
 
     ``batch``: what :func:`validate_streams` returned for exactly these ``streams`` and settings,
     just before (nothing may change in between); None validates here.
@@ -666,17 +667,9 @@ def stage_stacked(arena, streams, block_size, use_mrope, scratch_offset_bytes, d
     _require_arena(arena)
     if batch is None:
         batch = validate_streams(streams, block_size, use_mrope, dummy_kv_block)
-    if tail_only:  # the device writes text positions only, for at most 65535 streams (grid.y)
-        for b, mp in enumerate(batch.mrope):
-            if mp is not None:
-                raise ValueError(f"streams[{b}] carries mrope_positions (vision tokens): the device path writes text "
-                                 f"positions only; stage this batch with stage_batched_attn_metadata")
-        if len(batch.count_list) > 65535:
-            raise ValueError(f"the device path handles at most 65535 streams per pass, got {len(batch.count_list)}")
     layout = stacked_layout(len(streams), batch.total, bool(use_mrope))
     offset = _int("scratch_offset_bytes", scratch_offset_bytes, 0, arena.capacity)
-    arena.check_range("stacked_metadata", offset, layout.staged_bytes)
-    region = arena.reserve("stacked_metadata", layout.staged_bytes, offset=offset, align=8)
+    region = arena.reserve("stacked_metadata", layout.staged_bytes, offset=offset, align=8)  # bounds-checked there
     try:
         cu, kv = _upload(arena, region.offset, batch, layout, int(block_size), dummy_kv_block, stream, tail_only)
     except BaseException:

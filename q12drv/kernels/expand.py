@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 import numpy as np
 
-from ..staging import BatchedAttnMetadata, stage_stacked
+from ..staging import BatchedAttnMetadata, stage_stacked, validate_streams
 from .meta import Q12MetaC, meta_struct
 
 __all__ = ["SOURCE", "ENTRIES", "THREADS", "MAX_STREAMS", "geometry", "reference", "emulate_expand_meta",
@@ -129,6 +129,14 @@ def stage_on_device(arena, streams: Sequence, *, block_size: int, use_mrope: boo
     if _prepared is None:
         from .ops import prepared as _prepared  # ops imports this module for its kernel list
     launch = _prepared(arena.device, "q12_expand_meta")  # loaded (compiled) before anything is written
+    if batch is None:
+        batch = validate_streams(streams, block_size, use_mrope, dummy_kv_block)
+    for b, mp in enumerate(batch.mrope):  # the kernel writes text positions only, for grid.y streams
+        if mp is not None:
+            raise ValueError(f"streams[{b}] carries mrope_positions (vision tokens): the device path writes text "
+                             f"positions only; stage this batch with stage_batched_attn_metadata")
+    if len(batch.count_list) > MAX_STREAMS:
+        raise ValueError(f"the device path handles at most {MAX_STREAMS} streams per pass, got {len(batch.count_list)}")
     meta, _ = stage_stacked(arena, streams, block_size, use_mrope, scratch_offset_bytes, dummy_kv_block, stream,
                              tail_only=True, batch=batch)
     try:
