@@ -16,6 +16,7 @@ states, with the same instructions, so their results are bit-identical.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import accumulate, repeat
 from typing import Any, Callable, Sequence
 
@@ -398,11 +399,10 @@ class Q12Pass:
             A bad pointer, shape, state pointer list or workspace: raised before the slot is
             rewritten or anything is enqueued.
         """
-        if type(algo) is not str or algo not in ops.GDN_MODULES:
-            raise ValueError(f"algo must be one of {ops.GDN_ALGOS}, got {algo!r}")
+        ops.check_gdn_algo(algo)
         self._check_gdn(state_ptrs, q, k, v, g, beta, o, shape)  # the state pointers included, for this pass
         hk, hv, d = shape.num_k_heads, shape.num_v_heads, shape.head_dim
-        ws = ops.gdn_workspace(algo, *self._gdn_extent(), hk, hv, d, workspace, workspace_bytes)
+        ws = ops.gdn_workspace(algo, *self._gdn_extent, hk, hv, d, workspace, workspace_bytes)
         self.h_slot._write(state_ptrs, self.stream)
         dev, st = self.device, self.stream
         q, k, v, g, beta, o = int(q), int(k), int(v), int(g), int(beta), int(o)
@@ -417,6 +417,7 @@ class Q12Pass:
         else:
             self._per_stream(lambda meta, b, row: run(meta, int(self.h_slot.entry(b)), row))
 
+    @cached_property
     def _gdn_extent(self) -> tuple:
         # (streams, tokens of the longest) that one GDN launch of this pass covers
         if self.batched:
@@ -427,4 +428,4 @@ class Q12Pass:
         """Workspace ``gdn_layer(..., algo="split")`` needs for this pass and ``shape``."""
         if not isinstance(shape, GdnShape):
             raise TypeError(f"shape must be a GdnShape, got {type(shape).__name__}")
-        return _gdnc.workspace_bytes(*self._gdn_extent(), shape.num_k_heads, shape.num_v_heads, shape.head_dim)
+        return _gdnc.workspace_bytes(*self._gdn_extent, shape.num_k_heads, shape.num_v_heads, shape.head_dim)

@@ -24,7 +24,7 @@ from . import rope as _rope
 from .meta import Q12MetaC, meta_defines, meta_struct
 
 __all__ = ["kv_write", "rope", "attention", "gdn", "GDN_ALGOS", "GDN_MODULES", "enqueue_kv_write", "enqueue_rope",
-           "enqueue_attention", "enqueue_gdn", "gdn_workspace", "prepared", "SOURCES", "ENTRIES", "struct_types"]
+           "enqueue_attention", "enqueue_gdn", "check_gdn_algo", "gdn_workspace", "prepared", "SOURCES", "ENTRIES", "struct_types"]
 
 #: Every kernel source and its entries.
 SOURCES = {
@@ -209,14 +209,19 @@ def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k:
     for the error budget).
     """
     _check(device, meta)
-    if type(algo) is not str or algo not in GDN_MODULES:
-        raise ValueError(f"algo must be one of {', '.join(map(repr, GDN_ALGOS))}, got {algo!r}")
+    check_gdn_algo(algo)
     d = _positive("head_dim", head_dim)
     GDN_MODULES[algo].entry_name(d)
     hv, hk = _args.head_group("num_v_heads", num_v_heads, "num_k_heads", num_k_heads)
     ws = gdn_workspace(algo, meta.batch_size, meta.chunk_len, hk, hv, d, workspace, workspace_bytes)
     enqueue_gdn(device, meta, algo, _ptr("h_state_ptrs", h_state_ptrs, 8), _ptr("q", q, 16), _ptr("k", k, 16),
                 _ptr("v", v, 8), _ptr("g", g, 4), _ptr("beta", beta, 4), _ptr("o", o, 8), hk, hv, d, ws, stream)
+
+
+def check_gdn_algo(algo) -> None:
+    """Raise ValueError unless ``algo`` is one of :data:`GDN_ALGOS`."""
+    if type(algo) is not str or algo not in GDN_MODULES:
+        raise ValueError(f"algo must be one of {', '.join(map(repr, GDN_ALGOS))}, got {algo!r}")
 
 
 def gdn_workspace(algo: str, n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int, workspace,
