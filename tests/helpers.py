@@ -64,3 +64,18 @@ class FakeMem:
             if base <= ptr and ptr + nbytes <= base + a.nbytes:
                 return a.reshape(-1).view(np.uint8)[ptr - base:ptr - base + nbytes].view(dtype).reshape(shape)
         raise IndexError(f"[{ptr:#x}, +{nbytes}) is outside every allocation")
+
+
+def spill_free(img, entries, *, stack: bool = True) -> dict:
+    """The ptxas report of ``entries`` in ``img`` (compiled with ``verbose_resources=True``), read with the
+    doctor's parser; asserts each entry is there with no spill stores or loads (and, ``stack``, no stack
+    frame). Returns ``{entry: KernelResources}`` for the caller's own register and smem checks."""
+    from q12drv.doctor import parse_ptxas_report
+
+    report = {r.name: r for r in parse_ptxas_report(img.log)}
+    for entry in entries:
+        r = report.get(entry)
+        assert r is not None, f"no ptxas report for {entry}:\n{img.log}"
+        assert r.spill_stores == r.spill_loads == 0, f"{entry} spills: {r}"
+        assert not stack or r.stack_frame == 0, f"{entry} uses a stack frame: {r}"
+    return report

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from tests.helpers import FakeMem
+from tests.helpers import FakeMem, spill_free
 from q12drv.bf16 import from_bf16_bits, to_bf16_bits
 from q12drv.kernels import gdn
 from q12drv.kernels.meta import Q12MetaC, meta_defines
@@ -98,15 +98,8 @@ def test_entries_compile_without_spills():
 
     img = compile_source(gdn.SOURCE, defines=meta_defines(), use_cache=False, verbose_resources=True)
     assert img.image
-    for name in gdn.ENTRIES:
-        m = re.search(
-            rf"Function properties for {name}\s*\n.*?(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
-            img.log,
-        )
-        assert m, f"no ptxas report for {name}:\n{img.log}"
-        assert m.groups() == ("0", "0", "0"), f"{name} spills / uses stack: {m.group(0)}"
-        regs = re.search(rf"Compiling entry function '{name}'.*?Used (\d+) registers", img.log, re.S)
-        assert regs and int(regs.group(1)) <= 128, f"{name}: more than 128 registers (< 4 CTAs/SM)"
+    for name, r in spill_free(img, gdn.ENTRIES).items():
+        assert r.registers <= 128, f"{name}: more than 128 registers (< 4 CTAs/SM)"
 
 
 def test_entry_declarations_are_parseable():
@@ -317,13 +310,7 @@ def test_chunk_entries_compile_without_spills():
 
     img = compile_source(gdn_chunk.SOURCE, defines=meta_defines(), use_cache=False, verbose_resources=True)
     assert img.image
-    for name in gdn_chunk.ENTRIES:
-        m = re.search(
-            rf"Function properties for {name}\s*\n.*?(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
-            img.log,
-        )
-        assert m, f"no ptxas report for {name}:\n{img.log}"
-        assert m.groups() == ("0", "0", "0"), f"{name} spills / uses stack: {m.group(0)}"
+    spill_free(img, gdn_chunk.ENTRIES)
 
 
 def test_chunk_entry_declarations_match_the_recurrent_ones():

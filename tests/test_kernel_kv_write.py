@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import FakeMem
+from tests.helpers import FakeMem, spill_free
 from q12drv.kernels import kv_write as kw
 from q12drv.kernels.meta import Q12MetaC, meta_defines
 
@@ -90,14 +90,10 @@ def test_compiles_without_spills():
 
     img = compile_source(kw.SOURCE, arch="sm_90", defines=meta_defines(), use_cache=False, verbose_resources=True)
     assert img.image
-    for entry in kw.ENTRIES:
-        assert f"Compiling entry function '{entry}'" in img.log, img.log
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", img.log)
-    assert spills, img.log
-    assert all(s == "0" and l == "0" for s, l in spills), img.log
+    report = spill_free(img, kw.ENTRIES, stack=False)
     # Blocks of up to 1024 threads must launch, and the 4 CTAs of 256 per SM geometry() assumes
     # must fit: <= 64 registers (the kernel's __launch_bounds__(1024, 1)).
-    regs = int(re.search(r"Used (\d+) registers", img.log).group(1))
+    regs = report[kw.ENTRIES[0]].registers
     assert regs <= 64 and regs * 256 * kw._CTAS_PER_SM <= 65536, img.log
     # Streaming hints made it into the code (they are inline PTX).
     src = (cuda_src_dir() / kw.SOURCE).read_text()
@@ -110,9 +106,7 @@ def test_variants_compile_without_spills(defines):
 
     img = compile_source(kw.SOURCE, arch="sm_90", defines=meta_defines() + defines, use_cache=False,
                          verbose_resources=True)
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", img.log)
-    assert spills and all(s == "0" and l == "0" for s, l in spills), img.log
-    regs = int(re.search(r"Used (\d+) registers", img.log).group(1))
+    regs = spill_free(img, kw.ENTRIES, stack=False)[kw.ENTRIES[0]].registers
     ctas = kw._CTAS_PER_SM_LEGACY if "KVW_LEGACY=1" in defines else kw._CTAS_PER_SM
     assert regs * 256 * ctas <= 65536, img.log
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import FakeMem
+from tests.helpers import FakeMem, spill_free
 from q12drv.bf16 import from_bf16_bits, to_bf16_bits
 from q12drv.kernels import rope
 from q12drv.kernels.meta import Q12MetaC, meta_defines
@@ -112,17 +112,13 @@ def test_compiles_without_spills():
 
     img = compile_source(rope.SOURCE, arch="sm_90", defines=meta_defines(), use_cache=False, verbose_resources=True)
     assert img.image
-    for entry in rope.ENTRIES:
-        assert f"Compiling entry function '{entry}'" in img.log, img.log
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", img.log)
-    assert spills, img.log
-    assert all(s == "0" and l == "0" for s, l in spills), img.log
+    report = spill_free(img, rope.ENTRIES, stack=False)
     # The largest block the emulator accepts must be launchable: registers x threads <= 64K.
-    regs = int(re.search(r"Used (\d+) registers", img.log).group(1))
+    regs = report[rope.ENTRIES[0]].registers
     assert regs * rope.MAX_THREADS <= 65536, img.log
     # The persistent grid assumes rope._CTAS_PER_SM resident 256-thread CTAs per SM.
     assert regs * 256 * rope._CTAS_PER_SM <= 65536, img.log
-    smem = int(re.search(r"(\d+) bytes smem", img.log).group(1))
+    smem = report[rope.ENTRIES[0]].static_smem
     assert smem * rope._CTAS_PER_SM <= 227 * 1024 and smem <= 48 * 1024, img.log
 
 
@@ -132,9 +128,7 @@ def test_variants_compile_without_spills(defines):
 
     img = compile_source(rope.SOURCE, arch="sm_90", defines=meta_defines() + defines, use_cache=False,
                          verbose_resources=True)
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", img.log)
-    assert spills and all(s == "0" and l == "0" for s, l in spills), img.log
-    regs = int(re.search(r"Used (\d+) registers", img.log).group(1))
+    regs = spill_free(img, rope.ENTRIES, stack=False)[rope.ENTRIES[0]].registers
     ctas = rope._CTAS_PER_SM_LEGACY if "ROPE_LEGACY=1" in defines else rope._CTAS_PER_SM
     assert regs * 256 * ctas <= 65536 and regs * rope.MAX_THREADS <= 65536, img.log
 
