@@ -332,6 +332,9 @@ class _Views:
         self.positions3 = None
         if layout.mrope and base == 0:  # T, H and W rows, one a8(4T) stride apart: one strided [3, T] view
             f = layout.field("positions_stacked")
+            rows = [layout.field(n).offset for n in ("positions_stacked", "positions_h_stacked", "positions_w_stacked")]
+            if rows != [f.offset + i * f.padded for i in range(3)]:  # the layout's offsets, not an assumption
+                raise AssertionError(f"the T, H and W position rows are not one stride apart in the layout: {rows}")
             self.positions3 = out[f.offset:f.offset + 3 * f.padded].view(np.uint32).reshape(3, f.padded // 4)[:, :f.count]
 
 

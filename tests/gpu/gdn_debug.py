@@ -223,8 +223,7 @@ def variants(torch, rec, names=None):
         print(f"{name}: {verdict}  ({time.time() - t0:.1f} s)", flush=True)
     keys = [c[0] for c in cases]
     toks = {c[0]: c[2] for c in cases}
-    print("\nchunked GDN variants, Hk 16 Hv 32 d 128, CUDA events median (ms); fla-core 0.6.0 at 2ba1baa: "
-          "8x2048 1.2285, 1x8192 0.9783")
+    print("\nchunked GDN variants, Hk 16 Hv 32 d 128, CUDA events median (ms); fla-core: bench/gpu_compare.py, same run")
     print(f"{'variant':<26} {'regs/local':<11} " + " ".join(f"{k:>9}" for k in keys) + "  small ragged vs float64")
     for name, rl, verdict, *ms in rows:
         cells = " ".join(f"{m:9.3f}" if isinstance(m, float) else f"{'-':>9}" for m in ms)
