@@ -33,12 +33,12 @@ from .kernels import gdn_chunk as _gdnc
 from .kernels import rope as _rope
 from .kernels.args import ALIGN, I32_MAX, count, device_ptr, head_group, positive_float
 from .layout import make_scratch_plan
-from .ptr import DevicePtr
 from .staging import (
     BatchedAttnMetadata,
     StreamStageInfo,
     validate_streams,
     place_h_state_slot,
+    plain_pointers,
     reserve_h_state_slot,
     stage_stacked,
     stage_stream_metadata,
@@ -51,7 +51,6 @@ MODES = ("auto", "batched", "per_stream")
 EXPANDS = ("auto", "host", "device")
 _ATTENTION_ALIGN = {**ALIGN["rope"], **ALIGN["kv_write"], **ALIGN["attention"]}
 _STATE_ALIGN = ALIGN["gdn"]["state"]
-_PTR_TYPES = frozenset((int, DevicePtr))
 _BF16 = 2
 _F32 = 4
 
@@ -305,9 +304,7 @@ class Q12Pass:
         for name, p in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("o", o)):
             device_ptr(name, p, ALIGN["gdn"][name])
         n = len(self.streams)
-        if (type(state_ptrs) in (list, tuple) and len(state_ptrs) == n and set(map(type, state_ptrs)) <= _PTR_TYPES
-                and min(state_ptrs) > 0 and max(state_ptrs) < 1 << 64
-                and not any(p % _STATE_ALIGN for p in state_ptrs)):  # the common case, checked in bulk
+        if plain_pointers(state_ptrs, _STATE_ALIGN) and len(state_ptrs) == n:  # the common case, in bulk
             return
         if isinstance(state_ptrs, (str, bytes)) or not isinstance(state_ptrs, (Sequence, np.ndarray)):
             raise TypeError(f"state_ptrs must be a sequence of {n} device pointers, got {type(state_ptrs).__name__}")

@@ -730,6 +730,13 @@ def stage_stream_metadata(
 _PTR_TYPES = frozenset((int, DevicePtr))
 
 
+def plain_pointers(values, align: int = 1) -> bool:
+    """Whether ``values`` (a list or tuple) are all exact ``int``/``DevicePtr`` addresses in (0, 2**64),
+    multiples of ``align``: the common case, checked in bulk (callers name the bad entry otherwise)."""
+    return (type(values) in (list, tuple) and len(values) > 0 and set(map(type, values)) <= _PTR_TYPES
+            and min(values) > 0 and max(values) <= _U64_MAX and (align == 1 or not any(p % align for p in values)))
+
+
 class HStateSlot:
     """The per-SSM-layer ``h_state_ptrs`` slot: ``n`` u64 at ``offset`` (= staging offset + staged_bytes).
 
@@ -777,8 +784,7 @@ class HStateSlot:
         if len(state_ptrs) != self.n:
             raise ValueError(f"h_state_ptrs needs exactly {self.n} pointers (one per stream), got {len(state_ptrs)}")
         values = state_ptrs if type(state_ptrs) is list else list(state_ptrs)
-        types = set(map(type, values))
-        if not (types <= _PTR_TYPES and min(values) > 0 and max(values) <= _U64_MAX):  # the precise, named checks
+        if not plain_pointers(values):  # the precise, named checks
             values = [_int(f"state_ptrs[{b}]", p, 1, _U64_MAX) for b, p in enumerate(values)]
         self._write(values, stream)
 
