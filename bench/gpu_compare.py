@@ -660,7 +660,8 @@ def attn_flops(d, hq, q_lens, kv_lens) -> float:
 
 
 def section_attention():
-    """ops.attention (the default kernel) on the issue's cases vs torch FA2 and cuDNN; TFLOP/s by the pairs formula."""
+    """ops.attention (both kernels: algo "mma" and "wgmma") on the issue's cases vs torch FA2 and cuDNN; TFLOP/s by
+    the pairs formula."""
     from q12drv.kernels import ops
 
     dev = DEV
@@ -703,25 +704,31 @@ def _attention_case(dev, ops, cname, d, q_lens, prefixes, hq, hkv, bs, q, kp, vp
                                            scratch_offset_bytes=0, dummy_kv_block=0)
         dev.synchronize()
 
-        def q12():
-            ops.attention(dev, meta, q.ptr, kp.ptr, vp.ptr, o.ptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d)
+        for algo in ops.ATTN_ALGOS:  # both kernels (wgmma: head dims 128 and 256)
+            ops.attention_entry(algo, d)
 
-        r["q12drv_us"] = q12_events_us(dev, q12, reps(20, 1))
-        r["q12drv_tflops"] = r["flop"] / r["q12drv_us"] * 1e-6
+            def q12(algo=algo):
+                ops.attention(dev, meta, q.ptr, kp.ptr, vp.ptr, o.ptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
+                              algo=algo)
+
+            r[f"q12drv_{algo}_us"] = q12_events_us(dev, q12, reps(20, 1))
         if gpu():
             _comparator(f"attention/torch {cname} D{d}",
                         lambda: r.update(_attention_torch(q_lens, kv_lens, hq, hkv, d, reps(20, 1))))
-        line = f"   attention {cname:26s} D{d}: q12drv {r['q12drv_us']:9.1f} us {r['q12drv_tflops']:6.1f} TFLOP/s"
-        for comp in ("flash", "cudnn", "flash_gqa", "cudnn_gqa"):
-            if r.get(f"{comp}_us"):
-                line += (f" | {comp} {r[f'{comp}_us']:9.1f} us {r['flop'] / r[f'{comp}_us'] * 1e-6:6.1f} TFLOP/s"
-                         f" q12/{comp} {r['q12drv_us'] / r[f'{comp}_us']:.3f}")
-        print(line, flush=True)
-        for comp, goal in (("flash", ("<=", 1.0)), ("cudnn", ("<=", 1.25)), ("flash_gqa", ("<=", 1.0)),
-                           ("cudnn_gqa", ("<=", 1.25))):
-            if r.get(f"{comp}_us"):
-                row(f"attention {cname} D{d}", r["q12drv_us"], r[f"{comp}_api"], r[f"{comp}_us"], goal,
-                    note=f"TFLOP/s {r['q12drv_tflops']:.0f} vs {r['flop'] / r[f'{comp}_us'] * 1e-6:.0f}")
+        for algo in ops.ATTN_ALGOS:
+            us = r[f"q12drv_{algo}_us"]
+            tf = r["flop"] / us * 1e-6
+            line = f"   attention {cname:26s} D{d} {algo:5s}: q12drv {us:9.1f} us {tf:6.1f} TFLOP/s"
+            for comp in ("flash", "cudnn", "flash_gqa", "cudnn_gqa"):
+                if r.get(f"{comp}_us"):
+                    line += (f" | {comp} {r[f'{comp}_us']:9.1f} us {r['flop'] / r[f'{comp}_us'] * 1e-6:6.1f} TFLOP/s"
+                             f" q12/{comp} {us / r[f'{comp}_us']:.3f}")
+            print(line, flush=True)
+            for comp, goal in (("flash", ("<=", 1.0)), ("cudnn", ("<=", 1.25)), ("flash_gqa", ("<=", 1.0)),
+                               ("cudnn_gqa", ("<=", 1.25))):
+                if r.get(f"{comp}_us"):
+                    row(f"attention {cname} D{d} {algo}", us, r[f"{comp}_api"], r[f"{comp}_us"], goal,
+                        note=f"TFLOP/s {tf:.0f} vs {r['flop'] / r[f'{comp}_us'] * 1e-6:.0f}")
     finally:
         dev.synchronize()
         arena.close()

@@ -253,19 +253,20 @@ class PassGraph:
         return slot
 
     def attention_layer(self, q: int, k: int, v: int, k_pool: int, v_pool: int, o: int, shape: AttentionShape, *,
-                        num_blocks: int) -> None:
+                        num_blocks: int, algo: str = "mma") -> None:
         """RoPE, KV write and attention over the padded pass (as :meth:`Q12Pass.attention_layer`, batched).
 
         Q/K/V/O hold ``max_tokens`` rows; rows past the real tokens are scratch.
         """
         m, dev, st = self.meta, self.device, self.stream
+        ops.attention_entry(algo, shape.head_dim)  # a bad algo raises before the first launch
         ops.rope(dev, m, q, k, num_q_heads=shape.num_q_heads, num_kv_heads=shape.num_kv_heads,
                  head_dim=shape.head_dim, rotary_dim=shape.rotary_dim, theta=shape.rope_theta,
                  mrope_mode=shape.mrope_mode, sections=shape.mrope_section, stream=st)
         ops.kv_write(dev, m, k, v, k_pool, v_pool, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
                      num_blocks=num_blocks, stream=st)
         ops.attention(dev, m, q, k_pool, v_pool, o, num_q_heads=shape.num_q_heads, num_kv_heads=shape.num_kv_heads,
-                      head_dim=shape.head_dim, scale=shape.scale, stream=st)
+                      head_dim=shape.head_dim, scale=shape.scale, algo=algo, stream=st)
 
     def gdn_layer(self, layer: int, q: int, k: int, v: int, g: int, beta: int, o: int, shape: GdnShape, *,
                   algo: str = "chunked", workspace: int | None = None, workspace_bytes: int | None = None) -> None:

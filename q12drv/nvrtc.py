@@ -26,6 +26,8 @@ __all__ = [
     "cuda_header_dir",
     "nvrtc_version",
     "compile_source",
+    "target_arch",
+    "ARCH_SPECIFIC_SOURCES",
     "cache_dir",
 ]
 
@@ -136,6 +138,27 @@ def _headers_digest(source: str, include_dirs: list[str]) -> bytes:
     return digest.digest()
 
 
+#: Sources that use architecture-specific instructions (wgmma): on sm_90 they compile for sm_90a.
+ARCH_SPECIFIC_SOURCES = frozenset({"attn_wgmma.cu"})
+
+
+def target_arch(filename: str, arch: str) -> str:
+    """The target ``filename`` compiles for on a device of ``arch``: ``arch`` itself, or ``sm_90a``
+    for an :data:`ARCH_SPECIFIC_SOURCES` file on ``sm_90`` / ``sm_90a``.
+
+    Raises
+    ------
+    ValueError
+        An architecture-specific source on any other architecture (wgmma exists on sm_90a only).
+    """
+    if filename not in ARCH_SPECIFIC_SOURCES:
+        return arch
+    if arch in ("sm_90", "sm_90a"):
+        return "sm_90a"
+    raise ValueError(f"{filename} uses wgmma, which exists on sm_90a (Hopper) only; the target is {arch}: "
+                     f"use the mma.sync kernels (algo='mma') there")
+
+
 def compile_source(
     filename: str,
     *,
@@ -151,7 +174,8 @@ def compile_source(
     filename : str
         File name inside :func:`cuda_src_dir` (e.g. ``"attn_prefill.cu"``).
     arch : str
-        Target, ``"sm_90"`` for the H200 (``"sm_90a"`` for wgmma kernels).
+        Target, ``"sm_90"`` for the H200; :func:`target_arch` turns it into ``"sm_90a"`` for the
+        sources that use wgmma.
     defines : sequence of str
         ``NAME=VALUE`` macros (the metadata mirror's offsets among them).
     use_cache : bool
@@ -168,6 +192,8 @@ def compile_source(
     ------
     NvrtcError
         With NVRTC's full log when the source does not compile.
+    ValueError
+        An architecture-specific source for a target that lacks its instructions.
     """
     from cuda.core import Program, ProgramOptions
     from cuda.core.utils import FileStreamProgramCache, make_program_cache_key
@@ -176,6 +202,7 @@ def compile_source(
     path = src_dir / filename
     if not path.is_file():
         raise FileNotFoundError(f"no kernel source {filename!r} in {src_dir}")
+    arch = target_arch(filename, arch)
     source = path.read_text()
     include_dirs = [str(src_dir), cuda_header_dir()]
     options = ProgramOptions(

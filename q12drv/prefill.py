@@ -344,26 +344,27 @@ class Q12Pass:
             run(meta, b, int(self.cu_seqlens[b]))
 
     def attention_layer(self, q: int, k: int, v: int, k_pool: int, v_pool: int, o: int, shape: AttentionShape, *,
-                        num_blocks: int) -> None:
+                        num_blocks: int, algo: str = "mma") -> None:
         """RoPE on Q ``[T, Hq, D]`` and K ``[T, Hkv, D]`` (in place), write K/V to the pools, attention into O.
 
         All arguments are device pointers to packed bf16 rows (stream b's rows start at
-        ``cu_seqlens[b]``); ``num_blocks`` is the pools' block count.
+        ``cu_seqlens[b]``); ``num_blocks`` is the pools' block count; ``algo`` picks the attention
+        kernel (:data:`q12drv.kernels.ops.ATTN_ALGOS`: ``"mma"`` or ``"wgmma"``).
 
         Raises
         ------
         TypeError, ValueError
-            A bad pointer (NULL, misaligned), shape or ``num_blocks``, or a block table (host copy)
-            with an entry ``>= num_blocks`` where attention reads it: raised before anything is
-            enqueued, so no buffer has changed.
+            A bad pointer (NULL, misaligned), shape, ``num_blocks`` or ``algo`` (or a head dim it has
+            no kernel for), or a block table (host copy) with an entry ``>= num_blocks`` where
+            attention reads it: raised before anything is enqueued, so no buffer has changed.
         """
         self._check_attention(q, k, v, k_pool, v_pool, o, shape, num_blocks)
+        entry = ops.attention_entry(algo, shape.head_dim)
         # every argument is checked now (pointers, shape, tables, num_blocks): the launches go
         # straight to the kernels' argument blocks
         hq, hkv, d, rd = shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.rotary_dim
         theta, mode, sections = float(shape.rope_theta), shape.mrope_mode, tuple(shape.mrope_section)
         scale = float(d ** -0.5 if shape.scale is None else shape.scale)
-        entry = _attn.entry_for_head_dim(d)
         dev, st, row_elems = self.device, self.stream, hkv * d
         num_slots = int(num_blocks) * self.block_size
         q, k, v, k_pool, v_pool, o = int(q), int(k), int(v), int(k_pool), int(v_pool), int(o)

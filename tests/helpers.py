@@ -1,4 +1,5 @@
-"""Shared builders for tests: realistic stream inputs with device-resident block tables."""
+"""Shared builders for tests: realistic stream inputs with device-resident block tables, layer buffers,
+relative errors."""
 
 from __future__ import annotations
 
@@ -36,6 +37,82 @@ def make_streams(dev, counts, starts=None, *, block_size=16, num_blocks=None, rn
             mp = np.stack([np.full(c, s, np.int64), s + np.arange(c) // 4, s + np.arange(c) % 4]).astype(np.int64)
         streams.append(StreamStageInfo(s, c, tables[b], int(buf.ptr) + t_off, seq_ptr, mp))
     return streams, buf
+
+
+def shuffled_tables(rng, blocks_per_stream, num_blocks) -> list:
+    """Per-stream int32 block tables: consecutive slices of one random permutation of ``num_blocks`` blocks."""
+    perm = rng.permutation(num_blocks)
+    tables, at = [], 0
+    for nb in blocks_per_stream:
+        tables.append(perm[at:at + nb].astype(np.int32))
+        at += nb
+    return tables
+
+
+def paged_streams(rng, lens, starts, block_size, num_blocks):
+    """Block tables dealt round-robin from a random pool permutation (streams interleave), positions, slots."""
+    need = [-(-(s + n) // block_size) for s, n in zip(starts, lens)]
+    assert sum(need) <= num_blocks
+    perm = iter(rng.permutation(num_blocks))
+    tables = [[] for _ in lens]
+    while any(len(t) < n for t, n in zip(tables, need)):
+        for b, t in enumerate(tables):
+            if len(t) < need[b]:
+                t.append(int(next(perm)))
+    tables = [np.array(t, dtype=np.int32) for t in tables]
+    positions = [np.arange(s, s + n, dtype=np.int64) for s, n in zip(starts, lens)]
+    slots = [tb[p // block_size].astype(np.int64) * block_size + p % block_size for tb, p in zip(tables, positions)]
+    return tables, positions, slots
+
+
+def rel_err(a, b) -> float:
+    """Relative L2 error of ``a`` against the reference ``b``, in float64."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def rel_err_bf16(a_bits, b_bits) -> float:
+    """:func:`rel_err` of two bf16 bit-pattern arrays."""
+    from q12drv.bf16 import from_bf16_bits
+
+    return rel_err(from_bf16_bits(a_bits), from_bf16_bits(b_bits))
+
+
+class LayerBuffers:
+    """Device buffers (optionally followed by a 0xA5 guard band) for one attention + one GDN layer's host inputs."""
+
+    def __init__(self, dev, host: dict, *, label: str = "", guard: int = 0):
+        self.dev, self.host, self.guard = dev, host, guard
+        self.bufs = {k: dev.alloc(a.nbytes + guard, f"{label}{k}") for k, a in host.items()}
+
+    def upload(self) -> None:
+        """Write every host input (and its guard band) to its buffer."""
+        for k, a in self.host.items():
+            if self.guard:
+                self.dev.memset(self.bufs[k].ptr, 0xA5, a.nbytes + self.guard)
+            self.dev.upload(self.bufs[k].ptr, a)
+
+    def p(self, k: str) -> int:
+        """The device address of input ``k``."""
+        return int(self.bufs[k].ptr)
+
+    def states(self, n: int) -> list:
+        """The addresses of the first ``n`` streams' GDN states."""
+        return [self.p("states") + b * self.host["states"][0].nbytes for b in range(n)]
+
+    def attention_args(self) -> tuple:
+        """q, k, v, k_pool, v_pool, o: the pointer arguments of ``Q12Pass.attention_layer``."""
+        return tuple(self.p(k) for k in ("q", "k", "v", "k_pool", "v_pool", "o"))
+
+    def gdn_args(self, n: int) -> tuple:
+        """states, gq, gk, gv, g, beta, go: the pointer arguments of ``Q12Pass.gdn_layer`` for ``n`` streams."""
+        return (self.states(n), *(self.p(k) for k in ("gq", "gk", "gv", "g", "beta", "go")))
+
+    def get(self, k: str) -> np.ndarray:
+        """Input ``k`` read back as its host array; asserts its guard band is intact."""
+        raw = self.dev.download(self.bufs[k].ptr, self.host[k].nbytes + self.guard)
+        assert raw[len(raw) - self.guard:] == b"\xa5" * self.guard, f"guard band after {k} overwritten"
+        return np.frombuffer(raw[:len(raw) - self.guard], self.host[k].dtype).reshape(self.host[k].shape).copy()
 
 
 class FakeMem:

@@ -10,7 +10,7 @@ import numpy as np
 from q12drv import ScratchArena, make_scratch_plan
 from q12drv.demo import layer_inputs
 from q12drv.prefill import AttentionShape, GdnShape, Q12Pass
-from tests.helpers import make_streams
+from tests.helpers import LayerBuffers, make_streams
 
 COUNTS = (37, 5, 64)
 STARTS = (16, 0, 100)
@@ -35,8 +35,7 @@ class World:
     plan: object
     arena: ScratchArena
     q12: Q12Pass
-    host: dict
-    bufs: dict
+    layer: LayerBuffers
     num_blocks: int
 
     @classmethod
@@ -46,9 +45,8 @@ class World:
         plan = make_scratch_plan(list(COUNTS), 4, True, "exact")
         arena = ScratchArena(dev, plan.total_bytes + 4096)
         num_blocks = int(max(int(s.block_table.max()) for s in streams)) + 1
-        host = host_inputs(rng, sum(COUNTS), len(COUNTS), num_blocks)
-        bufs = {k: dev.alloc(a.nbytes, f"world {k}") for k, a in host.items()}
-        w = cls(dev, streams, tables, plan, arena, None, host, bufs, num_blocks)
+        layer = LayerBuffers(dev, host_inputs(rng, sum(COUNTS), len(COUNTS), num_blocks), label="world ")
+        w = cls(dev, streams, tables, plan, arena, None, layer, num_blocks)
         w.upload_inputs()
         w.q12 = w.new_pass(mode)
         if run_layers:
@@ -65,21 +63,19 @@ class World:
         return Q12Pass(self.arena, self.streams, **args)
 
     def upload_inputs(self) -> None:
-        for k, a in self.host.items():
-            self.dev.upload(self.bufs[k].ptr, a)
+        self.layer.upload()
 
     def p(self, name: str) -> int:
-        return int(self.bufs[name].ptr)
+        return self.layer.p(name)
 
     def state_ptrs(self) -> list:
-        size = self.host["states"][0].nbytes
-        return [self.p("states") + b * size for b in range(len(self.streams))]
+        return self.layer.states(len(self.streams))
 
     def attention_args(self) -> tuple:
-        return (self.p("q"), self.p("k"), self.p("v"), self.p("k_pool"), self.p("v_pool"), self.p("o"))
+        return self.layer.attention_args()
 
     def gdn_args(self) -> tuple:
-        return (self.state_ptrs(), self.p("gq"), self.p("gk"), self.p("gv"), self.p("g"), self.p("beta"), self.p("go"))
+        return self.layer.gdn_args(len(self.streams))
 
     def run_layers(self, q12: Q12Pass | None = None) -> None:
         q12 = q12 or self.q12
@@ -88,7 +84,7 @@ class World:
 
     def outputs(self) -> dict:
         self.dev.synchronize()
-        return {k: self.dev.download(self.bufs[k].ptr, self.host[k].nbytes)
+        return {k: self.dev.download(self.layer.bufs[k].ptr, self.layer.host[k].nbytes)
                 for k in ("q", "k", "o", "k_pool", "v_pool", "go", "states")}
 
     def close(self) -> None:

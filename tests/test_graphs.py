@@ -11,7 +11,7 @@ from q12drv.graphs import PassGraph, capture
 from q12drv.kernels import gdn_chunk
 from q12drv.prefill import AttentionShape, GdnShape, Q12Pass
 from q12drv.staging import unpack_metadata
-from tests.helpers import make_streams
+from tests.helpers import LayerBuffers, make_streams
 
 BS = 16
 ATT = AttentionShape(4, 2, 64, 32, 1e4)
@@ -58,11 +58,10 @@ def test_deferred_replay_catches_a_pinned_rewrite_under_a_pending_replay():
         dev.driver._drain(dev.stream.raw)
 
 
-class World:
+class World(LayerBuffers):
     """Inputs for one attention + one GDN layer over up to MAX_TOKENS rows, and buffers to run them on."""
 
     def __init__(self, dev, rng):
-        self.dev = dev
         self.batches = {}
         for name, (counts, starts) in (("A", BATCH_A), ("B", BATCH_B)):
             streams, tables = make_streams(dev, counts, starts, block_size=BS, num_blocks=40, rng=rng)
@@ -70,7 +69,7 @@ class World:
         self.num_blocks = 40
         t, hq, hkv, d = MAX_TOKENS, ATT.num_q_heads, ATT.num_kv_heads, ATT.head_dim
         hk, hv, dg = GDN.num_k_heads, GDN.num_v_heads, GDN.head_dim
-        self.host = {
+        host = {
             "q": to_bf16_bits(rng.standard_normal((t, hq, d))), "k": to_bf16_bits(rng.standard_normal((t, hkv, d))),
             "v": to_bf16_bits(rng.standard_normal((t, hkv, d))), "o": np.zeros((t, hq, d), np.uint16),
             "k_pool": to_bf16_bits(rng.standard_normal((40, BS, hkv, d))),
@@ -81,18 +80,11 @@ class World:
             "beta": (1 / (1 + np.exp(-rng.standard_normal((t, hv))))).astype(np.float32),
             "states": (rng.standard_normal((MAX_STREAMS, hv, dg, dg)) * 0.1).astype(np.float32),
         }
-        self.bufs = {k: dev.alloc(v.nbytes, k) for k, v in self.host.items()}
+        super().__init__(dev, host)
         self.state_bytes = self.host["states"][0].nbytes
 
     def reset(self):
-        for k, v in self.host.items():
-            self.dev.upload(self.bufs[k].ptr, v)
-
-    def p(self, k):
-        return int(self.bufs[k].ptr)
-
-    def states(self, n):
-        return [self.p("states") + b * self.state_bytes for b in range(n)]
+        self.upload()
 
     def read(self, real, n):
         out = {}
@@ -113,16 +105,13 @@ class World:
             chunks = [(s.proc_start + s.proc_count, s.proc_count, 0, False) for s in streams]  # cached heads
             q12 = Q12Pass(arena, streams, block_size=BS, use_mrope=False, dummy_kv_block=0, head_dim=ATT.head_dim,
                           chunks=chunks, policy="exact", mode="batched")
-            q12.attention_layer(self.p("q"), self.p("k"), self.p("v"), self.p("k_pool"), self.p("v_pool"), self.p("o"),
-                                ATT, num_blocks=self.num_blocks)
-            q12.gdn_layer(self.states(len(streams)), self.p("gq"), self.p("gk"), self.p("gv"), self.p("g"),
-                          self.p("beta"), self.p("go"), GDN)
+            q12.attention_layer(*self.attention_args(), ATT, num_blocks=self.num_blocks)
+            q12.gdn_layer(*self.gdn_args(len(streams)), GDN)
             self.dev.synchronize()
         return self.read(sum(counts), len(streams))
 
     def body(self, gp, algo="chunked"):
-        gp.attention_layer(self.p("q"), self.p("k"), self.p("v"), self.p("k_pool"), self.p("v_pool"), self.p("o"), ATT,
-                           num_blocks=self.num_blocks)
+        gp.attention_layer(*self.attention_args(), ATT, num_blocks=self.num_blocks)
         ws = {}
         if algo == "split":  # sized for the graph's maxima, allocated before the capture
             ws = dict(workspace=int(self.ws.ptr), workspace_bytes=self.ws_bytes)

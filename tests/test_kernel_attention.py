@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import FakeMem, spill_free
+from tests.helpers import FakeMem, shuffled_tables, spill_free
 from q12drv.bf16 import from_bf16_bits, to_bf16_bits
 from q12drv.kernels import attention as attn
 from q12drv.kernels.meta import Q12MetaC, meta_defines
@@ -30,11 +30,7 @@ def make_case(rng, q_lens, prefixes, *, hq, hkv, d, bs, spare_blocks=3):
     cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
     nblk = [-(-int(k) // bs) for k in kv_lens]
     num_blocks = sum(nblk) + spare_blocks
-    perm = rng.permutation(num_blocks)
-    tables, at = [], 0
-    for nb in nblk:
-        tables.append(perm[at : at + nb].astype(np.int32))
-        at += nb
+    tables = shuffled_tables(rng, nblk, num_blocks)
     q = _bf16(rng, (int(cu[-1]), hq, d))
     k_pool = _bf16(rng, (num_blocks, bs, hkv, d))
     v_pool = _bf16(rng, (num_blocks, bs, hkv, d))
@@ -252,15 +248,17 @@ def test_emulator_ds_geometry(d):
 
 
 def test_variants_compile_without_spills():
-    # The configurations tests/gpu/attn_variants.py measures must compile for sm_90 with no spills.
+    # The configurations tests/gpu/attn_variants.py measures (both kernels) must compile with no spills.
+    from q12drv.kernels import attention_wgmma as attnw
     from tests.gpu.attn_variants import VARIANTS
 
-    for name, defs in VARIANTS:
-        img = compile_source(attn.SOURCE, defines=tuple(meta_defines()) + tuple(defs), use_cache=False,
+    for name, kind, defs in VARIANTS:
+        mod = {"mma": attn, "wgmma": attnw}[kind]
+        img = compile_source(mod.SOURCE, defines=tuple(meta_defines()) + tuple(defs), use_cache=False,
                              verbose_resources=True)
-        spill_free(img, [attn.HEAD_DIMS[d] for d in (128, 256)])
+        spill_free(img, [mod.HEAD_DIMS[d] for d in (128, 256)])
         for d in (128, 256):
-            assert attn.config(d, defs)["smem"] <= 227 * 1024, f"{name} {attn.HEAD_DIMS[d]}: too much shared memory"
+            assert mod.config(d, defs)["smem"] <= 227 * 1024, f"{name} {mod.HEAD_DIMS[d]}: too much shared memory"
 
 
 @pytest.mark.parametrize("defs", [(), VARIANT])

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from tests.helpers import FakeMem, spill_free
+from tests.helpers import FakeMem, rel_err, spill_free
 from q12drv.bf16 import from_bf16_bits, to_bf16_bits
 from q12drv.kernels import gdn
 from q12drv.kernels.meta import Q12MetaC, meta_defines
@@ -252,11 +252,6 @@ def test_geometry():
 from q12drv.kernels import gdn_chunk  # noqa: E402
 
 
-def _rel(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
 # numpy model of gdn_chunk.cu vs the float64 token-by-token reference (measured: o ~3.7e-3, the
 # bf16 rounding of o alone is ~2.5e-3; state 1e-4..3e-4). Bounds with margin:
 CHUNK_O_REL, CHUNK_STATE_REL = 8e-3, 1e-3
@@ -274,8 +269,8 @@ def test_chunked_model_matches_reference_on_ragged_streams(d, hk, hv, lens):
         if e == s:
             np.testing.assert_array_equal(fin[b], inputs[-1][b])
             continue
-        eo = _rel(from_bf16_bits(o[s:e]), from_bf16_bits(o_ref[s:e]))
-        es = _rel(fin[b], fin_ref[b])
+        eo = rel_err(from_bf16_bits(o[s:e]), from_bf16_bits(o_ref[s:e]))
+        es = rel_err(fin[b], fin_ref[b])
         assert eo < CHUNK_O_REL, f"stream {b} (len {e - s}): o rel err {eo:.2e}"
         assert es < CHUNK_STATE_REL, f"stream {b} (len {e - s}): state rel err {es:.2e}"
 
@@ -285,12 +280,12 @@ def test_chunked_model_long_stream_and_the_update_split_matters():
     inputs = make_inputs(rng, [1100], 1, 1, 64, 64, state_scale=1.0)
     o_ref, fin_ref = gdn.reference(*inputs)
     o, fin = gdn_chunk.chunked_reference(*inputs)
-    assert _rel(from_bf16_bits(o), from_bf16_bits(o_ref)) < CHUNK_O_REL
-    es = _rel(fin, fin_ref)
+    assert rel_err(from_bf16_bits(o), from_bf16_bits(o_ref)) < CHUNK_O_REL
+    es = rel_err(fin, fin_ref)
     assert es < CHUNK_STATE_REL
     # bf16 K in the state update (no hi/lo split) costs several times the state error
     _, fin_bf16 = gdn_chunk.chunked_reference(*inputs, update_split=False)
-    assert _rel(fin_bf16, fin_ref) > 2 * es
+    assert rel_err(fin_bf16, fin_ref) > 2 * es
 
 
 def test_chunked_model_chunk_size_independent_of_stream_splits():

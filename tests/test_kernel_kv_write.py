@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import FakeMem, spill_free
+from tests.helpers import FakeMem, paged_streams, spill_free
 from q12drv.kernels import kv_write as kw
 from q12drv.kernels.meta import Q12MetaC, meta_defines
 
@@ -18,24 +18,6 @@ POISON = 0xFFFF
 
 # ----------------------------------------------------------------------------- fake device memory
 # ----------------------------------------------------------------------------- metadata builder
-def build_streams(rng, lens, starts, block_size, num_blocks):
-    """Block tables (physical blocks of all streams interleaved at random), positions, slots."""
-    need = [-(-(s + n) // block_size) for s, n in zip(starts, lens)]
-    assert sum(need) <= num_blocks
-    perm = rng.permutation(num_blocks)
-    # Deal blocks round-robin so that tables of different streams interleave in the pool.
-    tables = [[] for _ in lens]
-    it = iter(perm)
-    while any(len(t) < n for t, n in zip(tables, need)):
-        for b, t in enumerate(tables):
-            if len(t) < need[b]:
-                t.append(int(next(it)))
-    tables = [np.array(t, dtype=np.int32) for t in tables]
-    positions = [np.arange(s, s + n, dtype=np.int64) for s, n in zip(starts, lens)]
-    slots = [tb[p // block_size].astype(np.int64) * block_size + p % block_size for tb, p in zip(tables, positions)]
-    return tables, positions, slots
-
-
 def make_meta(mem: FakeMem, slots_list, positions_list, tables, starts):
     lens = [len(s) for s in slots_list]
     n = len(lens)
@@ -130,7 +112,7 @@ def test_reference_matches_textbook(block_size):
     lens = [1, 15, 16, 17, 63, 65]
     starts = [0, 3, block_size - 1, 5, 0, block_size + 7]
     num_blocks = 40
-    tables, positions, slots = build_streams(rng, lens, starts, block_size, num_blocks)
+    tables, positions, slots = paged_streams(rng, lens, starts, block_size, num_blocks)
     T = sum(lens)
     k = rand_bf16(rng, (T, hkv, d))
     v = rand_bf16(rng, (T, hkv, d))
@@ -191,7 +173,7 @@ def test_emulator_batched_equals_per_stream(block_size):
     lens = [1, 15, 16, 17, 63, 64, 65, 130]
     starts = [int(x) for x in rng.integers(0, 3 * block_size, len(lens))]
     num_blocks = sum(-(-(s + n) // block_size) for s, n in zip(starts, lens)) + 5
-    tables, positions, slots = build_streams(rng, lens, starts, block_size, num_blocks)
+    tables, positions, slots = paged_streams(rng, lens, starts, block_size, num_blocks)
     slots[2][3] = -1  # a padding token inside a stream
     T = sum(lens)
     k = rand_bf16(rng, (T, hkv, d))
@@ -229,7 +211,7 @@ def test_emulator_batched_equals_per_stream(block_size):
 def test_emulator_uses_total_tokens_and_skips_out_of_range():
     rng = np.random.default_rng(3)
     bs, hkv, d = 16, 1, 8
-    tables, positions, slots = build_streams(rng, [5], [0], bs, 4)
+    tables, positions, slots = paged_streams(rng, [5], [0], bs, 4)
     slots[0][4] = 4 * bs + 100  # beyond the pool: must be skipped, not raise
     mem = FakeMem()
     meta = make_meta(mem, slots, positions, tables, [0])
@@ -256,7 +238,7 @@ def test_emulator_uses_total_tokens_and_skips_out_of_range():
 )
 def test_emulator_rejects_bad_launch(grid, block):
     rng = np.random.default_rng(0)
-    tables, positions, slots = build_streams(rng, [3], [0], 16, 2)
+    tables, positions, slots = paged_streams(rng, [3], [0], 16, 2)
     mem = FakeMem()
     meta = make_meta(mem, slots, positions, tables, [0])
     k = rand_bf16(rng, (3, 1, 8))
@@ -309,7 +291,7 @@ def test_emulator_property_batched_vs_textbook(lens, block_size, seed):
     rng = np.random.default_rng(seed)
     starts = [int(x) for x in rng.integers(0, 20, len(lens))]
     num_blocks = sum(-(-(s + n) // block_size) for s, n in zip(starts, lens)) + 2
-    tables, positions, slots = build_streams(rng, lens, starts, block_size, num_blocks)
+    tables, positions, slots = paged_streams(rng, lens, starts, block_size, num_blocks)
     T = sum(lens)
     k = rand_bf16(rng, (T, 1, 8))
     v = rand_bf16(rng, (T, 1, 8))

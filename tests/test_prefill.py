@@ -198,3 +198,16 @@ def test_gdn_layer_takes_state_pointers_as_a_numpy_array_too(emu):
             q12.gdn_layer(ptrs, *rest)
             emu.synchronize()
             assert np.frombuffer(arena.read(q12.h_slot.offset, 16), np.uint64).tolist() == states
+
+
+def test_attention_layer_algo_is_checked_before_anything_is_enqueued(emu):
+    with two_streams(emu, 6) as (arena, streams, host, p, num_blocks):
+        q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4)
+        args = (p["q"], p["k"], p["v"], p["kp"], p["vp"], p["o"], SHAPE)
+        with pytest.raises(ValueError, match="attention algo must be one of"):
+            q12.attention_layer(*args, num_blocks=num_blocks, algo="flash")
+        with pytest.raises(ValueError, match="no wgmma attention kernel for head_dim=64"):
+            q12.attention_layer(*args, num_blocks=num_blocks, algo="wgmma")
+        emu.synchronize()
+        for name in ("q", "k", "o", "kp"):  # no RoPE, no KV write, no attention ran
+            assert emu.download(p[name], host[name].nbytes) == host[name].tobytes(), name

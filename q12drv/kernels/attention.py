@@ -54,6 +54,7 @@ __all__ = [
     "geometry",
     "reference",
     "emulate_attention",
+    "emulate_paged",
     "EMULATORS",
 ]
 
@@ -299,11 +300,14 @@ def reference(
     return to_bf16_bits(out)
 
 
-def _emulate(head_dim: int, args: dict, mem, grid, block, defines=()) -> None:
+def emulate_paged(name: str, head_dim: int, cfg: dict, args: dict, mem, grid, block) -> None:
+    """Run one launch of attention entry ``name`` on the emulated driver: read the metadata, block
+    tables, Q and the pools through ``mem`` as the kernel does, write each stream's O rows from
+    :func:`reference`. ``cfg``: the entry's ``threads``, ``block_m`` and ``GQA`` (rows per CTA and
+    whether they are (token, head) pairs), against which ``grid`` and ``block`` are checked."""
     meta = args["m"]
     n = int(meta.batch_size)
     hq, hkv, bs = int(args["num_q_heads"]), int(args["num_kv_heads"]), int(args["block_size"])
-    name = HEAD_DIMS[head_dim]
     if hq <= 0 or hkv <= 0 or hq % hkv or bs <= 0:
         raise ValueError(f"{name}: bad heads/block_size Hq={hq} Hkv={hkv} block_size={bs}")
     if not float(args["scale"]) > 0:
@@ -315,7 +319,6 @@ def _emulate(head_dim: int, args: dict, mem, grid, block, defines=()) -> None:
     q_lens = cu[1:] - cu[:-1]
     if (q_lens < 0).any():
         raise ValueError(f"{name}: cu_seqlens not non-decreasing: {cu.tolist()}")
-    cfg = config(head_dim, defines)
     if tuple(block) != (cfg["threads"], 1, 1):
         raise ValueError(f"{name}: block must be ({cfg['threads']}, 1, 1), got {tuple(block)}")
     per_token, need_y = (hq // hkv, hkv) if cfg["GQA"] else (1, hq)
@@ -362,11 +365,11 @@ def emulate_attention(head_dim: int, defines=()):
         ``mem`` as the kernel does, runs :func:`reference` and writes each stream's O rows in
         place. Raises ``ValueError`` when ``grid`` / ``block`` would not cover the work.
     """
-    config(head_dim, defines)
-    defines = tuple(defines)
+    cfg = config(head_dim, defines)
+    name = HEAD_DIMS[int(head_dim)]
 
     def emulate(args: dict, mem, grid, block) -> None:
-        _emulate(int(head_dim), args, mem, grid, block, defines)
+        emulate_paged(name, int(head_dim), cfg, args, mem, grid, block)
 
     emulate.__name__ = f"emulate_{HEAD_DIMS[int(head_dim)]}"
     return emulate

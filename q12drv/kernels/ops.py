@@ -15,6 +15,7 @@ from ..device import Device
 from ..launch import Launch, load_module
 from ..staging import BatchedAttnMetadata
 from . import attention as _attn
+from . import attention_wgmma as _attnw
 from . import expand as _expand
 from . import gdn as _gdn
 from . import gdn_chunk as _gdnc
@@ -23,7 +24,7 @@ from . import args as _args
 from . import rope as _rope
 from .meta import Q12MetaC, meta_defines, meta_struct
 
-__all__ = ["kv_write", "rope", "attention", "gdn", "GDN_ALGOS", "GDN_MODULES", "enqueue_kv_write", "enqueue_rope",
+__all__ = ["kv_write", "rope", "attention", "gdn", "ATTN_ALGOS", "attention_entry", "GDN_ALGOS", "GDN_MODULES", "enqueue_kv_write", "enqueue_rope",
            "enqueue_attention", "enqueue_gdn", "check_gdn_algo", "gdn_workspace", "prepared", "SOURCES", "ENTRIES", "struct_types"]
 
 #: Every kernel source and its entries.
@@ -31,6 +32,7 @@ SOURCES = {
     _kvw.SOURCE: _kvw.ENTRIES,
     _rope.SOURCE: _rope.ENTRIES,
     _attn.SOURCE: _attn.ENTRIES,
+    _attnw.SOURCE: _attnw.ENTRIES,
     _gdn.SOURCE: _gdn.ENTRIES,
     _gdnc.SOURCE: _gdnc.ENTRIES,
     _expand.SOURCE: _expand.ENTRIES,
@@ -70,8 +72,31 @@ _rope_geometry = lru_cache(maxsize=1024, typed=True)(_rope.geometry)
 _rope_params = lru_cache(maxsize=256, typed=True)(_rope.check_params)
 
 
+#: Attention kernels (``ops.attention(..., algo=)``): ``"mma"`` (``attn_prefill.cu``, mma.sync, any sm_90
+#: build, head dims 64/128/256) and ``"wgmma"`` (``attn_wgmma.cu``, sm_90a, head dims 128/256).
+ATTN_ALGOS = ("mma", "wgmma")
+_ATTN_MODULES = {"mma": _attn, "wgmma": _attnw}
+
+
+def attention_entry(algo: str, head_dim: int) -> str:
+    """The attention entry of ``algo`` for ``head_dim``.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``algo``, or a head dim that ``algo`` has no kernel for.
+    """
+    mod = _ATTN_MODULES.get(algo) if isinstance(algo, str) else None
+    if mod is None:
+        raise ValueError(f"attention algo must be one of {ATTN_ALGOS}, got {algo!r}")
+    return mod.entry_for_head_dim(head_dim)
+
+
 @lru_cache(maxsize=1024, typed=True)
-def _attn_geometry(batch_size: int, chunk_len: int, num_q_heads: int, num_kv_heads: int, head_dim: int) -> tuple:
+def _attn_geometry(entry: str, batch_size: int, chunk_len: int, num_q_heads: int, num_kv_heads: int,
+                   head_dim: int) -> tuple:
+    if entry in _attnw.ENTRIES:
+        return _attnw.geometry(batch_size, chunk_len, num_q_heads, num_kv_heads, head_dim)
     return _attn.geometry(batch_size, chunk_len, num_q_heads, head_dim, num_kv_heads=num_kv_heads)
 
 
@@ -146,13 +171,17 @@ def enqueue_rope(device: Device, meta: BatchedAttnMetadata, q: int, k: int, num_
 
 def attention(device: Device, meta: BatchedAttnMetadata, q: int, k_pool: int, v_pool: int, o: int, *,
               num_q_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None,
-              stream: Any = None) -> None:
-    """Batched varlen paged causal attention: O ``[T, Hq, D]`` from Q and the paged K/V pools."""
+              algo: str = "mma", stream: Any = None) -> None:
+    """Batched varlen paged causal attention: O ``[T, Hq, D]`` from Q and the paged K/V pools.
+
+    ``algo``: ``"mma"`` (default; mma.sync, head dims 64/128/256) or ``"wgmma"`` (Hopper's
+    warpgroup MMA, compiled for sm_90a; head dims 128/256). Same result to bf16 rounding.
+    """
     _check(device, meta)
     if scale is not None:
         _args.positive_float("scale", scale)
     d = _positive("head_dim", head_dim)
-    entry = _attn.entry_for_head_dim(d)
+    entry = attention_entry(algo, d)
     hq, hkv = _args.head_group("num_q_heads", num_q_heads, "num_kv_heads", num_kv_heads)
     enqueue_attention(device, meta, entry, _ptr("q", q, 16), _ptr("k_pool", k_pool, 16), _ptr("v_pool", v_pool, 16),
                       _ptr("o", o, 16), hq, hkv, d, float(d ** -0.5 if scale is None else scale), stream)
@@ -161,7 +190,7 @@ def attention(device: Device, meta: BatchedAttnMetadata, q: int, k_pool: int, v_
 def enqueue_attention(device: Device, meta: BatchedAttnMetadata, entry: str, q: int, k_pool: int, v_pool: int, o: int,
                       num_q_heads: int, num_kv_heads: int, head_dim: int, scale: float, stream: Any) -> None:
     """:func:`attention` with every argument already checked and ``entry`` its kernel: geometry, pack, launch."""
-    grid, block, smem = _attn_geometry(meta.batch_size, meta.chunk_len, num_q_heads, num_kv_heads, head_dim)
+    grid, block, smem = _attn_geometry(entry, meta.batch_size, meta.chunk_len, num_q_heads, num_kv_heads, head_dim)
     launch = prepared(device, entry)
     a = launch.args
     a.q, a.k_pool, a.v_pool, a.o, a.num_q_heads, a.num_kv_heads = q, k_pool, v_pool, o, num_q_heads, num_kv_heads

@@ -1,10 +1,10 @@
-"""Compare compile-time variants of ``cuda_src/attn_prefill.cu`` on one GPU run (not a pytest file).
+"""Compare compile-time variants of ``cuda_src/attn_prefill.cu`` and ``attn_wgmma.cu`` on one GPU run (not a pytest file).
 
     python3 tests/gpu/attn_variants.py            # all variants, D128 and D256
     python3 tests/gpu/attn_variants.py v0 v3      # a subset by name
 
-Each variant is one NVRTC compile of the source with its ``-D ATTN_D<d>_<KNOB>`` macros (the host
-geometry comes from ``q12drv.kernels.attention.config``). For each variant: correctness on a small
+Each variant is one NVRTC compile of its source with its ``-D ATTN_D<d>_<KNOB>`` / ``ATTN_WG_*`` macros
+(the host geometry comes from ``q12drv.kernels.attention.config`` / ``attention_wgmma.config``). For each variant: correctness on a small
 ragged, chunked, interleaved-block-table case against the float32 reference (D 128 and 256,
 PASS/FAIL on the same 1e-2 relative-error bound as tests/gpu/test_attention_gpu.py, plus
 batched == per-stream bit for bit), then the timing of the issue's cases (bench/gpu_compare.py ATTN_CASES: fresh 8 x 2048 and
@@ -23,34 +23,22 @@ import re
 import sys
 import time
 
-# name, defines (both head dims set in one compile; unset knobs keep the default: D128 ST2+PSMEM,
-# D256 ST2+PSMEM+GQA+WSKIP). Each variant is timed only at the head dims where it differs from v0.
-VARIANTS = [  # measured at d18a17d (tests/GPU.md): D128 8 warps x 32 rows + GQA won; 4-warp QREG/MINB variants lost
-    ("v0-default", ()),
-    # D256 as shipped before the DS promotion (8 warps x 16 rows, no warp pairs): after promoting
-    # ATTN_D256_DS=1 / MW=2 to the defaults, this compares old vs new in one run (equal to v0 until then)
-    ("v-d256-ds0", ("ATTN_D256_DS=0", "ATTN_D256_MW=1")),
-    # D128 as shipped at d18a17d: 4 warps x 32 rows, no GQA packing, no warp skipping
-    ("v1-d128-4w-nogqa", ("ATTN_D128_NW=4", "ATTN_D128_GQA=0", "ATTN_D128_WSKIP=0")),
-    # the loop shipped before (two barriers per tile, pages in registers), for reference
-    ("v5-prev-st0", ("ATTN_D128_ST=0", "ATTN_D128_PSMEM=0", "ATTN_D128_NW=4", "ATTN_D128_GQA=0", "ATTN_D128_WSKIP=0",
-                     "ATTN_D256_ST=0", "ATTN_D256_PSMEM=0", "ATTN_D256_GQA=0", "ATTN_D256_WSKIP=0")),
-    # DS: warp pairs share 32 rows (S split over key halves, O over head-dim halves, P and row maxima
-    # exchanged through smem with a 64-thread named barrier): K/V fragments feed 2 sub-tiles (about
-    # 0.7x the ldmatrix bytes per mma of MW=1) with D/2 accumulator columns. Local NVRTC 13.5 regs/smem:
-    ("v6-d256-ds", ("ATTN_D256_MW=2", "ATTN_D256_DS=1")),  # BN64 ST2: 249 regs (254 on 13.0, 0 spills), 222720 B, 1 CTA/SM
-    ("v7-d256-ds-bn32-st3", ("ATTN_D256_MW=2", "ATTN_D256_DS=1", "ATTN_D256_BN=32", "ATTN_D256_ST=3")),  # 242, 180480
-    ("v8-d256-ds-bn32-st4", ("ATTN_D256_MW=2", "ATTN_D256_DS=1", "ATTN_D256_BN=32", "ATTN_D256_ST=4")),  # 242, 214272
-    # 4 warps (2 pairs, 64 rows), BN32: 240 regs, 107264 B -> 2 CTAs/SM
-    ("v9-d256-ds-4w-bn32", ("ATTN_D256_MW=2", "ATTN_D256_DS=1", "ATTN_D256_NW=4", "ATTN_D256_BN=32")),
-    # no DS: BN32 with a 4-stage ring in the same smem as v0 (242 regs, 203008 B)
-    ("v10-d256-bn32-st4", ("ATTN_D256_BN=32", "ATTN_D256_ST=4")),
-    # D128 (chunked case): DS with BN64 (165 regs, 124416 B); DS BN32 under __launch_bounds__(256, 2)
-    # (exactly 128 regs on 13.5, 0 spills; 81152 B -> 2 CTAs/SM: check the spill column on 13.0);
-    # the default with a 3-stage ring (243 regs, 122112 B)
-    ("v11-d128-ds-bn64", ("ATTN_D128_DS=1", "ATTN_D128_BN=64")),
-    ("v12-d128-ds-minb2", ("ATTN_D128_DS=1", "ATTN_D128_MINB=2")),
-    ("v13-d128-st3", ("ATTN_D128_ST=3",)),
+# name, kernel ("mma": attn_prefill.cu, "wgmma": attn_wgmma.cu), defines (both head dims set in one
+# compile; unset knobs keep the default). Each variant is timed only at the head dims where it differs
+# from its kernel's default. mma.sync variants measured and not promoted (4 warps x 16 rows with QREG or
+# MINB, BN 32 with 3-4 stages at D256, DS at D128, the two-barrier loop): tests/GPU.md, runs C-M.
+VARIANTS = [
+    ("v0-default", "mma", ()),
+    # D256 as shipped before the DS promotion (8 warps x 16 rows, no warp pairs)
+    ("v-d256-ds0", "mma", ("ATTN_D256_DS=0", "ATTN_D256_MW=1")),
+    ("v13-d128-st3", "mma", ("ATTN_D128_ST=3",)),  # the default with a 3-stage ring (+-2% in runs G, M)
+    # wgmma (sm_90a): 2 warpgroups x 64 rows, BN 128 (D128) / 64 (D256), 1 CTA/SM
+    ("wg0-default", "wgmma", ()),
+    # S of the next key tile during this tile's softmax (intra-warpgroup overlap)
+    ("wg4-overlap", "wgmma", ("ATTN_WG_OVERLAP=1",)),
+    ("wg5-overlap-d128-bn64", "wgmma", ("ATTN_WG_OVERLAP=1", "ATTN_WG_D128_BN=64")),
+    # one warpgroup per CTA: D128 BN 64 (80 KiB, 2 CTAs/SM), D256 BN 64 (160 KiB); run P: 2x slower
+    ("wg2-1wg", "wgmma", ("ATTN_WG_D128_WG=1", "ATTN_WG_D128_BN=64", "ATTN_WG_D256_WG=1")),
 ]
 
 HQ, HKV, BS = 16, 2, 16
@@ -65,47 +53,45 @@ def main(argv):
     from cuda.bindings import driver as cu
 
     from q12drv.kernels import attention as attn
+    from q12drv.kernels import attention_wgmma as attnw
     from q12drv.kernels.meta import meta_defines
     from q12drv.nvrtc import compile_source
-    from tests.gpu.test_attention_gpu import Case, _ok, _rel
+    from tests.gpu.test_attention_gpu import Case, _ok
+    from tests.helpers import rel_err_bf16, shuffled_tables
 
     t_start = time.time()
     want = set(argv)
     variants = [v for v in VARIANTS if not want or v[0] in want or v[0].split("-")[0] in want]
     torch.zeros(1, device="cuda")
 
-    class Funcs(dict):
-        pass
+    modules = {"mma": attn, "wgmma": attnw}
 
-    def build(defs):
-        img = compile_source(attn.SOURCE, defines=tuple(meta_defines()) + tuple(defs), use_cache=False,
+    def geometry_of(kind, defs):
+        if kind == "wgmma":
+            return lambda n, chunk, hq, hkv, d: attnw.geometry(n, chunk, hq, hkv, d, defines=defs)
+        return lambda n, chunk, hq, hkv, d: attn.geometry(n, chunk, hq, d, num_kv_heads=hkv, defines=defs)
+
+    def build(kind, defs):
+        """``(module, {D: (CUfunction, geometry)}, {D: resource line})`` of one variant build."""
+        mod = modules[kind]
+        img = compile_source(mod.SOURCE, defines=tuple(meta_defines()) + tuple(defs), use_cache=False,
                              verbose_resources=True)
         res = {}
         for d in (128, 256):
-            entry = attn.HEAD_DIMS[d]
+            entry = mod.HEAD_DIMS[d]
             m = re.search(rf"Compiling entry function '{entry}'.*?(\d+) bytes spill stores.*?Used (\d+) registers",
                           img.log, re.S)
-            res[d] = f"{m.group(2)} regs, {m.group(1)} B spill, {attn.config(d, defs)['smem']} B smem" if m else "?"
+            res[d] = f"{m.group(2)} regs, {m.group(1)} B spill, {mod.config(d, defs)['smem']} B smem" if m else "?"
         module = _ok(cu.cuModuleLoadData(img.image))
-        funcs = Funcs()
-        for d in (64, 128, 256):
-            f = _ok(cu.cuModuleGetFunction(module, attn.HEAD_DIMS[d].encode()))
-            smem = attn.config(d, defs)["smem"]
+        funcs, geo = {}, geometry_of(kind, tuple(defs))
+        for d, entry in mod.HEAD_DIMS.items():
+            f = _ok(cu.cuModuleGetFunction(module, entry.encode()))
+            smem = mod.config(d, defs)["smem"]
             if smem <= 227 * 1024:
                 _ok(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
                 _ok(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100))
-            funcs[d] = f
-        funcs.defines = tuple(defs)
+            funcs[d] = (f, geo)
         return module, funcs, res
-
-    # Patch the shared Case.run geometry to the variant's (Case.run calls attn.geometry positionally).
-    real_geometry = attn.geometry
-    current = {"defs": (), "hkv": 1}
-
-    def geometry(n, chunk, hq, d, **kw):
-        return real_geometry(n, chunk, hq, d, num_kv_heads=current["hkv"], defines=current["defs"])
-
-    attn.geometry = geometry
 
     # Correctness cases: ragged, chunked (prefix keys), shuffled block tables.
     rng = np.random.default_rng(1234)
@@ -126,27 +112,24 @@ def main(argv):
             self.cu = np.concatenate([[0], np.cumsum(self.q_lens)]).astype(np.int32)
             self.hq, self.hkv, self.d, self.bs = HQ, HKV, d, BS
             nblk = [-(-int(k) // BS) for k in self.kv_lens]
-            perm = rng.permutation(sum(nblk) + 4)
-            self.tables, at = [], 0
-            for nb in nblk:
-                self.tables.append(perm[at:at + nb].astype(np.int32))
-                at += nb
+            num_blocks = sum(nblk) + 4
+            self.tables = shuffled_tables(rng, nblk, num_blocks)
             g = torch.Generator(device="cuda").manual_seed(seed)
             t = int(self.cu[-1])
             self.dq = torch.randn(t * HQ * d, device="cuda", dtype=torch.bfloat16, generator=g)
-            self.dk = torch.randn(len(perm) * BS * HKV * d, device="cuda", dtype=torch.bfloat16, generator=g)
-            self.dv = torch.randn(len(perm) * BS * HKV * d, device="cuda", dtype=torch.bfloat16, generator=g)
+            self.dk = torch.randn(num_blocks * BS * HKV * d, device="cuda", dtype=torch.bfloat16, generator=g)
+            self.dv = torch.randn(num_blocks * BS * HKV * d, device="cuda", dtype=torch.bfloat16, generator=g)
             self.dtables = [torch.from_numpy(tb.copy()).cuda() for tb in self.tables]
 
     cases = gc.ATTN_CASES
 
-    def time_q12(c, funcs):
+    def time_q12(c, kernel):
+        func, geo = kernel
         keep = []
         meta = c.meta(list(range(len(c.q_lens))), keep)
         rows = int(meta.total_tokens)
         o = torch.empty(rows * c.hq * c.d, dtype=torch.int16, device="cuda")
-        grid, block, smem = real_geometry(len(c.q_lens), int(meta.chunk_len), c.hq, c.d, num_kv_heads=c.hkv,
-                                          defines=funcs.defines)
+        grid, block, smem = geo(len(c.q_lens), int(meta.chunk_len), c.hq, c.hkv, c.d)
         params = [meta, ctypes.c_uint64(c.dq.data_ptr()), ctypes.c_uint64(c.dk.data_ptr()),
                   ctypes.c_uint64(c.dv.data_ptr()), ctypes.c_uint64(o.data_ptr()), ctypes.c_int(c.hq),
                   ctypes.c_int(c.hkv), ctypes.c_int(c.bs), ctypes.c_float(c.d ** -0.5)]
@@ -154,7 +137,7 @@ def main(argv):
         stream = cu.CUstream(torch.cuda.current_stream().cuda_stream)
 
         def launch():
-            _ok(cu.cuLaunchKernel(funcs[c.d], *grid, *block, smem, stream, ctypes.addressof(argv_), 0))
+            _ok(cu.cuLaunchKernel(func, *grid, *block, smem, stream, ctypes.addressof(argv_), 0))
 
         return gc.torch_events_us(torch, launch, REPS, WARMUP)
 
@@ -193,37 +176,36 @@ def main(argv):
         print(f"torch comparator error {k_}: {e_[:300]}")
 
     table = []
-    for name, defs in variants:
+    for name, kind, defs in variants:
         try:
-            module, funcs, res = build(defs)
+            module, funcs, res = build(kind, defs)
         except Exception as exc:  # noqa: BLE001
             print(f"{name}: BUILD FAILED {type(exc).__name__}: {str(exc)[:400]}")
             continue
-        current["defs"], current["hkv"] = tuple(defs), HKV
         for c, ref in zip(checks, refs):
             scale = c.d ** -0.5
             try:
-                out = c.run(funcs, list(range(len(c.q_lens))), scale)
-                err = _rel(out, ref)
-                worst = max(_rel(out[c.cu[b]:c.cu[b + 1]], ref[c.cu[b]:c.cu[b + 1]]) for b in range(len(c.q_lens)))
-                same = all(np.array_equal(c.run(funcs, [b], scale), out[c.cu[b]:c.cu[b + 1]]) for b in (0, 5, 6))
+                out = c.run(funcs[c.d], list(range(len(c.q_lens))), scale)
+                err = rel_err_bf16(out, ref)
+                worst = max(rel_err_bf16(out[c.cu[b]:c.cu[b + 1]], ref[c.cu[b]:c.cu[b + 1]])
+                            for b in range(len(c.q_lens)))
+                same = all(np.array_equal(c.run(funcs[c.d], [b], scale), out[c.cu[b]:c.cu[b + 1]]) for b in (0, 5, 6))
                 ok = (not (out == 0xFFFF).any()) and err < 1e-2 and worst < 1e-2 and same
                 print(f"{name:18s} D{c.d}: rel err {err:.2e} (worst stream {worst:.2e}), batched==alone {same}: "
                       f"{'PASS' if ok else 'FAIL'}   [{res[c.d]}]")
             except Exception as exc:  # noqa: BLE001
                 print(f"{name:18s} D{c.d}: FAIL {type(exc).__name__}: {exc}")
         for d in (128, 256):
-            if defs and attn.config(d, defs) == attn.config(d):
-                continue  # same kernel as v0 at this head dim
+            if defs and modules[kind].config(d, defs) == modules[kind].config(d):
+                continue  # same kernel as its default at this head dim
             for cname in cases:
                 try:
-                    us = time_q12(timing[(cname, d)], funcs)
+                    us = time_q12(timing[(cname, d)], funcs[d])
                 except Exception as exc:  # noqa: BLE001
                     print(f"{name} {cname} D{d}: timing failed {type(exc).__name__}: {exc}")
                     continue
                 table.append((name, cname, d, us))
         _ok(cu.cuModuleUnload(module))
-    attn.geometry = real_geometry
 
     print()
     print(f"attention Hq{HQ} Hkv{HKV} block {BS}, device time (median of {REPS}); ratio = q12 time / comparator time "

@@ -69,6 +69,18 @@ class Kernel:
         _check(self.driver.cuCtxSynchronize())
 
 
+def variant_kernel(source, entry, defines, *, verbose_resources=False):
+    """``entry`` compiled with extra -D macros ``defines`` (uncached), launchable like :class:`Kernel`."""
+    base = Kernel(source, entry)  # makes the context current
+    img = compile_source(source, arch="sm_90", defines=list(meta_defines()) + list(defines), use_cache=False,
+                         verbose_resources=verbose_resources)
+    kern = Kernel.__new__(Kernel)
+    kern.driver = base.driver
+    kern.module = _check(base.driver.cuModuleLoadData(img.image))
+    kern.func = _check(base.driver.cuModuleGetFunction(kern.module, entry.encode()))
+    return kern
+
+
 class Buf:
     """Device buffer with random guard bytes on both sides; ``ptr`` is the payload address."""
 

@@ -1,4 +1,5 @@
-"""GPU test of ``cuda_src/attn_prefill.cu`` on a real device (H200), self-contained.
+"""GPU test of ``cuda_src/attn_prefill.cu`` (mma.sync) and ``attn_wgmma.cu`` (wgmma, sm_90a) on a
+real device (H200), self-contained: every case runs on every kernel that has its head dim.
 
 torch is used only to allocate device memory and copy bytes (raw pointers); the kernel is
 compiled with q12drv's NVRTC path and launched through ``cuda.bindings.driver``. Inputs are fresh
@@ -9,7 +10,6 @@ NaN) and guarded by poisoned elements on both sides.
 from __future__ import annotations
 
 import ctypes
-import os
 import secrets
 
 import numpy as np
@@ -17,10 +17,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from q12drv.bf16 import from_bf16_bits, to_bf16_bits  # noqa: E402
+from q12drv.bf16 import to_bf16_bits  # noqa: E402
 from q12drv.kernels import attention as attn  # noqa: E402
+from q12drv.kernels import attention_wgmma as attnw  # noqa: E402
 from q12drv.kernels.meta import Q12MetaC, meta_defines  # noqa: E402
 from q12drv.nvrtc import compile_source  # noqa: E402
+from tests.helpers import rel_err_bf16, shuffled_tables  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -39,35 +41,34 @@ def _ok(res):
     return res[1] if len(res) == 2 else res[1:]
 
 
+#: algo -> (kernel module, geometry(n, chunk_len, Hq, Hkv, D))
+ALGOS = {
+    "mma": (attn, lambda n, chunk, hq, hkv, d: attn.geometry(n, chunk, hq, d, num_kv_heads=hkv)),
+    "wgmma": (attnw, lambda n, chunk, hq, hkv, d: attnw.geometry(n, chunk, hq, hkv, d)),
+}
+
+
 @pytest.fixture(scope="module")
 def kernels():
+    """``{(algo, D): (CUfunction, geometry)}`` for both attention kernels."""
     from cuda.bindings import driver as cu
 
     torch.zeros(1, device="cuda")  # makes torch's primary context current on this thread
-    prebuilt = os.environ.get("Q12_ATTN_CUBIN")  # a cubin compiled elsewhere, when this NVRTC cannot
-    if prebuilt:
-        with open(prebuilt, "rb") as fh:
-            image = fh.read()
-    else:
-        image = compile_source(attn.SOURCE, defines=meta_defines()).image
-    module = _ok(cu.cuModuleLoadData(image))
-    funcs = {}
-    for d, name in attn.HEAD_DIMS.items():
-        f = _ok(cu.cuModuleGetFunction(module, name.encode()))
-        _ok(
-            cu.cuFuncSetAttribute(
-                f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, attn.smem_bytes(d)
-            )
-        )
-        # Let the SM split its L1/shared storage for as many co-resident CTAs as possible.
-        _ok(
-            cu.cuFuncSetAttribute(
-                f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100
-            )
-        )
-        funcs[d] = f
+    funcs, modules = {}, []
+    for algo, (mod, geo) in ALGOS.items():
+        module = _ok(cu.cuModuleLoadData(compile_source(mod.SOURCE, defines=meta_defines()).image))
+        modules.append(module)
+        for d, name in mod.HEAD_DIMS.items():
+            f = _ok(cu.cuModuleGetFunction(module, name.encode()))
+            _ok(cu.cuFuncSetAttribute(
+                f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, mod.smem_bytes(d)))
+            # Let the SM split its L1/shared storage for as many co-resident CTAs as possible.
+            _ok(cu.cuFuncSetAttribute(
+                f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100))
+            funcs[algo, d] = (f, geo)
     yield funcs
-    _ok(cu.cuModuleUnload(module))
+    for module in modules:
+        _ok(cu.cuModuleUnload(module))
 
 
 def _dev(arr: np.ndarray):
@@ -91,11 +92,7 @@ class Case:
         self.hq, self.hkv, self.d, self.bs = hq, hkv, d, bs
         nblk = [-(-int(k) // bs) for k in self.kv_lens]
         num_blocks = sum(nblk) + 4
-        perm = rng.permutation(num_blocks)
-        self.tables, at = [], 0
-        for nb in nblk:
-            self.tables.append(perm[at : at + nb].astype(np.int32))
-            at += nb
+        self.tables = shuffled_tables(rng, nblk, num_blocks)
         t = int(self.cu[-1])
         self.q = to_bf16_bits(rng.standard_normal((t, hq, d), dtype=np.float32) * std)
         self.k_pool = to_bf16_bits(rng.standard_normal((num_blocks, bs, hkv, d), dtype=np.float32) * std)
@@ -143,8 +140,9 @@ class Case:
             max_blocks_per_seq=max(len(self.tables[s]) for s in streams),
         )
 
-    def run(self, funcs, streams, scale, grid_extra=(0, 0, 0)):
-        """Launch over ``streams``; return their O rows (uint16 bits) after checking the guards."""
+    def run(self, kernel, streams, scale, grid_extra=(0, 0, 0)):
+        """Launch ``kernel`` (``(CUfunction, geometry)``) over ``streams``; return their O rows
+        (uint16 bits) after checking the guards."""
         from cuda.bindings import driver as cu
 
         keep = []
@@ -158,7 +156,8 @@ class Case:
         else:
             assert list(streams) == list(range(len(self.q_lens)))
             q_ptr = self.dq.data_ptr()
-        grid, block, smem = attn.geometry(len(streams), int(meta.chunk_len), self.hq, self.d, num_kv_heads=self.hkv)
+        func, geometry = kernel
+        grid, block, smem = geometry(len(streams), int(meta.chunk_len), self.hq, self.hkv, self.d)
         grid = tuple(g + e for g, e in zip(grid, grid_extra))
         params = [
             meta,
@@ -173,17 +172,11 @@ class Case:
         ]
         argv = (ctypes.c_void_p * len(params))(*[ctypes.addressof(p) for p in params])
         stream = cu.CUstream(torch.cuda.current_stream().cuda_stream)
-        _ok(cu.cuLaunchKernel(funcs[self.d], *grid, *block, smem, stream, ctypes.addressof(argv), 0))
+        _ok(cu.cuLaunchKernel(func, *grid, *block, smem, stream, ctypes.addressof(argv), 0))
         torch.cuda.synchronize()
         out = _host_u16(obuf)
         assert (out[:GUARD] == 0xFFFF).all() and (out[-GUARD:] == 0xFFFF).all(), "guard elements overwritten"
         return out[GUARD:-GUARD].reshape(rows, self.hq, self.d)
-
-
-def _rel(out_bits, ref_bits):
-    o = from_bf16_bits(out_bits).astype(np.float64)
-    r = from_bf16_bits(ref_bits).astype(np.float64)
-    return float(np.linalg.norm(o - r) / max(np.linalg.norm(r), 1e-30))
 
 
 CASES = [
@@ -212,56 +205,87 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"d{c[0]}-bs{c[1]}-gqa{c[2] // c[3]}-{i}" for i, c in enumerate(CASES)])
-def test_attention_matches_reference(kernels, case):
+def _with_algos(cases, d_of=lambda c: c[0]):
+    """``(algo, case)`` for every case and every kernel that has its head dim."""
+    return [(algo, c) for c in cases for algo, (mod, _) in ALGOS.items() if d_of(c) in mod.HEAD_DIMS]
+
+
+ALGO_CASES = _with_algos(CASES)
+
+
+@pytest.mark.parametrize("algo,case", ALGO_CASES,
+                         ids=[f"{a}-d{c[0]}-bs{c[1]}-gqa{c[2] // c[3]}-{i}" for i, (a, c) in enumerate(ALGO_CASES)])
+def test_attention_matches_reference(kernels, algo, case):
     d, bs, hq, hkv, q_lens, prefixes, scale = case
+    kernel = kernels[algo, d]
     seed = secrets.randbits(32)
     rng = np.random.default_rng(seed)
     c = Case(rng, q_lens, prefixes, hq=hq, hkv=hkv, d=d, bs=bs)
     scale = d**-0.5 if scale is None else scale
     n = len(q_lens)
-    out = c.run(kernels, list(range(n)), scale)
+    out = c.run(kernel, list(range(n)), scale)
     assert not (out == 0xFFFF).any(), f"seed {seed}: some O rows were not written"
     ref = attn.reference(c.q, c.k_pool, c.v_pool, c.cu, c.kv_lens, c.tables, hq, hkv, bs, scale)
-    assert _rel(out, ref) < 1e-2, f"seed {seed}: rel err {_rel(out, ref):.3e}"
+    assert rel_err_bf16(out, ref) < 1e-2, f"seed {seed}: rel err {rel_err_bf16(out, ref):.3e}"
     for b in range(n):  # per stream, so a short stream cannot hide behind a long one
         s = slice(c.cu[b], c.cu[b + 1])
-        err = _rel(out[s], ref[s])
+        err = rel_err_bf16(out[s], ref[s])
         assert err < 1e-2, f"seed {seed}: stream {b} (q {q_lens[b]}, kv {c.kv_lens[b]}) rel err {err:.3e}"
     # Batched == each stream alone, bit for bit.
     for b in range(n):
-        one = c.run(kernels, [b], scale)
+        one = c.run(kernel, [b], scale)
         assert np.array_equal(one, out[c.cu[b] : c.cu[b + 1]]), f"seed {seed}: stream {b} batched != alone"
     # A grid larger than needed (extra m-tiles, heads, streams) changes nothing.
-    again = c.run(kernels, list(range(n)), scale, grid_extra=(1, 1, 2))
+    again = c.run(kernel, list(range(n)), scale, grid_extra=(1, 1, 2))
     assert np.array_equal(again, out), f"seed {seed}: oversized grid changed the output"
 
 
-@pytest.mark.parametrize("d,hq,hkv", [(64, 4, 1), (128, 4, 1), (256, 4, 1), (256, 16, 2), (128, 8, 8)])
-def test_attention_chunked_long(kernels, d, hq, hkv):
+LONG = _with_algos([(64, 4, 1), (128, 4, 1), (256, 4, 1), (256, 16, 2), (128, 8, 8)])
+
+
+@pytest.mark.parametrize("algo,dims", LONG, ids=[f"{a}-d{d}-{hq}-{hkv}" for a, (d, hq, hkv) in LONG])
+def test_attention_chunked_long(kernels, algo, dims):
+    d, hq, hkv = dims
+    kernel = kernels[algo, d]
     # Chunked prefill: 2048 new rows on 6144 cached keys (kv 8192), plus a decode-like row.
     seed = secrets.randbits(32)
     rng = np.random.default_rng(seed)
     c = Case(rng, [2048, 1], [6144, 4000], hq=hq, hkv=hkv, d=d, bs=64)
     scale = d**-0.5
-    out = c.run(kernels, [0, 1], scale)
+    out = c.run(kernel, [0, 1], scale)
     assert not (out == 0xFFFF).any(), f"seed {seed}: some O rows were not written"
     ref = attn.reference(c.q, c.k_pool, c.v_pool, c.cu, c.kv_lens, c.tables, hq, hkv, 64, scale)
     for b in range(2):
         s = slice(c.cu[b], c.cu[b + 1])
-        err = _rel(out[s], ref[s])
+        err = rel_err_bf16(out[s], ref[s])
         assert err < 1e-2, f"seed {seed}: stream {b} rel err {err:.3e}"
-    one = c.run(kernels, [1], scale)
+    one = c.run(kernel, [1], scale)
     assert np.array_equal(one, out[c.cu[1] : c.cu[2]]), f"seed {seed}: batched != alone"
 
 
+@pytest.mark.parametrize("algo", list(ALGOS))
 @pytest.mark.parametrize("d", [128, 256])
-def test_attention_large_logits(kernels, d):
+def test_attention_large_logits(kernels, algo, d):
+    kernel = kernels[algo, d]
     # Peaked softmax (logits of order 10-50): the online max rescaling must stay accurate.
     seed = secrets.randbits(32)
     rng = np.random.default_rng(seed)
     c = Case(rng, [300, 70], [500, 0], hq=2, hkv=1, d=d, bs=16, std=4.0)
-    out = c.run(kernels, [0, 1], 128**-0.5)
+    out = c.run(kernel, [0, 1], 128**-0.5)
     ref = attn.reference(c.q, c.k_pool, c.v_pool, c.cu, c.kv_lens, c.tables, 2, 1, 16, 128**-0.5)
     assert not (out == 0xFFFF).any()
-    assert _rel(out, ref) < 1e-2, f"seed {seed}: rel err {_rel(out, ref):.3e}"
+    assert rel_err_bf16(out, ref) < 1e-2, f"seed {seed}: rel err {rel_err_bf16(out, ref):.3e}"
+
+
+@pytest.mark.parametrize("d,hq,hkv", [(128, 16, 2), (256, 16, 2)])
+def test_attention_wgmma_agrees_with_mma(kernels, d, hq, hkv):
+    # The two kernels round differently (wgmma vs mma.sync sums) but compute the same thing.
+    seed = secrets.randbits(32)
+    rng = np.random.default_rng(seed)
+    c = Case(rng, [1, 63, 130, 700], [0, 5, 300, 64], hq=hq, hkv=hkv, d=d, bs=16)
+    a = c.run(kernels["mma", d], [0, 1, 2, 3], d**-0.5)
+    b = c.run(kernels["wgmma", d], [0, 1, 2, 3], d**-0.5)
+    ref = attn.reference(c.q, c.k_pool, c.v_pool, c.cu, c.kv_lens, c.tables, hq, hkv, 16, d**-0.5)
+    assert rel_err_bf16(b, a) < 1e-2, f"seed {seed}: wgmma vs mma rel {rel_err_bf16(b, a):.3e}"
+    # within a small factor of the mma.sync kernel's own error against the fp32 reference
+    assert rel_err_bf16(b, ref) < 2 * rel_err_bf16(a, ref) + 1e-3, f"seed {seed}"

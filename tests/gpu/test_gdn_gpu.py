@@ -17,6 +17,7 @@ import pytest
 from q12drv.bf16 import from_bf16_bits, to_bf16_bits
 from q12drv.kernels import gdn
 from q12drv.kernels.meta import Q12MetaC, meta_defines
+from tests.helpers import rel_err, shuffled_tables
 
 pytestmark = pytest.mark.gpu
 
@@ -110,12 +111,9 @@ def build_meta(torch, lens, rng):
     kv_lens = np.asarray(lens, np.int32)
     positions = np.concatenate([np.arange(L, dtype=np.uint32) for L in lens])
     nblocks = [(L + BLOCK_SIZE - 1) // BLOCK_SIZE for L in lens]
-    phys = rng.permutation(sum(nblocks) + 8).astype(np.int32)
-    tables, slots, off = [], [], 0
-    for L, nb in zip(lens, nblocks):
-        bt = phys[off : off + nb]
-        off += nb
-        tables.append(bt)
+    tables = shuffled_tables(rng, nblocks, sum(nblocks) + 8)
+    slots = []
+    for L, bt in zip(lens, tables):
         pos = np.arange(L)
         slots.append(bt[pos // BLOCK_SIZE].astype(np.int64) * BLOCK_SIZE + pos % BLOCK_SIZE)
     keep = [
@@ -177,12 +175,6 @@ def run_gpu(torch, funcs, inputs, hk, hv, d, rng):
     return out, fin, guards
 
 
-def rel(a, b):
-    a = np.asarray(a, np.float64)
-    b = np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
 CASES = [
     # (d, hk, hv, lens)
     (128, 16, 32, RAGGED),  # Qwen3-Next heads
@@ -205,8 +197,8 @@ def test_gdn_prefill_matches_reference_and_is_batch_invariant(kernels, d, hk, hv
     cu = inputs[5]
     for b in range(len(lens)):
         s, e = cu[b], cu[b + 1]
-        eo = rel(of[s:e], from_bf16_bits(o_ref[s:e]))
-        es = rel(fin[b], fin_ref[b])
+        eo = rel_err(of[s:e], from_bf16_bits(o_ref[s:e]))
+        es = rel_err(fin[b], fin_ref[b])
         assert eo < 1e-2, f"stream {b} (len {e - s}): output rel err {eo:.3e}"
         assert es < 1e-4, f"stream {b} (len {e - s}): state rel err {es:.3e}"
 
@@ -319,8 +311,8 @@ def test_gdn_chunk_matches_reference_and_is_batch_invariant(chunk_kernels, d, hk
         if e == s:
             assert np.array_equal(fin[b], s0[b]), f"stream {b} (len 0): state changed"
             continue
-        eo = rel(of[s:e], from_bf16_bits(o_ref[s:e]))
-        es = rel(fin[b], fin_ref[b])
+        eo = rel_err(of[s:e], from_bf16_bits(o_ref[s:e]))
+        es = rel_err(fin[b], fin_ref[b])
         assert eo < CHUNK_O_REL, f"stream {b} (len {e - s}): output rel err {eo:.3e}"
         assert es < CHUNK_STATE_REL, f"stream {b} (len {e - s}): state rel err {es:.3e}"
 
@@ -366,8 +358,8 @@ def test_gdn_chunk_agrees_with_recurrent(chunk_kernels, d):
     inputs = make_inputs(rng, [1, 63, 64, 65, 700], hk, hv, d)
     o_c, fin_c, _ = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng)
     o_r, fin_r, _ = run_gpu(torch, rec_funcs, inputs, hk, hv, d, rng)
-    assert rel(from_bf16_bits(o_c), from_bf16_bits(o_r)) < CHUNK_O_REL
-    assert rel(fin_c, fin_r) < CHUNK_STATE_REL
+    assert rel_err(from_bf16_bits(o_c), from_bf16_bits(o_r)) < CHUNK_O_REL
+    assert rel_err(fin_c, fin_r) < CHUNK_STATE_REL
 
 
 def _bench(lpc=gdn.LANES_PER_COLUMN, cpt=gdn.COLS_PER_THREAD):

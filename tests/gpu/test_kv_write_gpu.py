@@ -21,26 +21,11 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():  # pragma: no cover
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from tests.gpu.raw_harness import GUARD, POISON, Buf, Kernel  # noqa: E402
+from tests.gpu.raw_harness import GUARD, POISON, Buf, Kernel, variant_kernel  # noqa: E402
+from tests.helpers import paged_streams  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- metadata
-def build_streams(rng, lens, starts, block_size, num_blocks):
-    """Block tables of all streams interleaved at random in the pool; positions; slots."""
-    need = [-(-(s + n) // block_size) for s, n in zip(starts, lens)]
-    assert sum(need) <= num_blocks
-    perm = iter(rng.permutation(num_blocks))
-    tables = [[] for _ in lens]
-    while any(len(t) < n for t, n in zip(tables, need)):
-        for b, t in enumerate(tables):
-            if len(t) < need[b]:
-                t.append(int(next(perm)))
-    tables = [np.array(t, dtype=np.int32) for t in tables]
-    positions = [np.arange(s, s + n, dtype=np.int64) for s, n in zip(starts, lens)]
-    slots = [tb[p // block_size].astype(np.int64) * block_size + p % block_size for tb, p in zip(tables, positions)]
-    return tables, positions, slots
-
-
 def make_meta(keep, slots_list, positions_list, tables, starts):
     lens = [len(s) for s in slots_list]
     cu = np.zeros(len(lens) + 1, np.int32)
@@ -101,7 +86,7 @@ def _case(rng, block_size, hkv, d, lens=LENS):
     starts = [int(x) for x in rng.integers(0, 3 * block_size, len(lens))]
     starts[0] = 0
     num_blocks = sum(-(-(s + n) // block_size) for s, n in zip(starts, lens)) + 7
-    tables, positions, slots = build_streams(rng, lens, starts, block_size, num_blocks)
+    tables, positions, slots = paged_streams(rng, lens, starts, block_size, num_blocks)
     return starts, num_blocks, tables, positions, slots
 
 
@@ -299,22 +284,6 @@ def test_kv_write_edges(hkv, d, lens):
         vp.check_guards()
 
 
-def variant_kernel(source, entry, define):
-    """``entry`` compiled with one extra -D macro, launchable like raw_harness.Kernel."""
-    from q12drv.kernels.meta import meta_defines
-    from q12drv.nvrtc import compile_source
-    from tests.gpu.raw_harness import _check
-
-    base = Kernel(source, entry)  # makes the context current
-    img = compile_source(source, arch="sm_90", defines=meta_defines() + [define], use_cache=False,
-                         verbose_resources=True)
-    kern = Kernel.__new__(Kernel)
-    kern.driver = base.driver
-    kern.module = _check(base.driver.cuModuleLoadData(img.image))
-    kern.func = _check(base.driver.cuModuleGetFunction(kern.module, entry.encode()))
-    return kern
-
-
 def test_kv_write_legacy_variant_same_result():
     # -DKVW_LEGACY=1 (the previous kernel, kept for A/B benchmarks) and -DKVW_STORE_WB=1 write the same bytes.
     rng = np.random.default_rng()
@@ -330,7 +299,7 @@ def test_kv_write_legacy_variant_same_result():
     pk = np.full(shape, POISON, np.uint16)
     ref_k, ref_v = kw.reference(k, v, np.concatenate(slots), pk, pk)
     for define, legacy in (("KVW_LEGACY=1", True), ("KVW_STORE_WB=1", False)):
-        kern = variant_kernel(kw.SOURCE, "q12_kv_write", define)
+        kern = variant_kernel(kw.SOURCE, "q12_kv_write", [define], verbose_resources=True)
         g, b, smem = kw.geometry(T, hkv * d, legacy=legacy)
         kp = Buf(nbytes=int(np.prod(shape)) * 2, fill=POISON)
         vp = Buf(nbytes=int(np.prod(shape)) * 2, fill=POISON)

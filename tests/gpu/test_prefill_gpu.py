@@ -7,14 +7,13 @@ import numpy as np
 import pytest
 
 from q12drv import ScratchArena, make_scratch_plan, open_device, place_h_state_slot, stage_batched_attn_metadata
-from q12drv.bf16 import from_bf16_bits
 from q12drv.checks import verify_readback
 from q12drv.demo import layer_inputs
 from q12drv.kernels import attention as attn_ref
 from q12drv.kernels import gdn as gdn_ref
 from q12drv.kernels import rope as rope_ref
 from q12drv.prefill import AttentionShape, GdnShape, Q12Pass
-from tests.helpers import make_streams
+from tests.helpers import LayerBuffers, make_streams, rel_err, rel_err_bf16
 
 pytestmark = pytest.mark.gpu
 
@@ -26,11 +25,6 @@ def gpu():
     dev = open_device("cuda")
     yield dev
     dev.close()
-
-
-def rel(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
 @pytest.mark.parametrize("mrope", [False, True])
@@ -66,40 +60,19 @@ def test_misplaced_jit_slot_is_refused(gpu):
             place_h_state_slot(arena, wrong)
 
 
-class Layer:
-    """Buffers for one attention + one GDN layer, uploaded from host arrays."""
-
-    def __init__(self, dev, host):
-        self.dev = dev
-        self.bufs = {k: dev.alloc(v.nbytes + 512, k) for k, v in host.items()}
-        for k, v in host.items():
-            dev.memset(self.bufs[k].ptr, 0xA5, v.nbytes + 512)  # guard band after each buffer
-            dev.upload(self.bufs[k].ptr, v)
-        self.host = host
-
-    def p(self, k):
-        return int(self.bufs[k].ptr)
-
-    def get(self, k):
-        raw = self.dev.download(self.bufs[k].ptr, self.host[k].nbytes + 512)
-        assert raw[-512:] == b"\xa5" * 512, f"guard band after {k} overwritten"
-        return np.frombuffer(raw[:-512], self.host[k].dtype).reshape(self.host[k].shape).copy()
-
-
 def run_pass(dev, arena, streams, host, mode, shape, gshape, num_blocks, mrope, bs, algo="chunked"):
-    L = Layer(dev, host)
+    L = LayerBuffers(dev, host, guard=512)  # a 0xA5 guard band after each buffer
+    L.upload()
     # the scheduler's view: one first chunk per stream, its head already in the prefix cache
     chunks = [(s.proc_start + s.proc_count, s.proc_count, 0, False) for s in streams]
     q12 = Q12Pass(arena, streams, block_size=bs, use_mrope=mrope, dummy_kv_block=0, top_k=8, chunks=chunks,
                   head_dim=shape.head_dim, policy="exact", mode=mode)
-    q12.attention_layer(L.p("q"), L.p("k"), L.p("v"), L.p("k_pool"), L.p("v_pool"), L.p("o"), shape, num_blocks=num_blocks)
-    n = len(streams)
-    states = [L.p("states") + b * host["states"][0].nbytes for b in range(n)]
+    q12.attention_layer(*L.attention_args(), shape, num_blocks=num_blocks)
     ws = None
     if algo == "split":
         nbytes = q12.gdn_workspace_bytes(gshape)
         ws = dev.alloc(nbytes, "gdn workspace")
-    q12.gdn_layer(states, L.p("gq"), L.p("gk"), L.p("gv"), L.p("g"), L.p("beta"), L.p("go"), gshape, algo=algo,
+    q12.gdn_layer(*L.gdn_args(len(streams)), gshape, algo=algo,
                   workspace=None if ws is None else int(ws.ptr), workspace_bytes=None if ws is None else nbytes)
     dev.synchronize()
     if ws is not None:
@@ -139,7 +112,7 @@ def test_prefill_step_against_references_and_batched_equals_per_stream(gpu, d, b
         pos = np.concatenate([np.arange(s.proc_start, s.proc_start + s.proc_count) for s in streams])
         q_ref, k_ref = rope_ref.reference(host["q"], host["k"], pos, shape.rotary_dim, shape.rope_theta,
                                           shape.mrope_mode, shape.mrope_section, pos, pos)
-        assert rel(from_bf16_bits(batched["q"]), from_bf16_bits(q_ref)) < 1e-2
+        assert rel_err_bf16(batched["q"], q_ref) < 1e-2
         kp = host["k_pool"].copy(); vp = host["v_pool"].copy()
         slots = np.concatenate([s.block_table[np.arange(s.proc_start, s.proc_start + s.proc_count) // bs].astype(np.int64) * bs
                                 + np.arange(s.proc_start, s.proc_start + s.proc_count) % bs for s in streams])
@@ -148,10 +121,10 @@ def test_prefill_step_against_references_and_batched_equals_per_stream(gpu, d, b
         assert np.array_equal(batched["k_pool"], kp) and np.array_equal(batched["v_pool"], vp)
         kv_lens = np.array([s.proc_start + s.proc_count for s in streams])
         o_ref = attn_ref.reference(batched["q"], kp, vp, cu, kv_lens, [s.block_table for s in streams], hq, hkv, bs, d ** -0.5)
-        assert rel(from_bf16_bits(batched["o"]), from_bf16_bits(o_ref)) < 1e-2
+        assert rel_err_bf16(batched["o"], o_ref) < 1e-2
         go_ref, st_ref = gdn_ref.reference(host["gq"], host["gk"], host["gv"], host["g"], host["beta"], cu, host["states"])
-        assert rel(from_bf16_bits(batched["go"]), from_bf16_bits(go_ref)) < 1e-2
-        assert rel(batched["states"], st_ref) < 1e-3
+        assert rel_err_bf16(batched["go"], go_ref) < 1e-2
+        assert rel_err(batched["states"], st_ref) < 1e-3
 
         # perturb one stream's input: only that stream's outputs and state move
         victim = 3

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():  # pragma: no cover
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from tests.gpu.raw_harness import Buf, Kernel  # noqa: E402
+from tests.gpu.raw_harness import Buf, Kernel, variant_kernel  # noqa: E402
+from tests.helpers import rel_err  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- metadata and launch
@@ -92,7 +93,7 @@ def make_positions(rng, lens, mode, big=True):
 def assert_close(out_bits, ref_bits, what):
     out = from_bf16_bits(out_bits).astype(np.float64)
     ref = from_bf16_bits(ref_bits).astype(np.float64)
-    rel = np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30)
+    rel = rel_err(out, ref)
     assert rel < 1e-2, f"{what}: relative error {rel}"
     # Kernel and reference differ only in sincosf (<= 2 ulp fp32) and fp32 vs float64 rotation:
     # at most 1 bf16 ulp on a tiny fraction of elements.
@@ -275,10 +276,6 @@ def test_rope_edges(d, rd, hq, hkv, theta, mode, sec, lens):
 def test_rope_variants_same_bits(define):
     # The previous kernel (kept for A/B benchmarks) and the variant builds (tests/gpu/rope_variants.py)
     # give the same bits.
-    from q12drv.kernels.meta import meta_defines
-    from q12drv.nvrtc import compile_source
-    from tests.gpu.raw_harness import _check
-
     rng = np.random.default_rng()
     d, rd, hq, hkv, theta, mode, sec = 256, 64, 16, 4, 1e7, 2, (11, 11, 10)
     T = sum(LENS)
@@ -289,12 +286,7 @@ def test_rope_variants_same_bits(define):
     meta = make_meta(keep, pos_t, pos_h, pos_w, LENS)
     qa, ka = Buf(q), Buf(k)
     run_rope(meta, qa.ptr, ka.ptr, hq, hkv, d, rd, theta, mode, sec)
-    base = Kernel(rope.SOURCE, "q12_rope")
-    img = compile_source(rope.SOURCE, arch="sm_90", defines=list(meta_defines()) + define.split(","), use_cache=False)
-    kern = Kernel.__new__(Kernel)
-    kern.driver = base.driver
-    kern.module = _check(base.driver.cuModuleLoadData(img.image))
-    kern.func = _check(base.driver.cuModuleGetFunction(kern.module, b"q12_rope"))
+    kern = variant_kernel(rope.SOURCE, "q12_rope", define.split(","))
     g, b, smem = rope.geometry(T, hq, hkv, d, rd, legacy=define == "ROPE_LEGACY=1")
     qb, kb = Buf(q), Buf(k)
     kern.launch(g, b, smem, [meta, ctypes.c_uint64(qb.ptr), ctypes.c_uint64(kb.ptr), ctypes.c_int32(hq),

@@ -1,0 +1,338 @@
+// attn_wgmma.cu: batched varlen paged causal prefill attention on Hopper's warpgroup MMA (wgmma,
+// compiled for sm_90a). Same entry parameters, semantics and batched == alone guarantee as
+// attn_prefill.cu (see its header): stream b = blockIdx.z, bottom-right causal over kv_lens[b],
+// keys and values gathered through the stream's block table, GQA kv_head = h / (Hq / Hkv).
+//
+// CTA: WG warpgroups (128 threads each), BM = 64 * WG rows. Rows are (token, head) pairs of one kv
+// head (blockIdx.y): CTA row r is token (m0 + r) / G, query head kvh * G + (m0 + r) % G, G = Hq / Hkv,
+// so one K/V tile serves the G query heads that read it. Warpgroup w owns rows 64w .. 64w + 63.
+// Per key tile of BN keys (two-stage cp.async ring, one barrier per tile):
+//   S[64 x BN] = Q K^T: D/16 wgmma (A = Q, B = K, both K-major from shared memory);
+//   causal mask, online softmax in fp32 registers (exp2 with the scale folded in, as attn_prefill);
+//   O[64 x D] += P V: BN/16 wgmma, A = P from registers (bf16), B = V (MN-major) from shared memory.
+// Shared memory, no swizzle (wgmma.cuh): Q [D/8][BM][8] bf16, K and V [2 stages][D/8][BN][8]: the
+// 16 bytes of row r, dims 8c .. 8c+7 at c * (rows * 16) + r * 16. A quarter-warp's cp.async writes
+// rows r .. r+7 of one dim chunk: 128 contiguous bytes (no bank conflicts). The output goes through
+// shared memory (row-major, rows padded by 16 bytes) to 16-byte global stores.
+// Numerics: as attn_prefill.cu (P rounded to bf16 before P V, ex2.approx.ftz); the wgmma sums may
+// round in a different order than mma.sync, so the two kernels agree to bf16 rounding, not bit for bit.
+#include "q12_meta.cuh"
+#include "wgmma.cuh"
+
+// ATTN_WG_OVERLAP 1: S of the next key tile runs on the tensor cores during this tile's softmax.
+#ifndef ATTN_WG_OVERLAP
+#define ATTN_WG_OVERLAP 0
+#endif
+
+namespace {
+
+#define ATTNW_INF __int_as_float(0x7f800000)
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ unsigned pack_bf16x2(float x, float y) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<unsigned*>(&v);
+}
+
+template <int D, int BN, int WG>
+__device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, const bf16* k_pool, const bf16* v_pool,
+                                           bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
+    constexpr int kThreads = WG * 128;
+    constexpr int kBM = WG * 64;               // CTA rows ((token, head) pairs)
+    constexpr int CPR = D / 8;                 // 16-byte chunks per row
+    constexpr int KD = D / 16;                 // k-steps of S = Q K^T
+    constexpr int KN = BN / 16;                // k-steps of O += P V
+    constexpr int NS = BN / 8;                 // 8-key tiles of S
+    constexpr int ND = D / 8;                  // 8-dim tiles of O
+    constexpr int KV_PT = BN * CPR / kThreads; // K (and V) chunks one thread copies per tile
+    constexpr int KV_STEP = kThreads / BN;     // ... every KV_STEP-th chunk of its row
+    constexpr int Q_PT = kBM * CPR / kThreads;
+    constexpr int Q_STEP = kThreads / kBM;
+    constexpr unsigned kQBytes = kBM * D * 2;
+    constexpr unsigned kTileBytes = BN * D * 2;  // one stage of K (or V)
+    constexpr int OLD = D + 8;                   // epilogue row stride (elements)
+    static_assert(kThreads % BN == 0 && KV_PT * kThreads == BN * CPR, "K/V copy split");
+    static_assert(kBM * OLD * 2 <= 4 * kTileBytes, "the output tile must fit the K/V stages");
+
+    const int b = blockIdx.z;
+    if (b >= static_cast<int>(m.batch_size)) return;
+    const int kvh = blockIdx.y;
+    if (kvh >= num_kv_heads) return;
+    const int G = num_q_heads / num_kv_heads;
+    const int mt = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);  // heaviest tiles first
+    const int* cu = q12_cu_seqlens(m);
+    const int row0 = cu[b];
+    const int q_len = cu[b + 1] - row0;
+    const int m0 = mt * kBM;
+    if (m0 >= q_len * G) return;
+    const int kv_len = q12_kv_lens(m)[b];
+    const int* bt = q12_block_table(m, b);
+    const int rows_here = min(kBM, q_len * G - m0);
+    const int shift = kv_len - q_len;  // token r sees keys <= shift + r
+    const int max_key = shift + (m0 + rows_here - 1) / G;
+    const int n_tiles = max_key >= 0 ? max_key / BN + 1 : 0;
+
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    const unsigned sQa = smem_u32(smem_raw);
+    const unsigned sKa = sQa + kQBytes;
+    const unsigned sVa = sKa + 2 * kTileBytes;
+
+    const int tid = threadIdx.x;
+    const long long head_stride = static_cast<long long>(num_kv_heads) * D;
+    auto q_row = [&](int r) -> long long {  // global row (token * Hq + head) of CTA row r
+        const int p = m0 + r;
+        return static_cast<long long>(row0 + p / G) * num_q_heads + kvh * G + p % G;
+    };
+
+    {  // Q tile; rows past the stream are zero-filled and never read
+        const int r = tid % kBM;
+        const bool ok = r < rows_here;
+        const bf16* src = ok ? q + q_row(r) * D : q;
+#pragma unroll
+        for (int i = 0; i < Q_PT; ++i) {
+            const int c = tid / kBM + Q_STEP * i;
+            cp_async16(sQa + c * (kBM * 16) + r * 16, src + (ok ? c * 8 : 0), ok ? 16 : 0);
+        }
+    }
+    // Each thread copies key row kr of every tile (its block-table entry is looked up one tile early).
+    const int kr = tid % BN;
+    auto kv_offset = [&](int n) -> long long {  // element offset of key n * BN + kr in the pools, -1 past max_key
+        const int pos = n * BN + kr;
+        if (pos > max_key) return -1;
+        return (static_cast<long long>(bt[pos / block_size]) * block_size + pos % block_size) * head_stride +
+               static_cast<long long>(kvh) * D;
+    };
+    auto issue_rows = [&](unsigned base, const bf16* pool, long long off, int stage) {  // this thread's K or V row
+        const bool ok = off >= 0;
+        const unsigned dst = base + stage * kTileBytes + kr * 16;
+#pragma unroll
+        for (int i = 0; i < KV_PT; ++i) {
+            const int c = tid / BN + KV_STEP * i;
+            cp_async16(dst + c * (BN * 16), pool + (ok ? off + c * 8 : 0), ok ? 16 : 0);
+        }
+    };
+
+    const int w = tid >> 7;            // warpgroup
+    const int warp = (tid >> 5) & 3;   // warp in the warpgroup
+    const int lane = tid & 31;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const int wrow = m0 + w * 64 + warp * 16;  // CTA-row index of this warp's first row
+    const int bound[2] = {shift + (wrow + g) / G, shift + (wrow + g + 8) / G};  // last key rows g, g+8 see
+    const int wg_from = shift + (m0 + w * 64) / G;  // smallest bound in the warpgroup
+    const float sl2 = scale * 1.4426950408889634f;
+
+    float acc[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
+    float row_max[2] = {-ATTNW_INF, -ATTNW_INF};
+    float row_sum[2] = {0.f, 0.f};  // per-thread partial sums, reduced over the quad at the end
+    const u64 q_desc = wg::smem_desc(sQa + w * 64 * 16, kBM * 16, 128);
+
+    // S = Q K^T of the K tile in `stage` (issued and committed; the caller waits).
+    auto gemm_s = [&](float (&s)[BN / 2], int stage) {
+        const unsigned kst = sKa + stage * kTileBytes;
+        wg::fence();
+#pragma unroll
+        for (int kk = 0; kk < KD; ++kk)
+            wg::mma_ss<BN>(s, q_desc + ((kk * 2 * kBM * 16) >> 4), wg::smem_desc(kst + kk * 2 * BN * 16, BN * 16, 128),
+                           kk > 0);
+        wg::commit();
+    };
+    // Causal mask of key tile n, online softmax (rows g and g + 8; element e of a tile belongs to
+    // row i = e >> 1), O rescaled, P packed to bf16 A fragments.
+    auto softmax = [&](float (&s)[BN / 2], int n, unsigned (&pa)[KN][4]) {
+        const int kb = n * BN;
+        if (kb + BN - 1 > wg_from) {
+#pragma unroll
+            for (int j = 0; j < NS; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (kb + j * 8 + 2 * t + (e & 1) > bound[e >> 1]) s[4 * j + e] = -ATTNW_INF;
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            float mx = -ATTNW_INF;
+#pragma unroll
+            for (int j = 0; j < NS; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mnew = fmaxf(row_max[i], mx * sl2);
+            const float muse = mnew == -ATTNW_INF ? 0.f : mnew;  // all masked so far: avoid inf - inf
+            const float alpha = exp2_ftz(row_max[i] - muse);
+            row_max[i] = mnew;
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < NS; ++j) {
+                s[4 * j + 2 * i] = exp2_ftz(fmaf(s[4 * j + 2 * i], sl2, -muse));
+                s[4 * j + 2 * i + 1] = exp2_ftz(fmaf(s[4 * j + 2 * i + 1], sl2, -muse));
+                sum += s[4 * j + 2 * i] + s[4 * j + 2 * i + 1];
+            }
+            row_sum[i] = row_sum[i] * alpha + sum;
+#pragma unroll
+            for (int d = 0; d < ND; ++d) {
+                acc[4 * d + 2 * i] *= alpha;
+                acc[4 * d + 2 * i + 1] *= alpha;
+            }
+        }
+#pragma unroll
+        for (int ks = 0; ks < KN; ++ks) {
+            pa[ks][0] = pack_bf16x2(s[8 * ks + 0], s[8 * ks + 1]);
+            pa[ks][1] = pack_bf16x2(s[8 * ks + 2], s[8 * ks + 3]);
+            pa[ks][2] = pack_bf16x2(s[8 * ks + 4], s[8 * ks + 5]);
+            pa[ks][3] = pack_bf16x2(s[8 * ks + 6], s[8 * ks + 7]);
+        }
+    };
+    // O += P V of the V tile in `stage` (issued and committed; the caller waits).
+    auto gemm_pv = [&](unsigned (&pa)[KN][4], int stage) {
+        const unsigned vst = sVa + stage * kTileBytes;
+        wg::fence();
+#pragma unroll
+        for (int ks = 0; ks < KN; ++ks) wg::mma_rs<D>(acc, pa[ks], wg::smem_desc(vst + ks * 256, 128, BN * 16), 1);
+        wg::commit();
+    };
+
+#if ATTN_WG_OVERLAP
+    // K runs one tile ahead of V: iteration n issues S_{n+1} = Q K_{n+1}^T before the softmax of
+    // S_n, so the tensor cores work while the warpgroup computes exponentials. Copy groups: the
+    // prologue's (Q, K_0) and (K_1, V_0), then per iteration n (K_{n+2}, V_{n+1}); K_{n+2} goes to
+    // K_n's stage (S_n finished in iteration n - 1), V_{n+1} to V_{n-1}'s (P V_{n-1} finished there).
+    if (n_tiles > 0) issue_rows(sKa, k_pool, kv_offset(0), 0);
+    cp_async_commit();
+    long long off_next = n_tiles > 1 ? kv_offset(1) : -1;  // tile n + 1's rows
+    if (n_tiles > 0) {
+        issue_rows(sKa, k_pool, off_next, 1);
+        issue_rows(sVa, v_pool, kv_offset(0), 0);
+    }
+    cp_async_commit();
+    float s[BN / 2];
+    if (n_tiles > 0) {
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // Q and K_0
+        wg::fence_proxy_async();
+        __syncthreads();
+        gemm_s(s, 0);
+        wg::wait<0>();
+        wg::pin(s);
+    }
+    for (int n = 0; n < n_tiles; ++n) {
+        cp_async_wait_all();     // K_{n+1} and V_n landed for this thread
+        wg::fence_proxy_async(); // ... visible to wgmma
+        __syncthreads();         // ... for every thread; S_n and P V_{n-1} are done in every warpgroup
+        const long long off_nn = n + 2 < n_tiles ? kv_offset(n + 2) : -1;
+        if (n + 2 < n_tiles) issue_rows(sKa, k_pool, off_nn, n & 1);
+        if (n + 1 < n_tiles) issue_rows(sVa, v_pool, off_next, (n + 1) & 1);
+        cp_async_commit();
+        off_next = off_nn;
+        float s2[BN / 2];
+        if (n + 1 < n_tiles) {
+            gemm_s(s2, (n + 1) & 1);
+            wg::pin(s2);
+        }
+        unsigned pa[KN][4];
+        softmax(s, n, pa);
+        gemm_pv(pa, n & 1);
+        wg::wait<0>();
+        wg::pin(acc);
+#pragma unroll
+        for (int ks = 0; ks < KN; ++ks) wg::pin(pa[ks]);
+        wg::pin(s2);
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) s[i] = s2[i];
+    }
+#else
+    // One K/V tile per iteration: S, softmax, P V, each GEMM waited before the next step.
+    if (n_tiles > 0) {
+        issue_rows(sKa, k_pool, kv_offset(0), 0);
+        issue_rows(sVa, v_pool, kv_offset(0), 0);
+    }
+    cp_async_commit();  // Q + tile 0
+    long long off_next = n_tiles > 1 ? kv_offset(1) : -1;
+    for (int n = 0; n < n_tiles; ++n) {
+        const int stage = n & 1;
+        cp_async_wait_all();     // tile n (and Q) landed for this thread
+        wg::fence_proxy_async(); // ... visible to wgmma
+        __syncthreads();         // ... for every thread; every warpgroup is done with tile n - 1's stage
+        if (n + 1 < n_tiles) {
+            issue_rows(sKa, k_pool, off_next, stage ^ 1);
+            issue_rows(sVa, v_pool, off_next, stage ^ 1);
+            if (n + 2 < n_tiles) off_next = kv_offset(n + 2);
+        }
+        cp_async_commit();
+        float s[BN / 2];
+        gemm_s(s, stage);
+        wg::wait<0>();
+        wg::pin(s);
+        unsigned pa[KN][4];
+        softmax(s, n, pa);
+        gemm_pv(pa, stage);
+        wg::wait<0>();
+        wg::pin(acc);
+#pragma unroll
+        for (int ks = 0; ks < KN; ++ks) wg::pin(pa[ks]);
+    }
+#endif
+    cp_async_wait_all();  // n_tiles == 0: the Q copy may still be in flight
+    __syncthreads();      // every wgmma is done with the K/V stages: the output tile goes there
+
+    float inv[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        float l = row_sum[i];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        inv[i] = l > 0.f ? 1.f / l : 0.f;
+    }
+    bf16* sO = reinterpret_cast<bf16*>(smem_raw + kQBytes);
+    unsigned* sO32 = reinterpret_cast<unsigned*>(sO);
+    const int rl = w * 64 + warp * 16 + g;
+#pragma unroll
+    for (int d = 0; d < ND; ++d) {
+        const int col = d * 8 + 2 * t;
+        sO32[(rl * OLD + col) / 2] = pack_bf16x2(acc[4 * d] * inv[0], acc[4 * d + 1] * inv[0]);
+        sO32[((rl + 8) * OLD + col) / 2] = pack_bf16x2(acc[4 * d + 2] * inv[1], acc[4 * d + 3] * inv[1]);
+    }
+    __syncthreads();
+    for (int c = tid; c < kBM * CPR; c += kThreads) {
+        const int r = c / CPR;
+        const int ch = c % CPR;
+        if (r < rows_here)
+            *reinterpret_cast<uint4*>(o + q_row(r) * D + ch * 8) = *reinterpret_cast<const uint4*>(sO + r * OLD + ch * 8);
+    }
+}
+
+}  // namespace
+
+// Tiles (macros, for tests/gpu/attn_variants.py): ATTN_WG_D<d>_BN keys per tile, ATTN_WG_D<d>_WG warpgroups.
+#ifndef ATTN_WG_D128_BN
+#define ATTN_WG_D128_BN 128
+#endif
+#ifndef ATTN_WG_D128_WG
+#define ATTN_WG_D128_WG 2
+#endif
+#ifndef ATTN_WG_D256_BN
+#define ATTN_WG_D256_BN 64
+#endif
+#ifndef ATTN_WG_D256_WG
+#define ATTN_WG_D256_WG 2
+#endif
+
+extern "C" __global__ __launch_bounds__(ATTN_WG_D128_WG * 128) void q12_attn_wgmma_d128(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
+    attn_wgmma<128, ATTN_WG_D128_BN, ATTN_WG_D128_WG>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
+}
+
+extern "C" __global__ __launch_bounds__(ATTN_WG_D256_WG * 128) void q12_attn_wgmma_d256(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
+    attn_wgmma<256, ATTN_WG_D256_BN, ATTN_WG_D256_WG>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
+}

@@ -1,0 +1,112 @@
+"""Paged varlen causal prefill attention on Hopper's warpgroup MMA (``cuda_src/attn_wgmma.cu``).
+
+The same computation, arguments and contract as :mod:`q12drv.kernels.attention` (stream ``b``'s
+rows ``cu_seqlens[b] .. cu_seqlens[b+1]``, keys through its block table, bottom-right causal,
+GQA), for head dims 128 and 256, with S = Q K^T and O += P V on ``wgmma`` (compiled for sm_90a:
+:func:`q12drv.nvrtc.target_arch`). ``ops.attention(..., algo="wgmma")`` selects it.
+
+Entries (the parameters of ``q12_attn_prefill_d*``)::
+
+    q12_attn_wgmma_d128 / _d256(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool,
+        bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale)
+
+A CTA of ``WG`` warpgroups computes ``64 * WG`` rows, each a (token, query head) pair of one kv
+head: grid ``(ceil(chunk_len * Hq / Hkv / (64 * WG)), Hkv, n)``, block ``128 * WG``. Dynamic
+shared memory: ``(64 * WG + 4 * BN) * D * 2`` bytes (the Q tile, two stages of K and V).
+
+Numerics: as the mma.sync kernel (fp32 accumulation, P rounded to bf16, ``ex2.approx.ftz``); the
+two kernels agree to bf16 rounding, not bit for bit. Batched and single-stream launches of this
+kernel are bit-identical (a CTA never mixes streams).
+"""
+
+from __future__ import annotations
+
+from . import attention as _attn
+
+__all__ = ["SOURCE", "HEAD_DIMS", "ENTRIES", "DEFAULT_CONFIG", "config", "entry_for_head_dim", "smem_bytes",
+           "geometry", "EMULATORS"]
+
+SOURCE = "attn_wgmma.cu"
+#: Head dim -> entry point.
+HEAD_DIMS = {128: "q12_attn_wgmma_d128", 256: "q12_attn_wgmma_d256"}
+ENTRIES = tuple(HEAD_DIMS.values())
+#: Head dim -> tiles, the defaults of the ``ATTN_WG_D<d>_<KNOB>`` macros in ``attn_wgmma.cu``: BN
+#: keys per K/V tile, WG warpgroups per CTA.
+DEFAULT_CONFIG = {128: {"BN": 128, "WG": 2}, 256: {"BN": 64, "WG": 2}}
+_KNOBS = ("BN", "WG")
+
+
+def entry_for_head_dim(head_dim: int) -> str:
+    """The wgmma entry for ``head_dim`` (128 or 256).
+
+    Raises
+    ------
+    ValueError
+        For any other head dim (64 has only the mma.sync kernel).
+    """
+    try:
+        return HEAD_DIMS[int(head_dim)]
+    except KeyError:
+        raise ValueError(f"no wgmma attention kernel for head_dim={head_dim}; supported: {sorted(HEAD_DIMS)} "
+                         f"(algo='mma' covers 64, 128 and 256)") from None
+
+
+def config(head_dim: int, defines=()) -> dict:
+    """The tiles of ``q12_attn_wgmma_d{head_dim}`` built with ``defines`` (``ATTN_WG_D<d>_BN`` /
+    ``_WG`` override :data:`DEFAULT_CONFIG`), plus ``threads``, ``block_m``, ``smem`` and ``GQA``
+    (always 1: rows are (token, head) pairs).
+
+    Raises
+    ------
+    ValueError
+        Unknown head dim, or tiles the kernel's static_asserts reject.
+    """
+    d = int(head_dim)
+    entry_for_head_dim(d)
+    cfg = dict(DEFAULT_CONFIG[d])
+    prefix = f"ATTN_WG_D{d}_"
+    for item in defines:
+        name, _, value = str(item).partition("=")
+        if name.startswith(prefix) and name[len(prefix):] in _KNOBS:
+            cfg[name[len(prefix):]] = int(value or 1)
+    bn, wg = cfg["BN"], cfg["WG"]
+    threads, block_m = 128 * wg, 64 * wg
+    if bn not in (64, 128) or wg not in (1, 2) or threads % bn:
+        raise ValueError(f"D={d}: wgmma tiles need BN 64 or 128 dividing {threads} threads and WG 1 or 2, got {cfg}")
+    smem = (block_m + 4 * bn) * d * 2
+    if smem > 227 * 1024:
+        raise ValueError(f"D={d}: tiles {cfg} need {smem} bytes of shared memory, more than the 227 KiB an SM has")
+    cfg.update(threads=threads, block_m=block_m, smem=smem, GQA=1)
+    return cfg
+
+
+def smem_bytes(head_dim: int, defines=()) -> int:
+    """Dynamic shared memory of one CTA: 163,840 bytes (D=128) and 196,608 (D=256) with the default tiles."""
+    return config(head_dim, defines)["smem"]
+
+
+def geometry(batch_size: int, chunk_len: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
+             defines=()) -> tuple:
+    """``(grid, block, dynamic_smem_bytes)`` of ``q12_attn_wgmma_d{head_dim}``: grid
+    ``(ceil(chunk_len * Hq / Hkv / block_m), Hkv, n)`` (at least 1 in each dimension)."""
+    cfg = config(head_dim, defines)
+    if batch_size < 0 or chunk_len < 0 or num_kv_heads <= 0 or num_q_heads % num_kv_heads:
+        raise ValueError(f"need batch_size >= 0, chunk_len >= 0 and num_kv_heads dividing num_q_heads; got "
+                         f"{batch_size}, {chunk_len}, {num_q_heads}, {num_kv_heads}")
+    rows = int(chunk_len) * (int(num_q_heads) // int(num_kv_heads))
+    grid = (max(1, -(-rows // cfg["block_m"])), int(num_kv_heads), max(1, int(batch_size)))
+    return grid, (cfg["threads"], 1, 1), cfg["smem"]
+
+
+def _emulator(head_dim: int):
+    cfg, name = config(head_dim), HEAD_DIMS[head_dim]
+
+    def emulate(args: dict, mem, grid, block) -> None:
+        _attn.emulate_paged(name, head_dim, cfg, args, mem, grid, block)
+
+    emulate.__name__ = f"emulate_{name}"
+    return emulate
+
+
+#: Entry name -> emulator, for q12drv's emulated driver.
+EMULATORS = {entry: _emulator(d) for d, entry in HEAD_DIMS.items()}

@@ -1,0 +1,98 @@
+"""The wgmma attention kernel's host side (``cuda_src/attn_wgmma.cu``): compile, tiles, geometry,
+target architecture and the launch path on the emulated driver. Its numerics run on the GPU
+(tests/gpu/test_attention_gpu.py runs every case on both kernels)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from q12drv import ScratchArena, make_scratch_plan, stage_batched_attn_metadata
+from q12drv.bf16 import to_bf16_bits
+from q12drv.kernels import attention as attn
+from q12drv.kernels import attention_wgmma as attnw
+from q12drv.kernels import ops
+from q12drv.kernels.meta import meta_defines
+from q12drv.nvrtc import ARCH_SPECIFIC_SOURCES, compile_source, cuda_src_dir, target_arch
+from tests.helpers import make_streams, spill_free
+
+
+def test_compiles_for_sm_90a_without_spills():
+    img = compile_source(attnw.SOURCE, arch="sm_90", defines=meta_defines(), use_cache=False, verbose_resources=True)
+    assert img.arch == "sm_90a"
+    report = spill_free(img, attnw.ENTRIES)
+    assert all(report[entry].registers <= 255 for entry in attnw.ENTRIES)
+
+
+def test_target_arch():
+    assert ARCH_SPECIFIC_SOURCES == {attnw.SOURCE}
+    assert target_arch(attnw.SOURCE, "sm_90") == "sm_90a" == target_arch(attnw.SOURCE, "sm_90a")
+    assert target_arch(attn.SOURCE, "sm_90") == "sm_90" and target_arch(attn.SOURCE, "sm_100") == "sm_100"
+    with pytest.raises(ValueError, match="sm_90a"):
+        target_arch(attnw.SOURCE, "sm_100")
+
+
+def test_python_tiles_match_the_source():
+    src = (cuda_src_dir() / attnw.SOURCE).read_text()
+    for d, entry in attnw.HEAD_DIMS.items():
+        assert re.search(rf"void {entry}\(.*?attn_wgmma<{d}, ATTN_WG_D{d}_BN, ATTN_WG_D{d}_WG>", src, re.S), entry
+        for knob, want in attnw.DEFAULT_CONFIG[d].items():
+            got = re.search(rf"#ifndef ATTN_WG_D{d}_{knob}\n#define ATTN_WG_D{d}_{knob} (\d+)\n#endif", src)
+            assert got and int(got.group(1)) == want, f"ATTN_WG_D{d}_{knob}"
+
+
+def test_config_geometry_and_smem():
+    assert attnw.smem_bytes(128) == 163840 and attnw.smem_bytes(256) == 196608
+    assert attnw.config(128, ("ATTN_WG_D128_WG=1", "ATTN_WG_D128_BN=64"))["smem"] == (64 + 256) * 128 * 2
+    grid, block, smem = attnw.geometry(3, 300, 16, 2, 128)
+    assert grid == (-(-300 * 8 // 128), 2, 3) and block == (256, 1, 1) and smem == 163840
+    assert attnw.geometry(1, 16, 16, 2, 256)[0] == (1, 2, 1)  # 16 tokens x 8 heads = 128 rows: one CTA
+    assert attnw.geometry(1, 17, 16, 2, 256)[0] == (2, 2, 1)
+    assert attnw.geometry(0, 0, 4, 4, 128)[0] == (1, 4, 1)
+    assert attnw.geometry(2, 100, 4, 2, 256, defines=("ATTN_WG_D256_WG=1",))[0] == (-(-200 // 64), 2, 2)
+    with pytest.raises(ValueError, match="no wgmma attention kernel for head_dim=64"):
+        attnw.config(64)
+    with pytest.raises(ValueError, match="BN 64 or 128"):
+        attnw.config(128, ("ATTN_WG_D128_BN=32",))
+    with pytest.raises(ValueError, match="227 KiB"):
+        attnw.config(256, ("ATTN_WG_D256_BN=128",))
+    with pytest.raises(ValueError, match="dividing"):
+        attnw.geometry(1, 8, 6, 4, 128)
+
+
+def test_ops_routes_both_algos_on_the_emulator(emu):
+    # On the emulator both entries run the same numpy reference: this pins the routing (entry,
+    # geometry, arguments), not the numerics, which the GPU tests check.
+    rng = np.random.default_rng(3)
+    counts, hq, hkv, d, bs = [5, 19], 4, 2, 128, 16
+    streams, tables = make_streams(emu, counts, [3, 0], rng=rng, block_size=bs)
+    num_blocks = int(max(s.block_table.max() for s in streams)) + 1
+    t = sum(counts)
+    host = {"q": to_bf16_bits(rng.standard_normal((t, hq, d))),
+            "kp": to_bf16_bits(rng.standard_normal((num_blocks, bs, hkv, d))),
+            "vp": to_bf16_bits(rng.standard_normal((num_blocks, bs, hkv, d)))}
+    bufs = {k: emu.alloc(v.nbytes, k) for k, v in host.items()}
+    outs = {a: emu.alloc(t * hq * d * 2, f"o {a}") for a in ops.ATTN_ALGOS}
+    try:
+        for k, v in host.items():
+            emu.upload(bufs[k].ptr, v)
+        with ScratchArena(emu, make_scratch_plan(counts, 0, False, "exact").total_bytes) as arena:
+            meta = stage_batched_attn_metadata(arena, streams, block_size=bs, use_mrope=False,
+                                               scratch_offset_bytes=0, dummy_kv_block=0)
+            for algo, o in outs.items():
+                ops.attention(emu, meta, bufs["q"].ptr, bufs["kp"].ptr, bufs["vp"].ptr, o.ptr, num_q_heads=hq,
+                              num_kv_heads=hkv, head_dim=d, algo=algo)
+            with pytest.raises(ValueError, match="attention algo must be one of"):
+                ops.attention(emu, meta, bufs["q"].ptr, bufs["kp"].ptr, bufs["vp"].ptr, outs["mma"].ptr,
+                              num_q_heads=hq, num_kv_heads=hkv, head_dim=d, algo="fa3")
+            emu.synchronize()
+        got = {a: np.frombuffer(emu.download(o.ptr, t * hq * d * 2), np.uint16) for a, o in outs.items()}
+        ref = attn.reference(host["q"], host["kp"], host["vp"], np.array([0, 5, 24]), np.array([8, 19]),
+                             [s.block_table for s in streams], hq, hkv, bs, d ** -0.5)
+        assert np.array_equal(got["wgmma"], ref.reshape(-1)) and np.array_equal(got["mma"], got["wgmma"])
+    finally:
+        for b in (*bufs.values(), *outs.values()):
+            b.free()
+        tables.free()
