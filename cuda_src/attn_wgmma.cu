@@ -19,11 +19,6 @@
 #include "q12_meta.cuh"
 #include "wgmma.cuh"
 
-// ATTN_WG_OVERLAP 1: S of the next key tile runs on the tensor cores during this tile's softmax.
-#ifndef ATTN_WG_OVERLAP
-#define ATTN_WG_OVERLAP 0
-#endif
-
 namespace {
 
 #define ATTNW_INF __int_as_float(0x7f800000)
@@ -47,7 +42,27 @@ __device__ __forceinline__ unsigned pack_bf16x2(float x, float y) {
     return *reinterpret_cast<unsigned*>(&v);
 }
 
-template <int D, int BN, int WG>
+// Which (row, 16-byte chunk) pairs a thread copies of a [ROWS x CPR chunks] tile when NW warps share
+// the copy: warp w takes blocks of 8 rows x 4 chunks, block b = w + NW * i (i < PT); in a block lane
+// l copies row l & 7, chunk l >> 3. Each copy instruction of a warp then reads 64 contiguous bytes of 8
+// rows (whole 32-byte sectors) and each quarter-warp writes 8 rows of one chunk: 128 contiguous bytes
+// of the [chunk][row] layout (no bank conflicts). A thread touches NR distinct rows (one page lookup
+// each); copy i is in row slot slot(i).
+template <int ROWS, int CPR, int NW>
+struct CopyMap {
+    static constexpr int RB = ROWS / 8, CB = CPR / 4;
+    static constexpr int PT = RB * CB / NW;
+    static constexpr int NR = RB % NW == 0 ? RB / NW : 1;
+    static_assert(ROWS % 8 == 0 && CPR % 4 == 0 && PT * NW == RB * CB && (RB % NW == 0 || NW % RB == 0),
+                  "copy map: 8 x 4 blocks shared evenly by the warps");
+    __device__ static int slot(int i) { return NR > 1 ? i % NR : 0; }
+    __device__ static int row(int w, int lane, int j) { return 8 * (RB % NW == 0 ? w + NW * j : w % RB) + (lane & 7); }
+    __device__ static int chunk(int w, int lane, int i) {
+        return 4 * (RB % NW == 0 ? i / NR : w / RB + (NW / RB) * i) + (lane >> 3);
+    }
+};
+
+template <int D, int BN, int WG, int OV>
 __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, const bf16* k_pool, const bf16* v_pool,
                                            bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
     constexpr int kThreads = WG * 128;
@@ -57,15 +72,13 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
     constexpr int KN = BN / 16;                // k-steps of O += P V
     constexpr int NS = BN / 8;                 // 8-key tiles of S
     constexpr int ND = D / 8;                  // 8-dim tiles of O
-    constexpr int KV_PT = BN * CPR / kThreads; // K (and V) chunks one thread copies per tile
-    constexpr int KV_STEP = kThreads / BN;     // ... every KV_STEP-th chunk of its row
-    constexpr int Q_PT = kBM * CPR / kThreads;
-    constexpr int Q_STEP = kThreads / kBM;
+    using KVMap = CopyMap<BN, CPR, WG * 4>;
+    using QMap = CopyMap<kBM, CPR, WG * 4>;
     constexpr unsigned kQBytes = kBM * D * 2;
     constexpr unsigned kTileBytes = BN * D * 2;  // one stage of K (or V)
     constexpr int OLD = D + 8;                   // epilogue row stride (elements)
-    static_assert(kThreads % BN == 0 && KV_PT * kThreads == BN * CPR, "K/V copy split");
     static_assert(kBM * OLD * 2 <= 4 * kTileBytes, "the output tile must fit the K/V stages");
+    static_assert(OV == 0 || OV == 1, "overlap mode 0 or 1");
 
     const int b = blockIdx.z;
     if (b >= static_cast<int>(m.batch_size)) return;
@@ -88,7 +101,7 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const unsigned sQa = smem_u32(smem_raw);
     const unsigned sKa = sQa + kQBytes;
-    const unsigned sVa = sKa + 2 * kTileBytes;
+    const unsigned sVa = sKa + 2 * kTileBytes;  // [2][D/8][BN][8]
 
     const int tid = threadIdx.x;
     const long long head_stride = static_cast<long long>(num_kv_heads) * D;
@@ -97,37 +110,50 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
         return static_cast<long long>(row0 + p / G) * num_q_heads + kvh * G + p % G;
     };
 
+    const int cw = tid >> 5;  // warp in the CTA (copy maps)
+    const int lane = tid & 31;
     {  // Q tile; rows past the stream are zero-filled and never read
-        const int r = tid % kBM;
-        const bool ok = r < rows_here;
-        const bf16* src = ok ? q + q_row(r) * D : q;
+        long long src[QMap::NR];
 #pragma unroll
-        for (int i = 0; i < Q_PT; ++i) {
-            const int c = tid / kBM + Q_STEP * i;
-            cp_async16(sQa + c * (kBM * 16) + r * 16, src + (ok ? c * 8 : 0), ok ? 16 : 0);
+        for (int j = 0; j < QMap::NR; ++j) {
+            const int r = QMap::row(cw, lane, j);
+            src[j] = r < rows_here ? q_row(r) * D : -1;
+        }
+#pragma unroll
+        for (int i = 0; i < QMap::PT; ++i) {
+            const int j = QMap::slot(i), r = QMap::row(cw, lane, j), c = QMap::chunk(cw, lane, i);
+            const bool ok = src[j] >= 0;
+            cp_async16(sQa + c * (kBM * 16) + r * 16, q + (ok ? src[j] + c * 8 : 0), ok ? 16 : 0);
         }
     }
-    // Each thread copies key row kr of every tile (its block-table entry is looked up one tile early).
-    const int kr = tid % BN;
-    auto kv_offset = [&](int n) -> long long {  // element offset of key n * BN + kr in the pools, -1 past max_key
-        const int pos = n * BN + kr;
-        if (pos > max_key) return -1;
-        return (static_cast<long long>(bt[pos / block_size]) * block_size + pos % block_size) * head_stride +
-               static_cast<long long>(kvh) * D;
-    };
-    auto issue_rows = [&](unsigned base, const bf16* pool, long long off, int stage) {  // this thread's K or V row
-        const bool ok = off >= 0;
-        const unsigned dst = base + stage * kTileBytes + kr * 16;
+    // The physical blocks of this thread's KVMap::NR key rows of tile n (-1 past max_key): loaded one
+    // tile before the copies that use them, so the copies never wait for the block-table read.
+    auto load_pages = [&](int n, int (&pg)[KVMap::NR]) {
 #pragma unroll
-        for (int i = 0; i < KV_PT; ++i) {
-            const int c = tid / BN + KV_STEP * i;
-            cp_async16(dst + c * (BN * 16), pool + (ok ? off + c * 8 : 0), ok ? 16 : 0);
+        for (int j = 0; j < KVMap::NR; ++j) {
+            const int pos = n * BN + KVMap::row(cw, lane, j);
+            pg[j] = pos > max_key ? -1 : bt[pos / block_size];
+        }
+    };
+    auto issue_rows = [&](unsigned base, const bf16* pool, int n, const int (&pg)[KVMap::NR], int stage) {
+        long long off[KVMap::NR];
+#pragma unroll
+        for (int j = 0; j < KVMap::NR; ++j) {
+            const int pos = n * BN + KVMap::row(cw, lane, j);
+            off[j] = pg[j] < 0 ? -1
+                               : (static_cast<long long>(pg[j]) * block_size + pos % block_size) * head_stride +
+                                     static_cast<long long>(kvh) * D;
+        }
+#pragma unroll
+        for (int i = 0; i < KVMap::PT; ++i) {
+            const int j = KVMap::slot(i), r = KVMap::row(cw, lane, j), c = KVMap::chunk(cw, lane, i);
+            const bool ok = off[j] >= 0;
+            cp_async16(base + stage * kTileBytes + c * (BN * 16) + r * 16, pool + (ok ? off[j] + c * 8 : 0), ok ? 16 : 0);
         }
     };
 
     const int w = tid >> 7;            // warpgroup
     const int warp = (tid >> 5) & 3;   // warp in the warpgroup
-    const int lane = tid & 31;
     const int g = lane >> 2;
     const int t = lane & 3;
     const int wrow = m0 + w * 64 + warp * 16;  // CTA-row index of this warp's first row
@@ -152,9 +178,9 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
                            kk > 0);
         wg::commit();
     };
-    // Causal mask of key tile n, online softmax (rows g and g + 8; element e of a tile belongs to
-    // row i = e >> 1), O rescaled, P packed to bf16 A fragments.
-    auto softmax = [&](float (&s)[BN / 2], int n, unsigned (&pa)[KN][4]) {
+    // Causal mask of key tile n and the online softmax's exponentials (rows g and g + 8; element e of
+    // a tile belongs to row i = e >> 1): s becomes P (fp32), alpha the rescale of O's rows.
+    auto softmax = [&](float (&s)[BN / 2], int n, float (&alpha)[2]) {
         const int kb = n * BN;
         if (kb + BN - 1 > wg_from) {
 #pragma unroll
@@ -172,7 +198,7 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float mnew = fmaxf(row_max[i], mx * sl2);
             const float muse = mnew == -ATTNW_INF ? 0.f : mnew;  // all masked so far: avoid inf - inf
-            const float alpha = exp2_ftz(row_max[i] - muse);
+            alpha[i] = exp2_ftz(row_max[i] - muse);
             row_max[i] = mnew;
             float sum = 0.f;
 #pragma unroll
@@ -181,12 +207,17 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
                 s[4 * j + 2 * i + 1] = exp2_ftz(fmaf(s[4 * j + 2 * i + 1], sl2, -muse));
                 sum += s[4 * j + 2 * i] + s[4 * j + 2 * i + 1];
             }
-            row_sum[i] = row_sum[i] * alpha + sum;
+            row_sum[i] = row_sum[i] * alpha[i] + sum;
+        }
+    };
+    // O's rows scaled by alpha; P packed to bf16 A fragments (key step ks = S tiles 2ks, 2ks + 1).
+    auto rescale_pack = [&](const float (&s)[BN / 2], const float (&alpha)[2], unsigned (&pa)[KN][4]) {
 #pragma unroll
-            for (int d = 0; d < ND; ++d) {
-                acc[4 * d + 2 * i] *= alpha;
-                acc[4 * d + 2 * i + 1] *= alpha;
-            }
+        for (int d = 0; d < ND; ++d) {
+            acc[4 * d] *= alpha[0];
+            acc[4 * d + 1] *= alpha[0];
+            acc[4 * d + 2] *= alpha[1];
+            acc[4 * d + 3] *= alpha[1];
         }
 #pragma unroll
         for (int ks = 0; ks < KN; ++ks) {
@@ -205,85 +236,94 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
         wg::commit();
     };
 
-#if ATTN_WG_OVERLAP
-    // K runs one tile ahead of V: iteration n issues S_{n+1} = Q K_{n+1}^T before the softmax of
-    // S_n, so the tensor cores work while the warpgroup computes exponentials. Copy groups: the
-    // prologue's (Q, K_0) and (K_1, V_0), then per iteration n (K_{n+2}, V_{n+1}); K_{n+2} goes to
-    // K_n's stage (S_n finished in iteration n - 1), V_{n+1} to V_{n-1}'s (P V_{n-1} finished there).
-    if (n_tiles > 0) issue_rows(sKa, k_pool, kv_offset(0), 0);
-    cp_async_commit();
-    long long off_next = n_tiles > 1 ? kv_offset(1) : -1;  // tile n + 1's rows
-    if (n_tiles > 0) {
-        issue_rows(sKa, k_pool, off_next, 1);
-        issue_rows(sVa, v_pool, kv_offset(0), 0);
-    }
-    cp_async_commit();
-    float s[BN / 2];
-    if (n_tiles > 0) {
-        asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // Q and K_0
-        wg::fence_proxy_async();
-        __syncthreads();
-        gemm_s(s, 0);
-        wg::wait<0>();
-        wg::pin(s);
-    }
-    for (int n = 0; n < n_tiles; ++n) {
-        cp_async_wait_all();     // K_{n+1} and V_n landed for this thread
-        wg::fence_proxy_async(); // ... visible to wgmma
-        __syncthreads();         // ... for every thread; S_n and P V_{n-1} are done in every warpgroup
-        const long long off_nn = n + 2 < n_tiles ? kv_offset(n + 2) : -1;
-        if (n + 2 < n_tiles) issue_rows(sKa, k_pool, off_nn, n & 1);
-        if (n + 1 < n_tiles) issue_rows(sVa, v_pool, off_next, (n + 1) & 1);
-        cp_async_commit();
-        off_next = off_nn;
-        float s2[BN / 2];
-        if (n + 1 < n_tiles) {
-            gemm_s(s2, (n + 1) & 1);
-            wg::pin(s2);
+    int pg_a[KVMap::NR], pg_b[KVMap::NR];
+    if constexpr (OV == 0) {
+        // One K/V tile per iteration: S, softmax, P V, each GEMM waited before the next step.
+        load_pages(0, pg_a);
+        if (n_tiles > 0) {
+            issue_rows(sKa, k_pool, 0, pg_a, 0);
+            issue_rows(sVa, v_pool, 0, pg_a, 0);
         }
-        unsigned pa[KN][4];
-        softmax(s, n, pa);
-        gemm_pv(pa, n & 1);
-        wg::wait<0>();
-        wg::pin(acc);
+        cp_async_commit();  // Q + tile 0
+        load_pages(1, pg_a);  // pg_a: tile n + 1's pages
+        for (int n = 0; n < n_tiles; ++n) {
+            const int stage = n & 1;
+            cp_async_wait_all();     // tile n (and Q) landed for this thread
+            wg::fence_proxy_async(); // ... visible to wgmma
+            __syncthreads();         // ... for every thread; every warpgroup is done with tile n - 1's stage
+            if (n + 1 < n_tiles) {
+                issue_rows(sKa, k_pool, n + 1, pg_a, stage ^ 1);
+                issue_rows(sVa, v_pool, n + 1, pg_a, stage ^ 1);
+            }
+            cp_async_commit();
+            load_pages(n + 2, pg_a);
+            float s[BN / 2], alpha[2];
+            unsigned pa[KN][4];
+            gemm_s(s, stage);
+            wg::wait<0>();
+            wg::pin(s);
+            softmax(s, n, alpha);
+            rescale_pack(s, alpha, pa);
+            gemm_pv(pa, stage);
+            wg::wait<0>();
+            wg::pin(acc);
 #pragma unroll
-        for (int ks = 0; ks < KN; ++ks) wg::pin(pa[ks]);
-        wg::pin(s2);
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) s[i] = s2[i];
-    }
-#else
-    // One K/V tile per iteration: S, softmax, P V, each GEMM waited before the next step.
-    if (n_tiles > 0) {
-        issue_rows(sKa, k_pool, kv_offset(0), 0);
-        issue_rows(sVa, v_pool, kv_offset(0), 0);
-    }
-    cp_async_commit();  // Q + tile 0
-    long long off_next = n_tiles > 1 ? kv_offset(1) : -1;
-    for (int n = 0; n < n_tiles; ++n) {
-        const int stage = n & 1;
-        cp_async_wait_all();     // tile n (and Q) landed for this thread
-        wg::fence_proxy_async(); // ... visible to wgmma
-        __syncthreads();         // ... for every thread; every warpgroup is done with tile n - 1's stage
-        if (n + 1 < n_tiles) {
-            issue_rows(sKa, k_pool, off_next, stage ^ 1);
-            issue_rows(sVa, v_pool, off_next, stage ^ 1);
-            if (n + 2 < n_tiles) off_next = kv_offset(n + 2);
+            for (int ks = 0; ks < KN; ++ks) wg::pin(pa[ks]);
+        }
+    } else {
+        // K runs one tile ahead of V: iteration n issues S_{n+1} = Q K_{n+1}^T before the softmax of
+        // S_n, so the tensor cores work while the warpgroup computes exponentials. Copy groups: the
+        // prologue's (Q, K_0) and (K_1, V_0), then per iteration n (K_{n+2}, V_{n+1}); K_{n+2} goes to
+        // K_n's stage (S_n finished in iteration n - 1), V_{n+1} to V_{n-1}'s (P V_{n-1} finished there).
+        // Leaving P V_n running into iteration n + 1 as well (a third V stage) made ptxas serialize the
+        // wgmma pipeline (C7514: the S accumulators are read between issue and wait): not kept.
+        load_pages(0, pg_a);
+        if (n_tiles > 0) issue_rows(sKa, k_pool, 0, pg_a, 0);
+        cp_async_commit();
+        load_pages(1, pg_b);
+        if (n_tiles > 0) {
+            if (n_tiles > 1) issue_rows(sKa, k_pool, 1, pg_b, 1);
+            issue_rows(sVa, v_pool, 0, pg_a, 0);
         }
         cp_async_commit();
+        load_pages(2, pg_a);  // pg_a: tile n + 2's pages (K), pg_b: tile n + 1's (V)
         float s[BN / 2];
-        gemm_s(s, stage);
-        wg::wait<0>();
-        wg::pin(s);
-        unsigned pa[KN][4];
-        softmax(s, n, pa);
-        gemm_pv(pa, stage);
-        wg::wait<0>();
-        wg::pin(acc);
+        if (n_tiles > 0) {
+            asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // Q and K_0
+            wg::fence_proxy_async();
+            __syncthreads();
+            gemm_s(s, 0);
+            wg::wait<0>();
+            wg::pin(s);
+        }
+        for (int n = 0; n < n_tiles; ++n) {
+            cp_async_wait_all();     // K_{n+1} and V_n landed for this thread
+            wg::fence_proxy_async(); // ... visible to wgmma
+            __syncthreads();         // ... for every thread; S_n and P V_{n-1} are done in every warpgroup
+            if (n + 2 < n_tiles) issue_rows(sKa, k_pool, n + 2, pg_a, n & 1);
+            if (n + 1 < n_tiles) issue_rows(sVa, v_pool, n + 1, pg_b, (n + 1) & 1);
+            cp_async_commit();
 #pragma unroll
-        for (int ks = 0; ks < KN; ++ks) wg::pin(pa[ks]);
+            for (int j = 0; j < KVMap::NR; ++j) pg_b[j] = pg_a[j];
+            load_pages(n + 3, pg_a);
+            float s2[BN / 2], alpha[2];
+            unsigned pa[KN][4];
+            if (n + 1 < n_tiles) {
+                gemm_s(s2, (n + 1) & 1);
+                wg::pin(s2);
+            }
+            softmax(s, n, alpha);
+            rescale_pack(s, alpha, pa);
+            gemm_pv(pa, n & 1);
+            wg::wait<0>();
+            wg::pin(acc);
+#pragma unroll
+            for (int ks = 0; ks < KN; ++ks) wg::pin(pa[ks]);
+            wg::pin(s2);
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) s[i] = s2[i];
+        }
     }
-#endif
     cp_async_wait_all();  // n_tiles == 0: the Q copy may still be in flight
     __syncthreads();      // every wgmma is done with the K/V stages: the output tile goes there
 
@@ -315,7 +355,14 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
 
 }  // namespace
 
-// Tiles (macros, for tests/gpu/attn_variants.py): ATTN_WG_D<d>_BN keys per tile, ATTN_WG_D<d>_WG warpgroups.
+// Tiles (macros, for tests/gpu/attn_variants.py): ATTN_WG_D<d>_BN keys per tile, ATTN_WG_D<d>_WG warpgroups,
+// ATTN_WG_D<d>_OV overlap (0: each GEMM waited at once; 1: S of the next tile during this tile's softmax).
+#ifndef ATTN_WG_D128_OV
+#define ATTN_WG_D128_OV 0
+#endif
+#ifndef ATTN_WG_D256_OV
+#define ATTN_WG_D256_OV 0
+#endif
 #ifndef ATTN_WG_D128_BN
 #define ATTN_WG_D128_BN 128
 #endif
@@ -330,9 +377,9 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
 #endif
 
 extern "C" __global__ __launch_bounds__(ATTN_WG_D128_WG * 128) void q12_attn_wgmma_d128(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
-    attn_wgmma<128, ATTN_WG_D128_BN, ATTN_WG_D128_WG>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
+    attn_wgmma<128, ATTN_WG_D128_BN, ATTN_WG_D128_WG, ATTN_WG_D128_OV>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
 }
 
 extern "C" __global__ __launch_bounds__(ATTN_WG_D256_WG * 128) void q12_attn_wgmma_d256(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
-    attn_wgmma<256, ATTN_WG_D256_BN, ATTN_WG_D256_WG>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
+    attn_wgmma<256, ATTN_WG_D256_BN, ATTN_WG_D256_WG, ATTN_WG_D256_OV>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
 }

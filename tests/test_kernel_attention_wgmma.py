@@ -37,7 +37,7 @@ def test_target_arch():
 def test_python_tiles_match_the_source():
     src = (cuda_src_dir() / attnw.SOURCE).read_text()
     for d, entry in attnw.HEAD_DIMS.items():
-        assert re.search(rf"void {entry}\(.*?attn_wgmma<{d}, ATTN_WG_D{d}_BN, ATTN_WG_D{d}_WG>", src, re.S), entry
+        assert re.search(rf"void {entry}\(.*?attn_wgmma<{d}, ATTN_WG_D{d}_BN, ATTN_WG_D{d}_WG, ATTN_WG_D{d}_OV>", src, re.S), entry
         for knob, want in attnw.DEFAULT_CONFIG[d].items():
             got = re.search(rf"#ifndef ATTN_WG_D{d}_{knob}\n#define ATTN_WG_D{d}_{knob} (\d+)\n#endif", src)
             assert got and int(got.group(1)) == want, f"ATTN_WG_D{d}_{knob}"
@@ -54,6 +54,9 @@ def test_config_geometry_and_smem():
     assert attnw.geometry(2, 100, 4, 2, 256, defines=("ATTN_WG_D256_WG=1",))[0] == (-(-200 // 64), 2, 2)
     with pytest.raises(ValueError, match="no wgmma attention kernel for head_dim=64"):
         attnw.config(64)
+    assert attnw.config(256, ("ATTN_WG_D256_OV=1",))["smem"] == attnw.smem_bytes(256)
+    with pytest.raises(ValueError, match="OV 0 or 1"):
+        attnw.config(128, ("ATTN_WG_D128_OV=2",))
     with pytest.raises(ValueError, match="BN 64 or 128"):
         attnw.config(128, ("ATTN_WG_D128_BN=32",))
     with pytest.raises(ValueError, match="227 KiB"):

@@ -31,9 +31,10 @@ SOURCE = "attn_wgmma.cu"
 HEAD_DIMS = {128: "q12_attn_wgmma_d128", 256: "q12_attn_wgmma_d256"}
 ENTRIES = tuple(HEAD_DIMS.values())
 #: Head dim -> tiles, the defaults of the ``ATTN_WG_D<d>_<KNOB>`` macros in ``attn_wgmma.cu``: BN
-#: keys per K/V tile, WG warpgroups per CTA.
-DEFAULT_CONFIG = {128: {"BN": 128, "WG": 2}, 256: {"BN": 64, "WG": 2}}
-_KNOBS = ("BN", "WG")
+#: keys per K/V tile, WG warpgroups per CTA, OV overlap (0: each GEMM waited at once; 1: S of the next
+#: tile on the tensor cores during this tile's softmax).
+DEFAULT_CONFIG = {128: {"BN": 128, "WG": 2, "OV": 0}, 256: {"BN": 64, "WG": 2, "OV": 0}}
+_KNOBS = ("BN", "WG", "OV")
 
 
 def entry_for_head_dim(head_dim: int) -> str:
@@ -69,11 +70,11 @@ def config(head_dim: int, defines=()) -> dict:
         name, _, value = str(item).partition("=")
         if name.startswith(prefix) and name[len(prefix):] in _KNOBS:
             cfg[name[len(prefix):]] = int(value or 1)
-    bn, wg = cfg["BN"], cfg["WG"]
+    bn, wg, ov = cfg["BN"], cfg["WG"], cfg["OV"]
     threads, block_m = 128 * wg, 64 * wg
-    if bn not in (64, 128) or wg not in (1, 2) or threads % bn:
-        raise ValueError(f"D={d}: wgmma tiles need BN 64 or 128 dividing {threads} threads and WG 1 or 2, got {cfg}")
-    smem = (block_m + 4 * bn) * d * 2
+    if bn not in (64, 128) or wg not in (1, 2) or ov not in (0, 1):
+        raise ValueError(f"D={d}: wgmma tiles need BN 64 or 128, WG 1 or 2 and OV 0 or 1, got {cfg}")
+    smem = (block_m + 4 * bn) * d * 2  # Q, two K stages, two V stages
     if smem > 227 * 1024:
         raise ValueError(f"D={d}: tiles {cfg} need {smem} bytes of shared memory, more than the 227 KiB an SM has")
     cfg.update(threads=threads, block_m=block_m, smem=smem, GQA=1)

@@ -24,21 +24,18 @@ import sys
 import time
 
 # name, kernel ("mma": attn_prefill.cu, "wgmma": attn_wgmma.cu), defines (both head dims set in one
-# compile; unset knobs keep the default). Each variant is timed only at the head dims where it differs
-# from its kernel's default. mma.sync variants measured and not promoted (4 warps x 16 rows with QREG or
-# MINB, BN 32 with 3-4 stages at D256, DS at D128, the two-barrier loop): tests/GPU.md, runs C-M.
+# compile; unset knobs keep the default). A variant is not timed at a head dim none of its macros touch.
+# mma.sync variants measured and not promoted (4 warps x 16 rows with QREG or MINB, BN 32 with 3-4
+# stages at D256, DS at D128, the two-barrier loop, a 3-stage ring at D128, D256 without DS):
+# tests/GPU.md, runs C-Q.
 VARIANTS = [
     ("v0-default", "mma", ()),
-    # D256 as shipped before the DS promotion (8 warps x 16 rows, no warp pairs)
-    ("v-d256-ds0", "mma", ("ATTN_D256_DS=0", "ATTN_D256_MW=1")),
-    ("v13-d128-st3", "mma", ("ATTN_D128_ST=3",)),  # the default with a 3-stage ring (+-2% in runs G, M)
-    # wgmma (sm_90a): 2 warpgroups x 64 rows, BN 128 (D128) / 64 (D256), 1 CTA/SM
+    # wgmma (sm_90a): 2 warpgroups x 64 rows, BN 128 (D128) / 64 (D256), 1 CTA/SM. Measured and dropped
+    # (tests/GPU.md runs P, Q): one warpgroup per CTA (2x slower), D128 BN 64 without overlap (-3%).
     ("wg0-default", "wgmma", ()),
     # S of the next key tile during this tile's softmax (intra-warpgroup overlap)
-    ("wg4-overlap", "wgmma", ("ATTN_WG_OVERLAP=1",)),
-    ("wg5-overlap-d128-bn64", "wgmma", ("ATTN_WG_OVERLAP=1", "ATTN_WG_D128_BN=64")),
-    # one warpgroup per CTA: D128 BN 64 (80 KiB, 2 CTAs/SM), D256 BN 64 (160 KiB); run P: 2x slower
-    ("wg2-1wg", "wgmma", ("ATTN_WG_D128_WG=1", "ATTN_WG_D128_BN=64", "ATTN_WG_D256_WG=1")),
+    ("wg4-ov1", "wgmma", ("ATTN_WG_D128_OV=1", "ATTN_WG_D256_OV=1")),
+    ("wg7-ov1-d128-bn64", "wgmma", ("ATTN_WG_D128_OV=1", "ATTN_WG_D128_BN=64")),
 ]
 
 HQ, HKV, BS = 16, 2, 16
@@ -196,8 +193,9 @@ def main(argv):
             except Exception as exc:  # noqa: BLE001
                 print(f"{name:18s} D{c.d}: FAIL {type(exc).__name__}: {exc}")
         for d in (128, 256):
-            if defs and modules[kind].config(d, defs) == modules[kind].config(d):
-                continue  # same kernel as its default at this head dim
+            other = 384 - d  # the other head dim (128 <-> 256)
+            if defs and all(f"_D{other}_" in x for x in defs):
+                continue  # only the other head dim's knobs: the same kernel as the default here
             for cname in cases:
                 try:
                     us = time_q12(timing[(cname, d)], funcs[d])
