@@ -2,18 +2,28 @@
 // compiled for sm_90a). Same entry parameters, semantics and batched == alone guarantee as
 // attn_prefill.cu (see its header): stream b = blockIdx.z, bottom-right causal over kv_lens[b],
 // keys and values gathered through the stream's block table, GQA kv_head = h / (Hq / Hkv).
+// ops.attention's algo "auto" (the default) takes this kernel on Hopper for head dims 128 and 256.
 //
 // CTA: WG warpgroups (128 threads each), BM = 64 * WG rows. Rows are (token, head) pairs of one kv
 // head (blockIdx.y): CTA row r is token (m0 + r) / G, query head kvh * G + (m0 + r) % G, G = Hq / Hkv,
 // so one K/V tile serves the G query heads that read it. Warpgroup w owns rows 64w .. 64w + 63.
-// Per key tile of BN keys (two-stage cp.async ring, one barrier per tile):
+// Per key tile of BN keys (two-stage cp.async ring; every thread copies and computes):
 //   S[64 x BN] = Q K^T: D/16 wgmma (A = Q, B = K, both K-major from shared memory);
 //   causal mask, online softmax in fp32 registers (exp2 with the scale folded in, as attn_prefill);
 //   O[64 x D] += P V: BN/16 wgmma, A = P from registers (bf16), B = V (MN-major) from shared memory.
-// Shared memory, no swizzle (wgmma.cuh): Q [D/8][BM][8] bf16, K and V [2 stages][D/8][BN][8]: the
-// 16 bytes of row r, dims 8c .. 8c+7 at c * (rows * 16) + r * 16. A quarter-warp's cp.async writes
-// rows r .. r+7 of one dim chunk: 128 contiguous bytes (no bank conflicts). The output goes through
-// shared memory (row-major, rows padded by 16 bytes) to 16-byte global stores.
+// Stage hand-off (MB 1): per stage a "full" mbarrier (every thread's cp.async of the tile landed) and
+// an "empty" one (every thread is done with it), instead of a CTA barrier per tile, so the two
+// warpgroups drift up to a tile apart and one's GEMMs overlap the other's softmax.
+// Shared memory (SW 1): Q, K and V tiles in the 128-byte swizzled layout of wgmma.cuh, [D/64][rows][128 B]
+// with 16-byte chunk j of row r at j ^ (r & 7), tiles on 1024-byte boundaries. Copies: each warp
+// instruction reads 64 contiguous bytes of 8 key rows; a quarter-warp writes 8 rows of one chunk,
+// which the swizzle spreads over all 32 banks. The output goes through shared memory (row-major,
+// rows padded by 16 bytes) to 16-byte global stores.
+// Measured on the H200 (tests/GPU.md runs P-U; Hq 16, Hkv 2, block 16), TFLOP/s by the pairs formula:
+// the interleaved (no-swizzle) layout ran at 188-240 whatever the pipelining (lockstep, mbarriers, S of
+// the next tile during the softmax): the tensor pipe idled at 22% (ncu). The 128-byte swizzle: D128
+// 284-334, D256 344-382 (run U); with the mbarriers D128 295-341, D256 367-399: 0.72-0.95 of torch FA2's
+// time on every case, 0.56-0.80 of cuDNN's on chunked prefill, 1.0-1.7x cuDNN's time fresh.
 // Numerics: as attn_prefill.cu (P rounded to bf16 before P V, ex2.approx.ftz); the wgmma sums may
 // round in a different order than mma.sync, so the two kernels agree to bf16 rounding, not bit for bit.
 #include "q12_meta.cuh"
@@ -30,6 +40,25 @@ __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int sr
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// mbarriers in shared memory (ATTN_WG_D<d>_MB): init by one thread; every copying thread's cp.async
+// completion arrives on a stage's "full" barrier, every consuming thread arrives on its "empty" one.
+__device__ __forceinline__ void mbar_init(unsigned addr, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned addr) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(addr) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_on_copies(unsigned addr) {  // when this thread's cp.async so far land
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned addr, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(addr), "r"(parity) : "memory");
+    }
+}
 
 __device__ __forceinline__ float exp2_ftz(float x) {
     float y;
@@ -62,7 +91,16 @@ struct CopyMap {
     }
 };
 
-template <int D, int BN, int WG, int OV>
+// Byte offset of row r's 16-byte chunk cg (elements 8cg .. 8cg+7) in a [ROWS x D] bf16 operand tile:
+// SW 0, no swizzle: [D/8][ROWS][16 B]; SW 1, 128-byte swizzle: [D/64][ROWS][128 B] with chunk
+// cg % 8 of row r at position (cg % 8) ^ (r & 7) (the tile must start on a 1024-byte boundary).
+template <int ROWS, int SW>
+__device__ __forceinline__ unsigned tile_off(int r, int cg) {
+    if constexpr (SW) return (cg >> 3) * (ROWS * 128) + r * 128 + (((cg & 7) ^ (r & 7)) << 4);
+    else return cg * (ROWS * 16) + r * 16;
+}
+
+template <int D, int BN, int WG, int MB, int SW>
 __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, const bf16* k_pool, const bf16* v_pool,
                                            bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
     constexpr int kThreads = WG * 128;
@@ -78,7 +116,6 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
     constexpr unsigned kTileBytes = BN * D * 2;  // one stage of K (or V)
     constexpr int OLD = D + 8;                   // epilogue row stride (elements)
     static_assert(kBM * OLD * 2 <= 4 * kTileBytes, "the output tile must fit the K/V stages");
-    static_assert(OV == 0 || OV == 1, "overlap mode 0 or 1");
 
     const int b = blockIdx.z;
     if (b >= static_cast<int>(m.batch_size)) return;
@@ -99,7 +136,8 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
     const int n_tiles = max_key >= 0 ? max_key / BN + 1 : 0;
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    const unsigned sQa = smem_u32(smem_raw);
+    // SW: the tiles start on a 1024-byte boundary (the launch adds 1 KiB of slack)
+    const unsigned sQa = SW ? (smem_u32(smem_raw) + 1023u) & ~1023u : smem_u32(smem_raw);
     const unsigned sKa = sQa + kQBytes;
     const unsigned sVa = sKa + 2 * kTileBytes;  // [2][D/8][BN][8]
 
@@ -123,7 +161,7 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
         for (int i = 0; i < QMap::PT; ++i) {
             const int j = QMap::slot(i), r = QMap::row(cw, lane, j), c = QMap::chunk(cw, lane, i);
             const bool ok = src[j] >= 0;
-            cp_async16(sQa + c * (kBM * 16) + r * 16, q + (ok ? src[j] + c * 8 : 0), ok ? 16 : 0);
+            cp_async16(sQa + tile_off<kBM, SW>(r, c), q + (ok ? src[j] + c * 8 : 0), ok ? 16 : 0);
         }
     }
     // The physical blocks of this thread's KVMap::NR key rows of tile n (-1 past max_key): loaded one
@@ -148,7 +186,7 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
         for (int i = 0; i < KVMap::PT; ++i) {
             const int j = KVMap::slot(i), r = KVMap::row(cw, lane, j), c = KVMap::chunk(cw, lane, i);
             const bool ok = off[j] >= 0;
-            cp_async16(base + stage * kTileBytes + c * (BN * 16) + r * 16, pool + (ok ? off[j] + c * 8 : 0), ok ? 16 : 0);
+            cp_async16(base + stage * kTileBytes + tile_off<BN, SW>(r, c), pool + (ok ? off[j] + c * 8 : 0), ok ? 16 : 0);
         }
     };
 
@@ -166,7 +204,7 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
     for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
     float row_max[2] = {-ATTNW_INF, -ATTNW_INF};
     float row_sum[2] = {0.f, 0.f};  // per-thread partial sums, reduced over the quad at the end
-    const u64 q_desc = wg::smem_desc(sQa + w * 64 * 16, kBM * 16, 128);
+    const unsigned q_wg = sQa + w * 64 * (SW ? 128 : 16);  // this warpgroup's 64 rows of Q
 
     // S = Q K^T of the K tile in `stage` (issued and committed; the caller waits).
     auto gemm_s = [&](float (&s)[BN / 2], int stage) {
@@ -174,8 +212,12 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
         wg::fence();
 #pragma unroll
         for (int kk = 0; kk < KD; ++kk)
-            wg::mma_ss<BN>(s, q_desc + ((kk * 2 * kBM * 16) >> 4), wg::smem_desc(kst + kk * 2 * BN * 16, BN * 16, 128),
-                           kk > 0);
+            if constexpr (SW)  // k-step kk: atom kk / 4, 32 bytes per step inside it
+                wg::mma_ss<BN>(s, wg::smem_desc_sw128(q_wg + (kk >> 2) * (kBM * 128) + (kk & 3) * 32, 16, 1024),
+                               wg::smem_desc_sw128(kst + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+            else  // k-step kk: chunks 2kk, 2kk + 1
+                wg::mma_ss<BN>(s, wg::smem_desc(q_wg + kk * 2 * kBM * 16, kBM * 16, 128),
+                               wg::smem_desc(kst + kk * 2 * BN * 16, BN * 16, 128), kk > 0);
         wg::commit();
     };
     // Causal mask of key tile n and the online softmax's exponentials (rows g and g + 8; element e of
@@ -232,12 +274,59 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
         const unsigned vst = sVa + stage * kTileBytes;
         wg::fence();
 #pragma unroll
-        for (int ks = 0; ks < KN; ++ks) wg::mma_rs<D>(acc, pa[ks], wg::smem_desc(vst + ks * 256, 128, BN * 16), 1);
+        for (int ks = 0; ks < KN; ++ks) {  // keys 16ks .. 16ks + 15
+            if constexpr (SW) wg::mma_rs<D>(acc, pa[ks], wg::smem_desc_sw128(vst + ks * 2048, BN * 128, 1024), 1);
+            else wg::mma_rs<D>(acc, pa[ks], wg::smem_desc(vst + ks * 256, 128, BN * 16), 1);
+        }
         wg::commit();
     };
 
-    int pg_a[KVMap::NR], pg_b[KVMap::NR];
-    if constexpr (OV == 0) {
+    int pg_a[KVMap::NR];
+    if constexpr (MB) {
+        // One K/V tile per iteration as below, without the CTA-wide barrier: stage s has a "full"
+        // mbarrier (every thread's copies of the tile landed; phase = fill count & 1) and an "empty"
+        // one (every thread is done with the tile). A thread refills a stage once both warpgroups
+        // consumed its previous tile, so the warpgroups drift up to a tile apart and one's GEMMs run
+        // while the other computes its softmax.
+        const unsigned bars = sKa + 4 * kTileBytes;  // full[2], empty[2] (8 bytes each)
+        if (tid == 0) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) mbar_init(bars + 8 * i, kThreads);
+        }
+        __syncthreads();
+        load_pages(0, pg_a);
+        if (n_tiles > 0) {
+            issue_rows(sKa, k_pool, 0, pg_a, 0);
+            issue_rows(sVa, v_pool, 0, pg_a, 0);
+            mbar_arrive_on_copies(bars);  // full[0], phase 0: Q and tile 0
+        }
+        load_pages(1, pg_a);  // pg_a: tile n + 1's pages
+        for (int n = 0; n < n_tiles; ++n) {
+            const int stage = n & 1;
+            if (n + 1 < n_tiles) {
+                if (n >= 1) mbar_wait(bars + 16 + 8 * (stage ^ 1), ((n - 1) >> 1) & 1);  // tile n - 1 consumed
+                issue_rows(sKa, k_pool, n + 1, pg_a, stage ^ 1);
+                issue_rows(sVa, v_pool, n + 1, pg_a, stage ^ 1);
+                mbar_arrive_on_copies(bars + 8 * (stage ^ 1));
+            }
+            load_pages(n + 2, pg_a);
+            mbar_wait(bars + 8 * stage, (n >> 1) & 1);  // tile n landed for every thread
+            wg::fence_proxy_async();                    // ... visible to wgmma
+            float s[BN / 2], alpha[2];
+            unsigned pa[KN][4];
+            gemm_s(s, stage);
+            wg::wait<0>();
+            wg::pin(s);
+            softmax(s, n, alpha);
+            rescale_pack(s, alpha, pa);
+            gemm_pv(pa, stage);
+            wg::wait<0>();
+            wg::pin(acc);
+#pragma unroll
+            for (int ks = 0; ks < KN; ++ks) wg::pin(pa[ks]);
+            mbar_arrive(bars + 16 + 8 * stage);  // this thread is done with tile n
+        }
+    } else {
         // One K/V tile per iteration: S, softmax, P V, each GEMM waited before the next step.
         load_pages(0, pg_a);
         if (n_tiles > 0) {
@@ -270,59 +359,6 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
 #pragma unroll
             for (int ks = 0; ks < KN; ++ks) wg::pin(pa[ks]);
         }
-    } else {
-        // K runs one tile ahead of V: iteration n issues S_{n+1} = Q K_{n+1}^T before the softmax of
-        // S_n, so the tensor cores work while the warpgroup computes exponentials. Copy groups: the
-        // prologue's (Q, K_0) and (K_1, V_0), then per iteration n (K_{n+2}, V_{n+1}); K_{n+2} goes to
-        // K_n's stage (S_n finished in iteration n - 1), V_{n+1} to V_{n-1}'s (P V_{n-1} finished there).
-        // Leaving P V_n running into iteration n + 1 as well (a third V stage) made ptxas serialize the
-        // wgmma pipeline (C7514: the S accumulators are read between issue and wait): not kept.
-        load_pages(0, pg_a);
-        if (n_tiles > 0) issue_rows(sKa, k_pool, 0, pg_a, 0);
-        cp_async_commit();
-        load_pages(1, pg_b);
-        if (n_tiles > 0) {
-            if (n_tiles > 1) issue_rows(sKa, k_pool, 1, pg_b, 1);
-            issue_rows(sVa, v_pool, 0, pg_a, 0);
-        }
-        cp_async_commit();
-        load_pages(2, pg_a);  // pg_a: tile n + 2's pages (K), pg_b: tile n + 1's (V)
-        float s[BN / 2];
-        if (n_tiles > 0) {
-            asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // Q and K_0
-            wg::fence_proxy_async();
-            __syncthreads();
-            gemm_s(s, 0);
-            wg::wait<0>();
-            wg::pin(s);
-        }
-        for (int n = 0; n < n_tiles; ++n) {
-            cp_async_wait_all();     // K_{n+1} and V_n landed for this thread
-            wg::fence_proxy_async(); // ... visible to wgmma
-            __syncthreads();         // ... for every thread; S_n and P V_{n-1} are done in every warpgroup
-            if (n + 2 < n_tiles) issue_rows(sKa, k_pool, n + 2, pg_a, n & 1);
-            if (n + 1 < n_tiles) issue_rows(sVa, v_pool, n + 1, pg_b, (n + 1) & 1);
-            cp_async_commit();
-#pragma unroll
-            for (int j = 0; j < KVMap::NR; ++j) pg_b[j] = pg_a[j];
-            load_pages(n + 3, pg_a);
-            float s2[BN / 2], alpha[2];
-            unsigned pa[KN][4];
-            if (n + 1 < n_tiles) {
-                gemm_s(s2, (n + 1) & 1);
-                wg::pin(s2);
-            }
-            softmax(s, n, alpha);
-            rescale_pack(s, alpha, pa);
-            gemm_pv(pa, n & 1);
-            wg::wait<0>();
-            wg::pin(acc);
-#pragma unroll
-            for (int ks = 0; ks < KN; ++ks) wg::pin(pa[ks]);
-            wg::pin(s2);
-#pragma unroll
-            for (int i = 0; i < BN / 2; ++i) s[i] = s2[i];
-        }
     }
     cp_async_wait_all();  // n_tiles == 0: the Q copy may still be in flight
     __syncthreads();      // every wgmma is done with the K/V stages: the output tile goes there
@@ -335,7 +371,7 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
         l += __shfl_xor_sync(0xffffffffu, l, 2);
         inv[i] = l > 0.f ? 1.f / l : 0.f;
     }
-    bf16* sO = reinterpret_cast<bf16*>(smem_raw + kQBytes);
+    bf16* sO = reinterpret_cast<bf16*>(smem_raw + (sKa - smem_u32(smem_raw)));
     unsigned* sO32 = reinterpret_cast<unsigned*>(sO);
     const int rl = w * 64 + warp * 16 + g;
 #pragma unroll
@@ -356,12 +392,19 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
 }  // namespace
 
 // Tiles (macros, for tests/gpu/attn_variants.py): ATTN_WG_D<d>_BN keys per tile, ATTN_WG_D<d>_WG warpgroups,
-// ATTN_WG_D<d>_OV overlap (0: each GEMM waited at once; 1: S of the next tile during this tile's softmax).
-#ifndef ATTN_WG_D128_OV
-#define ATTN_WG_D128_OV 0
+// ATTN_WG_D<d>_MB 1: per-stage mbarriers instead of the CTA barrier per tile (0: __syncthreads),
+// ATTN_WG_D<d>_SW 1: Q, K and V tiles in the 128-byte swizzled layout (0: the interleaved one).
+#ifndef ATTN_WG_D128_SW
+#define ATTN_WG_D128_SW 1
 #endif
-#ifndef ATTN_WG_D256_OV
-#define ATTN_WG_D256_OV 0
+#ifndef ATTN_WG_D256_SW
+#define ATTN_WG_D256_SW 1
+#endif
+#ifndef ATTN_WG_D128_MB
+#define ATTN_WG_D128_MB 1
+#endif
+#ifndef ATTN_WG_D256_MB
+#define ATTN_WG_D256_MB 1
 #endif
 #ifndef ATTN_WG_D128_BN
 #define ATTN_WG_D128_BN 128
@@ -377,9 +420,9 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
 #endif
 
 extern "C" __global__ __launch_bounds__(ATTN_WG_D128_WG * 128) void q12_attn_wgmma_d128(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
-    attn_wgmma<128, ATTN_WG_D128_BN, ATTN_WG_D128_WG, ATTN_WG_D128_OV>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
+    attn_wgmma<128, ATTN_WG_D128_BN, ATTN_WG_D128_WG, ATTN_WG_D128_MB, ATTN_WG_D128_SW>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
 }
 
 extern "C" __global__ __launch_bounds__(ATTN_WG_D256_WG * 128) void q12_attn_wgmma_d256(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
-    attn_wgmma<256, ATTN_WG_D256_BN, ATTN_WG_D256_WG, ATTN_WG_D256_OV>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
+    attn_wgmma<256, ATTN_WG_D256_BN, ATTN_WG_D256_WG, ATTN_WG_D256_MB, ATTN_WG_D256_SW>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
 }

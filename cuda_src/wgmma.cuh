@@ -7,9 +7,10 @@
 // 8-column tile j. A from registers (wgmma_rs_*) is the mma.sync m16n8k16 A layout of the warp's 16
 // rows, so a bf16-packed S accumulator pair of tiles (2ks, 2ks+1) is directly A of key step ks.
 //
-// Operands in shared memory are described by 64-bit matrix descriptors (smem_desc). q12drv uses the
-// no-swizzle ("interleaved") canonical layout, built of core matrices of 8 rows x 16 bytes stored
-// as 128 contiguous bytes (PTX ISA, "Shared Memory Matrix Layout", canonical layouts):
+// Operands in shared memory are described by 64-bit matrix descriptors (smem_desc). The no-swizzle
+// ("interleaved") canonical layout is built of core matrices of 8 rows x 16 bytes stored as 128
+// contiguous bytes (PTX ISA, "Shared Memory Matrix Layout", canonical layouts; smem_desc_sw128 for
+// the 128-byte swizzle):
 //   K-major (A, or B as [N][K]): ((8, m), (8, 2k)) : ((16 B, SBO), (2 B, LBO)) -- LBO steps to the
 //     next 8 K-elements, SBO to the next 8 rows;
 //   MN-major (B as [K][N], imm-trans-b 1): ((8, 1, m), (8, k)) : ((2 B, -, SBO), (16 B, LBO)) --
@@ -30,6 +31,13 @@ namespace wg {
 __device__ __forceinline__ u64 smem_desc(unsigned addr, unsigned lbo, unsigned sbo) {
     return static_cast<u64>((addr & 0x3FFFF) >> 4) | (static_cast<u64>((lbo & 0x3FFFF) >> 4) << 16) |
            (static_cast<u64>((sbo & 0x3FFFF) >> 4) << 32);
+}
+// The same for the 128-byte swizzle (mode 1, bits 62-63): atoms of 8 rows x 128 bytes starting on a
+// 1024-byte boundary (base offset 0), the 16-byte chunk j of row r stored at chunk j ^ (r & 7).
+// K-major: `lbo` unused, `sbo` = 1024 (the next 8 rows); a k-step of 16 elements inside an atom
+// moves the start address by 32 bytes. MN-major: `lbo` = the next 64 elements along N, `sbo` = 1024.
+__device__ __forceinline__ u64 smem_desc_sw128(unsigned addr, unsigned lbo, unsigned sbo) {
+    return smem_desc(addr, lbo, sbo) | (static_cast<u64>(1) << 62);
 }
 
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

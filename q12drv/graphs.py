@@ -253,13 +253,13 @@ class PassGraph:
         return slot
 
     def attention_layer(self, q: int, k: int, v: int, k_pool: int, v_pool: int, o: int, shape: AttentionShape, *,
-                        num_blocks: int, algo: str = "mma") -> None:
+                        num_blocks: int, algo: str = "auto") -> None:
         """RoPE, KV write and attention over the padded pass (as :meth:`Q12Pass.attention_layer`, batched).
 
         Q/K/V/O hold ``max_tokens`` rows; rows past the real tokens are scratch.
         """
         m, dev, st = self.meta, self.device, self.stream
-        ops.attention_entry(algo, shape.head_dim)  # a bad algo raises before the first launch
+        ops.attention_entry(algo, shape.head_dim, dev.arch)  # a bad algo raises before the first launch
         ops.rope(dev, m, q, k, num_q_heads=shape.num_q_heads, num_kv_heads=shape.num_kv_heads,
                  head_dim=shape.head_dim, rotary_dim=shape.rotary_dim, theta=shape.rope_theta,
                  mrope_mode=shape.mrope_mode, sections=shape.mrope_section, stream=st)

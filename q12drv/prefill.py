@@ -344,12 +344,12 @@ class Q12Pass:
             run(meta, b, int(self.cu_seqlens[b]))
 
     def attention_layer(self, q: int, k: int, v: int, k_pool: int, v_pool: int, o: int, shape: AttentionShape, *,
-                        num_blocks: int, algo: str = "mma") -> None:
+                        num_blocks: int, algo: str = "auto") -> None:
         """RoPE on Q ``[T, Hq, D]`` and K ``[T, Hkv, D]`` (in place), write K/V to the pools, attention into O.
 
         All arguments are device pointers to packed bf16 rows (stream b's rows start at
         ``cu_seqlens[b]``); ``num_blocks`` is the pools' block count; ``algo`` picks the attention
-        kernel (:data:`q12drv.kernels.ops.ATTN_ALGOS`: ``"mma"`` or ``"wgmma"``).
+        kernel (:data:`q12drv.kernels.ops.ATTN_ALGOS`; ``"auto"``: wgmma on Hopper where it exists).
 
         Raises
         ------
@@ -359,7 +359,7 @@ class Q12Pass:
             attention reads it: raised before anything is enqueued, so no buffer has changed.
         """
         self._check_attention(q, k, v, k_pool, v_pool, o, shape, num_blocks)
-        entry = ops.attention_entry(algo, shape.head_dim)
+        entry = ops.attention_entry(algo, shape.head_dim, self.device.arch)
         # every argument is checked now (pointers, shape, tables, num_blocks): the launches go
         # straight to the kernels' argument blocks
         hq, hkv, d, rd = shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.rotary_dim

@@ -37,32 +37,45 @@ def test_target_arch():
 def test_python_tiles_match_the_source():
     src = (cuda_src_dir() / attnw.SOURCE).read_text()
     for d, entry in attnw.HEAD_DIMS.items():
-        assert re.search(rf"void {entry}\(.*?attn_wgmma<{d}, ATTN_WG_D{d}_BN, ATTN_WG_D{d}_WG, ATTN_WG_D{d}_OV>", src, re.S), entry
+        assert re.search(rf"void {entry}\(.*?attn_wgmma<{d}, ATTN_WG_D{d}_BN, ATTN_WG_D{d}_WG, ATTN_WG_D{d}_MB, ATTN_WG_D{d}_SW>", src, re.S), entry
         for knob, want in attnw.DEFAULT_CONFIG[d].items():
             got = re.search(rf"#ifndef ATTN_WG_D{d}_{knob}\n#define ATTN_WG_D{d}_{knob} (\d+)\n#endif", src)
             assert got and int(got.group(1)) == want, f"ATTN_WG_D{d}_{knob}"
 
 
 def test_config_geometry_and_smem():
-    assert attnw.smem_bytes(128) == 163840 and attnw.smem_bytes(256) == 196608
-    assert attnw.config(128, ("ATTN_WG_D128_WG=1", "ATTN_WG_D128_BN=64"))["smem"] == (64 + 256) * 128 * 2
+    # Q, two K and two V stages, four mbarriers, 1 KiB to align the swizzled tiles
+    assert attnw.smem_bytes(128) == 163840 + 32 + 1024 and attnw.smem_bytes(256) == 196608 + 32 + 1024
+    assert attnw.config(128, ("ATTN_WG_D128_WG=1", "ATTN_WG_D128_BN=64", "ATTN_WG_D128_MB=0",
+                              "ATTN_WG_D128_SW=0"))["smem"] == (64 + 256) * 128 * 2
     grid, block, smem = attnw.geometry(3, 300, 16, 2, 128)
-    assert grid == (-(-300 * 8 // 128), 2, 3) and block == (256, 1, 1) and smem == 163840
+    assert grid == (-(-300 * 8 // 128), 2, 3) and block == (256, 1, 1) and smem == attnw.smem_bytes(128)
     assert attnw.geometry(1, 16, 16, 2, 256)[0] == (1, 2, 1)  # 16 tokens x 8 heads = 128 rows: one CTA
     assert attnw.geometry(1, 17, 16, 2, 256)[0] == (2, 2, 1)
     assert attnw.geometry(0, 0, 4, 4, 128)[0] == (1, 4, 1)
     assert attnw.geometry(2, 100, 4, 2, 256, defines=("ATTN_WG_D256_WG=1",))[0] == (-(-200 // 64), 2, 2)
     with pytest.raises(ValueError, match="no wgmma attention kernel for head_dim=64"):
         attnw.config(64)
-    assert attnw.config(256, ("ATTN_WG_D256_OV=1",))["smem"] == attnw.smem_bytes(256)
-    with pytest.raises(ValueError, match="OV 0 or 1"):
-        attnw.config(128, ("ATTN_WG_D128_OV=2",))
+    assert attnw.config(128, ("ATTN_WG_D128_MB=0",))["smem"] == attnw.smem_bytes(128) - 32  # no mbarriers
+    assert attnw.config(128, ("ATTN_WG_D128_SW=0",))["smem"] == attnw.smem_bytes(128) - 1024  # no alignment slack
+    with pytest.raises(ValueError, match="MB 0 or 1"):
+        attnw.config(128, ("ATTN_WG_D128_MB=2",))
     with pytest.raises(ValueError, match="BN 64 or 128"):
         attnw.config(128, ("ATTN_WG_D128_BN=32",))
     with pytest.raises(ValueError, match="227 KiB"):
         attnw.config(256, ("ATTN_WG_D256_BN=128",))
     with pytest.raises(ValueError, match="dividing"):
         attnw.geometry(1, 8, 6, 4, 128)
+
+
+def test_auto_picks_wgmma_on_hopper_where_it_exists():
+    assert ops.attention_entry("auto", 128) == attnw.HEAD_DIMS[128] == ops.attention_entry("auto", 128, "sm_90a")
+    assert ops.attention_entry("auto", 256, "sm_90") == attnw.HEAD_DIMS[256]
+    assert ops.attention_entry("auto", 64, "sm_90") == attn.HEAD_DIMS[64]  # no wgmma kernel for D=64
+    assert ops.attention_entry("auto", 128, "sm_100") == attn.HEAD_DIMS[128]  # no wgmma off Hopper
+    assert ops.attention_entry("mma", 128) == attn.HEAD_DIMS[128]
+    with pytest.raises(ValueError, match="no wgmma attention kernel for head_dim=64"):
+        ops.attention_entry("wgmma", 64)
 
 
 def test_ops_routes_both_algos_on_the_emulator(emu):
@@ -84,7 +97,7 @@ def test_ops_routes_both_algos_on_the_emulator(emu):
         with ScratchArena(emu, make_scratch_plan(counts, 0, False, "exact").total_bytes) as arena:
             meta = stage_batched_attn_metadata(arena, streams, block_size=bs, use_mrope=False,
                                                scratch_offset_bytes=0, dummy_kv_block=0)
-            for algo, o in outs.items():
+            for algo, o in outs.items():  # "auto" is wgmma here (the emulator reports sm_90)
                 ops.attention(emu, meta, bufs["q"].ptr, bufs["kp"].ptr, bufs["vp"].ptr, o.ptr, num_q_heads=hq,
                               num_kv_heads=hkv, head_dim=d, algo=algo)
             with pytest.raises(ValueError, match="attention algo must be one of"):

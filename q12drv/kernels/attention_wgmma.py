@@ -31,10 +31,10 @@ SOURCE = "attn_wgmma.cu"
 HEAD_DIMS = {128: "q12_attn_wgmma_d128", 256: "q12_attn_wgmma_d256"}
 ENTRIES = tuple(HEAD_DIMS.values())
 #: Head dim -> tiles, the defaults of the ``ATTN_WG_D<d>_<KNOB>`` macros in ``attn_wgmma.cu``: BN
-#: keys per K/V tile, WG warpgroups per CTA, OV overlap (0: each GEMM waited at once; 1: S of the next
-#: tile on the tensor cores during this tile's softmax).
-DEFAULT_CONFIG = {128: {"BN": 128, "WG": 2, "OV": 0}, 256: {"BN": 64, "WG": 2, "OV": 0}}
-_KNOBS = ("BN", "WG", "OV")
+#: keys per K/V tile, WG warpgroups per CTA, MB per-stage mbarriers (1) or a CTA barrier per tile (0),
+#: SW the 128-byte swizzled operand layout (1) or the interleaved one (0).
+DEFAULT_CONFIG = {128: {"BN": 128, "WG": 2, "MB": 1, "SW": 1}, 256: {"BN": 64, "WG": 2, "MB": 1, "SW": 1}}
+_KNOBS = ("BN", "WG", "MB", "SW")
 
 
 def entry_for_head_dim(head_dim: int) -> str:
@@ -70,11 +70,12 @@ def config(head_dim: int, defines=()) -> dict:
         name, _, value = str(item).partition("=")
         if name.startswith(prefix) and name[len(prefix):] in _KNOBS:
             cfg[name[len(prefix):]] = int(value or 1)
-    bn, wg, ov = cfg["BN"], cfg["WG"], cfg["OV"]
+    bn, wg, mb, sw = cfg["BN"], cfg["WG"], cfg["MB"], cfg["SW"]
     threads, block_m = 128 * wg, 64 * wg
-    if bn not in (64, 128) or wg not in (1, 2) or ov not in (0, 1):
-        raise ValueError(f"D={d}: wgmma tiles need BN 64 or 128, WG 1 or 2 and OV 0 or 1, got {cfg}")
-    smem = (block_m + 4 * bn) * d * 2  # Q, two K stages, two V stages
+    if bn not in (64, 128) or wg not in (1, 2) or mb not in (0, 1) or sw not in (0, 1):
+        raise ValueError(f"D={d}: wgmma tiles need BN 64 or 128, WG 1 or 2, MB 0 or 1 and SW 0 or 1, got {cfg}")
+    # Q, two K and two V stages (+ four mbarriers; + 1 KiB to align the swizzled tiles to 1024 bytes)
+    smem = (block_m + 4 * bn) * d * 2 + (32 if mb else 0) + (1024 if sw else 0)
     if smem > 227 * 1024:
         raise ValueError(f"D={d}: tiles {cfg} need {smem} bytes of shared memory, more than the 227 KiB an SM has")
     cfg.update(threads=threads, block_m=block_m, smem=smem, GQA=1)
@@ -82,7 +83,8 @@ def config(head_dim: int, defines=()) -> dict:
 
 
 def smem_bytes(head_dim: int, defines=()) -> int:
-    """Dynamic shared memory of one CTA: 163,840 bytes (D=128) and 196,608 (D=256) with the default tiles."""
+    """Dynamic shared memory of one CTA: 164,896 bytes (D=128) and 197,664 (D=256) with the default tiles
+    (Q, two K and two V stages, four mbarriers, 1 KiB to align the swizzled tiles)."""
     return config(head_dim, defines)["smem"]
 
 

@@ -73,19 +73,23 @@ _rope_params = lru_cache(maxsize=256, typed=True)(_rope.check_params)
 
 
 #: Attention kernels (``ops.attention(..., algo=)``): ``"mma"`` (``attn_prefill.cu``, mma.sync, any sm_90
-#: build, head dims 64/128/256) and ``"wgmma"`` (``attn_wgmma.cu``, sm_90a, head dims 128/256).
-ATTN_ALGOS = ("mma", "wgmma")
+#: build, head dims 64/128/256), ``"wgmma"`` (``attn_wgmma.cu``, sm_90a, head dims 128/256) and
+#: ``"auto"``: wgmma where it exists (Hopper, head dims 128 and 256; faster on every measured case,
+#: bench/RESULTS.md), mma.sync elsewhere.
+ATTN_ALGOS = ("auto", "mma", "wgmma")
 _ATTN_MODULES = {"mma": _attn, "wgmma": _attnw}
 
 
-def attention_entry(algo: str, head_dim: int) -> str:
-    """The attention entry of ``algo`` for ``head_dim``.
+def attention_entry(algo: str, head_dim: int, arch: str = "sm_90") -> str:
+    """The attention entry of ``algo`` for ``head_dim`` on a device of ``arch``.
 
     Raises
     ------
     ValueError
         An unknown ``algo``, or a head dim that ``algo`` has no kernel for.
     """
+    if algo == "auto":
+        algo = "wgmma" if head_dim in _attnw.HEAD_DIMS and arch in ("sm_90", "sm_90a") else "mma"
     mod = _ATTN_MODULES.get(algo) if isinstance(algo, str) else None
     if mod is None:
         raise ValueError(f"attention algo must be one of {ATTN_ALGOS}, got {algo!r}")
@@ -171,17 +175,18 @@ def enqueue_rope(device: Device, meta: BatchedAttnMetadata, q: int, k: int, num_
 
 def attention(device: Device, meta: BatchedAttnMetadata, q: int, k_pool: int, v_pool: int, o: int, *,
               num_q_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None,
-              algo: str = "mma", stream: Any = None) -> None:
+              algo: str = "auto", stream: Any = None) -> None:
     """Batched varlen paged causal attention: O ``[T, Hq, D]`` from Q and the paged K/V pools.
 
-    ``algo``: ``"mma"`` (default; mma.sync, head dims 64/128/256) or ``"wgmma"`` (Hopper's
-    warpgroup MMA, compiled for sm_90a; head dims 128/256). Same result to bf16 rounding.
+    ``algo`` (:data:`ATTN_ALGOS`): ``"auto"`` (default: wgmma on Hopper for head dims 128 and 256,
+    else mma.sync), ``"mma"`` (mma.sync, head dims 64/128/256) or ``"wgmma"`` (Hopper's warpgroup
+    MMA, compiled for sm_90a; head dims 128/256). The kernels agree to bf16 rounding.
     """
     _check(device, meta)
     if scale is not None:
         _args.positive_float("scale", scale)
     d = _positive("head_dim", head_dim)
-    entry = attention_entry(algo, d)
+    entry = attention_entry(algo, d, device.arch)
     hq, hkv = _args.head_group("num_q_heads", num_q_heads, "num_kv_heads", num_kv_heads)
     enqueue_attention(device, meta, entry, _ptr("q", q, 16), _ptr("k_pool", k_pool, 16), _ptr("v_pool", v_pool, 16),
                       _ptr("o", o, 16), hq, hkv, d, float(d ** -0.5 if scale is None else scale), stream)

@@ -30,12 +30,14 @@ import time
 # tests/GPU.md, runs C-Q.
 VARIANTS = [
     ("v0-default", "mma", ()),
-    # wgmma (sm_90a): 2 warpgroups x 64 rows, BN 128 (D128) / 64 (D256), 1 CTA/SM. Measured and dropped
-    # (tests/GPU.md runs P, Q): one warpgroup per CTA (2x slower), D128 BN 64 without overlap (-3%).
+    # wgmma (sm_90a): 2 warpgroups x 64 rows, BN 128 (D128) / 64 (D256), 1 CTA/SM, 128-byte swizzled
+    # tiles, per-stage mbarriers. Measured and dropped (tests/GPU.md runs P-U): one warpgroup per CTA,
+    # D128 BN 64, S of the next tile during the softmax (OV; +0..11% interleaved, -5..8% swizzled).
     ("wg0-default", "wgmma", ()),
-    # S of the next key tile during this tile's softmax (intra-warpgroup overlap)
-    ("wg4-ov1", "wgmma", ("ATTN_WG_D128_OV=1", "ATTN_WG_D256_OV=1")),
-    ("wg7-ov1-d128-bn64", "wgmma", ("ATTN_WG_D128_OV=1", "ATTN_WG_D128_BN=64")),
+    # a CTA barrier per tile instead of the mbarriers (run U: 4-6% slower)
+    ("wg1-syncthreads", "wgmma", ("ATTN_WG_D128_MB=0", "ATTN_WG_D256_MB=0")),
+    # the interleaved (no-swizzle) operand layout, the first version (runs P-T: 1.4-1.7x slower)
+    ("wg2-interleaved", "wgmma", ("ATTN_WG_D128_SW=0", "ATTN_WG_D256_SW=0", "ATTN_WG_D128_MB=0", "ATTN_WG_D256_MB=0")),
 ]
 
 HQ, HKV, BS = 16, 2, 16
