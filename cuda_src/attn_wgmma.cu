@@ -75,8 +75,8 @@ __device__ __forceinline__ unsigned pack_bf16x2(float x, float y) {
 // the copy: warp w takes blocks of 8 rows x 4 chunks, block b = w + NW * i (i < PT); in a block lane
 // l copies row l & 7, chunk l >> 3. Each copy instruction of a warp then reads 64 contiguous bytes of 8
 // rows (whole 32-byte sectors) and each quarter-warp writes 8 rows of one chunk: 128 contiguous bytes
-// of the [chunk][row] layout (no bank conflicts). A thread touches NR distinct rows (one page lookup
-// each); copy i is in row slot slot(i).
+// in the interleaved layout, 8 different bank groups in the swizzled one (tile_off); no bank conflicts
+// either way. A thread touches NR distinct rows (one page lookup each); copy i is in row slot slot(i).
 template <int ROWS, int CPR, int NW>
 struct CopyMap {
     static constexpr int RB = ROWS / 8, CB = CPR / 4;
@@ -281,6 +281,22 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
         wg::commit();
     };
 
+    // Key tile n from `stage`: S, softmax, P V, each GEMM waited before the next step.
+    auto compute_tile = [&](int n, int stage) {
+        float s[BN / 2], alpha[2];
+        unsigned pa[KN][4];
+        gemm_s(s, stage);
+        wg::wait<0>();
+        wg::pin(s);
+        softmax(s, n, alpha);
+        rescale_pack(s, alpha, pa);
+        gemm_pv(pa, stage);
+        wg::wait<0>();
+        wg::pin(acc);
+#pragma unroll
+        for (int ks = 0; ks < KN; ++ks) wg::pin(pa[ks]);
+    };
+
     int pg_a[KVMap::NR];
     if constexpr (MB) {
         // One K/V tile per iteration as below, without the CTA-wide barrier: stage s has a "full"
@@ -312,22 +328,11 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
             load_pages(n + 2, pg_a);
             mbar_wait(bars + 8 * stage, (n >> 1) & 1);  // tile n landed for every thread
             wg::fence_proxy_async();                    // ... visible to wgmma
-            float s[BN / 2], alpha[2];
-            unsigned pa[KN][4];
-            gemm_s(s, stage);
-            wg::wait<0>();
-            wg::pin(s);
-            softmax(s, n, alpha);
-            rescale_pack(s, alpha, pa);
-            gemm_pv(pa, stage);
-            wg::wait<0>();
-            wg::pin(acc);
-#pragma unroll
-            for (int ks = 0; ks < KN; ++ks) wg::pin(pa[ks]);
+            compute_tile(n, stage);
             mbar_arrive(bars + 16 + 8 * stage);  // this thread is done with tile n
         }
     } else {
-        // One K/V tile per iteration: S, softmax, P V, each GEMM waited before the next step.
+        // One K/V tile per iteration behind a CTA barrier.
         load_pages(0, pg_a);
         if (n_tiles > 0) {
             issue_rows(sKa, k_pool, 0, pg_a, 0);
@@ -346,18 +351,7 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
             }
             cp_async_commit();
             load_pages(n + 2, pg_a);
-            float s[BN / 2], alpha[2];
-            unsigned pa[KN][4];
-            gemm_s(s, stage);
-            wg::wait<0>();
-            wg::pin(s);
-            softmax(s, n, alpha);
-            rescale_pack(s, alpha, pa);
-            gemm_pv(pa, stage);
-            wg::wait<0>();
-            wg::pin(acc);
-#pragma unroll
-            for (int ks = 0; ks < KN; ++ks) wg::pin(pa[ks]);
+            compute_tile(n, stage);
         }
     }
     cp_async_wait_all();  // n_tiles == 0: the Q copy may still be in flight

@@ -50,6 +50,7 @@ __all__ = [
     "entry_for_head_dim",
     "smem_bytes",
     "config",
+    "knob_overrides",
     "DEFAULT_CONFIG",
     "geometry",
     "reference",
@@ -107,12 +108,7 @@ def config(head_dim: int, defines=()) -> dict:
     """
     d = int(head_dim)
     entry_for_head_dim(d)
-    cfg = dict(DEFAULT_CONFIG[d])
-    prefix = f"ATTN_D{d}_"
-    for item in defines:
-        name, _, value = str(item).partition("=")
-        if name.startswith(prefix) and name[len(prefix):] in _KNOBS:
-            cfg[name[len(prefix):]] = int(value or 1)
+    cfg = {**DEFAULT_CONFIG[d], **knob_overrides(defines, f"ATTN_D{d}_", _KNOBS)}
     bn, nw, mw, st = cfg["BN"], cfg["NW"], cfg["MW"], cfg["ST"]
     threads = 32 * nw
     cpr = d // 8
@@ -132,6 +128,17 @@ def config(head_dim: int, defines=()) -> dict:
         smem += (nw // 2) * (32 * (bn + _SMEM_PAD) * 2 + 2 * 32 * 4)
     cfg.update(threads=threads, block_m=block_m, stages=stages, smem=smem)
     return cfg
+
+
+def knob_overrides(defines, prefix: str, knobs) -> dict:
+    """``{knob: int}`` for every ``"<prefix><knob>=<value>"`` in ``defines`` (NVRTC macros; a bare
+    ``"<prefix><knob>"`` means 1) whose knob is in ``knobs``; other macros are ignored."""
+    out = {}
+    for item in defines:
+        name, _, value = str(item).partition("=")
+        if name.startswith(prefix) and name[len(prefix):] in knobs:
+            out[name[len(prefix):]] = int(value or 1)
+    return out
 
 
 def entry_for_head_dim(head_dim: int) -> str:

@@ -64,12 +64,7 @@ def config(head_dim: int, defines=()) -> dict:
     """
     d = int(head_dim)
     entry_for_head_dim(d)
-    cfg = dict(DEFAULT_CONFIG[d])
-    prefix = f"ATTN_WG_D{d}_"
-    for item in defines:
-        name, _, value = str(item).partition("=")
-        if name.startswith(prefix) and name[len(prefix):] in _KNOBS:
-            cfg[name[len(prefix):]] = int(value or 1)
+    cfg = {**DEFAULT_CONFIG[d], **_attn.knob_overrides(defines, f"ATTN_WG_D{d}_", _KNOBS)}
     bn, wg, mb, sw = cfg["BN"], cfg["WG"], cfg["MB"], cfg["SW"]
     threads, block_m = 128 * wg, 64 * wg
     if bn not in (64, 128) or wg not in (1, 2) or mb not in (0, 1) or sw not in (0, 1):
