@@ -3,7 +3,8 @@
 The same computation, arguments and contract as :mod:`q12drv.kernels.attention` (stream ``b``'s
 rows ``cu_seqlens[b] .. cu_seqlens[b+1]``, keys through its block table, bottom-right causal,
 GQA), for head dims 128 and 256, with S = Q K^T and O += P V on ``wgmma`` (compiled for sm_90a:
-:func:`q12drv.nvrtc.target_arch`). ``ops.attention(..., algo="wgmma")`` selects it.
+:func:`q12drv.nvrtc.target_arch`). ``ops.attention(..., algo="wgmma")`` selects it, and so does the
+default ``algo="auto"`` on Hopper.
 
 Entries (the parameters of ``q12_attn_prefill_d*``)::
 
@@ -12,7 +13,8 @@ Entries (the parameters of ``q12_attn_prefill_d*``)::
 
 A CTA of ``WG`` warpgroups computes ``64 * WG`` rows, each a (token, query head) pair of one kv
 head: grid ``(ceil(chunk_len * Hq / Hkv / (64 * WG)), Hkv, n)``, block ``128 * WG``. Dynamic
-shared memory: ``(64 * WG + 4 * BN) * D * 2`` bytes (the Q tile, two stages of K and V).
+shared memory (:func:`smem_bytes`): the Q tile and two stages of K and V, ``(64 * WG + 4 * BN) * D * 2``
+bytes, plus four mbarriers (32 bytes) and 1 KiB to align the swizzled tiles to 1024 bytes.
 
 Numerics: as the mma.sync kernel (fp32 accumulation, P rounded to bf16, ``ex2.approx.ftz``); the
 two kernels agree to bf16 rounding, not bit for bit. Batched and single-stream launches of this
@@ -53,8 +55,8 @@ def entry_for_head_dim(head_dim: int) -> str:
 
 
 def config(head_dim: int, defines=()) -> dict:
-    """The tiles of ``q12_attn_wgmma_d{head_dim}`` built with ``defines`` (``ATTN_WG_D<d>_BN`` /
-    ``_WG`` override :data:`DEFAULT_CONFIG`), plus ``threads``, ``block_m``, ``smem`` and ``GQA``
+    """The tiles of ``q12_attn_wgmma_d{head_dim}`` built with ``defines`` (``ATTN_WG_D<d>_<KNOB>``
+    macros override :data:`DEFAULT_CONFIG`), plus ``threads``, ``block_m``, ``smem`` and ``GQA``
     (always 1: rows are (token, head) pairs).
 
     Raises

@@ -24,8 +24,9 @@ from . import args as _args
 from . import rope as _rope
 from .meta import Q12MetaC, meta_defines, meta_struct
 
-__all__ = ["kv_write", "rope", "attention", "gdn", "ATTN_ALGOS", "attention_entry", "GDN_ALGOS", "GDN_MODULES", "enqueue_kv_write", "enqueue_rope",
-           "enqueue_attention", "enqueue_gdn", "check_gdn_algo", "gdn_workspace", "prepared", "SOURCES", "ENTRIES", "struct_types"]
+__all__ = ["kv_write", "rope", "attention", "gdn", "ATTN_ALGOS", "attention_entry", "GDN_ALGOS", "GDN_MODULES",
+           "enqueue_kv_write", "enqueue_rope", "enqueue_attention", "enqueue_gdn", "check_gdn_algo", "gdn_workspace",
+           "prepared", "SOURCES", "ENTRIES", "struct_types"]
 
 #: Every kernel source and its entries.
 SOURCES = {
