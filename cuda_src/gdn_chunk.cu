@@ -479,6 +479,21 @@ struct ChunkOps {
 // The state step of one chunk for this warp's 16 dv rows: R^T = beta (V^T - exp(gamma) S^T K^T), the block
 // solve V_new^T, O^T = exp(gamma) S^T Q^T + V_new^T P^T into this warp's columns of vo (which held the V
 // slice), and S^T = exp(gamma_C) S^T + (V_new^T exp(gamma_C - gamma)) K.
+// f(nt, e, token, at) over a warp's [8][4] accumulator tile of a [64 tokens x 16 dv] product (mma C
+// layout): element e of token tile nt is token `token`, dv column 16 warp + gq + 8 (e >> 1) of the
+// V/O slice, at slice[at] (row stride LDV).
+template <int LDV, class F>
+__device__ __forceinline__ void each_slice_elem(int warp, int lane, F&& f) {
+    const int gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int cc = 8 * nt + 2 * tq + (e & 1);
+            f(nt, e, cc, cc * LDV + 16 * warp + gq + (e >> 1) * 8);
+        }
+}
+
 template <int DK>
 __device__ __forceinline__ void state_step(const ChunkOps& c, float (*St)[4], bf16* vo, int warp, int lane) {
     constexpr int C = GDN_C, LDK = DK + 8, LDV = GDN_BV + 8, LDP = C + 8, LDD = 24, NTS = DK / 8;
@@ -490,14 +505,9 @@ __device__ __forceinline__ void state_step(const ChunkOps& c, float (*St)[4], bf
     {
         float Rt[8][4];
         st_times_xt<DK>(Rt, St, c.k, lane);
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int cc = 8 * nt + 2 * tq + (e & 1);
-                const int bvl = 16 * warp + gq + (e >> 1) * 8;
-                Rt[nt][e] = bet[cc] * (__bfloat162float(vb[cc * LDV + bvl]) - c.eg[cc] * Rt[nt][e]);
-            }
+        each_slice_elem<LDV>(warp, lane, [&](int nt, int e, int cc, int at) {
+            Rt[nt][e] = bet[cc] * (__bfloat162float(vb[at]) - c.eg[cc] * Rt[nt][e]);
+        });
         // block forward substitution: X_b = (R_b + sum_{m<b} X_m (-A_bm)^T) Dinv_b^T
 #pragma unroll
         for (int bi = 0; bi < 4; ++bi) {
@@ -547,14 +557,7 @@ __device__ __forceinline__ void state_step(const ChunkOps& c, float (*St)[4], bf
             }
         }
         __syncwarp();
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int cc = 8 * nt + 2 * tq + (e & 1);
-                const int bvl = 16 * warp + gq + (e >> 1) * 8;
-                vo[cc * LDV + bvl] = __float2bfloat16_rn(Ot[nt][e]);
-            }
+        each_slice_elem<LDV>(warp, lane, [&](int nt, int e, int, int at) { vo[at] = __float2bfloat16_rn(Ot[nt][e]); });
     }
     // ---- S^T = exp(gamma_C) S^T + (V_new^T exp(gamma_C - gamma)) K
     {
