@@ -123,7 +123,7 @@ class StagingCase:
     """One staging workload: n streams x ``tokens`` each, with the comparators' buffers pre-filled.
 
     ``host()``: q12drv's stager (validate, pack, one copy); ``device()``: the device-expansion
-    path (validate, pack the per-stream tail, one small copy, one kernel); ``bare()``: one copy of
+    path (validate, then one kernel launch carrying the per-stream tail as its parameters); ``bare()``: one copy of
     ``staged_bytes`` from a pinned buffer already holding the bytes (the floor: no packing);
     ``per_field()``: the same bytes as one copy per field from separate pinned buffers (no
     packing either). None of them waits; the caller synchronizes.

@@ -13,7 +13,7 @@ error is recorded and the rest still run):
   ``ops.kv_write`` launcher (checks + packing + launch); cuda.core's ``launch()`` when installed.
   Median over batches of 200 launches, the stream drained between batches, paths interleaved.
 * ``staging``: 8 streams x 2048 tokens with MRoPE. q12drv ``host`` (validate, pack, one copy) and
-  ``device`` (pack the per-stream tail, one small copy, one expansion kernel) against one bare
+  ``device`` (validate, then one expansion launch carrying the per-stream tail) against one bare
   ``cuMemcpyHtoDAsync`` of the same ``staged_bytes`` (already packed: the floor), one copy per field
   (already packed), and torch-style (one pinned torch tensor per field, ``.to(device,
   non_blocking=True)`` each). Host time = the call alone; round trip = the call and a stream sync.

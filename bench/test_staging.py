@@ -1,7 +1,7 @@
 """Staging the stacked metadata (MRoPE), n streams x tokens per stream.
 
 Paths (see ``bench.common.StagingCase``): ``host`` (q12drv's stager: validate, pack, one copy),
-``device`` (pack the per-stream tail, one small copy, one expansion kernel), ``bare`` (one copy of
+``device`` (validate, one expansion launch carrying the per-stream tail), ``bare`` (one copy of
 the same bytes already packed: the floor), ``per_field`` (the same bytes as one copy per field).
 ``round trip`` groups wait for the stream after each call; ``host time`` groups time the call
 alone (the stream is drained before each, outside the timing).

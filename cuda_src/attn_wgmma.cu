@@ -7,13 +7,24 @@
 // CTA: WG warpgroups (128 threads each), BM = 64 * WG rows. Rows are (token, head) pairs of one kv
 // head (blockIdx.y): CTA row r is token (m0 + r) / G, query head kvh * G + (m0 + r) % G, G = Hq / Hkv,
 // so one K/V tile serves the G query heads that read it. Warpgroup w owns rows 64w .. 64w + 63.
-// Per key tile of BN keys (two-stage cp.async ring; every thread copies and computes):
+// Per key tile of BN keys (two-stage cp.async ring; with WS 0 every thread copies and computes):
 //   S[64 x BN] = Q K^T: D/16 wgmma (A = Q, B = K, both K-major from shared memory);
 //   causal mask, online softmax in fp32 registers (exp2 with the scale folded in, as attn_prefill);
 //   O[64 x D] += P V: BN/16 wgmma, A = P from registers (bf16), B = V (MN-major) from shared memory.
 // Stage hand-off (MB 1): per stage a "full" mbarrier (every thread's cp.async of the tile landed) and
 // an "empty" one (every thread is done with it), instead of a CTA barrier per tile, so the two
 // warpgroups drift up to a tile apart and one's GEMMs overlap the other's softmax.
+// Warp specialization (WS 1, FlashAttention-3 style; measured: not yet): one more warpgroup, the
+// producer (the last; block 128 (WG + 1)), does every copy: Q once (its own mbarrier, which the
+// consumers wait on even when they have no key tile), then K/V tile n into stage n % ST, announced by
+// one cp.async.mbarrier.arrive.noinc per producer thread on the stage's "full" barrier (count 128); it
+// refills a stage once its "empty" barrier (count WG * 128, every consumer thread arrives) says the
+// stage's previous tile was consumed. The WG consumer warpgroups only wait, compute (the same
+// compute_tile) and release; setmaxnreg moves registers from the producer (40) to them (232). No
+// CTA-wide barrier after the role split: the consumers' epilogue syncs on named barrier 1.
+// ST (WS 1 only; measured: not yet): K/V stages, 2 by default; 3 fits at D128 (230,456 bytes).
+// PP 1 (WS 1, WG 2; measured: not yet): ping-pong, the consumer warpgroups take turns (named barriers
+// 2 and 3) issuing P V of tile n and S of tile n + 1, so one's softmax runs under the other's GEMMs.
 // Shared memory (SW 1): Q, K and V tiles in the 128-byte swizzled layout of wgmma.cuh, [D/64][rows][128 B]
 // with 16-byte chunk j of row r at j ^ (r & 7), tiles on 1024-byte boundaries. Copies: each warp
 // instruction reads 64 contiguous bytes of 8 key rows; a quarter-warp writes 8 rows of one chunk,
@@ -60,6 +71,26 @@ __device__ __forceinline__ void mbar_wait(unsigned addr, unsigned parity) {
     }
 }
 
+// Named barrier `id` over `n` threads (bar.sync: wait; bar.arrive: count this warp in and go on).
+// Id 0 is __syncthreads(); WS uses 1 for the consumer warpgroups' epilogue, PP 2 and 3 for the turns.
+template <int ID, int N>
+__device__ __forceinline__ void named_sync() {
+    asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(N) : "memory");
+}
+template <int ID, int N>
+__device__ __forceinline__ void named_arrive() {
+    asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "n"(N) : "memory");
+}
+// Per-thread register budget of the calling warpgroup (WS; every warp of the warpgroup executes it).
+template <int R>
+__device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+template <int R>
+__device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+
 __device__ __forceinline__ float exp2_ftz(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -100,22 +131,26 @@ __device__ __forceinline__ unsigned tile_off(int r, int cg) {
     else return cg * (ROWS * 16) + r * 16;
 }
 
-template <int D, int BN, int WG, int MB, int SW>
+template <int D, int BN, int WG, int MB, int SW, int WS, int ST, int PP>
 __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, const bf16* k_pool, const bf16* v_pool,
                                            bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
-    constexpr int kThreads = WG * 128;
+    constexpr int kThreads = WG * 128;         // computing threads (WS: the consumer warpgroups)
     constexpr int kBM = WG * 64;               // CTA rows ((token, head) pairs)
     constexpr int CPR = D / 8;                 // 16-byte chunks per row
     constexpr int KD = D / 16;                 // k-steps of S = Q K^T
     constexpr int KN = BN / 16;                // k-steps of O += P V
     constexpr int NS = BN / 8;                 // 8-key tiles of S
     constexpr int ND = D / 8;                  // 8-dim tiles of O
-    using KVMap = CopyMap<BN, CPR, WG * 4>;
-    using QMap = CopyMap<kBM, CPR, WG * 4>;
+    constexpr int kCopyWarps = WS ? 4 : WG * 4;  // WS: the producer warpgroup copies alone
+    using KVMap = CopyMap<BN, CPR, kCopyWarps>;
+    using QMap = CopyMap<kBM, CPR, kCopyWarps>;
     constexpr unsigned kQBytes = kBM * D * 2;
     constexpr unsigned kTileBytes = BN * D * 2;  // one stage of K (or V)
     constexpr int OLD = D + 8;                   // epilogue row stride (elements)
-    static_assert(kBM * OLD * 2 <= 4 * kTileBytes, "the output tile must fit the K/V stages");
+    static_assert(kBM * OLD * 2 <= 2 * ST * kTileBytes, "the output tile must fit the K/V stages");
+    static_assert(WS == 0 || (WS == 1 && MB == 1 && ST >= 2 && ST <= 4), "WS 0 or 1; WS 1 takes MB 1 and 2-4 stages");
+    static_assert(WS == 1 || ST == 2, "without WS the ring has two stages");
+    static_assert(PP == 0 || (PP == 1 && WS == 1 && WG == 2), "PP takes WS 1 and two consumer warpgroups");
 
     const int b = blockIdx.z;
     if (b >= static_cast<int>(m.batch_size)) return;
@@ -139,7 +174,7 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
     // SW: the tiles start on a 1024-byte boundary (the launch adds 1 KiB of slack)
     const unsigned sQa = SW ? (smem_u32(smem_raw) + 1023u) & ~1023u : smem_u32(smem_raw);
     const unsigned sKa = sQa + kQBytes;
-    const unsigned sVa = sKa + 2 * kTileBytes;  // [2][D/8][BN][8]
+    const unsigned sVa = sKa + ST * kTileBytes;  // [ST][D/8][BN][8]
 
     const int tid = threadIdx.x;
     const long long head_stride = static_cast<long long>(num_kv_heads) * D;
@@ -148,9 +183,9 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
         return static_cast<long long>(row0 + p / G) * num_q_heads + kvh * G + p % G;
     };
 
-    const int cw = tid >> 5;  // warp in the CTA (copy maps)
+    const int cw = WS ? (tid >> 5) & 3 : tid >> 5;  // warp among the copying warps (copy maps)
     const int lane = tid & 31;
-    {  // Q tile; rows past the stream are zero-filled and never read
+    auto copy_q = [&]() {  // Q tile; rows past the stream are zero-filled and never read
         long long src[QMap::NR];
 #pragma unroll
         for (int j = 0; j < QMap::NR; ++j) {
@@ -163,7 +198,8 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
             const bool ok = src[j] >= 0;
             cp_async16(sQa + tile_off<kBM, SW>(r, c), q + (ok ? src[j] + c * 8 : 0), ok ? 16 : 0);
         }
-    }
+    };
+    if constexpr (!WS) copy_q();  // WS: the producer's first copy (copy_q_rows)
     // The physical blocks of this thread's KVMap::NR key rows of tile n (-1 past max_key): loaded one
     // tile before the copies that use them, so the copies never wait for the block-table read.
     auto load_pages = [&](int n, int (&pg)[KVMap::NR]) {
@@ -187,6 +223,41 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
             const int j = KVMap::slot(i), r = KVMap::row(cw, lane, j), c = KVMap::chunk(cw, lane, i);
             const bool ok = off[j] >= 0;
             cp_async16(base + stage * kTileBytes + tile_off<BN, SW>(r, c), pool + (ok ? off[j] + c * 8 : 0), ok ? 16 : 0);
+        }
+    };
+    // WS: the producer's copies, row by row: a row's source offset is computed once and serves its
+    // chunks (and K and V alike), so few registers stay live under the producer's small budget. The
+    // same (row, chunk) pairs as copy_q / issue_rows, in another order.
+    auto copy_q_rows = [&]() {
+#pragma unroll
+        for (int j = 0; j < QMap::NR; ++j) {
+            const int r = QMap::row(cw, lane, j);
+            const bool ok = r < rows_here;
+            const bf16* src = q + (ok ? q_row(r) * D : 0);
+#pragma unroll
+            for (int i = j; i < QMap::PT; i += QMap::NR) {  // the copies of row slot j
+                const int c = QMap::chunk(cw, lane, i);
+                cp_async16(sQa + tile_off<kBM, SW>(r, c), src + (ok ? c * 8 : 0), ok ? 16 : 0);
+            }
+        }
+    };
+    auto issue_kv_rows = [&](int n, const int (&pg)[KVMap::NR], int stage) {
+#pragma unroll
+        for (int j = 0; j < KVMap::NR; ++j) {
+            const int r = KVMap::row(cw, lane, j);
+            const bool ok = pg[j] >= 0;
+            const long long off = ok ? (static_cast<long long>(pg[j]) * block_size + (n * BN + r) % block_size) * head_stride +
+                                           static_cast<long long>(kvh) * D
+                                     : 0;
+            const bf16* ks = k_pool + off;
+            const bf16* vs = v_pool + off;
+#pragma unroll
+            for (int i = j; i < KVMap::PT; i += KVMap::NR) {
+                const int c = KVMap::chunk(cw, lane, i);
+                const unsigned dst = stage * kTileBytes + tile_off<BN, SW>(r, c);
+                cp_async16(sKa + dst, ks + (ok ? c * 8 : 0), ok ? 16 : 0);
+                cp_async16(sVa + dst, vs + (ok ? c * 8 : 0), ok ? 16 : 0);
+            }
         }
     };
 
@@ -298,7 +369,118 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
     };
 
     int pg_a[KVMap::NR];
-    if constexpr (MB) {
+    if constexpr (WS) {
+        // Warp specialization (WS 1): warpgroup WG (the last) is the producer and does every copy;
+        // warpgroups 0 .. WG-1 only compute. Barriers (8 bytes each, after the K/V stages):
+        //   full[ST]  count 128: each producer thread's copies of the stage's tile landed (its
+        //             cp.async.mbarrier.arrive.noinc fires when all its earlier cp.async did);
+        //   empty[ST] count WG * 128: every consumer thread is done with the stage's tile (it arrives
+        //             after its warpgroup's wgmma.wait_group, so no wgmma reads the stage any more);
+        //   qbar      count 128: the Q copies landed. The consumers wait on it before any tile, also
+        //             when n_tiles == 0 (rows that see no key), so no copy is in flight when the
+        //             epilogue reuses shared memory.
+        // Tile n goes through stage n % ST and is that stage's (n / ST)-th fill: consumers wait on
+        // full with parity (n / ST) & 1; the producer refills the stage for tile n >= ST once tile
+        // n - ST was consumed, empty's phase n / ST - 1, parity ((n / ST) - 1) & 1. Neither barrier can
+        // run two phases ahead of a waiter (a fill needs the previous tile's empty, an empty arrive the
+        // tile's full), so the parity test is never ambiguous. The producer copies no tile past
+        // n_tiles - 1, and every one of those was waited on as full by every consumer thread.
+        const unsigned full = sKa + 2 * ST * kTileBytes, empty = full + 8 * ST, qbar = full + 16 * ST;
+        if (tid == 0) {
+#pragma unroll
+            for (int i = 0; i < ST; ++i) {
+                mbar_init(full + 8 * i, 128);
+                mbar_init(empty + 8 * i, kThreads);
+            }
+            mbar_init(qbar, 128);
+        }
+        __syncthreads();  // the last CTA-wide barrier: the roles split here
+        // Registers: the launch gives every thread 65536 / (128 (WG + 1)) rounded down to 8 (168 for
+        // WG 2); the producer hands most of its share to the consumers (setmaxnreg is .sync.aligned:
+        // the role test is uniform per warpgroup). WG 1 (255 each) has no use for it.
+        constexpr int kProdRegs = 40, kConsRegs = 232;
+        static_assert(128 * kProdRegs + WG * 128 * kConsRegs <= (65536 / ((WG + 1) * 128)) / 8 * 8 * (WG + 1) * 128,
+                      "setmaxnreg: the producer's and consumers' registers must fit the launch's");
+        if (w == WG) {  // producer
+            if constexpr (WG == 2) setmaxnreg_dec<kProdRegs>();
+            copy_q_rows();
+            mbar_arrive_on_copies(qbar);
+            load_pages(0, pg_a);  // pg_a: tile n's pages, loaded while the stage drains
+            for (int n = 0; n < n_tiles; ++n) {
+                const int stage = n % ST;
+                if (n >= ST) mbar_wait(empty + 8 * stage, ((n / ST) - 1) & 1);  // tile n - ST consumed
+                issue_kv_rows(n, pg_a, stage);
+                mbar_arrive_on_copies(full + 8 * stage);
+                load_pages(n + 1, pg_a);
+            }
+            cp_async_commit();
+            cp_async_wait_all();  // leave no copy of this thread in flight behind it
+            return;
+        }
+        if constexpr (WG == 2) setmaxnreg_inc<kConsRegs>();
+        mbar_wait(qbar, 0);
+        if constexpr (PP) {
+            // Ping-pong (PP 1, FA3): the two consumer warpgroups take turns issuing GEMMs. Warpgroup
+            // w's turn k issues P V of tile k - 1 (k > 0) and S of tile k (k < n_tiles) back to back,
+            // then hands the turn over; its softmax of tile k runs while the other warpgroup's GEMMs
+            // of turn k occupy the tensor cores. Named barrier 2 + w (256 threads): warpgroup w waits
+            // on it (bar.sync) before its turn, the other warpgroup arrives on it (bar.arrive) after its
+            // own. Order: warpgroup 0's turn k, then 1's turn k, then 0's turn k + 1. Balance (no
+            // arrival left over at exit): warpgroup 0 waits n_tiles + 1 times on barrier 2; warpgroup 1
+            // arrives once up front and after each of its turns but the last. Barrier 3: warpgroup 1
+            // waits n_tiles + 1 times, warpgroup 0 arrives after each of its n_tiles + 1 turns. The
+            // per-tile math is compute_tile's, in the same order; only the issue order differs.
+            if (n_tiles > 0) {
+                constexpr int kTurn = 2 * 128;
+                auto turn_wait = [&]() {  // bar.sync on this warpgroup's turn barrier
+                    if (w == 0) named_sync<2, kTurn>();
+                    else named_sync<3, kTurn>();
+                };
+                auto turn_pass = [&]() {  // bar.arrive on the other warpgroup's
+                    if (w == 0) named_arrive<3, kTurn>();
+                    else named_arrive<2, kTurn>();
+                };
+                float s[BN / 2], alpha[2];
+                unsigned pa[KN][4];
+                if (w == 1) named_arrive<2, kTurn>();
+                mbar_wait(full, 0);
+                wg::fence_proxy_async();
+                turn_wait();  // turn 0: S of tile 0
+                gemm_s(s, 0);
+                turn_pass();
+                wg::wait<0>();
+                wg::pin(s);
+                for (int n = 0; n < n_tiles; ++n) {
+                    const int stage = n % ST;
+                    softmax(s, n, alpha);
+                    rescale_pack(s, alpha, pa);
+                    turn_wait();  // turn n + 1: P V of tile n, S of tile n + 1
+                    gemm_pv(pa, stage);
+                    if (n + 1 < n_tiles) {
+                        const int next = (n + 1) % ST;
+                        mbar_wait(full + 8 * next, ((n + 1) / ST) & 1);
+                        wg::fence_proxy_async();
+                        gemm_s(s, next);
+                    }
+                    if (w == 0 || n + 1 < n_tiles) turn_pass();
+                    wg::wait<0>();
+                    wg::pin(acc);
+                    wg::pin(s);
+#pragma unroll
+                    for (int ks = 0; ks < KN; ++ks) wg::pin(pa[ks]);
+                    mbar_arrive(empty + 8 * stage);  // this thread is done with tile n
+                }
+            }
+        } else {
+            for (int n = 0; n < n_tiles; ++n) {
+                const int stage = n % ST;
+                mbar_wait(full + 8 * stage, (n / ST) & 1);  // tile n landed
+                wg::fence_proxy_async();                    // ... visible to wgmma
+                compute_tile(n, stage);
+                mbar_arrive(empty + 8 * stage);  // this thread is done with tile n
+            }
+        }
+    } else if constexpr (MB) {
         // One K/V tile per iteration as below, without the CTA-wide barrier: stage s has a "full"
         // mbarrier (every thread's copies of the tile landed; phase = fill count & 1) and an "empty"
         // one (every thread is done with the tile). A thread refills a stage once both warpgroups
@@ -354,8 +536,14 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
             compute_tile(n, stage);
         }
     }
-    cp_async_wait_all();  // n_tiles == 0: the Q copy may still be in flight
-    __syncthreads();      // every wgmma is done with the K/V stages: the output tile goes there
+    // The output tile goes to the K/V stages once every wgmma is done with them. WS: the consumer
+    // warpgroups only (named barrier 1; the producer has left), every copy landed (see above).
+    if constexpr (WS) {
+        named_sync<1, kThreads>();
+    } else {
+        cp_async_wait_all();  // n_tiles == 0: the Q copy may still be in flight
+        __syncthreads();
+    }
 
     float inv[2];
 #pragma unroll
@@ -374,7 +562,8 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
         sO32[(rl * OLD + col) / 2] = pack_bf16x2(acc[4 * d] * inv[0], acc[4 * d + 1] * inv[0]);
         sO32[((rl + 8) * OLD + col) / 2] = pack_bf16x2(acc[4 * d + 2] * inv[1], acc[4 * d + 3] * inv[1]);
     }
-    __syncthreads();
+    if constexpr (WS) named_sync<1, kThreads>();
+    else __syncthreads();
     for (int c = tid; c < kBM * CPR; c += kThreads) {
         const int r = c / CPR;
         const int ch = c % CPR;
@@ -387,7 +576,10 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
 
 // Tiles (macros, for tests/gpu/attn_variants.py): ATTN_WG_D<d>_BN keys per tile, ATTN_WG_D<d>_WG warpgroups,
 // ATTN_WG_D<d>_MB 1: per-stage mbarriers instead of the CTA barrier per tile (0: __syncthreads),
-// ATTN_WG_D<d>_SW 1: Q, K and V tiles in the 128-byte swizzled layout (0: the interleaved one).
+// ATTN_WG_D<d>_SW 1: Q, K and V tiles in the 128-byte swizzled layout (0: the interleaved one),
+// ATTN_WG_D<d>_WS 1: one more warpgroup, the producer, does every copy (0: every thread copies and computes),
+// ATTN_WG_D<d>_ST K/V stages (2; 3 or 4 only with WS 1, where shared memory holds them),
+// ATTN_WG_D<d>_PP 1: ping-pong turns of the two consumer warpgroups' GEMMs (WS 1, WG 2 only).
 #ifndef ATTN_WG_D128_SW
 #define ATTN_WG_D128_SW 1
 #endif
@@ -412,11 +604,34 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
 #ifndef ATTN_WG_D256_WG
 #define ATTN_WG_D256_WG 2
 #endif
+#ifndef ATTN_WG_D128_WS
+#define ATTN_WG_D128_WS 0
+#endif
+#ifndef ATTN_WG_D256_WS
+#define ATTN_WG_D256_WS 0
+#endif
+#ifndef ATTN_WG_D128_ST
+#define ATTN_WG_D128_ST 2
+#endif
+#ifndef ATTN_WG_D256_ST
+#define ATTN_WG_D256_ST 2
+#endif
+#ifndef ATTN_WG_D128_PP
+#define ATTN_WG_D128_PP 0
+#endif
+#ifndef ATTN_WG_D256_PP
+#define ATTN_WG_D256_PP 0
+#endif
 
-extern "C" __global__ __launch_bounds__(ATTN_WG_D128_WG * 128) void q12_attn_wgmma_d128(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
-    attn_wgmma<128, ATTN_WG_D128_BN, ATTN_WG_D128_WG, ATTN_WG_D128_MB, ATTN_WG_D128_SW>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
+// Block: WG warpgroups, plus the producer with WS 1. The second bound (min CTAs per SM) is WS: 1 with WS
+// budgets 65536 / threads registers a thread (168 for 384), the pool setmaxnreg redistributes; 0 (none)
+// keeps the WS 0 build as it was (1 there lets ptxas take more registers).
+extern "C" __global__ __launch_bounds__((ATTN_WG_D128_WG + ATTN_WG_D128_WS) * 128, ATTN_WG_D128_WS) void q12_attn_wgmma_d128(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
+    attn_wgmma<128, ATTN_WG_D128_BN, ATTN_WG_D128_WG, ATTN_WG_D128_MB, ATTN_WG_D128_SW, ATTN_WG_D128_WS,
+               ATTN_WG_D128_ST, ATTN_WG_D128_PP>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
 }
 
-extern "C" __global__ __launch_bounds__(ATTN_WG_D256_WG * 128) void q12_attn_wgmma_d256(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
-    attn_wgmma<256, ATTN_WG_D256_BN, ATTN_WG_D256_WG, ATTN_WG_D256_MB, ATTN_WG_D256_SW>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
+extern "C" __global__ __launch_bounds__((ATTN_WG_D256_WG + ATTN_WG_D256_WS) * 128, ATTN_WG_D256_WS) void q12_attn_wgmma_d256(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
+    attn_wgmma<256, ATTN_WG_D256_BN, ATTN_WG_D256_WG, ATTN_WG_D256_MB, ATTN_WG_D256_SW, ATTN_WG_D256_WS,
+               ATTN_WG_D256_ST, ATTN_WG_D256_PP>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
 }

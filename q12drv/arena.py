@@ -7,8 +7,7 @@ Every reservation is bounds-checked before anything is written.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -26,9 +25,9 @@ MAX_CAPACITY = 1 << 40
 _BASE_ALIGN = 256
 
 
-@dataclass(frozen=True)
-class ArenaRegion:
-    """A reservation: ``name``, byte ``offset`` from the base, ``nbytes``, and its device ``ptr``."""
+class ArenaRegion(NamedTuple):
+    """A reservation: ``name``, byte ``offset`` from the base, ``nbytes``, and its device ``ptr``
+    (immutable; a named tuple because a pass makes one per reservation on the host's hot path)."""
 
     name: str
     offset: int

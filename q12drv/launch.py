@@ -19,11 +19,10 @@ from .nvrtc import compile_source, cuda_src_dir
 
 __all__ = ["parse_signatures", "load_module", "Module", "Kernel", "Launch"]
 
-_ENTRY_RE = re.compile(
-    r'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?'
-    r'(\w+)\s*\(([^)]*)\)',
-    re.MULTILINE,
-)
+# __launch_bounds__ arguments may hold one level of parentheses, e.g. ((WG + 1) * 128, 1)
+_BOUNDS = r'(?:__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)\s*)?'
+_ENTRY_RE = re.compile(r'extern\s+"C"\s+__global__\s+' + _BOUNDS + r'void\s+' + _BOUNDS + r'(\w+)\s*\(([^)]*)\)',
+                       re.MULTILINE)
 _QUALIFIERS = {"const", "__restrict__", "__grid_constant__", "volatile"}
 _SCALARS = {
     "int": ctypes.c_int32,

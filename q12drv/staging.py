@@ -17,6 +17,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 from itertools import accumulate
+from operator import add
 from typing import Any, Sequence
 
 import numpy as np
@@ -125,13 +126,15 @@ class _Batch:
     """Validated, normalised inputs (built by :func:`validate_streams`): Python ints and the tables as given."""
 
     __slots__ = ("table_ptr_list", "seq_len_ptr_list", "mrope", "max_blocks", "count_list", "start_list", "total",
-                 "chunk", "raw_tables", "block_size", "_blocks")
+                 "chunk", "raw_tables", "block_size", "_blocks", "cu_list", "kv_list")
 
     def __init__(self, starts: list, counts: list, table_ptrs: list, seq_len_ptrs: list, tables: list, mrope: list,
                  block_size: int):
         self.start_list = starts
         self.count_list = counts
-        self.total = sum(counts)
+        self.cu_list = list(accumulate(counts, initial=0))  # cu_seqlens
+        self.kv_list = list(map(add, starts, counts))  # kv_lens
+        self.total = self.cu_list[-1]
         self.chunk = max(counts)
         self.table_ptr_list = table_ptrs
         self.seq_len_ptr_list = seq_len_ptrs
@@ -371,9 +374,8 @@ def pack_metadata(batch: _Batch, layout: StackedLayout, block_size: int, dummy_k
     views = _views(out, layout)
     for lo, hi in views.pads:
         out[lo:hi] = 0
-    cu = _cu_seqlens(batch.count_list)
-    _pack_tokens(batch, layout, block_size, dummy_kv_block, views, cu)
-    return _pack_tail(batch, views, cu)
+    _pack_tokens(batch, layout, block_size, dummy_kv_block, views, batch.cu_list)
+    return _pack_tail(batch, views)
 
 
 def pack_tail(batch: _Batch, layout: StackedLayout, out: np.ndarray) -> tuple:
@@ -385,28 +387,32 @@ def pack_tail(batch: _Batch, layout: StackedLayout, out: np.ndarray) -> tuple:
     views = _views(out, layout, layout.tail_offset)
     for lo, hi in views.pads:
         out[lo:hi] = 0
-    return _pack_tail(batch, views, _cu_seqlens(batch.count_list))
+    return _pack_tail(batch, views)
 
 
 
 
-def _cu_seqlens(counts: list) -> list:
-    return list(accumulate(counts, initial=0))
+def _host_copies(cu: list, kv: list) -> tuple:
+    # the host copies of cu_seqlens and kv_lens: one read-only int32 array cut in two
+    ints = np.array(cu + kv, np.int32)
+    ints.setflags(write=False)
+    return ints[:len(cu)], ints[len(cu):]
 
 
-def _pack_tail(batch: _Batch, views: _Views, cu: list) -> tuple:
-    starts, counts = batch.start_list, batch.count_list
-    return _write_tail(views, batch.table_ptr_list, batch.seq_len_ptr_list, cu,
-                       [starts[b] + counts[b] for b in range(len(counts))])
+def host_tail(batch: _Batch) -> tuple:
+    """``(cu_seqlens, kv_lens)`` of ``batch`` as int32 host arrays, without packing anything."""
+    return _host_copies(batch.cu_list, batch.kv_list)
+
+
+def _pack_tail(batch: _Batch, views: _Views) -> tuple:
+    return _write_tail(views, batch.table_ptr_list, batch.seq_len_ptr_list, batch.cu_list, batch.kv_list)
 
 
 def _write_tail(views: _Views, table_ptrs: list, seq_len_ptrs: list, cu: list, kv: list) -> tuple:
     # one struct.pack_into writes the whole tail (u64 pointers, then the i32 prefix sums and kv
-    # lengths, zero pads included); the host copies are one int32 array cut in two
-    n = len(kv)
+    # lengths, zero pads included)
     views.tail.pack_into(views.out, views.tail_at, *table_ptrs, *seq_len_ptrs, *cu, *kv)
-    ints = np.array(cu + kv, np.int32)
-    return ints[:n + 1], ints[n + 1:]
+    return _host_copies(cu, kv)
 
 
 _TAIL_STRUCTS: dict = {}
@@ -466,7 +472,7 @@ def pack_padded(batch: _Batch, layout: StackedLayout, block_size: int, dummy_kv_
     views = _views(out, layout, layout.tail_offset if tail_only else 0)
     for lo, hi in views.pads:
         out[lo:hi] = 0
-    cu = _cu_seqlens(batch.count_list)
+    cu = batch.cu_list
     if not tail_only:
         _pack_tokens(batch, layout, block_size, dummy_kv_block, _Prefix(views, real), cu)
         if real < layout.total_tokens:
@@ -474,11 +480,10 @@ def pack_padded(batch: _Batch, layout: StackedLayout, block_size: int, dummy_kv_
             views.fields["positions_stacked"][real:] = 0
             if views.positions3 is not None:
                 views.positions3[:, real:] = 0
-    starts, counts = batch.start_list, batch.count_list
     extra = n - k
     return _write_tail(views, batch.table_ptr_list + batch.table_ptr_list[:1] * extra,
                        batch.seq_len_ptr_list + batch.seq_len_ptr_list[:1] * extra, cu + [real] * extra,
-                       [starts[b] + counts[b] for b in range(k)] + [0] * extra)
+                       batch.kv_list + [0] * extra)
 
 
 def _pack_tokens(batch: _Batch, layout: StackedLayout, block_size: int, dummy_kv_block: int, views: _Views,
@@ -656,11 +661,18 @@ def stage_batched_attn_metadata(
     return stage_stacked(arena, streams, block_size, use_mrope, scratch_offset_bytes, dummy_kv_block, stream)[0]
 
 
+#: What :func:`stage_stacked` copies: every field, the per-stream tail only, or nothing.
+UPLOADS = ("all", "tail", "none")
+
+
 def stage_stacked(arena, streams, block_size, use_mrope, scratch_offset_bytes, dummy_kv_block, stream,
-                  tail_only: bool = False, batch: _Batch | None = None) -> tuple:
-    """:func:`stage_batched_attn_metadata`; with ``tail_only`` only the per-stream fields are packed and
-    copied (the per-token ones are then written on the device: :mod:`q12drv.kernels.expand`, which
-    checks what that path takes).
+                  upload: str = "all", batch: _Batch | None = None) -> tuple:
+    """:func:`stage_batched_attn_metadata`, with a choice of what crosses to the device.
+
+    ``upload``: ``"all"`` packs and copies every field; ``"tail"`` only the per-stream fields (the
+    per-token ones are then written on the device: :mod:`q12drv.kernels.expand`, which checks what
+    that path takes); ``"none"`` reserves the block and describes it, copying nothing: the caller
+    writes every byte (and unreserves ``arena.regions[-1]`` if it cannot).
 
     ``batch``: what :func:`validate_streams` returned for exactly these ``streams`` and settings,
     just before (nothing may change in between); None validates here.
@@ -673,11 +685,15 @@ def stage_stacked(arena, streams, block_size, use_mrope, scratch_offset_bytes, d
     layout = stacked_layout(len(streams), batch.total, bool(use_mrope))
     offset = _int("scratch_offset_bytes", scratch_offset_bytes, 0, arena.capacity)
     region = arena.reserve("stacked_metadata", layout.staged_bytes, offset=offset, align=8)  # bounds-checked there
-    try:
-        cu, kv = _upload(arena, region.offset, batch, layout, int(block_size), dummy_kv_block, stream, tail_only)
-    except BaseException:
-        arena.unreserve(region)
-        raise
+    if upload == "none":
+        cu, kv = host_tail(batch)
+    else:
+        try:
+            cu, kv = _upload(arena, region.offset, batch, layout, int(block_size), dummy_kv_block, stream,
+                             upload == "tail")
+        except BaseException:
+            arena.unreserve(region)
+            raise
     return _metadata(arena, region.offset, layout, batch, cu, kv, int(block_size), use_mrope, dummy_kv_block), batch
 
 

@@ -37,7 +37,10 @@ def test_target_arch():
 def test_python_tiles_match_the_source():
     src = (cuda_src_dir() / attnw.SOURCE).read_text()
     for d, entry in attnw.HEAD_DIMS.items():
-        assert re.search(rf"void {entry}\(.*?attn_wgmma<{d}, ATTN_WG_D{d}_BN, ATTN_WG_D{d}_WG, ATTN_WG_D{d}_MB, ATTN_WG_D{d}_SW>", src, re.S), entry
+        knobs = ", ".join(f"ATTN_WG_D{d}_{k}" for k in attnw.DEFAULT_CONFIG[d])
+        assert re.search(rf"void {entry}\(.*?attn_wgmma<{d}, {knobs}>", re.sub(r"\s+", " ", src)), entry
+        # block = 128 (WG + WS) threads, as config()["threads"]
+        assert f"__launch_bounds__((ATTN_WG_D{d}_WG + ATTN_WG_D{d}_WS) * 128, ATTN_WG_D{d}_WS) void {entry}(" in src
         for knob, want in attnw.DEFAULT_CONFIG[d].items():
             got = re.search(rf"#ifndef ATTN_WG_D{d}_{knob}\n#define ATTN_WG_D{d}_{knob} (\d+)\n#endif", src)
             assert got and int(got.group(1)) == want, f"ATTN_WG_D{d}_{knob}"
@@ -112,3 +115,70 @@ def test_ops_routes_both_algos_on_the_emulator(emu):
         for b in (*bufs.values(), *outs.values()):
             b.free()
         tables.free()
+
+
+def _ws_variants():
+    """``{name: defines}`` of the warp-specialized variants tests/gpu/attn_variants.py measures."""
+    from tests.gpu.attn_variants import VARIANTS
+
+    out = {name: defs for name, kind, defs in VARIANTS if kind == "wgmma" and any("_WS=1" in x for x in defs)}
+    assert {"wg3-ws", "wg4-ws-st3", "wg5-ws-pp"} <= set(out)
+    return out
+
+
+def _set_dims(defs):
+    """Head dims whose knobs ``defs`` set (the other one is the default kernel)."""
+    return [d for d in attnw.HEAD_DIMS if any(x.startswith(f"ATTN_WG_D{d}_") for x in defs)]
+
+
+def test_ws_variants_compile_for_sm_90a_without_spills():
+    # Warp specialization: the launch gives each of the 128 (WG + 1) threads 65536 / threads registers
+    # (rounded down to 8); setmaxnreg hands the producer's share to the consumers, so ptxas must have
+    # taken the whole launch share (else setmaxnreg.inc would wait for registers that never come).
+    src = (cuda_src_dir() / attnw.SOURCE).read_text()
+    prod, cons = map(int, re.search(r"constexpr int kProdRegs = (\d+), kConsRegs = (\d+);", src).groups())
+    assert prod % 8 == 0 and cons % 8 == 0 and 24 <= prod <= cons <= 256
+    for name, defs in _ws_variants().items():
+        img = compile_source(attnw.SOURCE, arch="sm_90", defines=tuple(meta_defines()) + tuple(defs),
+                             use_cache=False, verbose_resources=True)
+        assert img.arch == "sm_90a"
+        report = spill_free(img, attnw.ENTRIES)
+        for d in _set_dims(defs):
+            cfg, r = attnw.config(d, defs), report[attnw.HEAD_DIMS[d]]
+            assert cfg["WS"] == 1 and cfg["threads"] == 128 * (cfg["WG"] + 1), name
+            assert r.registers == 65536 // cfg["threads"] // 8 * 8, f"{name} D{d}: {r}"
+            assert 128 * prod + 128 * cfg["WG"] * cons <= r.registers * cfg["threads"] <= 65536, f"{name} D{d}"
+            assert cfg["smem"] <= attnw.SMEM_LIMIT == 232448, f"{name} D{d}"
+
+
+def test_ws_variants_geometry_and_smem():
+    want = {  # (threads, smem): Q + 2 ST stages of K and V, 2 ST + 1 mbarriers, 1 KiB alignment slack
+        ("wg3-ws", 128): (384, (128 + 4 * 128) * 128 * 2 + 5 * 8 + 1024),
+        ("wg3-ws", 256): (384, (128 + 4 * 64) * 256 * 2 + 5 * 8 + 1024),
+        ("wg4-ws-st3", 128): (384, (128 + 6 * 128) * 128 * 2 + 7 * 8 + 1024),
+        ("wg5-ws-pp", 128): (384, (128 + 4 * 128) * 128 * 2 + 5 * 8 + 1024),
+        ("wg5-ws-pp", 256): (384, (128 + 4 * 64) * 256 * 2 + 5 * 8 + 1024),
+    }
+    variants = _ws_variants()
+    for (name, d), (threads, smem) in want.items():
+        defs = variants[name]
+        grid, block, got_smem = attnw.geometry(3, 300, 16, 2, d, defines=defs)
+        assert grid == (-(-300 * 8 // 128), 2, 3) and block == (threads, 1, 1) and got_smem == smem, (name, d)
+        assert attnw.smem_bytes(d, defs) == smem <= attnw.SMEM_LIMIT
+    assert attnw.smem_bytes(128, variants["wg4-ws-st3"]) == 230456
+    for name, defs in variants.items():  # every variant fits, at both head dims
+        for d in attnw.HEAD_DIMS:
+            assert attnw.config(d, defs)["smem"] <= attnw.SMEM_LIMIT, (name, d)
+    # the knobs' limits
+    with pytest.raises(ValueError, match="ST 2"):
+        attnw.config(128, ("ATTN_WG_D128_ST=3",))  # three stages only with WS
+    with pytest.raises(ValueError, match="WS is 0 or 1"):
+        attnw.config(128, ("ATTN_WG_D128_WS=1", "ATTN_WG_D128_MB=0"))
+    with pytest.raises(ValueError, match="PP is 0 or 1"):
+        attnw.config(128, ("ATTN_WG_D128_PP=1",))
+    with pytest.raises(ValueError, match="PP is 0 or 1"):
+        attnw.config(128, ("ATTN_WG_D128_WS=1", "ATTN_WG_D128_WG=1", "ATTN_WG_D128_PP=1"))
+    with pytest.raises(ValueError, match="227 KiB"):
+        attnw.config(256, ("ATTN_WG_D256_WS=1", "ATTN_WG_D256_ST=3"))  # 64 KiB Q + 192 KiB K/V
+    with pytest.raises(ValueError, match="227 KiB"):
+        attnw.config(128, ("ATTN_WG_D128_WS=1", "ATTN_WG_D128_ST=4"))

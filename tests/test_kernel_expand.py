@@ -1,6 +1,8 @@
 """Device-side expansion (``cuda_src/expand_meta.cu``): compiles, and on the emulated driver leaves the
-arena byte for byte as the host stager does, from one small copy of the per-stream fields."""
+arena byte for byte as the host stager does, from the per-stream fields alone: as launch parameters up
+to ``TAIL_STREAMS`` streams, as one small copy past that."""
 
+import ctypes
 import re
 
 import numpy as np
@@ -10,7 +12,7 @@ from hypothesis import strategies as st
 
 from q12drv import ScratchArena, StreamStageInfo, open_device, stage_batched_attn_metadata
 from q12drv.kernels import expand
-from q12drv.kernels.meta import meta_defines
+from q12drv.kernels.meta import TAIL_STREAMS, Q12TailC, meta_defines
 from tests.helpers import make_streams, spill_free
 
 
@@ -29,11 +31,37 @@ def test_entries_match_source():
     decl = re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', src)
     assert tuple(name for name, _ in decl) == expand.ENTRIES
     assert [p.split()[-1] for p in decl[0][1].split(",")] == ["m", "block_shift", "dummy_kv_block", "use_mrope"]
+    assert [p.split()[-1] for p in decl[1][1].split(",")] == ["m", "block_shift", "dummy_kv_block", "use_mrope", "tail"]
     assert set(expand.EMULATORS) == set(expand.ENTRIES)
+
+
+def test_tail_mirror_size_is_checked_at_compile_time():
+    from q12drv.nvrtc import NvrtcError, compile_source
+
+    bad = [d if not d.startswith("Q12_TAIL_SIZE=") else "Q12_TAIL_SIZE=1536" for d in meta_defines()]
+    with pytest.raises(NvrtcError, match="Q12Tail"):
+        compile_source(expand.SOURCE, arch="sm_90", defines=bad, use_cache=False)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, TAIL_STREAMS])
+def test_tail_writer_fills_the_mirror_and_zeroes_the_rest(n):
+    tail = Q12TailC()
+    ctypes.memset(ctypes.addressof(tail), 0xAB, ctypes.sizeof(tail))
+    ptrs = [0x7F00_0000_0000 + 64 * b for b in range(n)]
+    lens = [0x7E00_0000_0000 + 8 * b for b in range(n)]
+    cu = list(range(0, 3 * (n + 1), 3))
+    kv = [5 + b for b in range(n)]
+    expand._tail_writer(n).pack_into(tail, 0, *ptrs, *lens, *cu, *kv)
+    assert list(tail.block_table_ptrs) == ptrs + [0] * (TAIL_STREAMS - n)
+    assert list(tail.seq_len_ptrs) == lens + [0] * (TAIL_STREAMS - n)
+    assert list(tail.cu_seqlens) == cu + [0] * (TAIL_STREAMS - n)
+    assert list(tail.kv_lens) == kv + [0] * (TAIL_STREAMS - n)
+    assert expand._tail_writer(n).size <= ctypes.sizeof(tail)
 
 
 def _both(dev, streams, *, mrope, bs, dummy, offset=64):
     with ScratchArena(dev, 1 << 21) as a1, ScratchArena(dev, 1 << 21) as a2:
+        dev.memset(int(a2.base), 0xA5, 1 << 21)  # poison: every byte of the block, pads too, must be written
         m1 = stage_batched_attn_metadata(a1, streams, block_size=bs, use_mrope=mrope, scratch_offset_bytes=offset,
                                          dummy_kv_block=dummy)
         m2 = expand.stage_on_device(a2, streams, block_size=bs, use_mrope=mrope, scratch_offset_bytes=offset,
@@ -68,17 +96,38 @@ def test_device_path_writes_the_host_path_bytes(data):
         assert host == device
 
 
-def test_one_small_copy_and_one_launch(emu, monkeypatch):
-    streams, _ = make_streams(emu, [700, 5, 64], starts=[0, 3, 100])
+def _counted(emu, monkeypatch):
     copies, launches = [], []
     real_copy, real_launch = emu.driver.memcpy_htod_async, emu.driver.launch
     monkeypatch.setattr(emu.driver, "memcpy_htod_async", lambda *a: (copies.append(a[2]), real_copy(*a)))
     monkeypatch.setattr(emu.driver, "launch", lambda *a: (launches.append(a[0].name), real_launch(*a)))
+    return copies, launches
+
+
+def test_up_to_tail_streams_one_launch_and_no_copy(emu, monkeypatch):
+    streams, _ = make_streams(emu, [700, 5, 64], starts=[0, 3, 100])
+    copies, launches = _counted(emu, monkeypatch)
     with ScratchArena(emu, 1 << 20) as arena:
-        meta = expand.stage_on_device(arena, streams, block_size=16, use_mrope=True, scratch_offset_bytes=0,
+        expand.stage_on_device(arena, streams, block_size=16, use_mrope=True, scratch_offset_bytes=0, dummy_kv_block=0)
+        assert copies == [] and launches == ["q12_expand_meta_tail"]
+
+
+def test_past_tail_streams_one_small_copy_and_one_launch(emu, monkeypatch):
+    n = TAIL_STREAMS + 1
+    rng = np.random.default_rng(3)
+    streams, _ = make_streams(emu, list(rng.integers(1, 40, n)), starts=list(rng.integers(0, 50, n)), rng=rng)
+    with ScratchArena(emu, 1 << 20) as ref:  # the host stager's bytes, before counting
+        want = stage_batched_attn_metadata(ref, streams, block_size=16, use_mrope=False, scratch_offset_bytes=0,
+                                           dummy_kv_block=0)
+        want_bytes = ref.read(0, want.staged_bytes)
+    copies, launches = _counted(emu, monkeypatch)
+    with ScratchArena(emu, 1 << 20) as arena:
+        meta = expand.stage_on_device(arena, streams, block_size=16, use_mrope=False, scratch_offset_bytes=0,
                                       dummy_kv_block=0)
-        assert copies == [expand.device_bytes(meta.layout)] and copies[0] == 16 * 3 + 16 + 16
+        assert copies == [expand.device_bytes(meta.layout)] == [16 * n + 4 * (n + 1) + 4 * n + 4]
         assert launches == ["q12_expand_meta"]
+        emu.synchronize()
+        assert arena.read(0, meta.staged_bytes) == want_bytes
 
 
 def test_vision_positions_and_bad_input_are_refused_before_anything_is_written(emu):
@@ -103,10 +152,11 @@ def test_emulator_refuses_a_grid_that_does_not_cover_the_streams(emu):
         from q12drv.kernels import ops
         from q12drv.kernels.meta import meta_from_staged
 
-        launch = ops.prepared(emu, "q12_expand_meta")
-        launch.args.m = meta_from_staged(meta)
-        with pytest.raises(ValueError, match="grid"):
-            launch.launch((1, 1, 1), (256, 1, 1))
+        for entry in expand.ENTRIES:
+            launch = ops.prepared(emu, entry)
+            launch.args.m = meta_from_staged(meta)
+            with pytest.raises(ValueError, match="grid"):
+                launch.launch((1, 1, 1), (256, 1, 1))
 
 
 def test_geometry():

@@ -8,7 +8,7 @@ import pytest
 
 from q12drv import NvrtcError, open_device
 from q12drv.driver import register_emulator
-from q12drv.kernels.meta import Q12MetaC, meta_defines
+from q12drv.kernels.meta import Q12MetaC, Q12TailC, meta_defines
 from q12drv.launch import load_module, parse_signatures
 from q12drv.nvrtc import compile_source, cuda_src_dir
 
@@ -64,8 +64,13 @@ def test_signatures_are_parsed_from_the_source():
     assert sigs["b"] == ()
     # __launch_bounds__ before or after the return type (both are valid CUDA)
     bounds = parse_signatures('extern "C" __global__ __launch_bounds__(128, 2) void d(int n) {}\n'
-                              'extern "C" __global__ void __launch_bounds__(NW * 32, 1) e(float x) {}')
-    assert bounds == {"d": (("n", ctypes.c_int32),), "e": (("x", ctypes.c_float),)}
+                              'extern "C" __global__ void __launch_bounds__(NW * 32, 1) e(float x) {}\n'
+                              'extern "C" __global__ __launch_bounds__((WG + 1) * 128, 1) void f(int k) {}')
+    assert bounds == {"d": (("n", ctypes.c_int32),), "e": (("x", ctypes.c_float),), "f": (("k", ctypes.c_int32),)}
+    # a by-value struct behind const __grid_constant__ (expand_meta.cu's tail)
+    tail = parse_signatures('extern "C" __global__ void g(Q12Meta m, const __grid_constant__ Q12Tail tail) {}',
+                            {"Q12Meta": Q12MetaC, "Q12Tail": Q12TailC})
+    assert tail == {"g": (("m", Q12MetaC), ("tail", Q12TailC))}
     with pytest.raises(ValueError, match="cannot pack"):
         parse_signatures('extern "C" __global__ void c(double2 x) {}')
 

@@ -12,9 +12,11 @@ Entries (the parameters of ``q12_attn_prefill_d*``)::
         bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale)
 
 A CTA of ``WG`` warpgroups computes ``64 * WG`` rows, each a (token, query head) pair of one kv
-head: grid ``(ceil(chunk_len * Hq / Hkv / (64 * WG)), Hkv, n)``, block ``128 * WG``. Dynamic
-shared memory (:func:`smem_bytes`): the Q tile and two stages of K and V, ``(64 * WG + 4 * BN) * D * 2``
-bytes, plus four mbarriers (32 bytes) and 1 KiB to align the swizzled tiles to 1024 bytes.
+head: grid ``(ceil(chunk_len * Hq / Hkv / (64 * WG)), Hkv, n)``, block ``128 * (WG + WS)`` (``WS`` 1:
+one more warpgroup, the producer, does every copy). Dynamic shared memory (:func:`smem_bytes`): the Q
+tile and ``ST`` stages of K and V (two by default), ``(64 * WG + 2 * ST * BN) * D * 2`` bytes, plus a
+full and an empty mbarrier per stage and with ``WS`` a Q one (8 bytes each: 32 bytes by default) and
+1 KiB to align the swizzled tiles to 1024 bytes.
 
 Numerics: as the mma.sync kernel (fp32 accumulation, P rounded to bf16, ``ex2.approx.ftz``); the
 two kernels agree to bf16 rounding, not bit for bit. Batched and single-stream launches of this
@@ -26,7 +28,7 @@ from __future__ import annotations
 from . import attention as _attn
 
 __all__ = ["SOURCE", "HEAD_DIMS", "ENTRIES", "DEFAULT_CONFIG", "config", "entry_for_head_dim", "smem_bytes",
-           "geometry", "EMULATORS"]
+           "geometry", "EMULATORS", "SMEM_LIMIT"]
 
 SOURCE = "attn_wgmma.cu"
 #: Head dim -> entry point.
@@ -34,9 +36,15 @@ HEAD_DIMS = {128: "q12_attn_wgmma_d128", 256: "q12_attn_wgmma_d256"}
 ENTRIES = tuple(HEAD_DIMS.values())
 #: Head dim -> tiles, the defaults of the ``ATTN_WG_D<d>_<KNOB>`` macros in ``attn_wgmma.cu``: BN
 #: keys per K/V tile, WG warpgroups per CTA, MB per-stage mbarriers (1) or a CTA barrier per tile (0),
-#: SW the 128-byte swizzled operand layout (1) or the interleaved one (0).
-DEFAULT_CONFIG = {128: {"BN": 128, "WG": 2, "MB": 1, "SW": 1}, 256: {"BN": 64, "WG": 2, "MB": 1, "SW": 1}}
-_KNOBS = ("BN", "WG", "MB", "SW")
+#: SW the 128-byte swizzled operand layout (1) or the interleaved one (0), WS a producer warpgroup
+#: that does every copy (1) or every thread copying and computing (0), ST K/V stages (2; 3 or 4 with
+#: WS 1 where shared memory holds them), PP ping-pong turns of the two consumer warpgroups' GEMMs (1,
+#: with WS 1 and WG 2).
+DEFAULT_CONFIG = {128: {"BN": 128, "WG": 2, "MB": 1, "SW": 1, "WS": 0, "ST": 2, "PP": 0},
+                  256: {"BN": 64, "WG": 2, "MB": 1, "SW": 1, "WS": 0, "ST": 2, "PP": 0}}
+_KNOBS = ("BN", "WG", "MB", "SW", "WS", "ST", "PP")
+#: Shared memory one CTA may take on sm_90 (227 KiB).
+SMEM_LIMIT = 227 * 1024
 
 
 def entry_for_head_dim(head_dim: int) -> str:
@@ -67,13 +75,18 @@ def config(head_dim: int, defines=()) -> dict:
     d = int(head_dim)
     entry_for_head_dim(d)
     cfg = {**DEFAULT_CONFIG[d], **_attn.knob_overrides(defines, f"ATTN_WG_D{d}_", _KNOBS)}
-    bn, wg, mb, sw = cfg["BN"], cfg["WG"], cfg["MB"], cfg["SW"]
-    threads, block_m = 128 * wg, 64 * wg
+    bn, wg, mb, sw, ws, st, pp = (cfg[k] for k in _KNOBS)
+    threads, block_m = 128 * (wg + ws), 64 * wg  # WS: the producer warpgroup computes no rows
     if bn not in (64, 128) or wg not in (1, 2) or mb not in (0, 1) or sw not in (0, 1):
         raise ValueError(f"D={d}: wgmma tiles need BN 64 or 128, WG 1 or 2, MB 0 or 1 and SW 0 or 1, got {cfg}")
-    # Q, two K and two V stages (+ four mbarriers; + 1 KiB to align the swizzled tiles to 1024 bytes)
-    smem = (block_m + 4 * bn) * d * 2 + (32 if mb else 0) + (1024 if sw else 0)
-    if smem > 227 * 1024:
+    if ws not in (0, 1) or (ws and not mb) or st not in ((2, 3, 4) if ws else (2,)):
+        raise ValueError(f"D={d}: WS is 0 or 1 (1 with MB 1), ST 2 (3 or 4 only with WS 1), got {cfg}")
+    if pp not in (0, 1) or (pp and (not ws or wg != 2)):
+        raise ValueError(f"D={d}: PP is 0 or 1 (1 only with WS 1 and WG 2), got {cfg}")
+    # Q, ST K and ST V stages (+ a full and an empty mbarrier per stage, with WS the Q one; + 1 KiB to
+    # align the swizzled tiles to 1024 bytes)
+    smem = (block_m + 2 * st * bn) * d * 2 + (8 * (2 * st + ws) if mb else 0) + (1024 if sw else 0)
+    if smem > SMEM_LIMIT:
         raise ValueError(f"D={d}: tiles {cfg} need {smem} bytes of shared memory, more than the 227 KiB an SM has")
     cfg.update(threads=threads, block_m=block_m, smem=smem, GQA=1)
     return cfg
@@ -81,7 +94,8 @@ def config(head_dim: int, defines=()) -> dict:
 
 def smem_bytes(head_dim: int, defines=()) -> int:
     """Dynamic shared memory of one CTA: 164,896 bytes (D=128) and 197,664 (D=256) with the default tiles
-    (Q, two K and two V stages, four mbarriers, 1 KiB to align the swizzled tiles)."""
+    (Q, two K and two V stages, four mbarriers, 1 KiB to align the swizzled tiles); 230,456 at D=128
+    with WS 1 and ST 3 (three stages, seven mbarriers)."""
     return config(head_dim, defines)["smem"]
 
 

@@ -2,37 +2,44 @@
 
 The stacked block's per-token fields (positions, H and W under MRoPE, slots: ``(4S + 8)·T`` bytes)
 follow from its per-stream fields (``block_table_ptrs``, ``seq_len_ptrs``, ``cu_seqlens``,
-``kv_lens``: ``O(n)`` bytes) and the device-resident block tables. :func:`stage_on_device` packs
-and copies only the per-stream fields and launches one kernel that writes the rest, so the host
-work and the bytes crossing PCIe no longer grow with the token count. Tokens past the last
-stream (a pass padded to fixed maxima for a CUDA graph) get position 0 and slot -1. The arena ends up holding
-exactly the bytes :func:`~q12drv.staging.stage_batched_attn_metadata` would have copied (pads
-included), at the same offsets: everything downstream (kernels, dumps, ``inspect``) is unchanged.
+``kv_lens``: ``O(n)`` bytes) and the device-resident block tables. :func:`stage_on_device` launches
+one kernel that writes the rest from them, so the host work and the bytes crossing PCIe no longer
+grow with the token count. Up to :data:`~q12drv.kernels.meta.TAIL_STREAMS` streams the per-stream
+fields travel in the launch's own parameter block (``q12_expand_meta_tail``, which also writes them
+into the arena): no pinned slot, no copy, no event, one launch. Past that they take one small pinned
+copy into the arena, which ``q12_expand_meta`` reads (as CUDA graphs do: :mod:`q12drv.graphs`
+replays that copy with new bytes). Tokens past the last stream (a pass padded to fixed maxima for a
+CUDA graph) get position 0 and slot -1. Either way the arena ends up holding exactly the bytes
+:func:`~q12drv.staging.stage_batched_attn_metadata` would have copied (pads included), at the same
+offsets: everything downstream (kernels, dumps, ``inspect``) is unchanged.
 
 It needs ``block_table_dev`` to hold the same table as ``block_table`` (the stager's contract
 anyway: the host copy is what is validated, the device copy what is read). Text positions only:
 a batch with per-stream MRoPE ``mrope_positions`` (vision tokens) is refused; stage it on the host.
 
-Entry::
+Entries::
 
     q12_expand_meta(Q12Meta m, int block_shift, int dummy_kv_block, int use_mrope)
+    q12_expand_meta_tail(Q12Meta m, int block_shift, int dummy_kv_block, int use_mrope, Q12Tail tail)
 
 grid ``(gx, n, 1)``: stream b is ``blockIdx.y``; block ``(THREADS, 1, 1)``.
 """
 
 from __future__ import annotations
 
+import ctypes
+import struct
 from typing import Any, Sequence
 import numpy as np
 
 from ..staging import BatchedAttnMetadata, stage_stacked, validate_streams
-from .meta import Q12MetaC, meta_struct
+from .meta import TAIL_STREAMS, Q12MetaC, Q12TailC, meta_struct
 
 __all__ = ["SOURCE", "ENTRIES", "THREADS", "MAX_STREAMS", "geometry", "reference", "emulate_expand_meta",
-           "EMULATORS", "stage_on_device", "enqueue_expand", "device_bytes"]
+           "emulate_expand_meta_tail", "EMULATORS", "stage_on_device", "enqueue_expand", "device_bytes"]
 
 SOURCE = "expand_meta.cu"
-ENTRIES = ("q12_expand_meta",)
+ENTRIES = ("q12_expand_meta", "q12_expand_meta_tail")
 #: Threads per CTA.
 THREADS = 256
 #: CTAs per stream at most (each walks the stream's tokens with a grid stride).
@@ -50,7 +57,8 @@ def geometry(n: int, chunk_len: int) -> tuple:
 
 
 def device_bytes(layout) -> int:
-    """Bytes the device path copies for ``layout``: the per-stream tail (the rest is written on the device)."""
+    """Bytes the device path uploads for ``layout`` (as launch parameters or one copy): the per-stream
+    tail; the rest is written on the device."""
     return layout.staged_bytes - layout.tail_offset
 
 
@@ -106,18 +114,38 @@ def emulate_expand_meta(args: dict, mem, grid, block) -> None:
     slot_out[real:] = -1
 
 
-EMULATORS = {"q12_expand_meta": emulate_expand_meta}
+def emulate_expand_meta_tail(args: dict, mem, grid, block) -> None:
+    """Emulated-driver stand-in for ``q12_expand_meta_tail``: the tail parameter into the arena (pads
+    zeroed), then :func:`emulate_expand_meta`."""
+    m: Q12MetaC = args["m"]
+    tail: Q12TailC = args["tail"]
+    n = int(m.batch_size)
+    if not 1 <= n <= TAIL_STREAMS:
+        raise ValueError(f"q12_expand_meta_tail holds 1..{TAIL_STREAMS} streams, got batch_size {n}")
+    for ptr, values, dtype, count in ((m.block_table_ptrs, tail.block_table_ptrs, np.uint64, n),
+                                      (m.seq_len_ptrs, tail.seq_len_ptrs, np.uint64, n),
+                                      (m.cu_seqlens, tail.cu_seqlens, np.int32, n + 1),
+                                      (m.kv_lens, tail.kv_lens, np.int32, n)):
+        padded = count + (count & 1) if dtype is np.int32 else count  # i32 fields end on 8 bytes
+        out = mem.array(ptr, dtype, (padded,))
+        out[:count] = np.frombuffer(values, dtype, count)
+        out[count:] = 0
+    emulate_expand_meta(args, mem, grid, block)
+
+
+EMULATORS = {"q12_expand_meta": emulate_expand_meta, "q12_expand_meta_tail": emulate_expand_meta_tail}
 
 
 def stage_on_device(arena, streams: Sequence, *, block_size: int, use_mrope: bool, scratch_offset_bytes: int,
                     dummy_kv_block: int, stream: Any = None, batch=None) -> BatchedAttnMetadata:
     """:func:`~q12drv.staging.stage_batched_attn_metadata`, with the per-token fields written on the device.
 
-    Same arguments, same checks, same result and the same bytes in the arena; the host packs and
-    copies only the per-stream fields (:func:`device_bytes`), then one ``q12_expand_meta`` launch
-    on ``stream`` writes positions and slots from them and the device block tables. ``batch``: what
-    :func:`~q12drv.staging.validate_streams` returned for exactly these arguments, just before
-    (the caller validated already); None validates here.
+    Same arguments, same checks, same result and the same bytes in the arena. Up to
+    :data:`~q12drv.kernels.meta.TAIL_STREAMS` streams: one ``q12_expand_meta_tail`` launch on
+    ``stream`` carrying the per-stream fields as its parameters, nothing else; more streams: one
+    pinned copy of the per-stream fields (:func:`device_bytes`), then one ``q12_expand_meta``
+    launch. ``batch``: what :func:`~q12drv.staging.validate_streams` returned for exactly these
+    arguments, just before (the caller validated already); None validates here.
 
     Raises
     ------
@@ -128,18 +156,23 @@ def stage_on_device(arena, streams: Sequence, *, block_size: int, use_mrope: boo
     global _prepared
     if _prepared is None:
         from .ops import prepared as _prepared  # ops imports this module for its kernel list
-    launch = _prepared(arena.device, "q12_expand_meta")  # loaded (compiled) before anything is written
     if batch is None:
         batch = validate_streams(streams, block_size, use_mrope, dummy_kv_block)
-    for b, mp in enumerate(batch.mrope):  # the kernel writes text positions only, for grid.y streams
+    n = len(batch.count_list)
+    for b, mp in enumerate(batch.mrope):  # the kernel writes text positions only
         if mp is not None:
             raise ValueError(f"streams[{b}] carries mrope_positions (vision tokens): the device path writes text "
                              f"positions only; stage this batch with stage_batched_attn_metadata")
-    if len(batch.count_list) > MAX_STREAMS:
-        raise ValueError(f"the device path handles at most {MAX_STREAMS} streams per pass, got {len(batch.count_list)}")
+    if n > MAX_STREAMS:
+        raise ValueError(f"the device path handles at most {MAX_STREAMS} streams per pass, got {n}")
+    in_params = n <= TAIL_STREAMS
+    # loaded (compiled) before anything is written
+    launch = _prepared(arena.device, "q12_expand_meta_tail" if in_params else "q12_expand_meta")
     meta, _ = stage_stacked(arena, streams, block_size, use_mrope, scratch_offset_bytes, dummy_kv_block, stream,
-                             tail_only=True, batch=batch)
+                            upload="none" if in_params else "tail", batch=batch)
     try:
+        if in_params:
+            _pack_tail_params(launch, batch)
         enqueue_expand(launch, meta, stream)
     except BaseException:
         arena.unreserve(arena.regions[-1])
@@ -148,9 +181,10 @@ def stage_on_device(arena, streams: Sequence, *, block_size: int, use_mrope: boo
 
 
 def enqueue_expand(launch, meta, stream: Any) -> None:
-    """One ``q12_expand_meta`` launch over staged ``meta`` (``launch``: the entry's prepared
+    """One expansion launch over staged ``meta`` (``launch``: the entry's prepared
     :class:`~q12drv.launch.Launch`): every argument comes from the metadata the stager validated,
-    straight into the argument block; the grid covers ``meta.batch_size`` streams of ``meta.chunk_len``."""
+    straight into the argument block; the grid covers ``meta.batch_size`` streams of ``meta.chunk_len``.
+    ``q12_expand_meta_tail`` also takes its ``tail`` parameter, written before (:func:`stage_on_device`)."""
     args = launch.args
     args.block_shift = meta.block_size.bit_length() - 1
     args.dummy_kv_block = meta.dummy_kv_block
@@ -159,6 +193,30 @@ def enqueue_expand(launch, meta, stream: Any) -> None:
     launch.launch(*geometry(meta.batch_size, meta.chunk_len), stream)
 
 
+def _tail_writer(n: int) -> struct.Struct:
+    """The :class:`struct.Struct` writing ``n`` streams' per-stream fields into a :class:`Q12TailC`
+    (each array's entries past ``n`` zeroed), built from the mirror's own fields."""
+    st = _TAIL_WRITERS.get(n)
+    if st is None:
+        parts = ["<"]
+        for name, ctype in Q12TailC._fields_:
+            cap, code = ctype._length_, {8: "Q", 4: "i"}[ctypes.sizeof(ctype._type_)]
+            used = n + 1 if cap == TAIL_STREAMS + 1 else n
+            off = getattr(Q12TailC, name).offset
+            at = struct.calcsize("".join(parts))
+            if off != at:
+                raise AssertionError(f"Q12TailC.{name} at {off}, the writer is at {at}")
+            parts.append(f"{used}{code}{(cap - used) * ctypes.sizeof(ctype._type_)}x")
+        st = _TAIL_WRITERS[n] = struct.Struct("".join(parts))
+    return st
+
+
+def _pack_tail_params(launch, batch) -> None:
+    """``batch``'s per-stream fields into ``launch``'s ``tail`` parameter."""
+    args = launch.args
+    _tail_writer(len(batch.count_list)).pack_into(args, type(args).tail.offset, *batch.table_ptr_list,
+                                                  *batch.seq_len_ptr_list, *batch.cu_list, *batch.kv_list)
+
+
+_TAIL_WRITERS: dict = {}
 _prepared = None
-
-

@@ -1,15 +1,16 @@
-"""The host mirror of ``cuda_src/q12_meta.cuh``: the metadata struct the kernels take by value.
+"""The host mirrors of the structs the kernels take by value: ``Q12Meta`` (``cuda_src/q12_meta.cuh``,
+every kernel) and ``Q12Tail`` (``cuda_src/expand_meta.cu``, the per-stream fields as launch parameters).
 
-The C struct and this ctypes structure must agree byte for byte. The offsets are not trusted:
-:func:`meta_defines` turns this mirror's offsets into ``-D`` options, and the header
-``static_assert``s each one, so a drifted mirror fails to compile instead of reading garbage.
+The C structs and these ctypes structures must agree byte for byte. The offsets are not trusted:
+:func:`meta_defines` turns the mirrors' offsets and sizes into ``-D`` options, and the sources
+``static_assert`` each one, so a drifted mirror fails to compile instead of reading garbage.
 """
 
 from __future__ import annotations
 
 import ctypes
 
-__all__ = ["Q12MetaC", "META_FIELDS", "meta_defines", "meta_from_staged", "meta_struct"]
+__all__ = ["Q12MetaC", "META_FIELDS", "Q12TailC", "TAIL_STREAMS", "meta_defines", "meta_from_staged", "meta_struct"]
 
 #: (C field name, ctypes type) in declaration order; the only list of the struct's fields.
 META_FIELDS = (
@@ -34,11 +35,29 @@ class Q12MetaC(ctypes.Structure):
     _fields_ = list(META_FIELDS)
 
 
+#: Streams a :class:`Q12TailC` holds: the launch-parameter path of the device expansion takes at most
+#: this many (its parameter block is then about 1.6 KiB, well inside the 4 KiB every driver accepts).
+TAIL_STREAMS = 64
+
+
+class Q12TailC(ctypes.Structure):
+    """ctypes mirror of ``struct Q12Tail``: the stacked block's per-stream fields for at most
+    :data:`TAIL_STREAMS` streams, in the block's field order (entries past the batch unused)."""
+
+    _fields_ = [
+        ("block_table_ptrs", ctypes.c_uint64 * TAIL_STREAMS),
+        ("seq_len_ptrs", ctypes.c_uint64 * TAIL_STREAMS),
+        ("cu_seqlens", ctypes.c_int32 * (TAIL_STREAMS + 1)),
+        ("kv_lens", ctypes.c_int32 * TAIL_STREAMS),
+    ]
+
+
 def meta_defines() -> list[str]:
-    """The ``-D`` macros through which the header checks this mirror's layout at compile time."""
+    """The ``-D`` macros through which the sources check these mirrors' layouts at compile time."""
     defines = [f"Q12_META_SIZE={ctypes.sizeof(Q12MetaC)}"]
     for name, _ in META_FIELDS:
         defines.append(f"Q12_META_OFF_{name.upper()}={getattr(Q12MetaC, name).offset}")
+    defines += [f"Q12_TAIL_STREAMS={TAIL_STREAMS}", f"Q12_TAIL_SIZE={ctypes.sizeof(Q12TailC)}"]
     return defines
 
 

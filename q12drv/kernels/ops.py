@@ -22,7 +22,7 @@ from . import gdn_chunk as _gdnc
 from . import kv_write as _kvw
 from . import args as _args
 from . import rope as _rope
-from .meta import Q12MetaC, meta_defines, meta_struct
+from .meta import Q12MetaC, Q12TailC, meta_defines, meta_struct
 
 __all__ = ["kv_write", "rope", "attention", "gdn", "ATTN_ALGOS", "attention_entry", "GDN_ALGOS", "GDN_MODULES",
            "enqueue_kv_write", "enqueue_rope", "enqueue_attention", "enqueue_gdn", "check_gdn_algo", "gdn_workspace",
@@ -42,7 +42,8 @@ ENTRIES = {e: src for src, entries in SOURCES.items() for e in entries}
 
 
 def struct_types() -> dict:
-    return {"Q12Meta": Q12MetaC}
+    """The by-value struct parameters of the kernels' entries, by C type name."""
+    return {"Q12Meta": Q12MetaC, "Q12Tail": Q12TailC}
 
 
 def prepared(device: Device, entry: str) -> Launch:

@@ -38,6 +38,15 @@ VARIANTS = [
     ("wg1-syncthreads", "wgmma", ("ATTN_WG_D128_MB=0", "ATTN_WG_D256_MB=0")),
     # the interleaved (no-swizzle) operand layout, the first version (runs P-T: 1.4-1.7x slower)
     ("wg2-interleaved", "wgmma", ("ATTN_WG_D128_SW=0", "ATTN_WG_D256_SW=0", "ATTN_WG_D128_MB=0", "ATTN_WG_D256_MB=0")),
+    # warp specialization (FA3 style; measured: not yet): a third warpgroup, the producer, does every
+    # cp.async (Q, then K/V through the block table) and signals the stages' full mbarriers; the two
+    # consumer warpgroups only compute (setmaxnreg 40 / 232)
+    ("wg3-ws", "wgmma", ("ATTN_WG_D128_WS=1", "ATTN_WG_D256_WS=1")),
+    # ... with three K/V stages: D128 only (D256, BN 64: 64 KiB of Q + 3 x 64 KiB of K/V > 227 KiB)
+    ("wg4-ws-st3", "wgmma", ("ATTN_WG_D128_WS=1", "ATTN_WG_D128_ST=3")),
+    # ... with ping-pong turns: one consumer warpgroup's softmax under the other's GEMMs
+    ("wg5-ws-pp", "wgmma", ("ATTN_WG_D128_WS=1", "ATTN_WG_D256_WS=1", "ATTN_WG_D128_PP=1", "ATTN_WG_D256_PP=1")),
+    ("wg6-ws-st3-pp", "wgmma", ("ATTN_WG_D128_WS=1", "ATTN_WG_D128_ST=3", "ATTN_WG_D128_PP=1")),
 ]
 
 HQ, HKV, BS = 16, 2, 16

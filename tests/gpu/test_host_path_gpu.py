@@ -8,6 +8,7 @@ import pytest
 from q12drv import ScratchArena, StreamStageInfo, open_device, stage_batched_attn_metadata
 from q12drv.graphs import PassGraph, capture
 from q12drv.kernels import expand
+from q12drv.kernels.meta import TAIL_STREAMS
 from q12drv.kernels.ops import prepared
 from tests.helpers import make_streams
 from tests.test_graphs import BS, MAX_STREAMS, MAX_TOKENS, World, _assert_same
@@ -25,8 +26,11 @@ def gpu():
 @pytest.mark.parametrize("mrope", [False, True])
 def test_device_expansion_writes_the_host_bytes(gpu, mrope):
     rng = np.random.default_rng()
+    many = TAIL_STREAMS + 1  # past the launch-parameter tail: one pinned copy of it instead
     for counts, starts, bs in (([2048] * 8, [0] * 8, 16), ([1, 15, 16, 17, 63, 1100], [0, 3, 16, 100, 7, 5000], 16),
-                               ([333, 4097], [64, 1], 64), ([1], [0], 1)):
+                               ([333, 4097], [64, 1], 64), ([1], [0], 1), ([3] * 7, [5] * 7, 16),
+                               (list(rng.integers(1, 90, many)), list(rng.integers(0, 300, many)), 16),
+                               (list(rng.integers(1, 90, TAIL_STREAMS)), list(rng.integers(0, 300, TAIL_STREAMS)), 16)):
         streams, _ = make_streams(gpu, counts, starts, block_size=bs, rng=rng)
         s = streams[-1]
         t = s.block_table.copy()
@@ -34,6 +38,7 @@ def test_device_expansion_writes_the_host_bytes(gpu, mrope):
         gpu.upload(s.block_table_dev, t)
         streams[-1] = StreamStageInfo(s.proc_start, s.proc_count, t, s.block_table_dev, s.seq_len_dev)
         with ScratchArena(gpu, 1 << 22) as a1, ScratchArena(gpu, 1 << 22) as a2:
+            gpu.memset(int(a2.base), 0xA5, 1 << 22)  # poison: every byte of the block, pads too, must be written
             m1 = stage_batched_attn_metadata(a1, streams, block_size=bs, use_mrope=mrope, scratch_offset_bytes=128,
                                              dummy_kv_block=3)
             m2 = expand.stage_on_device(a2, streams, block_size=bs, use_mrope=mrope, scratch_offset_bytes=128,
