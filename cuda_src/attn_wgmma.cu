@@ -14,17 +14,29 @@
 // Stage hand-off (MB 1): per stage a "full" mbarrier (every thread's cp.async of the tile landed) and
 // an "empty" one (every thread is done with it), instead of a CTA barrier per tile, so the two
 // warpgroups drift up to a tile apart and one's GEMMs overlap the other's softmax.
-// Warp specialization (WS 1, FlashAttention-3 style; measured: not yet): one more warpgroup, the
-// producer (the last; block 128 (WG + 1)), does every copy: Q once (its own mbarrier, which the
-// consumers wait on even when they have no key tile), then K/V tile n into stage n % ST, announced by
+// Warp specialization (WS 1, FlashAttention-3 style; measured: 1.14-1.26x faster than WS 0 on every
+// case, D128 fresh 340-389 TFLOP/s, D256 447-476, run Z): one more warpgroup, the producer (the last;
+// block 128 (WG + 1)), does every copy: Q once (its own mbarrier, which the consumers wait on even
+// when they have no key tile), then K/V tile n into stage n % ST, announced by
 // one cp.async.mbarrier.arrive.noinc per producer thread on the stage's "full" barrier (count 128); it
 // refills a stage once its "empty" barrier (count WG * 128, every consumer thread arrives) says the
 // stage's previous tile was consumed. The WG consumer warpgroups only wait, compute (the same
 // compute_tile) and release; setmaxnreg moves registers from the producer (40) to them (232). No
 // CTA-wide barrier after the role split: the consumers' epilogue syncs on named barrier 1.
-// ST (WS 1 only; measured: not yet): K/V stages, 2 by default; 3 fits at D128 (230,456 bytes).
-// PP 1 (WS 1, WG 2; measured: not yet): ping-pong, the consumer warpgroups take turns (named barriers
-// 2 and 3) issuing P V of tile n and S of tile n + 1, so one's softmax runs under the other's GEMMs.
+// ST (WS 1 only): K/V stages, 2 by default; 3 fits at D128 (230,456 bytes).
+// The producer's address arithmetic is what limited WS (ncu and probes, runs AB-AD: the consumers share the SM's
+// issue slots with it): the page and row of a key came from an integer division by block_size (about
+// 30 instructions per row) and every 16-byte copy recomputed its 64-bit source (6-7 instructions).
+// block_size is a power of two, so shift and mask; a row's source pointer includes this thread's first
+// chunk and the other chunks are immediate offsets of the copy instruction. Run AE: D128 fresh 418-466
+// TFLOP/s (1.22x cuDNN's time), chunked 510-515; D256 fresh 457-500, chunked 468-532.
+// Measured on top of WS and dropped (runs Y / Z / AA, tests/GPU.md): PP (ping-pong turns, FA3): 0-20%
+// slower than WS alone; OV (S of the next tile before P V of this one inside a warpgroup, first and last
+// tiles peeled so ptxas does not serialize): ~15% slower than WS alone, as fast as the session-4 kernel;
+// ST 3: as fast as 2; PS (a persistent CTA per SM looping over row tiles heaviest first, the producer
+// streaming the next tile's K/V and Q while the consumers finish, O stored from registers): run AA,
+// D128 fresh 8 x 2048 3% faster, everything else 2-26% slower (ragged worst: the static round-robin
+// over items balances badly); removed.
 // Shared memory (SW 1): Q, K and V tiles in the 128-byte swizzled layout of wgmma.cuh, [D/64][rows][128 B]
 // with 16-byte chunk j of row r at j ^ (r & 7), tiles on 1024-byte boundaries. Copies: each warp
 // instruction reads 64 contiguous bytes of 8 key rows; a quarter-warp writes 8 rows of one chunk,
@@ -71,15 +83,11 @@ __device__ __forceinline__ void mbar_wait(unsigned addr, unsigned parity) {
     }
 }
 
-// Named barrier `id` over `n` threads (bar.sync: wait; bar.arrive: count this warp in and go on).
-// Id 0 is __syncthreads(); WS uses 1 for the consumer warpgroups' epilogue, PP 2 and 3 for the turns.
+// Named barrier `id` over `n` threads (bar.sync). Id 0 is __syncthreads(); WS uses 1 for the consumer
+// warpgroups' epilogue.
 template <int ID, int N>
 __device__ __forceinline__ void named_sync() {
     asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(N) : "memory");
-}
-template <int ID, int N>
-__device__ __forceinline__ void named_arrive() {
-    asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "n"(N) : "memory");
 }
 // Per-thread register budget of the calling warpgroup (WS; every warp of the warpgroup executes it).
 template <int R>
@@ -131,7 +139,7 @@ __device__ __forceinline__ unsigned tile_off(int r, int cg) {
     else return cg * (ROWS * 16) + r * 16;
 }
 
-template <int D, int BN, int WG, int MB, int SW, int WS, int ST, int PP>
+template <int D, int BN, int WG, int MB, int SW, int WS, int ST>
 __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, const bf16* k_pool, const bf16* v_pool,
                                            bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
     constexpr int kThreads = WG * 128;         // computing threads (WS: the consumer warpgroups)
@@ -150,7 +158,6 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
     static_assert(kBM * OLD * 2 <= 2 * ST * kTileBytes, "the output tile must fit the K/V stages");
     static_assert(WS == 0 || (WS == 1 && MB == 1 && ST >= 2 && ST <= 4), "WS 0 or 1; WS 1 takes MB 1 and 2-4 stages");
     static_assert(WS == 1 || ST == 2, "without WS the ring has two stages");
-    static_assert(PP == 0 || (PP == 1 && WS == 1 && WG == 2), "PP takes WS 1 and two consumer warpgroups");
 
     const int b = blockIdx.z;
     if (b >= static_cast<int>(m.batch_size)) return;
@@ -178,6 +185,10 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
 
     const int tid = threadIdx.x;
     const long long head_stride = static_cast<long long>(num_kv_heads) * D;
+    // block_size is a power of two (the stager refuses anything else): page and row by shift and mask,
+    // not the ~30-instruction integer division per key row
+    const int bs_shift = __ffs(block_size) - 1;
+    const int bs_mask = block_size - 1;
     auto q_row = [&](int r) -> long long {  // global row (token * Hq + head) of CTA row r
         const int p = m0 + r;
         return static_cast<long long>(row0 + p / G) * num_q_heads + kvh * G + p % G;
@@ -206,7 +217,7 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
 #pragma unroll
         for (int j = 0; j < KVMap::NR; ++j) {
             const int pos = n * BN + KVMap::row(cw, lane, j);
-            pg[j] = pos > max_key ? -1 : bt[pos / block_size];
+            pg[j] = pos > max_key ? -1 : bt[pos >> bs_shift];
         }
     };
     auto issue_rows = [&](unsigned base, const bf16* pool, int n, const int (&pg)[KVMap::NR], int stage) {
@@ -215,7 +226,7 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
         for (int j = 0; j < KVMap::NR; ++j) {
             const int pos = n * BN + KVMap::row(cw, lane, j);
             off[j] = pg[j] < 0 ? -1
-                               : (static_cast<long long>(pg[j]) * block_size + pos % block_size) * head_stride +
+                               : ((static_cast<long long>(pg[j]) << bs_shift) + (pos & bs_mask)) * head_stride +
                                      static_cast<long long>(kvh) * D;
         }
 #pragma unroll
@@ -229,34 +240,37 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
     // chunks (and K and V alike), so few registers stay live under the producer's small budget. The
     // same (row, chunk) pairs as copy_q / issue_rows, in another order.
     auto copy_q_rows = [&]() {
+        const int c0 = QMap::chunk(cw, lane, 0);  // this thread's first chunk; the others are c0 + constants
 #pragma unroll
         for (int j = 0; j < QMap::NR; ++j) {
             const int r = QMap::row(cw, lane, j);
             const bool ok = r < rows_here;
-            const bf16* src = q + (ok ? q_row(r) * D : 0);
+            const bf16* src = q + (ok ? q_row(r) * D : 0) + c0 * 8;  // !ok: Q's first row, a valid address never read
 #pragma unroll
-            for (int i = j; i < QMap::PT; i += QMap::NR) {  // the copies of row slot j
+            for (int i = j; i < QMap::PT; i += QMap::NR) {  // the copies of row slot j, at immediate offsets
                 const int c = QMap::chunk(cw, lane, i);
-                cp_async16(sQa + tile_off<kBM, SW>(r, c), src + (ok ? c * 8 : 0), ok ? 16 : 0);
+                cp_async16(sQa + tile_off<kBM, SW>(r, c), src + (c - c0) * 8, ok ? 16 : 0);
             }
         }
     };
     auto issue_kv_rows = [&](int n, const int (&pg)[KVMap::NR], int stage) {
+        const int c0 = KVMap::chunk(cw, lane, 0);  // this thread's first chunk; the others are c0 + constants
 #pragma unroll
         for (int j = 0; j < KVMap::NR; ++j) {
             const int r = KVMap::row(cw, lane, j);
             const bool ok = pg[j] >= 0;
-            const long long off = ok ? (static_cast<long long>(pg[j]) * block_size + (n * BN + r) % block_size) * head_stride +
-                                           static_cast<long long>(kvh) * D
-                                     : 0;
+            // !ok (past max_key): the pools' first row, a valid address the zero-size copies never read
+            const long long off = (ok ? ((static_cast<long long>(pg[j]) << bs_shift) + ((n * BN + r) & bs_mask)) * head_stride +
+                                            static_cast<long long>(kvh) * D
+                                      : 0) + c0 * 8;
             const bf16* ks = k_pool + off;
             const bf16* vs = v_pool + off;
 #pragma unroll
-            for (int i = j; i < KVMap::PT; i += KVMap::NR) {
+            for (int i = j; i < KVMap::PT; i += KVMap::NR) {  // (c - c0) * 8 is a constant: an immediate offset
                 const int c = KVMap::chunk(cw, lane, i);
                 const unsigned dst = stage * kTileBytes + tile_off<BN, SW>(r, c);
-                cp_async16(sKa + dst, ks + (ok ? c * 8 : 0), ok ? 16 : 0);
-                cp_async16(sVa + dst, vs + (ok ? c * 8 : 0), ok ? 16 : 0);
+                cp_async16(sKa + dst, ks + (c - c0) * 8, ok ? 16 : 0);
+                cp_async16(sVa + dst, vs + (c - c0) * 8, ok ? 16 : 0);
             }
         }
     };
@@ -419,66 +433,12 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
         }
         if constexpr (WG == 2) setmaxnreg_inc<kConsRegs>();
         mbar_wait(qbar, 0);
-        if constexpr (PP) {
-            // Ping-pong (PP 1, FA3): the two consumer warpgroups take turns issuing GEMMs. Warpgroup
-            // w's turn k issues P V of tile k - 1 (k > 0) and S of tile k (k < n_tiles) back to back,
-            // then hands the turn over; its softmax of tile k runs while the other warpgroup's GEMMs
-            // of turn k occupy the tensor cores. Named barrier 2 + w (256 threads): warpgroup w waits
-            // on it (bar.sync) before its turn, the other warpgroup arrives on it (bar.arrive) after its
-            // own. Order: warpgroup 0's turn k, then 1's turn k, then 0's turn k + 1. Balance (no
-            // arrival left over at exit): warpgroup 0 waits n_tiles + 1 times on barrier 2; warpgroup 1
-            // arrives once up front and after each of its turns but the last. Barrier 3: warpgroup 1
-            // waits n_tiles + 1 times, warpgroup 0 arrives after each of its n_tiles + 1 turns. The
-            // per-tile math is compute_tile's, in the same order; only the issue order differs.
-            if (n_tiles > 0) {
-                constexpr int kTurn = 2 * 128;
-                auto turn_wait = [&]() {  // bar.sync on this warpgroup's turn barrier
-                    if (w == 0) named_sync<2, kTurn>();
-                    else named_sync<3, kTurn>();
-                };
-                auto turn_pass = [&]() {  // bar.arrive on the other warpgroup's
-                    if (w == 0) named_arrive<3, kTurn>();
-                    else named_arrive<2, kTurn>();
-                };
-                float s[BN / 2], alpha[2];
-                unsigned pa[KN][4];
-                if (w == 1) named_arrive<2, kTurn>();
-                mbar_wait(full, 0);
-                wg::fence_proxy_async();
-                turn_wait();  // turn 0: S of tile 0
-                gemm_s(s, 0);
-                turn_pass();
-                wg::wait<0>();
-                wg::pin(s);
-                for (int n = 0; n < n_tiles; ++n) {
-                    const int stage = n % ST;
-                    softmax(s, n, alpha);
-                    rescale_pack(s, alpha, pa);
-                    turn_wait();  // turn n + 1: P V of tile n, S of tile n + 1
-                    gemm_pv(pa, stage);
-                    if (n + 1 < n_tiles) {
-                        const int next = (n + 1) % ST;
-                        mbar_wait(full + 8 * next, ((n + 1) / ST) & 1);
-                        wg::fence_proxy_async();
-                        gemm_s(s, next);
-                    }
-                    if (w == 0 || n + 1 < n_tiles) turn_pass();
-                    wg::wait<0>();
-                    wg::pin(acc);
-                    wg::pin(s);
-#pragma unroll
-                    for (int ks = 0; ks < KN; ++ks) wg::pin(pa[ks]);
-                    mbar_arrive(empty + 8 * stage);  // this thread is done with tile n
-                }
-            }
-        } else {
-            for (int n = 0; n < n_tiles; ++n) {
-                const int stage = n % ST;
-                mbar_wait(full + 8 * stage, (n / ST) & 1);  // tile n landed
-                wg::fence_proxy_async();                    // ... visible to wgmma
-                compute_tile(n, stage);
-                mbar_arrive(empty + 8 * stage);  // this thread is done with tile n
-            }
+        for (int n = 0; n < n_tiles; ++n) {
+            const int stage = n % ST;
+            mbar_wait(full + 8 * stage, (n / ST) & 1);  // tile n landed
+            wg::fence_proxy_async();                    // ... visible to wgmma
+            compute_tile(n, stage);
+            mbar_arrive(empty + 8 * stage);  // this thread is done with tile n
         }
     } else if constexpr (MB) {
         // One K/V tile per iteration as below, without the CTA-wide barrier: stage s has a "full"
@@ -578,8 +538,7 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
 // ATTN_WG_D<d>_MB 1: per-stage mbarriers instead of the CTA barrier per tile (0: __syncthreads),
 // ATTN_WG_D<d>_SW 1: Q, K and V tiles in the 128-byte swizzled layout (0: the interleaved one),
 // ATTN_WG_D<d>_WS 1: one more warpgroup, the producer, does every copy (0: every thread copies and computes),
-// ATTN_WG_D<d>_ST K/V stages (2; 3 or 4 only with WS 1, where shared memory holds them),
-// ATTN_WG_D<d>_PP 1: ping-pong turns of the two consumer warpgroups' GEMMs (WS 1, WG 2 only).
+// ATTN_WG_D<d>_ST K/V stages (2; 3 or 4 only with WS 1, where shared memory holds them).
 #ifndef ATTN_WG_D128_SW
 #define ATTN_WG_D128_SW 1
 #endif
@@ -605,10 +564,10 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
 #define ATTN_WG_D256_WG 2
 #endif
 #ifndef ATTN_WG_D128_WS
-#define ATTN_WG_D128_WS 0
+#define ATTN_WG_D128_WS 1
 #endif
 #ifndef ATTN_WG_D256_WS
-#define ATTN_WG_D256_WS 0
+#define ATTN_WG_D256_WS 1
 #endif
 #ifndef ATTN_WG_D128_ST
 #define ATTN_WG_D128_ST 2
@@ -616,22 +575,16 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
 #ifndef ATTN_WG_D256_ST
 #define ATTN_WG_D256_ST 2
 #endif
-#ifndef ATTN_WG_D128_PP
-#define ATTN_WG_D128_PP 0
-#endif
-#ifndef ATTN_WG_D256_PP
-#define ATTN_WG_D256_PP 0
-#endif
 
 // Block: WG warpgroups, plus the producer with WS 1. The second bound (min CTAs per SM) is WS: 1 with WS
 // budgets 65536 / threads registers a thread (168 for 384), the pool setmaxnreg redistributes; 0 (none)
 // keeps the WS 0 build as it was (1 there lets ptxas take more registers).
 extern "C" __global__ __launch_bounds__((ATTN_WG_D128_WG + ATTN_WG_D128_WS) * 128, ATTN_WG_D128_WS) void q12_attn_wgmma_d128(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
     attn_wgmma<128, ATTN_WG_D128_BN, ATTN_WG_D128_WG, ATTN_WG_D128_MB, ATTN_WG_D128_SW, ATTN_WG_D128_WS,
-               ATTN_WG_D128_ST, ATTN_WG_D128_PP>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
+               ATTN_WG_D128_ST>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
 }
 
 extern "C" __global__ __launch_bounds__((ATTN_WG_D256_WG + ATTN_WG_D256_WS) * 128, ATTN_WG_D256_WS) void q12_attn_wgmma_d256(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
     attn_wgmma<256, ATTN_WG_D256_BN, ATTN_WG_D256_WG, ATTN_WG_D256_MB, ATTN_WG_D256_SW, ATTN_WG_D256_WS,
-               ATTN_WG_D256_ST, ATTN_WG_D256_PP>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
+               ATTN_WG_D256_ST>(m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
 }

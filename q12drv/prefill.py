@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import accumulate, repeat
+from itertools import repeat
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -227,7 +227,7 @@ class Q12Pass:
         except BaseException:
             arena.reset()
             raise
-        self.cu_seqlens = np.array(list(accumulate(counts, initial=0)), np.int64)
+        self.cu_seqlens = np.array(batch.cu_list, np.int64)
         self._table_range = None  # (min, max) of every entry attention reads, computed on first use
         self._generation = arena.generation
 

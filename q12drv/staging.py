@@ -680,6 +680,8 @@ def stage_stacked(arena, streams, block_size, use_mrope, scratch_offset_bytes, d
     Returns ``(meta, batch)``.
     """
     _require_arena(arena)
+    if upload not in UPLOADS:
+        raise ValueError(f"upload must be one of {UPLOADS}, got {upload!r}")
     if batch is None:
         batch = validate_streams(streams, block_size, use_mrope, dummy_kv_block)
     layout = stacked_layout(len(streams), batch.total, bool(use_mrope))

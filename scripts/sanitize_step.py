@@ -5,7 +5,7 @@ Three passes over 3 ragged streams of a few dozen tokens (cached prefixes, a sha
 so that every kernel runs: plain RoPE with a D=64 attention layer and a d=64 Gated DeltaNet layer;
 MRoPE (interleaved, vision positions on one stream) with a D=128 attention layer; plain RoPE with a
 D=256 attention layer and a d=128 GDN layer, its metadata expanded on the device
-(``q12_expand_meta``) and compared with the host stager's bytes; each pass batched and per stream.
+(``q12_expand_meta_tail``) and compared with the host stager's bytes; each pass batched and per stream.
 Everything goes through q12drv's own driver API (no torch). Every buffer the step writes has a
 256-byte guard band before and after it, filled with 0xA5 and checked afterwards; the arena's own
 guard band too. Batched and per stream must agree bit for bit, every output element must be
@@ -148,9 +148,9 @@ def expand_matches_host(dev, arena, streams, problems: list) -> None:
         dev.synchronize()
         staged.append(arena.read(meta.scratch_offset_bytes, meta.staged_bytes))
     if staged[0] != staged[1]:
-        problems.append("q12_expand_meta: device-expanded metadata differs from the host stager's")
+        problems.append("q12_expand_meta_tail: device-expanded metadata differs from the host stager's")
     if not arena.guard_intact():
-        problems.append("q12_expand_meta: the arena's guard band was overwritten")
+        problems.append("q12_expand_meta_tail: the arena's guard band was overwritten")
 
 
 def main(argv=None) -> int:

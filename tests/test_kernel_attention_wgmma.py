@@ -47,19 +47,23 @@ def test_python_tiles_match_the_source():
 
 
 def test_config_geometry_and_smem():
-    # Q, two K and two V stages, four mbarriers, 1 KiB to align the swizzled tiles
-    assert attnw.smem_bytes(128) == 163840 + 32 + 1024 and attnw.smem_bytes(256) == 196608 + 32 + 1024
-    assert attnw.config(128, ("ATTN_WG_D128_WG=1", "ATTN_WG_D128_BN=64", "ATTN_WG_D128_MB=0",
-                              "ATTN_WG_D128_SW=0"))["smem"] == (64 + 256) * 128 * 2
+    # Q, two K and two V stages, five mbarriers (full and empty per stage, the producer's Q one), 1 KiB to
+    # align the swizzled tiles; three warpgroups (two consumers and the producer)
+    assert attnw.smem_bytes(128) == 163840 + 40 + 1024 and attnw.smem_bytes(256) == 196608 + 40 + 1024
+    no_ws = ("ATTN_WG_D128_WS=0",)
+    assert attnw.config(128, no_ws + ("ATTN_WG_D128_WG=1", "ATTN_WG_D128_BN=64", "ATTN_WG_D128_MB=0",
+                                      "ATTN_WG_D128_SW=0"))["smem"] == (64 + 256) * 128 * 2
     grid, block, smem = attnw.geometry(3, 300, 16, 2, 128)
-    assert grid == (-(-300 * 8 // 128), 2, 3) and block == (256, 1, 1) and smem == attnw.smem_bytes(128)
+    assert grid == (-(-300 * 8 // 128), 2, 3) and block == (384, 1, 1) and smem == attnw.smem_bytes(128)
+    assert attnw.geometry(3, 300, 16, 2, 128, defines=no_ws)[1] == (256, 1, 1)
     assert attnw.geometry(1, 16, 16, 2, 256)[0] == (1, 2, 1)  # 16 tokens x 8 heads = 128 rows: one CTA
     assert attnw.geometry(1, 17, 16, 2, 256)[0] == (2, 2, 1)
     assert attnw.geometry(0, 0, 4, 4, 128)[0] == (1, 4, 1)
     assert attnw.geometry(2, 100, 4, 2, 256, defines=("ATTN_WG_D256_WG=1",))[0] == (-(-200 // 64), 2, 2)
     with pytest.raises(ValueError, match="no wgmma attention kernel for head_dim=64"):
         attnw.config(64)
-    assert attnw.config(128, ("ATTN_WG_D128_MB=0",))["smem"] == attnw.smem_bytes(128) - 32  # no mbarriers
+    assert attnw.config(128, no_ws + ("ATTN_WG_D128_MB=0",))["smem"] == attnw.smem_bytes(128) - 40  # no mbarriers
+    assert attnw.config(128, no_ws)["smem"] == attnw.smem_bytes(128) - 8  # no Q mbarrier
     assert attnw.config(128, ("ATTN_WG_D128_SW=0",))["smem"] == attnw.smem_bytes(128) - 1024  # no alignment slack
     with pytest.raises(ValueError, match="MB 0 or 1"):
         attnw.config(128, ("ATTN_WG_D128_MB=2",))
@@ -117,67 +121,67 @@ def test_ops_routes_both_algos_on_the_emulator(emu):
         tables.free()
 
 
-def _ws_variants():
-    """``{name: defines}`` of the warp-specialized variants tests/gpu/attn_variants.py measures."""
+def _wgmma_builds():
+    """``(name, defines, head dim, config)`` of every wgmma build tests/gpu/attn_variants.py measures,
+    the default's included, per head dim its knobs set (the default at both)."""
     from tests.gpu.attn_variants import VARIANTS
 
-    out = {name: defs for name, kind, defs in VARIANTS if kind == "wgmma" and any("_WS=1" in x for x in defs)}
-    assert {"wg3-ws", "wg4-ws-st3", "wg5-ws-pp"} <= set(out)
+    out = []
+    for name, kind, defs in VARIANTS:
+        if kind == "wgmma":
+            dims = [d for d in attnw.HEAD_DIMS if any(x.startswith(f"ATTN_WG_D{d}_") for x in defs)] or list(attnw.HEAD_DIMS)
+            out += [(name, defs, d, attnw.config(d, defs)) for d in dims]
+    assert {n for n, _, _, c in out if c["WS"]} >= {"wg0-default", "wg4-st3"}
     return out
 
 
-def _set_dims(defs):
-    """Head dims whose knobs ``defs`` set (the other one is the default kernel)."""
-    return [d for d in attnw.HEAD_DIMS if any(x.startswith(f"ATTN_WG_D{d}_") for x in defs)]
-
-
-def test_ws_variants_compile_for_sm_90a_without_spills():
+def test_ws_builds_compile_for_sm_90a_and_take_the_launch_share_of_registers():
     # Warp specialization: the launch gives each of the 128 (WG + 1) threads 65536 / threads registers
     # (rounded down to 8); setmaxnreg hands the producer's share to the consumers, so ptxas must have
     # taken the whole launch share (else setmaxnreg.inc would wait for registers that never come).
     src = (cuda_src_dir() / attnw.SOURCE).read_text()
     prod, cons = map(int, re.search(r"constexpr int kProdRegs = (\d+), kConsRegs = (\d+);", src).groups())
     assert prod % 8 == 0 and cons % 8 == 0 and 24 <= prod <= cons <= 256
-    for name, defs in _ws_variants().items():
-        img = compile_source(attnw.SOURCE, arch="sm_90", defines=tuple(meta_defines()) + tuple(defs),
-                             use_cache=False, verbose_resources=True)
+    images = {}
+    for name, defs, d, cfg in _wgmma_builds():
+        if not cfg["WS"]:
+            continue
+        img = images.get(name)
+        if img is None:
+            img = images[name] = compile_source(attnw.SOURCE, arch="sm_90", defines=tuple(meta_defines()) + tuple(defs),
+                                                use_cache=False, verbose_resources=True)
         assert img.arch == "sm_90a"
-        report = spill_free(img, attnw.ENTRIES)
-        for d in _set_dims(defs):
-            cfg, r = attnw.config(d, defs), report[attnw.HEAD_DIMS[d]]
-            assert cfg["WS"] == 1 and cfg["threads"] == 128 * (cfg["WG"] + 1), name
-            assert r.registers == 65536 // cfg["threads"] // 8 * 8, f"{name} D{d}: {r}"
-            assert 128 * prod + 128 * cfg["WG"] * cons <= r.registers * cfg["threads"] <= 65536, f"{name} D{d}"
-            assert cfg["smem"] <= attnw.SMEM_LIMIT == 232448, f"{name} D{d}"
+        r = spill_free(img, attnw.ENTRIES)[attnw.HEAD_DIMS[d]]
+        assert cfg["threads"] == 128 * (cfg["WG"] + 1), name
+        assert r.registers == 65536 // cfg["threads"] // 8 * 8, f"{name} D{d}: {r}"
+        assert 128 * prod + 128 * cfg["WG"] * cons <= r.registers * cfg["threads"] <= 65536, f"{name} D{d}"
+        assert cfg["smem"] <= attnw.SMEM_LIMIT == 232448, f"{name} D{d}"
 
 
-def test_ws_variants_geometry_and_smem():
-    want = {  # (threads, smem): Q + 2 ST stages of K and V, 2 ST + 1 mbarriers, 1 KiB alignment slack
-        ("wg3-ws", 128): (384, (128 + 4 * 128) * 128 * 2 + 5 * 8 + 1024),
-        ("wg3-ws", 256): (384, (128 + 4 * 64) * 256 * 2 + 5 * 8 + 1024),
-        ("wg4-ws-st3", 128): (384, (128 + 6 * 128) * 128 * 2 + 7 * 8 + 1024),
-        ("wg5-ws-pp", 128): (384, (128 + 4 * 128) * 128 * 2 + 5 * 8 + 1024),
-        ("wg5-ws-pp", 256): (384, (128 + 4 * 64) * 256 * 2 + 5 * 8 + 1024),
+def test_builds_geometry_and_smem():
+    want = {  # (threads, smem): Q + 2 ST stages of K and V, 2 ST (+ 1 with WS) mbarriers, 1 KiB alignment slack
+        ("wg0-default", 128): (384, (128 + 4 * 128) * 128 * 2 + 5 * 8 + 1024),
+        ("wg0-default", 256): (384, (128 + 4 * 64) * 256 * 2 + 5 * 8 + 1024),
+        ("wg1-no-ws", 128): (256, (128 + 4 * 128) * 128 * 2 + 4 * 8 + 1024),
+        ("wg1-no-ws", 256): (256, (128 + 4 * 64) * 256 * 2 + 4 * 8 + 1024),
+        ("wg4-st3", 128): (384, (128 + 6 * 128) * 128 * 2 + 7 * 8 + 1024),
     }
-    variants = _ws_variants()
+    builds = {(name, d): defs for name, defs, d, _ in _wgmma_builds()}
     for (name, d), (threads, smem) in want.items():
-        defs = variants[name]
+        defs = builds[(name, d)]
         grid, block, got_smem = attnw.geometry(3, 300, 16, 2, d, defines=defs)
         assert grid == (-(-300 * 8 // 128), 2, 3) and block == (threads, 1, 1) and got_smem == smem, (name, d)
         assert attnw.smem_bytes(d, defs) == smem <= attnw.SMEM_LIMIT
-    assert attnw.smem_bytes(128, variants["wg4-ws-st3"]) == 230456
-    for name, defs in variants.items():  # every variant fits, at both head dims
-        for d in attnw.HEAD_DIMS:
-            assert attnw.config(d, defs)["smem"] <= attnw.SMEM_LIMIT, (name, d)
+    assert attnw.smem_bytes(128, builds[("wg4-st3", 128)]) == 230456
+    for name, defs, d, cfg in _wgmma_builds():  # every build fits
+        assert cfg["smem"] <= attnw.SMEM_LIMIT, (name, d)
     # the knobs' limits
     with pytest.raises(ValueError, match="ST 2"):
-        attnw.config(128, ("ATTN_WG_D128_ST=3",))  # three stages only with WS
+        attnw.config(128, ("ATTN_WG_D128_WS=0", "ATTN_WG_D128_ST=3"))  # three stages only with WS
     with pytest.raises(ValueError, match="WS is 0 or 1"):
-        attnw.config(128, ("ATTN_WG_D128_WS=1", "ATTN_WG_D128_MB=0"))
-    with pytest.raises(ValueError, match="PP is 0 or 1"):
-        attnw.config(128, ("ATTN_WG_D128_PP=1",))
-    with pytest.raises(ValueError, match="PP is 0 or 1"):
-        attnw.config(128, ("ATTN_WG_D128_WS=1", "ATTN_WG_D128_WG=1", "ATTN_WG_D128_PP=1"))
+        attnw.config(128, ("ATTN_WG_D128_MB=0",))
+    for knob in ("PP", "OV", "PS"):  # measured and dropped
+        assert all(knob not in attnw.DEFAULT_CONFIG[d] for d in attnw.HEAD_DIMS), knob
     with pytest.raises(ValueError, match="227 KiB"):
         attnw.config(256, ("ATTN_WG_D256_WS=1", "ATTN_WG_D256_ST=3"))  # 64 KiB Q + 192 KiB K/V
     with pytest.raises(ValueError, match="227 KiB"):

@@ -167,3 +167,18 @@ def test_geometry():
         expand.geometry(0, 5)
     with pytest.raises(ValueError):
         expand.geometry(70000, 5)
+
+
+def test_stage_stacked_upload_none_reserves_and_describes_without_copying(emu, monkeypatch):
+    from q12drv.staging import stage_stacked
+
+    streams, _ = make_streams(emu, [9, 12], starts=[0, 5])
+    with ScratchArena(emu, 1 << 16) as arena:
+        copies, launches = _counted(emu, monkeypatch)
+        meta, _ = stage_stacked(arena, streams, 16, False, 64, 0, None, upload="none")
+        assert copies == [] and launches == [] and arena.cursor == 64 + meta.staged_bytes
+        assert list(meta.cu_seqlens_host) == [0, 9, 21] and list(meta.kv_lens_host) == [9, 17]
+        assert not meta.cu_seqlens_host.flags.writeable and not meta.kv_lens_host.flags.writeable
+        with pytest.raises(ValueError, match="upload must be one of"):
+            stage_stacked(arena, streams, 16, False, arena.cursor, 0, None, upload="some")
+        assert arena.cursor == 64 + meta.staged_bytes

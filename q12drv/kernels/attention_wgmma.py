@@ -15,7 +15,7 @@ A CTA of ``WG`` warpgroups computes ``64 * WG`` rows, each a (token, query head)
 head: grid ``(ceil(chunk_len * Hq / Hkv / (64 * WG)), Hkv, n)``, block ``128 * (WG + WS)`` (``WS`` 1:
 one more warpgroup, the producer, does every copy). Dynamic shared memory (:func:`smem_bytes`): the Q
 tile and ``ST`` stages of K and V (two by default), ``(64 * WG + 2 * ST * BN) * D * 2`` bytes, plus a
-full and an empty mbarrier per stage and with ``WS`` a Q one (8 bytes each: 32 bytes by default) and
+full and an empty mbarrier per stage and with ``WS`` a Q one (8 bytes each: 40 bytes by default) and
 1 KiB to align the swizzled tiles to 1024 bytes.
 
 Numerics: as the mma.sync kernel (fp32 accumulation, P rounded to bf16, ``ex2.approx.ftz``); the
@@ -38,11 +38,10 @@ ENTRIES = tuple(HEAD_DIMS.values())
 #: keys per K/V tile, WG warpgroups per CTA, MB per-stage mbarriers (1) or a CTA barrier per tile (0),
 #: SW the 128-byte swizzled operand layout (1) or the interleaved one (0), WS a producer warpgroup
 #: that does every copy (1) or every thread copying and computing (0), ST K/V stages (2; 3 or 4 with
-#: WS 1 where shared memory holds them), PP ping-pong turns of the two consumer warpgroups' GEMMs (1,
-#: with WS 1 and WG 2).
-DEFAULT_CONFIG = {128: {"BN": 128, "WG": 2, "MB": 1, "SW": 1, "WS": 0, "ST": 2, "PP": 0},
-                  256: {"BN": 64, "WG": 2, "MB": 1, "SW": 1, "WS": 0, "ST": 2, "PP": 0}}
-_KNOBS = ("BN", "WG", "MB", "SW", "WS", "ST", "PP")
+#: WS 1 where shared memory holds them).
+DEFAULT_CONFIG = {128: {"BN": 128, "WG": 2, "MB": 1, "SW": 1, "WS": 1, "ST": 2},
+                  256: {"BN": 64, "WG": 2, "MB": 1, "SW": 1, "WS": 1, "ST": 2}}
+_KNOBS = ("BN", "WG", "MB", "SW", "WS", "ST")
 #: Shared memory one CTA may take on sm_90 (227 KiB).
 SMEM_LIMIT = 227 * 1024
 
@@ -75,14 +74,12 @@ def config(head_dim: int, defines=()) -> dict:
     d = int(head_dim)
     entry_for_head_dim(d)
     cfg = {**DEFAULT_CONFIG[d], **_attn.knob_overrides(defines, f"ATTN_WG_D{d}_", _KNOBS)}
-    bn, wg, mb, sw, ws, st, pp = (cfg[k] for k in _KNOBS)
+    bn, wg, mb, sw, ws, st = (cfg[k] for k in _KNOBS)
     threads, block_m = 128 * (wg + ws), 64 * wg  # WS: the producer warpgroup computes no rows
     if bn not in (64, 128) or wg not in (1, 2) or mb not in (0, 1) or sw not in (0, 1):
         raise ValueError(f"D={d}: wgmma tiles need BN 64 or 128, WG 1 or 2, MB 0 or 1 and SW 0 or 1, got {cfg}")
     if ws not in (0, 1) or (ws and not mb) or st not in ((2, 3, 4) if ws else (2,)):
         raise ValueError(f"D={d}: WS is 0 or 1 (1 with MB 1), ST 2 (3 or 4 only with WS 1), got {cfg}")
-    if pp not in (0, 1) or (pp and (not ws or wg != 2)):
-        raise ValueError(f"D={d}: PP is 0 or 1 (1 only with WS 1 and WG 2), got {cfg}")
     # Q, ST K and ST V stages (+ a full and an empty mbarrier per stage, with WS the Q one; + 1 KiB to
     # align the swizzled tiles to 1024 bytes)
     smem = (block_m + 2 * st * bn) * d * 2 + (8 * (2 * st + ws) if mb else 0) + (1024 if sw else 0)
@@ -93,8 +90,8 @@ def config(head_dim: int, defines=()) -> dict:
 
 
 def smem_bytes(head_dim: int, defines=()) -> int:
-    """Dynamic shared memory of one CTA: 164,896 bytes (D=128) and 197,664 (D=256) with the default tiles
-    (Q, two K and two V stages, four mbarriers, 1 KiB to align the swizzled tiles); 230,456 at D=128
+    """Dynamic shared memory of one CTA: 164,904 bytes (D=128) and 197,672 (D=256) with the default tiles
+    (Q, two K and two V stages, five mbarriers, 1 KiB to align the swizzled tiles); 230,456 at D=128
     with WS 1 and ST 3 (three stages, seven mbarriers)."""
     return config(head_dim, defines)["smem"]
 

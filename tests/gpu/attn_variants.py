@@ -30,23 +30,29 @@ import time
 # tests/GPU.md, runs C-Q.
 VARIANTS = [
     ("v0-default", "mma", ()),
-    # wgmma (sm_90a): 2 warpgroups x 64 rows, BN 128 (D128) / 64 (D256), 1 CTA/SM, 128-byte swizzled
-    # tiles, per-stage mbarriers. Measured and dropped (tests/GPU.md runs P-U): one warpgroup per CTA,
-    # D128 BN 64, S of the next tile during the softmax (OV; +0..11% interleaved, -5..8% swizzled).
+    # wgmma (sm_90a): 2 consumer warpgroups x 64 rows and a producer warpgroup (WS), BN 128 (D128) / 64
+    # (D256), 1 CTA/SM, 128-byte swizzled tiles, per-stage mbarriers. Measured and dropped (tests/GPU.md
+    # runs P-U): one warpgroup per CTA, D128 BN 64, S of the next tile during the softmax without WS
+    # (+0..11% interleaved, -5..8% swizzled, at 254 registers). Measured on top of WS and dropped (runs
+    # Y / Z / AA): PP (ping-pong turns, FA3): 0-20% slower than WS alone; OV (S of the next tile before
+    # P V of this one inside a warpgroup, first and last tiles peeled so ptxas does not serialize): ~15%
+    # slower than WS alone, as fast as the session-4 kernel; ST 3: as fast as 2; PS (a persistent CTA
+    # per SM looping over row tiles heaviest first, the producer streaming the next tile's K/V and Q
+    # while the consumers finish, O stored from registers): run AA, D128 fresh 8 x 2048 3% faster,
+    # everything else 2-26% slower (ragged worst: the static round-robin over items balances badly);
+    # removed.
     ("wg0-default", "wgmma", ()),
-    # a CTA barrier per tile instead of the mbarriers (run U: 4-6% slower)
-    ("wg1-syncthreads", "wgmma", ("ATTN_WG_D128_MB=0", "ATTN_WG_D256_MB=0")),
-    # the interleaved (no-swizzle) operand layout, the first version (runs P-T: 1.4-1.7x slower)
-    ("wg2-interleaved", "wgmma", ("ATTN_WG_D128_SW=0", "ATTN_WG_D256_SW=0", "ATTN_WG_D128_MB=0", "ATTN_WG_D256_MB=0")),
-    # warp specialization (FA3 style; measured: not yet): a third warpgroup, the producer, does every
-    # cp.async (Q, then K/V through the block table) and signals the stages' full mbarriers; the two
-    # consumer warpgroups only compute (setmaxnreg 40 / 232)
-    ("wg3-ws", "wgmma", ("ATTN_WG_D128_WS=1", "ATTN_WG_D256_WS=1")),
-    # ... with three K/V stages: D128 only (D256, BN 64: 64 KiB of Q + 3 x 64 KiB of K/V > 227 KiB)
-    ("wg4-ws-st3", "wgmma", ("ATTN_WG_D128_WS=1", "ATTN_WG_D128_ST=3")),
-    # ... with ping-pong turns: one consumer warpgroup's softmax under the other's GEMMs
-    ("wg5-ws-pp", "wgmma", ("ATTN_WG_D128_WS=1", "ATTN_WG_D256_WS=1", "ATTN_WG_D128_PP=1", "ATTN_WG_D256_PP=1")),
-    ("wg6-ws-st3-pp", "wgmma", ("ATTN_WG_D128_WS=1", "ATTN_WG_D128_ST=3", "ATTN_WG_D128_PP=1")),
+    # the session-4 kernel: no producer warpgroup, every thread copies and computes (run Y: WS is
+    # 1.14-1.26x faster on every case)
+    ("wg1-no-ws", "wgmma", ("ATTN_WG_D128_WS=0", "ATTN_WG_D256_WS=0")),
+    # ... and a CTA barrier per tile instead of the mbarriers (run U: 4-6% slower than wg1)
+    ("wg2-syncthreads", "wgmma", ("ATTN_WG_D128_WS=0", "ATTN_WG_D256_WS=0", "ATTN_WG_D128_MB=0", "ATTN_WG_D256_MB=0")),
+    # ... and the interleaved (no-swizzle) operand layout, the first version (runs P-T: 1.4-1.7x slower)
+    ("wg3-interleaved", "wgmma", ("ATTN_WG_D128_WS=0", "ATTN_WG_D256_WS=0", "ATTN_WG_D128_SW=0", "ATTN_WG_D256_SW=0",
+                                  "ATTN_WG_D128_MB=0", "ATTN_WG_D256_MB=0")),
+    # three K/V stages: D128 only (D256, BN 64: 64 KiB of Q + 3 x 64 KiB of K/V > 227 KiB); runs Y / Z:
+    # as fast as two
+    ("wg4-st3", "wgmma", ("ATTN_WG_D128_ST=3",)),
 ]
 
 HQ, HKV, BS = 16, 2, 16

@@ -48,6 +48,7 @@ def test_device_expansion_writes_the_host_bytes(gpu, mrope):
 
 
 def test_bind_and_capture_a_launch(gpu):
+    # the arena-tail entry (what CUDA graphs replay) over the tail the launch-parameter entry wrote
     launch = prepared(gpu, "q12_expand_meta")
     streams, _ = make_streams(gpu, [40, 7])
     with ScratchArena(gpu, 1 << 16) as arena:
@@ -56,6 +57,10 @@ def test_bind_and_capture_a_launch(gpu):
         gpu.synchronize()
         want = arena.read(0, meta.staged_bytes)
         gpu.memset(int(arena.base), 0, meta.layout.tail_offset)  # wipe the per-token fields
+        expand.enqueue_expand(launch, meta, gpu.stream)  # sets this entry's arguments, and rewrites them
+        gpu.synchronize()
+        assert arena.read(0, meta.staged_bytes) == want
+        gpu.memset(int(arena.base), 0, meta.layout.tail_offset)
         fire = launch.bind(*expand.geometry(2, 40)[:2], 0, gpu.stream)
         with capture(gpu) as graph:
             fire()
