@@ -14,7 +14,7 @@
 // Stage hand-off (MB 1): per stage a "full" mbarrier (every thread's cp.async of the tile landed) and
 // an "empty" one (every thread is done with it), instead of a CTA barrier per tile, so the two
 // warpgroups drift up to a tile apart and one's GEMMs overlap the other's softmax.
-// Warp specialization (WS 1, FlashAttention-3 style; measured: 1.14-1.26x faster than WS 0 on every
+// Warp specialization (WS 1, FlashAttention-3 style; measured: 1.16-1.28x faster than WS 0 on every
 // case, D128 fresh 340-389 TFLOP/s, D256 447-476, run Z): one more warpgroup, the producer (the last;
 // block 128 (WG + 1)), does every copy: Q once (its own mbarrier, which the consumers wait on even
 // when they have no key tile), then K/V tile n into stage n % ST, announced by
