@@ -196,21 +196,6 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
 
     const int cw = WS ? (tid >> 5) & 3 : tid >> 5;  // warp among the copying warps (copy maps)
     const int lane = tid & 31;
-    auto copy_q = [&]() {  // Q tile; rows past the stream are zero-filled and never read
-        long long src[QMap::NR];
-#pragma unroll
-        for (int j = 0; j < QMap::NR; ++j) {
-            const int r = QMap::row(cw, lane, j);
-            src[j] = r < rows_here ? q_row(r) * D : -1;
-        }
-#pragma unroll
-        for (int i = 0; i < QMap::PT; ++i) {
-            const int j = QMap::slot(i), r = QMap::row(cw, lane, j), c = QMap::chunk(cw, lane, i);
-            const bool ok = src[j] >= 0;
-            cp_async16(sQa + tile_off<kBM, SW>(r, c), q + (ok ? src[j] + c * 8 : 0), ok ? 16 : 0);
-        }
-    };
-    if constexpr (!WS) copy_q();  // WS: the producer's first copy (copy_q_rows)
     // The physical blocks of this thread's KVMap::NR key rows of tile n (-1 past max_key): loaded one
     // tile before the copies that use them, so the copies never wait for the block-table read.
     auto load_pages = [&](int n, int (&pg)[KVMap::NR]) {
@@ -220,32 +205,17 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
             pg[j] = pos > max_key ? -1 : bt[pos >> bs_shift];
         }
     };
-    auto issue_rows = [&](unsigned base, const bf16* pool, int n, const int (&pg)[KVMap::NR], int stage) {
-        long long off[KVMap::NR];
-#pragma unroll
-        for (int j = 0; j < KVMap::NR; ++j) {
-            const int pos = n * BN + KVMap::row(cw, lane, j);
-            off[j] = pg[j] < 0 ? -1
-                               : ((static_cast<long long>(pg[j]) << bs_shift) + (pos & bs_mask)) * head_stride +
-                                     static_cast<long long>(kvh) * D;
-        }
-#pragma unroll
-        for (int i = 0; i < KVMap::PT; ++i) {
-            const int j = KVMap::slot(i), r = KVMap::row(cw, lane, j), c = KVMap::chunk(cw, lane, i);
-            const bool ok = off[j] >= 0;
-            cp_async16(base + stage * kTileBytes + tile_off<BN, SW>(r, c), pool + (ok ? off[j] + c * 8 : 0), ok ? 16 : 0);
-        }
-    };
-    // WS: the producer's copies, row by row: a row's source offset is computed once and serves its
-    // chunks (and K and V alike), so few registers stay live under the producer's small budget. The
-    // same (row, chunk) pairs as copy_q / issue_rows, in another order.
-    auto copy_q_rows = [&]() {
+    // The copies, row by row: a row's source pointer is computed once (it includes this thread's first
+    // chunk) and serves its chunks at immediate offsets, K and V alike, so the copying threads spend
+    // few instructions and, under WS, few registers. Rows past the stream (Q) or past max_key (K/V)
+    // are zero-filled: their source is a valid address the zero-size copies never read.
+    auto copy_q = [&]() {  // the Q tile
         const int c0 = QMap::chunk(cw, lane, 0);  // this thread's first chunk; the others are c0 + constants
 #pragma unroll
         for (int j = 0; j < QMap::NR; ++j) {
             const int r = QMap::row(cw, lane, j);
             const bool ok = r < rows_here;
-            const bf16* src = q + (ok ? q_row(r) * D : 0) + c0 * 8;  // !ok: Q's first row, a valid address never read
+            const bf16* src = q + (ok ? q_row(r) * D : 0) + c0 * 8;
 #pragma unroll
             for (int i = j; i < QMap::PT; i += QMap::NR) {  // the copies of row slot j, at immediate offsets
                 const int c = QMap::chunk(cw, lane, i);
@@ -253,13 +223,12 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
             }
         }
     };
-    auto issue_kv_rows = [&](int n, const int (&pg)[KVMap::NR], int stage) {
+    auto issue_kv = [&](int n, const int (&pg)[KVMap::NR], int stage) {  // K and V of tile n into `stage`
         const int c0 = KVMap::chunk(cw, lane, 0);  // this thread's first chunk; the others are c0 + constants
 #pragma unroll
         for (int j = 0; j < KVMap::NR; ++j) {
             const int r = KVMap::row(cw, lane, j);
             const bool ok = pg[j] >= 0;
-            // !ok (past max_key): the pools' first row, a valid address the zero-size copies never read
             const long long off = (ok ? ((static_cast<long long>(pg[j]) << bs_shift) + ((n * BN + r) & bs_mask)) * head_stride +
                                             static_cast<long long>(kvh) * D
                                       : 0) + c0 * 8;
@@ -274,6 +243,7 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
             }
         }
     };
+    if constexpr (!WS) copy_q();  // WS: the producer's first copy
 
     const int w = tid >> 7;            // warpgroup
     const int warp = (tid >> 5) & 3;   // warp in the warpgroup
@@ -417,13 +387,13 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
                       "setmaxnreg: the producer's and consumers' registers must fit the launch's");
         if (w == WG) {  // producer
             if constexpr (WG == 2) setmaxnreg_dec<kProdRegs>();
-            copy_q_rows();
+            copy_q();
             mbar_arrive_on_copies(qbar);
             load_pages(0, pg_a);  // pg_a: tile n's pages, loaded while the stage drains
             for (int n = 0; n < n_tiles; ++n) {
                 const int stage = n % ST;
                 if (n >= ST) mbar_wait(empty + 8 * stage, ((n / ST) - 1) & 1);  // tile n - ST consumed
-                issue_kv_rows(n, pg_a, stage);
+                issue_kv(n, pg_a, stage);
                 mbar_arrive_on_copies(full + 8 * stage);
                 load_pages(n + 1, pg_a);
             }
@@ -454,8 +424,7 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
         __syncthreads();
         load_pages(0, pg_a);
         if (n_tiles > 0) {
-            issue_rows(sKa, k_pool, 0, pg_a, 0);
-            issue_rows(sVa, v_pool, 0, pg_a, 0);
+            issue_kv(0, pg_a, 0);
             mbar_arrive_on_copies(bars);  // full[0], phase 0: Q and tile 0
         }
         load_pages(1, pg_a);  // pg_a: tile n + 1's pages
@@ -463,8 +432,7 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
             const int stage = n & 1;
             if (n + 1 < n_tiles) {
                 if (n >= 1) mbar_wait(bars + 16 + 8 * (stage ^ 1), ((n - 1) >> 1) & 1);  // tile n - 1 consumed
-                issue_rows(sKa, k_pool, n + 1, pg_a, stage ^ 1);
-                issue_rows(sVa, v_pool, n + 1, pg_a, stage ^ 1);
+                issue_kv(n + 1, pg_a, stage ^ 1);
                 mbar_arrive_on_copies(bars + 8 * (stage ^ 1));
             }
             load_pages(n + 2, pg_a);
@@ -477,8 +445,7 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
         // One K/V tile per iteration behind a CTA barrier.
         load_pages(0, pg_a);
         if (n_tiles > 0) {
-            issue_rows(sKa, k_pool, 0, pg_a, 0);
-            issue_rows(sVa, v_pool, 0, pg_a, 0);
+            issue_kv(0, pg_a, 0);
         }
         cp_async_commit();  // Q + tile 0
         load_pages(1, pg_a);  // pg_a: tile n + 1's pages
@@ -488,8 +455,7 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
             wg::fence_proxy_async(); // ... visible to wgmma
             __syncthreads();         // ... for every thread; every warpgroup is done with tile n - 1's stage
             if (n + 1 < n_tiles) {
-                issue_rows(sKa, k_pool, n + 1, pg_a, stage ^ 1);
-                issue_rows(sVa, v_pool, n + 1, pg_a, stage ^ 1);
+                issue_kv(n + 1, pg_a, stage ^ 1);
             }
             cp_async_commit();
             load_pages(n + 2, pg_a);

@@ -390,8 +390,6 @@ def pack_tail(batch: _Batch, layout: StackedLayout, out: np.ndarray) -> tuple:
     return _pack_tail(batch, views)
 
 
-
-
 def _host_copies(cu: list, kv: list) -> tuple:
     # the host copies of cu_seqlens and kv_lens: one read-only int32 array cut in two
     ints = np.array(cu + kv, np.int32)

@@ -43,7 +43,7 @@ VARIANTS = [
     # removed.
     ("wg0-default", "wgmma", ()),
     # the session-4 kernel: no producer warpgroup, every thread copies and computes (WS is 1.08-1.28x
-    # faster on every case in runs Y and Z, 1.13-1.32x in run AF)
+    # faster on every case in runs Y and Z, 1.11-1.32x in runs AF and AG)
     ("wg1-no-ws", "wgmma", ("ATTN_WG_D128_WS=0", "ATTN_WG_D256_WS=0")),
     # ... and a CTA barrier per tile instead of the mbarriers (run U: 4-6% slower than wg1)
     ("wg2-syncthreads", "wgmma", ("ATTN_WG_D128_WS=0", "ATTN_WG_D256_WS=0", "ATTN_WG_D128_MB=0", "ATTN_WG_D256_MB=0")),
