@@ -7,7 +7,8 @@
 // mma.sync.m16n8k16 (bf16 in, fp32 accumulate) and an fp32 online softmax in registers.
 //
 // Semantics: q_len = cu[b+1] - cu[b], kv_len = kv_lens[b]; row r (0-based in the stream's chunk)
-// sees keys 0 .. kv_len - q_len + r (bottom-right causal); kv_head = h / (Hq / Hkv).
+// sees keys 0 .. kv_len - q_len + r (bottom-right causal); kv_head = h / (Hq / Hkv). block_size is a
+// power of two (the stager's rule; the kernel finds a key's page and row by shift and mask).
 // A CTA never spans two streams, and what it computes depends only on (b, m-tile, h) and that
 // stream's data, so batched and single-stream launches give bit-identical results.
 //
@@ -220,6 +221,10 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
     constexpr int kRowStep = kThreads / CPR;
 
     const long long head_stride = static_cast<long long>(num_kv_heads) * D;
+    // block_size is a power of two (the stager refuses anything else): a key's page and row by shift
+    // and mask, not an integer division per row and tile
+    const int bs_shift = __ffs(block_size) - 1;
+    const int bs_mask = block_size - 1;
 
     // Global row (token * Hq + head) of CTA row r (< rows_here).
     auto q_row = [&](int r) -> long long {
@@ -256,9 +261,9 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
     auto slot_of = [&](int pos) -> int {
         if constexpr (DS) {
             const int* btr = q12_block_table(m, b);
-            return pos <= max_key ? btr[pos / block_size] * block_size + pos % block_size : -1;
+            return pos <= max_key ? (btr[pos >> bs_shift] << bs_shift) + (pos & bs_mask) : -1;
         } else {
-            return pos <= max_key ? bt[pos / block_size] * block_size + pos % block_size : -1;
+            return pos <= max_key ? (bt[pos >> bs_shift] << bs_shift) + (pos & bs_mask) : -1;
         }
     };
     auto copy_row = [&](int slot, int r, int stage) {
@@ -276,7 +281,7 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
 #pragma unroll
         for (int i = 0; i < RPT; ++i) {
             const int pos = n * BN + cr + i * kRowStep;
-            page[PSMEM ? 0 : i] = pos <= max_key ? bt[pos / block_size] : -1;
+            page[PSMEM ? 0 : i] = pos <= max_key ? bt[pos >> bs_shift] : -1;
         }
     };
     auto issue_kv = [&](int n, int stage) {
@@ -287,7 +292,7 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
             const bool ok = page[PSMEM ? 0 : i] >= 0;
             long long off = 0;
             if (ok) {
-                off = (static_cast<long long>(page[PSMEM ? 0 : i]) * block_size + pos % block_size) * head_stride +
+                off = ((static_cast<long long>(page[PSMEM ? 0 : i]) << bs_shift) + (pos & bs_mask)) * head_stride +
                       static_cast<long long>(kvh) * D + cc * 8;
             }
             const unsigned int dst = ((stage * BN + r) * LD + cc * 8) * 2;
