@@ -16,8 +16,8 @@ import q12drv
 from q12drv import ScratchArena, StreamStageInfo, make_scratch_plan, stage_batched_attn_metadata
 from q12drv.bf16 import to_bf16_bits
 from q12drv.driver import register_emulator
-from q12drv.kernels.expand import stage_on_device
-from q12drv.kernels.meta import Q12MetaC, meta_defines
+from q12drv.kernels.expand import ExpandPlan, stage_on_device
+from q12drv.kernels.meta import TAIL_STREAMS, Q12MetaC, meta_defines
 from q12drv.launch import load_module
 from q12drv.layout import stacked_layout
 from q12drv.prefill import AttentionShape, GdnShape, Q12Pass
@@ -123,7 +123,9 @@ class StagingCase:
     """One staging workload: n streams x ``tokens`` each, with the comparators' buffers pre-filled.
 
     ``host()``: q12drv's stager (validate, pack, one copy); ``device()``: the device-expansion
-    path (validate, then one kernel launch carrying the per-stream tail as its parameters); ``bare()``: one copy of
+    path (validate, then one kernel launch carrying the per-stream tail as its parameters);
+    ``planned()``: the same through an :class:`~q12drv.kernels.expand.ExpandPlan` made once (a pass
+    checks only its starts and counts); ``bare()``: one copy of
     ``staged_bytes`` from a pinned buffer already holding the bytes (the floor: no packing);
     ``per_field()``: the same bytes as one copy per field from separate pinned buffers (no
     packing either). None of them waits; the caller synchronizes.
@@ -151,6 +153,12 @@ class StagingCase:
             self.fields.append((self.dst + f.offset, pin, f.nbytes))
         self._htod = dev.driver.memcpy_htod_async
         self._raw_stream = dev.stream.raw
+        self._plan = None
+        if n <= TAIL_STREAMS:
+            self._plan = ExpandPlan(self.arena, self.streams, block_size=block_size, use_mrope=mrope,
+                                    scratch_offset_bytes=self.offset, dummy_kv_block=0)
+            self._starts = [s.proc_start for s in self.streams]
+            self._counts = [s.proc_count for s in self.streams]
 
     def host(self):
         self.arena.reset()
@@ -161,6 +169,10 @@ class StagingCase:
         self.arena.reset()
         return stage_on_device(self.arena, self.streams, block_size=self.block_size, use_mrope=self.mrope,
                                scratch_offset_bytes=self.offset, dummy_kv_block=0)
+
+    def planned(self):
+        self.arena.reset()
+        return self._plan.stage(self._starts, self._counts)
 
     def bare(self):
         self._htod(self.dst, self.packed.addr, self.staged_bytes, self._raw_stream)

@@ -13,7 +13,8 @@ error is recorded and the rest still run):
   ``ops.kv_write`` launcher (checks + packing + launch); cuda.core's ``launch()`` when installed.
   Median over batches of 200 launches, the stream drained between batches, paths interleaved.
 * ``staging``: 8 streams x 2048 tokens with MRoPE. q12drv ``host`` (validate, pack, one copy) and
-  ``device`` (validate, then one expansion launch carrying the per-stream tail) against one bare
+  ``device`` (validate, then one expansion launch carrying the per-stream tail), ``planned`` (the
+  same through an ``ExpandPlan`` made once: a pass checks only its starts and counts) against one bare
   ``cuMemcpyHtoDAsync`` of the same ``staged_bytes`` (already packed: the floor), one copy per field
   (already packed), and torch-style (one pinned torch tensor per field, ``.to(device,
   non_blocking=True)`` each). Host time = the call alone; round trip = the call and a stream sync.
@@ -244,7 +245,8 @@ def section_staging():
     res = {"n": n, "tokens_per_stream": tokens, "staged_bytes": case.staged_bytes,
            "device_path_bytes": case.staged_bytes - case.layout.tail_offset}
     try:
-        paths = {"host": case.host, "device": case.device, "bare": case.bare, "per_field": case.per_field}
+        paths = {"host": case.host, "device": case.device, "planned": case.planned, "bare": case.bare,
+                 "per_field": case.per_field}
         t = host_and_round_trip(paths, reps(200, 3), dev.synchronize)
         verified = {}
         for name, fn in paths.items():
@@ -260,7 +262,7 @@ def section_staging():
         case.close()
     RESULTS["sections"]["staging"] = res
     label = f"{n}x{tokens} MRoPE"
-    for path, what in (("device", "device expand"), ("host", "host pack")):
+    for path, what in (("planned", "planned expand"), ("device", "device expand"), ("host", "host pack")):
         row(f"staging {label}: host time ({what})", res[path]["host_us"], "(budget)", 25.0, ("<=", 1.0),
             note="goal: <= 25 us")
         row(f"staging {label}: round trip ({what})", res[path]["round_trip_us"], "bare cuMemcpyHtoDAsync of staged_bytes",

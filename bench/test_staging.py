@@ -1,7 +1,8 @@
 """Staging the stacked metadata (MRoPE), n streams x tokens per stream.
 
 Paths (see ``bench.common.StagingCase``): ``host`` (q12drv's stager: validate, pack, one copy),
-``device`` (validate, one expansion launch carrying the per-stream tail), ``bare`` (one copy of
+``device`` (validate, one expansion launch carrying the per-stream tail), ``planned`` (the same
+through an ``ExpandPlan`` made once: a pass checks only its starts and counts), ``bare`` (one copy of
 the same bytes already packed: the floor), ``per_field`` (the same bytes as one copy per field).
 ``round trip`` groups wait for the stream after each call; ``host time`` groups time the call
 alone (the stream is drained before each, outside the timing).
@@ -12,7 +13,7 @@ import pytest
 from bench.common import on_gpu
 from bench.conftest import round_trip
 
-PATHS = ("host", "device", "bare", "per_field")
+PATHS = ("host", "device", "planned", "bare", "per_field")
 NS = (1, 2, 4, 8, 16, 32, 64)
 TOKENS = (16, 128, 1024, 2048, 8192)
 
@@ -33,7 +34,7 @@ def test_staging_8x2048_round_trip(benchmark, dev, staging_cases, path):
     assert case.check()
 
 
-@pytest.mark.parametrize("path", ("host", "device"))
+@pytest.mark.parametrize("path", ("host", "device", "planned"))
 def test_staging_8x2048_host_time(benchmark, dev, staging_cases, path):
     benchmark.group = "staging 8x2048 MRoPE host time"
     case = staging_cases(8, 2048)

@@ -42,6 +42,7 @@ __all__ = [
     "unpack_metadata",
     "validate_streams",
     "stage_stacked",
+    "host_copies",
 ]
 
 _U32_MAX = (1 << 32) - 1
@@ -390,8 +391,8 @@ def pack_tail(batch: _Batch, layout: StackedLayout, out: np.ndarray) -> tuple:
     return _pack_tail(batch, views)
 
 
-def _host_copies(cu: list, kv: list) -> tuple:
-    # the host copies of cu_seqlens and kv_lens: one read-only int32 array cut in two
+def host_copies(cu: list, kv: list) -> tuple:
+    """The host copies of ``cu_seqlens`` and ``kv_lens`` (int32 lists): one read-only int32 array cut in two."""
     ints = np.array(cu + kv, np.int32)
     ints.setflags(write=False)
     return ints[:len(cu)], ints[len(cu):]
@@ -399,7 +400,7 @@ def _host_copies(cu: list, kv: list) -> tuple:
 
 def host_tail(batch: _Batch) -> tuple:
     """``(cu_seqlens, kv_lens)`` of ``batch`` as int32 host arrays, without packing anything."""
-    return _host_copies(batch.cu_list, batch.kv_list)
+    return host_copies(batch.cu_list, batch.kv_list)
 
 
 def _pack_tail(batch: _Batch, views: _Views) -> tuple:
@@ -410,7 +411,7 @@ def _write_tail(views: _Views, table_ptrs: list, seq_len_ptrs: list, cu: list, k
     # one struct.pack_into writes the whole tail (u64 pointers, then the i32 prefix sums and kv
     # lengths, zero pads included)
     views.tail.pack_into(views.out, views.tail_at, *table_ptrs, *seq_len_ptrs, *cu, *kv)
-    return _host_copies(cu, kv)
+    return host_copies(cu, kv)
 
 
 _TAIL_STRUCTS: dict = {}

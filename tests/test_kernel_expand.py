@@ -182,3 +182,82 @@ def test_stage_stacked_upload_none_reserves_and_describes_without_copying(emu, m
         with pytest.raises(ValueError, match="upload must be one of"):
             stage_stacked(arena, streams, 16, False, arena.cursor, 0, None, upload="some")
         assert arena.cursor == 64 + meta.staged_bytes
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_plan_stages_every_pass_as_the_host_stager_does(data):
+    n = data.draw(st.integers(1, 9))
+    bs = data.draw(st.sampled_from([1, 16, 64]))
+    mrope = data.draw(st.booleans())
+    dummy = data.draw(st.integers(0, 3))
+    deferred = data.draw(st.booleans())
+    with open_device("emu", deferred=deferred) as dev:
+        rng = np.random.default_rng(n)
+        # tables long enough for 600 positions; the first pass is what the plan is made from
+        streams, _ = make_streams(dev, [600] * n, [0] * n, block_size=bs, rng=rng)
+        first = [StreamStageInfo(0, data.draw(st.integers(1, 300)), s.block_table, s.block_table_dev, s.seq_len_dev)
+                 for s in streams]
+        with ScratchArena(dev, 1 << 21) as a1, ScratchArena(dev, 1 << 21) as a2:
+            plan = expand.ExpandPlan(a2, first, block_size=bs, use_mrope=mrope, scratch_offset_bytes=64,
+                                     dummy_kv_block=dummy)
+            for _ in range(3):
+                counts = data.draw(st.lists(st.integers(1, 300), min_size=n, max_size=n))
+                starts = [data.draw(st.integers(0, 600 - c)) for c in counts]
+                a1.reset()
+                a2.reset()
+                a1.reserve("moe", 64)
+                a2.reserve("moe", 64)
+                dev.memset(int(a2.base) + 64, 0xA5, (1 << 21) - 64)  # poison: every byte must be written
+                pass_streams = [StreamStageInfo(p, c, s.block_table, s.block_table_dev, s.seq_len_dev)
+                                for p, c, s in zip(starts, counts, streams)]
+                m1 = stage_batched_attn_metadata(a1, pass_streams, block_size=bs, use_mrope=mrope,
+                                                 scratch_offset_bytes=64, dummy_kv_block=dummy)
+                m2 = plan.stage(starts, counts)
+                assert a1.cursor == a2.cursor == 64 + m1.staged_bytes
+                for name in ("batch_size", "chunk_len", "total_tokens", "max_blocks_per_seq", "staged_bytes",
+                             "use_mrope", "block_table_ptrs", "cu_seqlens"):
+                    assert getattr(m1, name) - (a1.base if name in ("block_table_ptrs", "cu_seqlens") else 0) == \
+                        getattr(m2, name) - (a2.base if name in ("block_table_ptrs", "cu_seqlens") else 0), name
+                assert list(m1.cu_seqlens_host) == list(m2.cu_seqlens_host)
+                assert list(m1.kv_lens_host) == list(m2.kv_lens_host)
+                assert a1.read(64, m1.staged_bytes) == a2.read(64, m2.staged_bytes)
+
+
+def test_plan_pass_is_one_launch_and_bad_passes_write_nothing(emu, monkeypatch):
+    streams, _ = make_streams(emu, [40, 7], starts=[0, 16])
+    cover = [s.block_table.size * 16 for s in streams]  # positions each table covers (block 16)
+    with ScratchArena(emu, 1 << 16) as arena:
+        plan = expand.ExpandPlan(arena, streams, block_size=16, use_mrope=True, scratch_offset_bytes=0,
+                                 dummy_kv_block=0)
+        copies, launches = _counted(emu, monkeypatch)
+        plan.stage([8, 16], [32, 7])
+        assert copies == [] and launches == ["q12_expand_meta_tail"]
+        arena.reset()
+        cases = [
+            (([0], [1]), ValueError, "the plan has 2 streams"),
+            (([0, 0], [1, 0]), ValueError, "stream 1: start 0 must be >= 0 and count 0 >= 1"),
+            (([-1, 0], [1, 1]), ValueError, "stream 0: start -1"),
+            (([cover[0] - 31, 16], [32, 7]), ValueError,
+             f"stream 0: start \\+ count = {cover[0] + 1} positions, but its block table covers {cover[0]}"),
+            (([0, 0], [1.0, 1]), TypeError, "starts\\[0\\] and counts\\[0\\] must be ints"),
+            (([True, 0], [1, 1]), TypeError, "must be ints"),
+        ]
+        for (starts, counts), exc, match in cases:
+            with pytest.raises(exc, match=match):
+                plan.stage(starts, counts)
+            assert arena.cursor == 0 and arena.regions == ()
+        assert launches == ["q12_expand_meta_tail"]  # none of the bad passes launched
+        m = plan.stage(np.array([0, 1]), np.array([3, 2]))  # numpy ints are ints
+        assert list(m.cu_seqlens_host) == [0, 3, 5] and list(m.kv_lens_host) == [3, 3] and m.chunk_len == 3
+
+
+def test_plan_refuses_vision_positions_and_too_many_streams(emu):
+    streams, _ = make_streams(emu, [9, 12], mrope_vision=(1,))
+    with ScratchArena(emu, 1 << 16) as arena:
+        with pytest.raises(ValueError, match="mrope_positions"):
+            expand.ExpandPlan(arena, streams, block_size=16, use_mrope=True, scratch_offset_bytes=0, dummy_kv_block=0)
+        many, _ = make_streams(emu, [1] * (TAIL_STREAMS + 1))
+        with pytest.raises(ValueError, match=f"at most {TAIL_STREAMS} streams"):
+            expand.ExpandPlan(arena, many, block_size=16, use_mrope=False, scratch_offset_bytes=0, dummy_kv_block=0)
+        assert arena.cursor == 0

@@ -28,15 +28,19 @@ grid ``(gx, n, 1)``: stream b is ``blockIdx.y``; block ``(THREADS, 1, 1)``.
 from __future__ import annotations
 
 import ctypes
+import operator
 import struct
 from typing import Any, Sequence
 import numpy as np
 
-from ..staging import BatchedAttnMetadata, stage_stacked, validate_streams
+from itertools import accumulate
+
+from ..layout import stacked_layout
+from ..staging import BatchedAttnMetadata, host_copies, metadata_at, stage_stacked, validate_streams
 from .meta import TAIL_STREAMS, Q12MetaC, Q12TailC, meta_struct
 
 __all__ = ["SOURCE", "ENTRIES", "THREADS", "MAX_STREAMS", "geometry", "reference", "emulate_expand_meta",
-           "emulate_expand_meta_tail", "EMULATORS", "stage_on_device", "enqueue_expand", "device_bytes"]
+           "emulate_expand_meta_tail", "EMULATORS", "stage_on_device", "ExpandPlan", "enqueue_expand", "device_bytes"]
 
 SOURCE = "expand_meta.cu"
 ENTRIES = ("q12_expand_meta", "q12_expand_meta_tail")
@@ -178,6 +182,148 @@ def stage_on_device(arena, streams: Sequence, *, block_size: int, use_mrope: boo
         arena.unreserve(arena.regions[-1])
         raise
     return meta
+
+
+_I32_MAX = (1 << 31) - 1
+
+
+class ExpandPlan:
+    """The device expansion for a fixed set of streams, planned once and staged per pass from each
+    stream's start and count alone (FlashInfer's plan/run split).
+
+    A runtime keeps one plan while a batch's streams and their block tables stay the same (chunk after
+    chunk of the same prompts) and calls :meth:`stage` for every pass. Each call leaves in the arena
+    exactly the bytes :func:`~q12drv.staging.stage_batched_attn_metadata` would leave for these streams
+    with those starts and counts, with one ``q12_expand_meta_tail`` launch: the streams' pointers,
+    table sizes and dtypes were validated here, so a pass checks only its integers.
+
+    Parameters
+    ----------
+    arena, streams, block_size, use_mrope, scratch_offset_bytes, dummy_kv_block
+        As :func:`stage_on_device`. Each stream's ``block_table`` (host copy), ``block_table_dev`` and
+        ``seq_len_dev`` are validated and kept: the tables must not shrink or change dtype while the
+        plan is used (write new block ids into them in place; a longer table needs a new plan).
+        ``proc_start`` / ``proc_count`` are checked like any pass's, then not kept.
+
+    Raises
+    ------
+    ValueError
+        Vision ``mrope_positions``, or more than :data:`~q12drv.kernels.meta.TAIL_STREAMS` streams (use
+        :func:`stage_on_device`); plus everything the stager raises for ``streams``.
+
+    Examples
+    --------
+    >>> plan = ExpandPlan(arena, streams, block_size=16, use_mrope=True,            # doctest: +SKIP
+    ...                   scratch_offset_bytes=plan_offset, dummy_kv_block=0)
+    >>> meta = plan.stage([0, 0], [2048, 1500])   # first chunk of two prompts  # doctest: +SKIP
+    >>> meta = plan.stage([2048, 1500], [2048, 12])  # their next chunk          # doctest: +SKIP
+    """
+
+    def __init__(self, arena, streams: Sequence, *, block_size: int, use_mrope: bool, scratch_offset_bytes: int,
+                 dummy_kv_block: int):
+        global _prepared
+        if _prepared is None:
+            from .ops import prepared as _prepared  # ops imports this module for its kernel list
+        batch = validate_streams(streams, block_size, use_mrope, dummy_kv_block)
+        for b, mp in enumerate(batch.mrope):
+            if mp is not None:
+                raise ValueError(f"streams[{b}] carries mrope_positions (vision tokens): the device path writes text "
+                                 f"positions only; stage this batch with stage_batched_attn_metadata")
+        n = len(batch.count_list)
+        if n > TAIL_STREAMS:
+            raise ValueError(f"an ExpandPlan holds at most {TAIL_STREAMS} streams (the launch-parameter tail), got {n}; "
+                             f"stage_on_device takes more")
+        self.arena = arena
+        self.n = n
+        self.block_size = int(block_size)
+        self.use_mrope = bool(use_mrope)
+        self.dummy_kv_block = int(dummy_kv_block)
+        self.scratch_offset_bytes = scratch_offset_bytes
+        shift = self.block_size.bit_length() - 1
+        self._capacity = [t.size << shift for t in batch.raw_tables]  # positions each table covers
+        self._max_blocks = batch.max_blocks
+        # a Launch of its own: the streams' pointers are written into its tail parameter once
+        self._launch = _prepared(arena.device, "q12_expand_meta_tail").kernel.prepare(
+            block_shift=shift, dummy_kv_block=self.dummy_kv_block, use_mrope=int(self.use_mrope))
+        _pack_tail_params(self._launch, batch)
+        args = self._launch.args
+        tail_at = type(args).tail.offset
+        self._ints = struct.Struct(f"<{n + 1}i{(TAIL_STREAMS - n) * 4}x{n}i")  # cu_seqlens, then kv_lens
+        self._ints_at = tail_at + Q12TailC.cu_seqlens.offset
+        if Q12TailC.kv_lens.offset != Q12TailC.cu_seqlens.offset + (TAIL_STREAMS + 1) * 4:
+            raise AssertionError("Q12TailC.kv_lens does not follow cu_seqlens")
+        self.stage(batch.start_list, batch.count_list, check_only=True)
+
+    def stage(self, starts: Sequence[int], counts: Sequence[int], stream: Any = None, *,
+              check_only: bool = False) -> BatchedAttnMetadata | None:
+        """Stage one pass: stream b processes ``counts[b]`` tokens from position ``starts[b]``.
+
+        Reserves the stacked block at the plan's offset (the arena's cursor must be at or before it;
+        afterwards it is right behind the block, where :func:`~q12drv.staging.place_h_state_slot` puts
+        the slot) and enqueues one launch on ``stream``. ``check_only``: validate, stage nothing.
+
+        Returns
+        -------
+        BatchedAttnMetadata
+            (None with ``check_only``.)
+
+        Raises
+        ------
+        TypeError, ValueError
+            A start or count that is not an int, negative, a count of 0, or a stream whose table does
+            not cover ``start + count`` positions; named, with the numbers. Nothing is written.
+        CapacityError
+            The block does not fit the arena; nothing is written.
+        """
+        n, cap = self.n, self._capacity
+        if len(starts) != n or len(counts) != n:
+            raise ValueError(f"the plan has {n} streams; got {len(starts)} starts and {len(counts)} counts")
+        kv = list(map(_check_pass_stream, range(n), starts, counts, cap))
+        cu = list(accumulate(counts, initial=0))
+        if type(cu[-1]) is not int:  # numpy ints: Python ints from here on
+            cu = [int(x) for x in cu]
+        total = cu[-1]
+        if total > _I32_MAX:
+            raise ValueError(f"total tokens {total} overflow the i32 cu_seqlens prefix sum")
+        if check_only:
+            return None
+        arena = self.arena
+        layout = stacked_layout(n, total, self.use_mrope)
+        region = arena.reserve("stacked_metadata", layout.staged_bytes, offset=self.scratch_offset_bytes, align=8)
+        try:
+            cu_h, kv_h = host_copies(cu, kv)
+            meta = metadata_at(arena, region.offset, layout, cu_h, kv_h, chunk_len=max(counts),
+                               max_blocks_per_seq=self._max_blocks, block_size=self.block_size,
+                               use_mrope=self.use_mrope, dummy_kv_block=self.dummy_kv_block)
+            launch = self._launch
+            self._ints.pack_into(launch.args, self._ints_at, *cu, *kv)
+            launch.args.m = meta_struct(meta)
+            launch.launch(*geometry(n, meta.chunk_len), stream)
+        except BaseException:
+            arena.unreserve(region)
+            raise
+        return meta
+
+
+def _check_pass_stream(b: int, start, count, capacity: int) -> int:
+    """Stream b's kv_len for one pass of an :class:`ExpandPlan`, after the stager's checks."""
+    if type(start) is not int or type(count) is not int:
+        try:
+            if isinstance(start, bool) or isinstance(count, bool):
+                raise TypeError
+            start, count = operator.index(start), operator.index(count)
+        except TypeError:
+            raise TypeError(f"starts[{b}] and counts[{b}] must be ints, got {start!r} and {count!r}") from None
+    if start < 0 or count < 1:
+        raise ValueError(f"stream {b}: start {start} must be >= 0 and count {count} >= 1 (a fully cached chunk has "
+                         f"nothing to stage: leave the stream out, with a new plan)")
+    kv = start + count
+    if kv > capacity:
+        raise ValueError(f"stream {b}: start + count = {kv} positions, but its block table covers {capacity}; "
+                         f"make a new plan with the longer table")
+    if kv > _I32_MAX:
+        raise ValueError(f"stream {b}: start + count = {kv} overflows the i32 kv_lens entry")
+    return kv
 
 
 def enqueue_expand(launch, meta, stream: Any) -> None:

@@ -94,3 +94,25 @@ def test_pass_graph_replay_equals_eager(gpu, expand_mode):
                 _assert_same(w.read(sum(s.proc_count for s in streams), len(streams)), want[name])
         finally:
             gp.close()
+
+
+def test_expand_plan_stages_every_pass_as_the_host_stager_does(gpu):
+    rng = np.random.default_rng()
+    n, bs = 8, 16
+    streams, _ = make_streams(gpu, [4096] * n, [0] * n, block_size=bs, rng=rng)
+    with ScratchArena(gpu, 1 << 22) as a1, ScratchArena(gpu, 1 << 22) as a2:
+        plan = expand.ExpandPlan(a2, streams, block_size=bs, use_mrope=True, scratch_offset_bytes=128,
+                                 dummy_kv_block=3)
+        for _ in range(4):
+            counts = [int(c) for c in rng.integers(1, 2048, n)]
+            starts = [int(rng.integers(0, 4096 - c + 1)) for c in counts]
+            a1.reset()
+            a2.reset()
+            gpu.memset(int(a2.base), 0xA5, 1 << 22)  # poison: every byte of the block must be written
+            pass_streams = [StreamStageInfo(p, c, s.block_table, s.block_table_dev, s.seq_len_dev)
+                            for p, c, s in zip(starts, counts, streams)]
+            m1 = stage_batched_attn_metadata(a1, pass_streams, block_size=bs, use_mrope=True,
+                                             scratch_offset_bytes=128, dummy_kv_block=3)
+            m2 = plan.stage(starts, counts)
+            assert a1.read(128, m1.staged_bytes) == a2.read(128, m2.staged_bytes)
+            assert a2.guard_intact()
