@@ -257,6 +257,12 @@ def test_plan_refuses_vision_positions_and_too_many_streams(emu):
     with ScratchArena(emu, 1 << 16) as arena:
         with pytest.raises(ValueError, match="mrope_positions"):
             expand.ExpandPlan(arena, streams, block_size=16, use_mrope=True, scratch_offset_bytes=0, dummy_kv_block=0)
+        with pytest.raises(ValueError, match="scratch_offset_bytes"):
+            expand.ExpandPlan(arena, streams[:1], block_size=16, use_mrope=True, scratch_offset_bytes=-8,
+                              dummy_kv_block=0)
+        with pytest.raises(TypeError, match="arena must be a ScratchArena"):
+            expand.ExpandPlan(None, streams[:1], block_size=16, use_mrope=True, scratch_offset_bytes=0,
+                              dummy_kv_block=0)
         many, _ = make_streams(emu, [1] * (TAIL_STREAMS + 1))
         with pytest.raises(ValueError, match=f"at most {TAIL_STREAMS} streams"):
             expand.ExpandPlan(arena, many, block_size=16, use_mrope=False, scratch_offset_bytes=0, dummy_kv_block=0)

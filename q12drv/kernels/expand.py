@@ -35,6 +35,8 @@ import numpy as np
 
 from itertools import accumulate
 
+from ..arena import ScratchArena
+from ..ints import checked_int
 from ..layout import stacked_layout
 from ..staging import BatchedAttnMetadata, host_copies, metadata_at, stage_stacked, validate_streams
 from .meta import TAIL_STREAMS, Q12MetaC, Q12TailC, meta_struct
@@ -203,7 +205,7 @@ class ExpandPlan:
         As :func:`stage_on_device`. Each stream's ``block_table`` (host copy), ``block_table_dev`` and
         ``seq_len_dev`` are validated and kept: the tables must not shrink or change dtype while the
         plan is used (write new block ids into them in place; a longer table needs a new plan).
-        ``proc_start`` / ``proc_count`` are checked like any pass's, then not kept.
+        ``proc_start`` / ``proc_count`` are checked as the stager checks them, then not kept.
 
     Raises
     ------
@@ -224,11 +226,14 @@ class ExpandPlan:
         global _prepared
         if _prepared is None:
             from .ops import prepared as _prepared  # ops imports this module for its kernel list
+        if not isinstance(arena, ScratchArena):
+            raise TypeError(f"arena must be a ScratchArena, got {type(arena).__name__}")
         batch = validate_streams(streams, block_size, use_mrope, dummy_kv_block)
         for b, mp in enumerate(batch.mrope):
             if mp is not None:
                 raise ValueError(f"streams[{b}] carries mrope_positions (vision tokens): the device path writes text "
                                  f"positions only; stage this batch with stage_batched_attn_metadata")
+        offset = checked_int("scratch_offset_bytes", scratch_offset_bytes, 0, arena.capacity)
         n = len(batch.count_list)
         if n > TAIL_STREAMS:
             raise ValueError(f"an ExpandPlan holds at most {TAIL_STREAMS} streams (the launch-parameter tail), got {n}; "
@@ -238,7 +243,7 @@ class ExpandPlan:
         self.block_size = int(block_size)
         self.use_mrope = bool(use_mrope)
         self.dummy_kv_block = int(dummy_kv_block)
-        self.scratch_offset_bytes = scratch_offset_bytes
+        self.scratch_offset_bytes = offset
         shift = self.block_size.bit_length() - 1
         self._capacity = [t.size << shift for t in batch.raw_tables]  # positions each table covers
         self._max_blocks = batch.max_blocks
@@ -252,20 +257,17 @@ class ExpandPlan:
         self._ints_at = tail_at + Q12TailC.cu_seqlens.offset
         if Q12TailC.kv_lens.offset != Q12TailC.cu_seqlens.offset + (TAIL_STREAMS + 1) * 4:
             raise AssertionError("Q12TailC.kv_lens does not follow cu_seqlens")
-        self.stage(batch.start_list, batch.count_list, check_only=True)
 
-    def stage(self, starts: Sequence[int], counts: Sequence[int], stream: Any = None, *,
-              check_only: bool = False) -> BatchedAttnMetadata | None:
+    def stage(self, starts: Sequence[int], counts: Sequence[int], stream: Any = None) -> BatchedAttnMetadata:
         """Stage one pass: stream b processes ``counts[b]`` tokens from position ``starts[b]``.
 
         Reserves the stacked block at the plan's offset (the arena's cursor must be at or before it;
         afterwards it is right behind the block, where :func:`~q12drv.staging.place_h_state_slot` puts
-        the slot) and enqueues one launch on ``stream``. ``check_only``: validate, stage nothing.
+        the slot) and enqueues one launch on ``stream``.
 
         Returns
         -------
         BatchedAttnMetadata
-            (None with ``check_only``.)
 
         Raises
         ------
@@ -285,8 +287,6 @@ class ExpandPlan:
         total = cu[-1]
         if total > _I32_MAX:
             raise ValueError(f"total tokens {total} overflow the i32 cu_seqlens prefix sum")
-        if check_only:
-            return None
         arena = self.arena
         layout = stacked_layout(n, total, self.use_mrope)
         region = arena.reserve("stacked_metadata", layout.staged_bytes, offset=self.scratch_offset_bytes, align=8)
