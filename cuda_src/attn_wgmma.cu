@@ -32,7 +32,8 @@
 // TFLOP/s (1.22x cuDNN's time), chunked 510-515; D256 fresh 457-500, chunked 468-532.
 // Measured on top of WS and dropped (runs Y / Z / AA, tests/GPU.md): PP (ping-pong turns, FA3): 0-20%
 // slower than WS alone; OV (S of the next tile before P V of this one inside a warpgroup, first and last
-// tiles peeled so ptxas does not serialize): ~15% slower than WS alone, as fast as the session-4 kernel;
+// tiles peeled so ptxas does not serialize): ~15% slower than WS alone, as fast as the session-4 kernel,
+// and still 8-33% slower after the producer's address fix (run AJ);
 // ST 3: as fast as 2; PS (a persistent CTA per SM looping over row tiles heaviest first, the producer
 // streaming the next tile's K/V and Q while the consumers finish, O stored from registers): run AA,
 // D128 fresh 8 x 2048 3% faster, everything else 2-26% slower (ragged worst: the static round-robin
