@@ -73,16 +73,19 @@ def _both(dev, streams, *, mrope, bs, dummy, offset=64):
         return a1.read(offset, m1.staged_bytes), a2.read(offset, m2.staged_bytes)
 
 
+def _draw_settings(data) -> tuple:
+    """``(block_size, use_mrope, dummy_kv_block, deferred)`` for one hypothesis example."""
+    return (data.draw(st.sampled_from([1, 16, 64])), data.draw(st.booleans()), data.draw(st.integers(0, 3)),
+            data.draw(st.booleans()))
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_device_path_writes_the_host_path_bytes(data):
     n = data.draw(st.integers(1, 10))
     counts = data.draw(st.lists(st.integers(1, 300), min_size=n, max_size=n))
     starts = data.draw(st.lists(st.integers(0, 400), min_size=n, max_size=n))
-    bs = data.draw(st.sampled_from([1, 16, 64]))
-    mrope = data.draw(st.booleans())
-    dummy = data.draw(st.integers(0, 3))
-    deferred = data.draw(st.booleans())
+    bs, mrope, dummy, deferred = _draw_settings(data)
     with open_device("emu", deferred=deferred) as dev:
         rng = np.random.default_rng(n)
         streams, _ = make_streams(dev, counts, starts, block_size=bs, rng=rng)
@@ -188,10 +191,7 @@ def test_stage_stacked_upload_none_reserves_and_describes_without_copying(emu, m
 @given(data=st.data())
 def test_plan_stages_every_pass_as_the_host_stager_does(data):
     n = data.draw(st.integers(1, 9))
-    bs = data.draw(st.sampled_from([1, 16, 64]))
-    mrope = data.draw(st.booleans())
-    dummy = data.draw(st.integers(0, 3))
-    deferred = data.draw(st.booleans())
+    bs, mrope, dummy, deferred = _draw_settings(data)
     with open_device("emu", deferred=deferred) as dev:
         rng = np.random.default_rng(n)
         # tables long enough for 600 positions; the first pass is what the plan is made from
