@@ -51,12 +51,16 @@ def test_tail_writer_fills_the_mirror_and_zeroes_the_rest(n):
     lens = [0x7E00_0000_0000 + 8 * b for b in range(n)]
     cu = list(range(0, 3 * (n + 1), 3))
     kv = [5 + b for b in range(n)]
-    expand._tail_writer(n).pack_into(tail, 0, *ptrs, *lens, *cu, *kv)
+    st, at = expand._tail_writer(n)
+    assert at == 0
+    st.pack_into(tail, 0, *ptrs, *lens, *cu, *kv)
     assert list(tail.block_table_ptrs) == ptrs + [0] * (TAIL_STREAMS - n)
     assert list(tail.seq_len_ptrs) == lens + [0] * (TAIL_STREAMS - n)
     assert list(tail.cu_seqlens) == cu + [0] * (TAIL_STREAMS - n)
     assert list(tail.kv_lens) == kv + [0] * (TAIL_STREAMS - n)
-    assert expand._tail_writer(n).size <= ctypes.sizeof(tail)
+    assert st.size <= ctypes.sizeof(tail)
+    ints, at = expand._tail_writer(n, "cu_seqlens")
+    assert at == Q12TailC.cu_seqlens.offset and at + ints.size <= ctypes.sizeof(tail)
 
 
 def _both(dev, streams, *, mrope, bs, dummy, offset=64):

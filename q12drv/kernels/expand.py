@@ -121,21 +121,19 @@ def emulate_expand_meta(args: dict, mem, grid, block) -> None:
 
 
 def emulate_expand_meta_tail(args: dict, mem, grid, block) -> None:
-    """Emulated-driver stand-in for ``q12_expand_meta_tail``: the tail parameter into the arena (pads
-    zeroed), then :func:`emulate_expand_meta`."""
+    """Emulated-driver stand-in for ``q12_expand_meta_tail``: the tail parameter into the arena (each
+    field's pad bytes zeroed, as the layout pads it), then :func:`emulate_expand_meta`."""
     m: Q12MetaC = args["m"]
     tail: Q12TailC = args["tail"]
     n = int(m.batch_size)
     if not 1 <= n <= TAIL_STREAMS:
         raise ValueError(f"q12_expand_meta_tail holds 1..{TAIL_STREAMS} streams, got batch_size {n}")
-    for ptr, values, dtype, count in ((m.block_table_ptrs, tail.block_table_ptrs, np.uint64, n),
-                                      (m.seq_len_ptrs, tail.seq_len_ptrs, np.uint64, n),
-                                      (m.cu_seqlens, tail.cu_seqlens, np.int32, n + 1),
-                                      (m.kv_lens, tail.kv_lens, np.int32, n)):
-        padded = count + (count & 1) if dtype is np.int32 else count  # i32 fields end on 8 bytes
-        out = mem.array(ptr, dtype, (padded,))
-        out[:count] = np.frombuffer(values, dtype, count)
-        out[count:] = 0
+    layout = stacked_layout(n, int(m.total_tokens), bool(int(args["use_mrope"])))
+    for name, _ in Q12TailC._fields_:  # the tail's fields, named as the layout names them
+        f = layout.field(name)
+        out = mem.array(getattr(m, name), np.uint8, (f.padded,))
+        out[:f.nbytes] = np.frombuffer(getattr(tail, name), np.uint8, f.nbytes)
+        out[f.nbytes:] = 0
     emulate_expand_meta(args, mem, grid, block)
 
 
@@ -251,12 +249,8 @@ class ExpandPlan:
         self._launch = _prepared(arena.device, "q12_expand_meta_tail").kernel.prepare(
             block_shift=shift, dummy_kv_block=self.dummy_kv_block, use_mrope=int(self.use_mrope))
         _pack_tail_params(self._launch, batch)
-        args = self._launch.args
-        tail_at = type(args).tail.offset
-        self._ints = struct.Struct(f"<{n + 1}i{(TAIL_STREAMS - n) * 4}x{n}i")  # cu_seqlens, then kv_lens
-        self._ints_at = tail_at + Q12TailC.cu_seqlens.offset
-        if Q12TailC.kv_lens.offset != Q12TailC.cu_seqlens.offset + (TAIL_STREAMS + 1) * 4:
-            raise AssertionError("Q12TailC.kv_lens does not follow cu_seqlens")
+        self._ints, at = _tail_writer(n, "cu_seqlens")  # per pass: cu_seqlens, then kv_lens
+        self._ints_at = type(self._launch.args).tail.offset + at
 
     def stage(self, starts: Sequence[int], counts: Sequence[int], stream: Any = None) -> BatchedAttnMetadata:
         """Stage one pass: stream b processes ``counts[b]`` tokens from position ``starts[b]``.
@@ -339,29 +333,34 @@ def enqueue_expand(launch, meta, stream: Any) -> None:
     launch.launch(*geometry(meta.batch_size, meta.chunk_len), stream)
 
 
-def _tail_writer(n: int) -> struct.Struct:
-    """The :class:`struct.Struct` writing ``n`` streams' per-stream fields into a :class:`Q12TailC`
-    (each array's entries past ``n`` zeroed), built from the mirror's own fields."""
-    st = _TAIL_WRITERS.get(n)
-    if st is None:
+def _tail_writer(n: int, first: str = "block_table_ptrs") -> tuple:
+    """``(struct, offset)``: the :class:`struct.Struct` writing ``n`` streams' values of the
+    :class:`Q12TailC` fields from ``first`` to the last (each array's entries past ``n`` zeroed), and
+    the byte offset of ``first`` in the mirror; built from the mirror's own fields."""
+    key = (n, first)
+    hit = _TAIL_WRITERS.get(key)
+    if hit is None:
+        names = [name for name, _ in Q12TailC._fields_]
+        start = getattr(Q12TailC, first).offset
         parts = ["<"]
-        for name, ctype in Q12TailC._fields_:
-            cap, code = ctype._length_, {8: "Q", 4: "i"}[ctypes.sizeof(ctype._type_)]
+        for name, ctype in Q12TailC._fields_[names.index(first):]:
+            cap, size = ctype._length_, ctypes.sizeof(ctype._type_)
+            code = {8: "Q", 4: "i"}[size]
             used = n + 1 if cap == TAIL_STREAMS + 1 else n
-            off = getattr(Q12TailC, name).offset
-            at = struct.calcsize("".join(parts))
-            if off != at:
-                raise AssertionError(f"Q12TailC.{name} at {off}, the writer is at {at}")
-            parts.append(f"{used}{code}{(cap - used) * ctypes.sizeof(ctype._type_)}x")
-        st = _TAIL_WRITERS[n] = struct.Struct("".join(parts))
-    return st
+            at = start + struct.calcsize("".join(parts))
+            if getattr(Q12TailC, name).offset != at:
+                raise AssertionError(f"Q12TailC.{name} at {getattr(Q12TailC, name).offset}, the writer is at {at}")
+            parts.append(f"{used}{code}{(cap - used) * size}x")
+        hit = _TAIL_WRITERS[key] = (struct.Struct("".join(parts)), start)
+    return hit
 
 
 def _pack_tail_params(launch, batch) -> None:
     """``batch``'s per-stream fields into ``launch``'s ``tail`` parameter."""
     args = launch.args
-    _tail_writer(len(batch.count_list)).pack_into(args, type(args).tail.offset, *batch.table_ptr_list,
-                                                  *batch.seq_len_ptr_list, *batch.cu_list, *batch.kv_list)
+    st, at = _tail_writer(len(batch.count_list))
+    st.pack_into(args, type(args).tail.offset + at, *batch.table_ptr_list, *batch.seq_len_ptr_list, *batch.cu_list,
+                 *batch.kv_list)
 
 
 _TAIL_WRITERS: dict = {}
