@@ -65,24 +65,10 @@ __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int sr
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
-// mbarriers in shared memory (ATTN_WG_D<d>_MB): init by one thread; every copying thread's cp.async
-// completion arrives on a stage's "full" barrier, every consuming thread arrives on its "empty" one.
-__device__ __forceinline__ void mbar_init(unsigned addr, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned addr) {
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(addr) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_on_copies(unsigned addr) {  // when this thread's cp.async so far land
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned addr, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(addr), "r"(parity) : "memory");
-    }
-}
+using wg::mbar_arrive;
+using wg::mbar_arrive_on_copies;
+using wg::mbar_init;
+using wg::mbar_wait;
 
 // Named barrier `id` over `n` threads (bar.sync). Id 0 is __syncthreads(); WS uses 1 for the consumer
 // warpgroups' epilogue.

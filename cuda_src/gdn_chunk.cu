@@ -73,572 +73,12 @@
 // dv slices BV 32 (64 threads, 2.3x slower on every case: the chunk-local work is repeated per slice) and
 // BV 16 (32 threads, 10x slower), removed after measuring (they had filled the grid when dv/64 * Hv * n
 // CTAs were fewer than the SMs).
+// The "wgmma" pair (ops.gdn(algo="wgmma"), gdn_wgmma.cu's header) shares the precompute kernel (TILES 1:
+// q12_gdn_chunk_prep_tiles_d*): it also applies the block solve to the identity, so its V record carries
+// T = (I + A)^-1 instead of -A and the inverses, and it lays both records out as the wgmma kernel's shared memory.
+// The phases every kernel here shares (and the records) are in gdn_chunk.cuh.
 // Requirements: q, k 16-byte aligned, v, o 8-byte aligned (as the recurrent kernel); dv a multiple of 64.
-#include "q12_meta.cuh"
-#include "gdn_norm.cuh"
-
-#define GDN_C 64      // tokens per chunk
-#define GDN_BV 64     // dv columns per CTA: 4 warps of 16 (the host's gdn_chunk.BV)
-#ifndef GDN_S_HILO
-#define GDN_S_HILO 0
-#endif
-#ifndef GDN_UPD_SPLIT
-#define GDN_UPD_SPLIT 1
-#endif
-#ifndef GDN_PREFETCH   // 1: cp.async of chunk c+1 while chunk c computes; 0: load each chunk when it starts
-#define GDN_PREFETCH 0
-#endif
-#ifndef GDN_WARP_INV   // 1: each warp inverts the diagonal blocks it computed, no extra barrier; 0: separate phase
-#define GDN_WARP_INV 0
-#endif
-#ifndef GDN_NORM_UNROLL  // unroll of the normalisation passes
-#define GDN_NORM_UNROLL 2
-#endif
-
-namespace gdnc {
-
-__device__ __forceinline__ unsigned smem_u32(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
-
-__device__ __forceinline__ void ldsm_x4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(smem_u32(p)));
-}
-
-__device__ __forceinline__ void ldsm_x4_t(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(smem_u32(p)));
-}
-
-// cp.async with zero fill: `ok` false reads nothing (src must still be a valid address) and writes zeros.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(smem_u32(dst)), "l"(src), "r"(ok ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async8(void* dst, const void* src, bool ok) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(smem_u32(dst)), "l"(src), "r"(ok ? 8 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool ok) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(smem_u32(dst)), "l"(src), "r"(ok ? 4 : 0) : "memory");
-}
-// Loads the compiler may not keep in a register across the chunk loop (they are re-read where needed:
-// the loop holds S^T, V_new and two accumulators, and every register counts).
-__device__ __forceinline__ int ld_volatile(const int* p) {
-    int r;
-    asm volatile("ld.global.s32 %0, [%1];\n" : "=r"(r) : "l"(p));
-    return r;
-}
-__device__ __forceinline__ unsigned long long ld_volatile(const unsigned long long* p) {
-    unsigned long long r;
-    asm volatile("ld.global.u64 %0, [%1];\n" : "=l"(r) : "l"(p));
-    return r;
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
-// c += a * b, m16n8k16, bf16 in, fp32 accumulate.
-__device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ unsigned pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<unsigned*>(&v);
-}
-
-// hi = bf16(x), lo = bf16(x - hi), for a pair of values.
-__device__ __forceinline__ void pack_hilo(float x0, float x1, unsigned& hi, unsigned& lo) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-    const float2 hf = __bfloat1622float2(h);
-    __nv_bfloat162 l = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
-    hi = *reinterpret_cast<unsigned*>(&h);
-    lo = *reinterpret_cast<unsigned*>(&l);
-}
-
-// A fragment (16 x 16, k = 16 columns) from two accumulator n-tiles c0 (columns 0..7), c1 (8..15).
-__device__ __forceinline__ void a_from_c(const float* c0, const float* c1, unsigned* a) {
-    a[0] = pack(c0[0], c0[1]);
-    a[1] = pack(c0[2], c0[3]);
-    a[2] = pack(c1[0], c1[1]);
-    a[3] = pack(c1[2], c1[3]);
-}
-
-__device__ __forceinline__ void a_from_c_hilo(const float* c0, const float* c1, unsigned* hi, unsigned* lo) {
-    pack_hilo(c0[0], c0[1], hi[0], lo[0]);
-    pack_hilo(c0[2], c0[3], hi[1], lo[1]);
-    pack_hilo(c1[0], c1[1], hi[2], lo[2]);
-    pack_hilo(c1[2], c1[3], hi[3], lo[3]);
-}
-
-template <int DK>
-struct Smem {
-    static constexpr int LDK = DK + 8;   // row strides (elements): 16-byte rows shifted by 16 bytes
-    static constexpr int LDV = GDN_BV + 8;
-    static constexpr int LDP = GDN_C + 8;
-    static constexpr int LDD = 24;
-    bf16 k[GDN_C * LDK];
-    bf16 klo[GDN_C * LDK];
-    bf16 q[GDN_C * LDK];      // raw q rows (cp.async), normalised in place
-    bf16 kraw[GDN_C * DK];    // raw k rows (cp.async; the next chunk's while this one computes)
-    bf16 v[2][GDN_C * LDV];   // V slice, then O slice (each warp reuses its own 16 columns); double buffer
-    bf16 a[GDN_C * LDP];      // -A, off-diagonal 16 x 16 blocks (strictly lower)
-    bf16 p[GDN_C * LDP];      // P = Q K^T exp(gamma_i - gamma_j) [j <= i]
-    bf16 dinv[GDN_C * LDD];   // block b: rows 16b..16b+15, columns 0..15 = (I + A_bb)^-1
-    float d[4 * 16 * 17];     // A_bb (fp32, strictly lower)
-    float graw[2][GDN_C];     // g, beta of the chunk (double buffer)
-    float braw[2][GDN_C];
-    float gam[GDN_C];
-    float beta[GDN_C];        // braw[buf], copied: a fixed address in the phases that hold the most registers
-    float eg[GDN_C];          // exp(gamma)
-    float wd[GDN_C];          // exp(gamma_C - gamma)
-};
-
-// acc[nt] (16 rows of X = rows 16*mt.., k over DK) x K^T (n = tokens 0 .. 8*NT-1), A from smem rows.
-template <int DK, int NT>
-__device__ __forceinline__ void rows_times_kt(float (*acc)[4], const bf16* x, const bf16* k, int mt, int lane) {
-    constexpr int LDK = DK + 8;
-    const int mat = lane >> 3, r = lane & 7;
-#pragma unroll
-    for (int ks = 0; ks < DK / 16; ++ks) {
-        unsigned a[4];
-        ldsm_x4(a[0], a[1], a[2], a[3], x + (16 * mt + (mat & 1) * 8 + r) * LDK + 16 * ks + (mat >> 1) * 8);
-#pragma unroll
-        for (int np = 0; np < NT / 2; ++np) {
-            unsigned b0, b1, b2, b3;
-            ldsm_x4(b0, b1, b2, b3, k + (16 * np + (mat >> 1) * 8 + r) * LDK + 16 * ks + (mat & 1) * 8);
-            mma(acc[2 * np], a, b0, b1);
-            mma(acc[2 * np + 1], a, b2, b3);
-        }
-    }
-}
-
-// causal tiles only: n-tiles 0 .. 2*mt+1 (mt is a compile-time constant after unrolling)
-template <int DK>
-__device__ __forceinline__ void causal_rows_kt(float (*acc)[4], const bf16* x, const bf16* k, int mt, int lane) {
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-    if (mt == 0) rows_times_kt<DK, 2>(acc, x, k, mt, lane);
-    else if (mt == 1) rows_times_kt<DK, 4>(acc, x, k, mt, lane);
-    else if (mt == 2) rows_times_kt<DK, 6>(acc, x, k, mt, lane);
-    else rows_times_kt<DK, 8>(acc, x, k, mt, lane);
-}
-
-// Which warp computes K rows of 16-token block mt (Q rows of block mq: owner(3 - mq)); balanced causal work.
-template <int NW>
-__device__ __forceinline__ int owner(int mt) {
-    if (NW == 4) return mt;
-    if (NW == 2) return mt < 2 ? mt : 3 - mt;
-    return 0;
-}
-
-// acc[8] (this warp's 16 dv rows x 64 tokens) = S^T X^T, X = K or Q rows in smem (k-step ks: St[2 ks], St[2 ks + 1]).
-template <int DK>
-__device__ __forceinline__ void st_times_xt(float (*acc)[4], const float (*St)[4], const bf16* x, int lane) {
-    constexpr int LDK = DK + 8;
-    const int mat = lane >> 3, r = lane & 7;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-#pragma unroll
-    for (int ks = 0; ks < DK / 16; ++ks) {
-#if GDN_S_HILO
-        unsigned a[4], alo[4];
-        a_from_c_hilo(St[2 * ks], St[2 * ks + 1], a, alo);
-#else
-        unsigned a[4];
-        a_from_c(St[2 * ks], St[2 * ks + 1], a);
-#endif
-#pragma unroll
-        for (int np = 0; np < 4; ++np) {
-            unsigned b0, b1, b2, b3;
-            ldsm_x4(b0, b1, b2, b3, x + (16 * np + (mat >> 1) * 8 + r) * LDK + 16 * ks + (mat & 1) * 8);
-            mma(acc[2 * np], a, b0, b1);
-            mma(acc[2 * np + 1], a, b2, b3);
-#if GDN_S_HILO
-            mma(acc[2 * np], alo, b0, b1);
-            mma(acc[2 * np + 1], alo, b2, b3);
-#endif
-        }
-    }
-}
-
-// (I + D)^-1 of one 16 x 16 strictly lower fp32 block by forward substitution, column j, into dinv rows.
-__device__ __forceinline__ void invert_column(const float* D, bf16* dinv, int j) {
-    float x[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-        float acc = (i == j) ? 1.f : 0.f;
-#pragma unroll
-        for (int mm = 0; mm < i; ++mm) acc = fmaf(-D[i * 17 + mm], x[mm], acc);
-        x[i] = acc;
-    }
-#pragma unroll
-    for (int i = 0; i < 16; ++i) dinv[i * 24 + j] = __float2bfloat16_rn(x[i]);
-}
-
-// ---- the per-chunk phases, shared by the fused kernel, the split pair's precompute kernel (chunk-local
-//      work) and its sequential kernel (the state work)
-
-// cp.async of 64 rows of key head kh from x ([T, num_k_heads, DK] bf16) from packed token tok, into dst
-// (row stride ld elements); rows >= nv read nothing and land as zeros.
-template <int DK>
-__device__ __forceinline__ void issue_rows(bf16* dst, int ld, const bf16* __restrict__ x, int nv, int tok,
-                                           int num_k_heads, int kh, int tid) {
-    constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8;
-#pragma unroll
-    for (int p = 0; p < C * SEGS / THREADS; ++p) {
-        const int idx = tid + p * THREADS;
-        const int row = idx / SEGS, sg = idx % SEGS;
-        const bool ok = row < nv;
-        const bf16* src = ok ? x + ((long long)(tok + row) * num_k_heads + kh) * DK + sg * 8 : x;
-        cp_async16(&dst[row * ld + sg * 8], src, ok);
-    }
-}
-
-// cp.async of the V slice (columns col0..col0+63 of value head h, [T, num_v_heads, DV] bf16) of 64 rows from
-// packed token tok into dst (row stride BV + 8): 8-byte pieces (v needs 8-byte alignment only); rows >= nv
-// read nothing and land as zeros.
-template <int DV>
-__device__ __forceinline__ void issue_v_slice(bf16* dst, const bf16* __restrict__ v, int nv, int tok, int num_v_heads,
-                                              int h, int col0, int tid) {
-    constexpr int C = GDN_C, BV = GDN_BV, THREADS = 128, LDV = GDN_BV + 8;
-#pragma unroll
-    for (int p = 0; p < C * BV / 4 / THREADS; ++p) {
-        const int idx = tid + p * THREADS;
-        const int row = idx / (BV / 4), part = idx % (BV / 4);
-        const bool ok = row < nv;
-        const bf16* src = ok ? v + ((long long)(tok + row) * num_v_heads + h) * DV + col0 + part * 4 : v;
-        cp_async8(&dst[row * LDV + part * 4], src, ok);
-    }
-}
-
-// cp.async of chunk c of (stream b, value head h): (LOAD_K) raw K rows -> kraw, (LOAD_V) the V slice -> vdst,
-// (LOAD_GB) g/beta -> graw/braw[buf]; rows >= len read nothing and land as zeros.
-template <int DK, int DV, bool LOAD_K, bool LOAD_V, bool LOAD_GB, typename S>
-__device__ __forceinline__ void issue_kvgb(S& s, bf16* vdst, const int* cub, int len, int c, int buf,
-                                           const bf16* __restrict__ k, const bf16* __restrict__ v,
-                                           const float* __restrict__ g, const float* __restrict__ beta,
-                                           int num_k_heads, int num_v_heads, int h, int col0, int tid) {
-    constexpr int C = GDN_C, THREADS = 128;
-    const int nv = min(C, len - c);
-    const int tok0 = ld_volatile(cub);
-    const int kh = h / (num_v_heads / num_k_heads);
-    if (LOAD_K) issue_rows<DK>(s.kraw, DK, k, nv, tok0 + c, num_k_heads, kh, tid);
-    if (LOAD_V) issue_v_slice<DV>(vdst, v, nv, tok0 + c, num_v_heads, h, col0, tid);
-    if (LOAD_GB) {
-#pragma unroll
-        for (int p = 0; p < (2 * C + THREADS - 1) / THREADS; ++p) {
-            const int t = tid + p * THREADS;
-            if (t < 2 * C) {
-                const int tt = t % C;
-                const bool ok = tt < nv;
-                const long long gi = ok ? (long long)(tok0 + c + tt) * num_v_heads + h : 0;
-                if (t < C) cp_async4(&s.graw[buf][tt], g + gi, ok);
-                else cp_async4(&s.braw[buf][tt], beta + gi, ok);
-            }
-        }
-    }
-}
-
-// cp.async of chunk c's raw Q rows -> s.q
-template <int DK, typename S>
-__device__ __forceinline__ void issue_q(S& s, const int* cub, int len, int c, const bf16* __restrict__ q,
-                                        int num_k_heads, int num_v_heads, int h, int tid) {
-    const int nv = min(GDN_C, len - c);
-    issue_rows<DK>(s.q, DK + 8, q, nv, ld_volatile(cub) + c, num_k_heads, h / (num_v_heads / num_k_heads), tid);
-}
-
-// K (kraw -> k hi, klo) and Q (in place) l2-normalised, Q scaled by dk^-1/2: SEGS lanes per row, shuffles.
-// Partly unrolled: a full unroll hoists every row's loads and spills next to S^T.
-template <int DK, typename S>
-__device__ __forceinline__ void normalise(S& s, bf16* klo, int klo_ld, int tid, int seg, float qscale) {
-    constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8, RPP = THREADS / SEGS, LDK = DK + 8;
-#pragma unroll GDN_NORM_UNROLL
-    for (int p = 0; p < C / RPP; ++p) {
-        const int row = tid / SEGS + p * RPP;
-#pragma unroll
-        for (int which = 0; which < 2; ++which) {  // 0: k, 1: q
-            const uint4 raw = which ? *reinterpret_cast<const uint4*>(&s.q[row * LDK + seg * 8])
-                                    : *reinterpret_cast<const uint4*>(&s.kraw[row * DK + seg * 8]);
-            float x[8];
-            const float inv = gdn_row_inv_norm<SEGS>(raw, x);
-            uint4 hi, lo;
-            unsigned* hp = reinterpret_cast<unsigned*>(&hi);
-            unsigned* lp = reinterpret_cast<unsigned*>(&lo);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                if (which) hp[i] = pack((x[2 * i] * inv) * qscale, (x[2 * i + 1] * inv) * qscale);
-                else pack_hilo(x[2 * i] * inv, x[2 * i + 1] * inv, hp[i], lp[i]);
-            }
-            if (which) {
-                *reinterpret_cast<uint4*>(&s.q[row * LDK + seg * 8]) = hi;
-            } else {
-                *reinterpret_cast<uint4*>(&s.k[row * LDK + seg * 8]) = hi;
-                *reinterpret_cast<uint4*>(&klo[row * klo_ld + seg * 8]) = lo;
-            }
-        }
-    }
-}
-
-// gamma = inclusive cumsum of g (one warp, two tokens per lane), exp(gamma), exp(gamma_C - gamma); beta copied.
-template <typename S>
-__device__ __forceinline__ void chunk_gamma(S& s, int buf, int lane) {
-    const float g0 = s.graw[buf][2 * lane], g1 = s.graw[buf][2 * lane + 1];
-    float incl = g0 + g1;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-        const float y = __shfl_up_sync(0xffffffffu, incl, off);
-        if (lane >= off) incl += y;
-    }
-    const float excl = incl - (g0 + g1);
-    const float ga = excl + g0;
-    const float gb = ga + g1;
-    const float gC = __shfl_sync(0xffffffffu, gb, 31);
-    s.beta[2 * lane] = s.braw[buf][2 * lane];
-    s.beta[2 * lane + 1] = s.braw[buf][2 * lane + 1];
-    s.gam[2 * lane] = ga;
-    s.gam[2 * lane + 1] = gb;
-    s.eg[2 * lane] = expf(ga);
-    s.eg[2 * lane + 1] = expf(gb);
-    s.wd[2 * lane] = expf(gC - ga);
-    s.wd[2 * lane + 1] = expf(gC - gb);
-}
-
-// The products' epilogue for block row mt, with beta and gamma of the chunk's value head: KK: acc = K K^T
-// rows -> -A (strictly lower, off the diagonal block) and the fp32 diagonal block (GDN_WARP_INV: inverted by
-// this warp); else acc = Q K^T rows -> P (lower, diagonal included).
-template <bool KK, typename S>
-__device__ __forceinline__ void products_epilogue(S& s, const float (*acc)[4], int mt, int lane) {
-    constexpr int LDP = GDN_C + 8, LDD = 24;
-    const int gq = lane >> 2, tq = lane & 3;
-    const float* bet = s.beta;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-        if (nt > 2 * mt + 1) break;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int i = 16 * mt + gq + (e >> 1) * 8;
-            const int j = 8 * nt + 2 * tq + (e & 1);
-            if (KK) {
-                const float val = (j < i) ? bet[i] * expf(s.gam[i] - s.gam[j]) * acc[nt][e] : 0.f;
-                if ((j >> 4) == mt) s.d[mt * 272 + (i & 15) * 17 + (j & 15)] = val;
-                else s.a[i * LDP + j] = __float2bfloat16_rn(-val);
-            } else {
-                const float val = (j <= i) ? expf(s.gam[i] - s.gam[j]) * acc[nt][e] : 0.f;
-                s.p[i * LDP + j] = __float2bfloat16_rn(val);
-            }
-        }
-    }
-#if GDN_WARP_INV
-    if (KK) {
-        __syncwarp();
-        if (lane < 16) invert_column(&s.d[mt * 272], &s.dinv[16 * mt * LDD], lane);
-        __syncwarp();
-    }
-#endif
-}
-
-// K K^T (rows of the warp's blocks) -> -A blocks and the fp32 diagonal blocks; Q K^T -> P.
-template <int DK, int NW, typename S>
-__device__ __forceinline__ void local_products(S& s, int warp, int lane) {
-    float acc[8][4];
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt) {
-        if (owner<NW>(mt) != warp) continue;
-        causal_rows_kt<DK>(acc, s.k, s.k, mt, lane);
-        products_epilogue<true>(s, acc, mt, lane);
-    }
-#pragma unroll
-    for (int mq = 0; mq < 4; ++mq) {
-        if (owner<NW>(3 - mq) != warp) continue;
-        causal_rows_kt<DK>(acc, s.q, s.k, mq, lane);
-        products_epilogue<false>(s, acc, mq, lane);
-    }
-}
-
-// (I + A_bb)^-1 of the four diagonal blocks, one column per thread.
-template <int DK, typename S>
-__device__ __forceinline__ void invert_diagonal(S& s, int tid) {
-    constexpr int LDD = 24;
-    for (int cidx = tid; cidx < 64; cidx += 128)
-        invert_column(&s.d[(cidx >> 4) * 272], &s.dinv[16 * (cidx >> 4) * LDD], cidx & 15);
-}
-
-// Where one chunk's operands of the state step sit in shared memory (row strides as in Smem<DK>).
-struct ChunkOps {
-    const bf16* k;      // normalised K, bf16 hi [64][LDK]
-    const bf16* klo;    // its lo part
-    const bf16* q;      // normalised, scaled Q [64][LDK]
-    const bf16* a;      // -A off-diagonal blocks [64][LDP]
-    const bf16* p;      // P [64][LDP]
-    const bf16* dinv;   // diagonal inverses [64][LDD]
-    const float* beta;  // [64]
-    const float* eg;    // exp(gamma) [64]
-    const float* wd;    // exp(gamma_C - gamma) [64]
-};
-
-// The state step of one chunk for this warp's 16 dv rows: R^T = beta (V^T - exp(gamma) S^T K^T), the block
-// solve V_new^T, O^T = exp(gamma) S^T Q^T + V_new^T P^T into this warp's columns of vo (which held the V
-// slice), and S^T = exp(gamma_C) S^T + (V_new^T exp(gamma_C - gamma)) K.
-// f(nt, e, token, at) over a warp's [8][4] accumulator tile of a [64 tokens x 16 dv] product (mma C
-// layout): element e of token tile nt is token `token`, dv column 16 warp + gq + 8 (e >> 1) of the
-// V/O slice, at slice[at] (row stride LDV).
-template <int LDV, class F>
-__device__ __forceinline__ void each_slice_elem(int warp, int lane, F&& f) {
-    const int gq = lane >> 2, tq = lane & 3;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int cc = 8 * nt + 2 * tq + (e & 1);
-            f(nt, e, cc, cc * LDV + 16 * warp + gq + (e >> 1) * 8);
-        }
-}
-
-template <int DK>
-__device__ __forceinline__ void state_step(const ChunkOps& c, float (*St)[4], bf16* vo, int warp, int lane) {
-    constexpr int C = GDN_C, LDK = DK + 8, LDV = GDN_BV + 8, LDP = C + 8, LDD = 24, NTS = DK / 8;
-    const int gq = lane >> 2, tq = lane & 3;
-    const int mat = lane >> 3, r8 = lane & 7;
-    const float* bet = c.beta;
-    const bf16* vb = vo;
-    float X[8][4];   // V_new^T (this warp's dv rows x 64 tokens)
-    {
-        float Rt[8][4];
-        st_times_xt<DK>(Rt, St, c.k, lane);
-        each_slice_elem<LDV>(warp, lane, [&](int nt, int e, int cc, int at) {
-            Rt[nt][e] = bet[cc] * (__bfloat162float(vb[at]) - c.eg[cc] * Rt[nt][e]);
-        });
-        // block forward substitution: X_b = (R_b + sum_{m<b} X_m (-A_bm)^T) Dinv_b^T
-#pragma unroll
-        for (int bi = 0; bi < 4; ++bi) {
-            float* y0 = Rt[2 * bi];
-            float* y1 = Rt[2 * bi + 1];
-#pragma unroll
-            for (int mm = 0; mm < bi; ++mm) {
-                unsigned ahi[4], alo[4], b0, b1, b2, b3;
-                a_from_c_hilo(X[2 * mm], X[2 * mm + 1], ahi, alo);
-                ldsm_x4(b0, b1, b2, b3, &c.a[(16 * bi + (mat >> 1) * 8 + r8) * LDP + 16 * mm + (mat & 1) * 8]);
-                mma(y0, ahi, b0, b1);
-                mma(y1, ahi, b2, b3);
-                mma(y0, alo, b0, b1);
-                mma(y1, alo, b2, b3);
-            }
-            unsigned ahi[4], alo[4], b0, b1, b2, b3;
-            a_from_c_hilo(y0, y1, ahi, alo);
-            ldsm_x4(b0, b1, b2, b3, &c.dinv[(16 * bi + (mat >> 1) * 8 + r8) * LDD + (mat & 1) * 8]);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) X[2 * bi][e] = X[2 * bi + 1][e] = 0.f;
-            mma(X[2 * bi], ahi, b0, b1);
-            mma(X[2 * bi + 1], ahi, b2, b3);
-            mma(X[2 * bi], alo, b0, b1);
-            mma(X[2 * bi + 1], alo, b2, b3);
-        }
-    }
-    // ---- O^T = exp(gamma) S^T Q^T + V_new^T P^T, into this warp's columns of vo
-    {
-        float Ot[8][4];
-        st_times_xt<DK>(Ot, St, c.q, lane);
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) Ot[nt][e] *= c.eg[8 * nt + 2 * tq + (e & 1)];
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            unsigned ahi[4], alo[4];
-            a_from_c_hilo(X[2 * kk], X[2 * kk + 1], ahi, alo);
-#pragma unroll
-            for (int np = kk; np < 4; ++np) {   // P[c][c'] = 0 for c' > c: token pairs np >= kk only
-                unsigned b0, b1, b2, b3;
-                ldsm_x4(b0, b1, b2, b3, &c.p[(16 * np + (mat >> 1) * 8 + r8) * LDP + 16 * kk + (mat & 1) * 8]);
-                mma(Ot[2 * np], ahi, b0, b1);
-                mma(Ot[2 * np + 1], ahi, b2, b3);
-                mma(Ot[2 * np], alo, b0, b1);
-                mma(Ot[2 * np + 1], alo, b2, b3);
-            }
-        }
-        __syncwarp();
-        each_slice_elem<LDV>(warp, lane, [&](int nt, int e, int, int at) { vo[at] = __float2bfloat16_rn(Ot[nt][e]); });
-    }
-    // ---- S^T = exp(gamma_C) S^T + (V_new^T exp(gamma_C - gamma)) K
-    {
-        const float egC = c.eg[C - 1];
-#pragma unroll
-        for (int j = 0; j < NTS; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) St[j][e] *= egC;
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            float x0[4], x1[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                x0[e] = X[2 * kk][e] * c.wd[16 * kk + 2 * tq + (e & 1)];
-                x1[e] = X[2 * kk + 1][e] * c.wd[16 * kk + 8 + 2 * tq + (e & 1)];
-            }
-            unsigned ahi[4], alo[4];
-            a_from_c_hilo(x0, x1, ahi, alo);
-#pragma unroll
-            for (int np = 0; np < DK / 16; ++np) {
-                unsigned b0, b1, b2, b3;
-                const int off = (16 * kk + (mat & 1) * 8 + r8) * LDK + 16 * np + (mat >> 1) * 8;
-                ldsm_x4_t(b0, b1, b2, b3, &c.k[off]);
-                mma(St[2 * np], ahi, b0, b1);
-                mma(St[2 * np + 1], ahi, b2, b3);
-                mma(St[2 * np], alo, b0, b1);
-                mma(St[2 * np + 1], alo, b2, b3);
-#if GDN_UPD_SPLIT
-                ldsm_x4_t(b0, b1, b2, b3, &c.klo[off]);
-                mma(St[2 * np], ahi, b0, b1);
-                mma(St[2 * np + 1], ahi, b2, b3);
-#endif
-            }
-        }
-    }
-}
-
-// S^T fragments of this lane (dv rows bv0, bv0 + 8): St[j] covers dk columns 8j..8j+7:
-// [0] (bv0, 8j+2t) [1] (bv0, 8j+2t+1) [2],[3] bv0+8.
-template <int DK, int DV>
-__device__ __forceinline__ void load_state(float (*St)[4], const float* state, int bv0, int tq) {
-#pragma unroll
-    for (int j = 0; j < DK / 8; ++j) {
-        const int kr = 8 * j + 2 * tq;
-        St[j][0] = state[kr * DV + bv0];
-        St[j][1] = state[(kr + 1) * DV + bv0];
-        St[j][2] = state[kr * DV + bv0 + 8];
-        St[j][3] = state[(kr + 1) * DV + bv0 + 8];
-    }
-}
-
-template <int DK, int DV>
-__device__ __forceinline__ void store_state(const float (*St)[4], float* out, int bv0, int tq) {
-#pragma unroll
-    for (int j = 0; j < DK / 8; ++j) {
-        const int kr = 8 * j + 2 * tq;
-        out[kr * DV + bv0] = St[j][0];
-        out[(kr + 1) * DV + bv0] = St[j][1];
-        out[kr * DV + bv0 + 8] = St[j][2];
-        out[(kr + 1) * DV + bv0 + 8] = St[j][3];
-    }
-}
-
-// o rows of valid tokens from this CTA's O slice: 8-byte pieces (o needs 8-byte alignment only).
-template <int DV>
-__device__ __forceinline__ void store_o(bf16* __restrict__ o, const bf16* ob, const int* cub, int len, int c0,
-                                        int num_v_heads, int h, int col0, int tid) {
-    constexpr int C = GDN_C, BV = GDN_BV, THREADS = 128, LDV = GDN_BV + 8;
-    const int tok0 = ld_volatile(cub);
-    const int nt_valid = min(C, len - c0);
-#pragma unroll
-    for (int p = 0; p < C * BV / 4 / THREADS; ++p) {
-        const int idx = tid + p * THREADS;
-        const int row = idx / (BV / 4), part = idx % (BV / 4);
-        if (row < nt_valid)
-            *reinterpret_cast<uint2*>(o + ((long long)(tok0 + c0 + row) * num_v_heads + h) * DV + col0 + part * 4) =
-                *reinterpret_cast<const uint2*>(&ob[row * LDV + part * 4]);
-    }
-}
-
-}  // namespace gdnc
+#include "gdn_chunk.cuh"
 
 // ================================================================ the fused kernel (the default)
 template <int DK, int DV>
@@ -695,7 +135,7 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
 #endif
         cp_async_wait_all();
         __syncthreads();   // B1: chunk c0's raw rows, V, g, beta in shared memory
-        normalise<DK>(s, s.klo, SM::LDK, tid, seg, qscale);
+        normalise<DK>(s, [&](int row, int sg) { return &s.klo[row * SM::LDK + sg * 8]; }, tid, seg, qscale);
         if (warp == 0) chunk_gamma(s, buf, lane);
         __syncthreads();   // B2: K, Q, gamma ready; kraw free
 #if GDN_PREFETCH
@@ -731,32 +171,7 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
 
 namespace gdnc {
 
-// K record of one (stream, key head, chunk): normalised K hi, K lo, Q [64][DK] bf16 (shared by the value
-// heads of that key head). V record of one (stream, value head, chunk): -A, P [64][64] bf16, the diagonal
-// inverses [64][16] bf16, beta, exp(gamma), exp(gamma_C - gamma) [64] fp32. Unpadded; byte offsets.
-template <int DK>
-struct KRec {
-    static constexpr int K = 0, KLO = GDN_C * DK * 2, Q = 2 * GDN_C * DK * 2, BYTES = 3 * GDN_C * DK * 2;
-};
-struct VRec {
-    static constexpr int A = 0, P = GDN_C * GDN_C * 2, DINV = 2 * GDN_C * GDN_C * 2, BETA = DINV + GDN_C * 16 * 2,
-                         EG = BETA + GDN_C * 4, WD = EG + GDN_C * 4, BYTES = WD + GDN_C * 4;
-};
 
-// The workspace: n x ceil(chunk_len / 64) x Hk K records, then n x ceil(chunk_len / 64) x Hv V records.
-template <int DK>
-__device__ __forceinline__ unsigned char* krec_at(unsigned char* ws, const Q12Meta& m, int b, int ci, int kh,
-                                                  int num_k_heads) {
-    const int nchunks = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
-    return ws + (((long long)b * nchunks + ci) * num_k_heads + kh) * KRec<DK>::BYTES;
-}
-template <int DK>
-__device__ __forceinline__ unsigned char* vrec_at(unsigned char* ws, const Q12Meta& m, int b, int ci, int h,
-                                                  int num_k_heads, int num_v_heads) {
-    const int nchunks = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
-    const long long kblock = (long long)m.batch_size * nchunks * num_k_heads * KRec<DK>::BYTES;
-    return ws + kblock + (((long long)b * nchunks + ci) * num_v_heads + h) * VRec::BYTES;
-}
 
 // One chunk's records (rows padded as in Smem<DK>) and V/O slice in the sequential kernel's shared memory.
 template <int DK>
@@ -832,10 +247,16 @@ __device__ __forceinline__ void issue_record(SeqBuf<DK>& sb, const unsigned char
 
 }  // namespace gdnc
 
+namespace gdnc {
+template <bool TILES> struct RecV { using type = VRec; };
+template <> struct RecV<true> { using type = TileVRec; };
+}  // namespace gdnc
+
 // grid (ceil(chunk_len / 64), Hk, n), 128 threads, dynamic smem PrepSmem<DK>: one chunk of one (stream, key
 // head): its K record, K K^T and Q K^T once, then each value head's V record (its beta and gamma scale the
-// products in the epilogues).
-template <int DK, int DV>
+// products in the epilogues). TILES 0: the "split" pair's records (KRec, VRec); TILES 1: the "wgmma" pair's
+// (KRec in swizzled tiles, TileVRec: T = (I + A)^-1 from the block solve applied to the identity).
+template <int DK, int DV, bool TILES>
 __device__ __forceinline__ void gdn_prep_body(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
                                               const float* __restrict__ g, const float* __restrict__ beta,
                                               int num_k_heads, int num_v_heads, unsigned char* __restrict__ ws) {
@@ -861,15 +282,23 @@ __device__ __forceinline__ void gdn_prep_body(const Q12Meta& m, const bf16* __re
     cp_async_wait_all();
     __syncthreads();
     unsigned char* krec = krec_at<DK>(ws, m, b, ci, kh, num_k_heads);
-    normalise<DK>(s, reinterpret_cast<bf16*>(krec + KRec<DK>::KLO), DK, tid, tid % SEGS, 1.0f / sqrtf((float)DK));
+    bf16* klo = reinterpret_cast<bf16*>(krec + KRec<DK>::KLO);
+    normalise<DK>(s, [&](int row, int sg) {
+        if constexpr (TILES) return reinterpret_cast<bf16*>(krec + KRec<DK>::KLO + sw128_off(row, sg));
+        else return &klo[row * DK + sg * 8];
+    }, tid, tid % SEGS, 1.0f / sqrtf((float)DK));
     __syncthreads();   // raw K read out: its bytes become -A and P
     // -A and P: every byte of the records defined (the products write only the blocks the solve reads,
     // the same ones for every value head)
     for (int i = tid; i < 2 * C * LDP / 8; i += THREADS) reinterpret_cast<uint4*>(s.a)[i] = make_uint4(0, 0, 0, 0);
     for (int idx = tid; idx < 2 * C * SEGS; idx += THREADS) {   // K hi and Q rows to the K record
         const int which = idx / (C * SEGS), rest = idx % (C * SEGS), row = rest / SEGS, sg = rest % SEGS;
-        *reinterpret_cast<uint4*>(krec + (which ? KRec<DK>::Q : KRec<DK>::K) + row * (DK * 2) + sg * 16) =
-            *reinterpret_cast<const uint4*>((which ? s.q : s.k) + row * LDK + sg * 8);
+        if constexpr (TILES)
+            *reinterpret_cast<uint4*>(krec + (which ? KRec<DK>::Q : KRec<DK>::K) + sw128_off(row, sg)) =
+                *reinterpret_cast<const uint4*>((which ? s.q : s.k) + row * LDK + sg * 8);
+        else
+            *reinterpret_cast<uint4*>(krec + (which ? KRec<DK>::Q : KRec<DK>::K) + row * (DK * 2) + sg * 16) =
+                *reinterpret_cast<const uint4*>((which ? s.q : s.k) + row * LDK + sg * 8);
     }
     // K K^T and Q K^T once for the key head (4 warps: warp w owns K rows of block w, Q rows of block 3 - w);
     // each value head scales them by its own beta and gamma in the epilogues
@@ -894,18 +323,41 @@ __device__ __forceinline__ void gdn_prep_body(const Q12Meta& m, const bf16* __re
         invert_diagonal<DK>(s, tid);
         __syncthreads();
 #endif
-        unsigned char* vrec = vrec_at<DK>(ws, m, b, ci, h, num_k_heads, num_v_heads);
-        for (int idx = tid; idx < 2 * C * 8; idx += THREADS) {
-            const int which = idx / (C * 8), rest = idx % (C * 8), row = rest / 8, sg = rest % 8;
-            *reinterpret_cast<uint4*>(vrec + VRec::A + which * (C * C * 2) + row * 128 + sg * 16) =
-                *reinterpret_cast<const uint4*>((which ? s.p : s.a) + row * LDP + sg * 8);
+        using VR = typename RecV<TILES>::type;
+        unsigned char* vrec = vrec_at<DK, VR>(ws, m, b, ci, h, num_k_heads, num_v_heads);
+        if constexpr (TILES) {
+            // T^T = I (I + A)^-T, this warp's 16 rows: T's columns 16w .. 16w + 15, into s.k (hi) and s.q (lo) as
+            // [64][LDP] rows (s.k and s.q are free: the products above were the last to read them)
+            float Rt[8][4], X[8][4];
+            each_slice_elem<LDP>(warp, lane, [&](int nt, int e, int cc, int at) {   // at: T[token cc][this row]
+                Rt[nt][e] = at == cc * (LDP + 1) ? 1.f : 0.f;
+            });
+            block_solve(s.a, s.dinv, Rt, X, lane);
+            each_slice_elem<LDP>(warp, lane, [&](int nt, int e, int, int at) {
+                const bf16 hi = __float2bfloat16_rn(X[nt][e]);
+                s.k[at] = hi;
+                s.q[at] = __float2bfloat16_rn(X[nt][e] - __bfloat162float(hi));
+            });
+            __syncthreads();
+            for (int idx = tid; idx < 3 * C * 8; idx += THREADS) {   // T hi, T lo, P as swizzled tiles
+                const int which = idx / (C * 8), rest = idx % (C * 8), row = rest / 8, sg = rest % 8;
+                const bf16* src = which == 0 ? s.k : which == 1 ? s.q : s.p;
+                *reinterpret_cast<uint4*>(vrec + which * (C * C * 2) + sw128_off(row, sg)) =
+                    *reinterpret_cast<const uint4*>(src + row * LDP + sg * 8);
+            }
+        } else {
+            for (int idx = tid; idx < 2 * C * 8; idx += THREADS) {
+                const int which = idx / (C * 8), rest = idx % (C * 8), row = rest / 8, sg = rest % 8;
+                *reinterpret_cast<uint4*>(vrec + VRec::A + which * (C * C * 2) + row * 128 + sg * 16) =
+                    *reinterpret_cast<const uint4*>((which ? s.p : s.a) + row * LDP + sg * 8);
+            }
+            if (tid < 2 * C)
+                *reinterpret_cast<uint4*>(vrec + VRec::DINV + tid * 16) =
+                    *reinterpret_cast<const uint4*>(s.dinv + (tid >> 1) * LDD + (tid & 1) * 8);
         }
-        if (tid < 2 * C)
-            *reinterpret_cast<uint4*>(vrec + VRec::DINV + tid * 16) =
-                *reinterpret_cast<const uint4*>(s.dinv + (tid >> 1) * LDD + (tid & 1) * 8);
         if (tid < 3 * 16) {
             const float* src = tid < 16 ? s.beta : tid < 32 ? s.eg : s.wd;
-            *reinterpret_cast<uint4*>(vrec + VRec::BETA + tid * 16) = *reinterpret_cast<const uint4*>(src + (tid & 15) * 4);
+            *reinterpret_cast<uint4*>(vrec + VR::BETA + tid * 16) = *reinterpret_cast<const uint4*>(src + (tid & 15) * 4);
         }
         __syncthreads();   // s.a, s.p, s.dinv, s.beta, s.eg, s.wd read out before the next head rewrites them
     }
@@ -990,10 +442,17 @@ extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_d64(
 
 // The split pair takes the fused kernel's arguments and the workspace (see q12drv.kernels.gdn_chunk).
 extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS, 3) q12_gdn_chunk_prep_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    gdn_prep_body<128, 128>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
+    gdn_prep_body<128, 128, false>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
 }
 extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS, 3) q12_gdn_chunk_prep_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    gdn_prep_body<64, 64>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
+    gdn_prep_body<64, 64, false>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
+}
+// The "wgmma" pair's precompute kernels: the same work, records in gdn_wgmma.cu's tile format.
+extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS, 3) q12_gdn_chunk_prep_tiles_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
+    gdn_prep_body<128, 128, true>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
+}
+extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS, 3) q12_gdn_chunk_prep_tiles_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
+    gdn_prep_body<64, 64, true>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
 }
 extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_seq_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
     if (gridDim.x == 128 / GDN_BV) gdn_seq_body<128, 128, 2>(m, h_state_ptrs, v, o, num_k_heads, num_v_heads, workspace);
@@ -1011,8 +470,9 @@ extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_seq1
 // The host's q12drv.kernels.gdn_chunk.smem_bytes(d) must give these numbers.
 static_assert(sizeof(gdnc::Smem<128>) == 114944, "Smem<128> size differs from gdn_chunk.smem_bytes(128)");
 static_assert(sizeof(gdnc::Smem<64>) == 82176, "Smem<64> size differs from gdn_chunk.smem_bytes(64)");
-static_assert(gdnc::KRec<128>::BYTES == 49152 && gdnc::KRec<64>::BYTES == 24576 && gdnc::VRec::BYTES == 19200,
-              "record sizes differ from gdn_chunk.k_record_bytes / v_record_bytes");
+static_assert(gdnc::KRec<128>::BYTES == 49152 && gdnc::KRec<64>::BYTES == 24576 && gdnc::VRec::BYTES == 19200 &&
+                  gdnc::TileVRec::BYTES == 25344,
+              "record sizes differ from gdn_chunk.k_record_bytes / v_record_bytes / tile_v_record_bytes");
 static_assert(sizeof(gdnc::PrepSmem<128>) == 62720 && sizeof(gdnc::PrepSmem<64>) == 46336,
               "PrepSmem size differs from gdn_chunk.prep_smem_bytes");
 static_assert(sizeof(gdnc::SeqSmem<128, 2>) == 167424 && sizeof(gdnc::SeqSmem<64, 2>) == 118272,

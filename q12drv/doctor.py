@@ -12,6 +12,7 @@ from .errors import NvrtcError, Q12Error
 from .kernels import attention as _attn
 from .kernels import attention_wgmma as _attnw
 from .kernels import gdn_chunk as _gdnc
+from .kernels import gdn_wgmma as _gdnw
 from .kernels.meta import meta_defines
 from .kernels.ops import SOURCES
 from .nvrtc import compile_source, cuda_header_dir, cuda_src_dir, nvrtc_version
@@ -74,6 +75,8 @@ def dynamic_smem(entry: str, defines=()) -> int:
         return _attnw.smem_bytes(int(entry.rsplit("_d", 1)[1]), defines)
     if entry in _gdnc.ENTRIES:
         return _gdnc.entry_smem_bytes(entry)
+    if entry in _gdnw.ENTRIES:
+        return _gdnw.entry_smem_bytes(entry)
     return 0
 
 
@@ -104,7 +107,7 @@ def run_doctor(driver: str | None = "auto", *, arch: str | None = None, defines=
     out(f"NVRTC {major}.{minor}; headers {cuda_header_dir()}; sources {cuda_src_dir()}; target {arch}")
     if defines:
         out("variant build: " + " ".join(f"-D{d}" for d in defines))
-    out(f"{'kernel':<26}{'regs':>6}{'spill st':>10}{'spill ld':>10}{'stack':>8}{'smem':>8}{'dyn smem':>10}"
+    out(f"{'kernel':<32}{'regs':>6}{'spill st':>10}{'spill ld':>10}{'stack':>8}{'smem':>8}{'dyn smem':>10}"
         f"{'compile s':>11}")
     for source in SOURCES:
         t0 = time.perf_counter()
@@ -127,7 +130,7 @@ def run_doctor(driver: str | None = "auto", *, arch: str | None = None, defines=
             except ValueError as exc:  # a define combination the host side refuses (the kernel's static_asserts agree)
                 dyn, flag = f"{'?':>10}", f"  <- {exc}"
                 ok = False
-            out(f"{r.name:<26}{r.registers:>6}{r.spill_stores:>10}{r.spill_loads:>10}{r.stack_frame:>8}"
+            out(f"{r.name:<32}{r.registers:>6}{r.spill_stores:>10}{r.spill_loads:>10}{r.stack_frame:>8}"
                 f"{r.static_smem:>8}{dyn}{dt:>11.2f}{flag}")
     out("doctor: " + ("ok" if ok else "PROBLEMS FOUND"))
     return 0 if ok else 1

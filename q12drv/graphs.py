@@ -273,7 +273,7 @@ class PassGraph:
         """Upload SSM layer ``layer``'s state table into the slot, then Gated DeltaNet over the padded pass
         (``algo``, ``workspace`` and ``workspace_bytes`` as for :func:`q12drv.kernels.ops.gdn`; the split
         pair's workspace is sized for the graph's maxima, ``max_streams`` streams of ``max_chunk`` tokens)."""
-        ops.check_gdn_algo(algo)
+        ops.check_gdn_algo(algo, self.device.arch)
         slot = self.h_state_upload(layer)
         ops.gdn(self.device, self.meta, slot, q, k, v, g, beta, o, num_k_heads=shape.num_k_heads,
                 num_v_heads=shape.num_v_heads, head_dim=shape.head_dim, algo=algo, workspace=workspace,

@@ -139,7 +139,7 @@ def _headers_digest(source: str, include_dirs: list[str]) -> bytes:
 
 
 #: Sources that use architecture-specific instructions (wgmma): on sm_90 they compile for sm_90a.
-ARCH_SPECIFIC_SOURCES = frozenset({"attn_wgmma.cu"})
+ARCH_SPECIFIC_SOURCES = frozenset({"attn_wgmma.cu", "gdn_wgmma.cu"})
 
 
 def target_arch(filename: str, arch: str) -> str:

@@ -26,10 +26,9 @@ from .admission import Admission, decide, parse_chunks
 from .arena import ScratchArena
 from .errors import CapacityError, Q12Error
 from .kernels import ops
-from .kernels.expand import stage_on_device
+from .kernels.expand import ExpandPlan, stage_on_device
 from .kernels import attention as _attn
 from .kernels import gdn as _gdn
-from .kernels import gdn_chunk as _gdnc
 from .kernels import rope as _rope
 from .kernels.args import ALIGN, I32_MAX, count, device_ptr, head_group, positive_float
 from .layout import make_scratch_plan
@@ -124,6 +123,14 @@ class Q12Pass:
         arena ends up with the same bytes); it refuses streams with vision ``mrope_positions``.
         ``"auto"`` (default) is ``"device"`` unless a stream carries ``mrope_positions``, then
         ``"host"``. The per-stream fallback always packs on the host.
+    expand_plan : ExpandPlan, optional
+        A batched pass stages through it (:meth:`ExpandPlan.stage <q12drv.kernels.expand.ExpandPlan.stage>`
+        with the streams' starts and counts, at the pass's stacked offset) instead of
+        :func:`~q12drv.kernels.expand.stage_on_device`: the same bytes, for less host time, when the
+        caller keeps one plan across the passes of the same streams. It must have been made on
+        ``arena`` for these streams (the same ``block_table_dev`` and ``seq_len_dev``, in order, tables
+        covering this pass) with the same ``block_size``, ``use_mrope`` and ``dummy_kv_block``;
+        ``expand`` must be ``"auto"`` or ``"device"``. A pass that runs per stream does not use it.
     stream : optional
         CUDA stream for everything the pass enqueues.
 
@@ -136,7 +143,8 @@ class Q12Pass:
     meta : BatchedAttnMetadata or None
         The stacked metadata (batched).
     expand : str
-        ``"host"`` or ``"device"``: how this pass staged (``""`` per stream).
+        ``"host"``, ``"device"`` or ``"plan"`` (the device expansion through ``expand_plan``): how this
+        pass staged (``""`` per stream).
     stream_meta : list of BatchedAttnMetadata
         Each stream's own metadata (per stream).
     """
@@ -145,7 +153,7 @@ class Q12Pass:
                  dummy_kv_block: int, top_k: int = 0, head_dim: int = 128, chunks: Sequence[tuple] | None = None,
                  arena_tokens: int | None = None, is_mla: bool = False, allow_chunk_zero: bool = True,
                  varlen: bool = True, policy: str = "seed", mode: str = "auto", expand: str = "auto",
-                 stream: Any = None):
+                 stream: Any = None, expand_plan: ExpandPlan | None = None):
         if not isinstance(arena, ScratchArena):
             raise TypeError(f"arena must be a ScratchArena, got {type(arena).__name__}")
         arena._require_open()
@@ -164,6 +172,16 @@ class Q12Pass:
         if expand == "device" and vision:
             raise ValueError(f"expand='device' writes text positions only, but streams[{vision[0]}] carries "
                              f"mrope_positions (vision tokens); use expand='host' or 'auto'")
+        if expand_plan is not None:
+            if not isinstance(expand_plan, ExpandPlan):
+                raise TypeError(f"expand_plan must be an ExpandPlan, got {type(expand_plan).__name__}")
+            if expand == "host":
+                raise ValueError("expand='host' packs on the host, but an expand_plan was given (it expands on the "
+                                 "device); use expand='auto' or 'device', or leave expand_plan out")
+            if vision:
+                raise ValueError(f"expand_plan writes text positions only, but streams[{vision[0]}] carries "
+                                 f"mrope_positions (vision tokens); leave expand_plan out")
+            expand_plan.check_batch(arena, batch, block_size, use_mrope, dummy_kv_block)
         if chunks is not None:
             chunks = list(chunks)
             if len(chunks) != len(streams):
@@ -189,6 +207,8 @@ class Q12Pass:
             raise ValueError(f"mode='batched' but the batch was {self.admission}")
         self.batched = bool(self.admission) and mode != "per_stream"
         self.expand = ("host" if vision else "device") if expand == "auto" else expand
+        if expand_plan is not None:
+            self.expand = "plan"
         if not self.batched:
             self.expand = ""
         self.reason = "" if self.batched else ("per_stream requested" if mode == "per_stream" else str(self.admission))
@@ -212,7 +232,10 @@ class Q12Pass:
         try:
             self._reserve_prefix(plan)
             if self.batched:
-                if self.expand == "device":
+                if self.expand == "plan":
+                    self.meta = expand_plan.stage(batch.start_list, counts, stream,
+                                                  scratch_offset_bytes=plan.stacked.offset)
+                elif self.expand == "device":
                     self.meta = stage_on_device(arena, streams, block_size=self.block_size, use_mrope=use_mrope,
                                                 scratch_offset_bytes=plan.stacked.offset,
                                                 dummy_kv_block=dummy_kv_block, stream=stream, batch=batch)
@@ -387,9 +410,10 @@ class Q12Pass:
         ``q``, ``k``: ``[T, Hk, D]`` bf16; ``v``, ``o``: ``[T, Hv, D]`` bf16; ``g``, ``beta``: ``[T, Hv]``
         fp32; ``state_ptrs[b]``: stream b's fp32 ``[Hv, D, D]`` state, updated in place. ``algo``:
         ``"chunked"`` (tensor cores, the default), ``"split"`` (the same bits in two launches, faster
-        on every pass measured, 2x for one long stream; needs ``workspace`` and ``workspace_bytes`` >=
-        :meth:`gdn_workspace_bytes`) or ``"recurrent"`` (token by token in fp32), see
-        :func:`q12drv.kernels.ops.gdn`.
+        on every pass measured, 2x for one long stream), ``"wgmma"`` (Hopper: the split pair's precompute,
+        then warpgroup MMA; faster still) or ``"recurrent"`` (token by token in fp32), see
+        :func:`q12drv.kernels.ops.gdn`. ``"split"`` and ``"wgmma"`` need ``workspace`` and
+        ``workspace_bytes`` >= :meth:`gdn_workspace_bytes` for that algorithm.
 
         Raises
         ------
@@ -397,7 +421,7 @@ class Q12Pass:
             A bad pointer, shape, state pointer list or workspace: raised before the slot is
             rewritten or anything is enqueued.
         """
-        ops.check_gdn_algo(algo)
+        ops.check_gdn_algo(algo, self.device.arch)
         self._check_gdn(state_ptrs, q, k, v, g, beta, o, shape)  # the state pointers included, for this pass
         hk, hv, d = shape.num_k_heads, shape.num_v_heads, shape.head_dim
         ws = ops.gdn_workspace(algo, *self._gdn_extent, hk, hv, d, workspace, workspace_bytes)
@@ -422,8 +446,10 @@ class Q12Pass:
             return self.meta.batch_size, self.meta.chunk_len
         return 1, max(m.chunk_len for m in self.stream_meta)
 
-    def gdn_workspace_bytes(self, shape: GdnShape) -> int:
-        """Workspace ``gdn_layer(..., algo="split")`` needs for this pass and ``shape``."""
+    def gdn_workspace_bytes(self, shape: GdnShape, algo: str = "split") -> int:
+        """Workspace ``gdn_layer(..., algo=algo)`` needs for this pass and ``shape`` (``"split"`` or
+        ``"wgmma"``; 0 for the algorithms that need none)."""
         if not isinstance(shape, GdnShape):
             raise TypeError(f"shape must be a GdnShape, got {type(shape).__name__}")
-        return _gdnc.workspace_bytes(*self._gdn_extent, shape.num_k_heads, shape.num_v_heads, shape.head_dim)
+        ops.check_gdn_algo(algo)
+        return ops.gdn_workspace_bytes(algo, *self._gdn_extent, shape.num_k_heads, shape.num_v_heads, shape.head_dim)

@@ -8,7 +8,7 @@ import pytest
 from q12drv import CapacityError, HostRaceError, Q12Error, ScratchArena, make_scratch_plan, open_device
 from q12drv.bf16 import to_bf16_bits
 from q12drv.graphs import PassGraph, capture
-from q12drv.kernels import gdn_chunk
+from q12drv.kernels import ops
 from q12drv.prefill import AttentionShape, GdnShape, Q12Pass
 from q12drv.staging import unpack_metadata
 from tests.helpers import LayerBuffers, make_streams
@@ -113,7 +113,7 @@ class World(LayerBuffers):
     def body(self, gp, algo="chunked"):
         gp.attention_layer(*self.attention_args(), ATT, num_blocks=self.num_blocks)
         ws = {}
-        if algo == "split":  # sized for the graph's maxima, allocated before the capture
+        if algo in ("split", "wgmma"):  # sized for the graph's maxima, allocated before the capture
             ws = dict(workspace=int(self.ws.ptr), workspace_bytes=self.ws_bytes)
         gp.gdn_layer(0, self.p("gq"), self.p("gk"), self.p("gv"), self.p("g"), self.p("beta"), self.p("go"), GDN,
                      algo=algo, **ws)
@@ -124,15 +124,16 @@ def _assert_same(got, want):
         assert np.array_equal(got[k], want[k]), f"{k}: replay != eager"
 
 
-# split-gdn-capture: the split pair's two launches and its workspace inside the capture (on the emulator its
-# result is the fused one by construction; the GPU tests check the kernels' bits)
-@pytest.mark.parametrize("deferred,algo", [(False, "chunked"), (True, "chunked"), (False, "split")],
-                         ids=["immediate", "deferred", "split-gdn-capture"])
+# split-gdn-capture / wgmma-gdn-capture: a pair's two launches and its workspace inside the capture (on the
+# emulator its result is the fused one by construction; the GPU tests check the kernels)
+@pytest.mark.parametrize("deferred,algo", [(False, "chunked"), (True, "chunked"), (False, "split"), (False, "wgmma")],
+                         ids=["immediate", "deferred", "split-gdn-capture", "wgmma-gdn-capture"])
 @pytest.mark.parametrize("expand", ["host", "device"])
 def test_pass_graph_replay_with_new_metadata_equals_eager(expand, deferred, algo):
     with open_device("emu", deferred=deferred) as dev:
         w = World(dev, np.random.default_rng(7))
-        w.ws_bytes = gdn_chunk.workspace_bytes(MAX_STREAMS, 48, GDN.num_k_heads, GDN.num_v_heads, GDN.head_dim)
+        w.ws_bytes = ops.gdn_workspace_bytes("wgmma" if algo == "wgmma" else "split", MAX_STREAMS, 48, GDN.num_k_heads,
+                                             GDN.num_v_heads, GDN.head_dim)
         w.ws = dev.alloc(w.ws_bytes, "gdn workspace")
         want = {name: w.eager(name) for name in ("A", "B")}
         arena = ScratchArena(dev, 1 << 20)

@@ -249,7 +249,7 @@ def test_geometry():
 # --------------------------------------------------------------------------- chunked (WY) kernel
 
 
-from q12drv.kernels import gdn_chunk  # noqa: E402
+from q12drv.kernels import gdn_chunk, gdn_wgmma  # noqa: E402
 
 
 # numpy model of gdn_chunk.cu vs the float64 token-by-token reference (measured: o ~3.7e-3, the
@@ -319,10 +319,15 @@ def test_chunk_entry_declarations_match_the_recurrent_ones():
     chk = {n[len("q12_gdn_chunk"):]: p for n, p in decls(gdn_chunk.SOURCE)}
     assert sorted("q12_gdn_chunk" + s for s in chk) == sorted(gdn_chunk.ENTRIES)
     assert {s: p for s, p in chk.items() if s in rec} == rec
-    # the split pair: the fused kernel's parameters, then the workspace
+    # the pairs: the fused kernel's parameters, then the workspace
+    wg = dict(decls(gdn_wgmma.SOURCE))
+    assert sorted(wg) == sorted(gdn_wgmma.ENTRIES)
     for d in (128, 64):
-        for entry in gdn_chunk.split_entries(d):
-            assert chk[entry[len("q12_gdn_chunk"):]] == rec[f"_d{d}"] + ", unsigned char* __restrict__ workspace"
+        split = rec[f"_d{d}"] + ", unsigned char* __restrict__ workspace"
+        for entry in (*gdn_chunk.split_entries(d), gdn_chunk.tile_prep_entry(d)):
+            assert chk[entry[len("q12_gdn_chunk"):]] == split
+        for st in gdn_wgmma.STAGES:
+            assert wg[gdn_wgmma.entries(d, st)[1]] == split
 
 
 def test_chunk_smem_matches_the_source():
@@ -332,7 +337,8 @@ def test_chunk_smem_matches_the_source():
     for d in (64, 128):
         m = re.search(rf"sizeof\(gdnc::Smem<{d}>\) == (\d+)", src)
         assert m and int(m.group(1)) == gdn_chunk.smem_bytes(d), d
-    assert re.search(r"#define GDN_BV 64\b", src) and gdn_chunk.BV == 64
+    header = (cuda_src_dir() / "gdn_chunk.cuh").read_text()  # the phases both pairs share
+    assert re.search(r"#define GDN_BV 64\b", header) and gdn_chunk.BV == 64
     assert gdn_chunk.geometry(8, 32, 128) == ((2, 32, 8), (128, 1, 1), gdn_chunk.smem_bytes(128))
     assert gdn_chunk.geometry(1, 32, 128) == ((2, 32, 1), (128, 1, 1), gdn_chunk.smem_bytes(128))
     assert gdn_chunk.geometry(1, 6, 64) == ((1, 6, 1), (128, 1, 1), gdn_chunk.smem_bytes(64))
@@ -358,6 +364,8 @@ def test_split_pair_sizes_match_the_source():
         assert m and int(m.group(1)) == gdn_chunk.k_record_bytes(d), d
     m = re.search(r"gdnc::VRec::BYTES == (\d+)", src)
     assert m and int(m.group(1)) == gdn_chunk.v_record_bytes()
+    m = re.search(r"gdnc::TileVRec::BYTES == (\d+)", src)
+    assert m and int(m.group(1)) == gdn_chunk.tile_v_record_bytes() == 25344
     # occupancy the design relies on (227 KiB of shared memory per SM, 1 KiB reserved per CTA)
     assert 3 * (gdn_chunk.prep_smem_bytes(128) + 1024) <= 227 * 1024
     assert 2 * (gdn_chunk.seq_smem_bytes(128, 1) + 1024) <= 227 * 1024 < 2 * (gdn_chunk.seq_smem_bytes(128, 2) + 1024)
@@ -400,7 +408,7 @@ def test_split_emulators_check_the_launch_and_need_the_whole_workspace():
         _run_chunk_emulated(inputs, hk, hv, d, split=2, ws_short=1)
 
 
-def _run_chunk_emulated(inputs, hk, hv, d, grid=None, block=None, split=0, ws_short=0):
+def _run_chunk_emulated(inputs, hk, hv, d, grid=None, block=None, split=0, ws_short=0, pair="split"):
     q, k, v, g, beta, cu, s0 = inputs
     n = len(cu) - 1
     mem = FakeMem()
@@ -414,12 +422,19 @@ def _run_chunk_emulated(inputs, hk, hv, d, grid=None, block=None, split=0, ws_sh
     meta = Q12MetaC(cu_seqlens=pcu, batch_size=n, chunk_len=int(np.diff(cu).max()), total_tokens=T)
     args = dict(m=meta, h_state_ptrs=pptrs, q=ptrs[0], k=ptrs[1], v=ptrs[2], g=ptrs[3], beta=ptrs[4], o=po,
                 num_k_heads=hk, num_v_heads=hv)
-    if split:  # the pair, through a workspace of exactly what it needs (ws_short bytes less)
-        nbytes = gdn_chunk.workspace_bytes(n, meta.chunk_len, hk, hv, d) - ws_short
+    if split:  # a pair ("split" or "wgmma"), through a workspace of exactly what it needs (ws_short bytes less)
+        mod = gdn_chunk if pair == "split" else gdn_wgmma
+        nbytes = mod.workspace_bytes(n, meta.chunk_len, hk, hv, d) - ws_short
         args["workspace"] = mem.hold(np.zeros(nbytes, np.uint8))[1]
-        geos = gdn_chunk.split_geometry(n, meta.chunk_len, hk, hv, d, split)
-        for entry, (ggrid, gblock, _) in zip(gdn_chunk.split_entries(d, split), geos):
-            gdn_chunk.EMULATORS[entry](args, mem, ggrid, gblock)
+        if pair == "split":
+            geos = gdn_chunk.split_geometry(n, meta.chunk_len, hk, hv, d, split)
+            names = gdn_chunk.split_entries(d, split)
+        else:
+            geos = gdn_wgmma.geometry(n, meta.chunk_len, hk, hv, d, split)
+            names = gdn_wgmma.entries(d, split)
+        emulators = {**gdn_chunk.EMULATORS, **gdn_wgmma.EMULATORS}
+        for entry, (ggrid, gblock, _) in zip(names, geos):
+            emulators[entry](args, mem, ggrid, gblock)
     else:
         ggrid, gblock, _ = gdn_chunk.geometry(n, hv, d)
         gdn_chunk.EMULATORS[gdn_chunk.entry_name(d)](args, mem, grid or ggrid, block or gblock)
@@ -455,10 +470,106 @@ def test_chunk_emulator_runs_the_reference_in_place_and_checks_geometry():
         _run_chunk_emulated(inputs, hk, hv, d, block=(64, 1, 1))
 
 def test_ops_gdn_algo_keyword(monkeypatch):
+    from types import SimpleNamespace
+
     from q12drv.kernels import ops
 
-    assert ops.GDN_ALGOS == ("chunked", "recurrent", "split")
+    assert ops.GDN_ALGOS == ("chunked", "recurrent", "split", "wgmma")
     assert "gdn_chunk.cu" in ops.SOURCES and ops.ENTRIES["q12_gdn_chunk_d128"] == "gdn_chunk.cu"
+    assert ops.ENTRIES["q12_gdn_wgmma_seq1_d128"] == "gdn_wgmma.cu"
+    assert ops.ENTRIES["q12_gdn_chunk_prep_tiles_d128"] == "gdn_chunk.cu"
     monkeypatch.setattr(ops, "_check", lambda device, meta: None)
-    with pytest.raises(ValueError, match="algo must be one of 'chunked', 'recurrent', 'split', got 'fast'"):
-        ops.gdn(None, None, 8, 16, 16, 8, 4, 4, 8, num_k_heads=1, num_v_heads=1, head_dim=64, algo="fast")
+    hopper = SimpleNamespace(arch="sm_90")
+    with pytest.raises(ValueError, match="algo must be one of 'chunked', 'recurrent', 'split', 'wgmma', got 'fast'"):
+        ops.gdn(hopper, None, 8, 16, 16, 8, 4, 4, 8, num_k_heads=1, num_v_heads=1, head_dim=64, algo="fast")
+    with pytest.raises(ValueError, match="Hopper .* this device is sm_100"):
+        ops.gdn(SimpleNamespace(arch="sm_100"), None, 8, 16, 16, 8, 4, 4, 8, num_k_heads=1, num_v_heads=1,
+                head_dim=64, algo="wgmma")
+    ops.check_gdn_algo("wgmma", "sm_90a")
+    ops.check_gdn_algo("split", "sm_80")  # the mma.sync pairs run anywhere
+
+
+def test_wgmma_pair_sizes_match_the_source():
+    """The wgmma pair's stages, records and geometry: the host's numbers are the ones gdn_wgmma.cu's
+    static_asserts pin; one stage fits two CTAs per SM, two stages one."""
+    from q12drv.nvrtc import cuda_src_dir
+
+    src = (cuda_src_dir() / gdn_wgmma.SOURCE).read_text()
+    m = re.search(r"gdnw::Stage<128>::BYTES == (\d+) && gdnw::Stage<64>::BYTES == (\d+)", src)
+    assert m and (int(m.group(1)), int(m.group(2))) == (gdn_wgmma.stage_bytes(128), gdn_wgmma.stage_bytes(64))
+    assert gdn_wgmma.stage_bytes(128) % 1024 == 0 and gdn_wgmma.stage_bytes(128) >= 49152 + 25344 + 64 * 72 * 2
+    sm = 228 * 1024  # shared memory per SM (227 KiB for blocks + 1 KiB reserved per CTA)
+    assert 2 * (gdn_wgmma.seq_smem_bytes(128, 1) + 1024) <= sm < 2 * (gdn_wgmma.seq_smem_bytes(128, 2) + 1024)
+    assert gdn_wgmma.seq_smem_bytes(128, 2) <= 227 * 1024
+    prep, seq = gdn_wgmma.geometry(8, 2048, 16, 32, 128, 1)
+    assert prep == ((32, 16, 8), (128, 1, 1), gdn_chunk.prep_smem_bytes(128))
+    assert seq == ((2, 32, 8), (128, 1, 1), gdn_wgmma.seq_smem_bytes(128, 1))
+    assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128) == 128 * (16 * 49152 + 32 * 25344)
+    assert gdn_wgmma.entries(128, 1) == ("q12_gdn_chunk_prep_tiles_d128", "q12_gdn_wgmma_seq1_d128")
+    assert gdn_wgmma.stages(8, 32, 128, 132) == 1 and gdn_wgmma.stages(1, 32, 128, 132) == 2
+    for entry in gdn_wgmma.ENTRIES:
+        assert gdn_wgmma.entry_smem_bytes(entry) > 0
+    with pytest.raises(ValueError, match="head_dim 64 and 128, not 256"):
+        gdn_wgmma.workspace_bytes(1, 64, 1, 1, 256)
+    with pytest.raises(ValueError, match="stages"):
+        gdn_wgmma.entries(128, 3)
+    with pytest.raises(KeyError, match="not a gdn_wgmma.cu entry"):
+        gdn_wgmma.entry_smem_bytes("q12_gdn_chunk_seq_d128")
+
+
+def test_wgmma_entries_compile_for_sm90a_without_spills():
+    """gdn_wgmma.cu compiles for sm_90a only (wgmma), every entry without spills or local memory."""
+    from q12drv.nvrtc import compile_source, target_arch
+
+    assert target_arch(gdn_wgmma.SOURCE, "sm_90") == "sm_90a"
+    with pytest.raises(ValueError, match="sm_90a"):
+        target_arch(gdn_wgmma.SOURCE, "sm_80")
+    img = compile_source(gdn_wgmma.SOURCE, defines=meta_defines(), use_cache=False, verbose_resources=True)
+    assert img.arch == "sm_90a"
+    spill_free(img, gdn_wgmma.ENTRIES)
+    spill_free(compile_source(gdn_chunk.SOURCE, defines=meta_defines(), verbose_resources=True),
+               [gdn_chunk.tile_prep_entry(d) for d in (64, 128)])
+
+
+@pytest.mark.parametrize("t_lo", [True, False])
+def test_wgmma_model_matches_reference_and_the_block_solve(t_lo):
+    """The wgmma pair's numpy model (T = (I + A)^-1 as bf16 hi (+ lo), one product) stays within the chunked
+    kernels' error budget and within a few bf16 roundings of the block-solve model."""
+    rng = np.random.default_rng()
+    inputs = make_inputs(rng, [1, 63, 130, 300], 2, 4, 64, 64, state_scale=1.0)
+    o_ref, fin_ref = gdn.reference(*inputs)
+    o_b, fin_b = gdn_chunk.chunked_reference(*inputs)
+    o_t, fin_t = gdn_chunk.chunked_reference(*inputs, t_product=True, t_lo=t_lo)
+    assert rel_err(from_bf16_bits(o_t), from_bf16_bits(o_ref)) < CHUNK_O_REL
+    assert rel_err(fin_t, fin_ref) < CHUNK_STATE_REL
+    assert rel_err(fin_t, fin_b) < (1e-4 if t_lo else 5e-4)
+    assert rel_err(from_bf16_bits(o_t), from_bf16_bits(o_b)) < 4e-3
+    # the identity solve is T itself: T (I + A) = I to the solve's precision on a random chunk
+    C = 64
+    A = np.tril(rng.normal(0, 0.1, size=(1, C, C)), -1).astype(np.float32)
+    Dinv = np.zeros_like(A, dtype=np.float64)
+    for i in range(4):
+        sl = slice(16 * i, 16 * i + 16)
+        Dinv[:, sl, sl] = np.linalg.inv(np.eye(16) + A[:, sl, sl].astype(np.float64))
+    blk = np.arange(C) // 16
+    Aoff = A * (blk[:, None] != blk[None, :])
+    T = gdn_chunk._block_solve(np.broadcast_to(np.eye(C, dtype=np.float32), (1, C, C)), Aoff, Dinv)
+    np.testing.assert_allclose(T[0] @ (np.eye(C) + A[0]), np.eye(C), atol=1e-5)
+
+
+def test_wgmma_emulators_check_the_launch_and_need_the_whole_workspace():
+    """The wgmma pair on the emulated driver: its precompute entry checks its grid and maps the tile-format
+    workspace, its sequential entries run the float64 reference (so the fused result, by construction); a
+    workspace one byte short is refused as the GPU would fault on it."""
+    rng = np.random.default_rng(6)
+    hk, hv, d, lens = 2, 4, 64, [1, 70, 130]
+    inputs = make_inputs(rng, lens, hk, hv, d, d)
+    o_f, fin_f, _ = _run_chunk_emulated(inputs, hk, hv, d)
+    for stages in gdn_wgmma.STAGES:
+        o_s, fin_s, guards = _run_chunk_emulated(inputs, hk, hv, d, split=stages, pair="wgmma")
+        assert guards
+        np.testing.assert_array_equal(o_s, o_f)
+        np.testing.assert_array_equal(fin_s, fin_f)
+    # the split pair's (smaller) workspace is too small for the tile format
+    with pytest.raises(IndexError, match="outside every allocation"):
+        _run_chunk_emulated(inputs, hk, hv, d, split=1, pair="wgmma", ws_short=1)

@@ -7,7 +7,7 @@ import pytest
 
 from q12drv import CapacityError, ScratchArena, make_scratch_plan
 from q12drv.bf16 import to_bf16_bits
-from q12drv.kernels import gdn_chunk
+from q12drv.kernels import gdn_chunk, gdn_wgmma
 from q12drv.prefill import AttentionShape, GdnShape, Q12Pass
 from tests.helpers import make_streams
 
@@ -160,7 +160,8 @@ def test_layer_shape_checks_are_remembered_only_for_immutable_shapes_that_passed
         assert any(v is SHAPE for v in prefill._SHAPES_OK.values()) and any(v is GSHAPE for v in prefill._SHAPES_OK.values())
 
 
-def test_gdn_layer_algo_is_checked_before_anything_is_enqueued(emu):
+@pytest.mark.parametrize("ws_algo", ["split", "wgmma"])
+def test_gdn_layer_algo_is_checked_before_anything_is_enqueued(emu, ws_algo):
     with two_streams(emu, 5) as (arena, streams, host, p, num_blocks):
         q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4)
         states = [p["st"] + b * host["st"][0].nbytes for b in range(2)]
@@ -171,8 +172,10 @@ def test_gdn_layer_algo_is_checked_before_anything_is_enqueued(emu):
         for algo in ("chunked", "recurrent"):
             q12.gdn_layer(*args, algo=algo)
         assert q12.h_slot.uploads == 2
-        need = q12.gdn_workspace_bytes(GSHAPE)
-        assert need == gdn_chunk.workspace_bytes(2, q12.meta.chunk_len, GSHAPE.num_k_heads, GSHAPE.num_v_heads, GSHAPE.head_dim) > 0
+        need = q12.gdn_workspace_bytes(GSHAPE, ws_algo)
+        sizer = gdn_chunk.workspace_bytes if ws_algo == "split" else gdn_wgmma.workspace_bytes
+        assert need == sizer(2, q12.meta.chunk_len, GSHAPE.num_k_heads, GSHAPE.num_v_heads, GSHAPE.head_dim) > 0
+        assert q12.gdn_workspace_bytes(GSHAPE, "chunked") == 0
         ws = emu.alloc(need, "gdn workspace")
         try:
             for kw, msg in (({}, f"needs workspace= .* {need:,} bytes"),
@@ -180,13 +183,27 @@ def test_gdn_layer_algo_is_checked_before_anything_is_enqueued(emu):
                             (dict(workspace=int(ws.ptr) + 8, workspace_bytes=need), "workspace must be 16-byte aligned"),
                             (dict(workspace=0, workspace_bytes=need), "workspace must be a non-NULL")):
                 with pytest.raises(ValueError, match=msg):
-                    q12.gdn_layer(*args, algo="split", **kw)
+                    q12.gdn_layer(*args, algo=ws_algo, **kw)
             assert q12.h_slot.uploads == 2  # every refusal before the slot was rewritten
-            q12.gdn_layer(*args, algo="split", workspace=int(ws.ptr), workspace_bytes=need)
+            q12.gdn_layer(*args, algo=ws_algo, workspace=int(ws.ptr), workspace_bytes=need)
             assert q12.h_slot.uploads == 3
         finally:
             emu.synchronize()
             ws.free()
+
+
+def test_gdn_layer_refuses_wgmma_off_hopper(emu, monkeypatch):
+    """algo='wgmma' needs sm_90: elsewhere it is refused, naming the device's architecture, before the slot is
+    rewritten."""
+    with two_streams(emu, 5) as (arena, streams, host, p, num_blocks):
+        q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4)
+        states = [p["st"] + b * host["st"][0].nbytes for b in range(2)]
+        monkeypatch.setattr(emu, "arch", "sm_80")
+        need = q12.gdn_workspace_bytes(GSHAPE, "wgmma")
+        with pytest.raises(ValueError, match="Hopper .* this device is sm_80: use algo='split'"):
+            q12.gdn_layer(states, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], GSHAPE, algo="wgmma",
+                          workspace=int(p["st"]), workspace_bytes=need)
+        assert q12.h_slot.uploads == 0
 
 
 def test_gdn_layer_takes_state_pointers_as_a_numpy_array_too(emu):

@@ -422,6 +422,11 @@ CASES = [
     Case("gdn op algo", "algo='fast'", lambda w: _op_gdn(w, algo="fast"), ValueError, "algo must be one of"),
     Case("gdn op head_dim 256", "head_dim=256", lambda w: _op_gdn(w, head_dim=256), ValueError,
          "GDN prefill has kernels for head_dim 64 and 128"),
+    Case("gdn op wgmma no workspace", "algo='wgmma'", lambda w: _op_gdn(w, algo="wgmma"), ValueError,
+         r"algo='wgmma' needs workspace= .* bytes \(q12drv.kernels.gdn_wgmma.workspace_bytes\)"),
+    Case("gdn op wgmma workspace short", "algo='wgmma', workspace_bytes=16",
+         lambda w: _op_gdn(w, algo="wgmma", workspace=w.p("go"), workspace_bytes=16), ValueError,
+         r"workspace_bytes 16 is too small: algo='wgmma' needs [\d,]+ bytes"),
 ]
 
 

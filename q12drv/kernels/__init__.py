@@ -8,10 +8,10 @@ launchers run the numpy reference when there is no GPU.
 from __future__ import annotations
 
 from ..driver import register_emulator
-from . import attention, attention_wgmma, expand, gdn, gdn_chunk, kv_write, ops, rope
+from . import attention, attention_wgmma, expand, gdn, gdn_chunk, gdn_wgmma, kv_write, ops, rope
 
-for _mod in (attention, attention_wgmma, expand, gdn, gdn_chunk, kv_write, rope):
+for _mod in (attention, attention_wgmma, expand, gdn, gdn_chunk, gdn_wgmma, kv_write, rope):
     for _name, _fn in _mod.EMULATORS.items():
         register_emulator(_name, _fn)
 
-__all__ = ["ops", "attention", "attention_wgmma", "expand", "gdn", "gdn_chunk", "kv_write", "rope"]
+__all__ = ["ops", "attention", "attention_wgmma", "expand", "gdn", "gdn_chunk", "gdn_wgmma", "kv_write", "rope"]

@@ -44,8 +44,10 @@ __all__ = [
     "geometry",
     "smem_bytes",
     "split_entries",
+    "tile_prep_entry",
     "k_record_bytes",
     "v_record_bytes",
+    "tile_v_record_bytes",
     "workspace_bytes",
     "seq_smem_bytes",
     "prep_smem_bytes",
@@ -53,14 +55,18 @@ __all__ = [
     "split_stages",
     "entry_smem_bytes",
     "chunked_reference",
+    "emulate_chunked",
+    "touch_workspace",
     "EMULATORS",
 ]
 
 #: Kernel source file in ``cuda_src/``.
 SOURCE = "gdn_chunk.cu"
-#: Entry points: the fused kernel for dk = dv = 128 and 64, then the split pair's (:func:`split_entries`).
+#: Entry points: the fused kernel for dk = dv = 128 and 64, then the split pair's (:func:`split_entries`), then
+#: the precompute kernels of the "wgmma" pair (:mod:`q12drv.kernels.gdn_wgmma`), records as tiles.
 ENTRIES = ("q12_gdn_chunk_d128", "q12_gdn_chunk_d64", "q12_gdn_chunk_prep_d128", "q12_gdn_chunk_prep_d64",
-           "q12_gdn_chunk_seq_d128", "q12_gdn_chunk_seq_d64", "q12_gdn_chunk_seq1_d128", "q12_gdn_chunk_seq1_d64")
+           "q12_gdn_chunk_seq_d128", "q12_gdn_chunk_seq_d64", "q12_gdn_chunk_seq1_d128", "q12_gdn_chunk_seq1_d64",
+           "q12_gdn_chunk_prep_tiles_d128", "q12_gdn_chunk_prep_tiles_d64")
 #: Record buffers of the split pair's sequential kernel: 2 (the next chunk loads while this one computes,
 #: 1 CTA/SM) or 1 (2 CTAs/SM). See :func:`split_stages`.
 SEQ_STAGES = (2, 1)
@@ -104,15 +110,25 @@ def v_record_bytes() -> int:
     return 2 * (2 * CHUNK * CHUNK + CHUNK * 16) + 3 * 4 * CHUNK
 
 
-def workspace_bytes(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int) -> int:
-    """Workspace of the split pair (``algo="split"``) for ``n`` streams of at most ``chunk_len`` tokens
-    (the pass's ``meta.chunk_len``): per stream and 64-token chunk, one K record per key head and one
-    V record per value head (:func:`k_record_bytes`, :func:`v_record_bytes`)."""
+def tile_v_record_bytes() -> int:
+    """Bytes of one (stream, value head, chunk) record of the "wgmma" pair (``gdnc::TileVRec``): T = (I + A)^-1
+    as bf16 hi and lo and P, three ``[64][64]`` swizzled tiles, then beta, exp(gamma), exp(gamma_C - gamma)
+    ``[64]`` fp32."""
+    return 3 * 2 * CHUNK * CHUNK + 3 * 4 * CHUNK
+
+
+def workspace_bytes(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int, *,
+                    tiles: bool = False) -> int:
+    """Workspace of the split pair (``algo="split"``; ``tiles``: the "wgmma" pair's) for ``n`` streams of at
+    most ``chunk_len`` tokens (the pass's ``meta.chunk_len``): per stream and 64-token chunk, one K record per
+    key head and one V record per value head (:func:`k_record_bytes`, :func:`v_record_bytes` or
+    :func:`tile_v_record_bytes`)."""
     entry_name(head_dim)
     if n < 1 or chunk_len < 0 or num_k_heads < 1 or num_v_heads < 1:
         raise ValueError(f"need n >= 1, chunk_len >= 0, num_k_heads >= 1, num_v_heads >= 1; got {n}, {chunk_len}, "
                          f"{num_k_heads}, {num_v_heads}")
-    return n * (-(-chunk_len // CHUNK)) * (num_k_heads * k_record_bytes(head_dim) + num_v_heads * v_record_bytes())
+    vrec = tile_v_record_bytes() if tiles else v_record_bytes()
+    return n * (-(-chunk_len // CHUNK)) * (num_k_heads * k_record_bytes(head_dim) + num_v_heads * vrec)
 
 
 def seq_smem_bytes(head_dim: int, stages: int = 2) -> int:
@@ -130,7 +146,14 @@ def entry_smem_bytes(entry: str) -> int:
     for stages in SEQ_STAGES:
         if entry == split_entries(d, stages)[1]:
             return seq_smem_bytes(d, stages)
-    return prep_smem_bytes(d) if entry == split_entries(d)[0] else smem_bytes(d)
+    return prep_smem_bytes(d) if entry in (split_entries(d)[0], tile_prep_entry(d)) else smem_bytes(d)
+
+
+def tile_prep_entry(head_dim: int) -> str:
+    """The precompute entry of the "wgmma" pair for ``dk = dv = head_dim``: the split pair's kernel writing the
+    records as tiles (``gdnc::KRec`` swizzled, ``gdnc::TileVRec``)."""
+    entry_name(head_dim)
+    return f"q12_gdn_chunk_prep_tiles_d{head_dim}"
 
 
 def split_stages(n: int, num_v_heads: int, head_dim: int, num_sms: int) -> int:
@@ -192,8 +215,21 @@ def _f32(x):
     return np.asarray(x, np.float64).astype(np.float32)
 
 
+def _block_solve(R, Aoff, Dinv):
+    """X = (I + A)^-1 R by forward substitution over 16-token blocks, as ``block_solve`` does (``R`` [Hv, C, m]
+    fp32; the right-hand sides and X enter the products as hi + lo pairs)."""
+    X = np.zeros(R.shape, np.float32)
+    for i in range(R.shape[1] // 16):
+        sl = slice(16 * i, 16 * i + 16)
+        Y = R[:, sl].astype(np.float64)
+        if i:
+            Y = _f32(Y - Aoff[:, sl, : 16 * i] @ _split(X[:, : 16 * i], True))
+        X[:, sl] = _f32(Dinv[:, sl, sl] @ _split(Y.astype(np.float32), True))
+    return X
+
+
 def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int = CHUNK, s_hilo: bool = False,
-                      update_split: bool = True):
+                      update_split: bool = True, t_product: bool = False, t_lo: bool = True):
     """The kernel's algorithm in numpy, with its rounding points (bf16 casts where it casts).
 
     Arguments and results as :func:`q12drv.kernels.gdn.reference`. Products of bf16 operands are
@@ -204,6 +240,9 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
     instead of one bf16. ``update_split`` models ``GDN_UPD_SPLIT`` (default 1): the state update
     ``K^T V_new`` uses hi + lo pairs of both K (the fp32 normalised rows) and V_new, three
     products (hi hi, lo hi, hi lo); without it, bf16 K and a hi + lo V_new.
+    ``t_product`` models the "wgmma" pair (:mod:`q12drv.kernels.gdn_wgmma`): T = (I + A)^-1 is the block solve
+    applied to the identity, rounded to bf16 hi (+ lo with ``t_lo``, ``GDN_WG_TLO``), and
+    ``V_new = T_hi (R_hi + R_lo) + T_lo R_hi``.
     """
     T, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
@@ -265,13 +304,15 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
             QS = _f32(Q @ Ssplit)
             eg = np.exp(gam).astype(np.float32)
             R = _f32(bt[:, :, None] * (V - eg[:, :, None] * KS))
-            X = np.zeros((hv, C, dv), np.float32)
-            for i in range(nb):
-                sl = slice(16 * i, 16 * i + 16)
-                Y = R[:, sl].astype(np.float64)
-                if i:
-                    Y = _f32(Y - Aoff[:, sl, : 16 * i] @ _split(X[:, : 16 * i], True))
-                X[:, sl] = _f32(Dinv[:, sl, sl] @ _split(Y.astype(np.float32), True))
+            if t_product:
+                Tm = _block_solve(np.broadcast_to(np.eye(C, dtype=np.float32), (hv, C, C)), Aoff, Dinv)
+                Thi = round_to_bf16(Tm)
+                X = Thi.astype(np.float64) @ _split(R, True)
+                if t_lo:
+                    X = X + round_to_bf16(Tm - Thi).astype(np.float64) @ round_to_bf16(R).astype(np.float64)
+                X = _f32(X)
+            else:
+                X = _block_solve(R, Aoff, Dinv)
             Xs = _split(X, True)
             O = _f32(eg[:, :, None] * QS + _f32(P @ Xs))
             egC = np.exp(gam[:, -1]).astype(np.float32)
@@ -284,7 +325,8 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
     return to_bf16_bits(o), final
 
 
-def _emulate(args: dict, mem, grid, block, head_dim: int) -> None:
+def emulate_chunked(args: dict, mem, grid, block, head_dim: int) -> None:
+    """Emulate a chunked entry's launch (grid ``(dv / 64, >= Hv, >= n)``, 128 threads): the float64 reference."""
     n, hk, hv = _gdn.emulator_heads(args)
     # the kernel does nothing unless grid.x == dv / 64 and block == 128 threads
     if grid[0] != head_dim // BV:
@@ -300,23 +342,24 @@ def _emulate(args: dict, mem, grid, block, head_dim: int) -> None:
 
 def emulate_d128(args: dict, mem, grid, block) -> None:
     """Emulate ``q12_gdn_chunk_d128`` (the float64 reference; see :func:`q12drv.kernels.gdn.emulate_d128`)."""
-    _emulate(args, mem, grid, block, 128)
+    emulate_chunked(args, mem, grid, block, 128)
 
 
 def emulate_d64(args: dict, mem, grid, block) -> None:
     """Emulate ``q12_gdn_chunk_d64``."""
-    _emulate(args, mem, grid, block, 64)
+    emulate_chunked(args, mem, grid, block, 64)
 
 
-def _touch_workspace(args: dict, mem, head_dim: int) -> None:
-    # what the pair reads and writes of the workspace must be mapped device memory (the GPU would fault)
+def touch_workspace(args: dict, mem, head_dim: int, *, tiles: bool = False) -> None:
+    """Map the workspace a pair's launch reads and writes (:func:`workspace_bytes`; ``tiles``: the "wgmma"
+    pair's format) in emulated memory ``mem``: raises where the GPU would fault."""
     n, hk, hv = _gdn.emulator_heads(args)
     m = args["m"]
-    nbytes = workspace_bytes(max(n, 1), int(m.chunk_len), hk, hv, head_dim)
+    nbytes = workspace_bytes(max(n, 1), int(m.chunk_len), hk, hv, head_dim, tiles=tiles)
     mem.array(int(args["workspace"]), np.uint8, (nbytes,))
 
 
-def _emulate_prep(head_dim: int):
+def _emulate_prep(head_dim: int, tiles: bool = False):
     def run(args: dict, mem, grid, block) -> None:
         """Emulate the split pair's precompute kernel: its records are internal to the pair, so the
         emulator only checks the launch and that the workspace is there (the sequential emulator
@@ -326,19 +369,20 @@ def _emulate_prep(head_dim: int):
         if tuple(block) != want[1] or tuple(grid)[1:] != want[0][1:] or grid[0] < want[0][0]:
             raise ValueError(f"the GDN precompute kernel needs grid {want[0]} and block {want[1]}, got "
                              f"{tuple(grid)}, {tuple(block)}")
-        _touch_workspace(args, mem, head_dim)
+        touch_workspace(args, mem, head_dim, tiles=tiles)
     return run
 
 
 def _emulate_seq(head_dim: int):
     def run(args: dict, mem, grid, block) -> None:
         """Emulate the split pair's sequential kernel: the fused kernel's result (bit-identical on the GPU)."""
-        _touch_workspace(args, mem, head_dim)
-        _emulate(args, mem, grid, block, head_dim)
+        touch_workspace(args, mem, head_dim)
+        emulate_chunked(args, mem, grid, block, head_dim)
     return run
 
 
 #: What the emulated driver runs instead of each entry point.
 EMULATORS = {"q12_gdn_chunk_d128": emulate_d128, "q12_gdn_chunk_d64": emulate_d64,
              **{split_entries(d)[0]: _emulate_prep(d) for d in (128, 64)},
+             **{tile_prep_entry(d): _emulate_prep(d, tiles=True) for d in (128, 64)},
              **{split_entries(d, st)[1]: _emulate_seq(d) for d in (128, 64) for st in SEQ_STAGES}}

@@ -19,6 +19,7 @@ from . import attention_wgmma as _attnw
 from . import expand as _expand
 from . import gdn as _gdn
 from . import gdn_chunk as _gdnc
+from . import gdn_wgmma as _gdnw
 from . import kv_write as _kvw
 from . import args as _args
 from . import rope as _rope
@@ -26,6 +27,7 @@ from .meta import Q12MetaC, Q12TailC, meta_defines, meta_struct
 
 __all__ = ["kv_write", "rope", "attention", "gdn", "ATTN_ALGOS", "attention_entry", "GDN_ALGOS", "GDN_MODULES",
            "enqueue_kv_write", "enqueue_rope", "enqueue_attention", "enqueue_gdn", "check_gdn_algo", "gdn_workspace",
+           "gdn_workspace_bytes", "GDN_WORKSPACE_ALGOS",
            "prepared", "SOURCES", "ENTRIES", "struct_types"]
 
 #: Every kernel source and its entries.
@@ -36,6 +38,7 @@ SOURCES = {
     _attnw.SOURCE: _attnw.ENTRIES,
     _gdn.SOURCE: _gdn.ENTRIES,
     _gdnc.SOURCE: _gdnc.ENTRIES,
+    _gdnw.SOURCE: _gdnw.ENTRIES,
     _expand.SOURCE: _expand.ENTRIES,
 }
 ENTRIES = {e: src for src, entries in SOURCES.items() for e in entries}
@@ -207,14 +210,20 @@ def enqueue_attention(device: Device, meta: BatchedAttnMetadata, entry: str, q: 
 
 
 #: Gated DeltaNet algorithms (``ops.gdn(..., algo=)``) and the kernel module of each.
-GDN_MODULES = {"chunked": _gdnc, "recurrent": _gdn, "split": _gdnc}
+GDN_MODULES = {"chunked": _gdnc, "recurrent": _gdn, "split": _gdnc, "wgmma": _gdnw}
+#: The algorithms that run a precompute kernel into a caller-provided workspace.
+GDN_WORKSPACE_ALGOS = ("split", "wgmma")
 GDN_ALGOS = tuple(GDN_MODULES)
 
 
 @lru_cache(maxsize=1024, typed=True)
 def _gdn_launches(algo: str, n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int,
                   num_sms: int) -> tuple:
-    """``((entry, grid, block, smem), ...)`` of one Gated DeltaNet layer: one launch, or the split pair's two."""
+    """``((entry, grid, block, smem), ...)`` of one Gated DeltaNet layer: one launch, or a pair's two."""
+    if algo == "wgmma":
+        stages = _gdnw.stages(n, num_v_heads, head_dim, num_sms)
+        geos = _gdnw.geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim, stages)
+        return tuple((entry, *geo) for entry, geo in zip(_gdnw.entries(head_dim, stages), geos))
     if algo == "split":
         stages = _gdnc.split_stages(n, num_v_heads, head_dim, num_sms)
         geos = _gdnc.split_geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim, stages)
@@ -239,13 +248,17 @@ def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k:
       ``workspace`` (device pointer, 16-byte aligned) of ``workspace_bytes`` >=
       :func:`q12drv.kernels.gdn_chunk.workspace_bytes`
       ``(n, meta.chunk_len, num_k_heads, num_v_heads, head_dim)``; the other algorithms ignore both;
+    * ``"wgmma"`` (Hopper, sm_90): the split pair's precompute with the solve applied (records as tiles),
+      then a sequential kernel on warpgroup MMA (:mod:`q12drv.kernels.gdn_wgmma`): the split pair's
+      numerics up to the solve, not its bits. Needs a workspace as ``"split"`` does, of
+      :func:`q12drv.kernels.gdn_wgmma.workspace_bytes`;
     * ``"recurrent"``: ``gdn_prefill.cu``, token by token in fp32.
 
     Same math and state contract; they agree to bf16 rounding (see :mod:`q12drv.kernels.gdn_chunk`
     for the error budget).
     """
     _check(device, meta)
-    check_gdn_algo(algo)
+    check_gdn_algo(algo, device.arch)
     d = _positive("head_dim", head_dim)
     GDN_MODULES[algo].entry_name(d)
     hv, hk = _args.head_group("num_v_heads", num_v_heads, "num_k_heads", num_k_heads)
@@ -254,10 +267,14 @@ def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k:
                 _ptr("v", v, 8), _ptr("g", g, 4), _ptr("beta", beta, 4), _ptr("o", o, 8), hk, hv, d, ws, stream)
 
 
-def check_gdn_algo(algo) -> None:
-    """Raise ValueError unless ``algo`` is one of :data:`GDN_ALGOS`."""
+def check_gdn_algo(algo, arch: str | None = None) -> None:
+    """Raise ValueError unless ``algo`` is one of :data:`GDN_ALGOS` (and, given the device's ``arch``, runs
+    there: ``"wgmma"`` needs Hopper, sm_90)."""
     if type(algo) is not str or algo not in GDN_MODULES:
         raise ValueError(f"algo must be one of {', '.join(map(repr, GDN_ALGOS))}, got {algo!r}")
+    if algo == "wgmma" and arch is not None and arch not in ("sm_90", "sm_90a"):
+        raise ValueError(f"algo='wgmma' runs on Hopper (sm_90) only, this device is {arch}: use algo='split' (the "
+                         f"same workspace contract) or 'chunked'")
 
 
 def gdn_workspace(algo: str, n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int, workspace,
@@ -267,20 +284,30 @@ def gdn_workspace(algo: str, n: int, chunk_len: int, num_k_heads: int, num_v_hea
     Raises
     ------
     TypeError, ValueError
-        ``"split"`` without a workspace, a NULL or misaligned one, or one smaller than the pass needs.
+        ``"split"`` or ``"wgmma"`` without a workspace, a NULL or misaligned one, or one smaller than the
+        pass needs.
     """
-    if algo != "split":
+    if algo not in GDN_WORKSPACE_ALGOS:
         return 0
-    need = _gdnc.workspace_bytes(n, chunk_len, num_k_heads, num_v_heads, head_dim)
+    need = gdn_workspace_bytes(algo, n, chunk_len, num_k_heads, num_v_heads, head_dim)
+    sizer = f"{GDN_MODULES[algo].__name__.rsplit('.', 1)[1]}.workspace_bytes"
     if workspace is None or workspace_bytes is None:
-        raise ValueError(f"algo='split' needs workspace= (a device pointer) and workspace_bytes= (its size): this pass "
-                         f"needs {need:,} bytes (q12drv.kernels.gdn_chunk.workspace_bytes)")
+        raise ValueError(f"algo={algo!r} needs workspace= (a device pointer) and workspace_bytes= (its size): this "
+                         f"pass needs {need:,} bytes (q12drv.kernels.{sizer})")
     have = _args.count("workspace_bytes", workspace_bytes, 0, None)
     if have < need:
-        raise ValueError(f"workspace_bytes {have:,} is too small: algo='split' needs {need:,} bytes for {n} stream(s) "
-                         f"of up to {chunk_len} tokens, {num_k_heads} key / {num_v_heads} value heads "
-                         f"(gdn_chunk.workspace_bytes)")
+        raise ValueError(f"workspace_bytes {have:,} is too small: algo={algo!r} needs {need:,} bytes for {n} stream(s) "
+                         f"of up to {chunk_len} tokens, {num_k_heads} key / {num_v_heads} value heads ({sizer})")
     return _ptr("workspace", workspace, 16)
+
+
+def gdn_workspace_bytes(algo: str, n: int, chunk_len: int, num_k_heads: int, num_v_heads: int,
+                        head_dim: int) -> int:
+    """Workspace bytes ``algo`` needs for ``n`` streams of at most ``chunk_len`` tokens (0 for the algorithms
+    that need none)."""
+    if algo not in GDN_WORKSPACE_ALGOS:
+        return 0
+    return GDN_MODULES[algo].workspace_bytes(n, chunk_len, num_k_heads, num_v_heads, head_dim)
 
 
 def enqueue_gdn(device: Device, meta: BatchedAttnMetadata, algo: str, h_state_ptrs: int, q: int, k: int, v: int,

@@ -4,7 +4,7 @@
     PYTHONPATH=. python3 tests/gpu/gdn_debug.py [--no-time]
 
 Part 1: tiny cases (1 stream, 1 head, d 64 and 128; lengths 1, 16, 64, 65, 130) in three
-variants that isolate the kernel's paths:
+variants that isolate the kernel's paths, for the fused kernel and for the wgmma pair (algo "wgmma"):
   * ``state-only``: beta = 0, so V_new = 0: o = exp(gamma) Q S and S decays (the S^T fragments,
     the state load/store, Q S, gamma);
   * ``zero-state``: S0 = 0 (K K^T, the diagonal inverses, the block solve, P V_new, the update);
@@ -16,7 +16,8 @@ For each: registers / local bytes,
 PASS/FAIL of o and final state against the float64 reference on a small ragged case (the GPU
 tests' bounds) plus bit-equality with the default variant's result, then CUDA-event timings
 (median of 15 after 3 warm-ups) at Hk 16 / Hv 32 / d 128 for 8 x 2048, 1 x 8192 and ragged
-8 streams 256..2048; the recurrent kernel as a reference row. One table at the end.
+8 streams 256..2048; the recurrent kernel as a reference row; with v0 also the split pair and the wgmma pair
+(each stage build, GDN_WG_TLO 0, the precompute alone). One table at the end.
 
     PYTHONPATH=. python3 tests/gpu/gdn_debug.py --no-debug          # variants only
     PYTHONPATH=. python3 tests/gpu/gdn_debug.py --variants v0,v3    # a subset
@@ -38,7 +39,7 @@ import numpy as np  # noqa: E402
 
 from bench.timing import torch_events_us  # noqa: E402
 from q12drv.bf16 import from_bf16_bits  # noqa: E402
-from q12drv.kernels import gdn, gdn_chunk  # noqa: E402
+from q12drv.kernels import gdn, gdn_chunk, gdn_wgmma  # noqa: E402
 from q12drv.kernels.meta import Q12MetaC, meta_defines  # noqa: E402
 from tests.gpu import test_gdn_gpu as T  # noqa: E402
 from tests.helpers import rel_err  # noqa: E402
@@ -57,16 +58,27 @@ def setup():
     rec_mod = T._check(cu.cuModuleLoadData(compile_source(gdn.SOURCE, defines=meta_defines()).image))
     rec = {n: T._check(cu.cuModuleGetFunction(rec_mod, n.encode())) for n in gdn.ENTRIES}
     _, chunk = T.load_chunk_module()
-    for name, f in chunk.items():
+    _, wg = T.load_chunk_module(source=gdn_wgmma.SOURCE)
+    for name, f in {**chunk, **wg}.items():
         regs = T._check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, f))
         local = T._check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f))
-        print(f"{name}: {regs} registers, {local} B local, {gdn_chunk.smem_bytes(128 if name.endswith('128') else 64)} B dynamic smem")
-    return torch, rec, chunk
+        smem = (gdn_chunk if name in chunk else gdn_wgmma).entry_smem_bytes(name)
+        print(f"{name}: {regs} registers, {local} B local, {smem} B dynamic smem")
+    return torch, rec, {**chunk, **wg}
 
 
 def debug_cases(torch, chunk):
     rng = np.random.default_rng(1234)
     worst = 0.0
+    for pair, split in (("fused", 0), ("wgmma", 2)):
+        print(f"-- {pair}")
+        worst = max(worst, _debug_pair(torch, chunk, rng, pair, split))
+    print(f"worst o error relative to max|o|: {worst:.2e}")
+
+
+def _debug_pair(torch, chunk, rng, pair, split):
+    worst = 0.0
+    model_kw = dict(t_product=pair == "wgmma")
     for d in (64, 128):
         for L in (1, 16, 64, 65, 130):
             for variant in ("state-only", "zero-state", "full"):
@@ -76,9 +88,9 @@ def debug_cases(torch, chunk):
                 if variant == "zero-state":
                     inputs[6] = np.zeros_like(inputs[6])
                 inputs = tuple(inputs)
-                o, fin, guards = T.run_chunk_gpu(torch, chunk, inputs, 1, 1, d, rng)
+                o, fin, guards = T.run_chunk_gpu(torch, chunk, inputs, 1, 1, d, rng, split=split, pair=pair)
                 o_ref, fin_ref = gdn.reference(*inputs)
-                o_mod, fin_mod = gdn_chunk.chunked_reference(*inputs)
+                o_mod, fin_mod = gdn_chunk.chunked_reference(*inputs, **model_kw)
                 of, rf, mf = (from_bf16_bits(x).astype(np.float64) for x in (o, o_ref, o_mod))
                 per_chunk = [float(np.nanmax(np.abs(of[c:c + 64] - rf[c:c + 64]))) for c in range(0, L, 64)]
                 model = [float(np.max(np.abs(mf[c:c + 64] - rf[c:c + 64]))) for c in range(0, L, 64)]
@@ -92,7 +104,7 @@ def debug_cases(torch, chunk):
                       + f"  state {es:.2e} (model {em:.1e}, |S|max {np.max(np.abs(fin_ref[0])):.2f})"
                       + ("" if guards else "  GUARDS BROKEN") + (f"  {nan} NaN" if nan else ""))
                 worst = max(worst, max(per_chunk) / scale if per_chunk else 0.0)
-    print(f"worst o error relative to max|o|: {worst:.2e}")
+    return worst
 
 
 # name, defines. Defaults: GDN_PREFETCH 0, GDN_WARP_INV 0, GDN_NORM_UNROLL 2. (v4-v7, GDN_KSPLIT 2: 8 warps
@@ -137,10 +149,10 @@ def timing_cases(torch):
         st = torch.randn(n, hv, d, d, device="cuda") * 0.1
         ptrs = torch.tensor([st[i].data_ptr() for i in range(n)], dtype=torch.uint64, device="cuda")
         meta = Q12MetaC(cu_seqlens=cu_t.data_ptr(), batch_size=n, chunk_len=max(lens), total_tokens=Tt)
-        ws = torch.empty(gdn_chunk.workspace_bytes(n, max(lens), hk, hv, d), dtype=torch.uint8, device="cuda")
+        ws = torch.empty(gdn_wgmma.workspace_bytes(n, max(lens), hk, hv, d), dtype=torch.uint8, device="cuda")  # >= split's
         vals = [meta, ctypes.c_uint64(ptrs.data_ptr())]
         vals += [ctypes.c_uint64(x.data_ptr()) for x in (q, k, v, g, beta, o)] + [ctypes.c_int(hk), ctypes.c_int(hv)]
-        vals.append(ctypes.c_uint64(ws.data_ptr()))  # the split pair's extra argument (ignored by the others)
+        vals.append(ctypes.c_uint64(ws.data_ptr()))  # the pairs' extra argument (ignored by the others)
         out.append((key, n, Tt, hv, d, vals, (q, k, v, g, beta, o, st, ptrs, cu_t, ws)))
     return out
 
@@ -176,6 +188,43 @@ def precompile(selected):
         for _ in ex.map(_compile_one, [d for _, d in selected]):
             pass
     print(f"compiled {len(selected)} variants in {time.time() - t0:.1f} s", flush=True)
+
+
+# the wgmma pair's builds: name, gdn_wgmma.cu defines
+WGMMA_VARIANTS = [("wg", ()), ("wg-tlo0", ("GDN_WG_TLO=0",))]
+
+
+def wgmma_rows(torch, chunk_funcs, cases):
+    """Rows of the wgmma pair: per build (WGMMA_VARIANTS) and stage count its small ragged check and its times
+    (the precompute included), then the tile precompute alone; ``chunk_funcs``: gdn_chunk.cu's entries."""
+    from cuda.bindings import driver as cu
+
+    rows = []
+    prep_row = ["wg-prep-only", "-", "-"]
+    for name, defines in WGMMA_VARIANTS:
+        mod, wfuncs = T.load_chunk_module(defines, source=gdn_wgmma.SOURCE)
+        funcs = {**chunk_funcs, **wfuncs}
+        for st in gdn_wgmma.STAGES:
+            f = wfuncs[gdn_wgmma.entries(128, st)[1]]
+            regs = T._check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, f))
+            local = T._check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f))
+            rng = np.random.default_rng(77)
+            inputs = T.make_inputs(rng, [1, 63, 64, 65, 0, 300, 130], 2, 4, 128)
+            o, fin, guards = T.run_chunk_gpu(torch, funcs, inputs, 2, 4, 128, rng, split=st, pair="wgmma")
+            o_ref, fin_ref = gdn.reference(*inputs)
+            eo, es = rel_err(from_bf16_bits(o), from_bf16_bits(o_ref)), rel_err(fin, fin_ref)
+            ok = guards and eo < T.CHUNK_O_REL and es < T.CHUNK_STATE_REL and np.isfinite(from_bf16_bits(o)).all()
+            row = [f"{name}-seq{st}", f"{regs}r/{local}B", f"{'PASS' if ok else 'FAIL'} o {eo:.1e} S {es:.1e}"]
+            for key, n, Tt, hv, d, vals, _ in cases:
+                geos = gdn_wgmma.geometry(n, int(vals[0].chunk_len), vals[8].value, hv, d, st)
+                pair = [(e, *geo) for e, geo in zip(gdn_wgmma.entries(d, st), geos)]
+                row.append(time_kernel(torch, funcs, pair, None, None, None, vals))
+                if name == "wg" and st == 2:
+                    prep_row.append(time_kernel(torch, funcs, pair[:1], None, None, None, vals))
+            rows.append(row)
+            print(f"{row[0]}: {row[2]}", flush=True)
+        T._check(cu.cuModuleUnload(mod))
+    return rows + [prep_row]
 
 
 def variants(torch, rec, names=None):
@@ -219,7 +268,7 @@ def variants(torch, rec, names=None):
             prep_row.append(time_kernel(torch, funcs, pair[:1], None, None, None, vals))
         rows.append(row)
         if name == "v0-default":
-            rows += [*split_rows.values(), prep_row]
+            rows += [*split_rows.values(), prep_row, *wgmma_rows(torch, funcs, cases)]
         T._check(cu.cuModuleUnload(mod))
         print(f"{name}: {verdict}  ({time.time() - t0:.1f} s)", flush=True)
     keys = [c[0] for c in cases]

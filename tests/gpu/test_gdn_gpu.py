@@ -215,25 +215,26 @@ def test_gdn_prefill_matches_reference_and_is_batch_invariant(kernels, d, hk, hv
 
 # --------------------------------------------------------------------------- chunked (WY) kernel
 
-from q12drv.kernels import gdn_chunk  # noqa: E402
+from q12drv.kernels import gdn_chunk, gdn_wgmma  # noqa: E402
 
 CHUNK_O_REL, CHUNK_STATE_REL = 1e-2, 1e-3   # numpy model of the kernel: ~3.7e-3 and ~3e-4
 
 
-def load_chunk_module(defines=()):
-    """Compile gdn_chunk.cu (extra ``defines``: its GDN_* variant macros), load it, opt in to its
-    dynamic shared memory; returns (module, {entry: CUfunction})."""
+def load_chunk_module(defines=(), source=gdn_chunk.SOURCE):
+    """Compile gdn_chunk.cu (or gdn_wgmma.cu; extra ``defines``: their GDN_* variant macros), load it, opt in
+    to its entries' dynamic shared memory; returns (module, {entry: CUfunction})."""
     from cuda.bindings import driver as cu
 
     from q12drv.nvrtc import compile_source
 
-    img = compile_source(gdn_chunk.SOURCE, defines=[*meta_defines(), *defines])
+    mod_info = gdn_chunk if source == gdn_chunk.SOURCE else gdn_wgmma
+    img = compile_source(source, defines=[*meta_defines(), *defines])
     mod = _check(cu.cuModuleLoadData(img.image))
     funcs = {}
     attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    for name in gdn_chunk.ENTRIES:
+    for name in mod_info.ENTRIES:
         f = _check(cu.cuModuleGetFunction(mod, name.encode()))
-        _check(cu.cuFuncSetAttribute(f, attr, gdn_chunk.entry_smem_bytes(name)))
+        _check(cu.cuFuncSetAttribute(f, attr, mod_info.entry_smem_bytes(name)))
         funcs[name] = f
     return mod, funcs
 
@@ -244,13 +245,15 @@ def chunk_kernels(kernels):
 
     torch, rec_funcs = kernels
     mod, funcs = load_chunk_module()
-    yield torch, funcs, rec_funcs
+    wmod, wfuncs = load_chunk_module(source=gdn_wgmma.SOURCE)
+    yield torch, {**funcs, **wfuncs}, rec_funcs
     _check(cu.cuModuleUnload(mod))
+    _check(cu.cuModuleUnload(wmod))
 
 
-def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=0):
-    """One chunked launch over all streams of `inputs` (``split`` 1 or 2: the split pair, its sequential
-    kernel with that many record buffers, through a guarded workspace instead of the fused kernel):
+def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=0, pair="split"):
+    """One chunked launch over all streams of `inputs` (``split`` 1 or 2: a pair, ``pair`` "split" or "wgmma",
+    its sequential kernel with that many stages, through a guarded workspace instead of the fused kernel):
     (o bits, final states, guards intact)."""
     q, k, v, g, beta, cu, s0 = inputs
     lens = np.diff(cu).tolist()
@@ -269,11 +272,17 @@ def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=0):
     values += [ctypes.c_int(hk), ctypes.c_int(hv)]
     torch.cuda.synchronize()
     if split:
-        ws = Guarded(torch, gdn_chunk.workspace_bytes(n, int(meta.chunk_len), hk, hv, d), fill=0xFF)
+        mod = gdn_chunk if pair == "split" else gdn_wgmma
+        ws = Guarded(torch, mod.workspace_bytes(n, int(meta.chunk_len), hk, hv, d), fill=0xFF)
         keep.append(ws)
         values.append(ctypes.c_uint64(ws.ptr))
-        for entry, (grid, block, smem) in zip(gdn_chunk.split_entries(d, split),
-                                              gdn_chunk.split_geometry(n, int(meta.chunk_len), hk, hv, d, split)):
+        if pair == "split":
+            names = gdn_chunk.split_entries(d, split)
+            geos = gdn_chunk.split_geometry(n, int(meta.chunk_len), hk, hv, d, split)
+        else:
+            names = gdn_wgmma.entries(d, split)
+            geos = gdn_wgmma.geometry(n, int(meta.chunk_len), hk, hv, d, split)
+        for entry, (grid, block, smem) in zip(names, geos):
             launch(funcs, entry, grid, block, smem, values)
     else:
         grid, block, smem = gdn_chunk.geometry(n, hv, d)
@@ -283,6 +292,24 @@ def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=0):
     fin = np.stack([s.read(np.float32, (hv, d, d)) for s in states])
     guards = all(b.guards_ok() for b in [o, ptrs, *states, *bufs, *keep])
     return out, fin, guards
+
+
+def check_chunked_result(o, fin, inputs):
+    """A chunked kernel's outputs against the float64 reference, stream by stream: every output row written
+    and finite, o and the final state within the chunked bounds, a stream of length 0 left untouched."""
+    of = from_bf16_bits(o)
+    assert np.isfinite(of).all(), "output rows left unwritten (NaN poison) or non-finite"
+    o_ref, fin_ref = gdn.reference(*inputs)
+    cu, s0 = inputs[5], inputs[6]
+    for b in range(len(cu) - 1):
+        s, e = cu[b], cu[b + 1]
+        if e == s:
+            assert np.array_equal(fin[b], s0[b]), f"stream {b} (len 0): state changed"
+            continue
+        eo = rel_err(of[s:e], from_bf16_bits(o_ref[s:e]))
+        es = rel_err(fin[b], fin_ref[b])
+        assert eo < CHUNK_O_REL, f"stream {b} (len {e - s}): output rel err {eo:.3e}"
+        assert es < CHUNK_STATE_REL, f"stream {b} (len {e - s}): state rel err {es:.3e}"
 
 
 CHUNK_CASES = [
@@ -302,19 +329,8 @@ def test_gdn_chunk_matches_reference_and_is_batch_invariant(chunk_kernels, d, hk
     inputs = make_inputs(rng, lens, hk, hv, d)
     o, fin, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng)
     assert guards, "a guard byte around a written buffer changed"
-    of = from_bf16_bits(o)
-    assert np.isfinite(of).all(), "output rows left unwritten (NaN poison) or non-finite"
-    o_ref, fin_ref = gdn.reference(*inputs)
+    check_chunked_result(o, fin, inputs)
     q, k, v, g, beta, cu, s0 = inputs
-    for b in range(len(lens)):
-        s, e = cu[b], cu[b + 1]
-        if e == s:
-            assert np.array_equal(fin[b], s0[b]), f"stream {b} (len 0): state changed"
-            continue
-        eo = rel_err(of[s:e], from_bf16_bits(o_ref[s:e]))
-        es = rel_err(fin[b], fin_ref[b])
-        assert eo < CHUNK_O_REL, f"stream {b} (len {e - s}): output rel err {eo:.3e}"
-        assert es < CHUNK_STATE_REL, f"stream {b} (len {e - s}): state rel err {es:.3e}"
 
     # batched == each stream alone, bit for bit
     for b in range(len(lens)):
@@ -348,6 +364,35 @@ def test_gdn_split_pair_equals_the_fused_kernel(chunk_kernels, d, hk, hv, lens):
         o1, fin1, guards1 = run_chunk_gpu(torch, funcs, one, hk, hv, d, rng, split=stages)
         assert guards1
         assert np.array_equal(o1, o_f[s:e]) and np.array_equal(fin1[0], fin_f[b]), f"stages {stages}: alone != fused"
+
+
+@pytest.mark.parametrize("stages", gdn_wgmma.STAGES)
+@pytest.mark.parametrize("d,hk,hv,lens", CHUNK_CASES, ids=[f"d{c[0]}-hk{c[1]}-hv{c[2]}-n{len(c[3])}" for c in CHUNK_CASES])
+def test_gdn_wgmma_pair_matches_reference_and_is_batch_invariant(chunk_kernels, d, hk, hv, lens, stages):
+    """algo="wgmma" (the tile precompute + the warpgroup-MMA sequential kernel), both stage builds: the float64
+    reference within the chunked kernels' bounds, every output row written, guards (the workspace's
+    included) intact, a stream of length 0 untouched, each stream alone == batched bit for bit, and the
+    split pair's results to within the two solves' rounding."""
+    torch, funcs, _ = chunk_kernels
+    rng = np.random.default_rng()
+    inputs = make_inputs(rng, lens, hk, hv, d)
+    o, fin, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=stages, pair="wgmma")
+    assert guards, "a guard byte around a written buffer (the workspace included) changed"
+    check_chunked_result(o, fin, inputs)
+    o_split, fin_split, _ = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=stages)
+    of = from_bf16_bits(o)
+    q, k, v, g, beta, cu, s0 = inputs
+    for b in range(len(lens)):
+        s, e = cu[b], cu[b + 1]
+        if e == s:
+            continue
+        assert rel_err(fin[b], fin_split[b]) < 5e-4, f"stream {b}: state far from the split pair's"
+        assert rel_err(of[s:e], from_bf16_bits(o_split[s:e])) < 1e-2, f"stream {b}: output far from the split pair's"
+        one = (q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], np.array([0, e - s], np.int32), s0[b : b + 1])
+        o1, fin1, guards1 = run_chunk_gpu(torch, funcs, one, hk, hv, d, rng, split=stages, pair="wgmma")
+        assert guards1
+        assert np.array_equal(o[s:e], o1), f"stream {b}: output differs batched vs alone"
+        assert np.array_equal(fin[b], fin1[0]), f"stream {b}: final state differs batched vs alone"
 
 
 @pytest.mark.parametrize("d", [64, 128])
