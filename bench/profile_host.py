@@ -4,6 +4,8 @@ Profiles, each over ``--reps`` repetitions after a warm-up, with the stream drai
 repetition (as in the step benchmark):
 
 * ``staging``: 8 x 2048 MRoPE tokens staged with the device expansion (``stage_on_device``);
+* ``planned``: the same pass through an :class:`~q12drv.kernels.expand.ExpandPlan` made once
+  (``StagingCase.planned``: ``arena.reset()`` and ``plan.stage(starts, counts)``);
 * ``step``: one Qwen3-Next-like step over 8 x 128 tokens (``Q12Pass`` + one attention layer + one
   Gated DeltaNet layer), batched and per stream.
 
@@ -14,6 +16,7 @@ replace the driver's copies and launches by no-ops there, leaving q12drv's Pytho
 
     python3 bench/profile_host.py                     # the GPU when there is one
     Q12DRV_DRIVER=emu python3 bench/profile_host.py --stub --top 25
+    Q12DRV_DRIVER=emu python3 bench/profile_host.py --stub --top 25 --only planned --reps 2000
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=200, help="repetitions per profile (default 200)")
     ap.add_argument("--top", type=int, default=20, help="functions listed per profile (default 20)")
     ap.add_argument("--stub", action="store_true", help="emulator only: no-op copies and launches")
-    ap.add_argument("--only", choices=("staging", "step"), help="run one profile")
+    ap.add_argument("--only", choices=("staging", "planned", "step"), help="run one profile")
     args = ap.parse_args(argv)
     if args.reps < 1 or args.top < 1:
         ap.error("--reps and --top must be >= 1")
@@ -88,10 +91,15 @@ def main(argv=None) -> int:
         _stub(dev)
     print(f"device: {dev.name} ({dev.driver.name}){' with copies and launches stubbed' if args.stub else ''}")
     sync = dev.synchronize
-    if args.only in (None, "staging"):
+    if args.only in (None, "staging", "planned"):
         case = common.StagingCase(dev, 8, 2048 if gpu or args.stub else 256)
         try:
-            _profile(f"staging {case.n}x{case.tokens} MRoPE, device expansion", case.device, sync, args.reps, args.top)
+            if args.only in (None, "staging"):
+                _profile(f"staging {case.n}x{case.tokens} MRoPE, device expansion", case.device, sync, args.reps,
+                         args.top)
+            if args.only in (None, "planned"):
+                _profile(f"staging {case.n}x{case.tokens} MRoPE, ExpandPlan.stage", case.planned, sync, args.reps,
+                         args.top)
         finally:
             case.close()
     if args.only in (None, "step"):

@@ -43,6 +43,8 @@ __all__ = [
     "validate_streams",
     "stage_stacked",
     "host_copies",
+    "pass_fields",
+    "metadata_of_pass",
 ]
 
 _U32_MAX = (1 << 32) - 1
@@ -94,6 +96,9 @@ class BatchedAttnMetadata:
 
     Device fields are absolute :class:`~q12drv.ptr.DevicePtr` addresses inside the arena.
     ``staged_bytes`` is the exact footprint from ``scratch_offset_bytes``: the cursor advance.
+    ``cu_seqlens_host`` and ``kv_lens_host`` are read-only int32 arrays; in an object made by
+    :func:`metadata_of_pass` (an :class:`~q12drv.kernels.expand.ExpandPlan` pass) they are made on first
+    access, from the integers of that pass the object keeps.
     """
 
     positions_stacked: DevicePtr
@@ -121,6 +126,19 @@ class BatchedAttnMetadata:
     def counts(self) -> np.ndarray:
         """Per-stream token counts (``diff(cu_seqlens_host)``)."""
         return np.diff(self.cu_seqlens_host)
+
+    def __getattr__(self, name: str):
+        # only reached for an attribute the instance lacks: the host copies of a metadata object built
+        # by metadata_of_pass, made on first access from the pass's own integers (kept in the object)
+        d = self.__dict__
+        ints = d.get("_host_ints") if name in _HOST_COPIES else None
+        if ints is not None:
+            d["cu_seqlens_host"], d["kv_lens_host"] = host_copies(*ints)
+            return d[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+_HOST_COPIES = ("cu_seqlens_host", "kv_lens_host")
 
 
 class _Batch:
@@ -561,13 +579,7 @@ def metadata_at(arena, offset: int, layout: StackedLayout, cu: np.ndarray, kv: n
                 max_blocks_per_seq: int, block_size: int, use_mrope: bool, dummy_kv_block: int) -> BatchedAttnMetadata:
     """The :class:`BatchedAttnMetadata` describing ``layout`` at arena ``offset`` (``layout.n`` streams,
     ``layout.total_tokens`` tokens) with host copies ``cu`` and ``kv`` (made read-only)."""
-    base = int(arena.base) + offset
-    key = (base, layout.n, layout.total_tokens, layout.mrope, block_size, bool(use_mrope), int(dummy_kv_block))
-    fields = _META_TEMPLATES.get(key)
-    if fields is None:
-        if len(_META_TEMPLATES) >= _META_CACHE_MAX:
-            _META_TEMPLATES.clear()
-        fields = _META_TEMPLATES[key] = _metadata_template(base, offset, layout, block_size, use_mrope, dummy_kv_block)
+    fields = _template(arena, offset, layout, block_size, use_mrope, dummy_kv_block)
     cu.setflags(write=False)
     kv.setflags(write=False)
     meta = object.__new__(BatchedAttnMetadata)  # the frozen dataclass without its per-field __setattr__
@@ -578,6 +590,73 @@ def metadata_at(arena, offset: int, layout: StackedLayout, cu: np.ndarray, kv: n
     d["chunk_len"] = int(chunk_len)
     d["max_blocks_per_seq"] = int(max_blocks_per_seq)
     return meta
+
+
+def _template(arena, offset: int, layout: StackedLayout, block_size: int, use_mrope: bool, dummy_kv_block: int) -> dict:
+    """:func:`_metadata_template` for ``layout`` at arena ``offset``, memoised (the dict is shared: never write it)."""
+    base = int(arena.base) + offset
+    key = (base, layout.n, layout.total_tokens, layout.mrope, block_size, bool(use_mrope), int(dummy_kv_block))
+    fields = _META_TEMPLATES.get(key)
+    if fields is None:
+        if len(_META_TEMPLATES) >= _META_CACHE_MAX:
+            _META_TEMPLATES.clear()
+        fields = _META_TEMPLATES[key] = _metadata_template(base, offset, layout, block_size, use_mrope, dummy_kv_block)
+    return fields
+
+
+def pass_fields(arena, offset: int, layout: StackedLayout, *, max_blocks_per_seq: int, block_size: int, use_mrope: bool,
+                dummy_kv_block: int) -> dict:
+    """What every pass staged as ``layout`` at arena ``offset`` shares: each :class:`BatchedAttnMetadata`
+    field but ``chunk_len`` and the host copies, for :func:`metadata_of_pass` (a new dict, which the caller
+    keeps and never writes).
+
+    Parameters
+    ----------
+    arena : ScratchArena
+    offset : int
+        Arena offset of the stacked block.
+    layout : StackedLayout
+        ``layout.n`` streams, ``layout.total_tokens`` tokens.
+    max_blocks_per_seq, block_size, use_mrope, dummy_kv_block
+        As :func:`metadata_at` takes them.
+    """
+    # built compact, with every key metadata_of_pass sets already in: its copy never grows
+    fields = {k: v for k, v in _template(arena, offset, layout, block_size, use_mrope, dummy_kv_block).items()
+              if k not in _HOST_COPIES}
+    fields["max_blocks_per_seq"] = int(max_blocks_per_seq)
+    fields["_host_ints"] = None
+    return fields
+
+
+def metadata_of_pass(fields: dict, chunk_len: int, cu: list, kv: list) -> BatchedAttnMetadata:
+    """A new :class:`BatchedAttnMetadata` from :func:`pass_fields` and one pass's integers.
+
+    Parameters
+    ----------
+    fields : dict
+        :func:`pass_fields` of the layout and place the pass was staged at (copied, not kept).
+    chunk_len : int
+        The pass's longest per-stream count.
+    cu, kv : list of int
+        The pass's ``cu_seqlens`` (n + 1 entries) and ``kv_lens`` (n), checked by the caller. The object
+        keeps them: hand it lists nobody changes afterwards. Its ``cu_seqlens_host`` and ``kv_lens_host``
+        are made from them on first access (read-only int32 arrays, as :func:`metadata_at`'s), so a pass
+        that never reads them does not pay for them, and they stay this pass's whatever comes after it.
+
+    Returns
+    -------
+    BatchedAttnMetadata
+    """
+    d = fields.copy()
+    d["chunk_len"] = chunk_len
+    d["_host_ints"] = (cu, kv)
+    meta = _new_object(BatchedAttnMetadata)  # the frozen dataclass without its __init__ and per-field __setattr__
+    _set_dict(meta, d)
+    return meta
+
+
+_new_object = object.__new__
+_set_dict = BatchedAttnMetadata.__dict__["__dict__"].__set__  # the instance dict, given whole
 
 
 _META_TEMPLATES: dict = {}

@@ -327,6 +327,30 @@ def test_reserve_all_adopts_this_arenas_regions_and_refuses_anything_else(emu):
             big.close()
 
 
+def test_reserve_again_is_reserve_all_of_one_region(emu):
+    from q12drv import CapacityError
+    from q12drv.errors import Q12Error
+
+    with ScratchArena(emu, 4096) as arena, ScratchArena(emu, 4096) as other:
+        a = arena.reserve("a", 100, offset=64)
+        arena.reset()
+        arena.reserve_again(a)
+        assert arena.regions == (a,) and arena.regions[0] is a and arena.cursor == 164
+        arena.reset()
+        foreign = other.reserve("x", 10, offset=0)
+        forged = type(a)("a", 64, 5000, a.ptr)  # this arena's pointer, but past its capacity
+        for bad, err in ((foreign, ValueError), (forged, CapacityError), (("a", 64, 100, a.ptr), ValueError)):
+            with pytest.raises(err):
+                arena.reserve_again(bad)
+            assert arena.regions == () and arena.cursor == 0  # nothing reserved
+        arena.reserve("c", 65, offset=0)
+        with pytest.raises(ValueError, match="overlap"):
+            arena.reserve_again(a)
+        assert arena.cursor == 65
+    with pytest.raises(Q12Error, match="closed"):
+        arena.reserve_again(a)
+
+
 def test_a_plan_laid_out_again_reuses_its_regions(emu):
     from q12drv.prefill import Q12Pass
 
@@ -337,3 +361,17 @@ def test_a_plan_laid_out_again_reuses_its_regions(emu):
         again = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4)
         assert again.plan is first.plan and arena.regions == regions
         assert all(x is y for x, y in zip(arena.regions[:3], regions[:3]))  # the MoE area and the blocks, reused
+
+
+def test_the_planned_host_profile_runs_and_names_the_plan(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, Q12DRV_DRIVER="emu", Q12DRV_CACHE_DIR=str(tmp_path / "cubins"), PYTHONPATH=str(root))
+    r = subprocess.run([sys.executable, "bench/profile_host.py", "--stub", "--only", "planned", "--reps", "3", "--top", "8"],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert r.stdout.count("== ") == 1 and "ExpandPlan.stage" in r.stdout and "expand.py" in r.stdout, r.stdout

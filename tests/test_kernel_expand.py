@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from q12drv import ScratchArena, StreamStageInfo, open_device, stage_batched_attn_metadata
@@ -271,3 +271,241 @@ def test_plan_refuses_vision_positions_and_too_many_streams(emu):
         with pytest.raises(ValueError, match=f"at most {TAIL_STREAMS} streams"):
             expand.ExpandPlan(arena, many, block_size=16, use_mrope=False, scratch_offset_bytes=0, dummy_kv_block=0)
         assert arena.cursor == 0
+
+
+def _expected(starts, counts) -> dict:
+    cu = [0]
+    for c in counts:
+        cu.append(cu[-1] + c)
+    return dict(cu=cu, kv=[s + c for s, c in zip(starts, counts)], chunk_len=max(counts), total_tokens=cu[-1])
+
+
+def test_a_plan_pass_keeps_describing_its_own_pass_after_later_passes(emu):
+    from q12drv.kernels.meta import meta_from_staged, meta_struct
+
+    streams, _ = make_streams(emu, [300, 300, 300], [0] * 3)
+    passes = [([0, 0, 0], [100, 50, 7]),      # a first total (157)
+              ([100, 50, 7], [7, 100, 50]),   # the same total, another chunk_len and other prefix sums
+              ([107, 150, 57], [1, 2, 3]),    # another total
+              ([0, 10, 20], [50, 7, 100])]    # the first total again
+    with ScratchArena(emu, 1 << 20) as arena, ScratchArena(emu, 1 << 20) as ref:
+        plan = expand.ExpandPlan(arena, streams, block_size=16, use_mrope=True, scratch_offset_bytes=64,
+                                 dummy_kv_block=0)
+        metas = []
+        for i, (starts, counts) in enumerate(passes):
+            arena.reset()
+            ref.reset()
+            starts_in, counts_in = list(starts), list(counts)
+            meta = plan.stage(starts_in, counts_in, None if i % 2 else emu.stream)  # a bound launch, or on a stream
+            starts_in[0], counts_in[0] = 99, 99  # the caller's lists are its own again
+            # the launch's argument block holds this pass's Q12Meta and integers, whatever came before
+            assert bytes(plan._launch.args.m) == bytes(meta_from_staged(meta))
+            want = _expected(starts, counts)
+            assert list(plan._launch.args.tail.cu_seqlens)[:4] == want["cu"]
+            assert list(plan._launch.args.tail.kv_lens)[:3] == want["kv"]
+            pass_streams = [StreamStageInfo(p, c, s.block_table, s.block_table_dev, s.seq_len_dev)
+                            for p, c, s in zip(starts, counts, streams)]
+            m1 = stage_batched_attn_metadata(ref, pass_streams, block_size=16, use_mrope=True, scratch_offset_bytes=64,
+                                             dummy_kv_block=0)
+            emu.synchronize()
+            assert arena.read(64, meta.staged_bytes) == ref.read(64, m1.staged_bytes)
+            if i == 1:
+                meta.cu_seqlens_host  # read before the next pass: kept as it is
+            metas.append(meta)
+        assert metas[0] is not metas[3] and metas[0].slot_stacked == metas[3].slot_stacked  # same shape, own objects
+        for meta, (starts, counts) in zip(metas, passes):
+            want = _expected(starts, counts)
+            assert type(meta) is expand.BatchedAttnMetadata
+            assert meta.cu_seqlens_host.tolist() == want["cu"] and meta.kv_lens_host.tolist() == want["kv"]
+            assert meta.cu_seqlens_host.dtype == np.int32 == meta.kv_lens_host.dtype
+            assert not meta.cu_seqlens_host.flags.writeable and not meta.kv_lens_host.flags.writeable
+            assert meta.counts.tolist() == counts
+            assert (meta.chunk_len, meta.total_tokens) == (want["chunk_len"], want["total_tokens"])
+            assert (meta.batch_size, meta.max_blocks_per_seq, meta.scratch_offset_bytes) == (3, 19, 64)
+            assert bytes(meta_struct(meta)) == bytes(meta_from_staged(meta))
+
+
+def test_a_plan_pass_metadata_is_an_ordinary_dataclass(emu):
+    import copy
+    import dataclasses
+
+    streams, _ = make_streams(emu, [40, 7])
+    with ScratchArena(emu, 1 << 16) as arena:
+        plan = expand.ExpandPlan(arena, streams, block_size=16, use_mrope=False, scratch_offset_bytes=0,
+                                 dummy_kv_block=0)
+        meta = plan.stage([0, 0], [40, 7])
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            meta.chunk_len = 3
+        with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+            meta.nonsense
+        assert not hasattr(meta, "nonsense")
+        assert copy.copy(meta).kv_lens_host.tolist() == [40, 7]
+        shorter = dataclasses.replace(meta, staged_bytes=meta.staged_bytes - 8)
+        assert shorter.cu_seqlens_host.tolist() == [0, 40, 47] and shorter.staged_bytes == meta.staged_bytes - 8
+        assert "cu_seqlens_host=array([ 0, 40, 47]" in repr(meta)
+
+
+_pass_ints = st.one_of(st.integers(-2, 700), st.sampled_from([0, 1, 599, 600, 601, (1 << 31) - 1, 1 << 31]))
+_pass_values = st.one_of(_pass_ints, _pass_ints, _pass_ints, _pass_ints.map(np.int64),
+                         _pass_ints.filter(lambda x: x < 1 << 31).map(np.int32),  # an int32 holds up to 2**31 - 1
+                         st.booleans(), st.just(2.0), st.none())
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_plan_pass_checks_accept_and_refuse_exactly_what_the_named_checks_do(emu, data):
+    n = data.draw(st.integers(1, 4))
+    streams, _ = make_streams(emu, [600] * n, [0] * n)  # every table covers 608 positions (block 16)
+    size = data.draw(st.sampled_from([n, n, n, n - 1, n + 1]))
+    # a valid pass (exact ints in range) with at most one entry replaced by anything
+    counts = data.draw(st.lists(st.integers(1, 300), min_size=n, max_size=n))
+    starts = [data.draw(st.integers(0, 608 - c)) for c in counts] + [0] * (size - n)
+    starts = starts[:size]
+    if data.draw(st.booleans()):
+        which, b = data.draw(st.sampled_from([starts, counts])), data.draw(st.integers(0, n - 1))
+        if b < len(which):
+            which[b] = data.draw(_pass_values)
+    event("fast path" if size == n and all(type(x) is int for x in starts + counts) else "other")
+    box = data.draw(st.sampled_from([list, tuple, list]))
+    starts, counts = box(starts), box(counts)
+    with ScratchArena(emu, 1 << 20) as arena:
+        plan = expand.ExpandPlan(arena, streams, block_size=16, use_mrope=False, scratch_offset_bytes=0,
+                                 dummy_kv_block=0)
+        try:
+            want = plan._checked(starts, counts)  # the named, per-stream checks alone
+        except (TypeError, ValueError) as exc:
+            with pytest.raises(type(exc)) as got:
+                plan.stage(starts, counts)
+            assert str(got.value) == str(exc)
+            assert arena.cursor == 0 and arena.regions == ()
+            return
+        if want[1][-1] > (1 << 31) - 1:
+            with pytest.raises(ValueError, match="overflow the i32 cu_seqlens prefix sum"):
+                plan.stage(starts, counts)
+            return
+        meta = plan.stage(starts, counts)
+        counts_i, cu, kv = want
+        assert meta.cu_seqlens_host.tolist() == cu and meta.kv_lens_host.tolist() == kv
+        assert type(meta.chunk_len) is int and meta.chunk_len == max(counts_i)
+        assert arena.cursor == meta.staged_bytes
+
+
+def test_plan_refuses_i32_overflows_and_what_does_not_fit_before_writing(emu, monkeypatch):
+    from q12drv import CapacityError
+
+    big = 1 << 20  # block size: 2049 blocks cover more positions than an i32 holds
+    streams = [StreamStageInfo(0, 1, np.zeros(2049, np.int32), 0x1000 + 8192 * b, 0x100 + 8 * b) for b in range(3)]
+    copies, launches = _counted(emu, monkeypatch)
+    with ScratchArena(emu, 1 << 16) as arena:
+        plan = expand.ExpandPlan(arena, streams, block_size=big, use_mrope=False, scratch_offset_bytes=0,
+                                 dummy_kv_block=0)
+        i32 = (1 << 31) - 1
+        with pytest.raises(ValueError, match=f"stream 1: start \\+ count = {i32 + 3} overflows the i32 kv_lens"):
+            plan.stage([0, i32 - 2, 0], [1, 5, 1])
+        with pytest.raises(ValueError, match=f"total tokens {3 << 30} overflow the i32 cu_seqlens prefix sum"):
+            plan.stage([0, 0, 0], [1 << 30] * 3)
+        with pytest.raises(CapacityError):  # 3 streams x 2**20 tokens: far more than the arena holds
+            plan.stage([0, 0, 0], [1 << 20] * 3)
+        assert arena.cursor == 0 and arena.regions == () and copies == launches == []
+
+
+def test_plan_reuses_its_region_and_still_refuses_a_cursor_past_it(emu):
+    from q12drv.errors import Q12Error
+
+    streams, _ = make_streams(emu, [40, 7])
+    arena = ScratchArena(emu, 1 << 16)
+    with arena:
+        plan = expand.ExpandPlan(arena, streams, block_size=16, use_mrope=False, scratch_offset_bytes=64,
+                                 dummy_kv_block=0)
+        first = plan.stage([0, 0], [40, 7])
+        region = arena.regions[-1]
+        arena.reset()
+        again = plan.stage([8, 1], [32, 15])  # same total: the same region, handed out again
+        assert arena.regions == (region,) and arena.regions[0] is region and again.slot_stacked == first.slot_stacked
+        arena.reset()
+        arena.reserve("moe", 128)
+        for starts, counts in (([8, 1], [32, 15]), ([0, 0], [1, 1])):  # a shape the plan has, and a new one
+            with pytest.raises(ValueError, match="overlap"):
+                plan.stage(starts, counts)
+            assert arena.cursor == 128 and len(arena.regions) == 1
+    with pytest.raises(Q12Error, match="closed"):
+        plan.stage([0, 0], [40, 7])
+
+
+def _layers(dev, q12, host, num_blocks) -> dict:
+    from tests.test_prefill import GSHAPE, SHAPE
+
+    bufs = {k: dev.alloc(v.nbytes, k) for k, v in host.items()}
+    try:
+        for k, v in host.items():
+            dev.upload(bufs[k].ptr, v)
+        p = {k: int(b.ptr) for k, b in bufs.items()}
+        q12.attention_layer(p["q"], p["k"], p["v"], p["kp"], p["vp"], p["o"], SHAPE, num_blocks=num_blocks)
+        q12.gdn_layer([p["st"] + b * host["st"][0].nbytes for b in range(len(q12.streams))], p["gq"], p["gk"], p["gv"],
+                      p["g"], p["beta"], p["go"], GSHAPE)
+        return {k: dev.download(bufs[k].ptr, bufs[k].nbytes) for k in ("o", "kp", "vp", "go", "st")}
+    finally:
+        for b in bufs.values():
+            b.free()
+
+
+def test_q12pass_stages_through_an_expand_plan_as_without_it(emu):
+    from q12drv.prefill import Q12Pass
+    from tests.test_prefill import inputs
+
+    rng = np.random.default_rng(5)
+    prompts = [60, 40, 90]  # two chunked passes over three prompts
+    streams, _ = make_streams(emu, prompts, [0] * 3, rng=rng)
+    num_blocks = int(max(s.block_table.max() for s in streams)) + 1
+    with ScratchArena(emu, 1 << 20) as arena:
+        plan = None
+        for starts, counts in (([0, 0, 0], [32, 32, 32]), ([32, 32, 32], [28, 8, 58])):
+            pass_streams = [StreamStageInfo(p, c, s.block_table, s.block_table_dev, s.seq_len_dev)
+                            for p, c, s in zip(starts, counts, streams)]
+            plan = plan or expand.ExpandPlan(arena, pass_streams, block_size=16, use_mrope=False,
+                                             scratch_offset_bytes=0, dummy_kv_block=0)
+            host = inputs(rng, counts, num_blocks)
+            got = {}
+            for use in (None, plan):
+                q12 = Q12Pass(arena, pass_streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4,
+                              head_dim=64, mode="batched", expand_plan=use)
+                assert q12.expand == ("plan" if use else "device")
+                emu.synchronize()
+                meta = q12.meta
+                staged = arena.read(meta.scratch_offset_bytes, meta.staged_bytes)
+                got[use is None] = (staged, [(r.name, r.offset, r.nbytes) for r in arena.regions], meta.counts.tolist(),
+                                    meta.chunk_len, meta.scratch_offset_bytes, _layers(emu, q12, host, num_blocks))
+            assert got[True] == got[False]
+            assert got[True][4] > 0 and got[True][2] == counts  # at the pass's own stacked offset, past the MoE area
+
+
+def test_q12pass_refuses_an_expand_plan_for_another_batch_before_touching_the_arena(emu):
+    from q12drv.prefill import Q12Pass
+
+    streams, _ = make_streams(emu, [40, 7])
+    vision, _ = make_streams(emu, [5, 9], mrope_vision=(1,))
+    with ScratchArena(emu, 1 << 18) as arena, ScratchArena(emu, 1 << 18) as other:
+        plan = expand.ExpandPlan(arena, streams, block_size=16, use_mrope=True, scratch_offset_bytes=0,
+                                 dummy_kv_block=0)
+        elsewhere = expand.ExpandPlan(other, streams, block_size=16, use_mrope=True, scratch_offset_bytes=0,
+                                      dummy_kv_block=0)
+        longer = [StreamStageInfo(0, 50, np.tile(s.block_table, 4), s.block_table_dev, s.seq_len_dev) for s in streams]
+        common = dict(block_size=16, use_mrope=True, dummy_kv_block=0)
+        arena.reserve("moe", 64)
+        before = (arena.cursor, arena.generation, arena.regions)
+        cases = [
+            (dict(streams=streams, expand_plan=plan, expand="host"), ValueError, "expand='host'"),
+            (dict(streams=streams, expand_plan=elsewhere), ValueError, "another arena"),
+            (dict(streams=streams[::-1], expand_plan=plan), ValueError, "streams\\[0\\] is not the plan's stream 0"),
+            (dict(streams=streams[:1], expand_plan=plan), ValueError, "holds 2 streams, the pass has 1"),
+            (dict(streams=longer, expand_plan=plan), ValueError, "streams\\[0\\]: proc_start \\+ proc_count = 50"),
+            (dict(streams=vision, expand_plan=plan), ValueError, "writes text positions only"),
+            (dict(streams=streams, expand_plan=object()), TypeError, "expand_plan must be an ExpandPlan"),
+        ]
+        for kw, exc, match in cases:
+            with pytest.raises(exc, match=match):
+                Q12Pass(arena, **common, **kw)
+            assert (arena.cursor, arena.generation, arena.regions) == before
+        with pytest.raises(ValueError, match="block_size, use_mrope, dummy_kv_block = \\(16, True, 0\\)"):
+            Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, expand_plan=plan)
+        assert Q12Pass(arena, streams, **common, mode="per_stream", expand_plan=plan).expand == ""

@@ -30,15 +30,15 @@ from __future__ import annotations
 import ctypes
 import operator
 import struct
-from typing import Any, Sequence
-import numpy as np
-
 from itertools import accumulate
+from typing import Any, Sequence
+
+import numpy as np
 
 from ..arena import ScratchArena
 from ..ints import checked_int
 from ..layout import stacked_layout
-from ..staging import BatchedAttnMetadata, host_copies, metadata_at, stage_stacked, validate_streams
+from ..staging import BatchedAttnMetadata, metadata_of_pass, pass_fields, stage_stacked, validate_streams
 from .meta import TAIL_STREAMS, Q12MetaC, Q12TailC, meta_struct
 
 __all__ = ["SOURCE", "ENTRIES", "THREADS", "MAX_STREAMS", "geometry", "reference", "emulate_expand_meta",
@@ -185,6 +185,9 @@ def stage_on_device(arena, streams: Sequence, *, block_size: int, use_mrope: boo
 
 
 _I32_MAX = (1 << 31) - 1
+_BLOCK = (THREADS, 1, 1)
+#: Shapes (pass totals) and grids (chunk lengths) an :class:`ExpandPlan` keeps at most before starting over.
+_PLAN_CACHE_MAX = 256
 
 
 class ExpandPlan:
@@ -210,6 +213,23 @@ class ExpandPlan:
     ValueError
         Vision ``mrope_positions``, or more than :data:`~q12drv.kernels.meta.TAIL_STREAMS` streams (use
         :func:`stage_on_device`); plus everything the stager raises for ``streams``.
+
+    Notes
+    -----
+    What a pass reuses, and what the caller may rely on:
+
+    * every :meth:`stage` returns a new :class:`~q12drv.staging.BatchedAttnMetadata` that describes
+      its own pass for good: later passes never change it. Its ``cu_seqlens_host`` and ``kv_lens_host``
+      are made on first access, from that pass's integers (kept in the object), as read-only int32
+      arrays; its by-value struct (:func:`~q12drv.kernels.meta.meta_struct`) on first use;
+    * the plan keeps, per token total (and offset), the arena region (same offset and size: the arena
+      hands it out again, :meth:`~q12drv.arena.ScratchArena.reserve_again`) and the metadata fields, and
+      per chunk length the launch grid (bound to the device's stream, for ``stream=None``); at most 256
+      of each, then it starts over;
+    * the launch's argument block is the plan's own: a pass rewrites the integers that changed in it
+      (``cu_seqlens``, ``kv_lens``, ``chunk_len``; the whole ``Q12Meta`` when the total changed).
+      The launch is enqueued with the values of its own pass, so passes may follow each other without
+      waiting; the arena bytes a pass's kernel writes are the next pass's to overwrite, as with the stager.
 
     Examples
     --------
@@ -244,59 +264,164 @@ class ExpandPlan:
         self.scratch_offset_bytes = offset
         shift = self.block_size.bit_length() - 1
         self._capacity = [t.size << shift for t in batch.raw_tables]  # positions each table covers
+        # the bound of a pass's kv_len per stream: the table's cover and the i32 entry in one comparison
+        self._limits = [min(c, _I32_MAX) for c in self._capacity]
         self._max_blocks = batch.max_blocks
+        self._pointers = (list(batch.table_ptr_list), list(batch.seq_len_ptr_list))
         # a Launch of its own: the streams' pointers are written into its tail parameter once
         self._launch = _prepared(arena.device, "q12_expand_meta_tail").kernel.prepare(
             block_shift=shift, dummy_kv_block=self.dummy_kv_block, use_mrope=int(self.use_mrope))
         _pack_tail_params(self._launch, batch)
-        self._ints, at = _tail_writer(n, "cu_seqlens")  # per pass: cu_seqlens, then kv_lens
-        self._ints_at = type(self._launch.args).tail.offset + at
+        args = self._launch.args
+        ints, at = _tail_writer(n, "cu_seqlens")  # per pass: cu_seqlens, then kv_lens
+        ints_at = type(args).tail.offset + at
+        chunk_at = type(args).m.offset + Q12MetaC.chunk_len.offset
+        self._shapes: dict = {}  # token total -> (its region, its metadata fields: pass_fields)
+        self._grids: dict = {}  # chunk_len -> grid
+        self._fires: dict = {}  # chunk_len -> the launch bound to its grid on the device's stream
+        self._written = None  # the shape whose Q12Meta the argument block holds (but for its chunk_len)
+        # what a pass reads, in one tuple (one attribute load)
+        self._hot = (n, self._limits, self._shapes, arena, self._fires, args, ints.pack_into, ints_at, chunk_at)
 
-    def stage(self, starts: Sequence[int], counts: Sequence[int], stream: Any = None) -> BatchedAttnMetadata:
+    def stage(self, starts: Sequence[int], counts: Sequence[int], stream: Any = None, *,
+              scratch_offset_bytes: int | None = None) -> BatchedAttnMetadata:
         """Stage one pass: stream b processes ``counts[b]`` tokens from position ``starts[b]``.
 
-        Reserves the stacked block at the plan's offset (the arena's cursor must be at or before it;
-        afterwards it is right behind the block, where :func:`~q12drv.staging.place_h_state_slot` puts
-        the slot) and enqueues one launch on ``stream``.
+        Reserves the stacked block at the plan's offset, or at ``scratch_offset_bytes`` when given (the
+        arena's cursor must be at or before it; afterwards it is right behind the block, where
+        :func:`~q12drv.staging.place_h_state_slot` puts the slot) and enqueues one launch on ``stream``.
 
         Returns
         -------
         BatchedAttnMetadata
+            This pass's, for good (see the class notes).
 
         Raises
         ------
         TypeError, ValueError
             A start or count that is not an int, negative, a count of 0, or a stream whose table does
-            not cover ``start + count`` positions; named, with the numbers. Nothing is written.
+            not cover ``start + count`` positions; named, with the numbers. A cursor past the block's
+            offset. Nothing is written.
         CapacityError
             The block does not fit the arena; nothing is written.
         """
-        n, cap = self.n, self._capacity
+        n, limits, shapes, arena, fires, args, pack_ints, ints_at, chunk_at = self._hot
+        # the common case in one plain loop (exact ints in range); anything unusual or wrong: the named checks
+        kv = None
+        if len(starts) == n == len(counts):
+            kv, cu, total = [], [0], 0
+            for s, c, limit in zip(starts, counts, limits):
+                if type(s) is int is type(c) and 0 <= s < (k := s + c) <= limit:
+                    total += c
+                    cu.append(total)
+                    kv.append(k)
+                else:
+                    kv = None
+                    break
+        if kv is None:
+            counts, cu, kv = self._checked(starts, counts)
+            total = cu[-1]
+        key = total if scratch_offset_bytes is None else (total, scratch_offset_bytes)
+        shape = shapes.get(key)
+        if shape is None:
+            shape = self._new_shape(key, total, scratch_offset_bytes)  # reserves its region
+        else:
+            arena.reserve_again(shape[0])
+        try:
+            chunk = max(counts)
+            meta = metadata_of_pass(shape[1], chunk, cu, kv)
+            pack_ints(args, ints_at, *cu, *kv)
+            if shape is self._written:
+                _pack_u32(args, chunk_at, chunk)
+            else:
+                args.m = meta_struct(meta)
+                self._written = shape
+            if stream is None:
+                (fires.get(chunk) or self._fire(chunk))()
+            else:
+                self._launch.launch(self._grids.get(chunk) or self._grid(chunk), _BLOCK, 0, stream)
+        except BaseException:
+            arena.unreserve(shape[0])
+            raise
+        return meta
+
+    def _checked(self, starts, counts) -> tuple:
+        """``(counts, cu_seqlens, kv_lens)`` of a pass as lists of Python ints, after the named checks (which raise)."""
+        n = self.n
         if len(starts) != n or len(counts) != n:
             raise ValueError(f"the plan has {n} streams; got {len(starts)} starts and {len(counts)} counts")
-        kv = list(map(_check_pass_stream, range(n), starts, counts, cap))
-        cu = list(accumulate(counts, initial=0))
-        if type(cu[-1]) is not int:  # numpy ints: Python ints from here on
-            cu = [int(x) for x in cu]
-        total = cu[-1]
+        kv = list(map(_check_pass_stream, range(n), starts, counts, self._capacity))
+        counts = [operator.index(c) for c in counts]
+        return counts, list(accumulate(counts, initial=0)), kv
+
+    def _new_shape(self, key, total: int, offset: int | None) -> tuple:
+        """The shape of a first pass with ``total`` tokens at ``offset`` (None: the plan's), its region
+        reserved (else it raises, reserving nothing), kept under ``key``."""
         if total > _I32_MAX:
             raise ValueError(f"total tokens {total} overflow the i32 cu_seqlens prefix sum")
         arena = self.arena
-        layout = stacked_layout(n, total, self.use_mrope)
-        region = arena.reserve("stacked_metadata", layout.staged_bytes, offset=self.scratch_offset_bytes, align=8)
+        offset = self.scratch_offset_bytes if offset is None else checked_int("scratch_offset_bytes", offset, 0,
+                                                                              arena.capacity)
+        layout = stacked_layout(self.n, total, self.use_mrope)
+        region = arena.reserve("stacked_metadata", layout.staged_bytes, offset=offset, align=8)
         try:
-            cu_h, kv_h = host_copies(cu, kv)
-            meta = metadata_at(arena, region.offset, layout, cu_h, kv_h, chunk_len=max(counts),
-                               max_blocks_per_seq=self._max_blocks, block_size=self.block_size,
-                               use_mrope=self.use_mrope, dummy_kv_block=self.dummy_kv_block)
-            launch = self._launch
-            self._ints.pack_into(launch.args, self._ints_at, *cu, *kv)
-            launch.args.m = meta_struct(meta)
-            launch.launch(*geometry(n, meta.chunk_len), stream)
+            fields = pass_fields(arena, region.offset, layout, max_blocks_per_seq=self._max_blocks,
+                                 block_size=self.block_size, use_mrope=self.use_mrope,
+                                 dummy_kv_block=self.dummy_kv_block)
         except BaseException:
             arena.unreserve(region)
             raise
-        return meta
+        if len(self._shapes) >= _PLAN_CACHE_MAX:
+            self._shapes.clear()
+        shape = self._shapes[key] = (region, fields)
+        return shape
+
+    def check_batch(self, arena, batch, block_size: int, use_mrope: bool, dummy_kv_block: int) -> None:
+        """Check that a pass over ``batch`` (validated: :func:`~q12drv.staging.validate_streams`) on ``arena``
+        with these settings is one this plan stages (``Q12Pass(expand_plan=...)`` calls it before it touches
+        the arena).
+
+        Raises
+        ------
+        ValueError
+            Another arena, other settings, another number of streams, a stream whose device pointers are not
+            the plan's stream's, or a table the plan recorded as too short for the pass; named, with the
+            numbers.
+        """
+        if arena is not self.arena:
+            raise ValueError("expand_plan was made on another arena; make the plan on the pass's arena")
+        mine = (self.block_size, self.use_mrope, self.dummy_kv_block)
+        if (int(block_size), bool(use_mrope), int(dummy_kv_block)) != mine:
+            raise ValueError(f"expand_plan was made with block_size, use_mrope, dummy_kv_block = {mine}, the pass has "
+                             f"{(int(block_size), bool(use_mrope), int(dummy_kv_block))}; make a plan for these settings")
+        if len(batch.count_list) != self.n:
+            raise ValueError(f"expand_plan holds {self.n} streams, the pass has {len(batch.count_list)}")
+        for b, (tp, sp, kv, cap) in enumerate(zip(batch.table_ptr_list, batch.seq_len_ptr_list, batch.kv_list,
+                                                  self._capacity)):
+            if tp != self._pointers[0][b] or sp != self._pointers[1][b]:
+                raise ValueError(f"streams[{b}] is not the plan's stream {b}: block_table_dev {int(tp):#x} and "
+                                 f"seq_len_dev {int(sp):#x}, the plan has {int(self._pointers[0][b]):#x} and "
+                                 f"{int(self._pointers[1][b]):#x}; make a plan for these streams")
+            if kv > cap:
+                raise ValueError(f"streams[{b}]: proc_start + proc_count = {kv} positions, but the plan recorded a "
+                                 f"block table covering {cap}; make a new plan with the longer table")
+
+    def _grid(self, chunk: int) -> tuple:
+        if len(self._grids) >= _PLAN_CACHE_MAX:
+            self._grids.clear()
+        grid = self._grids[chunk] = geometry(self.n, chunk)[0]
+        return grid
+
+    def _fire(self, chunk: int):
+        """The plan's launch for passes of ``chunk_len`` ``chunk`` on the device's stream, bound (it reads the
+        argument block as it is when called)."""
+        if len(self._fires) >= _PLAN_CACHE_MAX:
+            self._fires.clear()
+        fire = self._fires[chunk] = self._launch.bind(self._grids.get(chunk) or self._grid(chunk), _BLOCK)
+        return fire
+
+
+_pack_u32 = struct.Struct("<I").pack_into
 
 
 def _check_pass_stream(b: int, start, count, capacity: int) -> int:

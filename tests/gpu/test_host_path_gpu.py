@@ -103,8 +103,16 @@ def test_expand_plan_stages_every_pass_as_the_host_stager_does(gpu):
     with ScratchArena(gpu, 1 << 22) as a1, ScratchArena(gpu, 1 << 22) as a2:
         plan = expand.ExpandPlan(a2, streams, block_size=bs, use_mrope=True, scratch_offset_bytes=128,
                                  dummy_kv_block=3)
-        for _ in range(4):
+        metas = []
+        for i in range(8):
             counts = [int(c) for c in rng.integers(1, 2048, n)]
+            if i % 2:  # the previous pass's total again with other counts: the argument block's short rewrite
+                prev = metas[-1][1]
+                counts = prev[1:] + prev[:1]
+                hi, lo = counts.index(max(counts)), counts.index(min(counts))
+                if counts[hi] > 1 and hi != lo:  # one token moves: another chunk_len, the same total
+                    counts[hi] -= 1
+                    counts[lo] += 1
             starts = [int(rng.integers(0, 4096 - c + 1)) for c in counts]
             a1.reset()
             a2.reset()
@@ -113,6 +121,32 @@ def test_expand_plan_stages_every_pass_as_the_host_stager_does(gpu):
                             for p, c, s in zip(starts, counts, streams)]
             m1 = stage_batched_attn_metadata(a1, pass_streams, block_size=bs, use_mrope=True,
                                              scratch_offset_bytes=128, dummy_kv_block=3)
-            m2 = plan.stage(starts, counts)
+            m2 = plan.stage(starts, counts)  # no wait in between: the next pass is enqueued right behind
             assert a1.read(128, m1.staged_bytes) == a2.read(128, m2.staged_bytes)
             assert a2.guard_intact()
+            metas.append((m2, counts, m1))
+        for m2, counts, m1 in metas:  # each pass's metadata still describes its own pass
+            assert m2.counts.tolist() == counts and m2.kv_lens_host.tolist() == m1.kv_lens_host.tolist()
+            assert (m2.chunk_len, m2.total_tokens) == (m1.chunk_len, m1.total_tokens)
+
+
+def test_q12pass_through_an_expand_plan_stages_what_it_stages_without(gpu):
+    from q12drv.prefill import Q12Pass
+
+    rng = np.random.default_rng()
+    streams, _ = make_streams(gpu, [4096] * 8, [0] * 8, block_size=16, rng=rng)
+    with ScratchArena(gpu, 1 << 22) as arena:
+        plan = None
+        for starts, counts in (([0] * 8, [2048] * 8), ([2048] * 8, [int(c) for c in rng.integers(1, 2048, 8)])):
+            pass_streams = [StreamStageInfo(p, c, s.block_table, s.block_table_dev, s.seq_len_dev)
+                            for p, c, s in zip(starts, counts, streams)]
+            plan = plan or expand.ExpandPlan(arena, pass_streams, block_size=16, use_mrope=True,
+                                             scratch_offset_bytes=0, dummy_kv_block=0)
+            images = []
+            for use in (None, plan):
+                gpu.memset(int(arena.base), 0xA5, 1 << 22)
+                q12 = Q12Pass(arena, pass_streams, block_size=16, use_mrope=True, dummy_kv_block=0, top_k=8,
+                              policy="exact", mode="batched", expand_plan=use)
+                assert q12.expand == ("plan" if use else "device")
+                images.append(arena.read(q12.meta.scratch_offset_bytes, q12.meta.staged_bytes))
+            assert images[0] == images[1]
