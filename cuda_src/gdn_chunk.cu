@@ -326,24 +326,19 @@ __device__ __forceinline__ void gdn_prep_body(const Q12Meta& m, const bf16* __re
         using VR = typename RecV<TILES>::type;
         unsigned char* vrec = vrec_at<DK, VR>(ws, m, b, ci, h, num_k_heads, num_v_heads);
         if constexpr (TILES) {
-            // T^T = I (I + A)^-T, this warp's 16 rows: T's columns 16w .. 16w + 15, into s.k (hi) and s.q (lo) as
-            // [64][LDP] rows (s.k and s.q are free: the products above were the last to read them)
+            // T^T = I (I + A)^-T, this warp's 16 rows: T's columns 16w .. 16w + 15, rounded to bf16 into s.k as
+            // [64][LDP] rows (s.k is free: the products above were the last to read it)
             float Rt[8][4], X[8][4];
             each_slice_elem<LDP>(warp, lane, [&](int nt, int e, int cc, int at) {   // at: T[token cc][this row]
                 Rt[nt][e] = at == cc * (LDP + 1) ? 1.f : 0.f;
             });
             block_solve(s.a, s.dinv, Rt, X, lane);
-            each_slice_elem<LDP>(warp, lane, [&](int nt, int e, int, int at) {
-                const bf16 hi = __float2bfloat16_rn(X[nt][e]);
-                s.k[at] = hi;
-                s.q[at] = __float2bfloat16_rn(X[nt][e] - __bfloat162float(hi));
-            });
+            each_slice_elem<LDP>(warp, lane, [&](int nt, int e, int, int at) { s.k[at] = __float2bfloat16_rn(X[nt][e]); });
             __syncthreads();
-            for (int idx = tid; idx < 3 * C * 8; idx += THREADS) {   // T hi, T lo, P as swizzled tiles
+            for (int idx = tid; idx < 2 * C * 8; idx += THREADS) {   // T, P as swizzled tiles
                 const int which = idx / (C * 8), rest = idx % (C * 8), row = rest / 8, sg = rest % 8;
-                const bf16* src = which == 0 ? s.k : which == 1 ? s.q : s.p;
-                *reinterpret_cast<uint4*>(vrec + which * (C * C * 2) + sw128_off(row, sg)) =
-                    *reinterpret_cast<const uint4*>(src + row * LDP + sg * 8);
+                *reinterpret_cast<uint4*>(vrec + (which ? TileVRec::P : TileVRec::T) + sw128_off(row, sg)) =
+                    *reinterpret_cast<const uint4*>((which ? s.p : s.k) + row * LDP + sg * 8);
             }
         } else {
             for (int idx = tid; idx < 2 * C * 8; idx += THREADS) {
@@ -471,7 +466,7 @@ extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_seq1
 static_assert(sizeof(gdnc::Smem<128>) == 114944, "Smem<128> size differs from gdn_chunk.smem_bytes(128)");
 static_assert(sizeof(gdnc::Smem<64>) == 82176, "Smem<64> size differs from gdn_chunk.smem_bytes(64)");
 static_assert(gdnc::KRec<128>::BYTES == 49152 && gdnc::KRec<64>::BYTES == 24576 && gdnc::VRec::BYTES == 19200 &&
-                  gdnc::TileVRec::BYTES == 25344,
+                  gdnc::TileVRec::BYTES == 17152,
               "record sizes differ from gdn_chunk.k_record_bytes / v_record_bytes / tile_v_record_bytes");
 static_assert(sizeof(gdnc::PrepSmem<128>) == 62720 && sizeof(gdnc::PrepSmem<64>) == 46336,
               "PrepSmem size differs from gdn_chunk.prep_smem_bytes");

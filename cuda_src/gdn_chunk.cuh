@@ -589,11 +589,11 @@ struct VRec {
     static constexpr int A = 0, P = GDN_C * GDN_C * 2, DINV = 2 * GDN_C * GDN_C * 2, BETA = DINV + GDN_C * 16 * 2,
                          EG = BETA + GDN_C * 4, WD = EG + GDN_C * 4, BYTES = WD + GDN_C * 4;
 };
-// V record of the "wgmma" pair: T = (I + A)^-1 as bf16 hi and lo, P, each a [64][64] swizzled tile, then beta,
-// exp(gamma), exp(gamma_C - gamma) [64] fp32. With the K record, a byte image of gdn_wgmma.cu's shared memory.
+// V record of the "wgmma" pair: T = (I + A)^-1 and P, each a [64][64] bf16 swizzled tile, then beta, exp(gamma),
+// exp(gamma_C - gamma) [64] fp32. With the K record, a byte image of gdn_wgmma.cu's shared memory.
 struct TileVRec {
-    static constexpr int T = 0, TLO = GDN_C * GDN_C * 2, P = 2 * GDN_C * GDN_C * 2, BETA = 3 * GDN_C * GDN_C * 2,
-                         EG = BETA + GDN_C * 4, WD = EG + GDN_C * 4, BYTES = WD + GDN_C * 4;
+    static constexpr int T = 0, P = GDN_C * GDN_C * 2, BETA = 2 * GDN_C * GDN_C * 2, EG = BETA + GDN_C * 4,
+                         WD = EG + GDN_C * 4, BYTES = WD + GDN_C * 4;
 };
 
 // Byte offset of row r's 16-byte chunk cg in a [64 x D] bf16 tile in the 128-byte swizzle of wgmma.cuh:

@@ -3,44 +3,41 @@
 // the chunk-local work of every (stream, chunk) in parallel, into records in the workspace (gdn_chunk.cuh:
 // KRec in 128-byte swizzled tiles, TileVRec). Same math, arguments and in-place state contract as gdn_chunk.cu
 // (its header has the algebra); what differs is the solve and the instructions:
-//     T     = (I + A)^-1                     (the precompute: the block solve applied to the identity)
-//     R^T   = beta (V^T - exp(gamma) (S^T K^T))
-//     V_new^T = R^T T^T                      (one product instead of four dependent block steps)
-//     O^T   = exp(gamma) (S^T Q^T) + V_new^T P^T
-//     S^T   = exp(gamma_C) S^T + (V_new^T exp(gamma_C - gamma)) K
+//     T       = (I + A)^-1                     (the precompute: the block solve applied to the identity, bf16)
+//     R^T     = beta (V^T - exp(gamma) (S^T K^T))
+//     V_new^T = R^T T^T                        (one product instead of four dependent block steps)
+//     O^T     = exp(gamma) (S^T Q^T) + V_new^T P^T
+//     S^T     = exp(gamma_C) S^T + (V_new^T exp(gamma_C - gamma)) K
 // CTA: one warpgroup (128 threads) owns S^T [64 dv x dk] of one (stream, value head, 64-column dv slice) as
 // the accumulator of m64n{dk}k16 (64 fp32 registers a thread at dk 128), grid (dv / 64, Hv, n). S^T's bf16 A
-// fragments come straight from that accumulator (wgmma.cuh), so per chunk the state never leaves registers:
+// fragments come straight from that accumulator (wgmma.cuh), so the state never leaves registers. Per chunk:
 //   X, Y = S^T K^T, S^T Q^T:  2 dk/16 wgmma m64n64k16, A = bf16(S^T) from registers, B = K, Q (K-major tiles);
-//   V_new^T:                  8 (TLO 1: 12) m64n64k16, A = R^T as bf16 hi + lo, B = T hi (and lo), K-major;
+//                             (XY 1) X is committed alone, so R is computed while Y's wgmma run;
+//   V_new^T:                  8 m64n64k16, A = R^T as bf16 hi + lo, B = T (K-major);
 //   O^T += V_new^T P^T:       8 m64n64k16, A = V_new^T hi + lo, B = P (K-major);
 //   S^T += Vd^T K:            12 m64n{dk}k16, A = Vd^T hi + lo, B = K hi and lo (the same tiles, MN-major).
-// Each group is committed and waited before its result is used; nothing else is on the chunk's serial path.
 // Records: one chunk's K record and V record are byte images of the stage's first KRec + TileVRec bytes, so
 // thread 0 brings each with one bulk copy (cp.async.bulk, completing on the stage's mbarrier); the V slice
 // (strided in v) comes by cp.async from every thread. STAGES 2 (1 CTA/SM): chunk c + 1 loads while c computes,
-// for grids of few CTAs; STAGES 1 (2 CTAs/SM): each chunk loads at its top while the other CTA computes
-// (the rule: gdn_wgmma.stages).
+// for grids of few CTAs; STAGES 1 (2 CTAs/SM): (EARLY 1) chunk c + 1's records are copied as soon as c's last
+// wgmma is done, its V slice once c's o rows are stored, while the other CTA computes (the rule: gdn_wgmma.stages).
 // Numerics: the "split" pair's operands and roundings (bf16 S into the products, hi + lo pairs for R, V_new and
-// the update's K), with T rounded to bf16 hi + lo (TLO 1) once; gdn_wgmma.py's reference models them. The
-// results are not the fused kernel's bits (the solve is one product); batched == alone holds (a CTA never
-// mixes streams).
+// the update's K) with T rounded to bf16 once (a T lo product measured no more accurate on the H200: it was
+// removed with its 8 KiB a record); gdn_chunk.chunked_reference(t_product=True) models them. The results are not
+// the fused kernel's bits (the solve is one product); batched == alone holds (a CTA never mixes streams).
 // Shared memory (dynamic, 1 KiB slack for the tiles' 1024-byte alignment) per stage: K hi, K lo, Q tiles
-// (3 x 64 x dk bf16), T hi, T lo, P tiles (3 x 8 KiB), beta / exp(gamma) / exp(gamma_C - gamma) (768 B), the V
-// slice [64][72] bf16 (V in, O out), rounded up to 1 KiB; then one mbarrier per stage.
+// (3 x 64 x dk bf16), T and P tiles (2 x 8 KiB), beta / exp(gamma) / exp(gamma_C - gamma) (768 B), the V and O
+// slices [64][72] bf16, rounded up to 1 KiB; then one mbarrier per stage.
 // Requirements: as gdn_chunk.cu (q, k 16-byte aligned, v, o 8-byte aligned; dv a multiple of 64), and the
 // workspace 16-byte aligned (the bulk copies).
-// Measured on the H200 (tests/GPU.md session 6, run AM; Hk 16, Hv 32, d 128; ms, the pair's two launches; STAGES
-// 2 / 1): 8 x 2048 0.603 / 0.561, 1 x 8192 0.475 / 0.582, ragged 8 x 256..2048 0.372 / 0.366, 8 x 128 0.068 / 0.061,
-// 1 x 2048 0.135 / 0.165 (gdn_wgmma.stages picks the faster on all five); the split pair in the same run 0.679,
-// 0.696, 0.468, 0.067, 0.192; the tile precompute alone 0.261, 0.143, 0.153, 0.024, 0.048 (the split pair's
-// 0.215, 0.116, 0.125, 0.020, 0.040: the identity solve and the tile stores); fla-core 0.6.0 in the same machine
-// start 1.125, 0.845, 1.084, 0.916. TLO 0 (no T lo product): PASS with the same errors, 1-2% faster (run AM).
 #include "gdn_chunk.cuh"
 #include "wgmma.cuh"
 
-#ifndef GDN_WG_TLO  // 1: V_new^T = (R hi + R lo) T hi + R hi T lo; 0: without the T lo product
-#define GDN_WG_TLO 1
+#ifndef GDN_WG_XY     // 1: X committed alone, R computed while Y's wgmma run; 0: X and Y waited together
+#define GDN_WG_XY 1
+#endif
+#ifndef GDN_WG_EARLY  // 1 (one stage): the next chunk's records copied once the last wgmma is done; 0: at its top
+#define GDN_WG_EARLY 1
 #endif
 
 namespace gdnw {
@@ -53,11 +50,12 @@ struct Stage {
     static constexpr int KT = GDN_C * DK * 2;                    // one [64 x DK] bf16 tile
     static constexpr int K = 0, KLO = KT, Q = 2 * KT;            // KRec<DK>
     static constexpr int VREC = 3 * KT;                          // TileVRec
-    static constexpr int T = VREC + TileVRec::T, TLO = VREC + TileVRec::TLO, P = VREC + TileVRec::P;
+    static constexpr int T = VREC + TileVRec::T, P = VREC + TileVRec::P;
     static constexpr int BETA = VREC + TileVRec::BETA, EG = VREC + TileVRec::EG, WD = VREC + TileVRec::WD;
-    static constexpr int V = VREC + TileVRec::BYTES;             // the V / O slice [64][LDV] bf16
     static constexpr int LDV = GDN_BV + 8;
-    static constexpr int BYTES = (V + GDN_C * LDV * 2 + 1023) / 1024 * 1024;
+    static constexpr int V = VREC + TileVRec::BYTES;             // the V slice [64][LDV] bf16
+    static constexpr int O = V + GDN_C * LDV * 2;                // the O slice [64][LDV] bf16
+    static constexpr int BYTES = (O + GDN_C * LDV * 2 + 1023) / 1024 * 1024;
     static_assert(KRec<DK>::BYTES == VREC && V % 16 == 0, "stage layout: the records' byte images, 16-byte aligned");
 };
 
@@ -71,119 +69,113 @@ __device__ __forceinline__ u64 mnmajor(unsigned tile, int ks) {
     return wg::smem_desc_sw128(tile + ks * 2048, GDN_C * 128, 1024);
 }
 
-// One chunk for this warpgroup: the state step of gdn_chunk.cuh's state_step with the solve as one product.
-// St: S^T (m64n{DK} accumulator), sb: the stage (shared address and pointer), V slice in, O slice out.
-template <int DK>
-__device__ __forceinline__ void chunk_step(float (&St)[DK / 2], unsigned sb, unsigned char* sp, int warp, int lane) {
+// One chunk's products for this warpgroup (gdn_chunk.cuh's state_step with the solve as one product): St is
+// S^T (m64n{DK} accumulator), updated; Ot gets O^T [64 dv x 64 tokens] (m64n64 accumulator). sb / sp: the
+// stage (shared address, pointer), its V slice read here. meanwhile() runs while the first products are in
+// flight. Every wgmma is complete on return.
+template <int DK, class F>
+__device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], unsigned sb, const unsigned char* sp,
+                                          int warp, int lane, F&& meanwhile) {
     using L = Stage<DK>;
     constexpr int NK = DK / 16, LDV = L::LDV;
     const int tq = lane & 3;
     const float* bet = reinterpret_cast<const float*>(sp + L::BETA);
     const float* eg = reinterpret_cast<const float*>(sp + L::EG);
     const float* wd = reinterpret_cast<const float*>(sp + L::WD);
-    bf16* vo = reinterpret_cast<bf16*>(sp + L::V);
+    const bf16* vs = reinterpret_cast<const bf16*>(sp + L::V);
     float (*S4)[4] = reinterpret_cast<float (*)[4]>(St);
+    float (*O4)[4] = reinterpret_cast<float (*)[4]>(Ot);
 
-    // ---- X = S^T K^T, Y = S^T Q^T
-    float X[32], Y[32];
+    // ---- X = S^T K^T, Y = S^T Q^T (into Ot); then R^T = beta (V^T - exp(gamma) X)
+    float X[32], N[32];
     float (*X4)[4] = reinterpret_cast<float (*)[4]>(X);
-    float (*Y4)[4] = reinterpret_cast<float (*)[4]>(Y);
-    {
-        unsigned sa[NK][4];
-#pragma unroll
-        for (int ks = 0; ks < NK; ++ks) a_from_c(S4[2 * ks], S4[2 * ks + 1], sa[ks]);
-        wg::fence();
-#pragma unroll
-        for (int ks = 0; ks < NK; ++ks) wg::mma_rs<64, 0>(X, sa[ks], kmajor(sb + L::K, ks), ks > 0);
-#pragma unroll
-        for (int ks = 0; ks < NK; ++ks) wg::mma_rs<64, 0>(Y, sa[ks], kmajor(sb + L::Q, ks), ks > 0);
-        wg::commit();
-        wg::wait<0>();
-        wg::pin(X);
-        wg::pin(Y);
-#pragma unroll
-        for (int ks = 0; ks < NK; ++ks) wg::pin(sa[ks]);
-    }
-    // ---- R^T = beta (V^T - exp(gamma) X); V_new^T = R^T T^T
-    float N[32];
     float (*N4)[4] = reinterpret_cast<float (*)[4]>(N);
-    {
-        each_slice_elem<LDV>(warp, lane, [&](int nt, int e, int cc, int at) {
-            X4[nt][e] = bet[cc] * (__bfloat162float(vo[at]) - eg[cc] * X4[nt][e]);
-        });
-        unsigned rh[4][4], rl[4][4];
+    unsigned sa[NK][4], rh[4][4], rl[4][4];
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) a_from_c_hilo(X4[2 * kk], X4[2 * kk + 1], rh[kk], rl[kk]);
-        wg::fence();
+    for (int ks = 0; ks < NK; ++ks) a_from_c(S4[2 * ks], S4[2 * ks + 1], sa[ks]);
+    wg::fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            wg::mma_rs<64, 0>(N, rh[kk], kmajor(sb + L::T, kk), kk > 0);
-            wg::mma_rs<64, 0>(N, rl[kk], kmajor(sb + L::T, kk), 1);
-#if GDN_WG_TLO
-            wg::mma_rs<64, 0>(N, rh[kk], kmajor(sb + L::TLO, kk), 1);
+    for (int ks = 0; ks < NK; ++ks) wg::mma_rs<64, 0>(X, sa[ks], kmajor(sb + L::K, ks), ks > 0);
+#if GDN_WG_XY
+    wg::commit();
 #endif
-        }
-        wg::commit();
-        wg::wait<0>();
-        wg::pin(N);
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            wg::pin(rh[kk]);
-            wg::pin(rl[kk]);
-        }
+    for (int ks = 0; ks < NK; ++ks) wg::mma_rs<64, 0>(Ot, sa[ks], kmajor(sb + L::Q, ks), ks > 0);
+    wg::commit();
+    meanwhile();
+    wg::wait<GDN_WG_XY>();   // X complete (XY 1: Y may still run)
+    wg::pin(X);
+    each_slice_elem<LDV>(warp, lane, [&](int nt, int e, int cc, int at) {
+        X4[nt][e] = bet[cc] * (__bfloat162float(vs[at]) - eg[cc] * X4[nt][e]);
+    });
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) a_from_c_hilo(X4[2 * kk], X4[2 * kk + 1], rh[kk], rl[kk]);
+    // ---- V_new^T = R^T T^T
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        wg::mma_rs<64, 0>(N, rh[kk], kmajor(sb + L::T, kk), kk > 0);
+        wg::mma_rs<64, 0>(N, rl[kk], kmajor(sb + L::T, kk), 1);
     }
+    wg::commit();
+    wg::wait<0>();
+    wg::pin(Ot);
+    wg::pin(N);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        wg::pin(rh[kk]);
+        wg::pin(rl[kk]);
+    }
+#pragma unroll
+    for (int ks = 0; ks < NK; ++ks) wg::pin(sa[ks]);
     // ---- O^T = exp(gamma) Y + V_new^T P^T;  S^T = exp(gamma_C) S^T + (V_new^T exp(gamma_C - gamma)) K
-    {
-        unsigned vh[4][4], vl[4][4], dh[4][4], dl[4][4];
+    unsigned vh[4][4], vl[4][4], dh[4][4], dl[4][4];
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            a_from_c_hilo(N4[2 * kk], N4[2 * kk + 1], vh[kk], vl[kk]);
-            float x0[4], x1[4];
+    for (int kk = 0; kk < 4; ++kk) {
+        a_from_c_hilo(N4[2 * kk], N4[2 * kk + 1], vh[kk], vl[kk]);
+        float x0[4], x1[4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                x0[e] = N4[2 * kk][e] * wd[16 * kk + 2 * tq + (e & 1)];
-                x1[e] = N4[2 * kk + 1][e] * wd[16 * kk + 8 + 2 * tq + (e & 1)];
-            }
-            a_from_c_hilo(x0, x1, dh[kk], dl[kk]);
+        for (int e = 0; e < 4; ++e) {
+            x0[e] = N4[2 * kk][e] * wd[16 * kk + 2 * tq + (e & 1)];
+            x1[e] = N4[2 * kk + 1][e] * wd[16 * kk + 8 + 2 * tq + (e & 1)];
         }
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) Y4[nt][e] *= eg[8 * nt + 2 * tq + (e & 1)];
-        const float egC = eg[GDN_C - 1];
-#pragma unroll
-        for (int i = 0; i < DK / 2; ++i) St[i] *= egC;
-        wg::fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            wg::mma_rs<64, 0>(Y, vh[kk], kmajor(sb + L::P, kk), 1);
-            wg::mma_rs<64, 0>(Y, vl[kk], kmajor(sb + L::P, kk), 1);
-        }
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            wg::mma_rs<DK, 1>(St, dh[kk], mnmajor(sb + L::K, kk), 1);
-            wg::mma_rs<DK, 1>(St, dl[kk], mnmajor(sb + L::K, kk), 1);
-            wg::mma_rs<DK, 1>(St, dh[kk], mnmajor(sb + L::KLO, kk), 1);
-        }
-        wg::commit();
-        wg::wait<0>();
-        wg::pin(Y);
-        wg::pin(St);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            wg::pin(vh[kk]);
-            wg::pin(vl[kk]);
-            wg::pin(dh[kk]);
-            wg::pin(dl[kk]);
-        }
+        a_from_c_hilo(x0, x1, dh[kk], dl[kk]);
     }
-    __syncwarp();   // this warp's V reads are done: its columns of the slice take O
-    each_slice_elem<LDV>(warp, lane, [&](int nt, int e, int, int at) { vo[at] = __float2bfloat16_rn(Y4[nt][e]); });
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) O4[nt][e] *= eg[8 * nt + 2 * tq + (e & 1)];
+    const float egC = eg[GDN_C - 1];
+#pragma unroll
+    for (int i = 0; i < DK / 2; ++i) St[i] *= egC;
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        wg::mma_rs<64, 0>(Ot, vh[kk], kmajor(sb + L::P, kk), 1);
+        wg::mma_rs<64, 0>(Ot, vl[kk], kmajor(sb + L::P, kk), 1);
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        wg::mma_rs<DK, 1>(St, dh[kk], mnmajor(sb + L::K, kk), 1);
+        wg::mma_rs<DK, 1>(St, dl[kk], mnmajor(sb + L::K, kk), 1);
+        wg::mma_rs<DK, 1>(St, dh[kk], mnmajor(sb + L::KLO, kk), 1);
+    }
+    wg::commit();
+    wg::wait<0>();
+    wg::pin(Ot);
+    wg::pin(St);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        wg::pin(vh[kk]);
+        wg::pin(vl[kk]);
+        wg::pin(dh[kk]);
+        wg::pin(dl[kk]);
+    }
 }
 
 }  // namespace gdnw
 
-// grid (DV / 64, Hv, n), 128 threads (one warpgroup), dynamic smem gdn_wgmma.smem_bytes(DK, STAGES).
+// grid (DV / 64, Hv, n), 128 threads (one warpgroup), dynamic smem gdn_wgmma.seq_smem_bytes(DK, STAGES).
 template <int DK, int DV, int STAGES>
 __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned long long* __restrict__ h_state_ptrs,
                                                 const bf16* __restrict__ v, bf16* __restrict__ o, int num_k_heads,
@@ -214,43 +206,66 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
         wg::fence_mbarrier_init();
     }
     __syncthreads();
-    // chunk ci into stage st: the two records by bulk copy (thread 0, on the stage's mbarrier), the V slice by
-    // cp.async (every thread, one group). The stage's previous chunk is done with it (waited wgmma, a barrier).
-    auto issue = [&](int ci, int st) {
-        const unsigned sb = base + st * L::BYTES;
+    // Chunk ci into stage st. Records: thread 0, two bulk copies on the stage's mbarrier, once every wgmma and
+    // generic read of the stage's tiles and scalars is done (the caller's barrier). The V slice: every thread,
+    // one cp.async group, once the stage's O rows are stored.
+    auto issue_records = [&](int ci, int st) {
         if (tid == 0) {
+            const unsigned sb = base + st * L::BYTES;
             wg::fence_proxy_async();   // the stage's generic reads (beta, exp(gamma), ...) before the copies' writes
             wg::mbar_arrive_expect_tx(bars + 8 * st, KRec<DK>::BYTES + TileVRec::BYTES);
             wg::bulk_g2s(sb, krec_at<DK>(ws, m, b, ci, kh, num_k_heads), KRec<DK>::BYTES, bars + 8 * st);
             wg::bulk_g2s(sb + L::VREC, vrec_at<DK, TileVRec>(ws, m, b, ci, h, num_k_heads, num_v_heads), TileVRec::BYTES,
                          bars + 8 * st);
         }
+    };
+    auto issue_v = [&](int ci, int st) {
         issue_v_slice<DV>(reinterpret_cast<bf16*>(basep + st * L::BYTES + L::V), v, min(C, len - ci * C),
                           ld_volatile(cu + b) + ci * C, num_v_heads, h, col0, tid);
         cp_async_commit();
     };
-    issue(0, 0);
+    issue_records(0, 0);
+    issue_v(0, 0);
     const float* state = reinterpret_cast<const float*>(h_state_ptrs[b]) + (long long)h * DK * DV;
     const int bv0 = col0 + 16 * warp + gq;     // this lane's dv rows of S^T: bv0, bv0 + 8
     float St[DK / 2];
     float (*S4)[4] = reinterpret_cast<float (*)[4]>(St);
     load_state<DK, DV>(S4, state, bv0, tq);
 
+    // Chunk ci's o rows leave from its stage's O slice during chunk ci + 1's first products (the last after the
+    // loop); a stage's O slice is rewritten two barriers after it was stored from.
+    auto o_rows = [&](int ci) {
+        store_o<DV>(o, reinterpret_cast<const bf16*>(basep + (STAGES == 2 ? ci & 1 : 0) * L::BYTES + L::O), cu + b, len,
+                    ci * C, num_v_heads, h, col0, tid);
+    };
     for (int ci = 0; ci < nch; ++ci) {
         const int st = STAGES == 2 ? (ci & 1) : 0;
-        if (STAGES == 1 && ci > 0) {   // the stage's o rows are stored (the barrier): load this chunk into it
-            __syncthreads();
-            issue(ci, 0);
+        if (STAGES == 1 && ci > 0) {   // every thread is past chunk ci - 1's products: this chunk's V slice
+            if (!GDN_WG_EARLY) issue_records(ci, 0);
+            issue_v(ci, 0);
         }
         wg::mbar_wait(bars + 8 * st, (ci / STAGES) & 1);   // the stage's (ci / STAGES)-th fill
         cp_async_wait_all();
-        __syncthreads();   // chunk ci's V slice from every thread; (STAGES 2) chunk ci - 1's stage is free
-        if (STAGES == 2 && ci + 1 < nch) issue(ci + 1, st ^ 1);
-        gdnw::chunk_step<DK>(St, base + st * L::BYTES, basep + st * L::BYTES, warp, lane);
-        __syncthreads();   // the O slice complete
-        store_o<DV>(o, reinterpret_cast<const bf16*>(basep + st * L::BYTES + L::V), cu + b, len, ci * C, num_v_heads, h,
-                    col0, tid);
+        __syncthreads();   // chunk ci's V slice from every thread and chunk ci - 1's O slice; (STAGES 2) chunk ci - 1
+                           // is done with its stage
+        if (STAGES == 2 && ci + 1 < nch) {
+            issue_records(ci + 1, st ^ 1);
+            issue_v(ci + 1, st ^ 1);
+        }
+        float Ot[32];
+        gdnw::chunk_mma<DK>(St, Ot, base + st * L::BYTES, basep + st * L::BYTES, warp, lane, [&] {
+            if (ci > 0) o_rows(ci - 1);
+        });
+        if (STAGES == 1) {
+            __syncthreads();   // every warp is done with the stage's tiles, scalars, V slice and O slice
+            if (GDN_WG_EARLY && ci + 1 < nch) issue_records(ci + 1, 0);
+        }
+        bf16* os = reinterpret_cast<bf16*>(basep + st * L::BYTES + L::O);
+        float (*O4)[4] = reinterpret_cast<float (*)[4]>(Ot);
+        each_slice_elem<L::LDV>(warp, lane, [&](int nt, int e, int, int at) { os[at] = __float2bfloat16_rn(O4[nt][e]); });
     }
+    __syncthreads();   // the last O slice complete
+    o_rows(nch - 1);
     store_state<DK, DV>(S4, reinterpret_cast<float*>(ld_volatile(h_state_ptrs + b)) + (long long)h * DK * DV, bv0, tq);
 }
 
@@ -269,5 +284,5 @@ extern "C" __global__ void __launch_bounds__(128, 2) q12_gdn_wgmma_seq1_d64(Q12M
 }
 
 // gdn_wgmma.py's stage_bytes(d) must give these numbers.
-static_assert(gdnw::Stage<128>::BYTES == 83968 && gdnw::Stage<64>::BYTES == 59392,
+static_assert(gdnw::Stage<128>::BYTES == 84992 && gdnw::Stage<64>::BYTES == 60416,
               "Stage size differs from q12drv.kernels.gdn_wgmma.stage_bytes");

@@ -6,7 +6,7 @@ in-place state contract it shares):
 1. ``q12_gdn_chunk_prep_tiles_d*`` (``cuda_src/gdn_chunk.cu``, any sm_90 build): every chunk's
    state-independent work in parallel over (chunk, key head, stream), into the workspace, with the records
    laid out as the sequential kernel's shared memory (128-byte swizzled tiles) and the block solve already
-   applied: ``T = (I + A)^-1`` per (chunk, value head), bf16 hi and lo.
+   applied: ``T = (I + A)^-1`` per (chunk, value head), rounded to bf16 once.
 2. ``q12_gdn_wgmma_seq{,1}_d*`` (``cuda_src/gdn_wgmma.cu``, sm_90a): one warpgroup per (stream, value head,
    64-column dv slice) walks the chunks with the state ``S^T`` as a warpgroup-MMA accumulator; per chunk
    ``V_new^T = R^T T^T`` is one product (the split pair's sequential kernel solves four dependent blocks), and
@@ -68,9 +68,10 @@ def entries(head_dim: int, stages: int = 2) -> tuple[str, str]:
 
 def stage_bytes(head_dim: int) -> int:
     """Bytes of one stage of the sequential kernel (``gdnw::Stage<dk>``): the K record (three ``[64][dk]``
-    tiles), the V record (:func:`q12drv.kernels.gdn_chunk.tile_v_record_bytes`) and the V/O slice
-    ``[64][72]`` bf16, rounded up to 1 KiB (the tiles' alignment)."""
-    raw = _gdnc.k_record_bytes(head_dim) + _gdnc.tile_v_record_bytes() + 2 * _gdnc.CHUNK * (_gdnc.BV + 8)
+    tiles), the V record (:func:`q12drv.kernels.gdn_chunk.tile_v_record_bytes`), then the V slice and the O
+    slice, each ``[64][72]`` bf16 (chunk c's o rows leave from the O slice during chunk c + 1's first products),
+    rounded up to 1 KiB (the tiles' alignment)."""
+    raw = _gdnc.k_record_bytes(head_dim) + _gdnc.tile_v_record_bytes() + 2 * 2 * _gdnc.CHUNK * (_gdnc.BV + 8)
     return -(-raw // 1024) * 1024
 
 

@@ -17,7 +17,7 @@ PASS/FAIL of o and final state against the float64 reference on a small ragged c
 tests' bounds) plus bit-equality with the default variant's result, then CUDA-event timings
 (median of 15 after 3 warm-ups) at Hk 16 / Hv 32 / d 128 for 8 x 2048, 1 x 8192 and ragged
 8 streams 256..2048; the recurrent kernel as a reference row; with v0 also the split pair and the wgmma pair
-(each stage build, GDN_WG_TLO 0, the precompute alone). One table at the end.
+(each stage build, GDN_WG_XY 0, GDN_WG_EARLY 0, the precompute alone). One table at the end.
 
     PYTHONPATH=. python3 tests/gpu/gdn_debug.py --no-debug          # variants only
     PYTHONPATH=. python3 tests/gpu/gdn_debug.py --variants v0,v3    # a subset
@@ -190,8 +190,13 @@ def precompile(selected):
     print(f"compiled {len(selected)} variants in {time.time() - t0:.1f} s", flush=True)
 
 
-# the wgmma pair's builds: name, gdn_wgmma.cu defines
-WGMMA_VARIANTS = [("wg", ()), ("wg-tlo0", ("GDN_WG_TLO=0",))]
+# the wgmma pair's builds: name, gdn_wgmma.cu defines. Defaults: GDN_WG_XY 1, GDN_WG_EARLY 1 (EARLY changes only
+# the one-stage build: its seq2 row is the default's). GDN_WG_TLO is gone (no T lo product or record since run AM).
+WGMMA_VARIANTS = [
+    ("wg", ()),
+    ("wg-xy0", ("GDN_WG_XY=0",)),         # X and Y waited together (R not computed under Y's wgmma)
+    ("wg-early0", ("GDN_WG_EARLY=0",)),   # seq1: the next chunk's records copied at its top, not after the last wgmma
+]
 
 
 def wgmma_rows(torch, chunk_funcs, cases):
