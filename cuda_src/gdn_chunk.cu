@@ -193,30 +193,6 @@ struct SeqSmem {
     SeqBuf<DK> buf[STAGES];
 };
 
-// The precompute kernel's shared memory: Smem<DK> without what it does not need (V/O slices; K lo goes
-// straight to the K record) and with raw K sharing its bytes with -A and P (raw K is read by the
-// normalisation, -A and P are first written after it): 62,720 B at d128, 3 CTAs/SM.
-template <int DK>
-struct PrepSmem {
-    static constexpr int LDK = DK + 8, LDP = GDN_C + 8, LDD = 24;
-    bf16 k[GDN_C * LDK];
-    bf16 q[GDN_C * LDK];
-    union {
-        bf16 kraw[GDN_C * DK];
-        struct {
-            bf16 a[GDN_C * LDP];
-            bf16 p[GDN_C * LDP];
-        };
-    };
-    bf16 dinv[GDN_C * LDD];
-    float d[4 * 16 * 17];
-    float graw[2][GDN_C];
-    float braw[2][GDN_C];
-    float gam[GDN_C];
-    float beta[GDN_C];
-    float eg[GDN_C];
-    float wd[GDN_C];
-};
 
 // cp.async of chunk c's records and V slice into one buffer of the sequential kernel.
 template <int DK, int DV>
@@ -247,115 +223,21 @@ __device__ __forceinline__ void issue_record(SeqBuf<DK>& sb, const unsigned char
 
 }  // namespace gdnc
 
-namespace gdnc {
-template <bool TILES> struct RecV { using type = VRec; };
-template <> struct RecV<true> { using type = TileVRec; };
-}  // namespace gdnc
-
-// grid (ceil(chunk_len / 64), Hk, n), 128 threads, dynamic smem PrepSmem<DK>: one chunk of one (stream, key
-// head): its K record, K K^T and Q K^T once, then each value head's V record (its beta and gamma scale the
-// products in the epilogues). TILES 0: the "split" pair's records (KRec, VRec); TILES 1: the "wgmma" pair's
-// (KRec in swizzled tiles, TileVRec: T = (I + A)^-1 from the block solve applied to the identity).
+// grid (ceil(chunk_len / 64), Hk, n), 128 threads, dynamic smem PrepSmem<DK>: one CTA per precompute item
+// (gdn_chunk.cuh's prep_item).
 template <int DK, int DV, bool TILES>
 __device__ __forceinline__ void gdn_prep_body(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
                                               const float* __restrict__ g, const float* __restrict__ beta,
                                               int num_k_heads, int num_v_heads, unsigned char* __restrict__ ws) {
     using namespace gdnc;
-    using SM = PrepSmem<DK>;
-    constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8, LDK = SM::LDK, LDP = SM::LDP, LDD = SM::LDD;
     extern __shared__ __align__(16) unsigned char gdn_smem_raw[];
-    SM& s = *reinterpret_cast<SM*>(gdn_smem_raw);
-
     const int b = blockIdx.z, kh = blockIdx.y, ci = blockIdx.x;
-    if ((int)blockDim.x != THREADS || b >= (int)m.batch_size || kh >= num_k_heads) return;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if ((int)blockDim.x != 128 || b >= (int)m.batch_size || kh >= num_k_heads) return;
     const int* cu = q12_cu_seqlens(m);
     const int len = cu[b + 1] - cu[b];
-    const int c0 = ci * C;
-    if (c0 >= len) return;
-    const int group = num_v_heads / num_k_heads;
-
-    issue_kvgb<DK, DV, true, false, true>(s, nullptr, cu + b, len, c0, 0, k, nullptr, g, beta, num_k_heads, num_v_heads,
-                                          kh * group, 0, tid);
-    issue_q<DK>(s, cu + b, len, c0, q, num_k_heads, num_v_heads, kh * group, tid);
-    cp_async_commit();
-    cp_async_wait_all();
-    __syncthreads();
-    unsigned char* krec = krec_at<DK>(ws, m, b, ci, kh, num_k_heads);
-    bf16* klo = reinterpret_cast<bf16*>(krec + KRec<DK>::KLO);
-    normalise<DK>(s, [&](int row, int sg) {
-        if constexpr (TILES) return reinterpret_cast<bf16*>(krec + KRec<DK>::KLO + sw128_off(row, sg));
-        else return &klo[row * DK + sg * 8];
-    }, tid, tid % SEGS, 1.0f / sqrtf((float)DK));
-    __syncthreads();   // raw K read out: its bytes become -A and P
-    // -A and P: every byte of the records defined (the products write only the blocks the solve reads,
-    // the same ones for every value head)
-    for (int i = tid; i < 2 * C * LDP / 8; i += THREADS) reinterpret_cast<uint4*>(s.a)[i] = make_uint4(0, 0, 0, 0);
-    for (int idx = tid; idx < 2 * C * SEGS; idx += THREADS) {   // K hi and Q rows to the K record
-        const int which = idx / (C * SEGS), rest = idx % (C * SEGS), row = rest / SEGS, sg = rest % SEGS;
-        if constexpr (TILES)
-            *reinterpret_cast<uint4*>(krec + (which ? KRec<DK>::Q : KRec<DK>::K) + sw128_off(row, sg)) =
-                *reinterpret_cast<const uint4*>((which ? s.q : s.k) + row * LDK + sg * 8);
-        else
-            *reinterpret_cast<uint4*>(krec + (which ? KRec<DK>::Q : KRec<DK>::K) + row * (DK * 2) + sg * 16) =
-                *reinterpret_cast<const uint4*>((which ? s.q : s.k) + row * LDK + sg * 8);
-    }
-    // K K^T and Q K^T once for the key head (4 warps: warp w owns K rows of block w, Q rows of block 3 - w);
-    // each value head scales them by its own beta and gamma in the epilogues
-    float acck[8][4], accq[8][4];
-    causal_rows_kt<DK>(acck, s.k, s.k, warp, lane);
-    causal_rows_kt<DK>(accq, s.q, s.k, 3 - warp, lane);
-    for (int j = 0; j < group; ++j) {
-        const int h = kh * group + j;
-        if (j > 0) {   // this value head's g and beta (the previous head's products are written out)
-            issue_kvgb<DK, DV, false, false, true>(s, nullptr, cu + b, len, c0, 0, k, nullptr, g, beta, num_k_heads,
-                                                   num_v_heads, h, 0, tid);
-            cp_async_commit();
-            cp_async_wait_all();
-        }
-        __syncthreads();
-        if (warp == 0) chunk_gamma(s, 0, lane);
-        __syncthreads();
-        products_epilogue<true>(s, acck, warp, lane);
-        products_epilogue<false>(s, accq, 3 - warp, lane);
-        __syncthreads();
-#if !GDN_WARP_INV
-        invert_diagonal<DK>(s, tid);
-        __syncthreads();
-#endif
-        using VR = typename RecV<TILES>::type;
-        unsigned char* vrec = vrec_at<DK, VR>(ws, m, b, ci, h, num_k_heads, num_v_heads);
-        if constexpr (TILES) {
-            // T^T = I (I + A)^-T, this warp's 16 rows: T's columns 16w .. 16w + 15, rounded to bf16 into s.k as
-            // [64][LDP] rows (s.k is free: the products above were the last to read it)
-            float Rt[8][4], X[8][4];
-            each_slice_elem<LDP>(warp, lane, [&](int nt, int e, int cc, int at) {   // at: T[token cc][this row]
-                Rt[nt][e] = at == cc * (LDP + 1) ? 1.f : 0.f;
-            });
-            block_solve(s.a, s.dinv, Rt, X, lane);
-            each_slice_elem<LDP>(warp, lane, [&](int nt, int e, int, int at) { s.k[at] = __float2bfloat16_rn(X[nt][e]); });
-            __syncthreads();
-            for (int idx = tid; idx < 2 * C * 8; idx += THREADS) {   // T, P as swizzled tiles
-                const int which = idx / (C * 8), rest = idx % (C * 8), row = rest / 8, sg = rest % 8;
-                *reinterpret_cast<uint4*>(vrec + (which ? TileVRec::P : TileVRec::T) + sw128_off(row, sg)) =
-                    *reinterpret_cast<const uint4*>((which ? s.p : s.k) + row * LDP + sg * 8);
-            }
-        } else {
-            for (int idx = tid; idx < 2 * C * 8; idx += THREADS) {
-                const int which = idx / (C * 8), rest = idx % (C * 8), row = rest / 8, sg = rest % 8;
-                *reinterpret_cast<uint4*>(vrec + VRec::A + which * (C * C * 2) + row * 128 + sg * 16) =
-                    *reinterpret_cast<const uint4*>((which ? s.p : s.a) + row * LDP + sg * 8);
-            }
-            if (tid < 2 * C)
-                *reinterpret_cast<uint4*>(vrec + VRec::DINV + tid * 16) =
-                    *reinterpret_cast<const uint4*>(s.dinv + (tid >> 1) * LDD + (tid & 1) * 8);
-        }
-        if (tid < 3 * 16) {
-            const float* src = tid < 16 ? s.beta : tid < 32 ? s.eg : s.wd;
-            *reinterpret_cast<uint4*>(vrec + VR::BETA + tid * 16) = *reinterpret_cast<const uint4*>(src + (tid & 15) * 4);
-        }
-        __syncthreads();   // s.a, s.p, s.dinv, s.beta, s.eg, s.wd read out before the next head rewrites them
-    }
+    if (ci * GDN_C >= len) return;
+    prep_item<DK, DV, TILES>(m, q, k, g, beta, num_k_heads, num_v_heads, ws, *reinterpret_cast<PrepSmem<DK>*>(gdn_smem_raw),
+                             b, kh, ci, len, threadIdx.x, [] { __syncthreads(); });
 }
 
 // grid (DV / 64, Hv, n), 128 threads, dynamic smem SeqSmem<DK, STAGES>: the fused kernel's chunk loop with the

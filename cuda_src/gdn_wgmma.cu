@@ -1,5 +1,6 @@
 // gdn_wgmma.cu: the sequential kernel of the "wgmma" Gated DeltaNet pair (ops.gdn(algo="wgmma")), on Hopper's
-// warpgroup MMA (compiled for sm_90a). The pair's first launch is gdn_chunk.cu's q12_gdn_chunk_prep_tiles_d*:
+// warpgroup MMA (compiled for sm_90a), and the pair's flow form for grids of few CTAs ("the flow form", below
+// the sequential kernel). The pair's first launch is gdn_chunk.cu's q12_gdn_chunk_prep_tiles_d*:
 // the chunk-local work of every (stream, chunk) in parallel, into records in the workspace (gdn_chunk.cuh:
 // KRec in 128-byte swizzled tiles, TileVRec). Same math, arguments and in-place state contract as gdn_chunk.cu
 // (its header has the algebra); what differs is the solve and the instructions:
@@ -173,10 +174,22 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
     }
 }
 
+// The flow form (below), thread 0 of a sequential CTA: wait for the item's flag (acquire), then order the bulk copies that read its
+// records (async proxy) after it.
+__device__ __forceinline__ void wait_ready(const unsigned* flag) {
+    unsigned r = 0;
+    do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(r) : "l"(flag) : "memory");
+    } while (r == 0);
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
 }  // namespace gdnw
 
-// grid (DV / 64, Hv, n), 128 threads (one warpgroup), dynamic smem gdn_wgmma.seq_smem_bytes(DK, STAGES).
-template <int DK, int DV, int STAGES>
+// grid (DV / 64, Hv, n), 128 threads (one warpgroup), dynamic smem gdn_wgmma.seq_smem_bytes(DK, STAGES). FLOW: the
+// flow form's sequential kernel (below): a chunk's records are copied once their precompute item's ready flag is
+// set, and the CTA ends with griddepcontrol.wait (the precompute grid complete).
+template <int DK, int DV, int STAGES, bool FLOW = false>
 __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned long long* __restrict__ h_state_ptrs,
                                                 const bf16* __restrict__ v, bf16* __restrict__ o, int num_k_heads,
                                                 int num_v_heads, unsigned char* __restrict__ ws) {
@@ -212,6 +225,7 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
     auto issue_records = [&](int ci, int st) {
         if (tid == 0) {
             const unsigned sb = base + st * L::BYTES;
+            if constexpr (FLOW) gdnw::wait_ready(ready_flag_at<DK>(ws, m, b, ci, kh, num_k_heads, num_v_heads));
             wg::fence_proxy_async();   // the stage's generic reads (beta, exp(gamma), ...) before the copies' writes
             wg::mbar_arrive_expect_tx(bars + 8 * st, KRec<DK>::BYTES + TileVRec::BYTES);
             wg::bulk_g2s(sb, krec_at<DK>(ws, m, b, ci, kh, num_k_heads), KRec<DK>::BYTES, bars + 8 * st);
@@ -267,7 +281,55 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
     __syncthreads();   // the last O slice complete
     o_rows(nch - 1);
     store_state<DK, DV>(S4, reinterpret_cast<float*>(ld_volatile(h_state_ptrs + b)) + (long long)h * DK * DV, bv0, tq);
+    if constexpr (FLOW) asm volatile("griddepcontrol.wait;\n" ::: "memory");
 }
+
+// ================================================================ the flow form
+// For grids of few sequential CTAs (one long stream: 64 CTAs at Hv 32, d 128 leave half of an H200 idle), the
+// precompute runs beside the sequential kernel instead of before it. Three launches on one stream:
+//   1. the ready flags zeroed (ops: one memset of gdn_wgmma.flags_bytes);
+//   2. q12_gdn_wgmma_prep_flow_d*: P persistent CTAs of three 128-thread groups (each group a prep_item at a time
+//      on its own PrepSmem, 188 KB at d128: one CTA fills an SM), items in chunk-major order, each item's ready
+//      flag released once its records are stored; every CTA first executes griddepcontrol.launch_dependents;
+//   3. q12_gdn_wgmma_seq_flow_d*, launched with programmatic stream serialization: it may start once every
+//      precompute CTA has started, lands on the SMs the precompute left free (P = SMs - its CTAs), and copies
+//      a chunk's records once their flag is set.
+// No cycle: the precompute never waits, and every CTA of it is running or done before a sequential CTA starts
+// (without programmatic launch the sequential kernel starts after the precompute: the same result, serially).
+// The sequential CTAs end with griddepcontrol.wait, so the stream's next operation finds both grids complete.
+// The results are the two-launch pair's bits (the same records, the same sequential arithmetic).
+namespace gdnw {
+
+// grid (P), 384 threads (three groups), dynamic smem 3 x PrepSmem<DK>: worker w = 3 * blockIdx.x + group takes
+// items w, w + 3P, ... of (chunk, stream, key head), chunk-major.
+template <int DK, int DV>
+__device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                                   const float* __restrict__ g, const float* __restrict__ beta,
+                                                   int num_k_heads, int num_v_heads, unsigned char* __restrict__ ws) {
+    using namespace gdnc;
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    extern __shared__ __align__(16) unsigned char gdn_smem_raw[];
+    if ((int)blockDim.x != 3 * 128) return;
+    const int grp = threadIdx.x >> 7, tid = threadIdx.x & 127;
+    PrepSmem<DK>& s = reinterpret_cast<PrepSmem<DK>*>(gdn_smem_raw)[grp];
+    const int* cu = q12_cu_seqlens(m);
+    const int n = (int)m.batch_size, per_chunk = n * num_k_heads;
+    const long long items = (long long)(((int)m.chunk_len + GDN_C - 1) / GDN_C) * per_chunk;
+    for (long long it = 3LL * blockIdx.x + grp; it < items; it += 3LL * gridDim.x) {
+        const int ci = (int)(it / per_chunk), r = (int)(it % per_chunk), b = r / num_k_heads, kh = r % num_k_heads;
+        const int len = cu[b + 1] - cu[b];
+        if (ci * GDN_C >= len) continue;
+        prep_item<DK, DV, true>(m, q, k, g, beta, num_k_heads, num_v_heads, ws, s, b, kh, ci, len, tid,
+                                [grp] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + grp) : "memory"); });
+        if (tid == 0) {   // the group's record stores are issued (prep_item's last barrier): publish them
+            __threadfence();
+            asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(ready_flag_at<DK>(ws, m, b, ci, kh, num_k_heads,
+                                                                                      num_v_heads)), "r"(1u) : "memory");
+        }
+    }
+}
+
+}  // namespace gdnw
 
 // Entry parameters: gdn_chunk.cu's split pair's. STAGES 2: __launch_bounds__(128, 1); STAGES 1: 2 CTAs/SM.
 extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_seq_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
@@ -281,6 +343,19 @@ extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_seq_d64(Q12Me
 }
 extern "C" __global__ void __launch_bounds__(128, 2) q12_gdn_wgmma_seq1_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
     if (gridDim.x == 64 / GDN_BV) gdn_wg_seq_body<64, 64, 1>(m, h_state_ptrs, v, o, num_k_heads, num_v_heads, workspace);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) q12_gdn_wgmma_prep_flow_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
+    gdnw::gdn_prep_flow_body<128, 128>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
+}
+extern "C" __global__ void __launch_bounds__(384, 1) q12_gdn_wgmma_prep_flow_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
+    gdnw::gdn_prep_flow_body<64, 64>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
+}
+extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_seq_flow_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
+    if (gridDim.x == 128 / GDN_BV) gdn_wg_seq_body<128, 128, 2, true>(m, h_state_ptrs, v, o, num_k_heads, num_v_heads, workspace);
+}
+extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_seq_flow_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
+    if (gridDim.x == 64 / GDN_BV) gdn_wg_seq_body<64, 64, 2, true>(m, h_state_ptrs, v, o, num_k_heads, num_v_heads, workspace);
 }
 
 // gdn_wgmma.py's stage_bytes(d) must give these numbers.

@@ -158,6 +158,17 @@ class Launch:
         else:
             self._fire(grid, block, smem, self._device.as_stream(stream))
 
+    def launch_dependent(self, grid: tuple, block: tuple, smem: int = 0, stream: Any = None) -> None:
+        """:meth:`launch` with programmatic stream serialization (:meth:`q12drv.driver.base.Driver.launch_dependent`):
+        the kernel may start before the stream's previous kernel completes, once every CTA of that kernel has
+        executed ``griddepcontrol.launch_dependents``; it must then synchronize with that kernel itself (flags,
+        ``griddepcontrol.wait``). Not the hot path: the launch configuration is built per call."""
+        if smem and smem > self.kernel.smem_limit:
+            self.kernel.allow_dynamic_smem(smem)
+        raw = self._device.stream.raw if stream is None else (
+            stream.raw if type(stream) is Stream and stream.raw is not None else self._device.as_stream(stream))
+        self._device.driver.launch_dependent(self.kernel.func, grid, block, smem, raw, self._addr)
+
     def bind(self, grid: tuple, block: tuple, smem: int = 0, stream: Any = None) -> Callable[[], None]:
         """A zero-argument callable that enqueues this launch: the cheapest way to repeat it.
 

@@ -46,6 +46,10 @@ if [ -z "${Q12_SKIP_BENCH:-}" ] && [ -f bench/gpu_compare.py ]; then
   timeout 60 python3 bench/profile_host.py --reps 200 --top 25 >"$OUT/bench.log" 2>&1
   step bench bench.log.tmp 150 python3 bench/gpu_compare.py --budget-s ${Q12_BENCH_BUDGET:-90} --out "$OUT/bench.json"
   cat "$OUT/bench.log.tmp" >>"$OUT/bench.log" && rm -f "$OUT/bench.log.tmp"
+  if [ -f bench/breakdown.py ]; then  # where the step's and staging's time goes (per launch, post-sync costs)
+    step breakdown bench.log.tmp 90 python3 bench/breakdown.py --driver cuda
+    cat "$OUT/bench.log.tmp" >>"$OUT/bench.log" && rm -f "$OUT/bench.log.tmp"
+  fi
 fi
 echo "==== summary ($(date -u +%FT%TZ))"
 printf '%s\n' "${status[@]}"

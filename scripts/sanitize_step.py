@@ -19,6 +19,7 @@ Exit status 0 when every check passes, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -29,6 +30,7 @@ import numpy as np  # noqa: E402
 from q12drv import ScratchArena, StreamStageInfo, make_scratch_plan, open_device  # noqa: E402
 from q12drv.checks import verify_readback  # noqa: E402
 from q12drv.demo import layer_inputs  # noqa: E402
+from q12drv.kernels import gdn_wgmma, ops  # noqa: E402
 from q12drv.prefill import AttentionShape, GdnShape, Q12Pass  # noqa: E402
 
 GUARD = 256
@@ -107,11 +109,12 @@ def step(dev, name: str, problems: list) -> None:
             q12.attention_layer(p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], attn, num_blocks=num_blocks)
             if gdn is not None:
                 states = [p["states"] + b * host["states"][0].nbytes for b in range(n)]
-                ws_bytes = q12.gdn_workspace_bytes(gdn)
-                ws = dev.alloc(ws_bytes, "gdn split workspace")
-                for algo in ("chunked", "split", "recurrent"):  # every kernel, each on the previous one's states
-                    q12.gdn_layer(states, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], gdn, algo=algo,
-                                  workspace=int(ws.ptr), workspace_bytes=ws_bytes)
+                ws_bytes = max(q12.gdn_workspace_bytes(gdn, algo) for algo in ops.GDN_WORKSPACE_ALGOS)
+                ws = dev.alloc(ws_bytes, "gdn workspace")
+                for algo in gdn_algos(dev):  # every kernel, each on the previous one's states
+                    with (two_launch_wgmma() if algo == "wgmma-pair" else contextlib.nullcontext()):
+                        q12.gdn_layer(states, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], gdn,
+                                      algo=algo.split("-")[0], workspace=int(ws.ptr), workspace_bytes=ws_bytes)
             dev.synchronize()
             if gdn is not None:
                 ws.free()
@@ -134,6 +137,26 @@ def step(dev, name: str, problems: list) -> None:
         tbuf.get(problems)
     for b in list(bufs.values()) + [tbuf]:
         b.buf.free()
+
+
+def gdn_algos(dev) -> tuple:
+    """The GDN algorithms the step runs: all, on Hopper the wgmma pair in both forms (its few CTAs take the flow
+    form; "wgmma-pair": the two launches)."""
+    base = ("chunked", "split", "recurrent")
+    return base + (("wgmma", "wgmma-pair") if dev.arch in ("sm_90", "sm_90a") else ())
+
+
+@contextlib.contextmanager
+def two_launch_wgmma():
+    """ops.gdn(algo="wgmma") in its two-launch form for the duration (the flow rule answering no)."""
+    uses_flow = gdn_wgmma.uses_flow
+    gdn_wgmma.uses_flow = lambda *args: False
+    ops._gdn_launches.cache_clear()
+    try:
+        yield
+    finally:
+        gdn_wgmma.uses_flow = uses_flow
+        ops._gdn_launches.cache_clear()
 
 
 def expand_matches_host(dev, arena, streams, problems: list) -> None:
@@ -162,8 +185,6 @@ def main(argv=None) -> int:
     problems: list = []
     with open_device(args.driver) as dev:
         if args.compile_only:
-            from q12drv.kernels import ops
-
             for entry in ops.ENTRIES:  # every kernel the step can launch (the GDN split pair included)
                 ops.prepared(dev, entry)
             print(f"sanitize_step: kernels compiled and cached on {dev.name}")

@@ -408,7 +408,13 @@ def test_split_emulators_check_the_launch_and_need_the_whole_workspace():
         _run_chunk_emulated(inputs, hk, hv, d, split=2, ws_short=1)
 
 
-def _run_chunk_emulated(inputs, hk, hv, d, grid=None, block=None, split=0, ws_short=0, pair="split"):
+def _run_chunk_emulated(inputs, hk, hv, d, grid=None, block=None, split=0, ws_short=0, pair="split", ws_fill=0,
+                        skip_prep=False):
+    """Run a GDN entry (``split`` 0: the fused kernel) or a pair (``pair`` "split", "wgmma" or "flow", the wgmma
+    pair's flow form on 132 SMs, its flags cleared first as ops clears them; ``split``: the stages) on the
+    emulated kernels; the workspace is exactly what the launches read and write (``ws_short`` bytes less),
+    filled with ``ws_fill``; ``skip_prep``: the pair's second launch alone. Returns (o, final states, guards
+    intact)."""
     q, k, v, g, beta, cu, s0 = inputs
     n = len(cu) - 1
     mem = FakeMem()
@@ -422,18 +428,24 @@ def _run_chunk_emulated(inputs, hk, hv, d, grid=None, block=None, split=0, ws_sh
     meta = Q12MetaC(cu_seqlens=pcu, batch_size=n, chunk_len=int(np.diff(cu).max()), total_tokens=T)
     args = dict(m=meta, h_state_ptrs=pptrs, q=ptrs[0], k=ptrs[1], v=ptrs[2], g=ptrs[3], beta=ptrs[4], o=po,
                 num_k_heads=hk, num_v_heads=hv)
-    if split:  # a pair ("split" or "wgmma"), through a workspace of exactly what it needs (ws_short bytes less)
-        mod = gdn_chunk if pair == "split" else gdn_wgmma
-        nbytes = mod.workspace_bytes(n, meta.chunk_len, hk, hv, d) - ws_short
-        args["workspace"] = mem.hold(np.zeros(nbytes, np.uint8))[1]
+    if split:  # a pair: "split", "wgmma" (two launches: the records, not the flags) or "flow"
         if pair == "split":
+            nbytes = gdn_chunk.workspace_bytes(n, meta.chunk_len, hk, hv, d)
             geos = gdn_chunk.split_geometry(n, meta.chunk_len, hk, hv, d, split)
             names = gdn_chunk.split_entries(d, split)
-        else:
+        elif pair == "wgmma":
+            nbytes = gdn_wgmma.flags_offset(n, meta.chunk_len, hk, hv, d)
             geos = gdn_wgmma.geometry(n, meta.chunk_len, hk, hv, d, split)
             names = gdn_wgmma.entries(d, split)
+        else:
+            nbytes = gdn_wgmma.workspace_bytes(n, meta.chunk_len, hk, hv, d)
+            geos = gdn_wgmma.flow_geometry(n, meta.chunk_len, hk, hv, d, 132)
+            names = gdn_wgmma.flow_entries(d)
+        ws, args["workspace"] = mem.hold(np.full(nbytes - ws_short, ws_fill, np.uint8))
+        if pair == "flow":  # ops: the flags cleared, then the two launches
+            ws[gdn_wgmma.flags_offset(n, meta.chunk_len, hk, hv, d):] = 0
         emulators = {**gdn_chunk.EMULATORS, **gdn_wgmma.EMULATORS}
-        for entry, (ggrid, gblock, _) in zip(names, geos):
+        for entry, (ggrid, gblock, _) in list(zip(names, geos))[int(skip_prep):]:
             emulators[entry](args, mem, ggrid, gblock)
     else:
         ggrid, gblock, _ = gdn_chunk.geometry(n, hv, d)
@@ -505,7 +517,8 @@ def test_wgmma_pair_sizes_match_the_source():
     prep, seq = gdn_wgmma.geometry(8, 2048, 16, 32, 128, 1)
     assert prep == ((32, 16, 8), (128, 1, 1), gdn_chunk.prep_smem_bytes(128))
     assert seq == ((2, 32, 8), (128, 1, 1), gdn_wgmma.seq_smem_bytes(128, 1))
-    assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128) == 128 * (16 * 49152 + 32 * 17152)
+    assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128) == 128 * (16 * 49152 + 32 * 17152) + 4 * 128 * 16
+    assert gdn_wgmma.flags_offset(1, 8192, 16, 32, 128) == 128 * (16 * 49152 + 32 * 17152)
     assert gdn_wgmma.entries(128, 1) == ("q12_gdn_chunk_prep_tiles_d128", "q12_gdn_wgmma_seq1_d128")
     assert gdn_wgmma.stages(8, 32, 128, 132) == 1 and gdn_wgmma.stages(1, 32, 128, 132) == 2
     for entry in gdn_wgmma.ENTRIES:
@@ -579,3 +592,50 @@ def test_wgmma_emulators_check_the_launch_and_need_the_whole_workspace():
     # the split pair's (smaller) workspace is too small for the tile format
     with pytest.raises(IndexError, match="outside every allocation"):
         _run_chunk_emulated(inputs, hk, hv, d, split=1, pair="wgmma", ws_short=1)
+
+
+def test_wgmma_flow_form_sizes_rule_and_launches():
+    """The flow form: a precompute CTA fills an SM (no sequential CTA beside it), the rule takes it while the
+    sequential CTAs leave half of the SMs, the precompute gets the SMs they leave, and ops clears the flags
+    (after the records) before two launches, the second with programmatic stream serialization."""
+    from q12drv.kernels import ops
+    from q12drv.nvrtc import cuda_src_dir
+
+    sm = 228 * 1024
+    assert gdn_wgmma.prep_flow_smem_bytes(128) == 3 * 62720 <= 227 * 1024
+    assert gdn_wgmma.prep_flow_smem_bytes(128) + 1024 + gdn_wgmma.seq_smem_bytes(128, 2) + 1024 > sm
+    assert gdn_wgmma.uses_flow(1, 32, 128, 132) and not gdn_wgmma.uses_flow(2, 32, 128, 132)
+    assert gdn_wgmma.uses_flow(2, 32, 64, 132) and not gdn_wgmma.uses_flow(1, 32, 128, 127)
+    prep, seq = gdn_wgmma.flow_geometry(1, 8192, 16, 32, 128, 132)
+    assert prep == ((68, 1, 1), (384, 1, 1), 188160)
+    assert seq == ((2, 32, 1), (128, 1, 1), gdn_wgmma.seq_smem_bytes(128, 2))
+    assert gdn_wgmma.flow_geometry(4, 64, 1, 32, 128, 132)[0][0] == (1, 1, 1)  # never an empty grid
+    zero, launches = ops._gdn_launches("wgmma", 1, 8192, 16, 32, 128, 132)
+    assert zero == (gdn_wgmma.flags_offset(1, 8192, 16, 32, 128), 4 * 128 * 16)
+    assert [(e, dep) for e, *_, dep in launches] == [("q12_gdn_wgmma_prep_flow_d128", False),
+                                                     ("q12_gdn_wgmma_seq_flow_d128", True)]
+    zero, launches = ops._gdn_launches("wgmma", 8, 2048, 16, 32, 128, 132)
+    assert zero is None and [dep for *_, dep in launches] == [False, False]
+    assert gdn_wgmma.entry_smem_bytes("q12_gdn_wgmma_prep_flow_d64") == 3 * gdn_chunk.prep_smem_bytes(64)
+    src = (cuda_src_dir() / gdn_wgmma.SOURCE).read_text()
+    for entry in gdn_wgmma.FLOW_ENTRIES:
+        assert f"q12_gdn_wgmma_{entry.split('_wgmma_')[1]}(" in src
+    assert "__launch_bounds__(384, 1) q12_gdn_wgmma_prep_flow_d128" in src
+
+
+def test_wgmma_flow_emulators_need_the_precompute_and_the_cleared_flags():
+    """On the emulated driver the flow form gives the fused kernel's result through a workspace of garbage
+    records whose flags ops cleared; its sequential kernel without the precompute (flags 0, as after the clear)
+    is refused, as the GPU would wait forever; a workspace one byte short of the flags faults."""
+    rng = np.random.default_rng(16)
+    hk, hv, d, lens = 2, 4, 64, [1, 0, 130]
+    inputs = make_inputs(rng, lens, hk, hv, d, d)
+    o_f, fin_f, _ = _run_chunk_emulated(inputs, hk, hv, d)
+    o_s, fin_s, guards = _run_chunk_emulated(inputs, hk, hv, d, split=2, pair="flow", ws_fill=0xFF)
+    assert guards
+    np.testing.assert_array_equal(o_s, o_f)
+    np.testing.assert_array_equal(fin_s, fin_f)
+    with pytest.raises(RuntimeError, match="would wait forever: 8 ready flags"):
+        _run_chunk_emulated(inputs, hk, hv, d, split=2, pair="flow", skip_prep=True)
+    with pytest.raises(IndexError, match="outside every allocation"):
+        _run_chunk_emulated(inputs, hk, hv, d, split=2, pair="flow", ws_short=1)

@@ -62,6 +62,16 @@ class Driver:
     def launch(self, func: Any, grid: tuple, block: tuple, smem: int, stream: Any, params_addr: int) -> None:
         raise NotImplementedError
 
+    def launch_dependent(self, func: Any, grid: tuple, block: tuple, smem: int, stream: Any, params_addr: int) -> None:
+        """:meth:`launch` with programmatic stream serialization (Hopper's programmatic dependent launch): the
+        kernel may start once every CTA of the stream's previous kernel has executed
+        ``griddepcontrol.launch_dependents`` (or exited), before that kernel completes.
+
+        A driver without it launches in stream order, which is a valid schedule of the same launch (the
+        kernel then starts after its predecessor completes); the emulated driver does that.
+        """
+        self.launch(func, grid, block, smem, stream, params_addr)
+
     def launcher(self, func: Any, params_addr: int):
         """``fire(grid, block, smem, stream)``: :meth:`launch` of ``func`` with the parameters at ``params_addr``.
 

@@ -184,6 +184,20 @@ class CudaDriver(Driver):
         err = self._launch(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream, params_addr, 0)[0]
         check("cuLaunchKernel", err)
 
+    def launch_dependent(self, func: Any, grid: tuple, block: tuple, smem: int, stream: Any, params_addr: int) -> None:
+        cu = self._cu
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        cfg = cu.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
+        cfg.sharedMemBytes = smem
+        cfg.hStream = stream
+        cfg.attrs = [attr]
+        cfg.numAttrs = 1
+        check("cuLaunchKernelEx", cu.cuLaunchKernelEx(cfg, func, params_addr, 0)[0])
+
     def launcher(self, func: Any, params_addr: int):
         launch = self._launch
 

@@ -12,6 +12,13 @@ in-place state contract it shares):
    ``V_new^T = R^T T^T`` is one product (the split pair's sequential kernel solves four dependent blocks), and
    each chunk's two records arrive by one bulk copy each.
 
+For grids of few sequential CTAs (:func:`uses_flow`: one long stream) the pair runs in its **flow form**
+instead: the ready flags zeroed, then ``q12_gdn_wgmma_prep_flow_d*`` (persistent CTAs of three precompute
+groups, chunk-major, on the SMs the sequential grid leaves free) and ``q12_gdn_wgmma_seq_flow_d*`` launched
+with programmatic stream serialization, so that the precompute runs beside the sequential kernel; a chunk's
+records are copied once their item's ready flag is set (``cuda_src/gdn_wgmma.cu``, "the flow form"). Same
+records, same sequential arithmetic: the flow form's results are the two-launch pair's bits.
+
 Numerics are the split pair's up to the solve: :func:`q12drv.kernels.gdn_chunk.chunked_reference` with
 ``t_product=True`` models the pair (its error against the float64 reference is the split pair's, measured in
 numpy: output ~3.5e-3, final state ~2.4e-4). The results are not the fused kernel's bits; batched == alone
@@ -20,11 +27,15 @@ holds bit for bit (a CTA never mixes streams).
 
 from __future__ import annotations
 
+import numpy as np
+
 from . import gdn_chunk as _gdnc
+from . import gdn as _gdn
 
 __all__ = [
     "SOURCE",
     "ENTRIES",
+    "SEQ_ENTRIES",
     "THREADS",
     "STAGES",
     "HEAD_DIMS",
@@ -34,8 +45,16 @@ __all__ = [
     "seq_smem_bytes",
     "entry_smem_bytes",
     "workspace_bytes",
+    "flags_offset",
+    "flags_bytes",
     "stages",
     "geometry",
+    "FLOW_ENTRIES",
+    "PREP_FLOW_THREADS",
+    "flow_entries",
+    "prep_flow_smem_bytes",
+    "uses_flow",
+    "flow_geometry",
     "EMULATORS",
 ]
 
@@ -45,10 +64,16 @@ SOURCE = "gdn_wgmma.cu"
 HEAD_DIMS = (128, 64)
 #: Stages of the sequential kernel: 2 (the next chunk loads while this one computes, 1 CTA/SM) or 1 (2 CTAs/SM).
 STAGES = (2, 1)
-#: Sequential entries, by head dim then stages.
-ENTRIES = tuple(f"q12_gdn_wgmma_seq{'' if st == 2 else st}_d{d}" for d in HEAD_DIMS for st in STAGES)
+#: Sequential entries of the two-launch pair, by head dim then stages.
+SEQ_ENTRIES = tuple(f"q12_gdn_wgmma_seq{'' if st == 2 else st}_d{d}" for d in HEAD_DIMS for st in STAGES)
 #: Threads per CTA of both kernels (one warpgroup).
 THREADS = 128
+#: The flow form's entries (:func:`flow_entries`), by head dim: precompute, then sequential.
+FLOW_ENTRIES = tuple(f"q12_gdn_wgmma_{k}_flow_d{d}" for d in HEAD_DIMS for k in ("prep", "seq"))
+#: Threads of a flow precompute CTA: three groups of 128, each working one item at a time.
+PREP_FLOW_THREADS = 3 * THREADS
+#: Every entry of ``gdn_wgmma.cu``: the two-launch pair's sequential kernels, then the flow form's two.
+ENTRIES = SEQ_ENTRIES + FLOW_ENTRIES
 
 
 def entry_name(head_dim: int) -> str:
@@ -87,14 +112,30 @@ def entry_smem_bytes(entry: str) -> int:
         for st in STAGES:
             if entries(d, st)[1] == entry:
                 return seq_smem_bytes(d, st)
+        prep, seq = flow_entries(d)
+        if entry == prep:
+            return prep_flow_smem_bytes(d)
+        if entry == seq:
+            return seq_smem_bytes(d, 2)
     raise KeyError(f"{entry!r} is not a gdn_wgmma.cu entry; entries: {', '.join(ENTRIES)}")
 
 
 def workspace_bytes(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int) -> int:
     """Workspace of the pair for ``n`` streams of at most ``chunk_len`` tokens: per stream and 64-token chunk,
-    one K record per key head and one tile V record per value head."""
+    one K record per key head and one tile V record per value head, then the flow form's ready flags
+    (:func:`flags_offset`, :func:`flags_bytes`; the two-launch form leaves them alone)."""
+    return flags_offset(n, chunk_len, num_k_heads, num_v_heads, head_dim) + flags_bytes(n, chunk_len, num_k_heads)
+
+
+def flags_offset(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int) -> int:
+    """Byte offset of the ready flags in the workspace: right after the records (``gdnc::ready_flag_at``)."""
     entry_name(head_dim)
     return _gdnc.workspace_bytes(n, chunk_len, num_k_heads, num_v_heads, head_dim, tiles=True)
+
+
+def flags_bytes(n: int, chunk_len: int, num_k_heads: int) -> int:
+    """Bytes of the ready flags: one u32 per precompute item (stream, 64-token chunk, key head)."""
+    return 4 * n * (-(-chunk_len // _gdnc.CHUNK)) * num_k_heads
 
 
 def stages(n: int, num_v_heads: int, head_dim: int, num_sms: int) -> int:
@@ -111,6 +152,74 @@ def geometry(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_di
     return prep, (seq[0], seq[1], seq_smem_bytes(head_dim, stages))
 
 
+def flow_entries(head_dim: int) -> tuple[str, str]:
+    """``(precompute entry, sequential entry)`` of the flow form for ``dk = dv = head_dim``."""
+    entry_name(head_dim)
+    return f"q12_gdn_wgmma_prep_flow_d{head_dim}", f"q12_gdn_wgmma_seq_flow_d{head_dim}"
+
+
+def prep_flow_smem_bytes(head_dim: int) -> int:
+    """Dynamic shared memory of a flow precompute CTA: one precompute kernel's (``gdnc::PrepSmem<dk>``) per group.
+    At d 128 (188,160 B) one CTA fills an SM, so a sequential CTA never shares an SM with one."""
+    return 3 * _gdnc.prep_smem_bytes(head_dim)
+
+
+def uses_flow(n: int, num_v_heads: int, head_dim: int, num_sms: int) -> bool:
+    """Whether a pass takes the flow form: its ``n * Hv * dv / 64`` sequential CTAs (one per SM) leave at least
+    half of the device's SMs to the precompute. Below that the two-launch pair wins: the precompute then has too
+    few SMs to stay ahead of the chunks the sequential CTAs consume."""
+    return 2 * n * num_v_heads * (head_dim // _gdnc.BV) <= num_sms
+
+
+def flow_geometry(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int, num_sms: int) -> tuple:
+    """``((grid, block, smem) of the flow precompute, (grid, block, smem) of the flow sequential kernel)``: the
+    precompute takes the ``num_sms - n * Hv * dv / 64`` SMs the sequential CTAs leave free (at least one)."""
+    entry_name(head_dim)
+    prep, seq = geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim, 2)
+    ctas = seq[0][0] * seq[0][1] * seq[0][2]
+    return ((max(1, num_sms - ctas), 1, 1), (PREP_FLOW_THREADS, 1, 1), prep_flow_smem_bytes(head_dim)), seq
+
+
+def _flags(args: dict, mem, head_dim: int):
+    """The emulated workspace's ready flags (u32) and, per flag, whether its item has tokens."""
+    n, hk, hv = _gdn.emulator_heads(args)
+    m = args["m"]
+    n = max(n, 1)
+    chunk_len = int(m.chunk_len)
+    _gdnc.touch_workspace(args, mem, head_dim, tiles=True)
+    count = flags_bytes(n, chunk_len, hk) // 4
+    flags = mem.array(int(args["workspace"]) + flags_offset(n, chunk_len, hk, hv, head_dim), np.uint32, (count,))
+    cu = mem.array(int(m.cu_seqlens), np.int32, (n + 1,))
+    nch = -(-chunk_len // _gdnc.CHUNK)
+    lens = np.diff(cu.astype(np.int64))
+    live = (np.arange(nch)[None, :] * _gdnc.CHUNK < lens[:, None])  # [stream, chunk]
+    return flags, np.repeat(live[:, :, None], hk, axis=2).reshape(-1)
+
+
+def _emulate_prep_flow(head_dim: int):
+    def run(args: dict, mem, grid, block) -> None:
+        """Emulate the flow precompute: check the launch, release the flag of every item that has tokens."""
+        if tuple(block) != (PREP_FLOW_THREADS, 1, 1) or tuple(grid)[1:] != (1, 1):
+            raise ValueError(f"the flow precompute needs grid (P, 1, 1) and block ({PREP_FLOW_THREADS}, 1, 1), got "
+                             f"{tuple(grid)}, {tuple(block)}")
+        flags, live = _flags(args, mem, head_dim)
+        flags[live] = 1
+    return run
+
+
+def _emulate_seq_flow(head_dim: int):
+    def run(args: dict, mem, grid, block) -> None:
+        """Emulate the flow sequential kernel: every flag it waits for must be set (on the GPU it would wait
+        forever), then the float64 reference."""
+        flags, live = _flags(args, mem, head_dim)
+        unset = np.flatnonzero(live & (flags == 0))
+        if unset.size:
+            raise RuntimeError(f"the flow sequential kernel would wait forever: {unset.size} ready flags of items with "
+                               f"tokens are 0 (first: flag {int(unset[0])}); the flow precompute must run before it")
+        _gdnc.emulate_chunked(args, mem, grid, block, head_dim)
+    return run
+
+
 def _emulate_seq(head_dim: int):
     def run(args: dict, mem, grid, block) -> None:
         """Emulate the pair's sequential kernel: the float64 reference (as every GDN entry's emulator)."""
@@ -119,5 +228,7 @@ def _emulate_seq(head_dim: int):
     return run
 
 
-#: What the emulated driver runs instead of each sequential entry (the precompute entries: gdn_chunk's).
-EMULATORS = {entries(d, st)[1]: _emulate_seq(d) for d in HEAD_DIMS for st in STAGES}
+#: What the emulated driver runs instead of each entry here (the two-launch pair's precompute: gdn_chunk's).
+EMULATORS = {**{entries(d, st)[1]: _emulate_seq(d) for d in HEAD_DIMS for st in STAGES},
+             **{flow_entries(d)[0]: _emulate_prep_flow(d) for d in HEAD_DIMS},
+             **{flow_entries(d)[1]: _emulate_seq_flow(d) for d in HEAD_DIMS}}

@@ -219,17 +219,25 @@ GDN_ALGOS = tuple(GDN_MODULES)
 @lru_cache(maxsize=1024, typed=True)
 def _gdn_launches(algo: str, n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int,
                   num_sms: int) -> tuple:
-    """``((entry, grid, block, smem), ...)`` of one Gated DeltaNet layer: one launch, or a pair's two."""
+    """``(zero, ((entry, grid, block, smem, dependent), ...))`` of one Gated DeltaNet layer: one launch, or a pair's
+    two. ``zero``: ``(workspace offset, bytes)`` to clear before the launches (the flow form's ready flags), or
+    None; ``dependent``: launched with programmatic stream serialization (the flow form's sequential kernel)."""
+    if algo == "wgmma" and _gdnw.uses_flow(n, num_v_heads, head_dim, num_sms):
+        geos = _gdnw.flow_geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim, num_sms)
+        zero = (_gdnw.flags_offset(n, chunk_len, num_k_heads, num_v_heads, head_dim),
+                _gdnw.flags_bytes(n, chunk_len, num_k_heads))
+        return zero, tuple((entry, *geo, dep) for entry, geo, dep in zip(_gdnw.flow_entries(head_dim), geos,
+                                                                        (False, True)))
     if algo == "wgmma":
         stages = _gdnw.stages(n, num_v_heads, head_dim, num_sms)
         geos = _gdnw.geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim, stages)
-        return tuple((entry, *geo) for entry, geo in zip(_gdnw.entries(head_dim, stages), geos))
+        return None, tuple((entry, *geo, False) for entry, geo in zip(_gdnw.entries(head_dim, stages), geos))
     if algo == "split":
         stages = _gdnc.split_stages(n, num_v_heads, head_dim, num_sms)
         geos = _gdnc.split_geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim, stages)
-        return tuple((entry, *geo) for entry, geo in zip(_gdnc.split_entries(head_dim, stages), geos))
+        return None, tuple((entry, *geo, False) for entry, geo in zip(_gdnc.split_entries(head_dim, stages), geos))
     mod = GDN_MODULES[algo]
-    return ((mod.entry_name(head_dim), *mod.geometry(n, num_v_heads, head_dim)),)
+    return None, ((mod.entry_name(head_dim), *mod.geometry(n, num_v_heads, head_dim), False),)
 
 
 def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k: int, v: int, g: int, beta: int,
@@ -251,7 +259,11 @@ def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k:
     * ``"wgmma"`` (Hopper, sm_90): the split pair's precompute with the solve applied (records as tiles),
       then a sequential kernel on warpgroup MMA (:mod:`q12drv.kernels.gdn_wgmma`): the split pair's
       numerics up to the solve, not its bits. Needs a workspace as ``"split"`` does, of
-      :func:`q12drv.kernels.gdn_wgmma.workspace_bytes`;
+      :func:`q12drv.kernels.gdn_wgmma.workspace_bytes`. A pass of few sequential CTAs
+      (:func:`q12drv.kernels.gdn_wgmma.uses_flow`: one long stream) takes the flow form: the workspace's ready
+      flags cleared, then the precompute running beside the sequential kernel (programmatic dependent launch;
+      the same bits). It assumes the device's SMs are the pass's to schedule (MPS or green-context limits
+      below the SM count: use ``"split"``);
     * ``"recurrent"``: ``gdn_prefill.cu``, token by token in fp32.
 
     Same math and state contract; they agree to bf16 rounding (see :mod:`q12drv.kernels.gdn_chunk`
@@ -315,8 +327,11 @@ def enqueue_gdn(device: Device, meta: BatchedAttnMetadata, algo: str, h_state_pt
                 stream: Any) -> None:
     """:func:`gdn` with every argument already checked (``workspace``: from :func:`gdn_workspace`)."""
     mc = meta_struct(meta)
-    for entry, grid, block, smem in _gdn_launches(algo, meta.batch_size, meta.chunk_len, num_k_heads, num_v_heads,
-                                                  head_dim, device.sm_count):
+    zero, launches = _gdn_launches(algo, meta.batch_size, meta.chunk_len, num_k_heads, num_v_heads, head_dim,
+                                   device.sm_count)
+    if zero is not None:
+        device.memset(workspace + zero[0], 0, zero[1], stream)
+    for entry, grid, block, smem, dependent in launches:
         launch = prepared(device, entry)
         a = launch.args
         a.h_state_ptrs, a.q, a.k, a.v, a.g, a.beta, a.o = h_state_ptrs, q, k, v, g, beta, o
@@ -324,4 +339,4 @@ def enqueue_gdn(device: Device, meta: BatchedAttnMetadata, algo: str, h_state_pt
         if workspace:
             a.workspace = workspace
         a.m = mc
-        launch.launch(grid, block, smem, stream)
+        (launch.launch_dependent if dependent else launch.launch)(grid, block, smem, stream)

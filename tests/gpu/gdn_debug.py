@@ -17,7 +17,9 @@ PASS/FAIL of o and final state against the float64 reference on a small ragged c
 tests' bounds) plus bit-equality with the default variant's result, then CUDA-event timings
 (median of 15 after 3 warm-ups) at Hk 16 / Hv 32 / d 128 for 8 x 2048, 1 x 8192 and ragged
 8 streams 256..2048; the recurrent kernel as a reference row; with v0 also the split pair and the wgmma pair
-(each stage build, GDN_WG_XY 0, GDN_WG_EARLY 0, the precompute alone). One table at the end.
+(each stage build, GDN_WG_XY 0, GDN_WG_EARLY 0, the flow form on every case (flags cleared, the precompute
+beside the sequential kernel; ops takes it only where gdn_wgmma.uses_flow), the precompute alone). One table
+at the end.
 
     PYTHONPATH=. python3 tests/gpu/gdn_debug.py --no-debug          # variants only
     PYTHONPATH=. python3 tests/gpu/gdn_debug.py --variants v0,v3    # a subset
@@ -122,13 +124,17 @@ RAGGED_LENS = [256, 2048, 512, 1792, 768, 1536, 1024, 1280]   # 8 streams, 256..
 
 
 def time_kernel(torch, funcs, entry, grid, block, smem, vals, reps=15, warmup=3):
-    """Median ms of one launch (``entry`` a name), or of a sequence of launches (a list of
-    ``(entry, grid, block, smem)``, ``grid`` etc. then None): bench/timing.py's event loop."""
+    """Median ms of one launch (``entry`` a name), or of a sequence (a list of ``(entry, grid, block, smem)``,
+    ``(entry, grid, block, smem, dependent)`` (PDL) or a callable (e.g. a memset), ``grid`` etc. then None):
+    bench/timing.py's event loop."""
     seq = entry if isinstance(entry, list) else [(entry, grid, block, smem)]
 
     def go():
-        for e, gr, bl, sm in seq:
-            T.launch(funcs, e, gr, bl, sm, vals)
+        for item in seq:
+            if callable(item):
+                item()
+            else:
+                T.launch(funcs, *item[:4], vals, dependent=len(item) > 4 and item[4])
 
     return torch_events_us(torch, go, reps, warmup) / 1e3
 
@@ -206,6 +212,7 @@ def wgmma_rows(torch, chunk_funcs, cases):
 
     rows = []
     prep_row = ["wg-prep-only", "-", "-"]
+    flow_row = ["wg-flow", "-", "bit-identical: tests/gpu/test_gdn_gpu.py"]
     for name, defines in WGMMA_VARIANTS:
         mod, wfuncs = T.load_chunk_module(defines, source=gdn_wgmma.SOURCE)
         funcs = {**chunk_funcs, **wfuncs}
@@ -220,16 +227,29 @@ def wgmma_rows(torch, chunk_funcs, cases):
             eo, es = rel_err(from_bf16_bits(o), from_bf16_bits(o_ref)), rel_err(fin, fin_ref)
             ok = guards and eo < T.CHUNK_O_REL and es < T.CHUNK_STATE_REL and np.isfinite(from_bf16_bits(o)).all()
             row = [f"{name}-seq{st}", f"{regs}r/{local}B", f"{'PASS' if ok else 'FAIL'} o {eo:.1e} S {es:.1e}"]
-            for key, n, Tt, hv, d, vals, _ in cases:
+            for key, n, Tt, hv, d, vals, tensors in cases:
                 geos = gdn_wgmma.geometry(n, int(vals[0].chunk_len), vals[8].value, hv, d, st)
                 pair = [(e, *geo) for e, geo in zip(gdn_wgmma.entries(d, st), geos)]
                 row.append(time_kernel(torch, funcs, pair, None, None, None, vals))
                 if name == "wg" and st == 2:
                     prep_row.append(time_kernel(torch, funcs, pair[:1], None, None, None, vals))
+                    flow_row.append(time_kernel(torch, funcs, flow_launches(torch, n, hv, d, vals, tensors), None,
+                                                None, None, vals))
             rows.append(row)
             print(f"{row[0]}: {row[2]}", flush=True)
         T._check(cu.cuModuleUnload(mod))
-    return rows + [prep_row]
+    return rows + [flow_row, prep_row]
+
+
+def flow_launches(torch, n, hv, d, vals, tensors):
+    """The flow form of a timing case as time_kernel's sequence: the flags cleared (a torch fill on the
+    launches' stream), the precompute, the sequential kernel with PDL."""
+    hk, chunk_len, ws = vals[8].value, int(vals[0].chunk_len), tensors[-1]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    off = gdn_wgmma.flags_offset(n, chunk_len, hk, hv, d)
+    flags = ws[off: off + gdn_wgmma.flags_bytes(n, chunk_len, hk)]
+    geos = gdn_wgmma.flow_geometry(n, chunk_len, hk, hv, d, sms)
+    return [flags.zero_] + [(e, *geo, i == 1) for i, (e, geo) in enumerate(zip(gdn_wgmma.flow_entries(d), geos))]
 
 
 def variants(torch, rec, names=None):

@@ -145,11 +145,22 @@ def build_meta(torch, lens, rng):
     return meta, keep
 
 
-def launch(funcs, name, grid, block, smem, values):
+def launch(funcs, name, grid, block, smem, values, dependent=False):
+    """Launch ``name`` on the legacy stream; ``dependent``: with programmatic stream serialization (PDL)."""
     from cuda.bindings import driver as cu
 
     arr = (ctypes.c_void_p * len(values))(*[ctypes.addressof(x) for x in values])
-    _check(cu.cuLaunchKernel(funcs[name], *grid, *block, smem, cu.CUstream(0), ctypes.addressof(arr), 0))
+    if not dependent:
+        _check(cu.cuLaunchKernel(funcs[name], *grid, *block, smem, cu.CUstream(0), ctypes.addressof(arr), 0))
+        return
+    attr = cu.CUlaunchAttribute()
+    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    cfg = cu.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
+    cfg.sharedMemBytes, cfg.hStream, cfg.attrs, cfg.numAttrs = smem, cu.CUstream(0), [attr], 1
+    _check(cu.cuLaunchKernelEx(cfg, funcs[name], ctypes.addressof(arr), 0))
 
 
 def run_gpu(torch, funcs, inputs, hk, hv, d, rng):
@@ -253,7 +264,8 @@ def chunk_kernels(kernels):
 
 def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=0, pair="split"):
     """One chunked launch over all streams of `inputs` (``split`` 1 or 2: a pair, ``pair`` "split" or "wgmma",
-    its sequential kernel with that many stages, through a guarded workspace instead of the fused kernel):
+    its sequential kernel with that many stages, or "flow", the wgmma pair's flow form (its flags cleared, the
+    sequential kernel launched with PDL), through a guarded workspace instead of the fused kernel):
     (o bits, final states, guards intact)."""
     q, k, v, g, beta, cu, s0 = inputs
     lens = np.diff(cu).tolist()
@@ -279,11 +291,17 @@ def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=0, pair="split"):
         if pair == "split":
             names = gdn_chunk.split_entries(d, split)
             geos = gdn_chunk.split_geometry(n, int(meta.chunk_len), hk, hv, d, split)
-        else:
+        elif pair == "wgmma":
             names = gdn_wgmma.entries(d, split)
             geos = gdn_wgmma.geometry(n, int(meta.chunk_len), hk, hv, d, split)
-        for entry, (grid, block, smem) in zip(names, geos):
-            launch(funcs, entry, grid, block, smem, values)
+        else:
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            names = gdn_wgmma.flow_entries(d)
+            geos = gdn_wgmma.flow_geometry(n, int(meta.chunk_len), hk, hv, d, sms)
+            off = GUARD + gdn_wgmma.flags_offset(n, int(meta.chunk_len), hk, hv, d)
+            ws.buf[off: off + gdn_wgmma.flags_bytes(n, int(meta.chunk_len), hk)] = 0
+        for i, (entry, (grid, block, smem)) in enumerate(zip(names, geos)):
+            launch(funcs, entry, grid, block, smem, values, dependent=pair == "flow" and i == 1)
     else:
         grid, block, smem = gdn_chunk.geometry(n, hv, d)
         launch(funcs, gdn_chunk.entry_name(d), grid, block, smem, values)
@@ -393,6 +411,30 @@ def test_gdn_wgmma_pair_matches_reference_and_is_batch_invariant(chunk_kernels, 
         assert guards1
         assert np.array_equal(o[s:e], o1), f"stream {b}: output differs batched vs alone"
         assert np.array_equal(fin[b], fin1[0]), f"stream {b}: final state differs batched vs alone"
+
+
+@pytest.mark.parametrize("d,hk,hv,lens", CHUNK_CASES, ids=[f"d{c[0]}-hk{c[1]}-hv{c[2]}-n{len(c[3])}" for c in CHUNK_CASES])
+def test_gdn_wgmma_flow_form_equals_the_pair(chunk_kernels, d, hk, hv, lens):
+    """The flow form (precompute beside the sequential kernel, records released by ready flags, the second
+    launch with PDL) gives the two-launch pair's bits (STAGES 2: the same sequential arithmetic), batched and
+    for the longest stream alone (the case it is chosen for), guards intact; twice in a row (the flags cleared
+    again)."""
+    torch, funcs, _ = chunk_kernels
+    rng = np.random.default_rng()
+    inputs = make_inputs(rng, lens, hk, hv, d)
+    o_p, fin_p, _ = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=2, pair="wgmma")
+    for rep in range(2):
+        o_f, fin_f, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=2, pair="flow")
+        assert guards, "a guard byte around a written buffer (the workspace included) changed"
+        assert np.array_equal(o_f, o_p), f"run {rep}: flow form output differs from the pair's"
+        assert np.array_equal(fin_f, fin_p), f"run {rep}: flow form final states differ from the pair's"
+    q, k, v, g, beta, cu, s0 = inputs
+    b = int(np.argmax(np.diff(cu)))
+    s, e = cu[b], cu[b + 1]
+    one = (q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], np.array([0, e - s], np.int32), s0[b : b + 1])
+    o1, fin1, guards1 = run_chunk_gpu(torch, funcs, one, hk, hv, d, rng, split=2, pair="flow")
+    assert guards1
+    assert np.array_equal(o1, o_p[s:e]) and np.array_equal(fin1[0], fin_p[b]), "alone (flow) != batched pair"
 
 
 @pytest.mark.parametrize("d", [64, 128])
