@@ -23,6 +23,9 @@ GUARD_PATTERN = 0x5A
 #: Largest arena capacity accepted (1 TiB): anything larger is a wrapped or mistyped size, not a plan.
 MAX_CAPACITY = 1 << 40
 _BASE_ALIGN = 256
+#: A :class:`DevicePtr` of an address known to be in range (base + an offset inside the capacity), without
+#: the checks of ``DevicePtr()``.
+_ptr = int.__new__
 
 
 class ArenaRegion(NamedTuple):
@@ -71,6 +74,7 @@ class ScratchArena:
         #: (a JIT slot or a pass from an earlier generation refuses to write).
         self.generation = 0
         self._regions: list[ArenaRegion] = []
+        self._adopted: tuple | None = None  # (regions, first offset, end): the tuple reserve_all checked last
         self._attachments: dict[str, Any] = {}
         self._buffer: DeviceBuffer | None = device.alloc(self.capacity + GUARD_BYTES, "q12 scratch arena")
         try:
@@ -117,7 +121,7 @@ class ScratchArena:
         if (type(nbytes) is int and type(align) is int and type(offset) is int and type(name) is str and self._buffer is not None
                 and nbytes >= 0 and align > 0 and not align & (align - 1) and self.cursor <= offset
                 and not offset % align and offset + nbytes <= self.capacity):  # the stager's call, nothing unusual
-            region = ArenaRegion(name, offset, nbytes, DevicePtr(int(self.base) + offset))
+            region = ArenaRegion(name, offset, nbytes, _ptr(DevicePtr, self._base + offset))  # in range: checked
             self._regions.append(region)
             self.cursor = offset + nbytes
             return region
@@ -161,6 +165,12 @@ class ScratchArena:
             The last region ends past the capacity; nothing is reserved.
         """
         self._require_open()
+        memo = self._adopted
+        if memo is not None and memo[0] is regions and self.cursor <= memo[1]:
+            # the same tuple (immutable, of immutable regions) checked before: only the cursor may differ
+            self._regions.extend(regions)
+            self.cursor = memo[2]
+            return
         base, at = int(self.base), self.cursor
         for r in regions:
             if type(r) is not ArenaRegion or r.ptr != base + r.offset or r.nbytes < 0:
@@ -172,6 +182,8 @@ class ScratchArena:
             raise CapacityError(regions[-1].name, at, self.capacity, f"the arena is {self.capacity:,} bytes")
         self._regions.extend(regions)
         self.cursor = at
+        if type(regions) is tuple and regions:
+            self._adopted = (regions, regions[0].offset, at)
 
     def reserve_again(self, region: ArenaRegion) -> None:
         """Reserve one region this arena handed out before, as it was: :meth:`reserve_all` of

@@ -16,8 +16,8 @@ states, with the same instructions, so their results are bit-identical.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 from itertools import repeat
+from operator import and_, is_not
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -32,6 +32,7 @@ from .kernels import gdn as _gdn
 from .kernels import rope as _rope
 from .kernels.args import ALIGN, I32_MAX, count, device_ptr, head_group, positive_float
 from .layout import make_scratch_plan
+from .ptr import DevicePtr
 from .staging import (
     BatchedAttnMetadata,
     StreamStageInfo,
@@ -85,11 +86,65 @@ _PREFIX_REGIONS: dict = {}
 _SHAPES_OK: dict = {}
 
 
+#: The exact inputs of an admission decision -> the decision. ``decide`` is a pure function of them and an
+#: :class:`~q12drv.admission.Admission` (with its plan) is immutable, so a pass of the same shape as an earlier
+#: one takes the earlier decision; only inputs of exact types are remembered, only decisions that did not raise.
+_ADMISSIONS: dict = {}
+_ADMIT_TYPES = (int, bool, int, int, int, bool, bool, bool, str)
+
+
+def _admit(parsed: list, arena_tokens, is_mla, head_dim, scratch_cap, top_k, use_mrope, allow_chunk_zero, varlen,
+           policy) -> Admission:
+    """:func:`~q12drv.admission.decide`, remembered per distinct input."""
+    settings = (arena_tokens, is_mla, head_dim, scratch_cap, top_k, use_mrope, allow_chunk_zero, varlen, policy)
+    if tuple(map(type, settings)) != _ADMIT_TYPES:
+        return decide(parsed, *settings)
+    key = (*parsed, settings)  # parsed: (int, int, int, bool) tuples (parse_chunks' or the validated streams')
+    hit = _ADMISSIONS.get(key)
+    if hit is None:
+        hit = decide(parsed, *settings)
+        if len(_ADMISSIONS) >= 256:
+            _ADMISSIONS.clear()
+        _ADMISSIONS[key] = hit
+    return hit
+
+
+_PTR_TYPES = frozenset((int, DevicePtr))
+_U64_MAX = (1 << 64) - 1
+#: The alignment masks of the layers' pointer arguments, in their argument order.
+_ATTENTION_MASKS = tuple(_ATTENTION_ALIGN.get(n, 2) - 1 for n in ("q", "k", "v", "k_pool", "v_pool", "o"))
+_GDN_MASKS = tuple(ALIGN["gdn"][n] - 1 for n in ("q", "k", "v", "g", "beta", "o"))
+
+
+def _plain_aligned(ptrs: tuple, masks: tuple) -> bool:
+    """Whether every pointer is an exact int/DevicePtr in (0, 2**64) with none of its mask's bits set (the
+    alignments are powers of two): :func:`~q12drv.kernels.args.device_ptr`'s common case, all at once."""
+    return (set(map(type, ptrs)) <= _PTR_TYPES and min(ptrs) > 0 and max(ptrs) <= _U64_MAX
+            and not any(map(and_, ptrs, masks)))
+
+
 def _remember_shape(shape, use_mrope, *fields) -> None:
     if type(shape) in (AttentionShape, GdnShape) and all(type(f) is tuple for f in fields):
         if len(_SHAPES_OK) >= 256:
             _SHAPES_OK.clear()
         _SHAPES_OK[(id(shape), use_mrope)] = shape
+
+
+_I32 = np.dtype(np.int32)
+_U32 = np.dtype(np.uint32)
+
+
+def _table_bound(batch, block_size: int):
+    """``max + 1`` over the table entries of every stream below its kv_len (0 when there are none), or None
+    when one of them is negative: attention reads them all, so they must lie in ``[0, num_blocks)``."""
+    read = [t[:-(-k // block_size)] for t, k in zip(batch.raw_tables, batch.kv_list)]
+    read = np.concatenate(read) if len(read) > 1 else read[0]
+    if not read.size:
+        return 0
+    if read.dtype == _I32:  # one reduction: a negative entry is >= 2**31 as a u32
+        top = int(read.view(_U32).max())
+        return None if top > I32_MAX else top + 1
+    return None if int(read.min()) < 0 else int(read.max()) + 1
 
 
 class Q12Pass:
@@ -161,14 +216,15 @@ class Q12Pass:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if expand not in EXPANDS:
             raise ValueError(f"expand must be one of {EXPANDS}, got {expand!r}")
-        if isinstance(streams, StreamStageInfo) or not isinstance(streams, Sequence):
+        if type(streams) is not list and (isinstance(streams, StreamStageInfo) or not isinstance(streams, Sequence)):
             raise TypeError(f"streams must be a sequence of StreamStageInfo, got {type(streams).__name__}")
         streams = list(streams)
         if not streams:
             raise ValueError("a pass needs at least one stream")
         # Every input is checked before the arena is touched: bad input leaves it as it was.
         batch = validate_streams(streams, block_size, use_mrope, dummy_kv_block)
-        vision = [b for b, mp in enumerate(batch.mrope) if mp is not None]
+        vision = [b for b, mp in enumerate(batch.mrope) if mp is not None] if any(map(is_not, batch.mrope, repeat(None))) \
+            else []
         if expand == "device" and vision:
             raise ValueError(f"expand='device' writes text positions only, but streams[{vision[0]}] carries "
                              f"mrope_positions (vision tokens); use expand='host' or 'auto'")
@@ -200,7 +256,7 @@ class Q12Pass:
         # the scheduler's view; by default each stream's own (validated) counts and starts
         parsed = (list(zip(counts, counts, batch.start_list, repeat(False))) if chunks is None
                   else parse_chunks(chunks, len(streams)))
-        self.admission: Admission = decide(parsed, batch.total if arena_tokens is None else arena_tokens, is_mla,
+        self.admission: Admission = _admit(parsed, batch.total if arena_tokens is None else arena_tokens, is_mla,
                                            head_dim, arena.capacity, top_k, use_mrope, allow_chunk_zero, varlen,
                                            policy)
         if mode == "batched" and not self.admission:
@@ -215,7 +271,6 @@ class Q12Pass:
         self.meta: BatchedAttnMetadata | None = None
         self.stream_meta: list = []
         self._checked: dict = {}  # id(shape) -> (shape, {num_blocks}) already validated for this pass
-        common = dict(block_size=block_size, use_mrope=use_mrope, dummy_kv_block=dummy_kv_block)
         plan = self.admission.plan
         if not self.batched:
             if plan is None or plan.first_unfit_stream() is not None or plan.total_bytes > arena.capacity:
@@ -244,15 +299,27 @@ class Q12Pass:
                                               dummy_kv_block, stream, batch=batch)[0]
                 self.h_slot = place_h_state_slot(arena, self.meta)
             else:
+                common = dict(block_size=block_size, use_mrope=use_mrope, dummy_kv_block=dummy_kv_block)
                 self.stream_meta = [stage_stream_metadata(arena, plan, b, s, stream=stream, **common)
                                     for b, s in enumerate(streams)]
                 self.h_slot = reserve_h_state_slot(arena, len(streams))
         except BaseException:
             arena.reset()
             raise
-        self.cu_seqlens = np.array(batch.cu_list, np.int64)
-        self._table_range = None  # (min, max) of every entry attention reads, computed on first use
+        self._batch = batch  # the validated tables and kv_lens (never written)
+        self._table_bound = False  # max + 1 of every entry attention reads (None: one is negative), on first use
+        # (streams, tokens of the longest) that one GDN launch of this pass covers
+        self._gdn_extent = ((self.meta.batch_size, self.meta.chunk_len) if self.batched else
+                            (1, max(m.chunk_len for m in self.stream_meta)))
         self._generation = arena.generation
+
+    @property
+    def cu_seqlens(self) -> np.ndarray:
+        """The pass's ``cu_seqlens`` (int64, ``n + 1`` entries), made on first access."""
+        cu = self.__dict__.get("_cu_seqlens")
+        if cu is None:
+            cu = self.__dict__["_cu_seqlens"] = np.array(self._batch.cu_list, np.int64)
+        return cu
 
     # argument checks (before anything is enqueued) -------------------------------------------
     def _require_current(self) -> None:
@@ -265,9 +332,10 @@ class Q12Pass:
         self._require_current()
         if not isinstance(shape, AttentionShape):
             raise TypeError(f"shape must be an AttentionShape, got {type(shape).__name__}")
-        align = _ATTENTION_ALIGN
-        for name, p in (("q", q), ("k", k), ("v", v), ("k_pool", k_pool), ("v_pool", v_pool), ("o", o)):
-            device_ptr(name, p, align.get(name, 2))
+        if not _plain_aligned((q, k, v, k_pool, v_pool, o), _ATTENTION_MASKS):  # else: the named checks
+            align = _ATTENTION_ALIGN
+            for name, p in (("q", q), ("k", k), ("v", v), ("k_pool", k_pool), ("v_pool", v_pool), ("o", o)):
+                device_ptr(name, p, align.get(name, 2))
         hit = self._checked.get(id(shape))  # this very (immutable) shape object, checked before
         if hit is not None and hit[0] is shape and type(num_blocks) is int and num_blocks in hit[1]:
             return
@@ -296,12 +364,10 @@ class Q12Pass:
             positive_float("shape.scale", shape.scale)
 
     def _check_tables(self, shape: AttentionShape, nb: int) -> None:
-        if self._table_range is None:  # every entry below kv_len, all streams at once
-            bs = self.block_size
-            read = [np.asarray(s.block_table)[:-(-(s.proc_start + s.proc_count) // bs)] for s in self.streams]
-            read = np.concatenate(read) if len(read) > 1 else read[0]
-            self._table_range = (int(read.min()), int(read.max())) if read.size else (0, -1)
-        if self._table_range[0] >= 0 and self._table_range[1] < nb:
+        bound = self._table_bound
+        if bound is False:  # every entry below kv_len, all streams at once
+            bound = self._table_bound = _table_bound(self._batch, self.block_size)
+        if bound is not None and bound <= nb:
             self._checked.setdefault(id(shape), (shape, set()))[1].add(nb)
             return
         for b, s in enumerate(self.streams):  # find the stream to name
@@ -324,8 +390,9 @@ class Q12Pass:
             head_group("shape.num_v_heads", shape.num_v_heads, "shape.num_k_heads", shape.num_k_heads)
             _gdn.entry_name(count("shape.head_dim", shape.head_dim))
             _remember_shape(shape, None)
-        for name, p in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("o", o)):
-            device_ptr(name, p, ALIGN["gdn"][name])
+        if not _plain_aligned((q, k, v, g, beta, o), _GDN_MASKS):  # else: the named checks
+            for name, p in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("o", o)):
+                device_ptr(name, p, ALIGN["gdn"][name])
         n = len(self.streams)
         if plain_pointers(state_ptrs, _STATE_ALIGN) and len(state_ptrs) == n:  # the common case, in bulk
             return
@@ -340,7 +407,7 @@ class Q12Pass:
         # The MoE area and the per-stream blocks, as the plan lays them out. A plan (memoised per
         # distinct input) laid out again on the same arena reuses the regions it got last time.
         arena = self.arena
-        key = (id(plan), int(arena.base))
+        key = (id(plan), arena._base)
         hit = _PREFIX_REGIONS.get(key)
         if hit is not None and hit[0] is plan:
             arena.reserve_all(hit[1])
@@ -438,13 +505,6 @@ class Q12Pass:
             run(self.meta, int(self.h_slot.ptr), 0)
         else:
             self._per_stream(lambda meta, b, row: run(meta, int(self.h_slot.entry(b)), row))
-
-    @cached_property
-    def _gdn_extent(self) -> tuple:
-        # (streams, tokens of the longest) that one GDN launch of this pass covers
-        if self.batched:
-            return self.meta.batch_size, self.meta.chunk_len
-        return 1, max(m.chunk_len for m in self.stream_meta)
 
     def gdn_workspace_bytes(self, shape: GdnShape, algo: str = "split") -> int:
         """Workspace ``gdn_layer(..., algo=algo)`` needs for this pass and ``shape`` (``"split"`` or

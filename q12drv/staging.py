@@ -546,8 +546,14 @@ def _pack_tokens(batch: _Batch, layout: StackedLayout, block_size: int, dummy_kv
 
 def staging_ring(arena: ScratchArena, kind: str = "staging") -> PinnedRing:
     """The arena's pinned ring for metadata (``"staging"``) or ``h_state_ptrs`` uploads (``"h_state"``)."""
+    ring = arena._attachments.get(_RING_KEYS.get(kind)) if type(arena) is ScratchArena else None
+    if ring is not None:  # the common case: made before
+        return ring
     slots = _STAGING_RING_SLOTS if kind == "staging" else _H_STATE_RING_SLOTS
     return arena.attachment(f"ring:{kind}", lambda: PinnedRing(arena.device, slots, kind))
+
+
+_RING_KEYS = {"staging": "ring:staging", "h_state": "ring:h_state"}
 
 
 def _upload(arena: ScratchArena, offset: int, batch: _Batch, layout: StackedLayout, block_size: int,
@@ -848,13 +854,14 @@ class HStateSlot:
         How many layers' pointer tables were uploaded.
     """
 
-    def __init__(self, arena: ScratchArena, offset: int, n: int):
+    def __init__(self, arena: ScratchArena, offset: int, n: int, ptr: DevicePtr | None = None):
+        # ptr: the address of ``offset`` when the caller has it already (the region it reserved there)
         self.arena = arena
         self.offset = offset
         self.n = n
-        self.ptr = DevicePtr(int(arena.base) + offset)
+        self.ptr = DevicePtr(int(arena.base) + offset) if ptr is None else ptr
         self.uploads = 0
-        self._packer = struct.Struct(f"<{n}Q")
+        self._packer = _PACKERS.get(n) or _packer(n)
         self._generation = arena.generation  # the pass this slot belongs to (see ScratchArena.generation)
 
     def entry(self, b: int) -> DevicePtr:
@@ -898,10 +905,21 @@ class HStateSlot:
         self.uploads += 1
 
 
+_PACKERS: dict = {}
+
+
+def _packer(n: int) -> struct.Struct:
+    """The :class:`struct.Struct` of ``n`` u64 (one per slot size, kept)."""
+    if len(_PACKERS) >= 256:
+        _PACKERS.clear()
+    st = _PACKERS[n] = struct.Struct(f"<{n}Q")
+    return st
+
+
 def reserve_h_state_slot(arena: ScratchArena, n: int) -> HStateSlot:
     """Reserve an ``h_state_ptrs`` slot of ``n`` entries at the cursor (the per-stream path's slot)."""
     region = arena.reserve("h_state_ptrs", 8 * _int("n", n, 1, 1 << 20), align=8)
-    return HStateSlot(arena, region.offset, int(n))
+    return HStateSlot(arena, region.offset, int(n), region.ptr)
 
 
 def place_h_state_slot(arena: ScratchArena, meta: BatchedAttnMetadata) -> HStateSlot:
@@ -922,7 +940,7 @@ def place_h_state_slot(arena: ScratchArena, meta: BatchedAttnMetadata) -> HState
         raise ValueError(f"the arena cursor is at {arena.cursor:,} but the h_state_ptrs slot belongs at "
                          f"scratch_offset_bytes + staged_bytes = {offset:,}; reserve nothing between staging and the slot")
     region = arena.reserve("h_state_ptrs", 8 * meta.batch_size, offset=offset, align=8)
-    return HStateSlot(arena, region.offset, meta.batch_size)
+    return HStateSlot(arena, region.offset, meta.batch_size, region.ptr)
 
 
 def unpack_metadata(raw: bytes | np.ndarray, layout: StackedLayout) -> dict:

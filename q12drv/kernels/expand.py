@@ -30,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import operator
 import struct
+from functools import lru_cache
 from itertools import accumulate
 from typing import Any, Sequence
 
@@ -60,6 +61,10 @@ def geometry(n: int, chunk_len: int) -> tuple:
         raise ValueError(f"q12_expand_meta handles 1..{MAX_STREAMS} streams (grid.y), got {n}")
     gx = max(1, min(-(-int(chunk_len) // THREADS), _MAX_CTAS_PER_STREAM))
     return (gx, int(n), 1), (THREADS, 1, 1), 0
+
+
+#: :func:`geometry` per distinct input (only results are kept: a bad input raises every time).
+_geometry = lru_cache(maxsize=1024, typed=True)(geometry)
 
 
 def device_bytes(layout) -> int:
@@ -172,16 +177,52 @@ def stage_on_device(arena, streams: Sequence, *, block_size: int, use_mrope: boo
     in_params = n <= TAIL_STREAMS
     # loaded (compiled) before anything is written
     launch = _prepared(arena.device, "q12_expand_meta_tail" if in_params else "q12_expand_meta")
-    meta, _ = stage_stacked(arena, streams, block_size, use_mrope, scratch_offset_bytes, dummy_kv_block, stream,
-                            upload="none" if in_params else "tail", batch=batch)
+    if not in_params:
+        meta, _ = stage_stacked(arena, streams, block_size, use_mrope, scratch_offset_bytes, dummy_kv_block, stream,
+                                upload="tail", batch=batch)
+        try:
+            enqueue_expand(launch, meta, stream)
+        except BaseException:
+            arena.unreserve(arena.regions[-1])
+            raise
+        return meta
+    # the per-stream fields travel as launch parameters: nothing is packed on the host; the metadata is
+    # stage_stacked(upload="none")'s, from the fields every pass staged at this place shares (its host copies
+    # made on first access, as an ExpandPlan pass's)
+    if not isinstance(arena, ScratchArena):
+        raise TypeError(f"arena must be a ScratchArena, got {type(arena).__name__}")
+    layout = stacked_layout(n, batch.total, bool(use_mrope))
+    offset = checked_int("scratch_offset_bytes", scratch_offset_bytes, 0, arena.capacity)
+    region = arena.reserve("stacked_metadata", layout.staged_bytes, offset=offset, align=8)  # bounds-checked there
     try:
-        if in_params:
-            _pack_tail_params(launch, batch)
+        fields = _fields_at(arena, region.offset, layout, batch.max_blocks, int(block_size), bool(use_mrope),
+                            int(dummy_kv_block))
+        meta = metadata_of_pass(fields, batch.chunk, batch.cu_list, batch.kv_list)
+        _pack_tail_params(launch, batch)
         enqueue_expand(launch, meta, stream)
     except BaseException:
-        arena.unreserve(arena.regions[-1])
+        arena.unreserve(region)
         raise
     return meta
+
+
+#: (absolute address of the block, layout's n, total and mrope, max_blocks_per_seq, block_size, use_mrope,
+#: dummy_kv_block) -> (layout, pass_fields): what every pass staged there shares (the fields are never written).
+_FIELDS: dict = {}
+
+
+def _fields_at(arena, offset: int, layout, max_blocks: int, block_size: int, use_mrope: bool, dummy: int) -> dict:
+    key = (int(arena.base) + offset, layout.n, layout.total_tokens, layout.mrope, max_blocks, block_size, use_mrope,
+           dummy)
+    hit = _FIELDS.get(key)
+    if hit is not None and hit[0] is layout:
+        return hit[1]
+    fields = pass_fields(arena, offset, layout, max_blocks_per_seq=max_blocks, block_size=block_size,
+                         use_mrope=use_mrope, dummy_kv_block=dummy)
+    if len(_FIELDS) >= 256:
+        _FIELDS.clear()
+    _FIELDS[key] = (layout, fields)
+    return fields
 
 
 _I32_MAX = (1 << 31) - 1
@@ -455,7 +496,7 @@ def enqueue_expand(launch, meta, stream: Any) -> None:
     args.dummy_kv_block = meta.dummy_kv_block
     args.use_mrope = meta.use_mrope
     args.m = meta_struct(meta)  # built once per pass: the pass's layers take the same one
-    launch.launch(*geometry(meta.batch_size, meta.chunk_len), stream)
+    launch.launch(*_geometry(meta.batch_size, meta.chunk_len), stream)
 
 
 def _tail_writer(n: int, first: str = "block_table_ptrs") -> tuple:
