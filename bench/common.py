@@ -218,13 +218,19 @@ class StepCase:
     """Buffers for one attention layer and one GDN layer over ``counts`` streams (random inputs).
 
     ``run(mode)`` builds a :class:`~q12drv.prefill.Q12Pass` (admission, plan, staging) and runs
-    both layers, ``mode`` ``"batched"`` or ``"per_stream"``; it does not wait.
+    both layers, ``mode`` ``"batched"`` or ``"per_stream"``; it does not wait. The GDN layer runs
+    ``gdn_algo`` (default: the fastest on the device, ``"wgmma"`` on Hopper, else ``"split"``) in both modes,
+    through one workspace sized for the batched pass (which covers each stream's).
     """
 
-    def __init__(self, dev, counts, *, shapes=QWEN3_NEXT, seed=0):
+    def __init__(self, dev, counts, *, shapes=QWEN3_NEXT, seed=0, gdn_algo=None):
+        from q12drv.kernels import ops
+
         self.dev, self.counts = dev, list(counts)
         att, gdn, bs = shapes["attention"], shapes["gdn"], shapes["block_size"]
         self.att, self.gdn, self.bs = att, gdn, bs
+        self.gdn_algo = gdn_algo or ("wgmma" if dev.arch in ("sm_90", "sm_90a") else "split")
+        ops.check_gdn_algo(self.gdn_algo, dev.arch)
         n, total = len(counts), sum(counts)
         self.streams, self.num_blocks, self._tables = make_streams(dev, counts, block_size=bs, seed=seed)
         rng = np.random.default_rng(seed)
@@ -243,7 +249,9 @@ class StepCase:
             "states": (rng.standard_normal((n, hv, dg, dg)) * 0.1).astype(np.float32),
         }
         sizes = {"o": total * hq * d * 2, "k_pool": self.num_blocks * bs * hkv * d * 2,
-                 "v_pool": self.num_blocks * bs * hkv * d * 2, "go": total * hv * dg * 2}
+                 "v_pool": self.num_blocks * bs * hkv * d * 2, "go": total * hv * dg * 2,
+                 "workspace": max(16, ops.gdn_workspace_bytes(self.gdn_algo, n, max(counts), hk, hv, dg))}
+        host["workspace"] = None
         self.host, self.sizes = host, sizes
         self.ptrs, self._owned = {}, []
         for name, arr in host.items():
@@ -273,7 +281,7 @@ class StepCase:
         """The same two layers inside a :class:`~q12drv.graphs.PassGraph` (what gets captured)."""
         p = self.ptrs
         gp.attention_layer(p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], self.att, num_blocks=self.num_blocks)
-        gp.gdn_layer(0, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], self.gdn)
+        gp.gdn_layer(0, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], self.gdn, **self.gdn_kwargs())
 
     def pass_graph(self, expand: str = "host"):
         """A :class:`~q12drv.graphs.PassGraph` sized exactly for these streams, captured (its eager run included)."""
@@ -295,6 +303,10 @@ class StepCase:
         gp.set_states(0, self.state_ptrs)
         gp.replay()
 
+    def gdn_kwargs(self) -> dict:
+        """``algo``, ``workspace`` and ``workspace_bytes`` of every GDN layer of the case."""
+        return {"algo": self.gdn_algo, "workspace": self.ptrs["workspace"], "workspace_bytes": self.sizes["workspace"]}
+
     def run(self, mode: str, blocks: int = 0) -> Q12Pass:
         """One pass: one attention layer and one GDN layer; ``blocks`` > 0: instead that many of
         Qwen3-Next's layer blocks (three GDN layers, then one attention layer; its 48 layers are 12)."""
@@ -303,13 +315,14 @@ class StepCase:
                       head_dim=self.att.head_dim, policy="exact", mode=mode)
         gdn = (self.state_ptrs, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], self.gdn)
         att = (p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], self.att)
+        kw = self.gdn_kwargs()
         if not blocks:
             q12.attention_layer(*att, num_blocks=self.num_blocks)
-            q12.gdn_layer(*gdn)
+            q12.gdn_layer(*gdn, **kw)
         for _ in range(blocks):
-            q12.gdn_layer(*gdn)
-            q12.gdn_layer(*gdn)
-            q12.gdn_layer(*gdn)
+            q12.gdn_layer(*gdn, **kw)
+            q12.gdn_layer(*gdn, **kw)
+            q12.gdn_layer(*gdn, **kw)
             q12.attention_layer(*att, num_blocks=self.num_blocks)
         return q12
 

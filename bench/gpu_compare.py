@@ -893,8 +893,9 @@ def _gdn_fla(res, keys):
                 note += (f"; goal >= 1.0x fla: {'met' if ratio <= 1.0 else 'NOT met'} (ratio {ratio:.2f})"
                          f"; 2x: {'met' if ratio <= 0.5 else 'not yet'}")
             goal = None if algo == "recurrent" else faster(2) if algo == "wgmma" else faster(1)
-            row(f"gdn {key} Hk16 Hv32 d128: {algo}", ours,
-                f"fla-core {fla.get('fla_version')} chunk_gated_delta_rule", theirs, goal, note=note)
+            how = fla["cases"][key].get("how", "eager")   # graph: replayed, device time alone (bench/fla_gdn.py)
+            row(f"gdn {key} Hk16 Hv32 d128: {algo}", ours, f"fla-core {fla.get('fla_version')} chunk GDN ({how})",
+                theirs, goal, note=note)
 
 
 def section_graph():

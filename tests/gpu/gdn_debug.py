@@ -155,7 +155,8 @@ def timing_cases(torch):
         st = torch.randn(n, hv, d, d, device="cuda") * 0.1
         ptrs = torch.tensor([st[i].data_ptr() for i in range(n)], dtype=torch.uint64, device="cuda")
         meta = Q12MetaC(cu_seqlens=cu_t.data_ptr(), batch_size=n, chunk_len=max(lens), total_tokens=Tt)
-        ws = torch.empty(gdn_wgmma.workspace_bytes(n, max(lens), hk, hv, d), dtype=torch.uint8, device="cuda")  # >= split's
+        ws_bytes = max(gdn_chunk.workspace_bytes(n, max(lens), hk, hv, d), gdn_wgmma.workspace_bytes(n, max(lens), hk, hv, d))
+        ws = torch.empty(ws_bytes, dtype=torch.uint8, device="cuda")
         vals = [meta, ctypes.c_uint64(ptrs.data_ptr())]
         vals += [ctypes.c_uint64(x.data_ptr()) for x in (q, k, v, g, beta, o)] + [ctypes.c_int(hk), ctypes.c_int(hv)]
         vals.append(ctypes.c_uint64(ws.data_ptr()))  # the pairs' extra argument (ignored by the others)
@@ -212,7 +213,10 @@ def wgmma_rows(torch, chunk_funcs, cases):
 
     rows = []
     prep_row = ["wg-prep-only", "-", "-"]
-    flow_row = ["wg-flow", "-", "bit-identical: tests/gpu/test_gdn_gpu.py"]
+    flow_rows = {"flow": ["wg-flow", "-", "bit-identical: tests/gpu/test_gdn_gpu.py"],
+                 "nopdl": ["wg-flow-no-pdl", "-", "serial: the sequential launch without PDL"],
+                 "prep": ["wg-flow-prep-only", "-", "flags cleared + the persistent precompute"],
+                 "seq": ["wg-flow-seq-only", "-", "the sequential kernel, every flag already set"]}
     for name, defines in WGMMA_VARIANTS:
         mod, wfuncs = T.load_chunk_module(defines, source=gdn_wgmma.SOURCE)
         funcs = {**chunk_funcs, **wfuncs}
@@ -233,12 +237,14 @@ def wgmma_rows(torch, chunk_funcs, cases):
                 row.append(time_kernel(torch, funcs, pair, None, None, None, vals))
                 if name == "wg" and st == 2:
                     prep_row.append(time_kernel(torch, funcs, pair[:1], None, None, None, vals))
-                    flow_row.append(time_kernel(torch, funcs, flow_launches(torch, n, hv, d, vals, tensors), None,
-                                                None, None, vals))
+                    flow = flow_launches(torch, n, hv, d, vals, tensors)
+                    serial = flow[:2] + [flow[2][:4]]
+                    for key_, seq_ in (("flow", flow), ("nopdl", serial), ("prep", flow[:2]), ("seq", [flow[2][:4]])):
+                        flow_rows[key_].append(time_kernel(torch, funcs, seq_, None, None, None, vals))
             rows.append(row)
             print(f"{row[0]}: {row[2]}", flush=True)
         T._check(cu.cuModuleUnload(mod))
-    return rows + [flow_row, prep_row]
+    return rows + list(flow_rows.values()) + [prep_row]
 
 
 def flow_launches(torch, n, hv, d, vals, tensors):
