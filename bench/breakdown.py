@@ -27,7 +27,7 @@ Sections (``--sections step,staging``; every median is over ``--reps`` repetitio
   ``cuLaunchKernel`` of the same kernel with the plan's argument block, and one bare
   ``cuMemcpyHtoDAsync`` of ``staged_bytes``. Host time of one call (a) back to back (no sync between calls),
   (b) right after a sync that waited for the previous call's work, (c) the same with a 200 us busy-wait
-  (spinning on ``perf_counter``) between the sync and the call, (d) as ``gpu_compare.host_and_round_trip``
+  (spinning on ``perf_counter``) between the sync and the call, (d) as ``bench.timing.host_and_round_trip``
   measures it (the paths interleaved, an idle-stream sync before each call); plus each one's GPU time.
   Read: a penalty in (b) that (c) removes is the thread/CPU waking up; one that (c) keeps and the raw
   launch or the copy shares is the driver's; one only ``plan.stage`` pays is Python's (cold caches).
@@ -52,6 +52,7 @@ if str(ROOT) not in sys.path:
 
 import q12drv  # noqa: E402
 from bench import common  # noqa: E402
+from bench.timing import host_and_round_trip, q12_events_us  # noqa: E402
 from q12drv import prefill, staging  # noqa: E402
 from q12drv.kernels import expand, ops  # noqa: E402
 from q12drv.pinned import PinnedRing  # noqa: E402
@@ -63,6 +64,20 @@ RESULTS: dict = {"meta": {}, "step": {}, "staging": {}, "floors": {}, "errors": 
 
 def med(xs) -> float:
     return float(statistics.median(xs)) if len(xs) else float("nan")
+
+
+def after_sync(fn, reps: int, sync, spin_us: float) -> list:
+    """Host times (us) of ``fn()``, each right after ``sync()`` (and a ``spin_us`` busy-wait, if any)."""
+    xs = []
+    fn()
+    for _ in range(reps):
+        sync()
+        if spin_us:
+            spin(spin_us)
+        t0 = pc()
+        fn()
+        xs.append((pc() - t0) * 1e6)
+    return xs
 
 
 def spin(us: float) -> None:
@@ -239,7 +254,8 @@ def split_run(step, mode):
     t1 = pc()
     q12.attention_layer(p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], step.att, num_blocks=step.num_blocks)
     t2 = pc()
-    q12.gdn_layer(step.state_ptrs, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], step.gdn)
+    q12.gdn_layer(step.state_ptrs, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], step.gdn,
+                  **step.gdn_kwargs())
     t3 = pc()
     return q12, (t1 - t0, t2 - t1, t3 - t2)
 
@@ -494,45 +510,15 @@ def section_staging(dev, gpu: bool, reps: int, warmup: int, full: bool) -> None:
                     fn()
                     xs.append((pc() - t0) * 1e6)
             out[name]["back_to_back"] = med(xs)
-            # (b) right after a sync that waited for the previous call's work
-            xs = []
-            fn()
-            for _ in range(reps):
-                sync()
-                t0 = pc()
-                fn()
-                xs.append((pc() - t0) * 1e6)
-            out[name]["after_sync"] = med(xs)
-            # (c) the same with a 200 us busy-wait between the sync and the call
-            xs = []
-            fn()
-            for _ in range(reps):
-                sync()
-                spin(200)
-                t0 = pc()
-                fn()
-                xs.append((pc() - t0) * 1e6)
-            out[name]["after_sync_spin200"] = med(xs)
-        # (d) as gpu_compare.host_and_round_trip: interleaved, an idle-stream sync before the call
-        host = {name: [] for name in paths}
-        rt = {name: [] for name in paths}
-        sync()
-        for _ in range(reps):
-            for name, fn in paths.items():
-                sync()
-                t0 = pc()
-                fn()
-                t1 = pc()
-                sync()
-                t2 = pc()
-                host[name].append((t1 - t0) * 1e6)
-                rt[name].append((t2 - t0) * 1e6)
-        for name in paths:
-            out[name]["interleaved"] = med(host[name])
-            out[name]["interleaved_round_trip"] = med(rt[name])
+            # (b) right after a sync that waited for the previous call's work; (c) the same with a 200 us
+            # busy-wait between the sync and the call
+            out[name]["after_sync"] = med(after_sync(fn, reps, sync, 0))
+            out[name]["after_sync_spin200"] = med(after_sync(fn, reps, sync, 200))
+        # (d) as gpu_compare's staging section: interleaved, an idle-stream sync before the call
+        for name, t in host_and_round_trip(paths, reps, sync, warmup=0).items():
+            out[name]["interleaved"] = t["host_us"]
+            out[name]["interleaved_round_trip"] = t["round_trip_us"]
         # each one's device time (events around one call, and around 8 back to back)
-        from bench.timing import q12_events_us
-
         for name, fn in paths.items():
             out[name]["gpu_us"] = q12_events_us(dev, fn, max(20, reps // 4), warmup=3, batch=1)
             out[name]["gpu_us_batch8"] = q12_events_us(dev, fn, max(20, reps // 4), warmup=3, batch=8)
@@ -675,8 +661,11 @@ def _err(exc) -> str:
 
 
 def _commit() -> str:
+    """``Q12_COMMIT`` (scripts/gpu_check.sh passes the tree's), else git's HEAD here."""
     import subprocess
 
+    if os.environ.get("Q12_COMMIT"):
+        return os.environ["Q12_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               timeout=5).stdout.strip() or "?"

@@ -59,7 +59,7 @@ import numpy as np  # noqa: E402
 
 import q12drv  # noqa: E402
 from bench import common  # noqa: E402
-from bench.timing import cold_sets, q12_events_us, torch_events_us  # noqa: E402
+from bench.timing import cold_sets, host_and_round_trip, q12_events_us, torch_events_us  # noqa: E402
 
 RESULTS: dict = {"meta": {}, "sections": {}, "errors": {}, "table": []}
 ARGS = None
@@ -89,28 +89,6 @@ def per_call_batches(paths: dict, batch: int, batches: int, sync) -> dict:
             out[name].append((pc() - t0) / batch * 1e6)
     sync()
     return {name: med(v) for name, v in out.items()}
-
-
-def host_and_round_trip(paths: dict, reps: int, sync, warmup: int = 3) -> dict:
-    """Per path: median host time of the call (us) and median round trip (call + sync), interleaved."""
-    host = {name: [] for name in paths}
-    rt = {name: [] for name in paths}
-    for fn in paths.values():
-        for _ in range(warmup):
-            fn()
-            sync()
-    pc = time.perf_counter
-    for _ in range(reps):
-        for name, fn in paths.items():
-            sync()
-            t0 = pc()
-            fn()
-            t1 = pc()
-            sync()
-            t2 = pc()
-            host[name].append((t1 - t0) * 1e6)
-            rt[name].append((t2 - t0) * 1e6)
-    return {name: {"host_us": med(host[name]), "round_trip_us": med(rt[name])} for name in paths}
 
 
 def row(name, ours, comparator, theirs, goal=None, note=""):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable
 
-__all__ = ["torch_events_us", "q12_events_us", "BATCH", "L2_BYTES", "cold_sets"]
+__all__ = ["torch_events_us", "q12_events_us", "host_and_round_trip", "BATCH", "L2_BYTES", "cold_sets"]
 
 
 #: Bytes a kernel's inputs must exceed, rotated, to time it with a cold L2: the H200's 50 MiB, with margin.
@@ -76,3 +76,30 @@ def q12_events_us(dev: Any, fn: Callable[[], Any], reps: int, warmup: int = 3, b
     finally:
         start.destroy()
         end.destroy()
+
+
+def host_and_round_trip(paths: dict, reps: int, sync: Callable[[], Any], warmup: int = 3) -> dict:
+    """Per path (name -> a call that enqueues and returns): median host time of the call and median round trip
+    (the call and ``sync()``), in microseconds, the paths interleaved, each call after an idle-stream ``sync()``:
+    ``{name: {"host_us": ..., "round_trip_us": ...}}``. ``warmup`` untimed calls of each first."""
+    import time
+
+    host = {name: [] for name in paths}
+    rt = {name: [] for name in paths}
+    for fn in paths.values():
+        for _ in range(warmup):
+            fn()
+            sync()
+    pc = time.perf_counter
+    for _ in range(reps):
+        for name, fn in paths.items():
+            sync()
+            t0 = pc()
+            fn()
+            t1 = pc()
+            sync()
+            t2 = pc()
+            host[name].append((t1 - t0) * 1e6)
+            rt[name].append((t2 - t0) * 1e6)
+    return {name: {"host_us": float(statistics.median(host[name])), "round_trip_us": float(statistics.median(rt[name]))}
+            for name in paths}

@@ -31,6 +31,11 @@
 // slices [64][72] bf16, rounded up to 1 KiB; then one mbarrier per stage.
 // Requirements: as gdn_chunk.cu (q, k 16-byte aligned, v, o 8-byte aligned; dv a multiple of 64), and the
 // workspace 16-byte aligned (the bulk copies).
+// Measured on the H200 (tests/GPU.md session 7, runs AQ and AS; Hk 16, Hv 32, d 128; ms, both launches; STAGES
+// 2 / 1): 8 x 2048 0.567 / 0.526, 1 x 8192 0.443 / 0.541, ragged 8 x 256..2048 0.353 / 0.337, 8 x 128 0.065 /
+// 0.058, 1 x 2048 0.128 / 0.153 (session 6, before the trims: 0.603 / 0.561, 0.475 / 0.582, 0.372 / 0.366, 0.068 /
+// 0.061, 0.135 / 0.165); XY 0 and EARLY 0 within 1%; the flow form 0.430 at 1 x 8192, 0.134 at 1 x 2048; fla-core
+// 0.6.0 replayed from a CUDA graph 0.946 / 0.637 / 0.572 (8 x 2048 / 1 x 8192 / ragged).
 #include "gdn_chunk.cuh"
 #include "wgmma.cuh"
 
@@ -232,22 +237,23 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
     const int kh = h / (num_v_heads / num_k_heads);
     const int nch = (len + C - 1) / C;
 
+    // FLOW: chunk 0's ready flag and the last chunk known ready, in shared memory (thread 0's; no register held
+    // across the chunk loop for them), written before the prologue's barrier
+    __shared__ const unsigned* flags;
+    __shared__ int ready_to;
     if (tid == 0) {
 #pragma unroll
         for (int i = 0; i < STAGES; ++i) wg::mbar_init(bars + 8 * i, 1);
         wg::fence_mbarrier_init();
+        if (FLOW) {
+            flags = ready_flag_at<DK>(ws, m, b, 0, kh, num_k_heads, num_v_heads);
+            ready_to = -1;
+        }
     }
     __syncthreads();
     // Chunk ci into stage st. Records: thread 0, two bulk copies on the stage's mbarrier, once every wgmma and
     // generic read of the stage's tiles and scalars is done (the caller's barrier). The V slice: every thread,
     // one cp.async group, once the stage's O rows are stored.
-    // FLOW: chunk 0's ready flag, kept in shared memory (no register held across the chunk loop for it)
-    __shared__ const unsigned* flags;
-    __shared__ int ready_to;   // thread 0: the last chunk whose records are known ready
-    if (FLOW && tid == 0) {
-        flags = ready_flag_at<DK>(ws, m, b, 0, kh, num_k_heads, num_v_heads);
-        ready_to = -1;
-    }
     auto issue_records = [&](int ci, int st) {
         if (tid == 0) {
             const unsigned sb = base + st * L::BYTES;
@@ -285,12 +291,13 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
             if (!GDN_WG_EARLY) issue_records(ci, 0);
             issue_v(ci, 0);
         }
-        // FLOW: the next chunk's records are ready before its copies are issued below (waited here, where it
-        // costs no spill under NVRTC 13.0; inside issue_records it cost 8 bytes)
-        if (FLOW && tid == 0 && ci + 1 < nch && ci + 1 > ready_to)
-            ready_to = ci + gdnw::wait_ready(flags + (ci + 1) * num_k_heads, nch - ci - 1, 4ull * num_k_heads);
         wg::mbar_wait(bars + 8 * st, (ci / STAGES) & 1);   // the stage's (ci / STAGES)-th fill
         cp_async_wait_all();
+        // FLOW: the next chunk's records are ready before its copies are issued below. Polled here, once this
+        // chunk's copy and V slice have landed and before the next one is issued: the fence then waits for no bulk copy in
+        // flight (polled before mbar_wait it did, about 1.8 us a fence, run AR)
+        if (FLOW && tid == 0 && ci + 1 < nch && ci + 1 > ready_to)
+            ready_to = ci + gdnw::wait_ready(flags + (ci + 1) * num_k_heads, nch - ci - 1, 4ull * num_k_heads);
         __syncthreads();   // chunk ci's V slice from every thread and chunk ci - 1's O slice; (STAGES 2) chunk ci - 1
                            // is done with its stage
         if (STAGES == 2 && ci + 1 < nch) {

@@ -112,7 +112,7 @@ def step(dev, name: str, problems: list) -> None:
                 ws_bytes = max(q12.gdn_workspace_bytes(gdn, algo) for algo in ops.GDN_WORKSPACE_ALGOS)
                 ws = dev.alloc(ws_bytes, "gdn workspace")
                 for algo in gdn_algos(dev):  # every kernel, each on the previous one's states
-                    with (two_launch_wgmma() if algo == "wgmma-pair" else contextlib.nullcontext()):
+                    with (wgmma_form(algo == "wgmma-flow") if algo.startswith("wgmma") else contextlib.nullcontext()):
                         q12.gdn_layer(states, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], gdn,
                                       algo=algo.split("-")[0], workspace=int(ws.ptr), workspace_bytes=ws_bytes)
             dev.synchronize()
@@ -140,17 +140,18 @@ def step(dev, name: str, problems: list) -> None:
 
 
 def gdn_algos(dev) -> tuple:
-    """The GDN algorithms the step runs: all, on Hopper the wgmma pair in both forms (its few CTAs take the flow
-    form; "wgmma-pair": the two launches)."""
+    """The GDN algorithms the step runs: all, on Hopper the wgmma pair in both forms ("wgmma-pair": its two
+    launches; "wgmma-flow": the flow form, which ops takes for streams of 8192 tokens and more)."""
     base = ("chunked", "split", "recurrent")
-    return base + (("wgmma", "wgmma-pair") if dev.arch in ("sm_90", "sm_90a") else ())
+    return base + (("wgmma-pair", "wgmma-flow") if dev.arch in ("sm_90", "sm_90a") else ())
 
 
 @contextlib.contextmanager
-def two_launch_wgmma():
-    """ops.gdn(algo="wgmma") in its two-launch form for the duration (the flow rule answering no)."""
+def wgmma_form(flow: bool):
+    """ops.gdn(algo="wgmma") in the flow form (``flow``) or in its two launches for the duration (the form rule
+    answering ``flow``)."""
     uses_flow = gdn_wgmma.uses_flow
-    gdn_wgmma.uses_flow = lambda *args: False
+    gdn_wgmma.uses_flow = lambda *args: flow
     ops._gdn_launches.cache_clear()
     try:
         yield

@@ -604,8 +604,9 @@ def test_wgmma_flow_form_sizes_rule_and_launches():
     sm = 228 * 1024
     assert gdn_wgmma.prep_flow_smem_bytes(128) == 3 * 62720 <= 227 * 1024
     assert gdn_wgmma.prep_flow_smem_bytes(128) + 1024 + gdn_wgmma.seq_smem_bytes(128, 2) + 1024 > sm
-    assert gdn_wgmma.uses_flow(1, 32, 128, 132) and not gdn_wgmma.uses_flow(2, 32, 128, 132)
-    assert gdn_wgmma.uses_flow(2, 32, 64, 132) and not gdn_wgmma.uses_flow(1, 32, 128, 127)
+    assert gdn_wgmma.uses_flow(1, 8192, 32, 128, 132) and not gdn_wgmma.uses_flow(2, 8192, 32, 128, 132)
+    assert gdn_wgmma.uses_flow(2, 9000, 32, 64, 132) and not gdn_wgmma.uses_flow(1, 8192, 32, 128, 127)
+    assert not gdn_wgmma.uses_flow(1, 8191, 32, 128, 132)  # 1 x 2048 measured slower in the flow form
     prep, seq = gdn_wgmma.flow_geometry(1, 8192, 16, 32, 128, 132)
     assert prep == ((68, 1, 1), (384, 1, 1), 188160)
     assert seq == ((2, 32, 1), (128, 1, 1), gdn_wgmma.seq_smem_bytes(128, 2))
@@ -614,8 +615,9 @@ def test_wgmma_flow_form_sizes_rule_and_launches():
     assert zero == (gdn_wgmma.flags_offset(1, 8192, 16, 32, 128), 4 * 128 * 16)
     assert [(e, dep) for e, *_, dep in launches] == [("q12_gdn_wgmma_prep_flow_d128", False),
                                                      ("q12_gdn_wgmma_seq_flow_d128", True)]
-    zero, launches = ops._gdn_launches("wgmma", 8, 2048, 16, 32, 128, 132)
-    assert zero is None and [dep for *_, dep in launches] == [False, False]
+    for n, chunk_len in ((8, 2048), (1, 2048)):
+        zero, launches = ops._gdn_launches("wgmma", n, chunk_len, 16, 32, 128, 132)
+        assert zero is None and [dep for *_, dep in launches] == [False, False]
     assert gdn_wgmma.entry_smem_bytes("q12_gdn_wgmma_prep_flow_d64") == 3 * gdn_chunk.prep_smem_bytes(64)
     src = (cuda_src_dir() / gdn_wgmma.SOURCE).read_text()
     for entry in gdn_wgmma.FLOW_ENTRIES:

@@ -12,12 +12,13 @@ in-place state contract it shares):
    ``V_new^T = R^T T^T`` is one product (the split pair's sequential kernel solves four dependent blocks), and
    each chunk's two records arrive by one bulk copy each.
 
-For grids of few sequential CTAs (:func:`uses_flow`: one long stream) the pair runs in its **flow form**
-instead: the ready flags zeroed, then ``q12_gdn_wgmma_prep_flow_d*`` (persistent CTAs of three precompute
-groups, chunk-major, on the SMs the sequential grid leaves free) and ``q12_gdn_wgmma_seq_flow_d*`` launched
-with programmatic stream serialization, so that the precompute runs beside the sequential kernel; a chunk's
-records are copied once their item's ready flag is set (``cuda_src/gdn_wgmma.cu``, "the flow form"). Same
-records, same sequential arithmetic: the flow form's results are the two-launch pair's bits.
+For grids of few sequential CTAs and a long stream (:func:`uses_flow`: one stream of 8192 tokens or more)
+the pair runs in its **flow form** instead: the ready flags zeroed, then ``q12_gdn_wgmma_prep_flow_d*``
+(persistent CTAs of three precompute groups, chunk-major, on the SMs the sequential grid leaves free) and
+``q12_gdn_wgmma_seq_flow_d*`` launched with programmatic stream serialization, so that the precompute runs
+beside the sequential kernel; a chunk's records are copied once their item's ready flag is set
+(``cuda_src/gdn_wgmma.cu``, "the flow form"). Same records, same sequential arithmetic: the flow form's
+results are the two-launch pair's bits.
 
 Numerics are the split pair's up to the solve: :func:`q12drv.kernels.gdn_chunk.chunked_reference` with
 ``t_product=True`` models the pair (its error against the float64 reference is the split pair's, measured in
@@ -29,8 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import gdn_chunk as _gdnc
 from . import gdn as _gdn
+from . import gdn_chunk as _gdnc
 
 __all__ = [
     "SOURCE",
@@ -53,6 +54,7 @@ __all__ = [
     "PREP_FLOW_THREADS",
     "flow_entries",
     "prep_flow_smem_bytes",
+    "FLOW_MIN_TOKENS",
     "uses_flow",
     "flow_geometry",
     "EMULATORS",
@@ -164,11 +166,18 @@ def prep_flow_smem_bytes(head_dim: int) -> int:
     return 3 * _gdnc.prep_smem_bytes(head_dim)
 
 
-def uses_flow(n: int, num_v_heads: int, head_dim: int, num_sms: int) -> bool:
+#: Tokens of the longest stream from which a pass of few CTAs takes the flow form (:func:`uses_flow`).
+FLOW_MIN_TOKENS = 8192
+
+
+def uses_flow(n: int, chunk_len: int, num_v_heads: int, head_dim: int, num_sms: int) -> bool:
     """Whether a pass takes the flow form: its ``n * Hv * dv / 64`` sequential CTAs (one per SM) leave at least
-    half of the device's SMs to the precompute. Below that the two-launch pair wins: the precompute then has too
-    few SMs to stay ahead of the chunks the sequential CTAs consume."""
-    return 2 * n * num_v_heads * (head_dim // _gdnc.BV) <= num_sms
+    half of the device's SMs to the precompute, and its longest stream has at least :data:`FLOW_MIN_TOKENS`
+    tokens. Measured on the H200 (tests/GPU.md, run AS; Hk 16, Hv 32, d 128): 1 x 8192 0.430 ms against the
+    two-launch pair's 0.444, 1 x 2048 0.134 against 0.129 (the flow form's fixed costs, the precompute's first
+    round before chunk 0's flag and the cleared flags, outweigh its overlap over 32 chunks); lengths between
+    were not measured. With more CTAs the precompute has too few SMs to stay ahead of the sequential kernel."""
+    return chunk_len >= FLOW_MIN_TOKENS and 2 * n * num_v_heads * (head_dim // _gdnc.BV) <= num_sms
 
 
 def flow_geometry(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int, num_sms: int) -> tuple:

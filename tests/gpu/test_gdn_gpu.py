@@ -146,21 +146,17 @@ def build_meta(torch, lens, rng):
 
 
 def launch(funcs, name, grid, block, smem, values, dependent=False):
-    """Launch ``name`` on the legacy stream; ``dependent``: with programmatic stream serialization (PDL)."""
+    """Launch ``name`` on the legacy stream; ``dependent``: with programmatic stream serialization (PDL),
+    through q12drv's own driver call (``CudaDriver.launch_dependent``, what ``ops.gdn`` uses)."""
     from cuda.bindings import driver as cu
 
     arr = (ctypes.c_void_p * len(values))(*[ctypes.addressof(x) for x in values])
-    if not dependent:
-        _check(cu.cuLaunchKernel(funcs[name], *grid, *block, smem, cu.CUstream(0), ctypes.addressof(arr), 0))
+    if dependent:
+        from q12drv.driver.cuda import CudaDriver
+
+        CudaDriver().launch_dependent(funcs[name], grid, block, smem, cu.CUstream(0), ctypes.addressof(arr))
         return
-    attr = cu.CUlaunchAttribute()
-    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    attr.value.programmaticStreamSerializationAllowed = 1
-    cfg = cu.CUlaunchConfig()
-    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
-    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
-    cfg.sharedMemBytes, cfg.hStream, cfg.attrs, cfg.numAttrs = smem, cu.CUstream(0), [attr], 1
-    _check(cu.cuLaunchKernelEx(cfg, funcs[name], ctypes.addressof(arr), 0))
+    _check(cu.cuLaunchKernel(funcs[name], *grid, *block, smem, cu.CUstream(0), ctypes.addressof(arr), 0))
 
 
 def run_gpu(torch, funcs, inputs, hk, hv, d, rng):
