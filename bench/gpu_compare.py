@@ -298,8 +298,8 @@ def section_curve():
             r = reps(30 if total <= 16384 else (12 if total <= 131072 else 6), 2)
             case = common.StagingCase(dev, n, L)
             try:
-                t = host_and_round_trip({"host": case.host, "device": case.device, "bare": case.bare,
-                                         "per_field": case.per_field}, r, dev.synchronize, warmup=1)
+                t = host_and_round_trip({"host": case.host, "device": case.device, "planned": case.planned,
+                                         "bare": case.bare, "per_field": case.per_field}, r, dev.synchronize, warmup=1)
                 p = {"n": n, "tokens": L, "total_tokens": total, "staged_bytes": case.staged_bytes, **t}
                 if have_torch and gpu():
                     try:
@@ -310,12 +310,14 @@ def section_curve():
                 points.append(p)
             finally:
                 case.close()
-    crossover = {}
+    crossover = {"device": {}, "planned": {}}
     for n in ns:
         pts = [p for p in points if p["n"] == n]
-        wins = [p["tokens"] for p in pts if p["device"]["round_trip_us"] < p["host"]["round_trip_us"]]
-        crossover[str(n)] = min(wins) if wins else None
-    RESULTS["sections"]["curve"] = {"points": points, "device_beats_host_from_tokens": crossover}
+        for path, out in crossover.items():
+            wins = [p["tokens"] for p in pts if p[path]["round_trip_us"] < p["host"]["round_trip_us"]]
+            out[str(n)] = min(wins) if wins else None
+    RESULTS["sections"]["curve"] = {"points": points, "device_beats_host_from_tokens": crossover["device"],
+                                    "planned_beats_host_from_tokens": crossover["planned"]}
 
 
 def section_jit_slot():

@@ -4,8 +4,8 @@
     python3 bench/plot_staging_curve.py results.json -o bench/staging_curve.png
 
 Left: every (n, tokens per stream) point against the total token count, one colour per path
-(q12drv host pack, q12drv device expansion, per-field copies, torch-style, and the bare copy of
-the same bytes as the floor). Right: the same for n = 8 against tokens per stream.
+(q12drv host pack, q12drv device expansion, q12drv through an ``ExpandPlan`` (JSON from session 7 on),
+per-field copies, torch-style, and the bare copy of the same bytes as the floor). Right: the same for n = 8 against tokens per stream.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 PATHS = (  # (key in a curve point, label, colour, marker)
     ("host", "q12drv (host pack, 1 copy)", "tab:blue", "o"),
     ("device", "q12drv (device expansion)", "tab:green", "s"),
+    ("planned", "q12drv (ExpandPlan pass)", "tab:purple", "D"),
     ("per_field", "per-field copies", "tab:orange", "^"),
     ("torch_style", "torch-style (.to per field)", "tab:red", "v"),
     ("bare", "bare copy (floor, pre-packed)", "tab:gray", "x"),

@@ -407,7 +407,7 @@ class Q12Pass:
         # The MoE area and the per-stream blocks, as the plan lays them out. A plan (memoised per
         # distinct input) laid out again on the same arena reuses the regions it got last time.
         arena = self.arena
-        key = (id(plan), arena._base)
+        key = (id(plan), arena.base)
         hit = _PREFIX_REGIONS.get(key)
         if hit is not None and hit[0] is plan:
             arena.reserve_all(hit[1])

@@ -546,7 +546,7 @@ def _pack_tokens(batch: _Batch, layout: StackedLayout, block_size: int, dummy_kv
 
 def staging_ring(arena: ScratchArena, kind: str = "staging") -> PinnedRing:
     """The arena's pinned ring for metadata (``"staging"``) or ``h_state_ptrs`` uploads (``"h_state"``)."""
-    ring = arena._attachments.get(_RING_KEYS.get(kind)) if type(arena) is ScratchArena else None
+    ring = arena.find_attachment(_RING_KEYS.get(kind)) if type(arena) is ScratchArena else None
     if ring is not None:  # the common case: made before
         return ring
     slots = _STAGING_RING_SLOTS if kind == "staging" else _H_STATE_RING_SLOTS

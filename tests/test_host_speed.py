@@ -279,6 +279,44 @@ def test_cuda_bound_launchers_raise_on_a_failed_launch():
     drv.bound_launcher("f", (1, 1, 1), (32, 1, 1), 0, None, 1)()
 
 
+def test_dependent_launch_keeps_stream_order_on_emu_and_builds_the_pdl_config_on_cuda(emu):
+    """Launch.launch_dependent: on the emulated driver the same launch in stream order (a valid schedule of a
+    programmatic dependent launch); on CUDA one cuLaunchKernelEx with the programmatic stream serialization
+    attribute, the geometry, shared memory, stream and argument block of the call, and its error raised."""
+    from cuda.bindings import driver as cu
+
+    from q12drv.driver.cuda import CudaDriver
+
+    launch = _kv_launch(emu)
+    calls = []
+    emu.driver.launch = lambda func, grid, block, smem, stream, addr: calls.append((func, grid, block, smem, stream, addr))
+    launch.launch_dependent((4, 1, 1), (128, 1, 1), 0)
+    assert calls == [(launch.kernel.func, (4, 1, 1), (128, 1, 1), 0, emu.stream.raw, launch._addr)]
+
+    drv = CudaDriver.__new__(CudaDriver)  # no libcuda here: only the configuration and the call are exercised
+    seen = []
+
+    class FakeCu:
+        CUlaunchAttribute, CUlaunchConfig, CUlaunchAttributeID = cu.CUlaunchAttribute, cu.CUlaunchConfig, cu.CUlaunchAttributeID
+
+        @staticmethod
+        def cuLaunchKernelEx(cfg, func, params, extra):
+            seen.append((cfg, func, params, extra))
+            return (cu.CUresult.CUDA_ERROR_INVALID_VALUE if len(seen) > 1 else cu.CUresult.CUDA_SUCCESS,)
+
+    drv._cu = FakeCu
+    drv.launch_dependent("func", (2, 3, 4), (128, 1, 1), 4096, cu.CUstream(0), 1234)
+    cfg, func, params, extra = seen[0]
+    assert (func, params, extra) == ("func", 1234, 0)
+    assert (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.sharedMemBytes, cfg.numAttrs) == (
+        2, 3, 4, 128, 4096, 1)
+    attr = cfg.attrs[0]
+    assert attr.id == cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    assert attr.value.programmaticStreamSerializationAllowed == 1
+    with pytest.raises(CudaError, match="cuLaunchKernelEx"):
+        drv.launch_dependent("func", (1, 1, 1), (32, 1, 1), 0, cu.CUstream(0), 1)
+
+
 def test_memoised_launch_geometry_still_refuses_bad_input_every_time(emu):
     from q12drv.kernels import ops
 
