@@ -125,15 +125,7 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
     }
     wg::commit();
     wg::wait<0>();
-    wg::pin(Ot);
-    wg::pin(N);
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-        wg::pin(rh[kk]);
-        wg::pin(rl[kk]);
-    }
-#pragma unroll
-    for (int ks = 0; ks < NK; ++ks) wg::pin(sa[ks]);
+    wg::pins(Ot, N, rh, rl, sa);
     // ---- O^T = exp(gamma) Y + V_new^T P^T;  S^T = exp(gamma_C) S^T + (V_new^T exp(gamma_C - gamma)) K
     unsigned vh[4][4], vl[4][4], dh[4][4], dl[4][4];
 #pragma unroll
@@ -168,15 +160,7 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
     }
     wg::commit();
     wg::wait<0>();
-    wg::pin(Ot);
-    wg::pin(St);
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-        wg::pin(vh[kk]);
-        wg::pin(vl[kk]);
-        wg::pin(dh[kk]);
-        wg::pin(dl[kk]);
-    }
+    wg::pins(Ot, St, vh, vl, dh, dl);
 }
 
 // The flow form (below), thread 0 of a sequential CTA: how many chunks from lo on have their records ready (1 to

@@ -93,6 +93,16 @@ __device__ __forceinline__ void pin(unsigned (&r)[R]) {
 #pragma unroll
     for (int i = 0; i < R; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
+// pin() of each argument in turn; an array of A fragments ([N][4]) fragment by fragment.
+template <int N>
+__device__ __forceinline__ void pin(unsigned (&r)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) pin(r[i]);
+}
+template <class... A>
+__device__ __forceinline__ void pins(A&... a) {
+    (pin(a), ...);
+}
 
 // ---- generated: D[64 x N] (acc ? D + : ) A B; ss: A and B from descriptors (both K-major);
 // ---- rs: A from registers, B MN-major (TB 1: imm-trans-b 1) or K-major (TB 0)

@@ -613,8 +613,8 @@ def _template(arena, offset: int, layout: StackedLayout, block_size: int, use_mr
 def pass_fields(arena, offset: int, layout: StackedLayout, *, max_blocks_per_seq: int, block_size: int, use_mrope: bool,
                 dummy_kv_block: int) -> dict:
     """What every pass staged as ``layout`` at arena ``offset`` shares: each :class:`BatchedAttnMetadata`
-    field but ``chunk_len`` and the host copies, for :func:`metadata_of_pass` (a new dict, which the caller
-    keeps and never writes).
+    field but ``chunk_len`` and the host copies, for :func:`metadata_of_pass`. Memoised per place and
+    settings: the dict is shared, never write it.
 
     Parameters
     ----------
@@ -626,12 +626,23 @@ def pass_fields(arena, offset: int, layout: StackedLayout, *, max_blocks_per_seq
     max_blocks_per_seq, block_size, use_mrope, dummy_kv_block
         As :func:`metadata_at` takes them.
     """
-    # built compact, with every key metadata_of_pass sets already in: its copy never grows
-    fields = {k: v for k, v in _template(arena, offset, layout, block_size, use_mrope, dummy_kv_block).items()
-              if k not in _HOST_COPIES}
-    fields["max_blocks_per_seq"] = int(max_blocks_per_seq)
-    fields["_host_ints"] = None
+    key = (int(arena.base) + offset, layout.n, layout.total_tokens, layout.mrope, int(max_blocks_per_seq),
+           block_size, bool(use_mrope), int(dummy_kv_block))
+    fields = _PASS_FIELDS.get(key)
+    if fields is None:
+        # built compact, with every key metadata_of_pass sets already in: its copy never grows
+        fields = {k: v for k, v in _template(arena, offset, layout, block_size, use_mrope, dummy_kv_block).items()
+                  if k not in _HOST_COPIES}
+        fields["max_blocks_per_seq"] = int(max_blocks_per_seq)
+        fields["_host_ints"] = None
+        if len(_PASS_FIELDS) >= _META_CACHE_MAX:
+            _PASS_FIELDS.clear()
+        _PASS_FIELDS[key] = fields
     return fields
+
+
+#: pass_fields per (absolute address of the block, layout, settings).
+_PASS_FIELDS: dict = {}
 
 
 def metadata_of_pass(fields: dict, chunk_len: int, cu: list, kv: list) -> BatchedAttnMetadata:

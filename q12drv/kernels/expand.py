@@ -195,8 +195,8 @@ def stage_on_device(arena, streams: Sequence, *, block_size: int, use_mrope: boo
     offset = checked_int("scratch_offset_bytes", scratch_offset_bytes, 0, arena.capacity)
     region = arena.reserve("stacked_metadata", layout.staged_bytes, offset=offset, align=8)  # bounds-checked there
     try:
-        fields = _fields_at(arena, region.offset, layout, batch.max_blocks, int(block_size), bool(use_mrope),
-                            int(dummy_kv_block))
+        fields = pass_fields(arena, region.offset, layout, max_blocks_per_seq=batch.max_blocks,
+                             block_size=int(block_size), use_mrope=bool(use_mrope), dummy_kv_block=int(dummy_kv_block))
         meta = metadata_of_pass(fields, batch.chunk, batch.cu_list, batch.kv_list)
         _pack_tail_params(launch, batch)
         enqueue_expand(launch, meta, stream)
@@ -204,25 +204,6 @@ def stage_on_device(arena, streams: Sequence, *, block_size: int, use_mrope: boo
         arena.unreserve(region)
         raise
     return meta
-
-
-#: (absolute address of the block, layout's n, total and mrope, max_blocks_per_seq, block_size, use_mrope,
-#: dummy_kv_block) -> (layout, pass_fields): what every pass staged there shares (the fields are never written).
-_FIELDS: dict = {}
-
-
-def _fields_at(arena, offset: int, layout, max_blocks: int, block_size: int, use_mrope: bool, dummy: int) -> dict:
-    key = (int(arena.base) + offset, layout.n, layout.total_tokens, layout.mrope, max_blocks, block_size, use_mrope,
-           dummy)
-    hit = _FIELDS.get(key)
-    if hit is not None and hit[0] is layout:
-        return hit[1]
-    fields = pass_fields(arena, offset, layout, max_blocks_per_seq=max_blocks, block_size=block_size,
-                         use_mrope=use_mrope, dummy_kv_block=dummy)
-    if len(_FIELDS) >= 256:
-        _FIELDS.clear()
-    _FIELDS[key] = (layout, fields)
-    return fields
 
 
 _I32_MAX = (1 << 31) - 1

@@ -228,7 +228,7 @@ def _block_solve(R, Aoff, Dinv):
 
 
 def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int = CHUNK, s_hilo: bool = False,
-                      update_split: bool = True, t_product: bool = False, t_lo: bool = False):
+                      update_split: bool = True, t_product: bool = False):
     """The kernel's algorithm in numpy, with its rounding points (bf16 casts where it casts).
 
     Arguments and results as :func:`q12drv.kernels.gdn.reference`. Products of bf16 operands are
@@ -240,9 +240,9 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
     ``K^T V_new`` uses hi + lo pairs of both K (the fp32 normalised rows) and V_new, three
     products (hi hi, lo hi, hi lo); without it, bf16 K and a hi + lo V_new.
     ``t_product`` models the "wgmma" pair (:mod:`q12drv.kernels.gdn_wgmma`): T = (I + A)^-1 is the block solve
-    applied to the identity, rounded to bf16 once, and ``V_new = T_hi (R_hi + R_lo)`` (the kernel). ``t_lo``
-    adds the T lo product the kernel no longer has (``V_new += T_lo R_hi``; the former ``GDN_WG_TLO 1``, measured
-    no more accurate on the H200 and removed with its 8 KiB a record), kept for the comparison.
+    applied to the identity, rounded to bf16 once, and ``V_new = T_hi (R_hi + R_lo)`` (the kernel; a T lo
+    product, the former ``GDN_WG_TLO 1``, measured no more accurate on the H200 and was removed with its 8 KiB a
+    record).
     """
     T, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
@@ -307,10 +307,7 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
             if t_product:
                 Tm = _block_solve(np.broadcast_to(np.eye(C, dtype=np.float32), (hv, C, C)), Aoff, Dinv)
                 Thi = round_to_bf16(Tm)
-                X = Thi.astype(np.float64) @ _split(R, True)
-                if t_lo:
-                    X = X + round_to_bf16(Tm - Thi).astype(np.float64) @ round_to_bf16(R).astype(np.float64)
-                X = _f32(X)
+                X = _f32(Thi.astype(np.float64) @ _split(R, True))
             else:
                 X = _block_solve(R, Aoff, Dinv)
             Xs = _split(X, True)
