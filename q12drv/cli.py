@@ -42,11 +42,19 @@ def _cmd_doctor(args) -> int:
     return run_doctor(args.driver, arch=args.arch, defines=defines)
 
 
+def _cmd_sass(args) -> int:
+    from .sass import run_sass
+
+    return run_sass(args.source, tuple(args.entry), arch=args.arch, defines=tuple(args.define),
+                    summary_only=args.summary)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="q12drv",
         description="Stage batched (Q12) prefill metadata into a CUDA arena and run the kernels that read it.",
-        epilog="Run 'q12drv demo' to see a whole pass; 'q12drv doctor' to check the toolchain; "
+        epilog="Run 'q12drv demo' to see a whole pass; 'q12drv doctor' to check the toolchain ('q12drv sass' for a "
+               "kernel's machine code); "
                "'q12drv demo --dump a.npz' then 'q12drv inspect a.npz' to look inside the arena.",
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -72,6 +80,20 @@ def build_parser() -> argparse.ArgumentParser:
                      help="compile a variant build: a macro for every kernel, repeatable (e.g. -D ATTN_D256_DS=1 "
                           "-D ATTN_D256_MW=2; each kernel's knobs are listed in its cuda_src/ header)")
     doc.set_defaults(func=_cmd_doctor)
+    sa = sub.add_parser("sass", help="print a kernel's machine code (nvdisasm) and count its warpgroup MMAs",
+                        description="Compile one cuda_src/ source (the shipped build or a variant, -D) and print the "
+                                    "SASS of its entries, each with its instruction count and its warpgroup MMAs "
+                                    "(HGMMA) and the groups they form: a build whose every MMA is its own group was "
+                                    "serialised by ptxas (NVRTC's log does not say so). Needs nvdisasm (the "
+                                    "nvidia-cuda-nvdisasm wheel, in the test extra). Works without a GPU. Exit status "
+                                    "1 if an entry's MMAs are serialised.")
+    sa.add_argument("source", help="a file in cuda_src/, e.g. gdn_wgmma.cu")
+    sa.add_argument("entry", nargs="*", help="entries to print (default: all of the source's)")
+    sa.add_argument("--arch", default="sm_90", help="compile target (default sm_90; wgmma sources build for sm_90a)")
+    sa.add_argument("-D", "--define", action="append", default=[], metavar="NAME=VALUE",
+                    help="a variant build's macro, repeatable (each kernel's knobs are in its cuda_src/ header)")
+    sa.add_argument("--summary", action="store_true", help="only the counts, one line per entry")
+    sa.set_defaults(func=_cmd_sass)
     from .dump_cli import COMMANDS
 
     for name, (help_, description, add, run) in COMMANDS.items():
@@ -87,6 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (q12drv sass ... | head): stop quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:
         from .errors import Q12Error
 

@@ -16,6 +16,7 @@ from .kernels import gdn_wgmma as _gdnw
 from .kernels.meta import meta_defines
 from .kernels.ops import SOURCES
 from .nvrtc import compile_source, cuda_header_dir, cuda_src_dir, nvrtc_version
+from .sass import disassemble, find_nvdisasm, wgmma_summary
 
 __all__ = ["KernelResources", "parse_ptxas_report", "dynamic_smem", "parse_define", "run_doctor"]
 
@@ -81,10 +82,12 @@ def dynamic_smem(entry: str, defines=()) -> int:
 
 
 def run_doctor(driver: str | None = "auto", *, arch: str | None = None, defines=(), out=print) -> int:
-    """Print the environment and compile every kernel; return 0 when all compile without spills.
+    """Print the environment and compile every kernel; return 0 when all compile without spills and, where
+    ``nvdisasm`` is found (:mod:`q12drv.sass`), no kernel's warpgroup MMAs were serialised by ptxas.
 
     ``defines``: extra ``NAME=VALUE`` macros for every kernel (a variant build, e.g. the knobs in
-    ``cuda_src/attn_prefill.cu``'s header); the report then describes that build.
+    ``cuda_src/attn_prefill.cu``'s header); the report then describes that build. The ``sass`` column counts
+    each entry's SASS instructions, ``wgmma`` its warpgroup MMAs and the groups they form.
     """
     ok = True
     defines = tuple(parse_define(d) for d in defines)
@@ -107,8 +110,11 @@ def run_doctor(driver: str | None = "auto", *, arch: str | None = None, defines=
     out(f"NVRTC {major}.{minor}; headers {cuda_header_dir()}; sources {cuda_src_dir()}; target {arch}")
     if defines:
         out("variant build: " + " ".join(f"-D{d}" for d in defines))
+    nvdisasm = find_nvdisasm()
+    out(f"SASS: {nvdisasm}" if nvdisasm else
+        "SASS: nvdisasm not found (pip install nvidia-cuda-nvdisasm): no instruction counts, no wgmma check")
     out(f"{'kernel':<32}{'regs':>6}{'spill st':>10}{'spill ld':>10}{'stack':>8}{'smem':>8}{'dyn smem':>10}"
-        f"{'compile s':>11}")
+        f"{'compile s':>11}{'sass':>7}{'wgmma':>8}")
     for source in SOURCES:
         t0 = time.perf_counter()
         try:
@@ -122,6 +128,7 @@ def run_doctor(driver: str | None = "auto", *, arch: str | None = None, defines=
             out(f"{source}: skipped: {exc}")
             continue
         dt = time.perf_counter() - t0
+        sass = disassemble(compiled.image, nvdisasm) if nvdisasm else {}
         for r in parse_ptxas_report(compiled.log):
             flag = "" if r.spill_stores == r.spill_loads == 0 else "  <- spills"
             ok &= not flag
@@ -130,8 +137,15 @@ def run_doctor(driver: str | None = "auto", *, arch: str | None = None, defines=
             except ValueError as exc:  # a define combination the host side refuses (the kernel's static_asserts agree)
                 dyn, flag = f"{'?':>10}", f"  <- {exc}"
                 ok = False
+            code = f"{'-':>7}{'-':>8}"
+            if r.name in sass:
+                w = wgmma_summary(r.name, sass[r.name])
+                code = f"{w.instructions:>7}{f'{w.hgmma}/{w.groups}' if w.hgmma else '-':>8}"
+                if w.serialised:
+                    flag += "  <- wgmma serialised (ptxas gave up on the pipeline: each MMA waited alone)"
+                    ok = False
             out(f"{r.name:<32}{r.registers:>6}{r.spill_stores:>10}{r.spill_loads:>10}{r.stack_frame:>8}"
-                f"{r.static_smem:>8}{dyn}{dt:>11.2f}{flag}")
+                f"{r.static_smem:>8}{dyn}{dt:>11.2f}{code}{flag}")
     out("doctor: " + ("ok" if ok else "PROBLEMS FOUND"))
     return 0 if ok else 1
 
