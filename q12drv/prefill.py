@@ -471,7 +471,7 @@ class Q12Pass:
 
     def gdn_layer(self, state_ptrs: Sequence[int], q: int, k: int, v: int, g: int, beta: int, o: int,
                   shape: GdnShape, *, algo: str = "chunked", workspace: int | None = None,
-                  workspace_bytes: int | None = None) -> None:
+                  workspace_bytes: int | None = None, form: str = "auto") -> None:
         """Upload this layer's per-stream state pointers into the JIT slot, then run Gated DeltaNet.
 
         ``q``, ``k``: ``[T, Hk, D]`` bf16; ``v``, ``o``: ``[T, Hv, D]`` bf16; ``g``, ``beta``: ``[T, Hv]``
@@ -480,7 +480,9 @@ class Q12Pass:
         on every pass measured, 2x for one long stream), ``"wgmma"`` (Hopper: the split pair's precompute,
         then warpgroup MMA; faster still) or ``"recurrent"`` (token by token in fp32), see
         :func:`q12drv.kernels.ops.gdn`. ``"split"`` and ``"wgmma"`` need ``workspace`` and
-        ``workspace_bytes`` >= :meth:`gdn_workspace_bytes` for that algorithm.
+        ``workspace_bytes`` >= :meth:`gdn_workspace_bytes` for that algorithm. ``form`` (``"wgmma"`` only):
+        ``"auto"``, ``"pair"`` or ``"flow"``, as :func:`~q12drv.kernels.ops.gdn` takes it (per stream, each
+        stream's launch decides ``"auto"`` for itself).
 
         Raises
         ------
@@ -489,6 +491,7 @@ class Q12Pass:
             rewritten or anything is enqueued.
         """
         ops.check_gdn_algo(algo, self.device.arch)
+        ops.check_gdn_form(algo, form)
         self._check_gdn(state_ptrs, q, k, v, g, beta, o, shape)  # the state pointers included, for this pass
         hk, hv, d = shape.num_k_heads, shape.num_v_heads, shape.head_dim
         ws = ops.gdn_workspace(algo, *self._gdn_extent, hk, hv, d, workspace, workspace_bytes)
@@ -499,7 +502,7 @@ class Q12Pass:
         def run(meta, slot_ptr, row):
             ops.enqueue_gdn(dev, meta, algo, slot_ptr, q + row * hk * d * _BF16, k + row * hk * d * _BF16,
                             v + row * hv * d * _BF16, g + row * hv * _F32, beta + row * hv * _F32,
-                            o + row * hv * d * _BF16, hk, hv, d, ws, st)
+                            o + row * hv * d * _BF16, hk, hv, d, ws, st, form=form)
 
         if self.batched:
             run(self.meta, int(self.h_slot.ptr), 0)

@@ -19,7 +19,6 @@ Exit status 0 when every check passes, 1 otherwise.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 
@@ -30,7 +29,7 @@ import numpy as np  # noqa: E402
 from q12drv import ScratchArena, StreamStageInfo, make_scratch_plan, open_device  # noqa: E402
 from q12drv.checks import verify_readback  # noqa: E402
 from q12drv.demo import layer_inputs  # noqa: E402
-from q12drv.kernels import gdn_wgmma, ops  # noqa: E402
+from q12drv.kernels import ops  # noqa: E402
 from q12drv.prefill import AttentionShape, GdnShape, Q12Pass  # noqa: E402
 
 GUARD = 256
@@ -112,9 +111,9 @@ def step(dev, name: str, problems: list) -> None:
                 ws_bytes = max(q12.gdn_workspace_bytes(gdn, algo) for algo in ops.GDN_WORKSPACE_ALGOS)
                 ws = dev.alloc(ws_bytes, "gdn workspace")
                 for algo in gdn_algos(dev):  # every kernel, each on the previous one's states
-                    with (wgmma_form(algo == "wgmma-flow") if algo.startswith("wgmma") else contextlib.nullcontext()):
-                        q12.gdn_layer(states, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], gdn,
-                                      algo=algo.split("-")[0], workspace=int(ws.ptr), workspace_bytes=ws_bytes)
+                    q12.gdn_layer(states, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], gdn,
+                                  algo=algo.split("-")[0], form=algo.split("-")[1] if "-" in algo else "auto",
+                                  workspace=int(ws.ptr), workspace_bytes=ws_bytes)
             dev.synchronize()
             if gdn is not None:
                 ws.free()
@@ -144,20 +143,6 @@ def gdn_algos(dev) -> tuple:
     launches; "wgmma-flow": the flow form, which ops takes for streams of 8192 tokens and more)."""
     base = ("chunked", "split", "recurrent")
     return base + (("wgmma-pair", "wgmma-flow") if dev.arch in ("sm_90", "sm_90a") else ())
-
-
-@contextlib.contextmanager
-def wgmma_form(flow: bool):
-    """ops.gdn(algo="wgmma") in the flow form (``flow``) or in its two launches for the duration (the form rule
-    answering ``flow``)."""
-    uses_flow = gdn_wgmma.uses_flow
-    gdn_wgmma.uses_flow = lambda *args: flow
-    ops._gdn_launches.cache_clear()
-    try:
-        yield
-    finally:
-        gdn_wgmma.uses_flow = uses_flow
-        ops._gdn_launches.cache_clear()
 
 
 def expand_matches_host(dev, arena, streams, problems: list) -> None:

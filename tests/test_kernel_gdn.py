@@ -612,6 +612,22 @@ def test_wgmma_flow_form_sizes_rule_and_launches():
     for n, chunk_len in ((8, 2048), (1, 2048)):
         zero, launches = ops._gdn_launches("wgmma", n, chunk_len, 16, 32, 128, 132)
         assert zero is None and [dep for *_, dep in launches] == [False, False]
+        # form= overrides the rule both ways
+        assert ops._gdn_launches("wgmma", n, chunk_len, 16, 32, 128, 132, "pair") == (zero, launches)
+        zero, launches = ops._gdn_launches("wgmma", n, chunk_len, 16, 32, 128, 132, "flow")
+        assert zero == (gdn_wgmma.flags_offset(n, chunk_len, 16, 32, 128), gdn_wgmma.flags_bytes(n, chunk_len, 16))
+        assert [(e, dep) for e, *_, dep in launches] == [("q12_gdn_wgmma_prep_flow_d128", False),
+                                                         ("q12_gdn_wgmma_seq_flow_d128", True)]
+    zero, launches = ops._gdn_launches("wgmma", 1, 8192, 16, 32, 128, 132, "pair")
+    assert zero is None and [e for e, *_ in launches] == list(gdn_wgmma.entries(128, 2))
+    for algo, form, msg in (("wgmma", "fast", "form must be one of 'auto', 'pair', 'flow'"),
+                            ("wgmma", None, "form must be one of"),
+                            ("split", "flow", "algo='split' has one form: leave form='auto'"),
+                            ("chunked", "pair", "algo='chunked' has one form")):
+        with pytest.raises(ValueError, match=msg):
+            ops.check_gdn_form(algo, form)
+    for algo in ops.GDN_ALGOS:
+        ops.check_gdn_form(algo, "auto")
     assert gdn_wgmma.entry_smem_bytes("q12_gdn_wgmma_prep_flow_d64") == 3 * gdn_chunk.prep_smem_bytes(64)
     src = (cuda_src_dir() / gdn_wgmma.SOURCE).read_text()
     for entry in gdn_wgmma.FLOW_ENTRIES:

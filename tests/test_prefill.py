@@ -192,6 +192,46 @@ def test_gdn_layer_algo_is_checked_before_anything_is_enqueued(emu, ws_algo):
             ws.free()
 
 
+def test_gdn_layer_form_is_checked_and_every_form_gives_the_same_result(emu):
+    """form= of the wgmma pair: a bad form, or a form for an algorithm with one, is refused before the slot is
+    rewritten; "pair", "flow" and "auto" all give the reference's result (the emulators check the flow form's
+    flags: its sequential kernel refuses to run before its precompute released them)."""
+    with two_streams(emu, 7) as (arena, streams, host, p, num_blocks):
+        q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4)
+        states = [p["st"] + b * host["st"][0].nbytes for b in range(2)]
+        args = (states, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], GSHAPE)
+        need = q12.gdn_workspace_bytes(GSHAPE, "wgmma")
+        ws = emu.alloc(need, "gdn workspace")
+        try:
+            kw = dict(workspace=int(ws.ptr), workspace_bytes=need)
+            for algo, form, msg in (("wgmma", "fused", "form must be one of"), ("split", "flow", "has one form")):
+                with pytest.raises(ValueError, match=msg):
+                    q12.gdn_layer(*args, algo=algo, form=form, **kw)
+            assert q12.h_slot.uploads == 0
+            results, launched = [], []
+            drv = emu.driver
+            real_launch = drv.launch
+            drv.launch = lambda func, *a: (launched.append(func.name), real_launch(func, *a))[1]
+            try:
+                for form in ("auto", "pair", "flow"):
+                    for b, s0 in enumerate(host["st"]):  # every form from the same initial states
+                        emu.upload(states[b], s0)
+                    launched.clear()
+                    q12.gdn_layer(*args, algo="wgmma", form=form, **kw)
+                    emu.synchronize()
+                    results.append((emu.download(p["go"], host["go"].nbytes),
+                                    [emu.download(st, host["st"][0].nbytes) for st in states],
+                                    tuple(launched)))
+            finally:
+                drv.launch = real_launch
+            pair = tuple(gdn_wgmma.entries(GSHAPE.head_dim, 2))
+            assert [r[2] for r in results] == [pair, pair, gdn_wgmma.flow_entries(GSHAPE.head_dim)]  # short streams
+            assert results[0][:2] == results[1][:2] == results[2][:2]
+        finally:
+            emu.synchronize()
+            ws.free()
+
+
 def test_gdn_layer_refuses_wgmma_off_hopper(emu, monkeypatch):
     """algo='wgmma' needs sm_90: elsewhere it is refused, naming the device's architecture, before the slot is
     rewritten."""

@@ -26,7 +26,8 @@ from . import rope as _rope
 from .meta import Q12MetaC, Q12TailC, meta_defines, meta_struct
 
 __all__ = ["kv_write", "rope", "attention", "gdn", "ATTN_ALGOS", "attention_entry", "GDN_ALGOS", "GDN_MODULES",
-           "enqueue_kv_write", "enqueue_rope", "enqueue_attention", "enqueue_gdn", "check_gdn_algo", "gdn_workspace",
+           "enqueue_kv_write", "enqueue_rope", "enqueue_attention", "enqueue_gdn", "check_gdn_algo", "check_gdn_form",
+           "GDN_FORMS", "gdn_workspace",
            "gdn_workspace_bytes", "GDN_WORKSPACE_ALGOS",
            "prepared", "SOURCES", "ENTRIES", "struct_types"]
 
@@ -214,15 +215,21 @@ GDN_MODULES = {"chunked": _gdnc, "recurrent": _gdn, "split": _gdnc, "wgmma": _gd
 #: The algorithms that run a precompute kernel into a caller-provided workspace.
 GDN_WORKSPACE_ALGOS = ("split", "wgmma")
 GDN_ALGOS = tuple(GDN_MODULES)
+#: Forms of the wgmma pair (``ops.gdn(..., algo="wgmma", form=)``): ``"auto"`` (the rule,
+#: :func:`q12drv.kernels.gdn_wgmma.uses_flow`, decides per pass), ``"pair"`` (its two launches, one after the
+#: other), ``"flow"`` (the flow form: the precompute beside the sequential kernel). The same results either way.
+GDN_FORMS = ("auto", "pair", "flow")
 
 
 @lru_cache(maxsize=1024, typed=True)
 def _gdn_launches(algo: str, n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int,
-                  num_sms: int) -> tuple:
+                  num_sms: int, form: str = "auto") -> tuple:
     """``(zero, ((entry, grid, block, smem, dependent), ...))`` of one Gated DeltaNet layer: one launch, or a pair's
     two. ``zero``: ``(workspace offset, bytes)`` to clear before the launches (the flow form's ready flags), or
-    None; ``dependent``: launched with programmatic stream serialization (the flow form's sequential kernel)."""
-    if algo == "wgmma" and _gdnw.uses_flow(n, chunk_len, num_v_heads, head_dim, num_sms):
+    None; ``dependent``: launched with programmatic stream serialization (the flow form's sequential kernel).
+    ``form``: one of :data:`GDN_FORMS` (checked by :func:`check_gdn_form`)."""
+    if algo == "wgmma" and (form == "flow" or form == "auto" and _gdnw.uses_flow(n, chunk_len, num_v_heads, head_dim,
+                                                                                  num_sms)):
         geos = _gdnw.flow_geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim, num_sms)
         zero = (_gdnw.flags_offset(n, chunk_len, num_k_heads, num_v_heads, head_dim),
                 _gdnw.flags_bytes(n, chunk_len, num_k_heads))
@@ -242,7 +249,8 @@ def _gdn_launches(algo: str, n: int, chunk_len: int, num_k_heads: int, num_v_hea
 
 def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k: int, v: int, g: int, beta: int,
         o: int, *, num_k_heads: int, num_v_heads: int, head_dim: int, algo: str = "chunked",
-        workspace: int | None = None, workspace_bytes: int | None = None, stream: Any = None) -> None:
+        workspace: int | None = None, workspace_bytes: int | None = None, form: str = "auto",
+        stream: Any = None) -> None:
     """Gated DeltaNet over the packed streams; stream b's fp32 state at ``h_state_ptrs[b]`` is updated in place.
 
     ``algo``:
@@ -262,7 +270,9 @@ def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k:
       :func:`q12drv.kernels.gdn_wgmma.workspace_bytes`. A pass of few sequential CTAs and a long stream
       (:func:`q12drv.kernels.gdn_wgmma.uses_flow`: one stream of 8192 tokens or more) takes the flow form:
       the workspace's ready flags cleared, then the precompute running beside the sequential kernel
-      (programmatic dependent launch; the same bits, 3% faster at 1 x 8192 on the H200);
+      (programmatic dependent launch; the same bits, 3% faster at 1 x 8192 on the H200). ``form="pair"`` or
+      ``"flow"`` takes that form whatever the rule says (:data:`GDN_FORMS`; the flow form on a grid that fills
+      the device leaves its precompute one CTA: correct, and slow);
     * ``"recurrent"``: ``gdn_prefill.cu``, token by token in fp32.
 
     Same math and state contract; they agree to bf16 rounding (see :mod:`q12drv.kernels.gdn_chunk`
@@ -270,12 +280,14 @@ def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k:
     """
     _check(device, meta)
     check_gdn_algo(algo, device.arch)
+    check_gdn_form(algo, form)
     d = _positive("head_dim", head_dim)
     GDN_MODULES[algo].entry_name(d)
     hv, hk = _args.head_group("num_v_heads", num_v_heads, "num_k_heads", num_k_heads)
     ws = gdn_workspace(algo, meta.batch_size, meta.chunk_len, hk, hv, d, workspace, workspace_bytes)
     enqueue_gdn(device, meta, algo, _ptr("h_state_ptrs", h_state_ptrs, 8), _ptr("q", q, 16), _ptr("k", k, 16),
-                _ptr("v", v, 8), _ptr("g", g, 4), _ptr("beta", beta, 4), _ptr("o", o, 8), hk, hv, d, ws, stream)
+                _ptr("v", v, 8), _ptr("g", g, 4), _ptr("beta", beta, 4), _ptr("o", o, 8), hk, hv, d, ws, stream,
+                form=form)
 
 
 def check_gdn_algo(algo, arch: str | None = None) -> None:
@@ -286,6 +298,16 @@ def check_gdn_algo(algo, arch: str | None = None) -> None:
     if algo == "wgmma" and arch is not None and arch not in ("sm_90", "sm_90a"):
         raise ValueError(f"algo='wgmma' runs on Hopper (sm_90) only, this device is {arch}: use algo='split' (the "
                          f"same workspace contract) or 'chunked'")
+
+
+def check_gdn_form(algo: str, form) -> None:
+    """Raise ValueError unless ``form`` is one of :data:`GDN_FORMS`, and ``"auto"`` for every ``algo`` but
+    ``"wgmma"`` (the only algorithm with two forms)."""
+    if type(form) is not str or form not in GDN_FORMS:
+        raise ValueError(f"form must be one of {', '.join(map(repr, GDN_FORMS))}, got {form!r}")
+    if form != "auto" and algo != "wgmma":
+        raise ValueError(f"form={form!r} picks between algo='wgmma''s two launches and its flow form; algo={algo!r} has "
+                         f"one form: leave form='auto'")
 
 
 def gdn_workspace(algo: str, n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int, workspace,
@@ -323,11 +345,12 @@ def gdn_workspace_bytes(algo: str, n: int, chunk_len: int, num_k_heads: int, num
 
 def enqueue_gdn(device: Device, meta: BatchedAttnMetadata, algo: str, h_state_ptrs: int, q: int, k: int, v: int,
                 g: int, beta: int, o: int, num_k_heads: int, num_v_heads: int, head_dim: int, workspace: int,
-                stream: Any) -> None:
-    """:func:`gdn` with every argument already checked (``workspace``: from :func:`gdn_workspace`)."""
+                stream: Any, *, form: str = "auto") -> None:
+    """:func:`gdn` with every argument already checked (``workspace``: from :func:`gdn_workspace`; ``form``: by
+    :func:`check_gdn_form`)."""
     mc = meta_struct(meta)
     zero, launches = _gdn_launches(algo, meta.batch_size, meta.chunk_len, num_k_heads, num_v_heads, head_dim,
-                                   device.sm_count)
+                                   device.sm_count, form)
     if zero is not None:
         device.memset(workspace + zero[0], 0, zero[1], stream)
     for entry, grid, block, smem, dependent in launches:
