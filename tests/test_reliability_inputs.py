@@ -427,6 +427,10 @@ CASES = [
     Case("gdn op wgmma workspace short", "algo='wgmma', workspace_bytes=16",
          lambda w: _op_gdn(w, algo="wgmma", workspace=w.p("go"), workspace_bytes=16), ValueError,
          r"workspace_bytes 16 is too small: algo='wgmma' needs [\d,]+ bytes"),
+    Case("gdn op form", "algo='wgmma', form='fused'", lambda w: _op_gdn(w, algo="wgmma", form="fused"), ValueError,
+         "form must be one of 'auto', 'pair', 'flow'"),
+    Case("gdn op form of split", "algo='split', form='flow'", lambda w: _op_gdn(w, algo="split", form="flow"),
+         ValueError, "algo='split' has one form: leave form='auto'"),
 ]
 
 
@@ -517,6 +521,9 @@ CLI_CASES = [
     ("render no output", ["render", "{dump}"], 2, "required: -o/--output"),
     ("render dpi negative", ["render", "{dump}", "-o", "{tmp}/x.png", "--dpi", "-3"], 2, "must be >= 1"),
     ("render unwritable output", ["render", "{dump}", "-o", "{tmp}/no/such/dir/x.png"], 2, "cannot write"),
+    ("sass unknown source", ["sass", "nope.cu"], 2, "unknown source 'nope.cu'; cuda_src/ has kv_write.cu"),
+    ("sass unknown entry", ["sass", "kv_write.cu", "q12_nope"], 2, "has no entry q12_nope; its entries: q12_kv_write"),
+    ("sass bad define", ["sass", "kv_write.cu", "-D", "A B"], 2, "a define is NAME or NAME=VALUE"),
     ("unknown command", ["explode"], 2, "invalid choice"),
 ]
 
