@@ -29,6 +29,10 @@ class NvdisasmNotFound(Q12Error):
     """No ``nvdisasm`` on this machine."""
 
 
+_NOT_FOUND = ("nvdisasm not found on PATH, under $CUDA_HOME/bin or in the nvidia-cuda-nvdisasm wheel; "
+              "pip install nvidia-cuda-nvdisasm (q12drv's test extra has it)")
+
+
 def find_nvdisasm() -> str | None:
     """Path of an ``nvdisasm`` executable: ``PATH``, ``$CUDA_HOME/bin``, then the ``nvidia-cuda-nvdisasm`` wheel
     (``nvidia/cu13/bin`` or, for CUDA 12 wheels, ``nvidia/cuda_nvdisasm/bin``); None if there is none."""
@@ -64,8 +68,7 @@ def disassemble(image: bytes, nvdisasm: str | None = None) -> dict:
     """
     tool = nvdisasm or find_nvdisasm()
     if tool is None:
-        raise NvdisasmNotFound("nvdisasm not found on PATH, under $CUDA_HOME/bin or in the nvidia-cuda-nvdisasm wheel; "
-                               "pip install nvidia-cuda-nvdisasm (q12drv's test extra has it)")
+        raise NvdisasmNotFound(_NOT_FOUND)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(image)
         f.flush()
@@ -132,8 +135,8 @@ def run_sass(source: str, entries=(), *, arch: str = "sm_90", defines=(), summar
     except ValueError as exc:
         raise Q12Error(str(exc)) from None
     tool = find_nvdisasm()
-    if tool is None:
-        disassemble(b"")  # raises NvdisasmNotFound with the instructions
+    if tool is None:  # before the compile
+        raise NvdisasmNotFound(_NOT_FOUND)
     try:
         compiled = compile_source(source, arch=arch, defines=tuple(meta_defines()) + defines)
     except ValueError as exc:  # an architecture-specific source on another architecture
