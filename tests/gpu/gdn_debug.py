@@ -178,23 +178,26 @@ def small_ragged_check(torch, funcs, ref_bits):
     return f"{'PASS' if ok else 'FAIL'} o {eo:.1e} S {es:.1e}{same}", o, fin
 
 
-def _compile_one(defines):
+def _compile_one(job):
     from q12drv.nvrtc import compile_source
 
-    compile_source(gdn_chunk.SOURCE, defines=[*meta_defines(), *defines])  # into the on-disk cubin cache
+    source, defines = job
+    compile_source(source, defines=[*meta_defines(), *defines])  # into the on-disk cubin cache
     return defines
 
 
 def precompile(selected):
     """NVRTC compiles of every variant in parallel processes (each takes ~20-40 s; the loads then hit
-    the on-disk cache), so the whole script stays well under 90 s."""
+    the on-disk cache), so the whole script stays well under 90 s: gdn_chunk.cu's ``selected`` and every
+    wgmma build (WGMMA_VARIANTS, gdn_wgmma.cu)."""
     from concurrent.futures import ProcessPoolExecutor
 
+    jobs = [(gdn_chunk.SOURCE, d) for _, d in selected] + [(gdn_wgmma.SOURCE, d) for _, d in WGMMA_VARIANTS]
     t0 = time.time()
-    with ProcessPoolExecutor(max_workers=len(selected)) as ex:
-        for _ in ex.map(_compile_one, [d for _, d in selected]):
+    with ProcessPoolExecutor(max_workers=len(jobs)) as ex:
+        for _ in ex.map(_compile_one, jobs):
             pass
-    print(f"compiled {len(selected)} variants in {time.time() - t0:.1f} s", flush=True)
+    print(f"compiled {len(jobs)} builds in {time.time() - t0:.1f} s", flush=True)
 
 
 # the wgmma pair's builds: name, gdn_wgmma.cu defines. Defaults: GDN_WG_XY 1, GDN_WG_EARLY 1 (EARLY changes only
