@@ -276,9 +276,11 @@ __device__ __forceinline__ void issue_q(S& s, const int* cub, int len, int c, co
 }
 
 // K (kraw -> k hi, klo) and Q (in place) l2-normalised, Q scaled by dk^-1/2: SEGS lanes per row, shuffles.
-// K lo's 16-byte segment `seg` of row `row` goes to klo_at(row, seg).
+// K lo's 16-byte segment `seg` of row `row` goes to klo_at(row, seg). NORMS (the "wgmma" pair's precompute): no
+// K lo; each row's scales go to s.rk (1 / |k|) and s.rq (dk^-1/2 / |q|) instead (its sequential kernel multiplies
+// the raw rows' products by them).
 // Partly unrolled: a full unroll hoists every row's loads and spills next to S^T.
-template <int DK, typename S, class KloAt>
+template <int DK, bool NORMS = false, typename S, class KloAt>
 __device__ __forceinline__ void normalise(S& s, KloAt&& klo_at, int tid, int seg, float qscale) {
     constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8, RPP = THREADS / SEGS, LDK = DK + 8;
 #pragma unroll GDN_NORM_UNROLL
@@ -290,19 +292,22 @@ __device__ __forceinline__ void normalise(S& s, KloAt&& klo_at, int tid, int seg
                                     : *reinterpret_cast<const uint4*>(&s.kraw[row * DK + seg * 8]);
             float x[8];
             const float inv = gdn_row_inv_norm<SEGS>(raw, x);
+            if constexpr (NORMS)
+                if (seg == 0) (which ? s.rq : s.rk)[row] = which ? inv * qscale : inv;
             uint4 hi, lo;
             unsigned* hp = reinterpret_cast<unsigned*>(&hi);
             unsigned* lp = reinterpret_cast<unsigned*>(&lo);
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 if (which) hp[i] = pack((x[2 * i] * inv) * qscale, (x[2 * i + 1] * inv) * qscale);
+                else if constexpr (NORMS) hp[i] = pack(x[2 * i] * inv, x[2 * i + 1] * inv);
                 else pack_hilo(x[2 * i] * inv, x[2 * i + 1] * inv, hp[i], lp[i]);
             }
             if (which) {
                 *reinterpret_cast<uint4*>(&s.q[row * LDK + seg * 8]) = hi;
             } else {
                 *reinterpret_cast<uint4*>(&s.k[row * LDK + seg * 8]) = hi;
-                *reinterpret_cast<uint4*>(klo_at(row, seg)) = lo;
+                if constexpr (!NORMS) *reinterpret_cast<uint4*>(klo_at(row, seg)) = lo;
             }
         }
     }
@@ -589,17 +594,44 @@ struct VRec {
     static constexpr int A = 0, P = GDN_C * GDN_C * 2, DINV = 2 * GDN_C * GDN_C * 2, BETA = DINV + GDN_C * 16 * 2,
                          EG = BETA + GDN_C * 4, WD = EG + GDN_C * 4, BYTES = WD + GDN_C * 4;
 };
-// V record of the "wgmma" pair: T = (I + A)^-1 and P, each a [64][64] bf16 swizzled tile, then beta, exp(gamma),
-// exp(gamma_C - gamma) [64] fp32. With the K record, a byte image of gdn_wgmma.cu's shared memory.
+// The "wgmma" pair's only record, one per (stream, value head, chunk): T = (I + A)^-1 and P, each a [64][64] bf16
+// swizzled tile, then [64] fp32 beta, EK = exp(gamma) rk, EQ = exp(gamma) rq and WK = exp(gamma_C - gamma) rk (rk,
+// rq: the rows' scales of normalise<NORMS>; the sequential kernel multiplies the products of the raw k and q
+// rows by them), then exp(gamma_C) and 12 zero bytes. A byte image of gdn_wgmma.cu's stage from its T tile on.
+// The pair has no K record: its sequential kernel reads raw k and q from the inputs.
 struct TileVRec {
-    static constexpr int T = 0, P = GDN_C * GDN_C * 2, BETA = 2 * GDN_C * GDN_C * 2, EG = BETA + GDN_C * 4,
-                         WD = EG + GDN_C * 4, BYTES = WD + GDN_C * 4;
+    static constexpr int T = 0, P = GDN_C * GDN_C * 2, BETA = 2 * GDN_C * GDN_C * 2, EK = BETA + GDN_C * 4,
+                         EQ = EK + GDN_C * 4, WK = EQ + GDN_C * 4, EGC = WK + GDN_C * 4, BYTES = EGC + 16;
 };
 
 // Byte offset of row r's 16-byte chunk cg in a [64 x D] bf16 tile in the 128-byte swizzle of wgmma.cuh:
 // [D/64][64 rows][128 B], chunk cg % 8 of row r at position (cg % 8) ^ (r % 8).
 __device__ __forceinline__ int sw128_off(int r, int cg) {
     return (cg >> 3) * (GDN_C * 128) + r * 128 + (((cg & 7) ^ (r & 7)) << 4);
+}
+
+// cp.async of 64 rows of key head kh from k and from q ([T, num_k_heads, DK] bf16) from packed token tok into two
+// [64 x DK] tiles in the 128-byte swizzle (sw128_off): thread tid copies segment tid % SEGS of rows
+// tid / SEGS + p * 128 / SEGS, so its destinations step by a fixed number of bytes (row % 8 is the same for all);
+// a rolled loop (unrolled, its 2 x 64 / (128 / SEGS) addresses stay live beside S^T and spill). Rows >= nv read
+// nothing and land as zeros.
+template <int DK>
+__device__ __forceinline__ void issue_kq_sw128(unsigned char* ktile, unsigned char* qtile, const bf16* __restrict__ k,
+                                               const bf16* __restrict__ q, int nv, int tok, int num_k_heads, int kh,
+                                               int tid) {
+    constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8, RPP = THREADS / SEGS;
+    const int row0 = tid / SEGS, sg = tid % SEGS;
+    const long long step = (long long)RPP * num_k_heads * DK;   // elements from one row of this thread's to the next
+    const long long at = ((long long)(tok + row0) * num_k_heads + kh) * DK + sg * 8;
+    const int dst = sw128_off(row0, sg);
+    const int rows = nv > row0 ? (nv - row0 + RPP - 1) / RPP : 0;   // this thread's rows below nv
+#pragma unroll 1
+    for (int p = 0; p < C / RPP; ++p) {
+        const bool ok = p < rows;
+        const long long e = ok ? at + p * step : 0;
+        cp_async16(ktile + dst + p * RPP * 128, k + e, ok);
+        cp_async16(qtile + dst + p * RPP * 128, q + e, ok);
+    }
 }
 
 template <int DK>
@@ -615,20 +647,25 @@ __device__ __forceinline__ unsigned char* vrec_at(unsigned char* ws, const Q12Me
     const long long kblock = (long long)m.batch_size * nchunks * num_k_heads * KRec<DK>::BYTES;
     return ws + kblock + (((long long)b * nchunks + ci) * num_v_heads + h) * VR::BYTES;
 }
-// The "wgmma" pair's ready flag of one precompute item (stream b, chunk ci, key head kh): a u32 after the V
-// records, set to 1 by the flow precompute once the item's records are stored (gdn_wgmma.cu).
-template <int DK>
+// The "wgmma" pair's workspace (gdn_chunk.py's workspace_bytes(tiles=True)): n x ceil(chunk_len / 64) x Hv tile
+// V records, then (gdn_wgmma.cu's flow form) one u32 ready flag per precompute item (stream b, chunk ci, key head
+// kh), set to 1 by the flow precompute once the item's records are stored.
+__device__ __forceinline__ unsigned char* tile_vrec_at(unsigned char* ws, const Q12Meta& m, int b, int ci, int h,
+                                                       int num_v_heads) {
+    const int nchunks = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
+    return ws + (((long long)b * nchunks + ci) * num_v_heads + h) * TileVRec::BYTES;
+}
 __device__ __forceinline__ unsigned* ready_flag_at(unsigned char* ws, const Q12Meta& m, int b, int ci, int kh,
                                                    int num_k_heads, int num_v_heads) {
     const int nchunks = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
-    const long long recs = (long long)m.batch_size * nchunks *
-                           ((long long)num_k_heads * KRec<DK>::BYTES + (long long)num_v_heads * TileVRec::BYTES);
+    const long long recs = (long long)m.batch_size * nchunks * num_v_heads * TileVRec::BYTES;
     return reinterpret_cast<unsigned*>(ws + recs) + ((long long)b * nchunks + ci) * num_k_heads + kh;
 }
 
 // The precompute kernel's shared memory: Smem<DK> without what it does not need (V/O slices; K lo goes
 // straight to the K record) and with raw K sharing its bytes with -A and P (raw K is read by the
-// normalisation, -A and P are first written after it): 62,720 B at d128, 3 CTAs/SM.
+// normalisation, -A and P are first written after it), plus the rows' scales of normalise<NORMS> (the
+// "wgmma" pair's): 63,232 B at d128, 3 CTAs/SM.
 template <int DK>
 struct PrepSmem {
     static constexpr int LDK = DK + 8, LDP = GDN_C + 8, LDD = 24;
@@ -649,17 +686,20 @@ struct PrepSmem {
     float beta[GDN_C];
     float eg[GDN_C];
     float wd[GDN_C];
+    float rk[GDN_C];
+    float rq[GDN_C];
 };
 
 template <bool TILES> struct RecV { using type = VRec; };
 template <> struct RecV<true> { using type = TileVRec; };
 
 // One precompute item, by one group of 128 threads (tid 0..127) on its own PrepSmem<DK>: chunk ci of (stream b,
-// key head kh), which has len tokens: its K record, K K^T and Q K^T once, then each value head's V record (its
-// beta and gamma scale the products in the epilogues). TILES 0: the "split" pair's records (KRec, VRec); TILES 1:
-// the "wgmma" pair's (KRec in swizzled tiles, TileVRec: T = (I + A)^-1 from the block solve applied to the
-// identity). sync(): the group's barrier (__syncthreads for a CTA of one group). It returns after the group's
-// last barrier: every record store of the item is issued, and the group's shared memory is free again.
+// key head kh), which has len tokens: (TILES 0) its K record, K K^T and Q K^T once, then each value head's V record
+// (its beta and gamma scale the products in the epilogues). TILES 0: the "split" pair's records (KRec, VRec);
+// TILES 1: the "wgmma" pair's (no K record; TileVRec: T = (I + A)^-1 from the block solve applied to the identity,
+// the rows' scales folded into its per-token factors). sync(): the group's barrier (__syncthreads for a CTA of
+// one group). It returns after the group's last barrier: every record store of the item is issued, and the
+// group's shared memory is free again.
 template <int DK, int DV, bool TILES, class Sync>
 __device__ __forceinline__ void prep_item(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
                                           const float* __restrict__ g, const float* __restrict__ beta, int num_k_heads,
@@ -680,23 +720,18 @@ __device__ __forceinline__ void prep_item(const Q12Meta& m, const bf16* __restri
     sync();
     unsigned char* krec = krec_at<DK>(ws, m, b, ci, kh, num_k_heads);
     bf16* klo = reinterpret_cast<bf16*>(krec + KRec<DK>::KLO);
-    normalise<DK>(s, [&](int row, int sg) {
-        if constexpr (TILES) return reinterpret_cast<bf16*>(krec + KRec<DK>::KLO + sw128_off(row, sg));
-        else return &klo[row * DK + sg * 8];
-    }, tid, tid % SEGS, 1.0f / sqrtf((float)DK));
+    normalise<DK, TILES>(s, [&](int row, int sg) { return &klo[row * DK + sg * 8]; }, tid, tid % SEGS,
+                         1.0f / sqrtf((float)DK));
     sync();   // raw K read out: its bytes become -A and P
     // -A and P: every byte of the records defined (the products write only the blocks the solve reads,
     // the same ones for every value head)
     for (int i = tid; i < 2 * C * LDP / 8; i += THREADS) reinterpret_cast<uint4*>(s.a)[i] = make_uint4(0, 0, 0, 0);
-    for (int idx = tid; idx < 2 * C * SEGS; idx += THREADS) {   // K hi and Q rows to the K record
-        const int which = idx / (C * SEGS), rest = idx % (C * SEGS), row = rest / SEGS, sg = rest % SEGS;
-        if constexpr (TILES)
-            *reinterpret_cast<uint4*>(krec + (which ? KRec<DK>::Q : KRec<DK>::K) + sw128_off(row, sg)) =
-                *reinterpret_cast<const uint4*>((which ? s.q : s.k) + row * LDK + sg * 8);
-        else
+    if constexpr (!TILES)
+        for (int idx = tid; idx < 2 * C * SEGS; idx += THREADS) {   // K hi and Q rows to the K record
+            const int which = idx / (C * SEGS), rest = idx % (C * SEGS), row = rest / SEGS, sg = rest % SEGS;
             *reinterpret_cast<uint4*>(krec + (which ? KRec<DK>::Q : KRec<DK>::K) + row * (DK * 2) + sg * 16) =
                 *reinterpret_cast<const uint4*>((which ? s.q : s.k) + row * LDK + sg * 8);
-    }
+        }
     // K K^T and Q K^T once for the key head (4 warps: warp w owns K rows of block w, Q rows of block 3 - w);
     // each value head scales them by its own beta and gamma in the epilogues
     float acck[8][4], accq[8][4];
@@ -721,7 +756,8 @@ __device__ __forceinline__ void prep_item(const Q12Meta& m, const bf16* __restri
         sync();
 #endif
         using VR = typename RecV<TILES>::type;
-        unsigned char* vrec = vrec_at<DK, VR>(ws, m, b, ci, h, num_k_heads, num_v_heads);
+        unsigned char* vrec = TILES ? tile_vrec_at(ws, m, b, ci, h, num_v_heads)
+                                    : vrec_at<DK, VR>(ws, m, b, ci, h, num_k_heads, num_v_heads);
         if constexpr (TILES) {
             // T^T = I (I + A)^-T, this warp's 16 rows: T's columns 16w .. 16w + 15, rounded to bf16 into s.k as
             // [64][LDP] rows (s.k is free: the products above were the last to read it)
@@ -747,7 +783,21 @@ __device__ __forceinline__ void prep_item(const Q12Meta& m, const bf16* __restri
                 *reinterpret_cast<uint4*>(vrec + VRec::DINV + tid * 16) =
                     *reinterpret_cast<const uint4*>(s.dinv + (tid >> 1) * LDD + (tid & 1) * 8);
         }
-        if (tid < 3 * 16) {
+        if constexpr (TILES) {   // beta, EK, EQ, WK (16 B a thread), then exp(gamma_C)
+            if (tid < 4 * 16) {
+                const int i = (tid & 15) * 4, a = tid >> 4;
+                const float* x = a == 0 ? s.beta : a == 3 ? s.wd : s.eg;
+                const float* r = a == 2 ? s.rq : s.rk;
+                float4 f;
+                f.x = a ? x[i] * r[i] : x[i];
+                f.y = a ? x[i + 1] * r[i + 1] : x[i + 1];
+                f.z = a ? x[i + 2] * r[i + 2] : x[i + 2];
+                f.w = a ? x[i + 3] * r[i + 3] : x[i + 3];
+                *reinterpret_cast<float4*>(vrec + TileVRec::BETA + tid * 16) = f;
+            } else if (tid == 4 * 16) {
+                *reinterpret_cast<float4*>(vrec + TileVRec::EGC) = make_float4(s.eg[C - 1], 0.f, 0.f, 0.f);
+            }
+        } else if (tid < 3 * 16) {
             const float* src = tid < 16 ? s.beta : tid < 32 ? s.eg : s.wd;
             *reinterpret_cast<uint4*>(vrec + VR::BETA + tid * 16) = *reinterpret_cast<const uint4*>(src + (tid & 15) * 4);
         }

@@ -1,41 +1,50 @@
 // gdn_wgmma.cu: the sequential kernel of the "wgmma" Gated DeltaNet pair (ops.gdn(algo="wgmma")), on Hopper's
 // warpgroup MMA (compiled for sm_90a), and the pair's flow form for grids of few CTAs ("the flow form", below
 // the sequential kernel). The pair's first launch is gdn_chunk.cu's q12_gdn_chunk_prep_tiles_d*:
-// the chunk-local work of every (stream, chunk) in parallel, into records in the workspace (gdn_chunk.cuh:
-// KRec in 128-byte swizzled tiles, TileVRec). Same math, arguments and in-place state contract as gdn_chunk.cu
-// (its header has the algebra); what differs is the solve and the instructions:
+// the chunk-local work of every (stream, chunk) in parallel, into one record per (stream, value head, chunk) in
+// the workspace (gdn_chunk.cuh: TileVRec, 128-byte swizzled tiles; no K record). Same math, arguments and
+// in-place state contract as gdn_chunk.cu (its header has the algebra); what differs is the solve, the rows the
+// state's products take and the instructions. With k, q the raw bf16 rows, rk = 1 / |k| and rq = dk^-1/2 / |q|
+// per token (K = rk k, Q = rq q are the normalised rows):
 //     T       = (I + A)^-1                     (the precompute: the block solve applied to the identity, bf16)
-//     R^T     = beta (V^T - exp(gamma) (S^T K^T))
+//     R^T     = beta (V^T - exp(gamma) rk (S^T k^T))
 //     V_new^T = R^T T^T                        (one product instead of four dependent block steps)
-//     O^T     = exp(gamma) (S^T Q^T) + V_new^T P^T
-//     S^T     = exp(gamma_C) S^T + (V_new^T exp(gamma_C - gamma)) K
+//     O^T     = exp(gamma) rq (S^T q^T) + V_new^T P^T
+//     S^T     = exp(gamma_C) S^T + (V_new^T exp(gamma_C - gamma) rk) k
+// (the per-token factors EK = exp(gamma) rk, EQ = exp(gamma) rq, WK = exp(gamma_C - gamma) rk come in the record).
 // CTA: one warpgroup (128 threads) owns S^T [64 dv x dk] of one (stream, value head, 64-column dv slice) as
 // the accumulator of m64n{dk}k16 (64 fp32 registers a thread at dk 128), grid (dv / 64, Hv, n). S^T's bf16 A
 // fragments come straight from that accumulator (wgmma.cuh), so the state never leaves registers. Per chunk:
-//   X, Y = S^T K^T, S^T Q^T:  2 dk/16 wgmma m64n64k16, A = bf16(S^T) from registers, B = K, Q (K-major tiles);
+//   X, Y = S^T k^T, S^T q^T:  2 dk/16 wgmma m64n64k16, A = bf16(S^T) from registers, B = k, q (K-major tiles);
 //                             (XY 1) X is committed alone, so R is computed while Y's wgmma run;
 //   V_new^T:                  8 m64n64k16, A = R^T as bf16 hi + lo, B = T (K-major);
 //   O^T += V_new^T P^T:       8 m64n64k16, A = V_new^T hi + lo, B = P (K-major);
-//   S^T += Vd^T K:            12 m64n{dk}k16, A = Vd^T hi + lo, B = K hi and lo (the same tiles, MN-major).
-// Records: one chunk's K record and V record are byte images of the stage's first KRec + TileVRec bytes, so
-// thread 0 brings each with one bulk copy (cp.async.bulk, completing on the stage's mbarrier); the V slice
-// (strided in v) comes by cp.async from every thread. STAGES 2 (1 CTA/SM): chunk c + 1 loads while c computes,
-// for grids of few CTAs; STAGES 1 (2 CTAs/SM): (EARLY 1) chunk c + 1's records are copied as soon as c's last
-// wgmma is done, its V slice once c's o rows are stored, while the other CTA computes (the rule: gdn_wgmma.stages).
+//   S^T += Vd^T k:            8 m64n{dk}k16, A = Vd^T hi + lo, B = k (the same tile, MN-major; k is exact in bf16,
+//                             so two products carry what took three with the normalised K's hi + lo).
+// Loads: the raw k and q rows of the chunk's key head come by cp.async from every thread straight into the
+// stage's swizzled tiles (gdn_chunk.cuh's issue_kq_sw128), the V slice (strided in v) the same way, and the V
+// record, a byte image of the stage's TileVRec bytes, by one bulk copy from thread 0 (cp.async.bulk, completing
+// on the stage's mbarrier). STAGES 2 (1 CTA/SM): chunk c + 1 loads while c computes, for grids of few CTAs;
+// STAGES 1 (2 CTAs/SM): (EARLY 1) chunk c + 1's rows and record are copied as soon as c's last wgmma is done, its
+// V slice once c's o rows are stored, while the other CTA computes (the rule: gdn_wgmma.stages).
 // Numerics: the "split" pair's operands and roundings (bf16 S into the products, hi + lo pairs for R, V_new and
-// the update's K) with T rounded to bf16 once (a T lo product measured no more accurate on the H200: it was
-// removed with its 8 KiB a record); gdn_chunk.chunked_reference(t_product=True) models them. The results are not
-// the fused kernel's bits (the solve is one product); batched == alone holds (a CTA never mixes streams).
-// Shared memory (dynamic, 1 KiB slack for the tiles' 1024-byte alignment) per stage: K hi, K lo, Q tiles
-// (3 x 64 x dk bf16), T and P tiles (2 x 8 KiB), beta / exp(gamma) / exp(gamma_C - gamma) (768 B), the V and O
-// slices [64][72] bf16, rounded up to 1 KiB; then one mbarrier per stage.
+// the update's left operand) with T rounded to bf16 once (a T lo product measured no more accurate on the H200:
+// it was removed with its 8 KiB a record), and the raw rows with fp32 scales where the split pair takes the
+// rounded normalised rows (numpy: slightly more accurate); gdn_chunk.chunked_reference(t_product=True) models
+// them. The results are not the fused kernel's bits; batched == alone holds (a CTA never mixes streams).
+// Shared memory (dynamic, 1 KiB slack for the tiles' 1024-byte alignment) per stage: k, q tiles (2 x 64 x dk
+// bf16), T and P tiles (2 x 8 KiB), beta / EK / EQ / WK (1 KiB) and exp(gamma_C) (16 B), the V and O slices
+// [64][72] bf16, rounded up to 1 KiB (68 KiB at d128); then one mbarrier per stage.
 // Requirements: as gdn_chunk.cu (q, k 16-byte aligned, v, o 8-byte aligned; dv a multiple of 64), and the
 // workspace 16-byte aligned (the bulk copies).
-// Measured on the H200 (tests/GPU.md session 7, runs AQ and AS; Hk 16, Hv 32, d 128; ms, both launches; STAGES
-// 2 / 1): 8 x 2048 0.567 / 0.526, 1 x 8192 0.443 / 0.541, ragged 8 x 256..2048 0.353 / 0.337, 8 x 128 0.065 /
-// 0.058, 1 x 2048 0.128 / 0.153 (session 6, before the trims: 0.603 / 0.561, 0.475 / 0.582, 0.372 / 0.366, 0.068 /
-// 0.061, 0.135 / 0.165); XY 0 and EARLY 0 within 1%; the flow form 0.430 at 1 x 8192, 0.134 at 1 x 2048; fla-core
-// 0.6.0 replayed from a CUDA graph 0.946 / 0.637 / 0.572 (8 x 2048 / 1 x 8192 / ragged).
+// Measured on the H200 before the raw rows (tests/GPU.md session 7, runs AQ and AS; Hk 16, Hv 32, d 128; ms,
+// both launches; STAGES 2 / 1; the K record of K hi, K lo and Q then came by bulk copy and the update took
+// three products): 8 x 2048 0.567 / 0.526, 1 x 8192 0.443 / 0.541, ragged 8 x 256..2048 0.353 / 0.337, 8 x 128
+// 0.065 / 0.058, 1 x 2048 0.128 / 0.153 (session 6, before the trims: 0.603 / 0.561, 0.475 / 0.582, 0.372 /
+// 0.366, 0.068 / 0.061, 0.135 / 0.165); XY 0 and EARLY 0 within 1%; the flow form 0.430 at 1 x 8192, 0.134 at
+// 1 x 2048; fla-core 0.6.0 replayed from a CUDA graph 0.946 / 0.637 / 0.572 (8 x 2048 / 1 x 8192 / ragged).
+// The raw rows (session 8) have not run on a GPU yet: no record of 48 KiB per (stream, key head, chunk) is
+// written and read, and the update has 8 wgmma instead of 12.
 #include "gdn_chunk.cuh"
 #include "wgmma.cuh"
 
@@ -46,6 +55,7 @@
 #define GDN_WG_EARLY 1
 #endif
 
+
 namespace gdnw {
 
 using namespace gdnc;
@@ -54,15 +64,16 @@ using namespace gdnc;
 template <int DK>
 struct Stage {
     static constexpr int KT = GDN_C * DK * 2;                    // one [64 x DK] bf16 tile
-    static constexpr int K = 0, KLO = KT, Q = 2 * KT;            // KRec<DK>
-    static constexpr int VREC = 3 * KT;                          // TileVRec
+    static constexpr int K = 0, Q = KT;                          // raw k and q rows, swizzled (cp.async)
+    static constexpr int VREC = 2 * KT;                          // TileVRec (one bulk copy)
     static constexpr int T = VREC + TileVRec::T, P = VREC + TileVRec::P;
-    static constexpr int BETA = VREC + TileVRec::BETA, EG = VREC + TileVRec::EG, WD = VREC + TileVRec::WD;
+    static constexpr int BETA = VREC + TileVRec::BETA, EK = VREC + TileVRec::EK, EQ = VREC + TileVRec::EQ;
+    static constexpr int WK = VREC + TileVRec::WK, EGC = VREC + TileVRec::EGC;
     static constexpr int LDV = GDN_BV + 8;
     static constexpr int V = VREC + TileVRec::BYTES;             // the V slice [64][LDV] bf16
     static constexpr int O = V + GDN_C * LDV * 2;                // the O slice [64][LDV] bf16
     static constexpr int BYTES = (O + GDN_C * LDV * 2 + 1023) / 1024 * 1024;
-    static_assert(KRec<DK>::BYTES == VREC && V % 16 == 0, "stage layout: the records' byte images, 16-byte aligned");
+    static_assert(VREC % 1024 == 0 && V % 16 == 0, "stage layout: T and P on 1024-byte atoms, the slices 16-byte aligned");
 };
 
 // Descriptors of the stage's tiles (wgmma.cuh, 128-byte swizzle): k-step ks of a K-major [64 x D] tile (atom
@@ -78,7 +89,9 @@ __device__ __forceinline__ u64 mnmajor(unsigned tile, int ks) {
 // One chunk's products for this warpgroup (gdn_chunk.cuh's state_step with the solve as one product): St is
 // S^T (m64n{DK} accumulator), updated; Ot gets O^T [64 dv x 64 tokens] (m64n64 accumulator). sb / sp: the
 // stage (shared address, pointer), its V slice read here. meanwhile() runs while the first products are in
-// flight. Every wgmma is complete on return.
+// flight. Every wgmma is complete on return. (Leaving the O product in flight into the next chunk, issued
+// after the update, made ptxas 13.0 serialize all 40 wgmma of the loop, each waited alone: nvdisasm, session 8;
+// it does so as soon as any wgmma is in flight across the loop's back edge, even with the wait at the loop's top.)
 template <int DK, class F>
 __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], unsigned sb, const unsigned char* sp,
                                           int warp, int lane, F&& meanwhile) {
@@ -86,8 +99,9 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
     constexpr int NK = DK / 16, LDV = L::LDV;
     const int tq = lane & 3;
     const float* bet = reinterpret_cast<const float*>(sp + L::BETA);
-    const float* eg = reinterpret_cast<const float*>(sp + L::EG);
-    const float* wd = reinterpret_cast<const float*>(sp + L::WD);
+    const float* ek = reinterpret_cast<const float*>(sp + L::EK);
+    const float* eq = reinterpret_cast<const float*>(sp + L::EQ);
+    const float* wk = reinterpret_cast<const float*>(sp + L::WK);
     const bf16* vs = reinterpret_cast<const bf16*>(sp + L::V);
     float (*S4)[4] = reinterpret_cast<float (*)[4]>(St);
     float (*O4)[4] = reinterpret_cast<float (*)[4]>(Ot);
@@ -112,7 +126,7 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
     wg::wait<GDN_WG_XY>();   // X complete (XY 1: Y may still run)
     wg::pin(X);
     each_slice_elem<LDV>(warp, lane, [&](int nt, int e, int cc, int at) {
-        X4[nt][e] = bet[cc] * (__bfloat162float(vs[at]) - eg[cc] * X4[nt][e]);
+        X4[nt][e] = bet[cc] * (__bfloat162float(vs[at]) - ek[cc] * X4[nt][e]);
     });
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) a_from_c_hilo(X4[2 * kk], X4[2 * kk + 1], rh[kk], rl[kk]);
@@ -134,16 +148,16 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
         float x0[4], x1[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            x0[e] = N4[2 * kk][e] * wd[16 * kk + 2 * tq + (e & 1)];
-            x1[e] = N4[2 * kk + 1][e] * wd[16 * kk + 8 + 2 * tq + (e & 1)];
+            x0[e] = N4[2 * kk][e] * wk[16 * kk + 2 * tq + (e & 1)];
+            x1[e] = N4[2 * kk + 1][e] * wk[16 * kk + 8 + 2 * tq + (e & 1)];
         }
         a_from_c_hilo(x0, x1, dh[kk], dl[kk]);
     }
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) O4[nt][e] *= eg[8 * nt + 2 * tq + (e & 1)];
-    const float egC = eg[GDN_C - 1];
+        for (int e = 0; e < 4; ++e) O4[nt][e] *= eq[8 * nt + 2 * tq + (e & 1)];
+    const float egC = *reinterpret_cast<const float*>(sp + L::EGC);
 #pragma unroll
     for (int i = 0; i < DK / 2; ++i) St[i] *= egC;
     wg::fence();
@@ -156,7 +170,6 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
     for (int kk = 0; kk < 4; ++kk) {
         wg::mma_rs<DK, 1>(St, dh[kk], mnmajor(sb + L::K, kk), 1);
         wg::mma_rs<DK, 1>(St, dl[kk], mnmajor(sb + L::K, kk), 1);
-        wg::mma_rs<DK, 1>(St, dh[kk], mnmajor(sb + L::KLO, kk), 1);
     }
     wg::commit();
     wg::wait<0>();
@@ -198,6 +211,7 @@ __device__ __forceinline__ int wait_ready(const unsigned* flag_lo, int n, unsign
 // set, and the CTA ends with griddepcontrol.wait (the precompute grid complete).
 template <int DK, int DV, int STAGES, bool FLOW = false>
 __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned long long* __restrict__ h_state_ptrs,
+                                                const bf16* __restrict__ q, const bf16* __restrict__ k,
                                                 const bf16* __restrict__ v, bf16* __restrict__ o, int num_k_heads,
                                                 int num_v_heads, unsigned char* __restrict__ ws) {
     using namespace gdnc;
@@ -230,24 +244,27 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
         for (int i = 0; i < STAGES; ++i) wg::mbar_init(bars + 8 * i, 1);
         wg::fence_mbarrier_init();
         if (FLOW) {
-            flags = ready_flag_at<DK>(ws, m, b, 0, kh, num_k_heads, num_v_heads);
+            flags = ready_flag_at(ws, m, b, 0, kh, num_k_heads, num_v_heads);
             ready_to = -1;
         }
     }
     __syncthreads();
-    // Chunk ci into stage st. Records: thread 0, two bulk copies on the stage's mbarrier, once every wgmma and
-    // generic read of the stage's tiles and scalars is done (the caller's barrier). The V slice: every thread,
-    // one cp.async group, once the stage's O rows are stored.
+    // Chunk ci into stage st, once every wgmma and generic read of the stage's tiles and scalars is done (the
+    // caller's barrier). The raw k and q rows: every thread, one cp.async group (made visible to the wgmma by each
+    // thread's proxy fence after its wait). The V record: thread 0, one bulk copy on the stage's mbarrier. The V
+    // slice (issue_v): every thread, one cp.async group, once the stage's O rows are stored.
     auto issue_records = [&](int ci, int st) {
+        unsigned char* sp = basep + st * L::BYTES;
+        const int nv = min(C, len - ci * C), tok = ld_volatile(cu + b) + ci * C;
+        issue_kq_sw128<DK>(sp + L::K, sp + L::Q, k, q, nv, tok, num_k_heads, kh, tid);
+        cp_async_commit();
         if (tid == 0) {
             const unsigned sb = base + st * L::BYTES;
             if constexpr (FLOW)   // later chunks: at the loop's top
                 if (ci == 0) ready_to = gdnw::wait_ready(flags, nch, 4ull * num_k_heads) - 1;
-            wg::fence_proxy_async();   // the stage's generic reads (beta, exp(gamma), ...) before the copies' writes
-            wg::mbar_arrive_expect_tx(bars + 8 * st, KRec<DK>::BYTES + TileVRec::BYTES);
-            wg::bulk_g2s(sb, krec_at<DK>(ws, m, b, ci, kh, num_k_heads), KRec<DK>::BYTES, bars + 8 * st);
-            wg::bulk_g2s(sb + L::VREC, vrec_at<DK, TileVRec>(ws, m, b, ci, h, num_k_heads, num_v_heads), TileVRec::BYTES,
-                         bars + 8 * st);
+            wg::fence_proxy_async();   // the stage's generic reads (beta, EK, ...) before the copy's writes
+            wg::mbar_arrive_expect_tx(bars + 8 * st, TileVRec::BYTES);
+            wg::bulk_g2s(sb + L::VREC, tile_vrec_at(ws, m, b, ci, h, num_v_heads), TileVRec::BYTES, bars + 8 * st);
         }
     };
     auto issue_v = [&](int ci, int st) {
@@ -277,6 +294,7 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
         }
         wg::mbar_wait(bars + 8 * st, (ci / STAGES) & 1);   // the stage's (ci / STAGES)-th fill
         cp_async_wait_all();
+        wg::fence_proxy_async();   // this thread's k and q rows visible to the wgmma (the barrier below: everyone's)
         // FLOW: the next chunk's records are ready before its copies are issued below. Polled here, once this
         // chunk's copy and V slice have landed and before the next one is issued: the fence then waits for no bulk copy in
         // flight (polled before mbar_wait it did, about 1.8 us a fence, run AR)
@@ -347,8 +365,8 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
                                 [grp] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + grp) : "memory"); });
         if (tid == 0) {   // the group's record stores are issued (prep_item's last barrier): publish them
             __threadfence();
-            asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(ready_flag_at<DK>(ws, m, b, ci, kh, num_k_heads,
-                                                                                      num_v_heads)), "r"(1u) : "memory");
+            asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(ready_flag_at(ws, m, b, ci, kh, num_k_heads,
+                                                                                  num_v_heads)), "r"(1u) : "memory");
         }
     }
 }
@@ -357,16 +375,16 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
 
 // Entry parameters: gdn_chunk.cu's split pair's. STAGES 2: __launch_bounds__(128, 1); STAGES 1: 2 CTAs/SM.
 extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_seq_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 128 / GDN_BV) gdn_wg_seq_body<128, 128, 2>(m, h_state_ptrs, v, o, num_k_heads, num_v_heads, workspace);
+    if (gridDim.x == 128 / GDN_BV) gdn_wg_seq_body<128, 128, 2>(m, h_state_ptrs, q, k, v, o, num_k_heads, num_v_heads, workspace);
 }
 extern "C" __global__ void __launch_bounds__(128, 2) q12_gdn_wgmma_seq1_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 128 / GDN_BV) gdn_wg_seq_body<128, 128, 1>(m, h_state_ptrs, v, o, num_k_heads, num_v_heads, workspace);
+    if (gridDim.x == 128 / GDN_BV) gdn_wg_seq_body<128, 128, 1>(m, h_state_ptrs, q, k, v, o, num_k_heads, num_v_heads, workspace);
 }
 extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_seq_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 64 / GDN_BV) gdn_wg_seq_body<64, 64, 2>(m, h_state_ptrs, v, o, num_k_heads, num_v_heads, workspace);
+    if (gridDim.x == 64 / GDN_BV) gdn_wg_seq_body<64, 64, 2>(m, h_state_ptrs, q, k, v, o, num_k_heads, num_v_heads, workspace);
 }
 extern "C" __global__ void __launch_bounds__(128, 2) q12_gdn_wgmma_seq1_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 64 / GDN_BV) gdn_wg_seq_body<64, 64, 1>(m, h_state_ptrs, v, o, num_k_heads, num_v_heads, workspace);
+    if (gridDim.x == 64 / GDN_BV) gdn_wg_seq_body<64, 64, 1>(m, h_state_ptrs, q, k, v, o, num_k_heads, num_v_heads, workspace);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) q12_gdn_wgmma_prep_flow_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
@@ -376,12 +394,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) q12_gdn_wgmma_prep_flow_d64
     gdnw::gdn_prep_flow_body<64, 64>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
 }
 extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_seq_flow_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 128 / GDN_BV) gdn_wg_seq_body<128, 128, 2, true>(m, h_state_ptrs, v, o, num_k_heads, num_v_heads, workspace);
+    if (gridDim.x == 128 / GDN_BV) gdn_wg_seq_body<128, 128, 2, true>(m, h_state_ptrs, q, k, v, o, num_k_heads, num_v_heads, workspace);
 }
 extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_seq_flow_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 64 / GDN_BV) gdn_wg_seq_body<64, 64, 2, true>(m, h_state_ptrs, v, o, num_k_heads, num_v_heads, workspace);
+    if (gridDim.x == 64 / GDN_BV) gdn_wg_seq_body<64, 64, 2, true>(m, h_state_ptrs, q, k, v, o, num_k_heads, num_v_heads, workspace);
 }
 
 // gdn_wgmma.py's stage_bytes(d) must give these numbers.
-static_assert(gdnw::Stage<128>::BYTES == 84992 && gdnw::Stage<64>::BYTES == 60416,
+static_assert(gdnw::Stage<128>::BYTES == 69632 && gdnw::Stage<64>::BYTES == 53248,
               "Stage size differs from q12drv.kernels.gdn_wgmma.stage_bytes");

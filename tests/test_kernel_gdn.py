@@ -365,7 +365,7 @@ def test_split_pair_sizes_match_the_source():
     m = re.search(r"gdnc::VRec::BYTES == (\d+)", src)
     assert m and int(m.group(1)) == gdn_chunk.v_record_bytes()
     m = re.search(r"gdnc::TileVRec::BYTES == (\d+)", src)
-    assert m and int(m.group(1)) == gdn_chunk.tile_v_record_bytes() == 17152
+    assert m and int(m.group(1)) == gdn_chunk.tile_v_record_bytes() == 17424
     # occupancy the design relies on (227 KiB of shared memory per SM, 1 KiB reserved per CTA)
     assert 3 * (gdn_chunk.prep_smem_bytes(128) + 1024) <= 227 * 1024
     assert 2 * (gdn_chunk.seq_smem_bytes(128, 1) + 1024) <= 227 * 1024 < 2 * (gdn_chunk.seq_smem_bytes(128, 2) + 1024)
@@ -509,16 +509,17 @@ def test_wgmma_pair_sizes_match_the_source():
     src = (cuda_src_dir() / gdn_wgmma.SOURCE).read_text()
     m = re.search(r"gdnw::Stage<128>::BYTES == (\d+) && gdnw::Stage<64>::BYTES == (\d+)", src)
     assert m and (int(m.group(1)), int(m.group(2))) == (gdn_wgmma.stage_bytes(128), gdn_wgmma.stage_bytes(64))
-    assert gdn_wgmma.stage_bytes(128) % 1024 == 0 and gdn_wgmma.stage_bytes(128) >= 49152 + 17152 + 2 * 64 * 72 * 2
-    assert (gdn_wgmma.stage_bytes(128), gdn_wgmma.stage_bytes(64)) == (84992, 60416)
+    assert gdn_wgmma.stage_bytes(128) % 1024 == 0 and gdn_wgmma.stage_bytes(128) >= 32768 + 17424 + 2 * 64 * 72 * 2
+    assert (gdn_wgmma.stage_bytes(128), gdn_wgmma.stage_bytes(64)) == (69632, 53248)
     sm = 228 * 1024  # shared memory per SM (227 KiB for blocks + 1 KiB reserved per CTA)
     assert 2 * (gdn_wgmma.seq_smem_bytes(128, 1) + 1024) <= sm < 2 * (gdn_wgmma.seq_smem_bytes(128, 2) + 1024)
     assert gdn_wgmma.seq_smem_bytes(128, 2) <= 227 * 1024
     prep, seq = gdn_wgmma.geometry(8, 2048, 16, 32, 128, 1)
     assert prep == ((32, 16, 8), (128, 1, 1), gdn_chunk.prep_smem_bytes(128))
     assert seq == ((2, 32, 8), (128, 1, 1), gdn_wgmma.seq_smem_bytes(128, 1))
-    assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128) == 128 * (16 * 49152 + 32 * 17152) + 4 * 128 * 16
-    assert gdn_wgmma.flags_offset(1, 8192, 16, 32, 128) == 128 * (16 * 49152 + 32 * 17152)
+    # no K records: one tile V record per (chunk, value head), then one flag per (chunk, key head)
+    assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128) == 128 * 32 * 17424 + 4 * 128 * 16
+    assert gdn_wgmma.flags_offset(1, 8192, 16, 32, 128) == 128 * 32 * 17424
     assert gdn_wgmma.entries(128, 1) == ("q12_gdn_chunk_prep_tiles_d128", "q12_gdn_wgmma_seq1_d128")
     assert gdn_wgmma.stages(8, 32, 128, 132) == 1 and gdn_wgmma.stages(1, 32, 128, 132) == 2
     for entry in gdn_wgmma.ENTRIES:
@@ -596,13 +597,13 @@ def test_wgmma_flow_form_sizes_rule_and_launches():
     from q12drv.nvrtc import cuda_src_dir
 
     sm = 228 * 1024
-    assert gdn_wgmma.prep_flow_smem_bytes(128) == 3 * 62720 <= 227 * 1024
+    assert gdn_wgmma.prep_flow_smem_bytes(128) == 3 * 63232 <= 227 * 1024
     assert gdn_wgmma.prep_flow_smem_bytes(128) + 1024 + gdn_wgmma.seq_smem_bytes(128, 2) + 1024 > sm
     assert gdn_wgmma.uses_flow(1, 8192, 32, 128, 132) and not gdn_wgmma.uses_flow(2, 8192, 32, 128, 132)
     assert gdn_wgmma.uses_flow(2, 9000, 32, 64, 132) and not gdn_wgmma.uses_flow(1, 8192, 32, 128, 127)
     assert not gdn_wgmma.uses_flow(1, 8191, 32, 128, 132)  # 1 x 2048 measured slower in the flow form
     prep, seq = gdn_wgmma.flow_geometry(1, 8192, 16, 32, 128, 132)
-    assert prep == ((68, 1, 1), (384, 1, 1), 188160)
+    assert prep == ((68, 1, 1), (384, 1, 1), 189696)
     assert seq == ((2, 32, 1), (128, 1, 1), gdn_wgmma.seq_smem_bytes(128, 2))
     assert gdn_wgmma.flow_geometry(4, 64, 1, 32, 128, 132)[0][0] == (1, 1, 1)  # never an empty grid
     zero, launches = ops._gdn_launches("wgmma", 1, 8192, 16, 32, 128, 132)

@@ -100,7 +100,8 @@ def split_entries(head_dim: int, stages: int = 2) -> tuple[str, str]:
 
 def k_record_bytes(head_dim: int) -> int:
     """Bytes of one (stream, key head, chunk) record of the split pair's workspace (``gdnc::KRec<dk>``):
-    normalised K hi, K lo and Q ``[64][dk]`` bf16, shared by the value heads of that key head."""
+    normalised K hi, K lo and Q ``[64][dk]`` bf16, shared by the value heads of that key head (the "wgmma"
+    pair has none: its sequential kernel reads the raw rows)."""
     return 2 * 3 * CHUNK * head_dim
 
 
@@ -111,23 +112,25 @@ def v_record_bytes() -> int:
 
 
 def tile_v_record_bytes() -> int:
-    """Bytes of one (stream, value head, chunk) record of the "wgmma" pair (``gdnc::TileVRec``): T = (I + A)^-1
-    and P, two ``[64][64]`` bf16 swizzled tiles, then beta, exp(gamma), exp(gamma_C - gamma) ``[64]`` fp32."""
-    return 2 * 2 * CHUNK * CHUNK + 3 * 4 * CHUNK
+    """Bytes of one (stream, value head, chunk) record of the "wgmma" pair (``gdnc::TileVRec``, its only record):
+    T = (I + A)^-1 and P, two ``[64][64]`` bf16 swizzled tiles, then ``[64]`` fp32 beta, exp(gamma) / |k|,
+    exp(gamma) dk^-1/2 / |q|, exp(gamma_C - gamma) / |k|, then exp(gamma_C) padded to 16 bytes."""
+    return 2 * 2 * CHUNK * CHUNK + 4 * 4 * CHUNK + 16
 
 
 def workspace_bytes(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int, *,
                     tiles: bool = False) -> int:
-    """Workspace of the split pair (``algo="split"``; ``tiles``: the "wgmma" pair's) for ``n`` streams of at
-    most ``chunk_len`` tokens (the pass's ``meta.chunk_len``): per stream and 64-token chunk, one K record per
-    key head and one V record per value head (:func:`k_record_bytes`, :func:`v_record_bytes` or
-    :func:`tile_v_record_bytes`)."""
+    """Workspace of the split pair (``algo="split"``; ``tiles``: the "wgmma" pair's records) for ``n`` streams of
+    at most ``chunk_len`` tokens (the pass's ``meta.chunk_len``): per stream and 64-token chunk, one K record per
+    key head and one V record per value head (:func:`k_record_bytes`, :func:`v_record_bytes`); ``tiles``: one
+    :func:`tile_v_record_bytes` record per value head and no K records."""
     entry_name(head_dim)
     if n < 1 or chunk_len < 0 or num_k_heads < 1 or num_v_heads < 1:
         raise ValueError(f"need n >= 1, chunk_len >= 0, num_k_heads >= 1, num_v_heads >= 1; got {n}, {chunk_len}, "
                          f"{num_k_heads}, {num_v_heads}")
-    vrec = tile_v_record_bytes() if tiles else v_record_bytes()
-    return n * (-(-chunk_len // CHUNK)) * (num_k_heads * k_record_bytes(head_dim) + num_v_heads * vrec)
+    per_chunk = num_v_heads * tile_v_record_bytes() if tiles else \
+        num_k_heads * k_record_bytes(head_dim) + num_v_heads * v_record_bytes()
+    return n * (-(-chunk_len // CHUNK)) * per_chunk
 
 
 def seq_smem_bytes(head_dim: int, stages: int = 2) -> int:
@@ -150,7 +153,7 @@ def entry_smem_bytes(entry: str) -> int:
 
 def tile_prep_entry(head_dim: int) -> str:
     """The precompute entry of the "wgmma" pair for ``dk = dv = head_dim``: the split pair's kernel writing the
-    records as tiles (``gdnc::KRec`` swizzled, ``gdnc::TileVRec``)."""
+    "wgmma" pair's records (``gdnc::TileVRec``, swizzled tiles; no K records)."""
     entry_name(head_dim)
     return f"q12_gdn_chunk_prep_tiles_d{head_dim}"
 
@@ -166,9 +169,9 @@ def prep_smem_bytes(head_dim: int) -> int:
     """Dynamic shared memory of the split pair's precompute kernel (``gdnc::PrepSmem<dk>``): normalised K
     and Q ``[64][dk+8]`` bf16, raw K ``[64][dk]`` sharing its bytes with -A and P ``[64][72]``, the
     diagonal inverses ``[64][24]`` bf16, fp32 diagonal blocks ``[4][16][17]``, g and beta ``[2][64]``,
-    gamma, beta, exp(gamma), exp(gamma_C - gamma) ``[64]``."""
+    gamma, beta, exp(gamma), exp(gamma_C - gamma) and the rows' scales 1 / |k|, dk^-1/2 / |q| ``[64]``."""
     dk = head_dim
-    return 2 * (2 * CHUNK * (dk + 8) + max(CHUNK * dk, 2 * CHUNK * 72) + CHUNK * 24) + 4 * (4 * 16 * 17 + 8 * CHUNK)
+    return 2 * (2 * CHUNK * (dk + 8) + max(CHUNK * dk, 2 * CHUNK * 72) + CHUNK * 24) + 4 * (4 * 16 * 17 + 10 * CHUNK)
 
 
 def split_geometry(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int,
@@ -242,7 +245,10 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
     ``t_product`` models the "wgmma" pair (:mod:`q12drv.kernels.gdn_wgmma`): T = (I + A)^-1 is the block solve
     applied to the identity, rounded to bf16 once, and ``V_new = T_hi (R_hi + R_lo)`` (the kernel; a T lo
     product, the former ``GDN_WG_TLO 1``, measured no more accurate on the H200 and was removed with its 8 KiB a
-    record).
+    record); and the state's products take the raw bf16 k and q rows, each product's token scaled after it by the
+    row's fp32 scale (``1 / |k|``, ``dk^-1/2 / |q|``, folded with exp(gamma) or exp(gamma_C - gamma)), so the
+    update is ``k^T (Vd_hi + Vd_lo)`` with an exact k (``update_split`` does not apply). A and P are the
+    precompute's, from the rounded normalised rows, as in the other kernels.
     """
     T, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
@@ -300,10 +306,21 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
                 D = Afull[:, sl, sl].astype(np.float32) + np.eye(16, dtype=np.float32)
                 Dinv[:, sl, sl] = round_to_bf16(_f32(np.linalg.inv(D.astype(np.float64))))
             Ssplit = _split(S, s_hilo)
-            KS = _f32(K @ Ssplit)  # [Hv, C, dv]
-            QS = _f32(Q @ Ssplit)
             eg = np.exp(gam).astype(np.float32)
-            R = _f32(bt[:, :, None] * (V - eg[:, :, None] * KS))
+            egC = np.exp(gam[:, -1]).astype(np.float32)
+            wdec = np.exp(_f32(gam[:, -1:] - gam)).astype(np.float32)  # [Hv, C]
+            if t_product:  # raw rows, their scales after the products (EK, EQ, WK of the kernel's record)
+                rk = kinv[:, kmap, 0].T.astype(np.float32)  # [Hv, C]
+                rq = _f32(qinv[:, kmap, 0].T * qscale)
+                Kraw = kf[:, kmap].transpose(1, 0, 2).astype(np.float64)
+                KS = _f32(Kraw @ Ssplit)
+                QS = _f32(pad(from_bf16_bits(q[c0:c0 + L]))[:, kmap].transpose(1, 0, 2).astype(np.float64) @ Ssplit)
+                ek, eq, wk = _f32(eg * rk), _f32(eg * rq), _f32(wdec * rk)
+            else:
+                KS = _f32(K @ Ssplit)  # [Hv, C, dv]
+                QS = _f32(Q @ Ssplit)
+                ek, eq, wk = eg, eg, wdec
+            R = _f32(bt[:, :, None] * (V - ek[:, :, None] * KS))
             if t_product:
                 Tm = _block_solve(np.broadcast_to(np.eye(C, dtype=np.float32), (hv, C, C)), Aoff, Dinv)
                 Thi = round_to_bf16(Tm)
@@ -311,11 +328,9 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
             else:
                 X = _block_solve(R, Aoff, Dinv)
             Xs = _split(X, True)
-            O = _f32(eg[:, :, None] * QS + _f32(P @ Xs))
-            egC = np.exp(gam[:, -1]).astype(np.float32)
-            wdec = np.exp(_f32(gam[:, -1:] - gam)).astype(np.float32)  # [Hv, C]
-            Xd = _split(_f32(X * wdec[:, :, None]), True)
-            Ku = Kx if update_split else K
+            O = _f32(eq[:, :, None] * QS + _f32(P @ Xs))
+            Xd = _split(_f32(X * wk[:, :, None]), True)
+            Ku = Kraw if t_product else Kx if update_split else K
             S = _f32(egC[:, None, None] * S + _f32(Ku.transpose(0, 2, 1) @ Xd))
             o[c0:c0 + L] = O[:, :L].transpose(1, 0, 2)
         final[b] = S

@@ -4,13 +4,15 @@ Two launches, like the split pair of :mod:`q12drv.kernels.gdn_chunk` (whose math
 in-place state contract it shares):
 
 1. ``q12_gdn_chunk_prep_tiles_d*`` (``cuda_src/gdn_chunk.cu``, any sm_90 build): every chunk's
-   state-independent work in parallel over (chunk, key head, stream), into the workspace, with the records
-   laid out as the sequential kernel's shared memory (128-byte swizzled tiles) and the block solve already
-   applied: ``T = (I + A)^-1`` per (chunk, value head), rounded to bf16 once.
+   state-independent work in parallel over (chunk, key head, stream), into one record per (chunk, value head)
+   in the workspace, laid out as the sequential kernel's shared memory (128-byte swizzled tiles), with the
+   block solve already applied (``T = (I + A)^-1``, rounded to bf16 once) and the rows' norms folded into its
+   per-token factors.
 2. ``q12_gdn_wgmma_seq{,1}_d*`` (``cuda_src/gdn_wgmma.cu``, sm_90a): one warpgroup per (stream, value head,
    64-column dv slice) walks the chunks with the state ``S^T`` as a warpgroup-MMA accumulator; per chunk
-   ``V_new^T = R^T T^T`` is one product (the split pair's sequential kernel solves four dependent blocks), and
-   each chunk's two records arrive by one bulk copy each.
+   ``V_new^T = R^T T^T`` is one product (the split pair's sequential kernel solves four dependent blocks), the
+   state's products take the raw k and q rows (cp.async into swizzled tiles; the record's factors scale them),
+   and the record arrives by one bulk copy.
 
 For grids of few sequential CTAs and a long stream (:func:`uses_flow`: one stream of 8192 tokens or more)
 the pair runs in its **flow form** instead: the ready flags zeroed, then ``q12_gdn_wgmma_prep_flow_d*``
@@ -20,10 +22,10 @@ beside the sequential kernel; a chunk's records are copied once their item's rea
 (``cuda_src/gdn_wgmma.cu``, "the flow form"). Same records, same sequential arithmetic: the flow form's
 results are the two-launch pair's bits.
 
-Numerics are the split pair's up to the solve: :func:`q12drv.kernels.gdn_chunk.chunked_reference` with
-``t_product=True`` models the pair (its error against the float64 reference is the split pair's, measured in
-numpy: output ~3.5e-3, final state ~2.4e-4). The results are not the fused kernel's bits; batched == alone
-holds bit for bit (a CTA never mixes streams).
+Numerics are the split pair's up to the solve and the raw rows: :func:`q12drv.kernels.gdn_chunk.chunked_reference`
+with ``t_product=True`` models the pair (its error against the float64 reference is at or below the split pair's,
+measured in numpy: output ~3.4e-3, final state ~1.2e-4 at d 128). The results are not the fused kernel's bits;
+batched == alone holds bit for bit (a CTA never mixes streams).
 """
 
 from __future__ import annotations
@@ -94,11 +96,11 @@ def entries(head_dim: int, stages: int = 2) -> tuple[str, str]:
 
 
 def stage_bytes(head_dim: int) -> int:
-    """Bytes of one stage of the sequential kernel (``gdnw::Stage<dk>``): the K record (three ``[64][dk]``
-    tiles), the V record (:func:`q12drv.kernels.gdn_chunk.tile_v_record_bytes`), then the V slice and the O
-    slice, each ``[64][72]`` bf16 (chunk c's o rows leave from the O slice during chunk c + 1's first products),
-    rounded up to 1 KiB (the tiles' alignment)."""
-    raw = _gdnc.k_record_bytes(head_dim) + _gdnc.tile_v_record_bytes() + 2 * 2 * _gdnc.CHUNK * (_gdnc.BV + 8)
+    """Bytes of one stage of the sequential kernel (``gdnw::Stage<dk>``): the chunk's raw k and q rows (two
+    ``[64][dk]`` bf16 swizzled tiles), the V record (:func:`q12drv.kernels.gdn_chunk.tile_v_record_bytes`), then
+    the V slice and the O slice, each ``[64][72]`` bf16 (chunk c's o rows leave from the O slice during chunk
+    c + 1's first products), rounded up to 1 KiB (the tiles' alignment)."""
+    raw = 2 * 2 * _gdnc.CHUNK * head_dim + _gdnc.tile_v_record_bytes() + 2 * 2 * _gdnc.CHUNK * (_gdnc.BV + 8)
     return -(-raw // 1024) * 1024
 
 
@@ -124,7 +126,7 @@ def entry_smem_bytes(entry: str) -> int:
 
 def workspace_bytes(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int) -> int:
     """Workspace of the pair for ``n`` streams of at most ``chunk_len`` tokens: per stream and 64-token chunk,
-    one K record per key head and one tile V record per value head, then the flow form's ready flags
+    one tile V record per value head, then the flow form's ready flags
     (:func:`flags_offset`, :func:`flags_bytes`; the two-launch form leaves them alone)."""
     return flags_offset(n, chunk_len, num_k_heads, num_v_heads, head_dim) + flags_bytes(n, chunk_len, num_k_heads)
 
@@ -162,7 +164,7 @@ def flow_entries(head_dim: int) -> tuple[str, str]:
 
 def prep_flow_smem_bytes(head_dim: int) -> int:
     """Dynamic shared memory of a flow precompute CTA: one precompute kernel's (``gdnc::PrepSmem<dk>``) per group.
-    At d 128 (188,160 B) one CTA fills an SM, so a sequential CTA never shares an SM with one."""
+    At d 128 (189,696 B) one CTA fills an SM, so a sequential CTA never shares an SM with one."""
     return 3 * _gdnc.prep_smem_bytes(head_dim)
 
 
