@@ -32,9 +32,12 @@ __device__ __forceinline__ void ldsm_x4(unsigned& r0, unsigned& r1, unsigned& r2
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(smem_u32(p)));
 }
 
-__device__ __forceinline__ void ldsm_x4_t(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* p) {
+__device__ __forceinline__ void ldsm_x4_t(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(smem_u32(p)));
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* p) {
+    ldsm_x4_t(r0, r1, r2, r3, smem_u32(p));
 }
 
 // cp.async with zero fill: `ok` false reads nothing (src must still be a valid address) and writes zeros.
@@ -74,13 +77,22 @@ __device__ __forceinline__ unsigned pack(float lo, float hi) {
     return *reinterpret_cast<unsigned*>(&v);
 }
 
-// hi = bf16(x), lo = bf16(x - hi), for a pair of values.
+// hi = bf16(x), lo = bf16(x - hi), for a pair of values. BITS: hi's two values back as fp32 straight from its bits
+// (x0's in the low half), a shift and a mask, where through __bfloat1622float2 the pair takes two more byte
+// permutes (the same values; the wgmma sequential kernels' chain takes it: 96 instructions a chunk fewer there. In
+// the precompute it cost the d64 flow form's 168-register build a spill under NVRTC 13.0, so the rest keep it off.)
+template <bool BITS = false>
 __device__ __forceinline__ void pack_hilo(float x0, float x1, unsigned& hi, unsigned& lo) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-    const float2 hf = __bfloat1622float2(h);
-    __nv_bfloat162 l = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
-    hi = *reinterpret_cast<unsigned*>(&h);
-    lo = *reinterpret_cast<unsigned*>(&l);
+    if constexpr (BITS) {
+        hi = pack(x0, x1);
+        lo = pack(x0 - __uint_as_float(hi << 16), x1 - __uint_as_float(hi & 0xffff0000u));
+    } else {
+        __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+        const float2 hf = __bfloat1622float2(h);
+        __nv_bfloat162 l = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
+        hi = *reinterpret_cast<unsigned*>(&h);
+        lo = *reinterpret_cast<unsigned*>(&l);
+    }
 }
 
 // A fragment (16 x 16, k = 16 columns) from two accumulator n-tiles c0 (columns 0..7), c1 (8..15).
@@ -91,11 +103,12 @@ __device__ __forceinline__ void a_from_c(const float* c0, const float* c1, unsig
     a[3] = pack(c1[2], c1[3]);
 }
 
+template <bool BITS = false>
 __device__ __forceinline__ void a_from_c_hilo(const float* c0, const float* c1, unsigned* hi, unsigned* lo) {
-    pack_hilo(c0[0], c0[1], hi[0], lo[0]);
-    pack_hilo(c0[2], c0[3], hi[1], lo[1]);
-    pack_hilo(c1[0], c1[1], hi[2], lo[2]);
-    pack_hilo(c1[2], c1[3], hi[3], lo[3]);
+    pack_hilo<BITS>(c0[0], c0[1], hi[0], lo[0]);
+    pack_hilo<BITS>(c0[2], c0[3], hi[1], lo[1]);
+    pack_hilo<BITS>(c1[0], c1[1], hi[2], lo[2]);
+    pack_hilo<BITS>(c1[2], c1[3], hi[3], lo[3]);
 }
 
 template <int DK>

@@ -21,12 +21,16 @@
 //   O^T += V_new^T P^T:       8 m64n64k16, A = V_new^T hi + lo, B = P (K-major);
 //   S^T += Vd^T k:            8 m64n{dk}k16, A = Vd^T hi + lo, B = k (the same tile, MN-major; k is exact in bf16,
 //                             so two products carry what took three with the normalised K's hi + lo).
+// The epilogues move the V slice in and the O slice out by 8 x 8 matrices, transposed (ldmatrix / stmatrix .trans:
+// four instructions each way where there were 32 scalar loads and 32 scalar stores), read the per-token factors
+// as float2 pairs and split the hi + lo pairs from hi's bits (pack_hilo<true>).
 // Loads: the raw k and q rows of the chunk's key head come by cp.async from every thread straight into the
 // stage's swizzled tiles (gdn_chunk.cuh's issue_kq_sw128), the V slice (strided in v) the same way, and the V
 // record, a byte image of the stage's TileVRec bytes, by one bulk copy from thread 0 (cp.async.bulk, completing
-// on the stage's mbarrier). STAGES 2 (1 CTA/SM): chunk c + 1 loads while c computes, for grids of few CTAs;
-// STAGES 1 (2 CTAs/SM): (EARLY 1) chunk c + 1's rows and record are copied as soon as c's last wgmma is done, its
-// V slice once c's o rows are stored, while the other CTA computes (the rule: gdn_wgmma.stages).
+// on the stage's mbarrier). STAGES 2 (1 CTA/SM): chunk c + 1 loads while c computes, for grids of few CTAs, its
+// copies issued (AHEAD 1) while c's X and Y run, off the chain; STAGES 1 (2 CTAs/SM): (EARLY 1) chunk c + 1's rows
+// and record are copied as soon as c's last wgmma is done, its V slice once c's o rows are stored, while the other
+// CTA computes (the rule: gdn_wgmma.stages).
 // Numerics: the "split" pair's operands and roundings (bf16 S into the products, hi + lo pairs for R, V_new and
 // the update's left operand) with T rounded to bf16 once (a T lo product measured no more accurate on the H200:
 // it was removed with its 8 KiB a record), and the raw rows with fp32 scales where the split pair takes the
@@ -43,8 +47,13 @@
 // 0.065 / 0.058, 1 x 2048 0.128 / 0.153 (session 6, before the trims: 0.603 / 0.561, 0.475 / 0.582, 0.372 /
 // 0.366, 0.068 / 0.061, 0.135 / 0.165); XY 0 and EARLY 0 within 1%; the flow form 0.430 at 1 x 8192, 0.134 at
 // 1 x 2048; fla-core 0.6.0 replayed from a CUDA graph 0.946 / 0.637 / 0.572 (8 x 2048 / 1 x 8192 / ragged).
-// The raw rows (session 8) have not run on a GPU yet: no record of 48 KiB per (stream, key head, chunk) is
-// written and read, and the update has 8 wgmma instead of 12.
+// Session 8 (no GPU was lent: none of it has run on one yet, checked by NVRTC 13.0 and nvdisasm only): the raw
+// rows (no K record of 48 KiB per (stream, key head, chunk) written and read; the update 8 wgmma instead of 12),
+// AHEAD, the matrix moves and the bit split: the d128 two-stage kernel's SASS 2396 -> 2136 instructions, its loop
+// about 250 of them fewer on the chain and 250 moved under X and Y; 0 spills, no wgmma serialised.
+// Tried by SASS and dropped: the O product left in flight into the next chunk (ptxas 13.0 then serialises all 40
+// wgmma of the loop, chunk_mma's note); O^T and S^T scaled under V_new's wgmma (ptxas moved the multiplies below
+// the wait).
 #include "gdn_chunk.cuh"
 #include "wgmma.cuh"
 
@@ -53,6 +62,12 @@
 #endif
 #ifndef GDN_WG_EARLY  // 1 (one stage): the next chunk's records copied once the last wgmma is done; 0: at its top
 #define GDN_WG_EARLY 1
+#endif
+#ifndef GDN_WG_AHEAD  // 1 (two stages): the next chunk's copies issued while X and Y run; 0: before X
+#define GDN_WG_AHEAD 1
+#endif
+#ifndef GDN_WG_OLO    // 1: O's product takes V_new as bf16 hi + lo; 0: hi only (4 wgmma fewer; numpy: o error 3.4e-3 -> 3.7e-3)
+#define GDN_WG_OLO 1
 #endif
 
 
@@ -86,6 +101,19 @@ __device__ __forceinline__ u64 mnmajor(unsigned tile, int ks) {
     return wg::smem_desc_sw128(tile + ks * 2048, GDN_C * 128, 1024);
 }
 
+// A [64 tokens][LDV] bf16 slice (V or O) and this warp's accumulator pairs of it, by 8 x 8 matrices moved transposed
+// (ldmatrix / stmatrix .trans): matrix j of group i is tokens 8 (2 i + j / 2) .. + 7, dv rows 16 warp + 8 (j % 2) ..
+// + 7, so register j of group i holds n-tile nt = 2 i + j / 2, elements e = 2 (j % 2), + 1 (one dv row, two
+// tokens: low half the even token). slice_row: this lane's row address inside group i.
+__device__ __forceinline__ unsigned slice_row(unsigned slice, int i, int warp, int lane) {
+    constexpr int LDV = GDN_BV + 8;
+    const unsigned lane_row = 2 * ((8 * (lane >> 4) + (lane & 7)) * LDV + 16 * warp + 8 * ((lane >> 3) & 1));
+    return (slice + i * (2 * 16 * LDV)) + lane_row;
+}
+__device__ __forceinline__ float bf16_lo(unsigned pair) { return __uint_as_float(pair << 16); }
+__device__ __forceinline__ float bf16_hi(unsigned pair) { return __uint_as_float(pair & 0xffff0000u); }
+__device__ __forceinline__ float2 ld2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+
 // One chunk's products for this warpgroup (gdn_chunk.cuh's state_step with the solve as one product): St is
 // S^T (m64n{DK} accumulator), updated; Ot gets O^T [64 dv x 64 tokens] (m64n64 accumulator). sb / sp: the
 // stage (shared address, pointer), its V slice read here. meanwhile() runs while the first products are in
@@ -96,13 +124,12 @@ template <int DK, class F>
 __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], unsigned sb, const unsigned char* sp,
                                           int warp, int lane, F&& meanwhile) {
     using L = Stage<DK>;
-    constexpr int NK = DK / 16, LDV = L::LDV;
+    constexpr int NK = DK / 16;
     const int tq = lane & 3;
     const float* bet = reinterpret_cast<const float*>(sp + L::BETA);
     const float* ek = reinterpret_cast<const float*>(sp + L::EK);
     const float* eq = reinterpret_cast<const float*>(sp + L::EQ);
     const float* wk = reinterpret_cast<const float*>(sp + L::WK);
-    const bf16* vs = reinterpret_cast<const bf16*>(sp + L::V);
     float (*S4)[4] = reinterpret_cast<float (*)[4]>(St);
     float (*O4)[4] = reinterpret_cast<float (*)[4]>(Ot);
 
@@ -125,11 +152,22 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
     meanwhile();
     wg::wait<GDN_WG_XY>();   // X complete (XY 1: Y may still run)
     wg::pin(X);
-    each_slice_elem<LDV>(warp, lane, [&](int nt, int e, int cc, int at) {
-        X4[nt][e] = bet[cc] * (__bfloat162float(vs[at]) - ek[cc] * X4[nt][e]);
-    });
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) a_from_c_hilo(X4[2 * kk], X4[2 * kk + 1], rh[kk], rl[kk]);
+    for (int i = 0; i < 4; ++i) {   // the V slice as this lane's token pairs (slice_row), two n-tiles at a time
+        unsigned vp[4];
+        ldsm_x4_t(vp[0], vp[1], vp[2], vp[3], slice_row(sb + L::V, i, warp, lane));
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int nt = 2 * i + j;
+            const float2 b = ld2(bet + 8 * nt + 2 * tq), f = ld2(ek + 8 * nt + 2 * tq);
+            X4[nt][0] = b.x * (bf16_lo(vp[2 * j]) - f.x * X4[nt][0]);
+            X4[nt][1] = b.y * (bf16_hi(vp[2 * j]) - f.y * X4[nt][1]);
+            X4[nt][2] = b.x * (bf16_lo(vp[2 * j + 1]) - f.x * X4[nt][2]);
+            X4[nt][3] = b.y * (bf16_hi(vp[2 * j + 1]) - f.y * X4[nt][3]);
+        }
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) a_from_c_hilo<true>(X4[2 * kk], X4[2 * kk + 1], rh[kk], rl[kk]);
     // ---- V_new^T = R^T T^T
     wg::fence();
 #pragma unroll
@@ -144,19 +182,24 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
     unsigned vh[4][4], vl[4][4], dh[4][4], dl[4][4];
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-        a_from_c_hilo(N4[2 * kk], N4[2 * kk + 1], vh[kk], vl[kk]);
+        a_from_c_hilo<true>(N4[2 * kk], N4[2 * kk + 1], vh[kk], vl[kk]);
         float x0[4], x1[4];
+        const float2 w0 = ld2(wk + 16 * kk + 2 * tq), w1 = ld2(wk + 16 * kk + 8 + 2 * tq);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            x0[e] = N4[2 * kk][e] * wk[16 * kk + 2 * tq + (e & 1)];
-            x1[e] = N4[2 * kk + 1][e] * wk[16 * kk + 8 + 2 * tq + (e & 1)];
+            x0[e] = N4[2 * kk][e] * (e & 1 ? w0.y : w0.x);
+            x1[e] = N4[2 * kk + 1][e] * (e & 1 ? w1.y : w1.x);
         }
-        a_from_c_hilo(x0, x1, dh[kk], dl[kk]);
+        a_from_c_hilo<true>(x0, x1, dh[kk], dl[kk]);
     }
+    // (O^T and S^T scaled under V_new's wgmma instead, between a wait for Y and one for V_new: ptxas 13.0 moved
+    // every multiply below the second wait, session 8's nvdisasm)
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+    for (int nt = 0; nt < 8; ++nt) {
+        const float2 f = ld2(eq + 8 * nt + 2 * tq);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) O4[nt][e] *= eq[8 * nt + 2 * tq + (e & 1)];
+        for (int e = 0; e < 4; ++e) O4[nt][e] *= e & 1 ? f.y : f.x;
+    }
     const float egC = *reinterpret_cast<const float*>(sp + L::EGC);
 #pragma unroll
     for (int i = 0; i < DK / 2; ++i) St[i] *= egC;
@@ -164,7 +207,7 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
         wg::mma_rs<64, 0>(Ot, vh[kk], kmajor(sb + L::P, kk), 1);
-        wg::mma_rs<64, 0>(Ot, vl[kk], kmajor(sb + L::P, kk), 1);
+        if (GDN_WG_OLO) wg::mma_rs<64, 0>(Ot, vl[kk], kmajor(sb + L::P, kk), 1);
     }
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
@@ -302,21 +345,28 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
             ready_to = ci + gdnw::wait_ready(flags + (ci + 1) * num_k_heads, nch - ci - 1, 4ull * num_k_heads);
         __syncthreads();   // chunk ci's V slice from every thread and chunk ci - 1's O slice; (STAGES 2) chunk ci - 1
                            // is done with its stage
-        if (STAGES == 2 && ci + 1 < nch) {
-            issue_records(ci + 1, st ^ 1);
-            issue_v(ci + 1, st ^ 1);
-        }
+        auto issue_next = [&] {   // (STAGES 2) chunk ci + 1 into the other stage, which chunk ci - 1 is done with
+            if (STAGES == 2 && ci + 1 < nch) {
+                issue_records(ci + 1, st ^ 1);
+                issue_v(ci + 1, st ^ 1);
+            }
+        };
+        if (!GDN_WG_AHEAD) issue_next();
         float Ot[32];
         gdnw::chunk_mma<DK>(St, Ot, base + st * L::BYTES, basep + st * L::BYTES, warp, lane, [&] {
             if (ci > 0) o_rows(ci - 1);
+            if (GDN_WG_AHEAD) issue_next();   // its 2 x 64 + 64 / 2 copies off the chain, under X and Y
         });
         if (STAGES == 1) {
             __syncthreads();   // every warp is done with the stage's tiles, scalars, V slice and O slice
             if (GDN_WG_EARLY && ci + 1 < nch) issue_records(ci + 1, 0);
         }
-        bf16* os = reinterpret_cast<bf16*>(basep + st * L::BYTES + L::O);
         float (*O4)[4] = reinterpret_cast<float (*)[4]>(Ot);
-        each_slice_elem<L::LDV>(warp, lane, [&](int nt, int e, int, int at) { os[at] = __float2bfloat16_rn(O4[nt][e]); });
+#pragma unroll
+        for (int i = 0; i < 4; ++i)   // O^T's token pairs to the O slice, transposed (gdnw::slice_row)
+            wg::stsm_x4_t(gdnw::slice_row(base + st * L::BYTES + L::O, i, warp, lane),
+                          pack(O4[2 * i][0], O4[2 * i][1]), pack(O4[2 * i][2], O4[2 * i][3]),
+                          pack(O4[2 * i + 1][0], O4[2 * i + 1][1]), pack(O4[2 * i + 1][2], O4[2 * i + 1][3]));
     }
     __syncthreads();   // the last O slice complete
     o_rows(nch - 1);

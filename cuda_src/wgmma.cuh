@@ -81,6 +81,14 @@ __device__ __forceinline__ void bulk_g2s(unsigned dst, const void* src, unsigned
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
+// stmatrix (sm_90): four 8 x 8 b16 matrices from registers, each stored transposed; thread l gives the shared
+// address of row l % 8 of matrix l / 8, register j holds the pair (row l / 4, columns 2 (l % 4), + 1) of
+// matrix j before the transpose (the mma C / wgmma accumulator pair layout, packed to bf16).
+__device__ __forceinline__ void stsm_x4_t(unsigned addr, unsigned r0, unsigned r1, unsigned r2, unsigned r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+                 "r"(r2), "r"(r3) : "memory");
+}
+
 // After wait(): re-define registers an asynchronous wgmma wrote (or read), so the compiler neither
 // moves their uses above the wait nor reuses them while the wgmma may still run.
 template <int R>

@@ -201,11 +201,14 @@ def precompile(selected):
 
 
 # the wgmma pair's builds: name, gdn_wgmma.cu defines. Defaults: GDN_WG_XY 1, GDN_WG_EARLY 1 (EARLY changes only
-# the one-stage build: its seq2 row is the default's). GDN_WG_TLO is gone (no T lo product or record since run AM).
+# the one-stage build: its seq2 row is the default's), GDN_WG_AHEAD 1 (changes only the two-stage build), GDN_WG_OLO 1.
+# GDN_WG_TLO is gone (no T lo product or record since run AM).
 WGMMA_VARIANTS = [
     ("wg", ()),
     ("wg-xy0", ("GDN_WG_XY=0",)),         # X and Y waited together (R not computed under Y's wgmma)
     ("wg-early0", ("GDN_WG_EARLY=0",)),   # seq1: the next chunk's records copied at its top, not after the last wgmma
+    ("wg-ahead0", ("GDN_WG_AHEAD=0",)),   # seq2: the next chunk's copies issued before X, not while X and Y run
+    ("wg-olo0", ("GDN_WG_OLO=0",)),       # O's product with V_new hi only (4 wgmma fewer, a little less accurate)
 ]
 
 
