@@ -752,15 +752,15 @@ __device__ __forceinline__ void prep_item(const Q12Meta& m, const bf16* __restri
     causal_rows_kt<DK>(accq, s.q, s.k, 3 - warp, lane);
     for (int j = 0; j < group; ++j) {
         const int h = kh * group + j;
-        if (j > 0) {   // this value head's g and beta (the previous head's products are written out)
-            issue_kvgb<DK, DV, false, false, true>(s, nullptr, cu + b, len, c0, 0, k, nullptr, g, beta, num_k_heads,
-                                                   num_v_heads, h, 0, tid);
+        if (j > 0) cp_async_wait_all();   // this value head's g and beta, copied while the previous head computed
+        sync();
+        if (warp == 0) chunk_gamma(s, j & 1, lane);
+        sync();
+        if (j + 1 < group) {   // the next value head's g and beta into the other buffer (chunk_gamma read this one out)
+            issue_kvgb<DK, DV, false, false, true>(s, nullptr, cu + b, len, c0, (j + 1) & 1, k, nullptr, g, beta,
+                                                   num_k_heads, num_v_heads, h + 1, 0, tid);
             cp_async_commit();
-            cp_async_wait_all();
         }
-        sync();
-        if (warp == 0) chunk_gamma(s, 0, lane);
-        sync();
         products_epilogue<true>(s, acck, warp, lane);
         products_epilogue<false>(s, accq, 3 - warp, lane);
         sync();
