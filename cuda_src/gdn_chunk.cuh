@@ -624,11 +624,12 @@ __device__ __forceinline__ int sw128_off(int r, int cg) {
 }
 
 // cp.async of 64 rows of key head kh from k and from q ([T, num_k_heads, DK] bf16) from packed token tok into two
-// [64 x DK] tiles in the 128-byte swizzle (sw128_off): thread tid copies segment tid % SEGS of rows
+// [64 x DK] tiles in the 128-byte swizzle (sw128_off); TILES: bit 0 k's, bit 1 q's (a CTA of two warpgroups gives
+// each one tile). Thread tid (0..127) copies segment tid % SEGS of rows
 // tid / SEGS + p * 128 / SEGS, so its destinations step by a fixed number of bytes (row % 8 is the same for all);
 // a rolled loop (unrolled, its 2 x 64 / (128 / SEGS) addresses stay live beside S^T and spill). Rows >= nv read
 // nothing and land as zeros.
-template <int DK>
+template <int DK, int TILES = 3>
 __device__ __forceinline__ void issue_kq_sw128(unsigned char* ktile, unsigned char* qtile, const bf16* __restrict__ k,
                                                const bf16* __restrict__ q, int nv, int tok, int num_k_heads, int kh,
                                                int tid) {
@@ -642,8 +643,8 @@ __device__ __forceinline__ void issue_kq_sw128(unsigned char* ktile, unsigned ch
     for (int p = 0; p < C / RPP; ++p) {
         const bool ok = p < rows;
         const long long e = ok ? at + p * step : 0;
-        cp_async16(ktile + dst + p * RPP * 128, k + e, ok);
-        cp_async16(qtile + dst + p * RPP * 128, q + e, ok);
+        if (TILES & 1) cp_async16(ktile + dst + p * RPP * 128, k + e, ok);
+        if (TILES & 2) cp_async16(qtile + dst + p * RPP * 128, q + e, ok);
     }
 }
 

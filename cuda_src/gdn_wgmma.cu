@@ -51,6 +51,10 @@
 // rows (no K record of 48 KiB per (stream, key head, chunk) written and read; the update 8 wgmma instead of 12),
 // AHEAD, the matrix moves and the bit split: the d128 two-stage kernel's SASS 2396 -> 2136 instructions, its loop
 // about 250 of them fewer on the chain and 250 moved under X and Y; 0 spills, no wgmma serialised.
+// The wide form (q12_gdn_wgmma_seqw_d128, ops.gdn(form="wide"), session 8, not run on a GPU yet either): one CTA of
+// two warpgroups per (stream, value head), each warpgroup one dv slice with its own V and O slices, the chunk's k
+// tile (copied by warpgroup 0), q tile (warpgroup 1) and V record shared: each comes to shared memory once for the
+// two slices (8 x 2048: 33 KB a warpgroup-chunk from L2 instead of 58); two stages, 1 CTA/SM.
 // Tried by SASS and dropped: the O product left in flight into the next chunk (ptxas 13.0 then serialises all 40
 // wgmma of the loop, chunk_mma's note); O^T and S^T scaled under V_new's wgmma (ptxas moved the multiplies below
 // the wait).
@@ -75,8 +79,10 @@ namespace gdnw {
 
 using namespace gdnc;
 
-// Byte offsets inside one stage (from its 1024-byte aligned start); BYTES is a multiple of 1024.
-template <int DK>
+// Byte offsets inside one stage (from its 1024-byte aligned start); BYTES is a multiple of 1024. WGS: warpgroups
+// of the CTA, each with its own V and O slices (slice w at V + w * SLICE, O + w * SLICE); the tiles and the V
+// record are shared.
+template <int DK, int WGS = 1>
 struct Stage {
     static constexpr int KT = GDN_C * DK * 2;                    // one [64 x DK] bf16 tile
     static constexpr int K = 0, Q = KT;                          // raw k and q rows, swizzled (cp.async)
@@ -84,10 +90,10 @@ struct Stage {
     static constexpr int T = VREC + TileVRec::T, P = VREC + TileVRec::P;
     static constexpr int BETA = VREC + TileVRec::BETA, EK = VREC + TileVRec::EK, EQ = VREC + TileVRec::EQ;
     static constexpr int WK = VREC + TileVRec::WK, EGC = VREC + TileVRec::EGC;
-    static constexpr int LDV = GDN_BV + 8;
-    static constexpr int V = VREC + TileVRec::BYTES;             // the V slice [64][LDV] bf16
-    static constexpr int O = V + GDN_C * LDV * 2;                // the O slice [64][LDV] bf16
-    static constexpr int BYTES = (O + GDN_C * LDV * 2 + 1023) / 1024 * 1024;
+    static constexpr int LDV = GDN_BV + 8, SLICE = GDN_C * LDV * 2;
+    static constexpr int V = VREC + TileVRec::BYTES;             // the V slices [64][LDV] bf16
+    static constexpr int O = V + WGS * SLICE;                    // the O slices [64][LDV] bf16
+    static constexpr int BYTES = (O + WGS * SLICE + 1023) / 1024 * 1024;
     static_assert(VREC % 1024 == 0 && V % 16 == 0, "stage layout: T and P on 1024-byte atoms, the slices 16-byte aligned");
 };
 
@@ -116,13 +122,14 @@ __device__ __forceinline__ float2 ld2(const float* p) { return *reinterpret_cast
 
 // One chunk's products for this warpgroup (gdn_chunk.cuh's state_step with the solve as one product): St is
 // S^T (m64n{DK} accumulator), updated; Ot gets O^T [64 dv x 64 tokens] (m64n64 accumulator). sb / sp: the
-// stage (shared address, pointer), its V slice read here. meanwhile() runs while the first products are in
+// stage (shared address, pointer); vs: this warpgroup's V slice (shared address), read here; warp: 0..3 in the
+// warpgroup. meanwhile() runs while the first products are in
 // flight. Every wgmma is complete on return. (Leaving the O product in flight into the next chunk, issued
 // after the update, made ptxas 13.0 serialize all 40 wgmma of the loop, each waited alone: nvdisasm, session 8;
 // it does so as soon as any wgmma is in flight across the loop's back edge, even with the wait at the loop's top.)
 template <int DK, class F>
 __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], unsigned sb, const unsigned char* sp,
-                                          int warp, int lane, F&& meanwhile) {
+                                          unsigned vs, int warp, int lane, F&& meanwhile) {
     using L = Stage<DK>;
     constexpr int NK = DK / 16;
     const int tq = lane & 3;
@@ -155,7 +162,7 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
 #pragma unroll
     for (int i = 0; i < 4; ++i) {   // the V slice as this lane's token pairs (slice_row), two n-tiles at a time
         unsigned vp[4];
-        ldsm_x4_t(vp[0], vp[1], vp[2], vp[3], slice_row(sb + L::V, i, warp, lane));
+        ldsm_x4_t(vp[0], vp[1], vp[2], vp[3], slice_row(vs, i, warp, lane));
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             const int nt = 2 * i + j;
@@ -249,18 +256,21 @@ __device__ __forceinline__ int wait_ready(const unsigned* flag_lo, int n, unsign
 
 }  // namespace gdnw
 
-// grid (DV / 64, Hv, n), 128 threads (one warpgroup), dynamic smem gdn_wgmma.seq_smem_bytes(DK, STAGES). FLOW: the
-// flow form's sequential kernel (below): a chunk's records are copied once their precompute item's ready flag is
-// set, and the CTA ends with griddepcontrol.wait (the precompute grid complete).
-template <int DK, int DV, int STAGES, bool FLOW = false>
+// grid (DV / 64 / WGS, Hv, n), 128 WGS threads (WGS warpgroups), dynamic smem gdn_wgmma.seq_smem_bytes(DK, STAGES,
+// WGS). FLOW: the flow form's sequential kernel (below): a chunk's records are copied once their precompute item's
+// ready flag is set, and the CTA ends with griddepcontrol.wait (the precompute grid complete). WGS 2 (the wide
+// form, ops.gdn(form="wide")): warpgroup w owns dv slice 2 blockIdx.x + w; the chunk's k and q tiles (one each
+// warpgroup copies) and V record are the two's, so each comes to shared memory once for both.
+template <int DK, int DV, int STAGES, bool FLOW = false, int WGS = 1>
 __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned long long* __restrict__ h_state_ptrs,
                                                 const bf16* __restrict__ q, const bf16* __restrict__ k,
                                                 const bf16* __restrict__ v, bf16* __restrict__ o, int num_k_heads,
                                                 int num_v_heads, unsigned char* __restrict__ ws) {
     using namespace gdnc;
-    using L = gdnw::Stage<DK>;
-    constexpr int C = GDN_C, BV = GDN_BV, THREADS = 128;
+    using L = gdnw::Stage<DK, WGS>;
+    constexpr int C = GDN_C, BV = GDN_BV, THREADS = 128 * WGS;
     static_assert(!FLOW || STAGES == 2, "the flow form's sequential kernel has two stages");
+    static_assert(WGS == 1 || (WGS == 2 && !FLOW && STAGES == 2), "the wide form: two stages, no flags");
     extern __shared__ __align__(128) unsigned char gdn_smem_raw[];
     const unsigned raw = smem_u32(gdn_smem_raw);
     const unsigned base = (raw + 1023u) & ~1023u;                  // the tiles' 1024-byte alignment
@@ -268,9 +278,11 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
     const unsigned bars = base + STAGES * L::BYTES;                // one mbarrier per stage
 
     const int b = blockIdx.z, h = blockIdx.y;
-    if ((int)blockDim.x != THREADS || b >= (int)m.batch_size || h >= num_v_heads || (int)blockIdx.x * BV >= DV) return;
-    const int col0 = blockIdx.x * BV;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if ((int)blockDim.x != THREADS || b >= (int)m.batch_size || h >= num_v_heads || (int)blockIdx.x * BV * WGS >= DV)
+        return;
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int wgi = WGS == 1 ? 0 : tid >> 7, wtid = WGS == 1 ? tid : tid & 127, warp = wtid >> 5;   // warpgroup, thread, warp
+    const int col0 = (blockIdx.x * WGS + wgi) * BV;
     const int gq = lane >> 2, tq = lane & 3;
     const int* cu = q12_cu_seqlens(m);
     const int len = cu[b + 1] - cu[b];
@@ -299,7 +311,9 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
     auto issue_records = [&](int ci, int st) {
         unsigned char* sp = basep + st * L::BYTES;
         const int nv = min(C, len - ci * C), tok = ld_volatile(cu + b) + ci * C;
-        issue_kq_sw128<DK>(sp + L::K, sp + L::Q, k, q, nv, tok, num_k_heads, kh, tid);
+        if (WGS == 1) issue_kq_sw128<DK>(sp + L::K, sp + L::Q, k, q, nv, tok, num_k_heads, kh, wtid);
+        else if (wgi == 0) issue_kq_sw128<DK, 1>(sp + L::K, sp + L::Q, k, q, nv, tok, num_k_heads, kh, wtid);
+        else issue_kq_sw128<DK, 2>(sp + L::K, sp + L::Q, k, q, nv, tok, num_k_heads, kh, wtid);
         cp_async_commit();
         if (tid == 0) {
             const unsigned sb = base + st * L::BYTES;
@@ -311,8 +325,8 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
         }
     };
     auto issue_v = [&](int ci, int st) {
-        issue_v_slice<DV>(reinterpret_cast<bf16*>(basep + st * L::BYTES + L::V), v, min(C, len - ci * C),
-                          ld_volatile(cu + b) + ci * C, num_v_heads, h, col0, tid);
+        issue_v_slice<DV>(reinterpret_cast<bf16*>(basep + st * L::BYTES + L::V + wgi * L::SLICE), v, min(C, len - ci * C),
+                          ld_volatile(cu + b) + ci * C, num_v_heads, h, col0, wtid);
         cp_async_commit();
     };
     issue_records(0, 0);
@@ -326,8 +340,8 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
     // Chunk ci's o rows leave from its stage's O slice during chunk ci + 1's first products (the last after the
     // loop); a stage's O slice is rewritten two barriers after it was stored from.
     auto o_rows = [&](int ci) {
-        store_o<DV>(o, reinterpret_cast<const bf16*>(basep + (STAGES == 2 ? ci & 1 : 0) * L::BYTES + L::O), cu + b, len,
-                    ci * C, num_v_heads, h, col0, tid);
+        store_o<DV>(o, reinterpret_cast<const bf16*>(basep + (STAGES == 2 ? ci & 1 : 0) * L::BYTES + L::O + wgi * L::SLICE),
+                    cu + b, len, ci * C, num_v_heads, h, col0, wtid);
     };
     for (int ci = 0; ci < nch; ++ci) {
         const int st = STAGES == 2 ? (ci & 1) : 0;
@@ -353,7 +367,8 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
         };
         if (!GDN_WG_AHEAD) issue_next();
         float Ot[32];
-        gdnw::chunk_mma<DK>(St, Ot, base + st * L::BYTES, basep + st * L::BYTES, warp, lane, [&] {
+        gdnw::chunk_mma<DK>(St, Ot, base + st * L::BYTES, basep + st * L::BYTES, base + st * L::BYTES + L::V + wgi * L::SLICE,
+                            warp, lane, [&] {
             if (ci > 0) o_rows(ci - 1);
             if (GDN_WG_AHEAD) issue_next();   // its 2 x 64 + 64 / 2 copies off the chain, under X and Y
         });
@@ -364,7 +379,7 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
         float (*O4)[4] = reinterpret_cast<float (*)[4]>(Ot);
 #pragma unroll
         for (int i = 0; i < 4; ++i)   // O^T's token pairs to the O slice, transposed (gdnw::slice_row)
-            wg::stsm_x4_t(gdnw::slice_row(base + st * L::BYTES + L::O, i, warp, lane),
+            wg::stsm_x4_t(gdnw::slice_row(base + st * L::BYTES + L::O + wgi * L::SLICE, i, warp, lane),
                           pack(O4[2 * i][0], O4[2 * i][1]), pack(O4[2 * i][2], O4[2 * i][3]),
                           pack(O4[2 * i + 1][0], O4[2 * i + 1][1]), pack(O4[2 * i + 1][2], O4[2 * i + 1][3]));
     }
@@ -437,6 +452,11 @@ extern "C" __global__ void __launch_bounds__(128, 2) q12_gdn_wgmma_seq1_d64(Q12M
     if (gridDim.x == 64 / GDN_BV) gdn_wg_seq_body<64, 64, 1>(m, h_state_ptrs, q, k, v, o, num_k_heads, num_v_heads, workspace);
 }
 
+// The wide form (two warpgroups a CTA, both dv slices of a value head; d128 only): grid (1, Hv, n), 256 threads.
+extern "C" __global__ void __launch_bounds__(256, 1) q12_gdn_wgmma_seqw_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
+    if (gridDim.x == 128 / (2 * GDN_BV)) gdn_wg_seq_body<128, 128, 2, false, 2>(m, h_state_ptrs, q, k, v, o, num_k_heads, num_v_heads, workspace);
+}
+
 extern "C" __global__ void __launch_bounds__(384, 1) q12_gdn_wgmma_prep_flow_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
     gdnw::gdn_prep_flow_body<128, 128>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
 }
@@ -451,5 +471,5 @@ extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_seq_flow_d64(
 }
 
 // gdn_wgmma.py's stage_bytes(d) must give these numbers.
-static_assert(gdnw::Stage<128>::BYTES == 69632 && gdnw::Stage<64>::BYTES == 53248,
+static_assert(gdnw::Stage<128>::BYTES == 69632 && gdnw::Stage<64>::BYTES == 53248 && gdnw::Stage<128, 2>::BYTES == 88064,
               "Stage size differs from q12drv.kernels.gdn_wgmma.stage_bytes");

@@ -481,8 +481,8 @@ class Q12Pass:
         then warpgroup MMA; faster still) or ``"recurrent"`` (token by token in fp32), see
         :func:`q12drv.kernels.ops.gdn`. ``"split"`` and ``"wgmma"`` need ``workspace`` and
         ``workspace_bytes`` >= :meth:`gdn_workspace_bytes` for that algorithm. ``form`` (``"wgmma"`` only):
-        ``"auto"``, ``"pair"`` or ``"flow"``, as :func:`~q12drv.kernels.ops.gdn` takes it (per stream, each
-        stream's launch decides ``"auto"`` for itself).
+        ``"auto"``, ``"pair"``, ``"flow"`` or ``"wide"``, as :func:`~q12drv.kernels.ops.gdn` takes it (per stream,
+        each stream's launch decides ``"auto"`` for itself).
 
         Raises
         ------
@@ -491,7 +491,7 @@ class Q12Pass:
             rewritten or anything is enqueued.
         """
         ops.check_gdn_algo(algo, self.device.arch)
-        ops.check_gdn_form(algo, form)
+        ops.check_gdn_form(algo, form, shape.head_dim)
         self._check_gdn(state_ptrs, q, k, v, g, beta, o, shape)  # the state pointers included, for this pass
         hk, hv, d = shape.num_k_heads, shape.num_v_heads, shape.head_dim
         ws = ops.gdn_workspace(algo, *self._gdn_extent, hk, hv, d, workspace, workspace_bytes)

@@ -437,6 +437,10 @@ def _run_chunk_emulated(inputs, hk, hv, d, grid=None, block=None, split=0, ws_sh
             nbytes = gdn_wgmma.flags_offset(n, meta.chunk_len, hk, hv, d)
             geos = gdn_wgmma.geometry(n, meta.chunk_len, hk, hv, d, split)
             names = gdn_wgmma.entries(d, split)
+        elif pair == "wide":
+            nbytes = gdn_wgmma.flags_offset(n, meta.chunk_len, hk, hv, d)
+            geos = gdn_wgmma.wide_geometry(n, meta.chunk_len, hk, hv, d)
+            names = gdn_wgmma.wide_entries(d)
         else:
             nbytes = gdn_wgmma.workspace_bytes(n, meta.chunk_len, hk, hv, d)
             geos = gdn_wgmma.flow_geometry(n, meta.chunk_len, hk, hv, d, 132)
@@ -511,6 +515,14 @@ def test_wgmma_pair_sizes_match_the_source():
     assert m and (int(m.group(1)), int(m.group(2))) == (gdn_wgmma.stage_bytes(128), gdn_wgmma.stage_bytes(64))
     assert gdn_wgmma.stage_bytes(128) % 1024 == 0 and gdn_wgmma.stage_bytes(128) >= 32768 + 17424 + 2 * 64 * 72 * 2
     assert (gdn_wgmma.stage_bytes(128), gdn_wgmma.stage_bytes(64)) == (69632, 53248)
+    m = re.search(r"gdnw::Stage<128, 2>::BYTES == (\d+)", src)
+    assert m and int(m.group(1)) == gdn_wgmma.stage_bytes(128, 2) == 88064   # the wide form: two V and two O slices
+    # the wide form: two stages, one CTA of 256 threads a SM (both slices' warpgroups)
+    assert gdn_wgmma.seq_smem_bytes(128, 2, 2) == gdn_wgmma.entry_smem_bytes(gdn_wgmma.WIDE_ENTRY) <= 227 * 1024
+    assert gdn_wgmma.wide_geometry(8, 2048, 16, 32, 128)[1] == ((1, 32, 8), (256, 1, 1), 177168)
+    with pytest.raises(ValueError, match="head_dim 128 only"):
+        gdn_wgmma.wide_entries(64)
+    assert "__launch_bounds__(256, 1) q12_gdn_wgmma_seqw_d128(" in src
     sm = 228 * 1024  # shared memory per SM (227 KiB for blocks + 1 KiB reserved per CTA)
     assert 2 * (gdn_wgmma.seq_smem_bytes(128, 1) + 1024) <= sm < 2 * (gdn_wgmma.seq_smem_bytes(128, 2) + 1024)
     assert gdn_wgmma.seq_smem_bytes(128, 2) <= 227 * 1024
@@ -621,7 +633,12 @@ def test_wgmma_flow_form_sizes_rule_and_launches():
                                                          ("q12_gdn_wgmma_seq_flow_d128", True)]
     zero, launches = ops._gdn_launches("wgmma", 1, 8192, 16, 32, 128, 132, "pair")
     assert zero is None and [e for e, *_ in launches] == list(gdn_wgmma.entries(128, 2))
-    for algo, form, msg in (("wgmma", "fast", "form must be one of 'auto', 'pair', 'flow'"),
+    zero, launches = ops._gdn_launches("wgmma", 8, 2048, 16, 32, 128, 132, "wide")
+    assert zero is None and [(e, g, b) for e, g, b, *_ in launches] == [
+        ("q12_gdn_chunk_prep_tiles_d128", (32, 16, 8), (128, 1, 1)), ("q12_gdn_wgmma_seqw_d128", (1, 32, 8), (256, 1, 1))]
+    with pytest.raises(ValueError, match="head_dim 128 only"):
+        ops.check_gdn_form("wgmma", "wide", 64)
+    for algo, form, msg in (("wgmma", "fast", "form must be one of 'auto', 'pair', 'flow', 'wide'"),
                             ("wgmma", None, "form must be one of"),
                             ("split", "flow", "algo='split' has one form: leave form='auto'"),
                             ("chunked", "pair", "algo='chunked' has one form")):
@@ -634,6 +651,23 @@ def test_wgmma_flow_form_sizes_rule_and_launches():
     for entry in gdn_wgmma.FLOW_ENTRIES:
         assert f"q12_gdn_wgmma_{entry.split('_wgmma_')[1]}(" in src
     assert "__launch_bounds__(384, 1) q12_gdn_wgmma_prep_flow_d128" in src
+
+
+def test_wgmma_wide_emulator_checks_its_launch_and_needs_the_records():
+    """The wide form on the emulated driver: the fused kernel's result through exactly the records' workspace; its
+    sequential entry refuses a one-warpgroup launch shape, and a workspace one byte short faults."""
+    rng = np.random.default_rng(17)
+    hk, hv, d, lens = 2, 4, 128, [1, 0, 130]
+    inputs = make_inputs(rng, lens, hk, hv, d, d)
+    o_f, fin_f, _ = _run_chunk_emulated(inputs, hk, hv, d)
+    o_w, fin_w, guards = _run_chunk_emulated(inputs, hk, hv, d, split=2, pair="wide", ws_fill=0xFF)
+    assert guards
+    np.testing.assert_array_equal(o_w, o_f)
+    np.testing.assert_array_equal(fin_w, fin_f)
+    with pytest.raises(IndexError, match="outside every allocation"):
+        _run_chunk_emulated(inputs, hk, hv, d, split=2, pair="wide", ws_short=1)
+    with pytest.raises(ValueError, match=r"needs grid \(1, Hv, n\) and block \(256, 1, 1\)"):
+        gdn_wgmma.EMULATORS[gdn_wgmma.WIDE_ENTRY]({}, None, (2, 4, 3), (128, 1, 1))
 
 
 def test_wgmma_flow_emulators_need_the_precompute_and_the_cleared_flags():

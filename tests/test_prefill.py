@@ -204,7 +204,8 @@ def test_gdn_layer_form_is_checked_and_every_form_gives_the_same_result(emu):
         ws = emu.alloc(need, "gdn workspace")
         try:
             kw = dict(workspace=int(ws.ptr), workspace_bytes=need)
-            for algo, form, msg in (("wgmma", "fused", "form must be one of"), ("split", "flow", "has one form")):
+            for algo, form, msg in (("wgmma", "fused", "form must be one of"), ("split", "flow", "has one form"),
+                                    ("wgmma", "wide", "head_dim 128 only")):
                 with pytest.raises(ValueError, match=msg):
                     q12.gdn_layer(*args, algo=algo, form=form, **kw)
             assert q12.h_slot.uploads == 0

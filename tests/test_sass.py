@@ -57,7 +57,8 @@ def test_find_nvdisasm_looks_on_path_then_cuda_home(monkeypatch, tmp_path):
     assert sass.find_nvdisasm() == "/opt/x/nvdisasm"
 
 
-@pytest.mark.parametrize("source,entries", [(gdn_wgmma.SOURCE, gdn_wgmma.SEQ_ENTRIES + gdn_wgmma.FLOW_ENTRIES[1::2]),
+@pytest.mark.parametrize("source,entries", [(gdn_wgmma.SOURCE, gdn_wgmma.SEQ_ENTRIES + gdn_wgmma.FLOW_ENTRIES[1::2]
+                                             + (gdn_wgmma.WIDE_ENTRY,)),
                                             (attention_wgmma.SOURCE, attention_wgmma.ENTRIES)])
 def test_shipped_wgmma_kernels_keep_their_mma_pipelined(source, entries):
     """Every warpgroup-MMA kernel as shipped: its MMAs grouped (ptxas did not fall back to one wait per MMA). A

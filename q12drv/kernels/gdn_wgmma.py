@@ -22,6 +22,10 @@ beside the sequential kernel; a chunk's records are copied once their item's rea
 (``cuda_src/gdn_wgmma.cu``, "the flow form"). Same records, same sequential arithmetic: the flow form's
 results are the two-launch pair's bits.
 
+``form="wide"`` (:data:`WIDE_ENTRY`, head_dim 128) runs the sequential kernel as one CTA of two warpgroups per
+(stream, value head), sharing the chunk's k and q tiles and V record between the two dv slices (half the shared
+memory traffic where the grid fills the device); each warpgroup's arithmetic is the two-stage kernel's.
+
 Numerics are the split pair's up to the solve and the raw rows: :func:`q12drv.kernels.gdn_chunk.chunked_reference`
 with ``t_product=True`` models the pair (its error against the float64 reference is at or below the split pair's,
 measured in numpy: output ~3.4e-3, final state ~1.2e-4 at d 128). The results are not the fused kernel's bits;
@@ -59,6 +63,10 @@ __all__ = [
     "FLOW_MIN_TOKENS",
     "uses_flow",
     "flow_geometry",
+    "WIDE_ENTRY",
+    "WIDE_THREADS",
+    "wide_entries",
+    "wide_geometry",
     "EMULATORS",
 ]
 
@@ -76,8 +84,13 @@ THREADS = 128
 FLOW_ENTRIES = tuple(f"q12_gdn_wgmma_{k}_flow_d{d}" for d in HEAD_DIMS for k in ("prep", "seq"))
 #: Threads of a flow precompute CTA: three groups of 128, each working one item at a time.
 PREP_FLOW_THREADS = 3 * THREADS
-#: Every entry of ``gdn_wgmma.cu``: the two-launch pair's sequential kernels, then the flow form's two.
-ENTRIES = SEQ_ENTRIES + FLOW_ENTRIES
+#: The wide form's sequential entry (``ops.gdn(..., form="wide")``, d 128 only): one CTA of two warpgroups per
+#: (stream, value head), each warpgroup one 64-column dv slice, the chunk's k and q tiles and V record shared.
+WIDE_ENTRY = "q12_gdn_wgmma_seqw_d128"
+#: Threads of a wide CTA.
+WIDE_THREADS = 2 * THREADS
+#: Every entry of ``gdn_wgmma.cu``: the two-launch pair's sequential kernels, the flow form's two, the wide one.
+ENTRIES = SEQ_ENTRIES + FLOW_ENTRIES + (WIDE_ENTRY,)
 
 
 def entry_name(head_dim: int) -> str:
@@ -95,23 +108,25 @@ def entries(head_dim: int, stages: int = 2) -> tuple[str, str]:
     return _gdnc.tile_prep_entry(head_dim), f"q12_gdn_wgmma_seq{'' if stages == 2 else stages}_d{head_dim}"
 
 
-def stage_bytes(head_dim: int) -> int:
-    """Bytes of one stage of the sequential kernel (``gdnw::Stage<dk>``): the chunk's raw k and q rows (two
+def stage_bytes(head_dim: int, wgs: int = 1) -> int:
+    """Bytes of one stage of the sequential kernel (``gdnw::Stage<dk, wgs>``): the chunk's raw k and q rows (two
     ``[64][dk]`` bf16 swizzled tiles), the V record (:func:`q12drv.kernels.gdn_chunk.tile_v_record_bytes`), then
-    the V slice and the O slice, each ``[64][72]`` bf16 (chunk c's o rows leave from the O slice during chunk
-    c + 1's first products), rounded up to 1 KiB (the tiles' alignment)."""
-    raw = 2 * 2 * _gdnc.CHUNK * head_dim + _gdnc.tile_v_record_bytes() + 2 * 2 * _gdnc.CHUNK * (_gdnc.BV + 8)
+    per warpgroup (``wgs``: 2 for the wide form) a V slice and an O slice, each ``[64][72]`` bf16 (chunk c's o rows
+    leave from the O slice during chunk c + 1's first products), rounded up to 1 KiB (the tiles' alignment)."""
+    raw = 2 * 2 * _gdnc.CHUNK * head_dim + _gdnc.tile_v_record_bytes() + wgs * 2 * 2 * _gdnc.CHUNK * (_gdnc.BV + 8)
     return -(-raw // 1024) * 1024
 
 
-def seq_smem_bytes(head_dim: int, stages: int = 2) -> int:
+def seq_smem_bytes(head_dim: int, stages: int = 2, wgs: int = 1) -> int:
     """Dynamic shared memory of the sequential kernel: ``stages`` stages, one 8-byte mbarrier each (padded to 16
     bytes), and 1 KiB of slack to align the first stage on 1024 bytes."""
-    return stages * stage_bytes(head_dim) + 16 * (-(-stages // 2)) + 1024
+    return stages * stage_bytes(head_dim, wgs) + 16 * (-(-stages // 2)) + 1024
 
 
 def entry_smem_bytes(entry: str) -> int:
     """Dynamic shared memory a launch of ``entry`` (one of :data:`ENTRIES`) asks for."""
+    if entry == WIDE_ENTRY:
+        return seq_smem_bytes(128, 2, 2)
     for d in HEAD_DIMS:
         for st in STAGES:
             if entries(d, st)[1] == entry:
@@ -191,6 +206,34 @@ def flow_geometry(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, he
     return ((max(1, num_sms - ctas), 1, 1), (PREP_FLOW_THREADS, 1, 1), prep_flow_smem_bytes(head_dim)), seq
 
 
+def wide_entries(head_dim: int) -> tuple[str, str]:
+    """``(precompute entry, sequential entry)`` of the wide form; it has a kernel for ``dk = dv = 128`` only (two
+    64-column slices a CTA), raises ValueError for other head dims."""
+    entry_name(head_dim)
+    if head_dim != 128:
+        raise ValueError(f"the wide form (form='wide') has a kernel for head_dim 128 only (two 64-column dv slices a "
+                         f"CTA), not {head_dim}: use form='auto'")
+    return _gdnc.tile_prep_entry(head_dim), WIDE_ENTRY
+
+
+def wide_geometry(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int) -> tuple:
+    """``((grid, block, smem) of the precompute, (grid, block, smem) of the wide sequential kernel)``: one CTA of
+    two warpgroups per (value head, stream), two stages."""
+    wide_entries(head_dim)
+    prep = geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim, 2)[0]
+    return prep, ((head_dim // (2 * _gdnc.BV), num_v_heads, n), (WIDE_THREADS, 1, 1), seq_smem_bytes(head_dim, 2, 2))
+
+
+def _emulate_wide(args: dict, mem, grid, block) -> None:
+    """Emulate the wide sequential kernel: check its launch (grid (1, >= Hv, >= n), 256 threads), then the float64
+    reference (as every GDN entry's emulator)."""
+    if tuple(block) != (WIDE_THREADS, 1, 1) or grid[0] != 1:
+        raise ValueError(f"the wide GDN kernel needs grid (1, Hv, n) and block ({WIDE_THREADS}, 1, 1), got "
+                         f"{tuple(grid)}, {tuple(block)}")
+    _gdnc.touch_workspace(args, mem, 128, tiles=True)
+    _gdnc.emulate_chunked(args, mem, (128 // _gdnc.BV, *tuple(grid)[1:]), (THREADS, 1, 1), 128)
+
+
 def _flags(args: dict, mem, head_dim: int):
     """The emulated workspace's ready flags (u32) and, per flag, whether its item has tokens."""
     n, hk, hv = _gdn.emulator_heads(args)
@@ -242,4 +285,5 @@ def _emulate_seq(head_dim: int):
 #: What the emulated driver runs instead of each entry here (the two-launch pair's precompute: gdn_chunk's).
 EMULATORS = {**{entries(d, st)[1]: _emulate_seq(d) for d in HEAD_DIMS for st in STAGES},
              **{flow_entries(d)[0]: _emulate_prep_flow(d) for d in HEAD_DIMS},
-             **{flow_entries(d)[1]: _emulate_seq_flow(d) for d in HEAD_DIMS}}
+             **{flow_entries(d)[1]: _emulate_seq_flow(d) for d in HEAD_DIMS},
+             WIDE_ENTRY: _emulate_wide}

@@ -217,8 +217,9 @@ GDN_WORKSPACE_ALGOS = ("split", "wgmma")
 GDN_ALGOS = tuple(GDN_MODULES)
 #: Forms of the wgmma pair (``ops.gdn(..., algo="wgmma", form=)``): ``"auto"`` (the rule,
 #: :func:`q12drv.kernels.gdn_wgmma.uses_flow`, decides per pass), ``"pair"`` (its two launches, one after the
-#: other), ``"flow"`` (the flow form: the precompute beside the sequential kernel). The same results either way.
-GDN_FORMS = ("auto", "pair", "flow")
+#: other), ``"flow"`` (the flow form: the precompute beside the sequential kernel), ``"wide"`` (head_dim 128: the
+#: sequential kernel as one CTA of two warpgroups per value head, sharing the chunk's tiles). The same results.
+GDN_FORMS = ("auto", "pair", "flow", "wide")
 
 
 @lru_cache(maxsize=1024, typed=True)
@@ -228,6 +229,9 @@ def _gdn_launches(algo: str, n: int, chunk_len: int, num_k_heads: int, num_v_hea
     two. ``zero``: ``(workspace offset, bytes)`` to clear before the launches (the flow form's ready flags), or
     None; ``dependent``: launched with programmatic stream serialization (the flow form's sequential kernel).
     ``form``: one of :data:`GDN_FORMS` (checked by :func:`check_gdn_form`)."""
+    if algo == "wgmma" and form == "wide":
+        geos = _gdnw.wide_geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim)
+        return None, tuple((entry, *geo, False) for entry, geo in zip(_gdnw.wide_entries(head_dim), geos))
     if algo == "wgmma" and (form == "flow" or form == "auto" and _gdnw.uses_flow(n, chunk_len, num_v_heads, head_dim,
                                                                                   num_sms)):
         geos = _gdnw.flow_geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim, num_sms)
@@ -280,8 +284,8 @@ def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k:
     """
     _check(device, meta)
     check_gdn_algo(algo, device.arch)
-    check_gdn_form(algo, form)
     d = _positive("head_dim", head_dim)
+    check_gdn_form(algo, form, d)
     GDN_MODULES[algo].entry_name(d)
     hv, hk = _args.head_group("num_v_heads", num_v_heads, "num_k_heads", num_k_heads)
     ws = gdn_workspace(algo, meta.batch_size, meta.chunk_len, hk, hv, d, workspace, workspace_bytes)
@@ -300,14 +304,16 @@ def check_gdn_algo(algo, arch: str | None = None) -> None:
                          f"same workspace contract) or 'chunked'")
 
 
-def check_gdn_form(algo: str, form) -> None:
-    """Raise ValueError unless ``form`` is one of :data:`GDN_FORMS`, and ``"auto"`` for every ``algo`` but
-    ``"wgmma"`` (the only algorithm with two forms)."""
+def check_gdn_form(algo: str, form, head_dim: int | None = None) -> None:
+    """Raise ValueError unless ``form`` is one of :data:`GDN_FORMS`, ``"auto"`` for every ``algo`` but
+    ``"wgmma"`` (the only algorithm with several forms), and (given ``head_dim``) ``"wide"`` only at 128."""
     if type(form) is not str or form not in GDN_FORMS:
         raise ValueError(f"form must be one of {', '.join(map(repr, GDN_FORMS))}, got {form!r}")
     if form != "auto" and algo != "wgmma":
-        raise ValueError(f"form={form!r} picks between algo='wgmma''s two launches and its flow form; algo={algo!r} has "
-                         f"one form: leave form='auto'")
+        raise ValueError(f"form={form!r} picks one of algo='wgmma''s forms; algo={algo!r} has one form: leave "
+                         f"form='auto'")
+    if form == "wide" and head_dim is not None:
+        _gdnw.wide_entries(head_dim)
 
 
 def gdn_workspace(algo: str, n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int, workspace,

@@ -219,6 +219,7 @@ def wgmma_rows(torch, chunk_funcs, cases):
 
     rows = []
     prep_row = ["wg-prep-only", "-", "-"]
+    wide_row = ["wg-wide", "-", "bit-identical: tests/gpu/test_gdn_gpu.py"]   # one CTA of two warpgroups
     flow_rows = {"flow": ["wg-flow", "-", "bit-identical: tests/gpu/test_gdn_gpu.py"],
                  "nopdl": ["wg-flow-no-pdl", "-", "serial: the sequential launch without PDL"],
                  "prep": ["wg-flow-prep-only", "-", "flags cleared + the persistent precompute"],
@@ -243,6 +244,9 @@ def wgmma_rows(torch, chunk_funcs, cases):
                 row.append(time_kernel(torch, funcs, pair, None, None, None, vals))
                 if name == "wg" and st == 2:
                     prep_row.append(time_kernel(torch, funcs, pair[:1], None, None, None, vals))
+                    wide = [(e, *geo) for e, geo in zip(gdn_wgmma.wide_entries(d), gdn_wgmma.wide_geometry(
+                        n, int(vals[0].chunk_len), vals[8].value, hv, d))]
+                    wide_row.append(time_kernel(torch, funcs, wide, None, None, None, vals))
                     flow = flow_launches(torch, n, hv, d, vals, tensors)
                     serial = flow[:2] + [flow[2][:4]]
                     for key_, seq_ in (("flow", flow), ("nopdl", serial), ("prep", flow[:2]), ("seq", [flow[2][:4]])):
@@ -250,7 +254,7 @@ def wgmma_rows(torch, chunk_funcs, cases):
             rows.append(row)
             print(f"{row[0]}: {row[2]}", flush=True)
         T._check(cu.cuModuleUnload(mod))
-    return rows + list(flow_rows.values()) + [prep_row]
+    return rows + [wide_row] + list(flow_rows.values()) + [prep_row]
 
 
 def flow_launches(torch, n, hv, d, vals, tensors):

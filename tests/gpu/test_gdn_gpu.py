@@ -260,9 +260,9 @@ def chunk_kernels(kernels):
 
 def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=0, pair="split"):
     """One chunked launch over all streams of `inputs` (``split`` 1 or 2: a pair, ``pair`` "split" or "wgmma",
-    its sequential kernel with that many stages, or "flow", the wgmma pair's flow form (its flags cleared, the
-    sequential kernel launched with PDL), through a guarded workspace instead of the fused kernel):
-    (o bits, final states, guards intact)."""
+    its sequential kernel with that many stages, "flow", the wgmma pair's flow form (its flags cleared, the
+    sequential kernel launched with PDL), or "wide", its wide form (d 128), through a guarded workspace instead of
+    the fused kernel): (o bits, final states, guards intact)."""
     q, k, v, g, beta, cu, s0 = inputs
     lens = np.diff(cu).tolist()
     n, T = len(lens), int(cu[-1])
@@ -290,6 +290,9 @@ def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=0, pair="split"):
         elif pair == "wgmma":
             names = gdn_wgmma.entries(d, split)
             geos = gdn_wgmma.geometry(n, int(meta.chunk_len), hk, hv, d, split)
+        elif pair == "wide":
+            names = gdn_wgmma.wide_entries(d)
+            geos = gdn_wgmma.wide_geometry(n, int(meta.chunk_len), hk, hv, d)
         else:
             sms = torch.cuda.get_device_properties(0).multi_processor_count
             names = gdn_wgmma.flow_entries(d)
@@ -431,6 +434,29 @@ def test_gdn_wgmma_flow_form_equals_the_pair(chunk_kernels, d, hk, hv, lens):
     o1, fin1, guards1 = run_chunk_gpu(torch, funcs, one, hk, hv, d, rng, split=2, pair="flow")
     assert guards1
     assert np.array_equal(o1, o_p[s:e]) and np.array_equal(fin1[0], fin_p[b]), "alone (flow) != batched pair"
+
+
+@pytest.mark.parametrize("d,hk,hv,lens", [c for c in CHUNK_CASES if c[0] == 128],
+                         ids=[f"d{c[0]}-hk{c[1]}-hv{c[2]}-n{len(c[3])}" for c in CHUNK_CASES if c[0] == 128])
+def test_gdn_wgmma_wide_form_equals_the_pair(chunk_kernels, d, hk, hv, lens):
+    """The wide form (one CTA of two warpgroups per value head, the chunk's tiles shared) gives the two-stage pair's
+    bits (each warpgroup runs the same sequential arithmetic on its dv slice), batched and for the longest stream
+    alone, guards intact."""
+    torch, funcs, _ = chunk_kernels
+    rng = np.random.default_rng()
+    inputs = make_inputs(rng, lens, hk, hv, d)
+    o_p, fin_p, _ = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=2, pair="wgmma")
+    o_w, fin_w, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=2, pair="wide")
+    assert guards, "a guard byte around a written buffer (the workspace included) changed"
+    assert np.array_equal(o_w, o_p), "wide form output differs from the pair's"
+    assert np.array_equal(fin_w, fin_p), "wide form final states differ from the pair's"
+    q, k, v, g, beta, cu, s0 = inputs
+    b = int(np.argmax(np.diff(cu)))
+    s, e = cu[b], cu[b + 1]
+    one = (q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], np.array([0, e - s], np.int32), s0[b : b + 1])
+    o1, fin1, guards1 = run_chunk_gpu(torch, funcs, one, hk, hv, d, rng, split=2, pair="wide")
+    assert guards1
+    assert np.array_equal(o1, o_p[s:e]) and np.array_equal(fin1[0], fin_p[b]), "alone (wide) != batched pair"
 
 
 @pytest.mark.parametrize("d", [64, 128])
