@@ -110,7 +110,7 @@ def step(dev, name: str, problems: list) -> None:
                 states = [p["states"] + b * host["states"][0].nbytes for b in range(n)]
                 ws_bytes = max(q12.gdn_workspace_bytes(gdn, algo) for algo in ops.GDN_WORKSPACE_ALGOS)
                 ws = dev.alloc(ws_bytes, "gdn workspace")
-                for algo in gdn_algos(dev):  # every kernel, each on the previous one's states
+                for algo in gdn_algos(dev, gdn.head_dim):  # every kernel, each on the previous one's states
                     q12.gdn_layer(states, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], gdn,
                                   algo=algo.split("-")[0], form=algo.split("-")[1] if "-" in algo else "auto",
                                   workspace=int(ws.ptr), workspace_bytes=ws_bytes)
@@ -138,11 +138,14 @@ def step(dev, name: str, problems: list) -> None:
         b.buf.free()
 
 
-def gdn_algos(dev) -> tuple:
-    """The GDN algorithms the step runs: all, on Hopper the wgmma pair in both forms ("wgmma-pair": its two
-    launches; "wgmma-flow": the flow form, which ops takes for streams of 8192 tokens and more)."""
+def gdn_algos(dev, head_dim: int) -> tuple:
+    """The GDN algorithms the step runs: all, on Hopper the wgmma pair in each of its forms ("wgmma-pair": its two
+    launches; "wgmma-flow": the flow form, which ops takes for streams of 8192 tokens and more; "wgmma-wide": one
+    CTA of two warpgroups per value head, head_dim 128 only)."""
     base = ("chunked", "split", "recurrent")
-    return base + (("wgmma-pair", "wgmma-flow") if dev.arch in ("sm_90", "sm_90a") else ())
+    if dev.arch not in ("sm_90", "sm_90a"):
+        return base
+    return base + ("wgmma-pair", "wgmma-flow") + (("wgmma-wide",) if head_dim == 128 else ())
 
 
 def expand_matches_host(dev, arena, streams, problems: list) -> None:
