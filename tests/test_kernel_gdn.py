@@ -653,36 +653,28 @@ def test_wgmma_flow_form_sizes_rule_and_launches():
     assert "__launch_bounds__(384, 1) q12_gdn_wgmma_prep_flow_d128" in src
 
 
-def test_wgmma_wide_emulator_checks_its_launch_and_needs_the_records():
-    """The wide form on the emulated driver: the fused kernel's result through exactly the records' workspace; its
-    sequential entry refuses a one-warpgroup launch shape, and a workspace one byte short faults."""
-    rng = np.random.default_rng(17)
-    hk, hv, d, lens = 2, 4, 128, [1, 0, 130]
-    inputs = make_inputs(rng, lens, hk, hv, d, d)
-    o_f, fin_f, _ = _run_chunk_emulated(inputs, hk, hv, d)
-    o_w, fin_w, guards = _run_chunk_emulated(inputs, hk, hv, d, split=2, pair="wide", ws_fill=0xFF)
-    assert guards
-    np.testing.assert_array_equal(o_w, o_f)
-    np.testing.assert_array_equal(fin_w, fin_f)
-    with pytest.raises(IndexError, match="outside every allocation"):
-        _run_chunk_emulated(inputs, hk, hv, d, split=2, pair="wide", ws_short=1)
-    with pytest.raises(ValueError, match=r"needs grid \(1, Hv, n\) and block \(256, 1, 1\)"):
-        gdn_wgmma.EMULATORS[gdn_wgmma.WIDE_ENTRY]({}, None, (2, 4, 3), (128, 1, 1))
-
-
-def test_wgmma_flow_emulators_need_the_precompute_and_the_cleared_flags():
-    """On the emulated driver the flow form gives the fused kernel's result through a workspace of garbage
-    records whose flags ops cleared; its sequential kernel without the precompute (flags 0, as after the clear)
-    is refused, as the GPU would wait forever; a workspace one byte short of the flags faults."""
+@pytest.mark.parametrize("pair,d", [("flow", 64), ("wide", 128)])
+def test_wgmma_form_emulators_give_the_fused_result_through_their_workspace(pair, d):
+    """The flow and wide forms on the emulated driver: the fused kernel's result through exactly their workspace,
+    filled with garbage (the flow form's flags cleared first, as ops clears them); one byte short faults."""
     rng = np.random.default_rng(16)
-    hk, hv, d, lens = 2, 4, 64, [1, 0, 130]
+    hk, hv, lens = 2, 4, [1, 0, 130]
     inputs = make_inputs(rng, lens, hk, hv, d, d)
     o_f, fin_f, _ = _run_chunk_emulated(inputs, hk, hv, d)
-    o_s, fin_s, guards = _run_chunk_emulated(inputs, hk, hv, d, split=2, pair="flow", ws_fill=0xFF)
+    o_s, fin_s, guards = _run_chunk_emulated(inputs, hk, hv, d, split=2, pair=pair, ws_fill=0xFF)
     assert guards
     np.testing.assert_array_equal(o_s, o_f)
     np.testing.assert_array_equal(fin_s, fin_f)
-    with pytest.raises(RuntimeError, match="would wait forever: 8 ready flags"):
-        _run_chunk_emulated(inputs, hk, hv, d, split=2, pair="flow", skip_prep=True)
     with pytest.raises(IndexError, match="outside every allocation"):
-        _run_chunk_emulated(inputs, hk, hv, d, split=2, pair="flow", ws_short=1)
+        _run_chunk_emulated(inputs, hk, hv, d, split=2, pair=pair, ws_short=1)
+
+
+def test_wgmma_flow_emulator_needs_the_precompute_and_the_wide_one_its_launch():
+    """The flow form's sequential kernel without the precompute (flags 0, as after the clear) is refused, as the GPU
+    would wait forever; the wide kernel refuses a one-warpgroup launch shape."""
+    rng = np.random.default_rng(16)
+    inputs = make_inputs(rng, [1, 0, 130], 2, 4, 64, 64)
+    with pytest.raises(RuntimeError, match="would wait forever: 8 ready flags"):
+        _run_chunk_emulated(inputs, 2, 4, 64, split=2, pair="flow", skip_prep=True)
+    with pytest.raises(ValueError, match=r"needs grid \(1, Hv, n\) and block \(256, 1, 1\)"):
+        gdn_wgmma.EMULATORS[gdn_wgmma.WIDE_ENTRY]({}, None, (2, 4, 3), (128, 1, 1))

@@ -412,51 +412,32 @@ def test_gdn_wgmma_pair_matches_reference_and_is_batch_invariant(chunk_kernels, 
         assert np.array_equal(fin[b], fin1[0]), f"stream {b}: final state differs batched vs alone"
 
 
-@pytest.mark.parametrize("d,hk,hv,lens", CHUNK_CASES, ids=[f"d{c[0]}-hk{c[1]}-hv{c[2]}-n{len(c[3])}" for c in CHUNK_CASES])
-def test_gdn_wgmma_flow_form_equals_the_pair(chunk_kernels, d, hk, hv, lens):
-    """The flow form (precompute beside the sequential kernel, records released by ready flags, the second
-    launch with PDL) gives the two-launch pair's bits (STAGES 2: the same sequential arithmetic), batched and
-    for the longest stream alone (the case it is chosen for), guards intact; twice in a row (the flags cleared
-    again)."""
+FORM_CASES = [(form, *c) for form in ("flow", "wide") for c in CHUNK_CASES if form == "flow" or c[0] == 128]
+
+
+@pytest.mark.parametrize("form,d,hk,hv,lens", FORM_CASES,
+                         ids=[f"{c[0]}-d{c[1]}-hk{c[2]}-hv{c[3]}-n{len(c[4])}" for c in FORM_CASES])
+def test_gdn_wgmma_forms_equal_the_pair(chunk_kernels, form, d, hk, hv, lens):
+    """The pair's other forms give the two-launch pair's bits (STAGES 2: the same sequential arithmetic), batched
+    and for the longest stream alone, guards intact, twice in a row: the flow form (precompute beside the
+    sequential kernel, records released by ready flags, the second launch with PDL; its flags cleared again) and
+    the wide form (one CTA of two warpgroups per value head, the chunk's tiles shared; d 128)."""
     torch, funcs, _ = chunk_kernels
     rng = np.random.default_rng()
     inputs = make_inputs(rng, lens, hk, hv, d)
     o_p, fin_p, _ = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=2, pair="wgmma")
     for rep in range(2):
-        o_f, fin_f, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=2, pair="flow")
+        o_f, fin_f, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=2, pair=form)
         assert guards, "a guard byte around a written buffer (the workspace included) changed"
-        assert np.array_equal(o_f, o_p), f"run {rep}: flow form output differs from the pair's"
-        assert np.array_equal(fin_f, fin_p), f"run {rep}: flow form final states differ from the pair's"
+        assert np.array_equal(o_f, o_p), f"run {rep}: {form} form output differs from the pair's"
+        assert np.array_equal(fin_f, fin_p), f"run {rep}: {form} form final states differ from the pair's"
     q, k, v, g, beta, cu, s0 = inputs
     b = int(np.argmax(np.diff(cu)))
     s, e = cu[b], cu[b + 1]
     one = (q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], np.array([0, e - s], np.int32), s0[b : b + 1])
-    o1, fin1, guards1 = run_chunk_gpu(torch, funcs, one, hk, hv, d, rng, split=2, pair="flow")
+    o1, fin1, guards1 = run_chunk_gpu(torch, funcs, one, hk, hv, d, rng, split=2, pair=form)
     assert guards1
-    assert np.array_equal(o1, o_p[s:e]) and np.array_equal(fin1[0], fin_p[b]), "alone (flow) != batched pair"
-
-
-@pytest.mark.parametrize("d,hk,hv,lens", [c for c in CHUNK_CASES if c[0] == 128],
-                         ids=[f"d{c[0]}-hk{c[1]}-hv{c[2]}-n{len(c[3])}" for c in CHUNK_CASES if c[0] == 128])
-def test_gdn_wgmma_wide_form_equals_the_pair(chunk_kernels, d, hk, hv, lens):
-    """The wide form (one CTA of two warpgroups per value head, the chunk's tiles shared) gives the two-stage pair's
-    bits (each warpgroup runs the same sequential arithmetic on its dv slice), batched and for the longest stream
-    alone, guards intact."""
-    torch, funcs, _ = chunk_kernels
-    rng = np.random.default_rng()
-    inputs = make_inputs(rng, lens, hk, hv, d)
-    o_p, fin_p, _ = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=2, pair="wgmma")
-    o_w, fin_w, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=2, pair="wide")
-    assert guards, "a guard byte around a written buffer (the workspace included) changed"
-    assert np.array_equal(o_w, o_p), "wide form output differs from the pair's"
-    assert np.array_equal(fin_w, fin_p), "wide form final states differ from the pair's"
-    q, k, v, g, beta, cu, s0 = inputs
-    b = int(np.argmax(np.diff(cu)))
-    s, e = cu[b], cu[b + 1]
-    one = (q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], np.array([0, e - s], np.int32), s0[b : b + 1])
-    o1, fin1, guards1 = run_chunk_gpu(torch, funcs, one, hk, hv, d, rng, split=2, pair="wide")
-    assert guards1
-    assert np.array_equal(o1, o_p[s:e]) and np.array_equal(fin1[0], fin_p[b]), "alone (wide) != batched pair"
+    assert np.array_equal(o1, o_p[s:e]) and np.array_equal(fin1[0], fin_p[b]), f"alone ({form}) != batched pair"
 
 
 @pytest.mark.parametrize("d", [64, 128])
