@@ -231,7 +231,7 @@ def _block_solve(R, Aoff, Dinv):
 
 
 def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int = CHUNK, s_hilo: bool = False,
-                      update_split: bool = True, t_product: bool = False):
+                      update_split: bool = True, t_product: bool = False, o_lo: bool | None = None):
     """The kernel's algorithm in numpy, with its rounding points (bf16 casts where it casts).
 
     Arguments and results as :func:`q12drv.kernels.gdn.reference`. Products of bf16 operands are
@@ -249,6 +249,9 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
     row's fp32 scale (``1 / |k|``, ``dk^-1/2 / |q|``, folded with exp(gamma) or exp(gamma_C - gamma)), so the
     update is ``k^T (Vd_hi + Vd_lo)`` with an exact k (``update_split`` does not apply). A and P are the
     precompute's, from the rounded normalised rows, as in the other kernels.
+    ``o_lo`` models ``GDN_WG_OLO``: O's product ``P V_new`` takes V_new as a hi + lo pair (True) or its bf16 hi
+    alone (False); default: hi + lo for the block-solve kernels, hi alone with ``t_product`` (the wgmma pair's
+    default build, ``GDN_WG_OLO 0``).
     """
     T, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
@@ -260,6 +263,8 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
     n = cu.shape[0] - 1
     if initial_state.shape != (n, hv, dk, dv):
         raise ValueError(f"initial_state must be {(n, hv, dk, dv)}, got {initial_state.shape}")
+    if o_lo is None:
+        o_lo = not t_product
     kmap = np.arange(hv) // (hv // hk)
     qscale = np.float32(1.0 / np.sqrt(np.float32(dk)))
     o = np.zeros((T, hv, dv), np.float32)
@@ -327,7 +332,7 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
                 X = _f32(Thi.astype(np.float64) @ _split(R, True))
             else:
                 X = _block_solve(R, Aoff, Dinv)
-            Xs = _split(X, True)
+            Xs = _split(X, o_lo)
             O = _f32(eq[:, :, None] * QS + _f32(P @ Xs))
             Xd = _split(_f32(X * wk[:, :, None]), True)
             Ku = Kraw if t_product else Kx if update_split else K

@@ -28,7 +28,8 @@ memory traffic where the grid fills the device); each warpgroup's arithmetic is 
 
 Numerics are the split pair's up to the solve and the raw rows: :func:`q12drv.kernels.gdn_chunk.chunked_reference`
 with ``t_product=True`` models the pair (its error against the float64 reference is at or below the split pair's,
-measured in numpy: output ~3.4e-3, final state ~1.2e-4 at d 128). The results are not the fused kernel's bits;
+measured in numpy: output ~3.6e-3 (3.4e-3 with O's product from V_new hi + lo, ``GDN_WG_OLO 1``), final state
+~1.2e-4 at d 128). The results are not the fused kernel's bits;
 batched == alone holds bit for bit (a CTA never mixes streams).
 """
 

@@ -139,11 +139,18 @@ def time_kernel(torch, funcs, entry, grid, block, smem, vals, reps=15, warmup=3)
     return torch_events_us(torch, go, reps, warmup) / 1e3
 
 
-def timing_cases(torch):
+TIMING_CASES = (("8x2048", [2048] * 8), ("1x8192", [8192]), ("ragged8", RAGGED_LENS), ("8x128", [128] * 8),
+                ("1x2048", [2048]))
+
+
+def timing_cases(torch, keys=None):
+    """The timing cases (Hk 16, Hv 32, d 128) as ``(key, n, tokens, hv, d, launch values, tensors)``; ``keys``:
+    only those of TIMING_CASES."""
     hk, hv, d = 16, 32, 128
     out = []
-    for key, lens in (("8x2048", [2048] * 8), ("1x8192", [8192]), ("ragged8", RAGGED_LENS), ("8x128", [128] * 8),
-                      ("1x2048", [2048])):
+    for key, lens in TIMING_CASES:
+        if keys is not None and key not in keys:
+            continue
         n, Tt = len(lens), int(sum(lens))
         cu_t = torch.from_numpy(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)).cuda()
         q = torch.randn(Tt, hk, d, device="cuda").bfloat16()
@@ -201,14 +208,15 @@ def precompile(selected):
 
 
 # the wgmma pair's builds: name, gdn_wgmma.cu defines. Defaults: GDN_WG_XY 1, GDN_WG_EARLY 1 (EARLY changes only
-# the one-stage build: its seq2 row is the default's), GDN_WG_AHEAD 1 (changes only the two-stage build), GDN_WG_OLO 1.
+# the one-stage build: its seq2 row is the default's), GDN_WG_AHEAD 1 (changes only the two-stage build), GDN_WG_OLO 0
+# (since run AT).
 # GDN_WG_TLO is gone (no T lo product or record since run AM).
 WGMMA_VARIANTS = [
     ("wg", ()),
     ("wg-xy0", ("GDN_WG_XY=0",)),         # X and Y waited together (R not computed under Y's wgmma)
     ("wg-early0", ("GDN_WG_EARLY=0",)),   # seq1: the next chunk's records copied at its top, not after the last wgmma
     ("wg-ahead0", ("GDN_WG_AHEAD=0",)),   # seq2: the next chunk's copies issued before X, not while X and Y run
-    ("wg-olo0", ("GDN_WG_OLO=0",)),       # O's product with V_new hi only (4 wgmma fewer, a little less accurate)
+    ("wg-olo1", ("GDN_WG_OLO=1",)),       # O's product with V_new hi + lo (4 wgmma more, a little more accurate)
 ]
 
 
@@ -217,9 +225,8 @@ def wgmma_rows(torch, chunk_funcs, cases):
     (the precompute included), then the tile precompute alone; ``chunk_funcs``: gdn_chunk.cu's entries."""
     from cuda.bindings import driver as cu
 
-    rows = []
+    rows, wide_rows = [], []
     prep_row = ["wg-prep-only", "-", "-"]
-    wide_row = ["wg-wide", "-", "bit-identical: tests/gpu/test_gdn_gpu.py"]   # one CTA of two warpgroups
     flow_rows = {"flow": ["wg-flow", "-", "bit-identical: tests/gpu/test_gdn_gpu.py"],
                  "nopdl": ["wg-flow-no-pdl", "-", "serial: the sequential launch without PDL"],
                  "prep": ["wg-flow-prep-only", "-", "flags cleared + the persistent precompute"],
@@ -227,6 +234,8 @@ def wgmma_rows(torch, chunk_funcs, cases):
     for name, defines in WGMMA_VARIANTS:
         mod, wfuncs = T.load_chunk_module(defines, source=gdn_wgmma.SOURCE)
         funcs = {**chunk_funcs, **wfuncs}
+        # the wide form (one CTA of two warpgroups), timed with every build: its arithmetic is the two-stage kernel's
+        wide_row = [f"{name}-wide", "-", "bit-identical: tests/gpu/test_gdn_gpu.py"]
         for st in gdn_wgmma.STAGES:
             f = wfuncs[gdn_wgmma.entries(128, st)[1]]
             regs = T._check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, f))
@@ -242,19 +251,21 @@ def wgmma_rows(torch, chunk_funcs, cases):
                 geos = gdn_wgmma.geometry(n, int(vals[0].chunk_len), vals[8].value, hv, d, st)
                 pair = [(e, *geo) for e, geo in zip(gdn_wgmma.entries(d, st), geos)]
                 row.append(time_kernel(torch, funcs, pair, None, None, None, vals))
-                if name == "wg" and st == 2:
-                    prep_row.append(time_kernel(torch, funcs, pair[:1], None, None, None, vals))
+                if st == 2:
                     wide = [(e, *geo) for e, geo in zip(gdn_wgmma.wide_entries(d), gdn_wgmma.wide_geometry(
                         n, int(vals[0].chunk_len), vals[8].value, hv, d))]
                     wide_row.append(time_kernel(torch, funcs, wide, None, None, None, vals))
+                if name == "wg" and st == 2:
+                    prep_row.append(time_kernel(torch, funcs, pair[:1], None, None, None, vals))
                     flow = flow_launches(torch, n, hv, d, vals, tensors)
                     serial = flow[:2] + [flow[2][:4]]
                     for key_, seq_ in (("flow", flow), ("nopdl", serial), ("prep", flow[:2]), ("seq", [flow[2][:4]])):
                         flow_rows[key_].append(time_kernel(torch, funcs, seq_, None, None, None, vals))
             rows.append(row)
             print(f"{row[0]}: {row[2]}", flush=True)
+        wide_rows.append(wide_row)
         T._check(cu.cuModuleUnload(mod))
-    return rows + [wide_row] + list(flow_rows.values()) + [prep_row]
+    return rows + wide_rows + list(flow_rows.values()) + [prep_row]
 
 
 def flow_launches(torch, n, hv, d, vals, tensors):

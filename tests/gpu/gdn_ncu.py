@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Nsight Compute's view of the wgmma Gated DeltaNet pair: where its kernels' warps stall.
+
+    PYTHONPATH=. python3 tests/gpu/gdn_ncu.py                       # 8x2048 and 1x8192, every kernel of the pair
+    PYTHONPATH=. python3 tests/gpu/gdn_ncu.py --cases 8x2048 --kernels 'prep_tiles|seqw' --out /tmp/ncu.txt
+
+It runs itself under ``ncu`` (``--clock-control none``: the clocks are left as the machine sets them; see the
+device notes) with ``--inner``: the inner process builds each case of ``gdn_debug.TIMING_CASES`` asked for (Hk 16,
+Hv 32, d 128, random inputs) and launches, once each, the precompute, both sequential kernels (one and two
+stages), the wide form and the flow form, the ones whose entry names match ``--kernels`` (a regular expression).
+ncu profiles each matching launch with the sections of ``--sections`` (speed of light, occupancy, launch
+statistics, warp states, scheduler statistics, memory workload by default) and prints them: the warp-state
+table says what the kernel's warps wait on (a barrier, a long scoreboard (global or local memory), a short one
+(shared memory), the tensor cores, ...), the scheduler table how often an issue slot had no eligible warp.
+Nothing here checks results (``gdn_debug.py`` and the GPU tests do): it is a diagnostic, and nothing is timed
+(ncu serialises and replays every profiled kernel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+SECTIONS = "SpeedOfLight,Occupancy,LaunchStats,WarpStateStats,SchedulerStats,MemoryWorkloadAnalysis"
+
+
+def find_ncu() -> str | None:
+    """``ncu`` on PATH, else the newest under /usr/local/cuda*/ or /opt/nvidia/nsight-compute/."""
+    found = shutil.which("ncu")
+    if found:
+        return found
+    cands = sorted(glob.glob("/usr/local/cuda*/bin/ncu") + glob.glob("/opt/nvidia/nsight-compute/*/ncu"))
+    return cands[-1] if cands else None
+
+
+def inner(cases: list, kernels: str) -> int:
+    """Launch each kernel of the pair whose entry name matches ``kernels`` once on each case."""
+    from tests.gpu import gdn_debug as D
+    from tests.gpu import test_gdn_gpu as T
+    from q12drv.kernels import gdn_wgmma
+
+    pattern = re.compile(kernels)
+    torch, _rec, funcs = D.setup()   # gdn_chunk.cu's entries and gdn_wgmma.cu's, default builds
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for key, n, _tokens, hv, d, vals, tensors in D.timing_cases(torch, cases):
+        hk, chunk_len = vals[8].value, int(vals[0].chunk_len)
+        seqs = {f"seq{st}": [(e, *geo) for e, geo in zip(gdn_wgmma.entries(d, st),
+                                                          gdn_wgmma.geometry(n, chunk_len, hk, hv, d, st))]
+                for st in gdn_wgmma.STAGES}
+        seqs["wide"] = [(e, *geo) for e, geo in zip(gdn_wgmma.wide_entries(d),
+                                                    gdn_wgmma.wide_geometry(n, chunk_len, hk, hv, d))]
+        for form, launches in seqs.items():   # each form's precompute writes the records its sequential kernel reads
+            if not any(pattern.search(e) for e, *_ in launches):
+                continue
+            print(f"== {key}: {form}: {', '.join(e for e, *_ in launches)}", flush=True)
+            for item in launches:
+                T.launch(funcs, *item, vals)
+            torch.cuda.synchronize()
+        if gdn_wgmma.uses_flow(n, chunk_len, hv, d, sms) and any(pattern.search(e) for e in gdn_wgmma.flow_entries(d)):
+            flow = D.flow_launches(torch, n, hv, d, vals, tensors)
+            print(f"== {key}: flow: {', '.join(item[0] for item in flow[1:])}", flush=True)
+            flow[0]()
+            for item in flow[1:]:
+                T.launch(funcs, *item[:4], vals, dependent=item[4])
+            torch.cuda.synchronize()
+        del tensors
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default="8x2048,1x8192", help="comma-separated keys of gdn_debug.TIMING_CASES")
+    ap.add_argument("--kernels", default="gdn_", help="regular expression on the entry names to profile")
+    ap.add_argument("--sections", default=SECTIONS, help="comma-separated ncu sections")
+    ap.add_argument("--out", help="also write ncu's report text here")
+    ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    cases = [c for c in args.cases.split(",") if c]
+    from tests.gpu.gdn_debug import TIMING_CASES
+
+    unknown = sorted(set(cases) - {k for k, _ in TIMING_CASES})
+    if unknown:
+        ap.error(f"unknown case(s) {unknown}; the cases are {[k for k, _ in TIMING_CASES]}")
+    try:
+        re.compile(args.kernels)
+    except re.error as exc:
+        ap.error(f"--kernels {args.kernels!r} is not a regular expression: {exc}")
+    if args.inner:
+        return inner(cases, args.kernels)
+    ncu = find_ncu()
+    if ncu is None:
+        print("gdn_ncu: no ncu on PATH, under /usr/local/cuda*/bin or /opt/nvidia/nsight-compute/; install Nsight "
+              "Compute or put its ncu on PATH", file=sys.stderr)
+        return 2
+    cmd = [ncu, "--clock-control", "none", "--kernel-name", f"regex:{args.kernels}", "--print-units", "base"]
+    for sec in (s for s in args.sections.split(",") if s):
+        cmd += ["--section", sec]
+    cmd += [sys.executable, os.path.abspath(__file__), "--inner", "--cases", ",".join(cases), "--kernels", args.kernels]
+    print("$", " ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sys.stdout.write(proc.stdout)
+    if args.out:
+        Path(args.out).write_text(proc.stdout)
+    return proc.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
