@@ -254,6 +254,36 @@ __device__ __forceinline__ int wait_ready(const unsigned* flag_lo, int n, unsign
     return count;
 }
 
+// The stream a sequential CTA of grid row r takes: the r-th longest (ties: the lower index first), so that a
+// ragged pass's longest streams start in the first wave and the short ones fill in behind them (longest
+// processing time first: H200 run AT, 8 streams of 256..2048 tokens, the wide form's sequential kernel took 188 us
+// in grid order, against about 125 us for its longest stream alone). Every thread of the CTA calls it; scratch:
+// THREADS + 1 ints of shared memory nothing else uses until the CTA's next barrier. Each thread ranks the streams
+// tid, tid + THREADS, ... against all n lengths (THREADS of them at a time in scratch); the ranks are a
+// permutation of 0 .. n - 1, so exactly one stream has rank r. Uniform lengths give b = r.
+__device__ __forceinline__ int longest_first(const int* cu, int n, int r, int* scratch, int tid, int threads) {
+    if (n == 1) return 0;
+    int* pick = scratch + threads;
+    for (int t0 = 0; t0 < n; t0 += threads) {
+        const int t = t0 + tid;
+        const int lt = t < n ? cu[t + 1] - cu[t] : 0;
+        int rank = 0;
+        for (int j0 = 0; j0 < n; j0 += threads) {
+            __syncthreads();   // the previous tile's lengths read out
+            if (j0 + tid < n) scratch[tid] = cu[j0 + tid + 1] - cu[j0 + tid];
+            __syncthreads();
+            const int jn = min(threads, n - j0);
+            for (int j = 0; j < jn; ++j) {
+                const int lj = scratch[j];
+                rank += lj > lt || (lj == lt && j0 + j < t);
+            }
+        }
+        if (t < n && rank == r) *pick = t;
+    }
+    __syncthreads();
+    return *pick;
+}
+
 }  // namespace gdnw
 
 // grid (DV / 64 / WGS, Hv, n), 128 WGS threads (WGS warpgroups), dynamic smem gdn_wgmma.seq_smem_bytes(DK, STAGES,
@@ -277,14 +307,20 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
     unsigned char* basep = gdn_smem_raw + (base - raw);
     const unsigned bars = base + STAGES * L::BYTES;                // one mbarrier per stage
 
-    const int b = blockIdx.z, h = blockIdx.y;
-    if ((int)blockDim.x != THREADS || b >= (int)m.batch_size || h >= num_v_heads || (int)blockIdx.x * BV * WGS >= DV)
+    const int h = blockIdx.y;
+    if ((int)blockDim.x != THREADS || (int)blockIdx.z >= (int)m.batch_size || h >= num_v_heads ||
+        (int)blockIdx.x * BV * WGS >= DV)
         return;
     const int tid = threadIdx.x, lane = tid & 31;
     const int wgi = WGS == 1 ? 0 : tid >> 7, wtid = WGS == 1 ? tid : tid & 127, warp = wtid >> 5;   // warpgroup, thread, warp
     const int col0 = (blockIdx.x * WGS + wgi) * BV;
     const int gq = lane >> 2, tq = lane & 3;
     const int* cu = q12_cu_seqlens(m);
+    // grid row z takes the z-th longest stream (the flow form: stream z; its CTAs are all resident at once). The
+    // scratch is stage 0's first bytes, free until the copies below, which come after the barrier below.
+    const int b = FLOW ? (int)blockIdx.z
+                       : gdnw::longest_first(cu, (int)m.batch_size, (int)blockIdx.z,
+                                             reinterpret_cast<int*>(basep), tid, THREADS);
     const int len = cu[b + 1] - cu[b];
     if (len <= 0) return;
     const int kh = h / (num_v_heads / num_k_heads);

@@ -622,15 +622,20 @@ def test_wgmma_flow_form_sizes_rule_and_launches():
     assert zero == (gdn_wgmma.flags_offset(1, 8192, 16, 32, 128), 4 * 128 * 16)
     assert [(e, dep) for e, *_, dep in launches] == [("q12_gdn_wgmma_prep_flow_d128", False),
                                                      ("q12_gdn_wgmma_seq_flow_d128", True)]
-    for n, chunk_len in ((8, 2048), (1, 2048)):
-        zero, launches = ops._gdn_launches("wgmma", n, chunk_len, 16, 32, 128, 132)
+    for n, chunk_len, form in ((8, 2048, "wide"), (1, 2048, "pair"), (8, 2048, "pair")):
+        # the rules: a full device at d 128 takes the wide form, few CTAs the pair; form= overrides them every way
+        zero, launches = ops._gdn_launches("wgmma", n, chunk_len, 16, 32, 128, 132, form)
         assert zero is None and [dep for *_, dep in launches] == [False, False]
-        # form= overrides the rule both ways
-        assert ops._gdn_launches("wgmma", n, chunk_len, 16, 32, 128, 132, "pair") == (zero, launches)
+        assert (ops._gdn_launches("wgmma", n, chunk_len, 16, 32, 128, 132) == (zero, launches)) == (n == 1 or
+                                                                                                   form == "wide")
+        assert (launches[1][0] == gdn_wgmma.WIDE_ENTRY) == (form == "wide")
         zero, launches = ops._gdn_launches("wgmma", n, chunk_len, 16, 32, 128, 132, "flow")
         assert zero == (gdn_wgmma.flags_offset(n, chunk_len, 16, 32, 128), gdn_wgmma.flags_bytes(n, chunk_len, 16))
         assert [(e, dep) for e, *_, dep in launches] == [("q12_gdn_wgmma_prep_flow_d128", False),
                                                          ("q12_gdn_wgmma_seq_flow_d128", True)]
+    assert gdn_wgmma.uses_wide(8, 32, 128, 132) and gdn_wgmma.uses_wide(5, 32, 128, 132)
+    assert not gdn_wgmma.uses_wide(4, 32, 128, 132) and not gdn_wgmma.uses_wide(8, 32, 64, 132)
+    assert [e for e, *_ in ops._gdn_launches("wgmma", 16, 2048, 16, 32, 64, 132)[1]] == list(gdn_wgmma.entries(64, 1))
     zero, launches = ops._gdn_launches("wgmma", 1, 8192, 16, 32, 128, 132, "pair")
     assert zero is None and [e for e, *_ in launches] == list(gdn_wgmma.entries(128, 2))
     zero, launches = ops._gdn_launches("wgmma", 8, 2048, 16, 32, 128, 132, "wide")

@@ -26,6 +26,9 @@ results are the two-launch pair's bits.
 (stream, value head), sharing the chunk's k and q tiles and V record between the two dv slices (half the shared
 memory traffic where the grid fills the device); each warpgroup's arithmetic is the two-stage kernel's.
 
+The sequential kernels (but the flow form's) give grid row z the z-th longest stream, so that a ragged pass's
+longest streams start first (``gdnw::longest_first``): the order changes no result, a CTA never mixes streams.
+
 Numerics are the split pair's up to the solve and the raw rows: :func:`q12drv.kernels.gdn_chunk.chunked_reference`
 with ``t_product=True`` models the pair (its error against the float64 reference is at or below the split pair's,
 measured in numpy: output ~3.6e-3 (3.4e-3 with O's product from V_new hi + lo, ``GDN_WG_OLO 1``), final state
@@ -63,6 +66,7 @@ __all__ = [
     "prep_flow_smem_bytes",
     "FLOW_MIN_TOKENS",
     "uses_flow",
+    "uses_wide",
     "flow_geometry",
     "WIDE_ENTRY",
     "WIDE_THREADS",
@@ -215,6 +219,15 @@ def wide_entries(head_dim: int) -> tuple[str, str]:
         raise ValueError(f"the wide form (form='wide') has a kernel for head_dim 128 only (two 64-column dv slices a "
                          f"CTA), not {head_dim}: use form='auto'")
     return _gdnc.tile_prep_entry(head_dim), WIDE_ENTRY
+
+
+def uses_wide(n: int, num_v_heads: int, head_dim: int, num_sms: int) -> bool:
+    """Whether a pass that does not take the flow form takes the wide form (``form="auto"``): head_dim 128 and a
+    grid that fills two one-warpgroup CTAs per SM (:func:`stages` gives 1). Measured on the H200 (tests/GPU.md,
+    run AU; Hk 16, Hv 32, d 128, ms, against the one-stage kernel): 8 x 2048 0.472 against 0.491, ragged 8 x
+    256..2048 0.320 against 0.321, 8 x 128 0.052 against 0.052; with fewer CTAs (1 x 2048: 0.164 against the
+    two-stage kernel's 0.124) half of the SMs would hold none."""
+    return head_dim == 128 and stages(n, num_v_heads, head_dim, num_sms) == 1
 
 
 def wide_geometry(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int) -> tuple:

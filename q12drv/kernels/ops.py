@@ -215,10 +215,11 @@ GDN_MODULES = {"chunked": _gdnc, "recurrent": _gdn, "split": _gdnc, "wgmma": _gd
 #: The algorithms that run a precompute kernel into a caller-provided workspace.
 GDN_WORKSPACE_ALGOS = ("split", "wgmma")
 GDN_ALGOS = tuple(GDN_MODULES)
-#: Forms of the wgmma pair (``ops.gdn(..., algo="wgmma", form=)``): ``"auto"`` (the rule,
-#: :func:`q12drv.kernels.gdn_wgmma.uses_flow`, decides per pass), ``"pair"`` (its two launches, one after the
-#: other), ``"flow"`` (the flow form: the precompute beside the sequential kernel), ``"wide"`` (head_dim 128: the
-#: sequential kernel as one CTA of two warpgroups per value head, sharing the chunk's tiles). The same results.
+#: Forms of the wgmma pair (``ops.gdn(..., algo="wgmma", form=)``): ``"auto"`` (the rules,
+#: :func:`q12drv.kernels.gdn_wgmma.uses_flow` then :func:`~q12drv.kernels.gdn_wgmma.uses_wide`, decide per pass),
+#: ``"pair"`` (its two launches, one after the other, one warpgroup a CTA), ``"flow"`` (the flow form: the
+#: precompute beside the sequential kernel), ``"wide"`` (head_dim 128: the sequential kernel as one CTA of two
+#: warpgroups per value head, sharing the chunk's tiles). The same results.
 GDN_FORMS = ("auto", "pair", "flow", "wide")
 
 
@@ -229,11 +230,13 @@ def _gdn_launches(algo: str, n: int, chunk_len: int, num_k_heads: int, num_v_hea
     two. ``zero``: ``(workspace offset, bytes)`` to clear before the launches (the flow form's ready flags), or
     None; ``dependent``: launched with programmatic stream serialization (the flow form's sequential kernel).
     ``form``: one of :data:`GDN_FORMS` (checked by :func:`check_gdn_form`)."""
+    if algo == "wgmma" and form == "auto":   # the rules (a few CTAs and a long stream: flow; a full device: wide)
+        form = ("flow" if _gdnw.uses_flow(n, chunk_len, num_v_heads, head_dim, num_sms) else
+                "wide" if _gdnw.uses_wide(n, num_v_heads, head_dim, num_sms) else "pair")
     if algo == "wgmma" and form == "wide":
         geos = _gdnw.wide_geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim)
         return None, tuple((entry, *geo, False) for entry, geo in zip(_gdnw.wide_entries(head_dim), geos))
-    if algo == "wgmma" and (form == "flow" or form == "auto" and _gdnw.uses_flow(n, chunk_len, num_v_heads, head_dim,
-                                                                                  num_sms)):
+    if algo == "wgmma" and form == "flow":
         geos = _gdnw.flow_geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim, num_sms)
         zero = (_gdnw.flags_offset(n, chunk_len, num_k_heads, num_v_heads, head_dim),
                 _gdnw.flags_bytes(n, chunk_len, num_k_heads))
@@ -274,9 +277,11 @@ def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k:
       :func:`q12drv.kernels.gdn_wgmma.workspace_bytes`. A pass of few sequential CTAs and a long stream
       (:func:`q12drv.kernels.gdn_wgmma.uses_flow`: one stream of 8192 tokens or more) takes the flow form:
       the workspace's ready flags cleared, then the precompute running beside the sequential kernel
-      (programmatic dependent launch; the same bits, 3% faster at 1 x 8192 on the H200). ``form="pair"`` or
-      ``"flow"`` takes that form whatever the rule says (:data:`GDN_FORMS`; the flow form on a grid that fills
-      the device leaves its precompute one CTA: correct, and slow);
+      (programmatic dependent launch; the same bits, 3% faster at 1 x 8192 on the H200). Otherwise a pass
+      whose grid fills the device at head_dim 128 (:func:`q12drv.kernels.gdn_wgmma.uses_wide`) takes the wide
+      form: one CTA of two warpgroups per value head (the same bits, 4% faster at 8 x 2048). ``form="pair"``,
+      ``"flow"`` or ``"wide"`` takes that form whatever the rules say (:data:`GDN_FORMS`; the flow form on a grid
+      that fills the device leaves its precompute one CTA: correct, and slow);
     * ``"recurrent"``: ``gdn_prefill.cu``, token by token in fp32.
 
     Same math and state contract; they agree to bf16 rounding (see :mod:`q12drv.kernels.gdn_chunk`

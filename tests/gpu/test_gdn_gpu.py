@@ -441,6 +441,39 @@ def test_gdn_wgmma_forms_equal_the_pair(chunk_kernels, form, d, hk, hv, lens):
 
 
 @pytest.mark.parametrize("d", [64, 128])
+def test_gdn_wgmma_takes_streams_longest_first_over_many(chunk_kernels, d):
+    """The wgmma sequential kernels give grid row z the z-th longest stream (gdnw::longest_first). With more
+    streams than a CTA has threads (300 against 128 and 256: the ranking's tiled loop), lengths 0..139 with ties
+    and zeros: every stream computed exactly once (every row written, the float64 reference's bounds, states of
+    length-0 streams untouched, guards), both stage builds; the wide form (d 128) == the two-stage pair's bits;
+    the longest stream and two tied ones alone == batched."""
+    torch, funcs, _ = chunk_kernels
+    rng = np.random.default_rng()
+    lens = rng.integers(0, 140, 300)
+    lens[[3, 150, 299]] = 139   # a three-way tie at the top, and zeros
+    lens[[0, 7, 298]] = 0
+    inputs = make_inputs(rng, lens.tolist(), 1, 2, d)
+    results = {}
+    for st in gdn_wgmma.STAGES:
+        o, fin, guards = run_chunk_gpu(torch, funcs, inputs, 1, 2, d, rng, split=st, pair="wgmma")
+        assert guards, f"stages {st}: a guard byte around a written buffer (the workspace included) changed"
+        check_chunked_result(o, fin, inputs)
+        results[st] = o, fin
+    if d == 128:
+        o_w, fin_w, guards = run_chunk_gpu(torch, funcs, inputs, 1, 2, d, rng, split=2, pair="wide")
+        assert guards and np.array_equal(o_w, results[2][0]) and np.array_equal(fin_w, results[2][1]), \
+            "the wide form differs from the two-stage pair over 300 streams"
+    q, k, v, g, beta, cu, s0 = inputs
+    for b in (3, 150, 299, int(np.argmin(np.where(lens > 0, lens, 10**9)))):
+        s, e = cu[b], cu[b + 1]
+        one = (q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], np.array([0, e - s], np.int32), s0[b: b + 1])
+        o1, fin1, guards1 = run_chunk_gpu(torch, funcs, one, 1, 2, d, rng, split=1, pair="wgmma")
+        assert guards1
+        assert np.array_equal(o1, results[1][0][s:e]) and np.array_equal(fin1[0], results[1][1][b]), \
+            f"stream {b} (len {e - s}) alone != batched"
+
+
+@pytest.mark.parametrize("d", [64, 128])
 def test_gdn_chunk_agrees_with_recurrent(chunk_kernels, d):
     torch, funcs, rec_funcs = chunk_kernels
     rng = np.random.default_rng()
