@@ -4,6 +4,7 @@
 #
 #   scripts/gpu_check.sh            # doctor, GPU tests, demo, kernel variants, 10k-pass soak, sanitizer, benchmark
 #   Q12_SKIP_BENCH=1 Q12_SKIP_SANITIZE=1 Q12_SKIP_SOAK=1 Q12_SKIP_KERNELS=1 scripts/gpu_check.sh
+#   Q12_BENCH_SECTIONS=gdn,attention scripts/gpu_check.sh   # only those gpu_compare.py sections (no host profile)
 # Comparators that are not on the machine travel as wheels in .whl/ (git-ignored; see bench/README.md)
 # and are installed into /tmp/site without the network.
 set -uo pipefail
@@ -45,10 +46,12 @@ if [ -z "${Q12_SKIP_SANITIZE:-}" ] && [ -f scripts/sanitize.sh ]; then
 fi
 if [ -z "${Q12_SKIP_BENCH:-}" ] && [ -f bench/gpu_compare.py ]; then
   # host-side profile first (cProfile of staging and the 8 x 128 step), into the bench log
-  timeout 60 python3 bench/profile_host.py --reps 200 --top 25 >"$OUT/bench.log" 2>&1
-  step bench bench.log.tmp 150 python3 bench/gpu_compare.py --budget-s ${Q12_BENCH_BUDGET:-90} --out "$OUT/bench.json"
+  : >"$OUT/bench.log"
+  [ -z "${Q12_BENCH_SECTIONS:-}" ] && timeout 60 python3 bench/profile_host.py --reps 200 --top 25 >"$OUT/bench.log" 2>&1
+  step bench bench.log.tmp 150 python3 bench/gpu_compare.py --budget-s ${Q12_BENCH_BUDGET:-90} --out "$OUT/bench.json" \
+    ${Q12_BENCH_SECTIONS:+--sections "$Q12_BENCH_SECTIONS"}
   cat "$OUT/bench.log.tmp" >>"$OUT/bench.log" && rm -f "$OUT/bench.log.tmp"
-  if [ -f bench/breakdown.py ]; then  # where the step's and staging's time goes (per launch, post-sync costs)
+  if [ -z "${Q12_BENCH_SECTIONS:-}" ] && [ -f bench/breakdown.py ]; then  # where the step's and staging's time goes
     step breakdown bench.log.tmp 90 python3 bench/breakdown.py --driver cuda
     cat "$OUT/bench.log.tmp" >>"$OUT/bench.log" && rm -f "$OUT/bench.log.tmp"
   fi
