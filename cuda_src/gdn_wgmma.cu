@@ -256,7 +256,7 @@ __device__ __forceinline__ int wait_ready(const unsigned* flag_lo, int n, unsign
 
 // The stream a sequential CTA of grid row r takes: the r-th longest (ties: the lower index first), so that a
 // ragged pass's longest streams start in the first wave and the short ones fill in behind them (longest
-// processing time first: H200 run AT, 8 streams of 256..2048 tokens, the wide form's sequential kernel took 188 us
+// processing time first: H200 run AU, 8 streams of 256..2048 tokens, the wide form's sequential kernel took 188 us
 // in grid order, against about 125 us for its longest stream alone). Every thread of the CTA calls it; scratch:
 // THREADS + 1 ints of shared memory nothing else uses until the CTA's next barrier. Each thread ranks the streams
 // tid, tid + THREADS, ... against all n lengths (THREADS of them at a time in scratch); the ranks are a
