@@ -9,9 +9,10 @@ device notes) with ``--inner``: the inner process builds each case of ``gdn_debu
 Hv 32, d 128, random inputs) and launches, once each, the precompute, both sequential kernels (one and two
 stages), the wide form and the flow form, the ones whose entry names match ``--kernels`` (a regular expression).
 ncu profiles each matching launch with the sections of ``--sections`` (speed of light, occupancy, launch
-statistics, warp states, scheduler statistics, memory workload by default) and prints them: the warp-state
-table says what the kernel's warps wait on (a barrier, a long scoreboard (global or local memory), a short one
-(shared memory), the tensor cores, ...), the scheduler table how often an issue slot had no eligible warp.
+statistics, warp states, scheduler statistics, memory workload by default) and the per-reason stall metrics
+(``STALL_METRICS``; ``--no-stalls`` leaves them out) and prints them: the stall metrics say what the kernel's warps
+wait on (a barrier, a long scoreboard (global or local memory), a short one (shared memory), the tensor cores
+(``wait``, ``math_pipe_throttle``), ...), the scheduler table how often an issue slot had no eligible warp.
 Nothing here checks results (``gdn_debug.py`` and the GPU tests do): it is a diagnostic, and nothing is timed
 (ncu serialises and replays every profiled kernel).
 """
@@ -32,6 +33,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 SECTIONS = "SpeedOfLight,Occupancy,LaunchStats,WarpStateStats,SchedulerStats,MemoryWorkloadAnalysis"
+#: The warp-state breakdown the WarpStateStats section's text leaves out (run AU printed only its summary): cycles a
+#: warp spends stalled for each reason per issued instruction (barrier, long_scoreboard, short_scoreboard, wait,
+#: math_pipe_throttle, mio_throttle, not_selected, ...); their sum is "Warp Cycles Per Issued Instruction".
+STALL_METRICS = r"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
 
 
 def find_ncu() -> str | None:
@@ -82,6 +87,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default="8x2048,1x8192", help="comma-separated keys of gdn_debug.TIMING_CASES")
     ap.add_argument("--kernels", default="gdn_", help="regular expression on the entry names to profile")
     ap.add_argument("--sections", default=SECTIONS, help="comma-separated ncu sections")
+    ap.add_argument("--no-stalls", action="store_true", help="leave out the per-reason stall metrics (STALL_METRICS)")
     ap.add_argument("--out", help="also write ncu's report text here")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -105,6 +111,8 @@ def main(argv=None) -> int:
     cmd = [ncu, "--clock-control", "none", "--kernel-name", f"regex:{args.kernels}", "--print-units", "base"]
     for sec in (s for s in args.sections.split(",") if s):
         cmd += ["--section", sec]
+    if not args.no_stalls:
+        cmd += ["--metrics", STALL_METRICS]
     cmd += [sys.executable, os.path.abspath(__file__), "--inner", "--cases", ",".join(cases), "--kernels", args.kernels]
     print("$", " ".join(cmd), flush=True)
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
