@@ -24,7 +24,8 @@ Sections (``--sections step,staging``; every median is over ``--reps`` repetitio
 
 * ``staging``: 8 x 2048 MRoPE through ``ExpandPlan.stage`` (``StagingCase.planned``: ``arena.reset()`` +
   ``plan.stage``), the plan's own bound launch (``Launch.bind``, what ``stage`` calls), a raw pre-packed
-  ``cuLaunchKernel`` of the same kernel with the plan's argument block, and one bare
+  ``cuLaunchKernel`` of the same kernel with the plan's argument block (through cuda-bindings and, on the GPU,
+  through ctypes straight into libcuda: what the bindings' wrapper costs), and one bare
   ``cuMemcpyHtoDAsync`` of ``staged_bytes``. Host time of one call (a) back to back (no sync between calls),
   (b) right after a sync that waited for the previous call's work, (c) the same with a 200 us busy-wait
   (spinning on ``perf_counter``) between the sync and the call, (d) as ``bench.timing.host_and_round_trip``
@@ -493,6 +494,11 @@ def section_staging(dev, gpu: bool, reps: int, warmup: int, full: bool) -> None:
             "raw cuLaunchKernel, plan's args": raw,
             f"bare cuMemcpyHtoDAsync {case.staged_bytes:,} B": case.bare,
         }
+        direct = common.ctypes_launcher(dev, plan._launch, grid, (expand.THREADS, 1, 1))
+        if direct is not None:   # libcuda's cuLaunchKernel without the bindings (the GPU only)
+            if direct() != 0:
+                raise RuntimeError("cuLaunchKernel through ctypes failed")
+            paths["ctypes libcuda cuLaunchKernel, plan's args"] = direct
         for fn in paths.values():
             for _ in range(warmup):
                 fn()

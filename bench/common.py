@@ -91,6 +91,27 @@ def raw_launcher(dev, launch, grid=(1, 1, 1), block=(32, 1, 1)):
     return raw
 
 
+def ctypes_launcher(dev, launch, grid=(1, 1, 1), block=(32, 1, 1)):
+    """``libcuda``'s ``cuLaunchKernel`` called through ctypes with ``launch``'s pre-packed argument array (no
+    cuda-bindings wrapper in between): what a launch path that skipped the bindings would cost. None on the
+    emulator (there is no libcuda). Its result is the caller's to check."""
+    if not on_gpu(dev):
+        return None
+    import ctypes
+
+    f = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
+    u = ctypes.c_uint
+    f.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    f.restype = ctypes.c_int
+    func, addr, stream = int(launch.kernel.func), launch._addr, dev.stream.handle
+    gx, gy, gz = grid
+    bx, by, bz = block
+
+    def raw():
+        return f(func, gx, gy, gz, bx, by, bz, 0, stream, addr, None)
+    return raw
+
+
 # ----------------------------------------------------------------------------- streams
 def make_streams(dev, counts, starts=None, *, block_size=16, seed=0):
     """Streams whose block tables live in device memory (blocks interleaved across streams).
