@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import statistics
 import sys
@@ -634,27 +633,10 @@ def main(argv=None) -> int:
         except Exception as exc:  # noqa: BLE001 - a diagnostic reports and goes on
             RESULTS["errors"]["floors"] = _err(exc)
         for name in sections:
-            t = pc()
-            try:
-                {"step": section_step, "staging": section_staging}[name](dev, gpu, args.reps, args.warmup, args.stub)
-            except Exception as exc:  # noqa: BLE001
-                RESULTS["errors"][name] = _err(exc)
-                try:
-                    dev.synchronize()
-                except Exception:
-                    pass
-            print(f"   ({name}: {pc() - t:.1f} s)", flush=True)
+            fn = {"step": section_step, "staging": section_staging}[name]
+            common.run_section(RESULTS, name, lambda: fn(dev, gpu, args.reps, args.warmup, args.stub), dev, _err)
     finally:
-        RESULTS["meta"]["wall_s"] = pc() - t_start
-        if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(RESULTS, indent=1, default=str))
-            print(f"wrote {args.out}")
-        print_table()
-        try:
-            dev.close()
-        except Exception:
-            pass
+        common.finish_run(RESULTS, t_start, args.out, print_table, dev)
     return 1 if RESULTS["errors"] else 0
 
 

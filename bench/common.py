@@ -8,7 +8,10 @@ such as packing and launch bookkeeping are still real there).
 from __future__ import annotations
 
 import ctypes
+import json
 import os
+import time
+from pathlib import Path
 
 import numpy as np
 
@@ -56,6 +59,38 @@ LAUNCH_CASES = {
     "Q12Meta by value": ("q12_bench_meta", {}),
     "2048-byte struct": ("q12_bench_big", {}),
 }
+
+
+def run_section(results: dict, name: str, fn, dev, describe) -> None:
+    """One section of a GPU script: ``fn()``, its wall time printed after it; an exception is recorded as
+    ``results["errors"][name] = describe(exc)`` and the device synchronised (so the next section starts on an
+    idle device), and the script goes on."""
+    t = time.perf_counter()
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - a section's failure is a row of the report, not the end of the run
+        results["errors"][name] = describe(exc)
+        try:
+            dev.synchronize()
+        except Exception:
+            pass
+    print(f"   ({name}: {time.perf_counter() - t:.1f} s)", flush=True)
+
+
+def finish_run(results: dict, t0: float, out, print_table, dev) -> None:
+    """The GPU scripts' epilogue (gpu_compare.py, breakdown.py): the wall time since ``t0`` (``time.perf_counter``)
+    into ``results["meta"]``, every measurement as JSON to ``out`` (when given), ``print_table()`` last, then the
+    device closed (a close that fails changes nothing measured)."""
+    results["meta"]["wall_s"] = time.perf_counter() - t0
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(results, indent=1, default=str))
+        print(f"wrote {out}")
+    print_table()
+    try:
+        dev.close()
+    except Exception:
+        pass
 
 
 def bench_launch(dev, case: str):

@@ -979,6 +979,13 @@ def print_table():
     print("times in us; ratio = q12drv / comparator (lower is faster); goal applies to the ratio")
 
 
+def _section_error(exc: BaseException) -> str:
+    """A failed section's entry in RESULTS["errors"] (its traceback also goes to stderr)."""
+    tb = traceback.format_exc()
+    print(tb, file=sys.stderr, flush=True)
+    return f"{type(exc).__name__}: {exc}\n{tb}"
+
+
 def main(argv=None) -> int:
     global ARGS, DEV
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -999,29 +1006,10 @@ def main(argv=None) -> int:
             if time.perf_counter() - T0 > ARGS.budget_s:
                 RESULTS["errors"][name] = "skipped: time budget spent"
                 continue
-            t = time.perf_counter()
             print(f"-- {name} ...", flush=True)
-            try:
-                SECTIONS[name]()
-            except Exception as exc:
-                RESULTS["errors"][name] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
-                print(traceback.format_exc(), file=sys.stderr, flush=True)
-                try:
-                    DEV.synchronize()
-                except Exception:
-                    pass
-            print(f"   {name}: {time.perf_counter() - t:.1f} s", flush=True)
+            common.run_section(RESULTS, name, SECTIONS[name], DEV, _section_error)
     finally:
-        RESULTS["meta"]["wall_s"] = time.perf_counter() - T0
-        if ARGS.out:
-            Path(ARGS.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(ARGS.out).write_text(json.dumps(RESULTS, indent=1, default=str))
-            print(f"wrote {ARGS.out}")
-        print_table()
-        try:
-            DEV.close()
-        except Exception:
-            pass
+        common.finish_run(RESULTS, T0, ARGS.out, print_table, DEV)
     return 0
 
 
