@@ -324,11 +324,16 @@ extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS, 3) q12_gdn_chunk_p
 extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS, 3) q12_gdn_chunk_prep_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
     gdn_prep_body<64, 64, false>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
 }
-// The "wgmma" pair's precompute kernels: the same work, records in gdn_wgmma.cu's tile format.
+// The "wgmma" pair's precompute kernels: the same work, records in gdn_wgmma.cu's tile format. Each CTA first lets
+// the sequential kernel launch (ops launches it with programmatic stream serialization): its CTAs may then start
+// once every precompute CTA has started, copy their raw inputs and load their states on the SMs the precompute's
+// last wave leaves free, and wait for this grid's completion (gdnc::pdl_wait) before the first V record.
 extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS, 3) q12_gdn_chunk_prep_tiles_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
+    gdnc::pdl_launch_dependents();
     gdn_prep_body<128, 128, true>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
 }
 extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS, 3) q12_gdn_chunk_prep_tiles_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
+    gdnc::pdl_launch_dependents();
     gdn_prep_body<64, 64, true>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
 }
 extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_seq_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {

@@ -62,6 +62,20 @@ __device__ __forceinline__ unsigned long long ld_volatile(const unsigned long lo
     asm volatile("ld.global.u64 %0, [%1];\n" : "=l"(r) : "l"(p));
     return r;
 }
+// Programmatic dependent launch (Hopper; no-ops before sm_90): the wgmma pair's precompute lets its sequential
+// kernel launch early (pdl_launch_dependents, first thing in each CTA), and the sequential kernel waits for the
+// precompute grid's completion and its memory (pdl_wait; then fence.proxy.async.global: the records are read by
+// bulk copies, the async proxy) before it copies a record. A kernel launched without the attribute never waits.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\nfence.proxy.async.global;\n" ::: "memory");
+#endif
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 

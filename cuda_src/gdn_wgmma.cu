@@ -307,10 +307,14 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
     unsigned char* basep = gdn_smem_raw + (base - raw);
     const unsigned bars = base + STAGES * L::BYTES;                // one mbarrier per stage
 
+    // Every CTA waits for the precompute grid before it ends (pdl_wait; at once where it has nothing to do), so the
+    // stream's next operation finds both grids complete, whichever way the pair was launched.
     const int h = blockIdx.y;
     if ((int)blockDim.x != THREADS || (int)blockIdx.z >= (int)m.batch_size || h >= num_v_heads ||
-        (int)blockIdx.x * BV * WGS >= DV)
+        (int)blockIdx.x * BV * WGS >= DV) {
+        pdl_wait();
         return;
+    }
     const int tid = threadIdx.x, lane = tid & 31;
     const int wgi = WGS == 1 ? 0 : tid >> 7, wtid = WGS == 1 ? tid : tid & 127, warp = wtid >> 5;   // warpgroup, thread, warp
     const int col0 = (blockIdx.x * WGS + wgi) * BV;
@@ -322,7 +326,10 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
                        : gdnw::longest_first(cu, (int)m.batch_size, (int)blockIdx.z,
                                              reinterpret_cast<int*>(basep), tid, THREADS);
     const int len = cu[b + 1] - cu[b];
-    if (len <= 0) return;
+    if (len <= 0) {
+        pdl_wait();
+        return;
+    }
     const int kh = h / (num_v_heads / num_k_heads);
     const int nch = (len + C - 1) / C;
 
@@ -344,34 +351,44 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
     // caller's barrier). The raw k and q rows: every thread, one cp.async group (made visible to the wgmma by each
     // thread's proxy fence after its wait). The V record: thread 0, one bulk copy on the stage's mbarrier. The V
     // slice (issue_v): every thread, one cp.async group, once the stage's O rows are stored.
-    auto issue_records = [&](int ci, int st) {
+    auto issue_kq = [&](int ci, int st) {   // the raw k and q rows (inputs: never the precompute's)
         unsigned char* sp = basep + st * L::BYTES;
         const int nv = min(C, len - ci * C), tok = ld_volatile(cu + b) + ci * C;
         if (WGS == 1) issue_kq_sw128<DK>(sp + L::K, sp + L::Q, k, q, nv, tok, num_k_heads, kh, wtid);
         else if (wgi == 0) issue_kq_sw128<DK, 1>(sp + L::K, sp + L::Q, k, q, nv, tok, num_k_heads, kh, wtid);
         else issue_kq_sw128<DK, 2>(sp + L::K, sp + L::Q, k, q, nv, tok, num_k_heads, kh, wtid);
         cp_async_commit();
+    };
+    auto issue_vrec = [&](int ci, int st) {   // the V record: the precompute's
         if (tid == 0) {
             const unsigned sb = base + st * L::BYTES;
-            if constexpr (FLOW)   // later chunks: at the loop's top
-                if (ci == 0) ready_to = gdnw::wait_ready(flags, nch, 4ull * num_k_heads) - 1;
+            if (ci == 0) {   // later chunks: (FLOW) at the loop's top; else the precompute is complete
+                if constexpr (FLOW) ready_to = gdnw::wait_ready(flags, nch, 4ull * num_k_heads) - 1;
+                else pdl_wait();
+            }
             wg::fence_proxy_async();   // the stage's generic reads (beta, EK, ...) before the copy's writes
             wg::mbar_arrive_expect_tx(bars + 8 * st, TileVRec::BYTES);
             wg::bulk_g2s(sb + L::VREC, tile_vrec_at(ws, m, b, ci, h, num_v_heads), TileVRec::BYTES, bars + 8 * st);
         }
+    };
+    auto issue_records = [&](int ci, int st) {
+        issue_kq(ci, st);
+        issue_vrec(ci, st);
     };
     auto issue_v = [&](int ci, int st) {
         issue_v_slice<DV>(reinterpret_cast<bf16*>(basep + st * L::BYTES + L::V + wgi * L::SLICE), v, min(C, len - ci * C),
                           ld_volatile(cu + b) + ci * C, num_v_heads, h, col0, wtid);
         cp_async_commit();
     };
-    issue_records(0, 0);
+    // chunk 0's inputs and the state first: with the pair launched by PDL they load while the precompute finishes
+    issue_kq(0, 0);
     issue_v(0, 0);
     const float* state = reinterpret_cast<const float*>(h_state_ptrs[b]) + (long long)h * DK * DV;
     const int bv0 = col0 + 16 * warp + gq;     // this lane's dv rows of S^T: bv0, bv0 + 8
     float St[DK / 2];
     float (*S4)[4] = reinterpret_cast<float (*)[4]>(St);
     load_state<DK, DV>(S4, state, bv0, tq);
+    issue_vrec(0, 0);
 
     // Chunk ci's o rows leave from its stage's O slice during chunk ci + 1's first products (the last after the
     // loop); a stage's O slice is rewritten two barriers after it was stored from.
@@ -422,7 +439,7 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
     __syncthreads();   // the last O slice complete
     o_rows(nch - 1);
     store_state<DK, DV>(S4, reinterpret_cast<float*>(ld_volatile(h_state_ptrs + b)) + (long long)h * DK * DV, bv0, tq);
-    if constexpr (FLOW) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    if constexpr (FLOW) pdl_wait();
 }
 
 // ================================================================ the flow form
@@ -448,7 +465,7 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
                                                    const float* __restrict__ g, const float* __restrict__ beta,
                                                    int num_k_heads, int num_v_heads, unsigned char* __restrict__ ws) {
     using namespace gdnc;
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    pdl_launch_dependents();
     extern __shared__ __align__(16) unsigned char gdn_smem_raw[];
     if ((int)blockDim.x != 3 * 128) return;
     const int grp = threadIdx.x >> 7, tid = threadIdx.x & 127;

@@ -625,7 +625,7 @@ def test_wgmma_flow_form_sizes_rule_and_launches():
     for n, chunk_len, form in ((8, 2048, "wide"), (1, 2048, "pair"), (8, 2048, "pair")):
         # the rules: a full device at d 128 takes the wide form, few CTAs the pair; form= overrides them every way
         zero, launches = ops._gdn_launches("wgmma", n, chunk_len, 16, 32, 128, 132, form)
-        assert zero is None and [dep for *_, dep in launches] == [False, False]
+        assert zero is None and [dep for *_, dep in launches] == [False, True]   # the sequential kernel by PDL
         assert (ops._gdn_launches("wgmma", n, chunk_len, 16, 32, 128, 132) == (zero, launches)) == (n == 1 or
                                                                                                    form == "wide")
         assert (launches[1][0] == gdn_wgmma.WIDE_ENTRY) == (form == "wide")

@@ -228,14 +228,18 @@ def _gdn_launches(algo: str, n: int, chunk_len: int, num_k_heads: int, num_v_hea
                   num_sms: int, form: str = "auto") -> tuple:
     """``(zero, ((entry, grid, block, smem, dependent), ...))`` of one Gated DeltaNet layer: one launch, or a pair's
     two. ``zero``: ``(workspace offset, bytes)`` to clear before the launches (the flow form's ready flags), or
-    None; ``dependent``: launched with programmatic stream serialization (the flow form's sequential kernel).
+    None; ``dependent``: launched with programmatic stream serialization (the wgmma pair's sequential kernel, every
+    form).
     ``form``: one of :data:`GDN_FORMS` (checked by :func:`check_gdn_form`)."""
     if algo == "wgmma" and form == "auto":   # the rules (a few CTAs and a long stream: flow; a full device: wide)
         form = ("flow" if _gdnw.uses_flow(n, chunk_len, num_v_heads, head_dim, num_sms) else
                 "wide" if _gdnw.uses_wide(n, num_v_heads, head_dim, num_sms) else "pair")
+    # the wgmma pair's sequential kernel is launched with PDL in every form: it loads its inputs and state while the
+    # precompute finishes, and waits for it before the first record (gdn_chunk.cu, the tile precompute)
     if algo == "wgmma" and form == "wide":
         geos = _gdnw.wide_geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim)
-        return None, tuple((entry, *geo, False) for entry, geo in zip(_gdnw.wide_entries(head_dim), geos))
+        return None, tuple((entry, *geo, dep) for entry, geo, dep in zip(_gdnw.wide_entries(head_dim), geos,
+                                                                        (False, True)))
     if algo == "wgmma" and form == "flow":
         geos = _gdnw.flow_geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim, num_sms)
         zero = (_gdnw.flags_offset(n, chunk_len, num_k_heads, num_v_heads, head_dim),
@@ -245,7 +249,8 @@ def _gdn_launches(algo: str, n: int, chunk_len: int, num_k_heads: int, num_v_hea
     if algo == "wgmma":
         stages = _gdnw.stages(n, num_v_heads, head_dim, num_sms)
         geos = _gdnw.geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim, stages)
-        return None, tuple((entry, *geo, False) for entry, geo in zip(_gdnw.entries(head_dim, stages), geos))
+        return None, tuple((entry, *geo, dep) for entry, geo, dep in zip(_gdnw.entries(head_dim, stages), geos,
+                                                                        (False, True)))
     if algo == "split":
         stages = _gdnc.split_stages(n, num_v_heads, head_dim, num_sms)
         geos = _gdnc.split_geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim, stages)

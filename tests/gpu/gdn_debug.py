@@ -227,6 +227,10 @@ def wgmma_rows(torch, chunk_funcs, cases):
 
     rows, wide_rows = [], []
     prep_row = ["wg-prep-only", "-", "-"]
+    # the default build's one-stage and wide pairs with the sequential launch after the precompute (ops launches it
+    # with PDL, as every other wgmma row here)
+    plain_rows = {1: ["wg-seq1-no-pdl", "-", "bit-identical: tests/gpu/test_gdn_gpu.py"],
+                  "wide": ["wg-wide-no-pdl", "-", "bit-identical: tests/gpu/test_gdn_gpu.py"]}
     flow_rows = {"flow": ["wg-flow", "-", "bit-identical: tests/gpu/test_gdn_gpu.py"],
                  "nopdl": ["wg-flow-no-pdl", "-", "serial: the sequential launch without PDL"],
                  "prep": ["wg-flow-prep-only", "-", "flags cleared + the persistent precompute"],
@@ -249,12 +253,17 @@ def wgmma_rows(torch, chunk_funcs, cases):
             row = [f"{name}-seq{st}", f"{regs}r/{local}B", f"{'PASS' if ok else 'FAIL'} o {eo:.1e} S {es:.1e}"]
             for key, n, Tt, hv, d, vals, tensors in cases:
                 geos = gdn_wgmma.geometry(n, int(vals[0].chunk_len), vals[8].value, hv, d, st)
-                pair = [(e, *geo) for e, geo in zip(gdn_wgmma.entries(d, st), geos)]
+                pair = [(e, *geo, i == 1) for i, (e, geo) in enumerate(zip(gdn_wgmma.entries(d, st), geos))]
                 row.append(time_kernel(torch, funcs, pair, None, None, None, vals))
+                if name == "wg" and st == 1:
+                    plain_rows[1].append(time_kernel(torch, funcs, [x[:4] for x in pair], None, None, None, vals))
                 if st == 2:
-                    wide = [(e, *geo) for e, geo in zip(gdn_wgmma.wide_entries(d), gdn_wgmma.wide_geometry(
-                        n, int(vals[0].chunk_len), vals[8].value, hv, d))]
+                    wide = [(e, *geo, i == 1) for i, (e, geo) in enumerate(zip(gdn_wgmma.wide_entries(d),
+                            gdn_wgmma.wide_geometry(n, int(vals[0].chunk_len), vals[8].value, hv, d)))]
                     wide_row.append(time_kernel(torch, funcs, wide, None, None, None, vals))
+                    if name == "wg":
+                        plain_rows["wide"].append(time_kernel(torch, funcs, [x[:4] for x in wide], None, None, None,
+                                                              vals))
                 if name == "wg" and st == 2:
                     prep_row.append(time_kernel(torch, funcs, pair[:1], None, None, None, vals))
                     flow = flow_launches(torch, n, hv, d, vals, tensors)
@@ -265,7 +274,7 @@ def wgmma_rows(torch, chunk_funcs, cases):
             print(f"{row[0]}: {row[2]}", flush=True)
         wide_rows.append(wide_row)
         T._check(cu.cuModuleUnload(mod))
-    return rows + wide_rows + list(flow_rows.values()) + [prep_row]
+    return rows + wide_rows + list(plain_rows.values()) + list(flow_rows.values()) + [prep_row]
 
 
 def flow_launches(torch, n, hv, d, vals, tensors):

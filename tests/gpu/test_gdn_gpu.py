@@ -258,11 +258,12 @@ def chunk_kernels(kernels):
     _check(cu.cuModuleUnload(wmod))
 
 
-def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=0, pair="split"):
+def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=0, pair="split", pdl=True):
     """One chunked launch over all streams of `inputs` (``split`` 1 or 2: a pair, ``pair`` "split" or "wgmma",
-    its sequential kernel with that many stages, "flow", the wgmma pair's flow form (its flags cleared, the
-    sequential kernel launched with PDL), or "wide", its wide form (d 128), through a guarded workspace instead of
-    the fused kernel): (o bits, final states, guards intact)."""
+    its sequential kernel with that many stages, "flow", the wgmma pair's flow form (its flags cleared), or "wide",
+    its wide form (d 128), through a guarded workspace instead of the fused kernel): (o bits, final states, guards
+    intact). The wgmma pair's sequential kernel is launched with PDL in every form, as ops launches it (``pdl``
+    False: without, for "wgmma" and "wide")."""
     q, k, v, g, beta, cu, s0 = inputs
     lens = np.diff(cu).tolist()
     n, T = len(lens), int(cu[-1])
@@ -300,7 +301,7 @@ def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=0, pair="split"):
             off = GUARD + gdn_wgmma.flags_offset(n, int(meta.chunk_len), hk, hv, d)
             ws.buf[off: off + gdn_wgmma.flags_bytes(n, int(meta.chunk_len), hk)] = 0
         for i, (entry, (grid, block, smem)) in enumerate(zip(names, geos)):
-            launch(funcs, entry, grid, block, smem, values, dependent=pair == "flow" and i == 1)
+            launch(funcs, entry, grid, block, smem, values, dependent=i == 1 and (pair == "flow" or pair != "split" and pdl))
     else:
         grid, block, smem = gdn_chunk.geometry(n, hv, d)
         launch(funcs, gdn_chunk.entry_name(d), grid, block, smem, values)
@@ -438,6 +439,24 @@ def test_gdn_wgmma_forms_equal_the_pair(chunk_kernels, form, d, hk, hv, lens):
     o1, fin1, guards1 = run_chunk_gpu(torch, funcs, one, hk, hv, d, rng, split=2, pair=form)
     assert guards1
     assert np.array_equal(o1, o_p[s:e]) and np.array_equal(fin1[0], fin_p[b]), f"alone ({form}) != batched pair"
+
+
+@pytest.mark.parametrize("pair,stages", [("wgmma", 1), ("wgmma", 2), ("wide", 2)])
+def test_gdn_wgmma_pdl_launch_equals_the_plain_one(chunk_kernels, pair, stages):
+    """The wgmma pair's sequential kernel launched with PDL (as ops launches it: it loads its inputs and state while
+    the precompute finishes, then waits for it) gives the bits of the same kernel launched after the precompute,
+    twice, guards intact. Each run's workspace starts as 0xFF bytes: a record copied before the precompute stored it
+    would show as different bits (or NaN)."""
+    torch, funcs, _ = chunk_kernels
+    rng = np.random.default_rng()
+    d, hk, hv, lens = CHUNK_CASES[0]
+    inputs = make_inputs(rng, lens, hk, hv, d)
+    o_p, fin_p, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=stages, pair=pair, pdl=False)
+    assert guards
+    for rep in range(2):
+        o, fin, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=stages, pair=pair)
+        assert guards, "a guard byte around a written buffer (the workspace included) changed"
+        assert np.array_equal(o, o_p) and np.array_equal(fin, fin_p), f"run {rep}: the PDL launch's bits differ"
 
 
 @pytest.mark.parametrize("d", [64, 128])

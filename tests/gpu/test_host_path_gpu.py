@@ -2,16 +2,18 @@
 graph and replayed with new metadata equals the eager pass bit for bit (same checks as the emulated
 tests in tests/test_kernel_expand.py and tests/test_graphs.py, through the real driver)."""
 
+import functools
+
 import numpy as np
 import pytest
 
 from q12drv import ScratchArena, StreamStageInfo, open_device, stage_batched_attn_metadata
 from q12drv.graphs import PassGraph, capture
-from q12drv.kernels import expand
+from q12drv.kernels import expand, ops
 from q12drv.kernels.meta import TAIL_STREAMS
 from q12drv.kernels.ops import prepared
 from tests.helpers import make_streams
-from tests.test_graphs import BS, MAX_STREAMS, MAX_TOKENS, World, _assert_same
+from tests.test_graphs import BS, GDN, MAX_STREAMS, MAX_TOKENS, World, _assert_same
 
 pytestmark = pytest.mark.gpu
 
@@ -92,6 +94,34 @@ def test_pass_graph_replay_equals_eager(gpu, expand_mode):
                 gp.replay()
                 gpu.synchronize()
                 _assert_same(w.read(sum(s.proc_count for s in streams), len(streams)), want[name])
+        finally:
+            gp.close()
+
+
+def test_pass_graph_with_the_wgmma_pair_replays_its_eager_bits(gpu):
+    """A captured pass whose GDN layer is the wgmma pair (its sequential kernel launched with PDL: a programmatic
+    edge in the graph), replayed with new metadata, equals the same pass run eagerly, bit for bit."""
+    w = World(gpu, np.random.default_rng(12))
+    w.ws_bytes = ops.gdn_workspace_bytes("wgmma", MAX_STREAMS, 48, GDN.num_k_heads, GDN.num_v_heads, GDN.head_dim)
+    w.ws = gpu.alloc(w.ws_bytes, "gdn workspace")
+    body = functools.partial(w.body, algo="wgmma")
+    with ScratchArena(gpu, 1 << 20) as arena:
+        gp = PassGraph(arena, max_streams=MAX_STREAMS, max_tokens=MAX_TOKENS, max_chunk=48, block_size=BS,
+                       use_mrope=False, dummy_kv_block=0, num_ssm_layers=1, state_bytes=w.state_bytes, expand="device")
+        try:
+            def run(name, how):
+                streams = w.batches[name][0]
+                gp.set_streams(streams)
+                gp.set_states(0, w.states(len(streams)))
+                w.reset()
+                how()
+                gpu.synchronize()
+                return w.read(sum(s.proc_count for s in streams), len(streams))
+
+            want = {name: run(name, lambda: gp.run_eager(body)) for name in ("A", "B")}
+            run("A", lambda: gp.capture(body))
+            for name in ("B", "A", "B"):
+                _assert_same(run(name, gp.replay), want[name])
         finally:
             gp.close()
 
