@@ -3,6 +3,7 @@
 
     PYTHONPATH=. python3 tests/gpu/gdn_ncu.py                       # 8x2048 and 1x8192, every kernel of the pair
     PYTHONPATH=. python3 tests/gpu/gdn_ncu.py --cases 8x2048 --kernels 'prep_tiles|seqw' --out /tmp/ncu.txt
+    PYTHONPATH=. python3 tests/gpu/gdn_ncu.py --cases 8x2048 --kernels prep_tiles --source /tmp/ncu-src   # per instruction
 
 It runs itself under ``ncu`` (``--clock-control none``: the clocks are left as the machine sets them; see the
 device notes) with ``--inner``: the inner process builds each case of ``gdn_debug.TIMING_CASES`` asked for (Hk 16,
@@ -15,6 +16,11 @@ wait on (a barrier, a long scoreboard (global or local memory), a short one (sha
 (``wait``, ``math_pipe_throttle``), ...), the scheduler table how often an issue slot had no eligible warp.
 Nothing here checks results (``gdn_debug.py`` and the GPU tests do): it is a diagnostic, and nothing is timed
 (ncu serialises and replays every profiled kernel).
+
+``--source DIR`` adds ncu's SourceCounters section and keeps the report (``DIR/gdn.ncu-rep``); the report's
+source page (every SASS instruction of each profiled kernel with how often it executed and the warp-stall samples
+taken on it, by reason) then goes to ``DIR/source.csv``: which phase of a kernel its time goes to, to read beside
+``q12drv sass`` of the same build.
 """
 
 from __future__ import annotations
@@ -48,8 +54,12 @@ def find_ncu() -> str | None:
     return cands[-1] if cands else None
 
 
-def inner(cases: list, kernels: str) -> int:
-    """Launch each kernel of the pair whose entry name matches ``kernels`` once on each case."""
+FORMS = ("seq1", "seq2", "wide", "flow")
+
+
+def inner(cases: list, kernels: str, forms: tuple = FORMS) -> int:
+    """Launch each form in ``forms`` of the pair with a kernel whose entry name matches ``kernels`` once on each
+    case (the whole form: its precompute writes the records its sequential kernel reads)."""
     from tests.gpu import gdn_debug as D
     from tests.gpu import test_gdn_gpu as T
     from q12drv.kernels import gdn_wgmma
@@ -65,13 +75,13 @@ def inner(cases: list, kernels: str) -> int:
         seqs["wide"] = [(e, *geo) for e, geo in zip(gdn_wgmma.wide_entries(d),
                                                     gdn_wgmma.wide_geometry(n, chunk_len, hk, hv, d))]
         for form, launches in seqs.items():   # each form's precompute writes the records its sequential kernel reads
-            if not any(pattern.search(e) for e, *_ in launches):
+            if form not in forms or not any(pattern.search(e) for e, *_ in launches):
                 continue
             print(f"== {key}: {form}: {', '.join(e for e, *_ in launches)}", flush=True)
             for item in launches:
                 T.launch(funcs, *item, vals)
             torch.cuda.synchronize()
-        if gdn_wgmma.uses_flow(n, chunk_len, hv, d, sms) and any(pattern.search(e) for e in gdn_wgmma.flow_entries(d)):
+        if "flow" in forms and gdn_wgmma.uses_flow(n, chunk_len, hv, d, sms) and any(pattern.search(e) for e in gdn_wgmma.flow_entries(d)):
             flow = D.flow_launches(torch, n, hv, d, vals, tensors)
             print(f"== {key}: flow: {', '.join(item[0] for item in flow[1:])}", flush=True)
             flow[0]()
@@ -86,9 +96,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="8x2048,1x8192", help="comma-separated keys of gdn_debug.TIMING_CASES")
     ap.add_argument("--kernels", default="gdn_", help="regular expression on the entry names to profile")
+    ap.add_argument("--forms", default=",".join(FORMS), help=f"comma-separated forms to launch, of {', '.join(FORMS)} "
+                    "(a precompute is profiled once for each form launched)")
     ap.add_argument("--sections", default=SECTIONS, help="comma-separated ncu sections")
     ap.add_argument("--no-stalls", action="store_true", help="leave out the per-reason stall metrics (STALL_METRICS)")
     ap.add_argument("--out", help="also write ncu's report text here")
+    ap.add_argument("--source", metavar="DIR", help="also keep the report in DIR and write its per-instruction "
+                    "source page (SASS, instructions executed, stall samples by reason) to DIR/source.csv")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
@@ -101,8 +115,11 @@ def main(argv=None) -> int:
         re.compile(args.kernels)
     except re.error as exc:
         ap.error(f"--kernels {args.kernels!r} is not a regular expression: {exc}")
+    forms = tuple(f for f in args.forms.split(",") if f)
+    if set(forms) - set(FORMS):
+        ap.error(f"unknown form(s) {sorted(set(forms) - set(FORMS))}; the forms are {', '.join(FORMS)}")
     if args.inner:
-        return inner(cases, args.kernels)
+        return inner(cases, args.kernels, forms)
     ncu = find_ncu()
     if ncu is None:
         print("gdn_ncu: no ncu on PATH, under /usr/local/cuda*/bin or /opt/nvidia/nsight-compute/; install Nsight "
@@ -113,13 +130,33 @@ def main(argv=None) -> int:
         cmd += ["--section", sec]
     if not args.no_stalls:
         cmd += ["--metrics", STALL_METRICS]
-    cmd += [sys.executable, os.path.abspath(__file__), "--inner", "--cases", ",".join(cases), "--kernels", args.kernels]
+    rep = None
+    if args.source:
+        Path(args.source).mkdir(parents=True, exist_ok=True)
+        rep = os.path.join(args.source, "gdn.ncu-rep")
+        cmd += ["--section", "SourceCounters", "--import-source", "no", "-f", "-o", rep[:-len(".ncu-rep")]]
+    cmd += [sys.executable, os.path.abspath(__file__), "--inner", "--cases", ",".join(cases), "--kernels", args.kernels,
+            "--forms", ",".join(forms)]
+    text, rc = run(cmd)
+    if rep is not None and rc == 0:   # with -o ncu prints no details: read them, then the source page, from the report
+        text2, rc = run([ncu, "--import", rep, "--print-units", "base", "--page", "details"])
+        text += text2
+        csv, rc2 = run([ncu, "--import", rep, "--page", "source", "--csv", "--print-source", "sass"], echo=False)
+        Path(args.source, "source.csv").write_text(csv)
+        print(f"gdn_ncu: the source page ({len(csv.splitlines())} lines, rc {rc2}) in {args.source}/source.csv")
+        rc = rc or rc2
+    if args.out:
+        Path(args.out).write_text(text)
+    return rc
+
+
+def run(cmd: list, echo: bool = True) -> tuple[str, int]:
+    """Run ``cmd``, print its command line (and its output when ``echo``); ``(output, exit status)``."""
     print("$", " ".join(cmd), flush=True)
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    sys.stdout.write(proc.stdout)
-    if args.out:
-        Path(args.out).write_text(proc.stdout)
-    return proc.returncode
+    if echo:
+        sys.stdout.write(proc.stdout)
+    return proc.stdout, proc.returncode
 
 
 if __name__ == "__main__":
