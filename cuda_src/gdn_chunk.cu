@@ -355,7 +355,7 @@ static_assert(sizeof(gdnc::Smem<64>) == 82176, "Smem<64> size differs from gdn_c
 static_assert(gdnc::KRec<128>::BYTES == 49152 && gdnc::KRec<64>::BYTES == 24576 && gdnc::VRec::BYTES == 19200 &&
                   gdnc::TileVRec::BYTES == 17424,
               "record sizes differ from gdn_chunk.k_record_bytes / v_record_bytes / tile_v_record_bytes");
-static_assert(sizeof(gdnc::PrepSmem<128>) == 63232 && sizeof(gdnc::PrepSmem<64>) == 46848,
+static_assert(sizeof(gdnc::PrepSmem<128>) == 64000 && sizeof(gdnc::PrepSmem<64>) == 47616,
               "PrepSmem size differs from gdn_chunk.prep_smem_bytes");
 static_assert(sizeof(gdnc::SeqSmem<128, 2>) == 167424 && sizeof(gdnc::SeqSmem<64, 2>) == 118272,
               "SeqSmem size differs from gdn_chunk.seq_smem_bytes");

@@ -303,9 +303,10 @@ __device__ __forceinline__ void issue_q(S& s, const int* cub, int len, int c, co
 }
 
 // K (kraw -> k hi, klo) and Q (in place) l2-normalised, Q scaled by dk^-1/2: SEGS lanes per row, shuffles.
-// K lo's 16-byte segment `seg` of row `row` goes to klo_at(row, seg). NORMS (the "wgmma" pair's precompute): no
-// K lo; each row's scales go to s.rk (1 / |k|) and s.rq (dk^-1/2 / |q|) instead (its sequential kernel multiplies
-// the raw rows' products by them).
+// K lo's 16-byte segment `seg` of row `row` goes to klo_at(row, seg). NORMS (the "wgmma" pair's precompute, whose
+// products take the raw rows, k copied straight to s.k): only each row's scales, to s.rk (1 / |k|) and s.rq
+// (dk^-1/2 / |q|), the rows left raw (chunk_gamma<true> folds the scales into the epilogues' exponents; the
+// sequential kernel multiplies its products of the raw rows by them).
 // Partly unrolled: a full unroll hoists every row's loads and spills next to S^T.
 template <int DK, bool NORMS = false, typename S, class KloAt>
 __device__ __forceinline__ void normalise(S& s, KloAt&& klo_at, int tid, int seg, float qscale) {
@@ -316,33 +317,55 @@ __device__ __forceinline__ void normalise(S& s, KloAt&& klo_at, int tid, int seg
 #pragma unroll
         for (int which = 0; which < 2; ++which) {  // 0: k, 1: q
             const uint4 raw = which ? *reinterpret_cast<const uint4*>(&s.q[row * LDK + seg * 8])
+                            : NORMS ? *reinterpret_cast<const uint4*>(&s.k[row * LDK + seg * 8])
                                     : *reinterpret_cast<const uint4*>(&s.kraw[row * DK + seg * 8]);
             float x[8];
-            const float inv = gdn_row_inv_norm<SEGS>(raw, x);
-            if constexpr (NORMS)
+            const float inv = gdn_row_inv_norm<SEGS, NORMS>(raw, x);
+            if constexpr (NORMS) {
                 if (seg == 0) (which ? s.rq : s.rk)[row] = which ? inv * qscale : inv;
+                continue;
+            }
             uint4 hi, lo;
             unsigned* hp = reinterpret_cast<unsigned*>(&hi);
             unsigned* lp = reinterpret_cast<unsigned*>(&lo);
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 if (which) hp[i] = pack((x[2 * i] * inv) * qscale, (x[2 * i + 1] * inv) * qscale);
-                else if constexpr (NORMS) hp[i] = pack(x[2 * i] * inv, x[2 * i + 1] * inv);
                 else pack_hilo(x[2 * i] * inv, x[2 * i + 1] * inv, hp[i], lp[i]);
             }
             if (which) {
                 *reinterpret_cast<uint4*>(&s.q[row * LDK + seg * 8]) = hi;
             } else {
                 *reinterpret_cast<uint4*>(&s.k[row * LDK + seg * 8]) = hi;
-                if constexpr (!NORMS) *reinterpret_cast<uint4*>(klo_at(row, seg)) = lo;
+                *reinterpret_cast<uint4*>(klo_at(row, seg)) = lo;
             }
         }
     }
 }
 
+// exp2 and log2 by the hardware's approximations (ex2.approx: 2 ulp; lg2.approx: about 2^-22 absolute; lg2(0) =
+// -inf, ex2(-inf) = 0): the products' epilogue exponents and their elements, rounded to bf16 (or fp32 blocks that
+// are, once inverted) after them.
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float lg2(float x) {
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // gamma = inclusive cumsum of g (one warp, two tokens per lane), exp(gamma), exp(gamma_C - gamma); beta copied.
-template <typename S>
+// RAW (the "wgmma" pair's precompute, whose products take the raw rows): instead of gamma, the products' epilogue
+// exponents, base 2, with the rows' scales folded in (s.rk, s.rq: normalise<NORMS>'s, written before the caller's
+// barrier): erk_i = gamma_i log2(e) + log2(beta_i rk_i), erq_i = gamma_i log2(e) + log2(rq_i), ec_j = log2(rk_j) -
+// gamma_j log2(e), so that exp2(erk_i + ec_j) = beta_i exp(gamma_i - gamma_j) rk_i rk_j (beta 0 gives -inf: a zero
+// row) and exp2(erq_i + ec_j) = exp(gamma_i - gamma_j) rq_i rk_j.
+template <bool RAW = false, typename S>
 __device__ __forceinline__ void chunk_gamma(S& s, int buf, int lane) {
+    constexpr float L2E = 1.4426950408889634f;
     const float g0 = s.graw[buf][2 * lane], g1 = s.graw[buf][2 * lane + 1];
     float incl = g0 + g1;
 #pragma unroll
@@ -354,38 +377,75 @@ __device__ __forceinline__ void chunk_gamma(S& s, int buf, int lane) {
     const float ga = excl + g0;
     const float gb = ga + g1;
     const float gC = __shfl_sync(0xffffffffu, gb, 31);
-    s.beta[2 * lane] = s.braw[buf][2 * lane];
-    s.beta[2 * lane + 1] = s.braw[buf][2 * lane + 1];
-    s.gam[2 * lane] = ga;
-    s.gam[2 * lane + 1] = gb;
-    s.eg[2 * lane] = expf(ga);
-    s.eg[2 * lane + 1] = expf(gb);
-    s.wd[2 * lane] = expf(gC - ga);
-    s.wd[2 * lane + 1] = expf(gC - gb);
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        const int t = 2 * lane + u;
+        const float gam = u ? gb : ga, bt = s.braw[buf][t];
+        s.beta[t] = bt;
+        s.eg[t] = expf(gam);
+        s.wd[t] = expf(gC - gam);
+        if constexpr (RAW) {
+            const float gl = gam * L2E, lk = lg2(s.rk[t]);
+            s.erk[t] = gl + lg2(bt) + lk;
+            s.erq[t] = gl + lg2(s.rq[t]);
+            s.ec[t] = lk - gl;
+        } else {
+            s.gam[t] = gam;
+        }
+    }
 }
 
 // The products' epilogue for block row mt, with beta and gamma of the chunk's value head: KK: acc = K K^T
 // rows -> -A (strictly lower, off the diagonal block) and the fp32 diagonal block (GDN_WARP_INV: inverted by
-// this warp); else acc = Q K^T rows -> P (lower, diagonal included).
-template <bool KK, typename S>
+// this warp); else acc = Q K^T rows -> P (lower, diagonal included). RAW (the "wgmma" pair's precompute: acc of
+// the raw rows): each element is acc times exp2 of its row's exponent plus its column's (chunk_gamma<true>: beta,
+// the decay and the rows' scales in one ex2.approx, where the others take beta * expf(gamma_i - gamma_j), about 8
+// instructions more an element; H200 run AX's source counters: these epilogues took a third of that precompute's
+// time); masked elements are selected away (their exponent may overflow), -A and P leave as bf16 pairs. (The fused
+// kernel keeps expf: with ex2 its 255-register d128 build spilled 16-24 bytes under NVRTC 13.0.)
+template <bool KK, bool RAW = false, typename S>
 __device__ __forceinline__ void products_epilogue(S& s, const float (*acc)[4], int mt, int lane) {
     constexpr int LDP = GDN_C + 8, LDD = 24;
     const int gq = lane >> 2, tq = lane & 3;
-    const float* bet = s.beta;
+    if constexpr (RAW) {
+        const float* re = KK ? s.erk : s.erq;
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-        if (nt > 2 * mt + 1) break;
+        for (int nt = 0; nt < 8; ++nt) {
+            if (nt > 2 * mt + 1) break;
+            const int j = 8 * nt + 2 * tq;
+            const float2 c = *reinterpret_cast<const float2*>(&s.ec[j]);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int i = 16 * mt + gq + (e >> 1) * 8;
-            const int j = 8 * nt + 2 * tq + (e & 1);
-            if (KK) {
-                const float val = (j < i) ? bet[i] * expf(s.gam[i] - s.gam[j]) * acc[nt][e] : 0.f;
-                if ((j >> 4) == mt) s.d[mt * 272 + (i & 15) * 17 + (j & 15)] = val;
-                else s.a[i * LDP + j] = __float2bfloat16_rn(-val);
-            } else {
-                const float val = (j <= i) ? expf(s.gam[i] - s.gam[j]) * acc[nt][e] : 0.f;
-                s.p[i * LDP + j] = __float2bfloat16_rn(val);
+            for (int hh = 0; hh < 2; ++hh) {
+                const int i = 16 * mt + gq + 8 * hh;
+                const float r = re[i];
+                float v0 = ex2(r + c.x) * acc[nt][2 * hh], v1 = ex2(r + c.y) * acc[nt][2 * hh + 1];
+                v0 = (KK ? j < i : j <= i) ? v0 : 0.f;
+                v1 = (KK ? j + 1 < i : j + 1 <= i) ? v1 : 0.f;
+                if (KK && (nt >> 1) == mt) {
+                    s.d[mt * 272 + (i & 15) * 17 + (j & 15)] = v0;
+                    s.d[mt * 272 + (i & 15) * 17 + (j & 15) + 1] = v1;
+                } else {
+                    *reinterpret_cast<unsigned*>(&(KK ? s.a : s.p)[i * LDP + j]) = KK ? pack(-v0, -v1) : pack(v0, v1);
+                }
+            }
+        }
+    } else {
+        const float* bet = s.beta;
+    #pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            if (nt > 2 * mt + 1) break;
+    #pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = 16 * mt + gq + (e >> 1) * 8;
+                const int j = 8 * nt + 2 * tq + (e & 1);
+                if (KK) {
+                    const float val = (j < i) ? bet[i] * expf(s.gam[i] - s.gam[j]) * acc[nt][e] : 0.f;
+                    if ((j >> 4) == mt) s.d[mt * 272 + (i & 15) * 17 + (j & 15)] = val;
+                    else s.a[i * LDP + j] = __float2bfloat16_rn(-val);
+                } else {
+                    const float val = (j <= i) ? expf(s.gam[i] - s.gam[j]) * acc[nt][e] : 0.f;
+                    s.p[i * LDP + j] = __float2bfloat16_rn(val);
+                }
             }
         }
     }
@@ -711,6 +771,9 @@ struct PrepSmem {
     float graw[2][GDN_C];
     float braw[2][GDN_C];
     float gam[GDN_C];
+    float erk[GDN_C];         // RAW (the wgmma pair's): the products' epilogue exponents (chunk_gamma<true>)
+    float erq[GDN_C];
+    float ec[GDN_C];
     float beta[GDN_C];
     float eg[GDN_C];
     float wd[GDN_C];
@@ -740,8 +803,10 @@ __device__ __forceinline__ void prep_item(const Q12Meta& m, const bf16* __restri
     const int c0 = ci * C;
     const int group = num_v_heads / num_k_heads;
 
-    issue_kvgb<DK, DV, true, false, true>(s, nullptr, cu + b, len, c0, 0, k, nullptr, g, beta, num_k_heads, num_v_heads,
-                                          kh * group, 0, tid);
+    // raw K to kraw (TILES: straight to s.k, the products take the raw rows), g and beta, raw Q to s.q
+    issue_kvgb<DK, DV, !TILES, false, true>(s, nullptr, cu + b, len, c0, 0, k, nullptr, g, beta, num_k_heads,
+                                            num_v_heads, kh * group, 0, tid);
+    if constexpr (TILES) issue_rows<DK>(s.k, LDK, k, min(C, len - c0), ld_volatile(cu + b) + c0, num_k_heads, kh, tid);
     issue_q<DK>(s, cu + b, len, c0, q, num_k_heads, num_v_heads, kh * group, tid);
     cp_async_commit();
     cp_async_wait_all();
@@ -769,15 +834,15 @@ __device__ __forceinline__ void prep_item(const Q12Meta& m, const bf16* __restri
         const int h = kh * group + j;
         if (j > 0) cp_async_wait_all();   // this value head's g and beta, copied while the previous head computed
         sync();
-        if (warp == 0) chunk_gamma(s, j & 1, lane);
+        if (warp == 0) chunk_gamma<TILES>(s, j & 1, lane);
         sync();
         if (j + 1 < group) {   // the next value head's g and beta into the other buffer (chunk_gamma read this one out)
             issue_kvgb<DK, DV, false, false, true>(s, nullptr, cu + b, len, c0, (j + 1) & 1, k, nullptr, g, beta,
                                                    num_k_heads, num_v_heads, h + 1, 0, tid);
             cp_async_commit();
         }
-        products_epilogue<true>(s, acck, warp, lane);
-        products_epilogue<false>(s, accq, 3 - warp, lane);
+        products_epilogue<true, TILES>(s, acck, warp, lane);
+        products_epilogue<false, TILES>(s, accq, 3 - warp, lane);
         sync();
 #if !GDN_WARP_INV
         invert_diagonal<DK>(s, tid);

@@ -169,9 +169,10 @@ def prep_smem_bytes(head_dim: int) -> int:
     """Dynamic shared memory of the split pair's precompute kernel (``gdnc::PrepSmem<dk>``): normalised K
     and Q ``[64][dk+8]`` bf16, raw K ``[64][dk]`` sharing its bytes with -A and P ``[64][72]``, the
     diagonal inverses ``[64][24]`` bf16, fp32 diagonal blocks ``[4][16][17]``, g and beta ``[2][64]``,
-    gamma, beta, exp(gamma), exp(gamma_C - gamma) and the rows' scales 1 / |k|, dk^-1/2 / |q| ``[64]``."""
+    gamma, the wgmma pair's three epilogue exponents, beta, exp(gamma), exp(gamma_C - gamma) and the rows' scales
+    1 / |k|, dk^-1/2 / |q| ``[64]``."""
     dk = head_dim
-    return 2 * (2 * CHUNK * (dk + 8) + max(CHUNK * dk, 2 * CHUNK * 72) + CHUNK * 24) + 4 * (4 * 16 * 17 + 10 * CHUNK)
+    return 2 * (2 * CHUNK * (dk + 8) + max(CHUNK * dk, 2 * CHUNK * 72) + CHUNK * 24) + 4 * (4 * 16 * 17 + 13 * CHUNK)
 
 
 def split_geometry(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int,
@@ -247,8 +248,9 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
     product, the former ``GDN_WG_TLO 1``, measured no more accurate on the H200 and was removed with its 8 KiB a
     record); and the state's products take the raw bf16 k and q rows, each product's token scaled after it by the
     row's fp32 scale (``1 / |k|``, ``dk^-1/2 / |q|``, folded with exp(gamma) or exp(gamma_C - gamma)), so the
-    update is ``k^T (Vd_hi + Vd_lo)`` with an exact k (``update_split`` does not apply). A and P are the
-    precompute's, from the rounded normalised rows, as in the other kernels.
+    update is ``k^T (Vd_hi + Vd_lo)`` with an exact k (``update_split`` does not apply); A and P come from the
+    products of the raw rows as well, each element scaled by its rows' scales (the other kernels: from the rounded
+    normalised rows).
     ``o_lo`` models ``GDN_WG_OLO``: O's product ``P V_new`` takes V_new as a hi + lo pair (True) or its bf16 hi
     alone (False); default: hi + lo for the block-solve kernels, hi alone with ``t_product`` (the wgmma pair's
     default build, ``GDN_WG_OLO 0``).
@@ -299,8 +301,16 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
             low = np.tril(np.ones((C, C), bool), -1)
             incl = np.tril(np.ones((C, C), bool), 0)
             gmat = np.exp(np.where(incl, diff, np.float32(-np.inf)).astype(np.float32))  # exp(gi - gj), j <= i
-            KK = _f32(K @ K.transpose(0, 2, 1))
-            QK = _f32(Q @ K.transpose(0, 2, 1))
+            if t_product:  # the raw rows' products, scaled by the rows' fp32 scales (the kernel's exponents)
+                rk = kinv[:, kmap, 0].T.astype(np.float32)  # [Hv, C]
+                rq = _f32(qinv[:, kmap, 0].T * qscale)
+                Kraw = kf[:, kmap].transpose(1, 0, 2).astype(np.float64)
+                Qraw = qf[:, kmap].transpose(1, 0, 2).astype(np.float64)
+                KK = _f32(_f32(Kraw @ Kraw.transpose(0, 2, 1)) * (rk[:, :, None] * rk[:, None, :]))
+                QK = _f32(_f32(Qraw @ Kraw.transpose(0, 2, 1)) * (rq[:, :, None] * rk[:, None, :]))
+            else:
+                KK = _f32(K @ K.transpose(0, 2, 1))
+                QK = _f32(Q @ K.transpose(0, 2, 1))
             Afull = _f32(bt[:, :, None] * (gmat * KK)) * low  # fp32, strictly lower
             P = round_to_bf16(_f32(gmat * QK) * incl).astype(np.float64)
             same = blk[:, None] == blk[None, :]
@@ -315,11 +325,8 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
             egC = np.exp(gam[:, -1]).astype(np.float32)
             wdec = np.exp(_f32(gam[:, -1:] - gam)).astype(np.float32)  # [Hv, C]
             if t_product:  # raw rows, their scales after the products (EK, EQ, WK of the kernel's record)
-                rk = kinv[:, kmap, 0].T.astype(np.float32)  # [Hv, C]
-                rq = _f32(qinv[:, kmap, 0].T * qscale)
-                Kraw = kf[:, kmap].transpose(1, 0, 2).astype(np.float64)
                 KS = _f32(Kraw @ Ssplit)
-                QS = _f32(pad(from_bf16_bits(q[c0:c0 + L]))[:, kmap].transpose(1, 0, 2).astype(np.float64) @ Ssplit)
+                QS = _f32(Qraw @ Ssplit)
                 ek, eq, wk = _f32(eg * rk), _f32(eg * rq), _f32(wdec * rk)
             else:
                 KS = _f32(K @ Ssplit)  # [Hv, C, dv]
