@@ -76,6 +76,11 @@
 // The "wgmma" pair (ops.gdn(algo="wgmma"), gdn_wgmma.cu's header) shares the precompute kernel (TILES 1:
 // q12_gdn_chunk_prep_tiles_d*): it also applies the block solve to the identity, so its V record carries
 // T = (I + A)^-1 instead of -A and the inverses, and it lays both records out as the wgmma kernel's shared memory.
+// Since session 10 its products take the raw k and q rows (normalise<NORMS> computes only their scales) and its
+// epilogues take one ex2.approx an element, with beta, the decay and the scales folded into per-row and per-column
+// exponents (chunk_gamma<true>); H200 runs AY and AZ: the precompute 0.223 -> 0.170 ms at 8 x 2048 (0.123 -> 0.094
+// at 1 x 8192), the state's error 7.5e-5 -> 5.0e-5. The fused kernel and the split pair keep expf and the
+// normalised rows (their bits; with ex2 the fused d128 build spilled 16-24 bytes under NVRTC 13.0).
 // The phases every kernel here shares (and the records) are in gdn_chunk.cuh.
 // Requirements: q, k 16-byte aligned, v, o 8-byte aligned (as the recurrent kernel); dv a multiple of 64.
 #include "gdn_chunk.cuh"

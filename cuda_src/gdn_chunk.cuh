@@ -752,8 +752,9 @@ __device__ __forceinline__ unsigned* ready_flag_at(unsigned char* ws, const Q12M
 
 // The precompute kernel's shared memory: Smem<DK> without what it does not need (V/O slices; K lo goes
 // straight to the K record) and with raw K sharing its bytes with -A and P (raw K is read by the
-// normalisation, -A and P are first written after it), plus the rows' scales of normalise<NORMS> (the
-// "wgmma" pair's): 63,232 B at d128, 3 CTAs/SM.
+// normalisation, -A and P are first written after it; the "wgmma" pair's raw k rows land in k itself), plus the
+// rows' scales of normalise<NORMS> and the epilogue exponents of chunk_gamma<true> (both the "wgmma" pair's):
+// 64,000 B at d128, 3 CTAs/SM.
 template <int DK>
 struct PrepSmem {
     static constexpr int LDK = DK + 8, LDP = GDN_C + 8, LDD = 24;
