@@ -317,6 +317,60 @@ def test_dependent_launch_keeps_stream_order_on_emu_and_builds_the_pdl_config_on
         drv.launch_dependent("func", (1, 1, 1), (32, 1, 1), 0, cu.CUstream(0), 1)
 
 
+def test_dependent_launcher_keeps_its_config_and_rewrites_it_when_the_launch_changes(emu):
+    """CudaDriver.dependent_launcher builds one launch configuration and reuses it while the geometry, shared
+    memory and stream stay; a call that changes any of them rewrites its fields first (and a grid given as a list,
+    changed in place, is seen as changed). Launch.launch_dependent makes its launcher once and passes every call's
+    geometry through it."""
+    from cuda.bindings import driver as cu
+
+    from q12drv.driver.cuda import CudaDriver
+
+    drv = CudaDriver.__new__(CudaDriver)  # no libcuda here: only the configuration and the call are exercised
+    seen = []
+
+    class FakeCu:
+        CUlaunchAttribute, CUlaunchConfig, CUlaunchAttributeID = cu.CUlaunchAttribute, cu.CUlaunchConfig, cu.CUlaunchAttributeID
+
+        @staticmethod
+        def cuLaunchKernelEx(cfg, func, params, extra):
+            seen.append((cfg, (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ), (cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ),
+                         cfg.sharedMemBytes, int(cfg.hStream), func, params))
+            return (cu.CUresult.CUDA_SUCCESS,)
+
+    drv._cu = FakeCu
+    fire = drv.dependent_launcher("func", 1234)
+    s0, s1 = cu.CUstream(0), cu.CUstream(7)
+    grid = [2, 3, 4]
+    fire(grid, (128, 1, 1), 4096, s0)
+    fire(grid, (128, 1, 1), 4096, s0)
+    grid[0] = 9
+    fire(grid, (128, 1, 1), 4096, s0)
+    fire((9, 3, 4), (256, 1, 1), 4096, s0)
+    fire((9, 3, 4), (256, 1, 1), 0, s0)
+    fire((9, 3, 4), (256, 1, 1), 0, s1)
+    assert len({id(c[0]) for c in seen}) == 1   # one configuration object for every call
+    assert [c[1:] for c in seen] == [
+        ((2, 3, 4), (128, 1, 1), 4096, 0, "func", 1234), ((2, 3, 4), (128, 1, 1), 4096, 0, "func", 1234),
+        ((9, 3, 4), (128, 1, 1), 4096, 0, "func", 1234), ((9, 3, 4), (256, 1, 1), 4096, 0, "func", 1234),
+        ((9, 3, 4), (256, 1, 1), 0, 0, "func", 1234), ((9, 3, 4), (256, 1, 1), 0, 7, "func", 1234)]
+    attr = seen[0][0].attrs[0]
+    assert attr.id == cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+    launch = _kv_launch(emu)
+    made, calls = [], []
+
+    def dependent_launcher(func, addr):
+        made.append((func, addr))
+        return lambda grid, block, smem, stream: calls.append((grid, block, smem, stream))
+
+    emu.driver.dependent_launcher = dependent_launcher
+    launch.launch_dependent((4, 1, 1), (128, 1, 1), 0)
+    launch.launch_dependent((5, 1, 1), (128, 1, 1), 0)
+    assert made == [(launch.kernel.func, launch._addr)]
+    assert calls == [((4, 1, 1), (128, 1, 1), 0, emu.stream.raw), ((5, 1, 1), (128, 1, 1), 0, emu.stream.raw)]
+
+
 def test_memoised_launch_geometry_still_refuses_bad_input_every_time(emu):
     from q12drv.kernels import ops
 

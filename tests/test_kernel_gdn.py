@@ -583,6 +583,26 @@ def test_wgmma_model_matches_reference_and_the_block_solve():
     np.testing.assert_allclose(T[0] @ (np.eye(C) + A[0]), np.eye(C), atol=1e-5)
 
 
+def test_u_minus_ws_model_keeps_the_wgmma_error_only_with_u_as_a_pair():
+    """fla's order V_new = U - W S (docs/NEXT.md: the long stream's shorter chain) in the numpy model: with U
+    stored as a bf16 hi + lo pair and W as bf16 the state's error stays the wgmma pair's (session 10, three random
+    cases: 1.0-1.5x its error); U as one bf16 costs 10-20x. o's error is o's rounding either way."""
+    rng = np.random.default_rng(5)
+    inputs = make_inputs(rng, [256, 129], 2, 4, 128, 128)
+    o_ref, fin_ref = gdn.reference(*inputs)
+    _, fin_t = gdn_chunk.chunked_reference(*inputs, t_product=True)
+    o_p, fin_p = gdn_chunk.chunked_reference(*inputs, t_product=True, u_minus_ws="hilo")
+    _, fin_b = gdn_chunk.chunked_reference(*inputs, t_product=True, u_minus_ws="bf16")
+    err_t, err_p, err_b = (float(np.max(np.abs(f - fin_ref))) for f in (fin_t, fin_p, fin_b))
+    assert err_p < 2 * err_t
+    assert err_b > 4 * err_t
+    assert rel_err(from_bf16_bits(o_p), from_bf16_bits(o_ref)) < CHUNK_O_REL
+    with pytest.raises(ValueError, match="t_product"):
+        gdn_chunk.chunked_reference(*inputs, u_minus_ws="hilo")
+    with pytest.raises(ValueError, match="u_minus_ws"):
+        gdn_chunk.chunked_reference(*inputs, t_product=True, u_minus_ws="fp8")
+
+
 def test_wgmma_emulators_check_the_launch_and_need_the_whole_workspace():
     """The wgmma pair on the emulated driver: its precompute entry checks its grid and maps the tile-format
     workspace, its sequential entries run the float64 reference (so the fused result, by construction); a

@@ -232,7 +232,8 @@ def _block_solve(R, Aoff, Dinv):
 
 
 def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int = CHUNK, s_hilo: bool = False,
-                      update_split: bool = True, t_product: bool = False, o_lo: bool | None = None):
+                      update_split: bool = True, t_product: bool = False, o_lo: bool | None = None,
+                      u_minus_ws: str | None = None):
     """The kernel's algorithm in numpy, with its rounding points (bf16 casts where it casts).
 
     Arguments and results as :func:`q12drv.kernels.gdn.reference`. Products of bf16 operands are
@@ -254,7 +255,15 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
     ``o_lo`` models ``GDN_WG_OLO``: O's product ``P V_new`` takes V_new as a hi + lo pair (True) or its bf16 hi
     alone (False); default: hi + lo for the block-solve kernels, hi alone with ``t_product`` (the wgmma pair's
     default build, ``GDN_WG_OLO 0``).
+    ``u_minus_ws`` (with ``t_product``; no kernel takes it yet, ``docs/NEXT.md``) models fla-core's order of the
+    same algebra, ``V_new = U - W S`` with ``U = T beta V`` and ``W = T beta EK k`` (products of the bf16 T, fp32
+    sums) kept as records: ``"hilo"`` stores U as a bf16 hi + lo pair, ``"bf16"`` as one bf16; W is bf16 and S
+    enters ``W S`` as bf16 either way. A sequential kernel in this order has one product group fewer on its chain.
     """
+    if u_minus_ws not in (None, "hilo", "bf16"):
+        raise ValueError(f"u_minus_ws must be None, 'hilo' or 'bf16', got {u_minus_ws!r}")
+    if u_minus_ws and not t_product:
+        raise ValueError("u_minus_ws models the wgmma pair's records: it needs t_product=True")
     T, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
     if hv % hk:
@@ -335,8 +344,13 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
             R = _f32(bt[:, :, None] * (V - ek[:, :, None] * KS))
             if t_product:
                 Tm = _block_solve(np.broadcast_to(np.eye(C, dtype=np.float32), (hv, C, C)), Aoff, Dinv)
-                Thi = round_to_bf16(Tm)
-                X = _f32(Thi.astype(np.float64) @ _split(R, True))
+                Thi = round_to_bf16(Tm).astype(np.float64)
+                if u_minus_ws:  # the records U, W from the precompute; the chain's product is W S alone
+                    U = _split(_f32(Thi @ _split(_f32(bt[:, :, None] * V), True)), u_minus_ws == "hilo")
+                    W = round_to_bf16(_f32(Thi @ (_f32(bt * ek)[:, :, None] * Kraw))).astype(np.float64)
+                    X = _f32(U - _f32(W @ Ssplit))
+                else:
+                    X = _f32(Thi @ _split(R, True))
             else:
                 X = _block_solve(R, Aoff, Dinv)
             Xs = _split(X, o_lo)
