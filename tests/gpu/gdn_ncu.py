@@ -4,6 +4,7 @@
     PYTHONPATH=. python3 tests/gpu/gdn_ncu.py                       # 8x2048 and 1x8192, every kernel of the pair
     PYTHONPATH=. python3 tests/gpu/gdn_ncu.py --cases 8x2048 --kernels 'prep_tiles|seqw' --out /tmp/ncu.txt
     PYTHONPATH=. python3 tests/gpu/gdn_ncu.py --cases 8x2048 --kernels prep_tiles --source /tmp/ncu-src   # per instruction
+    python3 tests/gpu/gdn_ncu.py --phases /tmp/ncu-src/source.csv   # its phases again, on any machine
 
 It runs itself under ``ncu`` (``--clock-control none``: the clocks are left as the machine sets them; see the
 device notes) with ``--inner``: the inner process builds each case of ``gdn_debug.TIMING_CASES`` asked for (Hk 16,
@@ -20,12 +21,17 @@ Nothing here checks results (``gdn_debug.py`` and the GPU tests do): it is a dia
 ``--source DIR`` adds ncu's SourceCounters section and keeps the report (``DIR/gdn.ncu-rep``); the report's
 source page (every SASS instruction of each profiled kernel with how often it executed and the warp-stall samples
 taken on it, by reason) then goes to ``DIR/source.csv``: which phase of a kernel its time goes to, to read beside
-``q12drv sass`` of the same build.
+``q12drv sass`` of the same build. Each profiled launch's instructions are then summed by phase (:func:`phases`:
+the runs of instructions between two barriers, ``BAR``, mbarrier waits ``SYNCS``, ``WARPGROUP.ARRIVE``, ``EXIT``)
+and printed: its share of the stall samples and of the instructions executed, and its commonest opcodes;
+``--phases CSV`` prints that for a kept ``source.csv`` without a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import csv
 import glob
 import os
 import re
@@ -43,6 +49,68 @@ SECTIONS = "SpeedOfLight,Occupancy,LaunchStats,WarpStateStats,SchedulerStats,Mem
 #: warp spends stalled for each reason per issued instruction (barrier, long_scoreboard, short_scoreboard, wait,
 #: math_pipe_throttle, mio_throttle, not_selected, ...); their sum is "Warp Cycles Per Issued Instruction".
 STALL_METRICS = r"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+
+
+#: SASS opcodes that end a phase: CTA and named barriers, mbarrier waits, warpgroup MMA fences, the exit.
+PHASE_ENDS = ("BAR", "SYNCS", "WARPGROUP.ARRIVE", "EXIT")
+
+
+def read_source_page(path) -> list:
+    """``[(kernel name, [row dict, ...]), ...]``: one entry per profiled launch of an ncu source-page CSV
+    (``--page source --csv --print-source sass``), its rows keyed by the CSV's column names."""
+    launches, header = [], None
+    with open(path, newline="") as f:
+        for rec in csv.reader(f):
+            if not rec:
+                continue
+            if rec[0] == "Kernel Name":
+                launches.append((rec[1], []))
+                header = None
+            elif rec[0] == "Address":
+                header = rec
+            elif header is not None and launches:
+                launches[-1][1].append(dict(zip(header, rec)))
+    return launches
+
+
+def _opcode(sass: str) -> str:
+    words = sass.split()
+    if words and words[0].startswith("@"):   # a predicate guard
+        words = words[1:]
+    return words[0] if words else ""
+
+
+def phases(rows: list, min_share: float = 0.01) -> list:
+    """One launch's instructions (:func:`read_source_page`) summed by phase: ``(first, last, share of the stall
+    samples, share of the warp instructions executed, [(opcode, count in the phase's code), ...] (the six
+    commonest))`` for each phase with at least ``min_share`` of the samples. A phase ends at an instruction whose
+    opcode starts with one of :data:`PHASE_ENDS` (it belongs to the phase it ends)."""
+    def num(row, key):
+        value = row.get(key, "")
+        return int(value) if value.isdigit() else 0
+
+    total_s = sum(num(r, "Warp Stall Sampling (All Samples)") for r in rows) or 1
+    total_e = sum(num(r, "Instructions Executed") for r in rows) or 1
+    out, first, samples, executed, ops = [], 0, 0, 0, collections.Counter()
+    for i, row in enumerate(rows):
+        op = _opcode(row.get("Source", ""))
+        samples += num(row, "Warp Stall Sampling (All Samples)")
+        executed += num(row, "Instructions Executed")
+        ops[op.split(".")[0]] += 1
+        if op.startswith(PHASE_ENDS) or i == len(rows) - 1:
+            if samples >= min_share * total_s:
+                out.append((first, i, samples / total_s, executed / total_e, ops.most_common(6)))
+            first, samples, executed, ops = i + 1, 0, 0, collections.Counter()
+    return out
+
+
+def print_phases(path, out=print) -> None:
+    """:func:`phases` of every launch in the source-page CSV at ``path``."""
+    for name, rows in read_source_page(path):
+        out(f"== {name}: {len(rows)} instructions; phases with 1% of the stall samples or more:")
+        for first, last, s_share, e_share, ops in phases(rows):
+            out(f"   [{first:5d}..{last:5d}] {100 * s_share:5.1f}% samples {100 * e_share:5.1f}% instructions  "
+                + " ".join(f"{o}:{n}" for o, n in ops))
 
 
 def find_ncu() -> str | None:
@@ -103,8 +171,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="also write ncu's report text here")
     ap.add_argument("--source", metavar="DIR", help="also keep the report in DIR and write its per-instruction "
                     "source page (SASS, instructions executed, stall samples by reason) to DIR/source.csv")
+    ap.add_argument("--phases", metavar="CSV", help="only print the phases of a kept source page (no GPU, no ncu)")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.phases:
+        if not os.path.isfile(args.phases):
+            ap.error(f"--phases {args.phases!r}: no such file (a source.csv that --source wrote)")
+        print_phases(args.phases)
+        return 0
     cases = [c for c in args.cases.split(",") if c]
     from tests.gpu.gdn_debug import TIMING_CASES
 
@@ -141,9 +215,11 @@ def main(argv=None) -> int:
     if rep is not None and rc == 0:   # with -o ncu prints no details: read them, then the source page, from the report
         text2, rc = run([ncu, "--import", rep, "--print-units", "base", "--page", "details"])
         text += text2
-        csv, rc2 = run([ncu, "--import", rep, "--page", "source", "--csv", "--print-source", "sass"], echo=False)
-        Path(args.source, "source.csv").write_text(csv)
-        print(f"gdn_ncu: the source page ({len(csv.splitlines())} lines, rc {rc2}) in {args.source}/source.csv")
+        page, rc2 = run([ncu, "--import", rep, "--page", "source", "--csv", "--print-source", "sass"], echo=False)
+        Path(args.source, "source.csv").write_text(page)
+        print(f"gdn_ncu: the source page ({len(page.splitlines())} lines, rc {rc2}) in {args.source}/source.csv")
+        if rc2 == 0:
+            print_phases(os.path.join(args.source, "source.csv"))
         rc = rc or rc2
     if args.out:
         Path(args.out).write_text(text)
