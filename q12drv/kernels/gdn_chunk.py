@@ -256,9 +256,12 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
     alone (False); default: hi + lo for the block-solve kernels, hi alone with ``t_product`` (the wgmma pair's
     default build, ``GDN_WG_OLO 0``).
     ``u_minus_ws`` (with ``t_product``; no kernel takes it yet, ``docs/NEXT.md``) models fla-core's order of the
-    same algebra, ``V_new = U - W S`` with ``U = T beta V`` and ``W = T beta EK k`` (products of the bf16 T, fp32
-    sums) kept as records: ``"hilo"`` stores U as a bf16 hi + lo pair, ``"bf16"`` as one bf16; W is bf16 and S
-    enters ``W S`` as bf16 either way. A sequential kernel in this order has one product group fewer on its chain.
+    same algebra, ``V_new = U - W S`` with ``U = T diag(beta) V`` and ``W = T diag(beta EK) k`` kept as records:
+    both products take the one bf16 T and their other operand (beta V, beta EK k) as a bf16 hi + lo pair, fp32
+    sums (T scaled before its rounding, or that operand as one bf16, gave 8-24x the state error in numpy: the
+    two products' roundings then no longer cancel in U - W S). ``"hilo"`` stores U as a bf16 hi + lo pair,
+    ``"bf16"`` as one bf16; W is bf16 and S enters ``W S`` as bf16 either way. A sequential kernel in this order has
+    one product group fewer on its chain.
     """
     if u_minus_ws not in (None, "hilo", "bf16"):
         raise ValueError(f"u_minus_ws must be None, 'hilo' or 'bf16', got {u_minus_ws!r}")
@@ -346,8 +349,9 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
                 Tm = _block_solve(np.broadcast_to(np.eye(C, dtype=np.float32), (hv, C, C)), Aoff, Dinv)
                 Thi = round_to_bf16(Tm).astype(np.float64)
                 if u_minus_ws:  # the records U, W from the precompute; the chain's product is W S alone
+                    # one bf16 T for both, the scales on the other operand as hi + lo pairs
                     U = _split(_f32(Thi @ _split(_f32(bt[:, :, None] * V), True)), u_minus_ws == "hilo")
-                    W = round_to_bf16(_f32(Thi @ (_f32(bt * ek)[:, :, None] * Kraw))).astype(np.float64)
+                    W = round_to_bf16(_f32(Thi @ _split(_f32(_f32(bt * ek)[:, :, None] * Kraw), True))).astype(np.float64)
                     X = _f32(U - _f32(W @ Ssplit))
                 else:
                     X = _f32(Thi @ _split(R, True))
