@@ -67,9 +67,9 @@
 #ifndef GDN_WG_EARLY  // 1 (one stage): the next chunk's records copied once the last wgmma is done; 0: at its top
 #define GDN_WG_EARLY 1
 #endif
-#ifndef GDN_WG_AHEAD  // 1 (two stages): the next chunk's copies issued while X and Y run; 0: before X
-#define GDN_WG_AHEAD 1
-#endif
+#ifndef GDN_WG_AHEAD  // (two stages) 1: the next chunk's copies issued while X and Y run; 0: before X; 2: once the
+#define GDN_WG_AHEAD 1  // last products (O, the state update) are issued, under them (session 10, not yet measured:
+#endif                  // the copies' ~150 instructions a thread outlast X's wgmma, not the update's)
 #ifndef GDN_WG_OLO    // 1: O's product takes V_new as bf16 hi + lo; 0 (default since run AT): hi only, as fla-core (4 wgmma
 #define GDN_WG_OLO 0  // fewer; H200 run AT: 2-4% faster, o error 3.3e-3 -> 3.6e-3 against the fused kernel's 3.5e-3;
 #endif                // the state does not depend on it)
@@ -123,13 +123,13 @@ __device__ __forceinline__ float2 ld2(const float* p) { return *reinterpret_cast
 // One chunk's products for this warpgroup (gdn_chunk.cuh's state_step with the solve as one product): St is
 // S^T (m64n{DK} accumulator), updated; Ot gets O^T [64 dv x 64 tokens] (m64n64 accumulator). sb / sp: the
 // stage (shared address, pointer); vs: this warpgroup's V slice (shared address), read here; warp: 0..3 in the
-// warpgroup. meanwhile() runs while the first products are in
-// flight. Every wgmma is complete on return. (Leaving the O product in flight into the next chunk, issued
+// warpgroup. meanwhile() runs while the first products are in flight, under_update() while the last ones are.
+// Every wgmma is complete on return. (Leaving the O product in flight into the next chunk, issued
 // after the update, made ptxas 13.0 serialize all 40 wgmma of the loop, each waited alone: nvdisasm, session 8;
 // it does so as soon as any wgmma is in flight across the loop's back edge, even with the wait at the loop's top.)
-template <int DK, class F>
+template <int DK, class F, class G>
 __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], unsigned sb, const unsigned char* sp,
-                                          unsigned vs, int warp, int lane, F&& meanwhile) {
+                                          unsigned vs, int warp, int lane, F&& meanwhile, G&& under_update) {
     using L = Stage<DK>;
     constexpr int NK = DK / 16;
     const int tq = lane & 3;
@@ -222,6 +222,7 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
         wg::mma_rs<DK, 1>(St, dl[kk], mnmajor(sb + L::K, kk), 1);
     }
     wg::commit();
+    under_update();
     wg::wait<0>();
     wg::pins(Ot, St, vh, vl, dh, dl);
 }
@@ -418,12 +419,14 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
                 issue_v(ci + 1, st ^ 1);
             }
         };
-        if (!GDN_WG_AHEAD) issue_next();
+        if (GDN_WG_AHEAD == 0) issue_next();
         float Ot[32];
         gdnw::chunk_mma<DK>(St, Ot, base + st * L::BYTES, basep + st * L::BYTES, base + st * L::BYTES + L::V + wgi * L::SLICE,
                             warp, lane, [&] {
             if (ci > 0) o_rows(ci - 1);
-            if (GDN_WG_AHEAD) issue_next();   // its 2 x 64 + 64 / 2 copies off the chain, under X and Y
+            if (GDN_WG_AHEAD == 1) issue_next();   // its 2 x 64 + 64 / 2 copies off the chain, under X and Y
+        }, [&] {
+            if (GDN_WG_AHEAD == 2) issue_next();   // or under the update's wgmma
         });
         if (STAGES == 1) {
             __syncthreads();   // every warp is done with the stage's tiles, scalars, V slice and O slice

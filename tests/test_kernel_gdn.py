@@ -558,6 +558,20 @@ def test_wgmma_entries_compile_for_sm90a_without_spills():
                [gdn_chunk.tile_prep_entry(d) for d in (64, 128)])
 
 
+def test_wgmma_variant_builds_compile_without_spills():
+    """The gdn_wgmma.cu builds tests/gpu/gdn_debug.py measures (its knobs) compile with no spills and no local
+    memory, as the default build does (the test above)."""
+    from q12drv.nvrtc import compile_source
+    from tests.gpu.gdn_debug import WGMMA_VARIANTS
+
+    for name, defines in WGMMA_VARIANTS:
+        if not defines:
+            continue
+        img = compile_source(gdn_wgmma.SOURCE, defines=tuple(meta_defines()) + tuple(defines), use_cache=False,
+                             verbose_resources=True)
+        spill_free(img, gdn_wgmma.ENTRIES)
+
+
 def test_wgmma_model_matches_reference_and_the_block_solve():
     """The wgmma pair's numpy model (T = (I + A)^-1 rounded to bf16, one product) stays within the chunked
     kernels' error budget and within a few bf16 roundings of the block-solve model."""

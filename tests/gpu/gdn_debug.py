@@ -216,6 +216,7 @@ WGMMA_VARIANTS = [
     ("wg-xy0", ("GDN_WG_XY=0",)),         # X and Y waited together (R not computed under Y's wgmma)
     ("wg-early0", ("GDN_WG_EARLY=0",)),   # seq1: the next chunk's records copied at its top, not after the last wgmma
     ("wg-ahead0", ("GDN_WG_AHEAD=0",)),   # seq2: the next chunk's copies issued before X, not while X and Y run
+    ("wg-ahead2", ("GDN_WG_AHEAD=2",)),   # seq2, wide, flow: ... or under the last products (O, the state update)
     ("wg-olo1", ("GDN_WG_OLO=1",)),       # O's product with V_new hi + lo (4 wgmma more, a little more accurate)
 ]
 
@@ -238,8 +239,10 @@ def wgmma_rows(torch, chunk_funcs, cases):
     for name, defines in WGMMA_VARIANTS:
         mod, wfuncs = T.load_chunk_module(defines, source=gdn_wgmma.SOURCE)
         funcs = {**chunk_funcs, **wfuncs}
-        # the wide form (one CTA of two warpgroups), timed with every build: its arithmetic is the two-stage kernel's
+        # the wide form (one CTA of two warpgroups), timed with every build: its arithmetic is the two-stage kernel's;
+        # and every other build's flow form where the rule takes it (uses_flow) and at 1 x 2048
         wide_row = [f"{name}-wide", "-", "bit-identical: tests/gpu/test_gdn_gpu.py"]
+        build_flow_row = [f"{name}-flow", "-", "bit-identical: tests/gpu/test_gdn_gpu.py"]
         for st in gdn_wgmma.STAGES:
             f = wfuncs[gdn_wgmma.entries(128, st)[1]]
             regs = T._check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, f))
@@ -270,9 +273,16 @@ def wgmma_rows(torch, chunk_funcs, cases):
                     serial = flow[:2] + [flow[2][:4]]
                     for key_, seq_ in (("flow", flow), ("nopdl", serial), ("prep", flow[:2]), ("seq", [flow[2][:4]])):
                         flow_rows[key_].append(time_kernel(torch, funcs, seq_, None, None, None, vals))
+                elif st == 2:
+                    sms = torch.cuda.get_device_properties(0).multi_processor_count
+                    build_flow_row.append(
+                        time_kernel(torch, funcs, flow_launches(torch, n, hv, d, vals, tensors), None, None, None, vals)
+                        if key == "1x2048" or gdn_wgmma.uses_flow(n, int(vals[0].chunk_len), hv, d, sms) else None)
             rows.append(row)
             print(f"{row[0]}: {row[2]}", flush=True)
         wide_rows.append(wide_row)
+        if name != "wg":
+            wide_rows.append(build_flow_row)
         T._check(cu.cuModuleUnload(mod))
     return rows + wide_rows + list(plain_rows.values()) + list(flow_rows.values()) + [prep_row]
 
