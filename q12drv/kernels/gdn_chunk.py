@@ -257,11 +257,12 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
     default build, ``GDN_WG_OLO 0``).
     ``u_minus_ws`` (with ``t_product``; no kernel takes it yet, ``docs/NEXT.md``) models fla-core's order of the
     same algebra, ``V_new = U - W S`` with ``U = T diag(beta) V`` and ``W = T diag(beta EK) k`` kept as records:
-    both products take the one bf16 T and their other operand (beta V, beta EK k) as a bf16 hi + lo pair, fp32
-    sums (T scaled before its rounding, or that operand as one bf16, gave 8-24x the state error in numpy: the
-    two products' roundings then no longer cancel in U - W S). ``"hilo"`` stores U as a bf16 hi + lo pair,
-    ``"bf16"`` as one bf16; W is bf16 and S enters ``W S`` as bf16 either way. A sequential kernel in this order has
-    one product group fewer on its chain.
+    each product takes its scaled T, formed from the fp32 T, as a bf16 hi + lo pair and the exact bf16 V or raw k
+    rows, fp32 sums (in numpy, session 10: the one bf16 T with the scaled operand as a pair is as accurate; a
+    scaled T or a scaled operand rounded to one bf16 gave 8-24x the state error, the two products' roundings no
+    longer cancelling in U - W S). ``"hilo"`` stores U as a bf16 hi + lo pair, ``"bf16"`` as one bf16; W is bf16
+    and S enters ``W S`` as bf16 either way. A sequential kernel in this order has one product group fewer on its
+    chain.
     """
     if u_minus_ws not in (None, "hilo", "bf16"):
         raise ValueError(f"u_minus_ws must be None, 'hilo' or 'bf16', got {u_minus_ws!r}")
@@ -349,9 +350,11 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
                 Tm = _block_solve(np.broadcast_to(np.eye(C, dtype=np.float32), (hv, C, C)), Aoff, Dinv)
                 Thi = round_to_bf16(Tm).astype(np.float64)
                 if u_minus_ws:  # the records U, W from the precompute; the chain's product is W S alone
-                    # one bf16 T for both, the scales on the other operand as hi + lo pairs
-                    U = _split(_f32(Thi @ _split(_f32(bt[:, :, None] * V), True)), u_minus_ws == "hilo")
-                    W = round_to_bf16(_f32(Thi @ _split(_f32(_f32(bt * ek)[:, :, None] * Kraw), True))).astype(np.float64)
+                    # T diag(beta) and T diag(beta EK) from the fp32 T as hi + lo pairs; V and the raw k exact
+                    Tu = _split(_f32(Tm * bt[:, None, :]), True)
+                    Tw = _split(_f32(Tm * _f32(bt * ek)[:, None, :]), True)
+                    U = _split(_f32(Tu @ V), u_minus_ws == "hilo")
+                    W = round_to_bf16(_f32(Tw @ Kraw)).astype(np.float64)
                     X = _f32(U - _f32(W @ Ssplit))
                 else:
                     X = _f32(Thi @ _split(R, True))
