@@ -35,7 +35,8 @@
 // the update's left operand) with T rounded to bf16 once (a T lo product measured no more accurate on the H200:
 // it was removed with its 8 KiB a record), and the raw rows with fp32 scales where the split pair takes the
 // rounded normalised rows, in the precompute's A and P too since session 10 (H200 run AY: the state's error
-// 7.5e-5 -> 5.0e-5, o's 3.6e-3 -> 3.0e-3); gdn_chunk.chunked_reference(t_product=True) models them. The results are not the fused kernel's bits; batched == alone holds (a CTA never mixes streams).
+// 7.5e-5 -> 5.0e-5, o's 3.6e-3 -> 3.0e-3); gdn_chunk.chunked_reference(t_product=True) models them. The results
+// are not the fused kernel's bits; batched == alone holds (a CTA never mixes streams).
 // Shared memory (dynamic, 1 KiB slack for the tiles' 1024-byte alignment) per stage: k, q tiles (2 x 64 x dk
 // bf16), T and P tiles (2 x 8 KiB), beta / EK / EQ / WK (1 KiB) and exp(gamma_C) (16 B), the V and O slices
 // [64][72] bf16, rounded up to 1 KiB (68 KiB at d128); then one mbarrier per stage.
