@@ -249,13 +249,13 @@ __device__ __forceinline__ void issue_rows(bf16* dst, int ld, const bf16* __rest
     }
 }
 
-// cp.async of the V slice (columns col0..col0+63 of value head h, [T, num_v_heads, DV] bf16) of 64 rows from
-// packed token tok into dst (row stride BV + 8): 8-byte pieces (v needs 8-byte alignment only); rows >= nv
-// read nothing and land as zeros.
-template <int DV>
+// cp.async of the V slice (columns col0..col0+COLS-1 of value head h, [T, num_v_heads, DV] bf16; COLS: the
+// 64-column slice, or DV: the whole rows) of 64 rows from packed token tok into dst (row stride LDV): 8-byte
+// pieces (v needs 8-byte alignment only); rows >= nv read nothing and land as zeros.
+template <int DV, int BV = GDN_BV, int LDV = GDN_BV + 8>
 __device__ __forceinline__ void issue_v_slice(bf16* dst, const bf16* __restrict__ v, int nv, int tok, int num_v_heads,
                                               int h, int col0, int tid) {
-    constexpr int C = GDN_C, BV = GDN_BV, THREADS = 128, LDV = GDN_BV + 8;
+    constexpr int C = GDN_C, THREADS = 128;
 #pragma unroll
     for (int p = 0; p < C * BV / 4 / THREADS; ++p) {
         const int idx = tid + p * THREADS;
@@ -691,6 +691,23 @@ struct TileVRec {
                          EQ = EK + GDN_C * 4, WK = EQ + GDN_C * 4, EGC = WK + GDN_C * 4, BYTES = EGC + 16;
 };
 
+// The flow form's record (gdn_wgmma.cu, GDN_WG_UWS 1), one per (stream, value head, chunk): fla-core's order of the
+// same algebra, V_new = U - W S, with U = T diag(beta) V and W = T diag(beta EK) k (k the raw rows) from the
+// precompute. W as a [64][DK] bf16 tile (the k tile's 128-byte swizzle: the sequential kernel's X' = S^T W^T takes
+// it where X takes k), P (swizzled), [64] fp32 EQ and WK, exp(gamma_C) and 12 zero bytes (COMMON bytes: one bulk
+// copy); then U^T per 64-column dv slice in fp32, in the order of the sequential kernel's m64n64 accumulator: slice
+// float4 number nt * 128 + thread holds that thread's n-tile nt (dv rows 16 warp + gq, + 8 of the slice, tokens
+// 8 nt + 2 tq, + 1), so the CTA's own slice is a second bulk copy and each thread reads it by 8 conflict-free
+// 16-byte loads. fp32 for U: its rounding does not cancel in U - W S (numpy, session 10: U as one bf16 gave 10-21x
+// the state's error; chunked_reference(u_minus_ws=)).
+template <int DK, int DV>
+struct UwsRec {
+    static constexpr int W = 0, P = GDN_C * DK * 2, EQ = P + GDN_C * GDN_C * 2, WK = EQ + GDN_C * 4,
+                         EGC = WK + GDN_C * 4, COMMON = EGC + 16;
+    static constexpr int U = COMMON, USLICE = GDN_C * GDN_BV * 4, BYTES = U + DV / GDN_BV * USLICE;
+    static_assert(COMMON % 16 == 0 && P % 1024 == 0, "bulk copies of 16-byte multiples; P on a 1024-byte atom");
+};
+
 // Byte offset of row r's 16-byte chunk cg in a [64 x D] bf16 tile in the 128-byte swizzle of wgmma.cuh:
 // [D/64][64 rows][128 B], chunk cg % 8 of row r at position (cg % 8) ^ (r % 8).
 __device__ __forceinline__ int sw128_off(int r, int cg) {
@@ -735,18 +752,25 @@ __device__ __forceinline__ unsigned char* vrec_at(unsigned char* ws, const Q12Me
     const long long kblock = (long long)m.batch_size * nchunks * num_k_heads * KRec<DK>::BYTES;
     return ws + kblock + (((long long)b * nchunks + ci) * num_v_heads + h) * VR::BYTES;
 }
-// The "wgmma" pair's workspace (gdn_chunk.py's workspace_bytes(tiles=True)): n x ceil(chunk_len / 64) x Hv tile
-// V records, then (gdn_wgmma.cu's flow form) one u32 ready flag per precompute item (stream b, chunk ci, key head
-// kh), set to 1 by the flow precompute once the item's records are stored.
+// The "wgmma" pair's workspace (gdn_wgmma.py's workspace_bytes): n x ceil(chunk_len / 64) x Hv records of RB
+// bytes each (the two-launch and wide forms: TileVRec; the flow form: UwsRec, whose RB every flow build uses for
+// the flags' offset, whichever record it writes), then (the flow form) one u32 ready flag per precompute item
+// (stream b, chunk ci, key head kh), set to 1 by the flow precompute once the item's records are stored.
+template <int RB>
+__device__ __forceinline__ unsigned char* rec_at(unsigned char* ws, const Q12Meta& m, int b, int ci, int h,
+                                                 int num_v_heads) {
+    const int nchunks = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
+    return ws + (((long long)b * nchunks + ci) * num_v_heads + h) * RB;
+}
 __device__ __forceinline__ unsigned char* tile_vrec_at(unsigned char* ws, const Q12Meta& m, int b, int ci, int h,
                                                        int num_v_heads) {
-    const int nchunks = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
-    return ws + (((long long)b * nchunks + ci) * num_v_heads + h) * TileVRec::BYTES;
+    return rec_at<TileVRec::BYTES>(ws, m, b, ci, h, num_v_heads);
 }
+template <int RB>
 __device__ __forceinline__ unsigned* ready_flag_at(unsigned char* ws, const Q12Meta& m, int b, int ci, int kh,
                                                    int num_k_heads, int num_v_heads) {
     const int nchunks = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
-    const long long recs = (long long)m.batch_size * nchunks * num_v_heads * TileVRec::BYTES;
+    const long long recs = (long long)m.batch_size * nchunks * num_v_heads * RB;
     return reinterpret_cast<unsigned*>(ws + recs) + ((long long)b * nchunks + ci) * num_k_heads + kh;
 }
 
@@ -782,6 +806,130 @@ struct PrepSmem {
     float rq[GDN_C];
 };
 
+// ---- the flow form's precompute in fla's order (UWS, prep_item): after the block solve, each warp holds T's
+//      columns 16 warp .. 16 warp + 15 in fp32 (X[nt][e] = T[8 nt + 2 tq + (e & 1)][16 warp + gq + 8 (e >> 1)])
+
+// T's columns scaled by f(column), as a bf16 hi + lo pair of transposed tiles th, tl ([64 columns j][LDP]: row j
+// holds T[t][j] f(j) over the tokens t), from the fp32 T (numpy, session 10: a scaled T rounded to one bf16 gave
+// 8-24x the state's error; as a pair the error stays the current pair's).
+template <class F>
+__device__ __forceinline__ void t_cols_hilo(const float (*X)[4], bf16* th, bf16* tl, F&& f, int warp, int lane) {
+    constexpr int LDP = GDN_C + 8;
+    const int gq = lane >> 2, tq = lane & 3, j0 = 16 * warp + gq;
+    const float f0 = f(j0), f1 = f(j0 + 8);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const float fj = hh ? f1 : f0;
+            unsigned hi, lo;
+            pack_hilo(X[nt][2 * hh] * fj, X[nt][2 * hh + 1] * fj, hi, lo);
+            const int at = (j0 + 8 * hh) * LDP + 8 * nt + 2 * tq;
+            *reinterpret_cast<unsigned*>(&th[at]) = hi;
+            *reinterpret_cast<unsigned*>(&tl[at]) = lo;
+        }
+}
+
+// The tiles of t_cols_hilo rescaled in place by f(column): each thread rewrites the pairs it wrote, as bf16 hi + lo
+// of (hi + lo) f (T's fp32 columns are not held across U's product: with them the flow precompute spilled).
+template <class F>
+__device__ __forceinline__ void t_cols_rescale(bf16* th, bf16* tl, F&& f, int warp, int lane) {
+    constexpr int LDP = GDN_C + 8;
+    const int gq = lane >> 2, tq = lane & 3, j0 = 16 * warp + gq;
+    const float f0 = f(j0), f1 = f(j0 + 8);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const float fj = hh ? f1 : f0;
+            const int at = (j0 + 8 * hh) * LDP + 8 * nt + 2 * tq;
+            const unsigned h = *reinterpret_cast<const unsigned*>(&th[at]), l = *reinterpret_cast<const unsigned*>(&tl[at]);
+            unsigned hi, lo;
+            pack_hilo((__uint_as_float(h << 16) + __uint_as_float(l << 16)) * fj,
+                      (__uint_as_float(h & 0xffff0000u) + __uint_as_float(l & 0xffff0000u)) * fj, hi, lo);
+            *reinterpret_cast<unsigned*>(&th[at]) = hi;
+            *reinterpret_cast<unsigned*>(&tl[at]) = lo;
+        }
+}
+
+// U^T = V^T (T diag(beta))^T for dv rows 16 m .. 16 m + 15, m = warp, warp + 4, ... (the sequential kernel's warp
+// m % 4 of dv slice m / 4): V the value head's raw rows ([64][ldv] bf16, exact), (T diag(beta))^T as the hi + lo
+// tiles of t_cols_hilo (zero below the diagonal: token pairs np >= ks only); fp32 into the record's U slices (u:
+// UwsRec::U) in the sequential kernel's accumulator order, one 16-byte store an n-tile.
+template <int DV>
+__device__ __forceinline__ void uws_u(const bf16* vr, int ldv, const bf16* th, const bf16* tl, unsigned char* u,
+                                      int warp, int lane) {
+    constexpr int LDP = GDN_C + 8, USLICE = GDN_C * GDN_BV * 4;
+    const int mat = lane >> 3, r8 = lane & 7;
+#pragma unroll 1   // one m-tile's accumulators at a time (unrolled, the two were interleaved and spilled)
+    for (int m = warp; m < DV / 16; m += 4) {
+        float acc[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+            unsigned a[4];   // V^T [dv rows 16 m ..][tokens 16 ks ..]: V's rows transposed
+            ldsm_x4_t(a[0], a[1], a[2], a[3], &vr[(16 * ks + (mat >> 1) * 8 + r8) * ldv + 16 * m + (mat & 1) * 8]);
+#pragma unroll
+            for (int np = ks; np < 4; ++np) {
+                const int off = (16 * ks + (mat & 1) * 8 + r8) * LDP + 16 * np + (mat >> 1) * 8;
+                unsigned b0, b1, b2, b3;
+                ldsm_x4_t(b0, b1, b2, b3, &th[off]);
+                mma(acc[2 * np], a, b0, b1);
+                mma(acc[2 * np + 1], a, b2, b3);
+                ldsm_x4_t(b0, b1, b2, b3, &tl[off]);
+                mma(acc[2 * np], a, b0, b1);
+                mma(acc[2 * np + 1], a, b2, b3);
+            }
+        }
+        float4* dst = reinterpret_cast<float4*>(u + (m / 4) * USLICE) + 32 * (m % 4) + lane;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) dst[nt * 128] = make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+    }
+}
+
+// W = T diag(beta EK) k for the tokens of block mt and DK / 2 columns: warp w takes block w's first half and block
+// 3 - w's second (the causal k-steps balanced, 5 a warp); (T diag(beta EK))^T as the hi + lo tiles of t_cols_hilo,
+// k the raw rows ([64][DK + 8] bf16, exact); rounded to bf16 into the record's W tile (w: UwsRec::W, sw128_off).
+template <int DK>
+__device__ __forceinline__ void uws_w(const bf16* kr, const bf16* th, const bf16* tl, unsigned char* w, int warp,
+                                      int lane) {
+    constexpr int LDK = DK + 8, LDP = GDN_C + 8, NT = DK / 16;
+    const int gq = lane >> 2, tq = lane & 3, mat = lane >> 3, r8 = lane & 7;
+#pragma unroll 1   // one half's accumulators at a time
+    for (int half = 0; half < 2; ++half) {
+        const int mt = half ? 3 - warp : warp, col0 = half * (DK / 2);
+        float acc[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+            if (ks > mt) break;
+            const int a_off = (16 * ks + (mat >> 1) * 8 + r8) * LDP + 16 * mt + (mat & 1) * 8;
+            unsigned ah[4], al[4];
+            ldsm_x4_t(ah[0], ah[1], ah[2], ah[3], &th[a_off]);
+            ldsm_x4_t(al[0], al[1], al[2], al[3], &tl[a_off]);
+#pragma unroll
+            for (int np = 0; np < NT / 2; ++np) {
+                unsigned b0, b1, b2, b3;
+                ldsm_x4_t(b0, b1, b2, b3, &kr[(16 * ks + (mat & 1) * 8 + r8) * LDK + col0 + 16 * np + (mat >> 1) * 8]);
+                mma(acc[2 * np], ah, b0, b1);
+                mma(acc[2 * np + 1], ah, b2, b3);
+                mma(acc[2 * np], al, b0, b1);
+                mma(acc[2 * np + 1], al, b2, b3);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int t = 16 * mt + gq + 8 * hh, d = col0 + 8 * nt + 2 * tq;
+                *reinterpret_cast<unsigned*>(w + sw128_off(t, d >> 3) + (d & 7) * 2) =
+                    pack(acc[nt][2 * hh], acc[nt][2 * hh + 1]);
+            }
+    }
+}
+
 template <bool TILES> struct RecV { using type = VRec; };
 template <> struct RecV<true> { using type = TileVRec; };
 
@@ -789,14 +937,19 @@ template <> struct RecV<true> { using type = TileVRec; };
 // key head kh), which has len tokens: (TILES 0) its K record, K K^T and Q K^T once, then each value head's V record
 // (its beta and gamma scale the products in the epilogues). TILES 0: the "split" pair's records (KRec, VRec);
 // TILES 1: the "wgmma" pair's (no K record; TileVRec: T = (I + A)^-1 from the block solve applied to the identity,
-// the rows' scales folded into its per-token factors). sync(): the group's barrier (__syncthreads for a CTA of
-// one group). It returns after the group's last barrier: every record store of the item is issued, and the
-// group's shared memory is free again.
-template <int DK, int DV, bool TILES, class Sync>
+// the rows' scales folded into its per-token factors); UWS (with TILES: the flow form's, GDN_WG_UWS 1): UwsRec
+// instead, U and W by four more products a value head (each warp's T columns scaled, as hi + lo tiles in s.a and
+// s.p once the solve has read -A and P is stored; the value head's raw V rows in s.q, copied once Q K^T has read
+// q; the raw k rows stay in s.k), from v. sync(): the group's barrier (__syncthreads for a CTA of one group). It
+// returns after the group's last barrier: every record store of the item is issued, and the group's shared memory
+// is free again.
+template <int DK, int DV, bool TILES, bool UWS = false, class Sync>
 __device__ __forceinline__ void prep_item(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
                                           const float* __restrict__ g, const float* __restrict__ beta, int num_k_heads,
                                           int num_v_heads, unsigned char* __restrict__ ws, PrepSmem<DK>& s, int b,
-                                          int kh, int ci, int len, int tid, Sync sync) {
+                                          int kh, int ci, int len, int tid, Sync sync,
+                                          const bf16* __restrict__ v = nullptr) {
+    static_assert(!UWS || (TILES && DV == DK), "UWS: the wgmma pair's flow records, V rows in s.q (dv = dk)");
     using SM = PrepSmem<DK>;
     constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8, LDK = SM::LDK, LDP = SM::LDP, LDD = SM::LDD;
     const int lane = tid & 31, warp = tid >> 5;
@@ -828,13 +981,19 @@ __device__ __forceinline__ void prep_item(const Q12Meta& m, const bf16* __restri
         }
     // K K^T and Q K^T once for the key head (4 warps: warp w owns K rows of block w, Q rows of block 3 - w);
     // each value head scales them by its own beta and gamma in the epilogues
+    // (UWS: K K^T again for each value head, from the raw k rows that stay in s.k; holding it spilled the d128 flow
+    // precompute beside T's columns and U's accumulators under NVRTC 13.0)
     float acck[8][4], accq[8][4];
-    causal_rows_kt<DK>(acck, s.k, s.k, warp, lane);
+    if (!UWS) causal_rows_kt<DK>(acck, s.k, s.k, warp, lane);
     causal_rows_kt<DK>(accq, s.q, s.k, 3 - warp, lane);
     for (int j = 0; j < group; ++j) {
         const int h = kh * group + j;
-        if (j > 0) cp_async_wait_all();   // this value head's g and beta, copied while the previous head computed
+        if (j > 0) cp_async_wait_all();   // this value head's g and beta (UWS: and V), copied while the previous head computed
         sync();
+        if (UWS && j == 0) {   // (UWS) the first value head's V rows: q is read out (Q K^T, before the barrier above)
+            issue_v_slice<DV, DV, LDK>(s.q, v, min(C, len - c0), ld_volatile(cu + b) + c0, num_v_heads, h, 0, tid);
+            cp_async_commit();
+        }
         if (warp == 0) chunk_gamma<TILES>(s, j & 1, lane);
         sync();
         if (j + 1 < group) {   // the next value head's g and beta into the other buffer (chunk_gamma read this one out)
@@ -842,6 +1001,7 @@ __device__ __forceinline__ void prep_item(const Q12Meta& m, const bf16* __restri
                                                    num_k_heads, num_v_heads, h + 1, 0, tid);
             cp_async_commit();
         }
+        if (UWS) causal_rows_kt<DK>(acck, s.k, s.k, warp, lane);
         products_epilogue<true, TILES>(s, acck, warp, lane);
         products_epilogue<false, TILES>(s, accq, 3 - warp, lane);
         sync();
@@ -860,12 +1020,43 @@ __device__ __forceinline__ void prep_item(const Q12Meta& m, const bf16* __restri
                 Rt[nt][e] = at == cc * (LDP + 1) ? 1.f : 0.f;
             });
             block_solve(s.a, s.dinv, Rt, X, lane);
-            each_slice_elem<LDP>(warp, lane, [&](int nt, int e, int, int at) { s.k[at] = __float2bfloat16_rn(X[nt][e]); });
-            sync();
-            for (int idx = tid; idx < 2 * C * 8; idx += THREADS) {   // T, P as swizzled tiles
-                const int which = idx / (C * 8), rest = idx % (C * 8), row = rest / 8, sg = rest % 8;
-                *reinterpret_cast<uint4*>(vrec + (which ? TileVRec::P : TileVRec::T) + sw128_off(row, sg)) =
-                    *reinterpret_cast<const uint4*>((which ? s.p : s.k) + row * LDP + sg * 8);
+            if constexpr (UWS) {
+                using UR = UwsRec<DK, DV>;
+                unsigned char* urec = rec_at<UR::BYTES>(ws, m, b, ci, h, num_v_heads);
+                for (int idx = tid; idx < C * 8; idx += THREADS)   // P as a swizzled tile
+                    *reinterpret_cast<uint4*>(urec + UR::P + sw128_off(idx / 8, idx % 8)) =
+                        *reinterpret_cast<const uint4*>(s.p + (idx / 8) * LDP + (idx % 8) * 8);
+                if (tid < 2 * 16) {   // EQ, WK (16 B a thread), then exp(gamma_C)
+                    const int i = (tid & 15) * 4;
+                    const float* x = tid < 16 ? s.eg : s.wd;
+                    const float* r = tid < 16 ? s.rq : s.rk;
+                    *reinterpret_cast<float4*>(urec + UR::EQ + tid * 16) =
+                        make_float4(x[i] * r[i], x[i + 1] * r[i + 1], x[i + 2] * r[i + 2], x[i + 3] * r[i + 3]);
+                } else if (tid == 2 * 16) {
+                    *reinterpret_cast<float4*>(urec + UR::EGC) = make_float4(s.eg[C - 1], 0.f, 0.f, 0.f);
+                }
+                sync();   // -A read by every warp's solve, P stored: s.a, s.p take T's scaled columns
+                t_cols_hilo(X, s.a, s.p, [&](int c) { return s.beta[c]; }, warp, lane);
+                cp_async_wait_all();   // this value head's V rows
+                sync();
+                uws_u<DV>(s.q, LDK, s.a, s.p, urec + UR::U, warp, lane);
+                sync();   // V and T diag(beta) read out
+                if (j + 1 < group) {   // the next value head's V rows, while this one's W is computed
+                    issue_v_slice<DV, DV, LDK>(s.q, v, min(C, len - c0), ld_volatile(cu + b) + c0, num_v_heads, h + 1,
+                                               0, tid);
+                    cp_async_commit();
+                }
+                t_cols_rescale(s.a, s.p, [&](int c) { return s.eg[c] * s.rk[c]; }, warp, lane);   // T diag(beta EK)
+                sync();
+                uws_w<DK>(s.k, s.a, s.p, urec + UR::W, warp, lane);
+            } else {
+                each_slice_elem<LDP>(warp, lane, [&](int nt, int e, int, int at) { s.k[at] = __float2bfloat16_rn(X[nt][e]); });
+                sync();
+                for (int idx = tid; idx < 2 * C * 8; idx += THREADS) {   // T, P as swizzled tiles
+                    const int which = idx / (C * 8), rest = idx % (C * 8), row = rest / 8, sg = rest % 8;
+                    *reinterpret_cast<uint4*>(vrec + (which ? TileVRec::P : TileVRec::T) + sw128_off(row, sg)) =
+                        *reinterpret_cast<const uint4*>((which ? s.p : s.k) + row * LDP + sg * 8);
+                }
             }
         } else {
             for (int idx = tid; idx < 2 * C * 8; idx += THREADS) {
@@ -877,7 +1068,7 @@ __device__ __forceinline__ void prep_item(const Q12Meta& m, const bf16* __restri
                 *reinterpret_cast<uint4*>(vrec + VRec::DINV + tid * 16) =
                     *reinterpret_cast<const uint4*>(s.dinv + (tid >> 1) * LDD + (tid & 1) * 8);
         }
-        if constexpr (TILES) {   // beta, EK, EQ, WK (16 B a thread), then exp(gamma_C)
+        if constexpr (TILES && !UWS) {   // beta, EK, EQ, WK (16 B a thread), then exp(gamma_C)
             if (tid < 4 * 16) {
                 const int i = (tid & 15) * 4, a = tid >> 4;
                 const float* x = a == 0 ? s.beta : a == 3 ? s.wd : s.eg;
@@ -891,7 +1082,7 @@ __device__ __forceinline__ void prep_item(const Q12Meta& m, const bf16* __restri
             } else if (tid == 4 * 16) {
                 *reinterpret_cast<float4*>(vrec + TileVRec::EGC) = make_float4(s.eg[C - 1], 0.f, 0.f, 0.f);
             }
-        } else if (tid < 3 * 16) {
+        } else if (!TILES && tid < 3 * 16) {
             const float* src = tid < 16 ? s.beta : tid < 32 ? s.eg : s.wd;
             *reinterpret_cast<uint4*>(vrec + VR::BETA + tid * 16) = *reinterpret_cast<const uint4*>(src + (tid & 15) * 4);
         }

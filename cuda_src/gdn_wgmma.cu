@@ -68,9 +68,12 @@
 #ifndef GDN_WG_EARLY  // 1 (one stage): the next chunk's records copied once the last wgmma is done; 0: at its top
 #define GDN_WG_EARLY 1
 #endif
-#ifndef GDN_WG_AHEAD  // (two stages) 1: the next chunk's copies issued while X and Y run; 0: before X; 2: once the
-#define GDN_WG_AHEAD 1  // last products (O, the state update) are issued, under them (session 10, not yet measured:
-#endif                  // the copies' ~150 instructions a thread outlast X's wgmma, not the update's)
+#ifndef GDN_WG_AHEAD  // (two stages) 1: the next chunk's copies issued while X and Y run; 0: before X. (Under the
+#define GDN_WG_AHEAD 1  // last products instead, session 10's AHEAD 2: the flow form 0.384 -> 0.431 ms at 1 x 8192, the
+#endif                  // two-stage pair 0.479 -> 0.559 at 8 x 2048, H200 run BB; removed)
+#ifndef GDN_WG_UWS    // the flow form: 1: fla's order, V_new = U - W S (UwsRec: the chain without R's epilogue and the T
+#define GDN_WG_UWS 1  // product; session 11); 0: the pair's records and sequential arithmetic (its bits)
+#endif
 #ifndef GDN_WG_OLO    // 1: O's product takes V_new as bf16 hi + lo; 0 (default since run AT): hi only, as fla-core (4 wgmma
 #define GDN_WG_OLO 0  // fewer; H200 run AT: 2-4% faster, o error 3.3e-3 -> 3.6e-3 against the fused kernel's 3.5e-3;
 #endif                // the state does not depend on it)
@@ -83,19 +86,28 @@ using namespace gdnc;
 // Byte offsets inside one stage (from its 1024-byte aligned start); BYTES is a multiple of 1024. WGS: warpgroups
 // of the CTA, each with its own V and O slices (slice w at V + w * SLICE, O + w * SLICE); the tiles and the V
 // record are shared.
-template <int DK, int WGS = 1>
+// UWS (the flow form's GDN_WG_UWS 1): the record is UwsRec's common part (W, P, EQ, WK, exp(gamma_C); one bulk
+// copy) and the CTA's U slice (a second one), no V slice.
+template <int DK, int WGS = 1, bool UWS = false>
 struct Stage {
+    using UR = UwsRec<DK, DK>;
     static constexpr int KT = GDN_C * DK * 2;                    // one [64 x DK] bf16 tile
     static constexpr int K = 0, Q = KT;                          // raw k and q rows, swizzled (cp.async)
-    static constexpr int VREC = 2 * KT;                          // TileVRec (one bulk copy)
-    static constexpr int T = VREC + TileVRec::T, P = VREC + TileVRec::P;
-    static constexpr int BETA = VREC + TileVRec::BETA, EK = VREC + TileVRec::EK, EQ = VREC + TileVRec::EQ;
-    static constexpr int WK = VREC + TileVRec::WK, EGC = VREC + TileVRec::EGC;
+    static constexpr int VREC = 2 * KT;                          // TileVRec or UwsRec's common part (one bulk copy)
+    static constexpr int REC = UWS ? UR::COMMON : TileVRec::BYTES;
+    static constexpr int T = VREC + TileVRec::T, W = VREC + UR::W;   // T (the pair's), W (UWS)
+    static constexpr int P = VREC + (UWS ? UR::P : TileVRec::P);
+    static constexpr int BETA = VREC + TileVRec::BETA, EK = VREC + TileVRec::EK;   // not UWS
+    static constexpr int EQ = VREC + (UWS ? UR::EQ : TileVRec::EQ), WK = VREC + (UWS ? UR::WK : TileVRec::WK);
+    static constexpr int EGC = VREC + (UWS ? UR::EGC : TileVRec::EGC);
     static constexpr int LDV = GDN_BV + 8, SLICE = GDN_C * LDV * 2;
-    static constexpr int V = VREC + TileVRec::BYTES;             // the V slices [64][LDV] bf16
-    static constexpr int O = V + WGS * SLICE;                    // the O slices [64][LDV] bf16
+    static constexpr int U = VREC + REC;                         // (UWS) the U slice, UR::USLICE bytes
+    static constexpr int V = VREC + REC;                         // (not UWS) the V slices [64][LDV] bf16
+    static constexpr int O = UWS ? U + UR::USLICE : V + WGS * SLICE;   // the O slices [64][LDV] bf16
     static constexpr int BYTES = (O + WGS * SLICE + 1023) / 1024 * 1024;
-    static_assert(VREC % 1024 == 0 && V % 16 == 0, "stage layout: T and P on 1024-byte atoms, the slices 16-byte aligned");
+    static_assert(VREC % 1024 == 0 && P % 1024 == 0 && V % 16 == 0, "stage layout: the tiles on 1024-byte atoms, "
+                  "the slices 16-byte aligned");
+    static_assert(!UWS || WGS == 1, "UWS: one warpgroup a CTA (the flow form)");
 };
 
 // Descriptors of the stage's tiles (wgmma.cuh, 128-byte swizzle): k-step ks of a K-major [64 x D] tile (atom
@@ -124,14 +136,16 @@ __device__ __forceinline__ float2 ld2(const float* p) { return *reinterpret_cast
 // One chunk's products for this warpgroup (gdn_chunk.cuh's state_step with the solve as one product): St is
 // S^T (m64n{DK} accumulator), updated; Ot gets O^T [64 dv x 64 tokens] (m64n64 accumulator). sb / sp: the
 // stage (shared address, pointer); vs: this warpgroup's V slice (shared address), read here; warp: 0..3 in the
-// warpgroup. meanwhile() runs while the first products are in flight, under_update() while the last ones are.
+// warpgroup. meanwhile() runs while the first products are in flight.
 // Every wgmma is complete on return. (Leaving the O product in flight into the next chunk, issued
 // after the update, made ptxas 13.0 serialize all 40 wgmma of the loop, each waited alone: nvdisasm, session 8;
 // it does so as soon as any wgmma is in flight across the loop's back edge, even with the wait at the loop's top.)
-template <int DK, class F, class G>
+// UWS (the flow form, GDN_WG_UWS 1): X' = S^T W^T takes the W tile where X takes k, and V_new^T = U^T - X' (the
+// stage's U slice; vs unused) replaces R's epilogue and the T product.
+template <int DK, bool UWS, class F>
 __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], unsigned sb, const unsigned char* sp,
-                                          unsigned vs, int warp, int lane, F&& meanwhile, G&& under_update) {
-    using L = Stage<DK>;
+                                          unsigned vs, int warp, int lane, F&& meanwhile) {
+    using L = Stage<DK, 1, UWS>;
     constexpr int NK = DK / 16;
     const int tq = lane & 3;
     const float* bet = reinterpret_cast<const float*>(sp + L::BETA);
@@ -141,7 +155,8 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
     float (*S4)[4] = reinterpret_cast<float (*)[4]>(St);
     float (*O4)[4] = reinterpret_cast<float (*)[4]>(Ot);
 
-    // ---- X = S^T K^T, Y = S^T Q^T (into Ot); then R^T = beta (V^T - exp(gamma) X)
+    // ---- X = S^T K^T (UWS: X' = S^T W^T), Y = S^T Q^T (into Ot); then R^T = beta (V^T - exp(gamma) X) and
+    // V_new^T = R^T T^T (UWS: V_new^T = U^T - X')
     float X[32], N[32];
     float (*X4)[4] = reinterpret_cast<float (*)[4]>(X);
     float (*N4)[4] = reinterpret_cast<float (*)[4]>(N);
@@ -150,7 +165,7 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
     for (int ks = 0; ks < NK; ++ks) a_from_c(S4[2 * ks], S4[2 * ks + 1], sa[ks]);
     wg::fence();
 #pragma unroll
-    for (int ks = 0; ks < NK; ++ks) wg::mma_rs<64, 0>(X, sa[ks], kmajor(sb + L::K, ks), ks > 0);
+    for (int ks = 0; ks < NK; ++ks) wg::mma_rs<64, 0>(X, sa[ks], kmajor(sb + (UWS ? L::W : L::K), ks), ks > 0);
 #if GDN_WG_XY
     wg::commit();
 #endif
@@ -160,43 +175,58 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
     meanwhile();
     wg::wait<GDN_WG_XY>();   // X complete (XY 1: Y may still run)
     wg::pin(X);
+    if constexpr (UWS) {   // V_new^T = U^T - X': this thread's 8 n-tiles of the U slice (UwsRec's order)
+        const float4* u = reinterpret_cast<const float4*>(sp + L::U) + 32 * warp + lane;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {   // the V slice as this lane's token pairs (slice_row), two n-tiles at a time
-        unsigned vp[4];
-        ldsm_x4_t(vp[0], vp[1], vp[2], vp[3], slice_row(vs, i, warp, lane));
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const int nt = 2 * i + j;
-            const float2 b = ld2(bet + 8 * nt + 2 * tq), f = ld2(ek + 8 * nt + 2 * tq);
-            X4[nt][0] = b.x * (bf16_lo(vp[2 * j]) - f.x * X4[nt][0]);
-            X4[nt][1] = b.y * (bf16_hi(vp[2 * j]) - f.y * X4[nt][1]);
-            X4[nt][2] = b.x * (bf16_lo(vp[2 * j + 1]) - f.x * X4[nt][2]);
-            X4[nt][3] = b.y * (bf16_hi(vp[2 * j + 1]) - f.y * X4[nt][3]);
+        for (int nt = 0; nt < 8; ++nt) {
+            const float4 x = u[nt * 128];
+            X4[nt][0] = x.x - X4[nt][0];
+            X4[nt][1] = x.y - X4[nt][1];
+            X4[nt][2] = x.z - X4[nt][2];
+            X4[nt][3] = x.w - X4[nt][3];
         }
-    }
+        wg::wait<0>();   // Y
+        wg::pins(Ot, X, sa);
+    } else {
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) a_from_c_hilo<true>(X4[2 * kk], X4[2 * kk + 1], rh[kk], rl[kk]);
-    // ---- V_new^T = R^T T^T
-    wg::fence();
+        for (int i = 0; i < 4; ++i) {   // the V slice as this lane's token pairs (slice_row), two n-tiles at a time
+            unsigned vp[4];
+            ldsm_x4_t(vp[0], vp[1], vp[2], vp[3], slice_row(vs, i, warp, lane));
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-        wg::mma_rs<64, 0>(N, rh[kk], kmajor(sb + L::T, kk), kk > 0);
-        wg::mma_rs<64, 0>(N, rl[kk], kmajor(sb + L::T, kk), 1);
+            for (int j = 0; j < 2; ++j) {
+                const int nt = 2 * i + j;
+                const float2 b = ld2(bet + 8 * nt + 2 * tq), f = ld2(ek + 8 * nt + 2 * tq);
+                X4[nt][0] = b.x * (bf16_lo(vp[2 * j]) - f.x * X4[nt][0]);
+                X4[nt][1] = b.y * (bf16_hi(vp[2 * j]) - f.y * X4[nt][1]);
+                X4[nt][2] = b.x * (bf16_lo(vp[2 * j + 1]) - f.x * X4[nt][2]);
+                X4[nt][3] = b.y * (bf16_hi(vp[2 * j + 1]) - f.y * X4[nt][3]);
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) a_from_c_hilo<true>(X4[2 * kk], X4[2 * kk + 1], rh[kk], rl[kk]);
+        // ---- V_new^T = R^T T^T
+        wg::fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            wg::mma_rs<64, 0>(N, rh[kk], kmajor(sb + L::T, kk), kk > 0);
+            wg::mma_rs<64, 0>(N, rl[kk], kmajor(sb + L::T, kk), 1);
+        }
+        wg::commit();
+        wg::wait<0>();
+        wg::pins(Ot, N, rh, rl, sa);
     }
-    wg::commit();
-    wg::wait<0>();
-    wg::pins(Ot, N, rh, rl, sa);
+    float (*V4)[4] = UWS ? X4 : N4;   // V_new^T
     // ---- O^T = exp(gamma) Y + V_new^T P^T;  S^T = exp(gamma_C) S^T + (V_new^T exp(gamma_C - gamma)) K
     unsigned vh[4][4], vl[4][4], dh[4][4], dl[4][4];
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-        a_from_c_hilo<true>(N4[2 * kk], N4[2 * kk + 1], vh[kk], vl[kk]);
+        a_from_c_hilo<true>(V4[2 * kk], V4[2 * kk + 1], vh[kk], vl[kk]);
         float x0[4], x1[4];
         const float2 w0 = ld2(wk + 16 * kk + 2 * tq), w1 = ld2(wk + 16 * kk + 8 + 2 * tq);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            x0[e] = N4[2 * kk][e] * (e & 1 ? w0.y : w0.x);
-            x1[e] = N4[2 * kk + 1][e] * (e & 1 ? w1.y : w1.x);
+            x0[e] = V4[2 * kk][e] * (e & 1 ? w0.y : w0.x);
+            x1[e] = V4[2 * kk + 1][e] * (e & 1 ? w1.y : w1.x);
         }
         a_from_c_hilo<true>(x0, x1, dh[kk], dl[kk]);
     }
@@ -223,7 +253,6 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
         wg::mma_rs<DK, 1>(St, dl[kk], mnmajor(sb + L::K, kk), 1);
     }
     wg::commit();
-    under_update();
     wg::wait<0>();
     wg::pins(Ot, St, vh, vl, dh, dl);
 }
@@ -293,15 +322,17 @@ __device__ __forceinline__ int longest_first(const int* cu, int n, int r, int* s
 // ready flag is set, and the CTA ends with griddepcontrol.wait (the precompute grid complete). WGS 2 (the wide
 // form, ops.gdn(form="wide")): warpgroup w owns dv slice 2 blockIdx.x + w; the chunk's k and q tiles (one each
 // warpgroup copies) and V record are the two's, so each comes to shared memory once for both.
-template <int DK, int DV, int STAGES, bool FLOW = false, int WGS = 1>
+template <int DK, int DV, int STAGES, bool FLOW = false, int WGS = 1, bool UWS = false>
 __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned long long* __restrict__ h_state_ptrs,
                                                 const bf16* __restrict__ q, const bf16* __restrict__ k,
                                                 const bf16* __restrict__ v, bf16* __restrict__ o, int num_k_heads,
                                                 int num_v_heads, unsigned char* __restrict__ ws) {
     using namespace gdnc;
-    using L = gdnw::Stage<DK, WGS>;
+    using L = gdnw::Stage<DK, WGS, UWS>;
+    using UR = UwsRec<DK, DV>;
     constexpr int C = GDN_C, BV = GDN_BV, THREADS = 128 * WGS;
     static_assert(!FLOW || STAGES == 2, "the flow form's sequential kernel has two stages");
+    static_assert(!UWS || FLOW, "UWS: the flow form's records");
     static_assert(WGS == 1 || (WGS == 2 && !FLOW && STAGES == 2), "the wide form: two stages, no flags");
     extern __shared__ __align__(128) unsigned char gdn_smem_raw[];
     const unsigned raw = smem_u32(gdn_smem_raw);
@@ -344,7 +375,7 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
         for (int i = 0; i < STAGES; ++i) wg::mbar_init(bars + 8 * i, 1);
         wg::fence_mbarrier_init();
         if (FLOW) {
-            flags = ready_flag_at(ws, m, b, 0, kh, num_k_heads, num_v_heads);
+            flags = ready_flag_at<UR::BYTES>(ws, m, b, 0, kh, num_k_heads, num_v_heads);
             ready_to = -1;
         }
     }
@@ -369,15 +400,23 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
                 else pdl_wait();
             }
             wg::fence_proxy_async();   // the stage's generic reads (beta, EK, ...) before the copy's writes
-            wg::mbar_arrive_expect_tx(bars + 8 * st, TileVRec::BYTES);
-            wg::bulk_g2s(sb + L::VREC, tile_vrec_at(ws, m, b, ci, h, num_v_heads), TileVRec::BYTES, bars + 8 * st);
+            if constexpr (UWS) {   // the record's common part, then this CTA's U slice
+                const unsigned char* rec = rec_at<UR::BYTES>(ws, m, b, ci, h, num_v_heads);
+                wg::mbar_arrive_expect_tx(bars + 8 * st, UR::COMMON + UR::USLICE);
+                wg::bulk_g2s(sb + L::VREC, rec, UR::COMMON, bars + 8 * st);
+                wg::bulk_g2s(sb + L::U, rec + UR::U + (col0 / BV) * UR::USLICE, UR::USLICE, bars + 8 * st);
+            } else {
+                wg::mbar_arrive_expect_tx(bars + 8 * st, TileVRec::BYTES);
+                wg::bulk_g2s(sb + L::VREC, tile_vrec_at(ws, m, b, ci, h, num_v_heads), TileVRec::BYTES, bars + 8 * st);
+            }
         }
     };
     auto issue_records = [&](int ci, int st) {
         issue_kq(ci, st);
         issue_vrec(ci, st);
     };
-    auto issue_v = [&](int ci, int st) {
+    auto issue_v = [&](int ci, int st) {   // (UWS: none, U comes in the record)
+        if (UWS) return;
         issue_v_slice<DV>(reinterpret_cast<bf16*>(basep + st * L::BYTES + L::V + wgi * L::SLICE), v, min(C, len - ci * C),
                           ld_volatile(cu + b) + ci * C, num_v_heads, h, col0, wtid);
         cp_async_commit();
@@ -422,12 +461,10 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
         };
         if (GDN_WG_AHEAD == 0) issue_next();
         float Ot[32];
-        gdnw::chunk_mma<DK>(St, Ot, base + st * L::BYTES, basep + st * L::BYTES, base + st * L::BYTES + L::V + wgi * L::SLICE,
+        gdnw::chunk_mma<DK, UWS>(St, Ot, base + st * L::BYTES, basep + st * L::BYTES, base + st * L::BYTES + L::V + wgi * L::SLICE,
                             warp, lane, [&] {
             if (ci > 0) o_rows(ci - 1);
             if (GDN_WG_AHEAD == 1) issue_next();   // its 2 x 64 + 64 / 2 copies off the chain, under X and Y
-        }, [&] {
-            if (GDN_WG_AHEAD == 2) issue_next();   // or under the update's wgmma
         });
         if (STAGES == 1) {
             __syncthreads();   // every warp is done with the stage's tiles, scalars, V slice and O slice
@@ -459,14 +496,24 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
 // No cycle: the precompute never waits, and every CTA of it is running or done before a sequential CTA starts
 // (without programmatic launch the sequential kernel starts after the precompute: the same result, serially).
 // The sequential CTAs end with griddepcontrol.wait, so the stream's next operation finds both grids complete.
-// The results are the two-launch pair's bits (the same records, the same sequential arithmetic).
+// Records and chain (GDN_WG_UWS 1, session 11): fla-core's order of the same algebra, V_new = U - W S. The
+// precompute (gdn_chunk.cuh's prep_item<UWS>) stores, per (stream, value head, chunk), UwsRec: W = T diag(beta EK) k
+// (bf16, the k tile's layout), P, EQ, WK, exp(gamma_C), and U = T diag(beta) V in fp32 in the sequential kernel's
+// accumulator order (T diag(beta) and T diag(beta EK) as bf16 hi + lo pairs from the fp32 T, V and k exact). Per
+// chunk the sequential kernel then runs [X' = S^T W^T, Y] -> V_new^T = U^T - X' (eight 16-byte loads and 32
+// subtractions a thread) -> [O, S update]: R's epilogue, its hi + lo split and the 8 wgmma of the T product leave
+// the chain. Not the pair's bits (chunked_reference(t_product=True, u_minus_ws="fp32") models it: the state's
+// error as the pair's in numpy); batched == alone. The records are 3.3x the pair's (57.9 KB a value head and chunk
+// at d128), fine here: they are read soon after they are written. GDN_WG_UWS 0: the pair's records and
+// sequential arithmetic (its bits; the flags stay where UwsRec puts them).
 namespace gdnw {
 
 // grid (P), 384 threads (three groups), dynamic smem 3 x PrepSmem<DK>: worker w = 3 * blockIdx.x + group takes
 // items w, w + 3P, ... of (chunk, stream, key head), chunk-major.
 template <int DK, int DV>
 __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                                   const float* __restrict__ g, const float* __restrict__ beta,
+                                                   const bf16* __restrict__ v, const float* __restrict__ g,
+                                                   const float* __restrict__ beta,
                                                    int num_k_heads, int num_v_heads, unsigned char* __restrict__ ws) {
     using namespace gdnc;
     pdl_launch_dependents();
@@ -483,12 +530,12 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
         const int b = r / num_k_heads, kh = r % num_k_heads;
         const int len = cu[b + 1] - cu[b];
         if (ci * GDN_C >= len) continue;
-        prep_item<DK, DV, true>(m, q, k, g, beta, num_k_heads, num_v_heads, ws, s, b, kh, ci, len, tid,
-                                [grp] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + grp) : "memory"); });
+        prep_item<DK, DV, true, GDN_WG_UWS>(m, q, k, g, beta, num_k_heads, num_v_heads, ws, s, b, kh, ci, len, tid,
+                                            [grp] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + grp) : "memory"); }, v);
         if (tid == 0) {   // the group's record stores are issued (prep_item's last barrier): publish them
             __threadfence();
-            asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(ready_flag_at(ws, m, b, ci, kh, num_k_heads,
-                                                                                  num_v_heads)), "r"(1u) : "memory");
+            asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(ready_flag_at<UwsRec<DK, DV>::BYTES>(
+                             ws, m, b, ci, kh, num_k_heads, num_v_heads)), "r"(1u) : "memory");
         }
     }
 }
@@ -515,18 +562,21 @@ extern "C" __global__ void __launch_bounds__(256, 1) q12_gdn_wgmma_seqw_d128(Q12
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) q12_gdn_wgmma_prep_flow_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    gdnw::gdn_prep_flow_body<128, 128>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
+    gdnw::gdn_prep_flow_body<128, 128>(m, q, k, v, g, beta, num_k_heads, num_v_heads, workspace);
 }
 extern "C" __global__ void __launch_bounds__(384, 1) q12_gdn_wgmma_prep_flow_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    gdnw::gdn_prep_flow_body<64, 64>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
+    gdnw::gdn_prep_flow_body<64, 64>(m, q, k, v, g, beta, num_k_heads, num_v_heads, workspace);
 }
 extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_seq_flow_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 128 / GDN_BV) gdn_wg_seq_body<128, 128, 2, true>(m, h_state_ptrs, q, k, v, o, num_k_heads, num_v_heads, workspace);
+    if (gridDim.x == 128 / GDN_BV) gdn_wg_seq_body<128, 128, 2, true, 1, GDN_WG_UWS>(m, h_state_ptrs, q, k, v, o, num_k_heads, num_v_heads, workspace);
 }
 extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_seq_flow_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 64 / GDN_BV) gdn_wg_seq_body<64, 64, 2, true>(m, h_state_ptrs, q, k, v, o, num_k_heads, num_v_heads, workspace);
+    if (gridDim.x == 64 / GDN_BV) gdn_wg_seq_body<64, 64, 2, true, 1, GDN_WG_UWS>(m, h_state_ptrs, q, k, v, o, num_k_heads, num_v_heads, workspace);
 }
 
 // gdn_wgmma.py's stage_bytes(d) must give these numbers.
-static_assert(gdnw::Stage<128>::BYTES == 69632 && gdnw::Stage<64>::BYTES == 53248 && gdnw::Stage<128, 2>::BYTES == 88064,
+static_assert(gdnw::Stage<128>::BYTES == 69632 && gdnw::Stage<64>::BYTES == 53248 && gdnw::Stage<128, 2>::BYTES == 88064 &&
+              gdnw::Stage<128, 1, true>::BYTES == 83968 && gdnw::Stage<64, 1, true>::BYTES == 59392,
               "Stage size differs from q12drv.kernels.gdn_wgmma.stage_bytes");
+static_assert(gdnc::UwsRec<128, 128>::BYTES == 57872 && gdnc::UwsRec<64, 64>::BYTES == 33296,
+              "UwsRec size differs from q12drv.kernels.gdn_wgmma.flow_record_bytes");

@@ -434,15 +434,15 @@ def _run_chunk_emulated(inputs, hk, hv, d, grid=None, block=None, split=0, ws_sh
             geos = gdn_chunk.split_geometry(n, meta.chunk_len, hk, hv, d, split)
             names = gdn_chunk.split_entries(d, split)
         elif pair == "wgmma":
-            nbytes = gdn_wgmma.flags_offset(n, meta.chunk_len, hk, hv, d)
+            nbytes = gdn_wgmma.workspace_bytes(n, meta.chunk_len, hk, hv, d, "pair")
             geos = gdn_wgmma.geometry(n, meta.chunk_len, hk, hv, d, split)
             names = gdn_wgmma.entries(d, split)
         elif pair == "wide":
-            nbytes = gdn_wgmma.flags_offset(n, meta.chunk_len, hk, hv, d)
+            nbytes = gdn_wgmma.workspace_bytes(n, meta.chunk_len, hk, hv, d, "wide")
             geos = gdn_wgmma.wide_geometry(n, meta.chunk_len, hk, hv, d)
             names = gdn_wgmma.wide_entries(d)
         else:
-            nbytes = gdn_wgmma.workspace_bytes(n, meta.chunk_len, hk, hv, d)
+            nbytes = gdn_wgmma.workspace_bytes(n, meta.chunk_len, hk, hv, d, "flow")
             geos = gdn_wgmma.flow_geometry(n, meta.chunk_len, hk, hv, d, 132)
             names = gdn_wgmma.flow_entries(d)
         ws, args["workspace"] = mem.hold(np.full(nbytes - ws_short, ws_fill, np.uint8))
@@ -529,9 +529,29 @@ def test_wgmma_pair_sizes_match_the_source():
     prep, seq = gdn_wgmma.geometry(8, 2048, 16, 32, 128, 1)
     assert prep == ((32, 16, 8), (128, 1, 1), gdn_chunk.prep_smem_bytes(128))
     assert seq == ((2, 32, 8), (128, 1, 1), gdn_wgmma.seq_smem_bytes(128, 1))
-    # no K records: one tile V record per (chunk, value head), then one flag per (chunk, key head)
-    assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128) == 128 * 32 * 17424 + 4 * 128 * 16
-    assert gdn_wgmma.flags_offset(1, 8192, 16, 32, 128) == 128 * 32 * 17424
+    # no K records: one tile V record per (chunk, value head) for the two-launch and wide forms; the flow form's
+    # larger records (W, P, EQ, WK, exp(gamma_C), then U^T in fp32 per 64-column slice), then one flag per (chunk,
+    # key head); "any" (the default) is the largest
+    assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128, "pair") == 128 * 32 * 17424
+    assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128, "wide") == 128 * 32 * 17424
+    assert gdn_wgmma.flow_record_bytes(128) == 16384 + 8192 + 512 + 16 + 2 * 16384 == 57872
+    assert gdn_wgmma.flow_record_bytes(64) == 8192 + 8192 + 512 + 16 + 16384 == 33296
+    m = re.search(r"UwsRec<128, 128>::BYTES == (\d+) && gdnc::UwsRec<64, 64>::BYTES == (\d+)", src)
+    assert m and (int(m.group(1)), int(m.group(2))) == (gdn_wgmma.flow_record_bytes(128), gdn_wgmma.flow_record_bytes(64))
+    m = re.search(r"Stage<128, 1, true>::BYTES == (\d+) && gdnw::Stage<64, 1, true>::BYTES == (\d+)", src)
+    assert m and (int(m.group(1)), int(m.group(2))) == (gdn_wgmma.stage_bytes(128, uws=True),
+                                                        gdn_wgmma.stage_bytes(64, uws=True)) == (83968, 59392)
+    assert gdn_wgmma.entry_smem_bytes("q12_gdn_wgmma_seq_flow_d128") == gdn_wgmma.seq_smem_bytes(128, 2, uws=True) \
+        <= 227 * 1024
+    flow = 128 * 32 * 57872 + 4 * 128 * 16
+    assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128, "flow") == flow
+    assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128) == flow
+    assert gdn_wgmma.flags_offset(1, 8192, 16, 32, 128) == 128 * 32 * 57872
+    with pytest.raises(ValueError, match="form must be one of 'any', 'pair', 'flow', 'wide', got 'auto'"):
+        gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128, "auto")
+    assert [gdn_wgmma.resolve_form("auto", n, t, 32, 128, 132) for n, t in ((1, 8192), (8, 2048), (1, 2048))] == \
+        ["flow", "wide", "pair"]
+    assert gdn_wgmma.resolve_form("pair", 1, 8192, 32, 128, 132) == "pair"
     assert gdn_wgmma.entries(128, 1) == ("q12_gdn_chunk_prep_tiles_d128", "q12_gdn_wgmma_seq1_d128")
     assert gdn_wgmma.stages(8, 32, 128, 132) == 1 and gdn_wgmma.stages(1, 32, 128, 132) == 2
     for entry in gdn_wgmma.ENTRIES:
@@ -598,19 +618,21 @@ def test_wgmma_model_matches_reference_and_the_block_solve():
 
 
 def test_u_minus_ws_model_keeps_the_wgmma_error_only_with_u_as_a_pair():
-    """fla's order V_new = U - W S (docs/NEXT.md: the long stream's shorter chain) in the numpy model: with U
-    stored as a bf16 hi + lo pair and W as bf16 the state's error stays the wgmma pair's (session 10, six random
-    cases: 0.8-1.5x its error); U as one bf16 costs 10-21x. o's error is o's rounding either way."""
+    """fla's order V_new = U - W S (the flow form's records, GDN_WG_UWS 1) in the numpy model: with U stored in
+    fp32 (the kernel) or as a bf16 hi + lo pair and W as bf16 the state's error stays the wgmma pair's (session
+    10, six random cases: 0.8-1.5x its error); U as one bf16 costs 10-21x. o's error is o's rounding either way."""
     rng = np.random.default_rng(5)
     inputs = make_inputs(rng, [256, 129], 2, 4, 128, 128)
     o_ref, fin_ref = gdn.reference(*inputs)
     _, fin_t = gdn_chunk.chunked_reference(*inputs, t_product=True)
     o_p, fin_p = gdn_chunk.chunked_reference(*inputs, t_product=True, u_minus_ws="hilo")
     _, fin_b = gdn_chunk.chunked_reference(*inputs, t_product=True, u_minus_ws="bf16")
-    err_t, err_p, err_b = (float(np.max(np.abs(f - fin_ref))) for f in (fin_t, fin_p, fin_b))
-    assert err_p < 2 * err_t
+    o_f, fin_f = gdn_chunk.chunked_reference(*inputs, t_product=True, u_minus_ws="fp32")
+    err_t, err_p, err_b, err_f = (float(np.max(np.abs(f - fin_ref))) for f in (fin_t, fin_p, fin_b, fin_f))
+    assert err_p < 2 * err_t and err_f < 2 * err_t
     assert err_b > 4 * err_t
     assert rel_err(from_bf16_bits(o_p), from_bf16_bits(o_ref)) < CHUNK_O_REL
+    assert rel_err(from_bf16_bits(o_f), from_bf16_bits(o_ref)) < CHUNK_O_REL
     with pytest.raises(ValueError, match="t_product"):
         gdn_chunk.chunked_reference(*inputs, u_minus_ws="hilo")
     with pytest.raises(ValueError, match="u_minus_ws"):
@@ -644,13 +666,13 @@ def test_wgmma_flow_form_sizes_rule_and_launches():
 
     sm = 228 * 1024
     assert gdn_wgmma.prep_flow_smem_bytes(128) == 3 * 64000 <= 227 * 1024
-    assert gdn_wgmma.prep_flow_smem_bytes(128) + 1024 + gdn_wgmma.seq_smem_bytes(128, 2) + 1024 > sm
+    assert gdn_wgmma.prep_flow_smem_bytes(128) + 1024 + gdn_wgmma.seq_smem_bytes(128, 2, uws=True) + 1024 > sm
     assert gdn_wgmma.uses_flow(1, 8192, 32, 128, 132) and not gdn_wgmma.uses_flow(2, 8192, 32, 128, 132)
     assert gdn_wgmma.uses_flow(2, 9000, 32, 64, 132) and not gdn_wgmma.uses_flow(1, 8192, 32, 128, 127)
     assert not gdn_wgmma.uses_flow(1, 8191, 32, 128, 132)  # 1 x 2048 measured slower in the flow form
     prep, seq = gdn_wgmma.flow_geometry(1, 8192, 16, 32, 128, 132)
     assert prep == ((68, 1, 1), (384, 1, 1), 192000)
-    assert seq == ((2, 32, 1), (128, 1, 1), gdn_wgmma.seq_smem_bytes(128, 2))
+    assert seq == ((2, 32, 1), (128, 1, 1), gdn_wgmma.seq_smem_bytes(128, 2, uws=True))   # UwsRec's stages
     assert gdn_wgmma.flow_geometry(4, 64, 1, 32, 128, 132)[0][0] == (1, 1, 1)  # never an empty grid
     zero, launches = ops._gdn_launches("wgmma", 1, 8192, 16, 32, 128, 132)
     assert zero == (gdn_wgmma.flags_offset(1, 8192, 16, 32, 128), 4 * 128 * 16)

@@ -255,17 +255,17 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
     ``o_lo`` models ``GDN_WG_OLO``: O's product ``P V_new`` takes V_new as a hi + lo pair (True) or its bf16 hi
     alone (False); default: hi + lo for the block-solve kernels, hi alone with ``t_product`` (the wgmma pair's
     default build, ``GDN_WG_OLO 0``).
-    ``u_minus_ws`` (with ``t_product``; no kernel takes it yet, ``docs/NEXT.md``) models fla-core's order of the
-    same algebra, ``V_new = U - W S`` with ``U = T diag(beta) V`` and ``W = T diag(beta EK) k`` kept as records:
+    ``u_minus_ws`` (with ``t_product``) models fla-core's order of the same algebra, ``V_new = U - W S`` with ``U = T diag(beta) V`` and ``W = T diag(beta EK) k`` kept as records:
     each product takes its scaled T, formed from the fp32 T, as a bf16 hi + lo pair and the exact bf16 V or raw k
     rows, fp32 sums (in numpy, session 10: the one bf16 T with the scaled operand as a pair is as accurate; a
     scaled T or a scaled operand rounded to one bf16 gave 8-24x the state error, the two products' roundings no
-    longer cancelling in U - W S). ``"hilo"`` stores U as a bf16 hi + lo pair, ``"bf16"`` as one bf16; W is bf16
-    and S enters ``W S`` as bf16 either way. A sequential kernel in this order has one product group fewer on its
-    chain.
+    longer cancelling in U - W S). ``"hilo"`` stores U as a bf16 hi + lo pair, ``"bf16"`` as one bf16, ``"fp32"``
+    in fp32 with ``T diag(beta EK)``'s pair formed from ``T diag(beta)``'s pair times EK: the wgmma pair's flow
+    form (``GDN_WG_UWS 1``, :mod:`q12drv.kernels.gdn_wgmma`); W is bf16 and S enters ``W S`` as bf16 every way. A
+    sequential kernel in this order has one product group fewer on its chain.
     """
-    if u_minus_ws not in (None, "hilo", "bf16"):
-        raise ValueError(f"u_minus_ws must be None, 'hilo' or 'bf16', got {u_minus_ws!r}")
+    if u_minus_ws not in (None, "hilo", "bf16", "fp32"):
+        raise ValueError(f"u_minus_ws must be None, 'hilo', 'bf16' or 'fp32', got {u_minus_ws!r}")
     if u_minus_ws and not t_product:
         raise ValueError("u_minus_ws models the wgmma pair's records: it needs t_product=True")
     T, hk, dk = q.shape
@@ -352,8 +352,12 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
                 if u_minus_ws:  # the records U, W from the precompute; the chain's product is W S alone
                     # T diag(beta) and T diag(beta EK) from the fp32 T as hi + lo pairs; V and the raw k exact
                     Tu = _split(_f32(Tm * bt[:, None, :]), True)
-                    Tw = _split(_f32(Tm * _f32(bt * ek)[:, None, :]), True)
-                    U = _split(_f32(Tu @ V), u_minus_ws == "hilo")
+                    if u_minus_ws == "fp32":  # the flow precompute: T diag(beta)'s pair rescaled in place by EK
+                        Tw = _split(_f32(_f32(Tu) * ek[:, None, :]), True)
+                        U = _f32(Tu @ V).astype(np.float64)
+                    else:
+                        Tw = _split(_f32(Tm * _f32(bt * ek)[:, None, :]), True)
+                        U = _split(_f32(Tu @ V), u_minus_ws == "hilo")
                     W = round_to_bf16(_f32(Tw @ Kraw)).astype(np.float64)
                     X = _f32(U - _f32(W @ Ssplit))
                 else:

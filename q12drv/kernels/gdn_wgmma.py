@@ -19,8 +19,11 @@ the pair runs in its **flow form** instead: the ready flags zeroed, then ``q12_g
 (persistent CTAs of three precompute groups, chunk-major, on the SMs the sequential grid leaves free) and
 ``q12_gdn_wgmma_seq_flow_d*`` launched with programmatic stream serialization, so that the precompute runs
 beside the sequential kernel; a chunk's records are copied once their item's ready flag is set
-(``cuda_src/gdn_wgmma.cu``, "the flow form"). Same records, same sequential arithmetic: the flow form's
-results are the two-launch pair's bits.
+(``cuda_src/gdn_wgmma.cu``, "the flow form"). Its records are fla-core's order of the same algebra
+(``GDN_WG_UWS 1``, :func:`flow_record_bytes`): ``U = T diag(beta) V`` and ``W = T diag(beta EK) k`` from the
+precompute, so that the sequential kernel's chain per chunk is ``V_new^T = U^T - S^T W^T`` (one product group
+and R's epilogue fewer); its results are not the two-launch pair's bits (``chunked_reference(t_product=True,
+u_minus_ws="fp32")`` models them), and batched == alone holds.
 
 ``form="wide"`` (:data:`WIDE_ENTRY`, head_dim 128) runs the sequential kernel as one CTA of two warpgroups per
 (stream, value head), sharing the chunk's k and q tiles and V record between the two dv slices (half the shared
@@ -56,6 +59,9 @@ __all__ = [
     "seq_smem_bytes",
     "entry_smem_bytes",
     "workspace_bytes",
+    "WORKSPACE_FORMS",
+    "flow_record_bytes",
+    "resolve_form",
     "flags_offset",
     "flags_bytes",
     "stages",
@@ -113,19 +119,44 @@ def entries(head_dim: int, stages: int = 2) -> tuple[str, str]:
     return _gdnc.tile_prep_entry(head_dim), f"q12_gdn_wgmma_seq{'' if stages == 2 else stages}_d{head_dim}"
 
 
-def stage_bytes(head_dim: int, wgs: int = 1) -> int:
-    """Bytes of one stage of the sequential kernel (``gdnw::Stage<dk, wgs>``): the chunk's raw k and q rows (two
-    ``[64][dk]`` bf16 swizzled tiles), the V record (:func:`q12drv.kernels.gdn_chunk.tile_v_record_bytes`), then
-    per warpgroup (``wgs``: 2 for the wide form) a V slice and an O slice, each ``[64][72]`` bf16 (chunk c's o rows
-    leave from the O slice during chunk c + 1's first products), rounded up to 1 KiB (the tiles' alignment)."""
-    raw = 2 * 2 * _gdnc.CHUNK * head_dim + _gdnc.tile_v_record_bytes() + wgs * 2 * 2 * _gdnc.CHUNK * (_gdnc.BV + 8)
+_SLICE = 2 * _gdnc.CHUNK * (_gdnc.BV + 8)   # a [64][72] bf16 V or O slice
+_U_SLICE = 4 * _gdnc.CHUNK * _gdnc.BV       # a 64-column slice of U^T, fp32
+
+
+def _flow_record_common(head_dim: int) -> int:
+    """``gdnc::UwsRec::COMMON``: W (a ``[64][dk]`` bf16 tile), P (``[64][64]`` bf16), EQ and WK (``[64]`` fp32),
+    exp(gamma_C) and 12 zero bytes."""
+    return 2 * _gdnc.CHUNK * head_dim + 2 * _gdnc.CHUNK * _gdnc.CHUNK + 2 * 4 * _gdnc.CHUNK + 16
+
+
+def flow_record_bytes(head_dim: int) -> int:
+    """Bytes of one flow-form record per (stream, value head, 64-token chunk) (``gdnc::UwsRec<dk, dv>``, dk = dv
+    = ``head_dim``): W, P, EQ, WK, exp(gamma_C) (one bulk copy), then U^T per 64-column dv slice in fp32, in the
+    sequential kernel's accumulator order (a second bulk copy, the CTA's slice): 57,872 B at 128, 3.3x the
+    two-launch pair's record."""
+    entry_name(head_dim)
+    return _flow_record_common(head_dim) + head_dim // _gdnc.BV * _U_SLICE
+
+
+def stage_bytes(head_dim: int, wgs: int = 1, uws: bool = False) -> int:
+    """Bytes of one stage of the sequential kernel (``gdnw::Stage<dk, wgs, uws>``): the chunk's raw k and q rows
+    (two ``[64][dk]`` bf16 swizzled tiles), the V record (:func:`q12drv.kernels.gdn_chunk.tile_v_record_bytes`),
+    then per warpgroup (``wgs``: 2 for the wide form) a V slice and an O slice, each ``[64][72]`` bf16 (chunk c's o
+    rows leave from the O slice during chunk c + 1's first products), rounded up to 1 KiB (the tiles' alignment).
+    ``uws`` (the flow form): the flow record's common part and the CTA's U slice (:func:`flow_record_bytes`) in
+    place of the V record and the V slice."""
+    tiles = 2 * 2 * _gdnc.CHUNK * head_dim
+    if uws:
+        raw = tiles + _flow_record_common(head_dim) + _U_SLICE + _SLICE
+    else:
+        raw = tiles + _gdnc.tile_v_record_bytes() + wgs * 2 * _SLICE
     return -(-raw // 1024) * 1024
 
 
-def seq_smem_bytes(head_dim: int, stages: int = 2, wgs: int = 1) -> int:
+def seq_smem_bytes(head_dim: int, stages: int = 2, wgs: int = 1, uws: bool = False) -> int:
     """Dynamic shared memory of the sequential kernel: ``stages`` stages, one 8-byte mbarrier each (padded to 16
     bytes), and 1 KiB of slack to align the first stage on 1024 bytes."""
-    return stages * stage_bytes(head_dim, wgs) + 16 * (-(-stages // 2)) + 1024
+    return stages * stage_bytes(head_dim, wgs, uws) + 16 * (-(-stages // 2)) + 1024
 
 
 def entry_smem_bytes(entry: str) -> int:
@@ -140,21 +171,39 @@ def entry_smem_bytes(entry: str) -> int:
         if entry == prep:
             return prep_flow_smem_bytes(d)
         if entry == seq:
-            return seq_smem_bytes(d, 2)
+            return seq_smem_bytes(d, 2, uws=True)
     raise KeyError(f"{entry!r} is not a gdn_wgmma.cu entry; entries: {', '.join(ENTRIES)}")
 
 
-def workspace_bytes(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int) -> int:
-    """Workspace of the pair for ``n`` streams of at most ``chunk_len`` tokens: per stream and 64-token chunk,
-    one tile V record per value head, then the flow form's ready flags
-    (:func:`flags_offset`, :func:`flags_bytes`; the two-launch form leaves them alone)."""
+#: What :func:`workspace_bytes` sizes for: ``"any"`` (whichever form ``form="auto"`` picks on any device: the flow
+#: form's, the largest), or one form of ``ops.gdn(algo="wgmma", form=)`` (``"pair"`` and ``"wide"`` need the same).
+WORKSPACE_FORMS = ("any", "pair", "flow", "wide")
+
+
+def workspace_bytes(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int,
+                    form: str = "any") -> int:
+    """Workspace of the pair for ``n`` streams of at most ``chunk_len`` tokens.
+
+    The two-launch and wide forms (``form="pair"`` or ``"wide"``): per stream and 64-token chunk, one tile V
+    record per value head (:func:`q12drv.kernels.gdn_chunk.tile_v_record_bytes`). The flow form (``"flow"``):
+    one flow record per value head (:func:`flow_record_bytes`, 3.3x larger), then its ready flags
+    (:func:`flags_offset`, :func:`flags_bytes`). ``"any"`` (default): the largest, the flow form's, which every
+    form fits in. ``ops.gdn`` checks the workspace against the form it takes (:func:`resolve_form`), so a caller
+    that knows it (``form="pair"``, or ``resolve_form`` with the device's SM count) may pass less.
+    """
+    if type(form) is not str or form not in WORKSPACE_FORMS:
+        raise ValueError(f"form must be one of {', '.join(map(repr, WORKSPACE_FORMS))}, got {form!r}")
+    if form in ("pair", "wide"):
+        entry_name(head_dim)
+        return _gdnc.workspace_bytes(n, chunk_len, num_k_heads, num_v_heads, head_dim, tiles=True)
     return flags_offset(n, chunk_len, num_k_heads, num_v_heads, head_dim) + flags_bytes(n, chunk_len, num_k_heads)
 
 
 def flags_offset(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int) -> int:
-    """Byte offset of the ready flags in the workspace: right after the records (``gdnc::ready_flag_at``)."""
-    entry_name(head_dim)
-    return _gdnc.workspace_bytes(n, chunk_len, num_k_heads, num_v_heads, head_dim, tiles=True)
+    """Byte offset of the flow form's ready flags in the workspace: right after its records
+    (``gdnc::ready_flag_at<UwsRec::BYTES>``)."""
+    _gdnc.workspace_bytes(n, chunk_len, num_k_heads, num_v_heads, head_dim, tiles=True)   # checks the extent
+    return n * (-(-chunk_len // _gdnc.CHUNK)) * num_v_heads * flow_record_bytes(head_dim)
 
 
 def flags_bytes(n: int, chunk_len: int, num_k_heads: int) -> int:
@@ -202,13 +251,23 @@ def uses_flow(n: int, chunk_len: int, num_v_heads: int, head_dim: int, num_sms: 
     return chunk_len >= FLOW_MIN_TOKENS and 2 * n * num_v_heads * (head_dim // _gdnc.BV) <= num_sms
 
 
+def resolve_form(form: str, n: int, chunk_len: int, num_v_heads: int, head_dim: int, num_sms: int) -> str:
+    """The form a pass takes: ``form`` itself unless it is ``"auto"``, then the rules (:func:`uses_flow`, then
+    :func:`uses_wide`, else ``"pair"``) on a device of ``num_sms`` SMs."""
+    if form != "auto":
+        return form
+    return ("flow" if uses_flow(n, chunk_len, num_v_heads, head_dim, num_sms) else
+            "wide" if uses_wide(n, num_v_heads, head_dim, num_sms) else "pair")
+
+
 def flow_geometry(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int, num_sms: int) -> tuple:
     """``((grid, block, smem) of the flow precompute, (grid, block, smem) of the flow sequential kernel)``: the
     precompute takes the ``num_sms - n * Hv * dv / 64`` SMs the sequential CTAs leave free (at least one)."""
     entry_name(head_dim)
     prep, seq = geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim, 2)
     ctas = seq[0][0] * seq[0][1] * seq[0][2]
-    return ((max(1, num_sms - ctas), 1, 1), (PREP_FLOW_THREADS, 1, 1), prep_flow_smem_bytes(head_dim)), seq
+    return ((max(1, num_sms - ctas), 1, 1), (PREP_FLOW_THREADS, 1, 1), prep_flow_smem_bytes(head_dim)), \
+        (seq[0], seq[1], seq_smem_bytes(head_dim, 2, uws=True))
 
 
 def wide_entries(head_dim: int) -> tuple[str, str]:
@@ -254,8 +313,8 @@ def _flags(args: dict, mem, head_dim: int):
     m = args["m"]
     n = max(n, 1)
     chunk_len = int(m.chunk_len)
-    _gdnc.touch_workspace(args, mem, head_dim, tiles=True)
     count = flags_bytes(n, chunk_len, hk) // 4
+    mem.array(int(args["workspace"]), np.uint8, (workspace_bytes(n, chunk_len, hk, hv, head_dim, "flow"),))
     flags = mem.array(int(args["workspace"]) + flags_offset(n, chunk_len, hk, hv, head_dim), np.uint32, (count,))
     cu = mem.array(int(m.cu_seqlens), np.int32, (n + 1,))
     nch = -(-chunk_len // _gdnc.CHUNK)

@@ -231,9 +231,8 @@ def _gdn_launches(algo: str, n: int, chunk_len: int, num_k_heads: int, num_v_hea
     None; ``dependent``: launched with programmatic stream serialization (the wgmma pair's sequential kernel, every
     form).
     ``form``: one of :data:`GDN_FORMS` (checked by :func:`check_gdn_form`)."""
-    if algo == "wgmma" and form == "auto":   # the rules (a few CTAs and a long stream: flow; a full device: wide)
-        form = ("flow" if _gdnw.uses_flow(n, chunk_len, num_v_heads, head_dim, num_sms) else
-                "wide" if _gdnw.uses_wide(n, num_v_heads, head_dim, num_sms) else "pair")
+    if algo == "wgmma":   # the rules (a few CTAs and a long stream: flow; a full device: wide)
+        form = _gdnw.resolve_form(form, n, chunk_len, num_v_heads, head_dim, num_sms)
     # the wgmma pair's sequential kernel is launched with PDL in every form: it loads its inputs and state while the
     # precompute finishes, and waits for it before the first record (gdn_chunk.cu, the tile precompute)
     if algo == "wgmma" and form == "wide":
@@ -298,7 +297,8 @@ def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k:
     check_gdn_form(algo, form, d)
     GDN_MODULES[algo].entry_name(d)
     hv, hk = _args.head_group("num_v_heads", num_v_heads, "num_k_heads", num_k_heads)
-    ws = gdn_workspace(algo, meta.batch_size, meta.chunk_len, hk, hv, d, workspace, workspace_bytes)
+    taken = _gdnw.resolve_form(form, meta.batch_size, meta.chunk_len, hv, d, device.sm_count) if algo == "wgmma" else "any"
+    ws = gdn_workspace(algo, meta.batch_size, meta.chunk_len, hk, hv, d, workspace, workspace_bytes, form=taken)
     enqueue_gdn(device, meta, algo, _ptr("h_state_ptrs", h_state_ptrs, 8), _ptr("q", q, 16), _ptr("k", k, 16),
                 _ptr("v", v, 8), _ptr("g", g, 4), _ptr("beta", beta, 4), _ptr("o", o, 8), hk, hv, d, ws, stream,
                 form=form)
@@ -327,8 +327,9 @@ def check_gdn_form(algo: str, form, head_dim: int | None = None) -> None:
 
 
 def gdn_workspace(algo: str, n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int, workspace,
-                  workspace_bytes) -> int:
-    """The checked workspace pointer for ``algo`` (0 when the algorithm needs none).
+                  workspace_bytes, form: str = "any") -> int:
+    """The checked workspace pointer for ``algo`` (0 when the algorithm needs none); ``form``: the wgmma pair's form
+    the pass takes (:data:`q12drv.kernels.gdn_wgmma.WORKSPACE_FORMS`), ``"any"`` for the largest.
 
     Raises
     ------
@@ -338,24 +339,29 @@ def gdn_workspace(algo: str, n: int, chunk_len: int, num_k_heads: int, num_v_hea
     """
     if algo not in GDN_WORKSPACE_ALGOS:
         return 0
-    need = gdn_workspace_bytes(algo, n, chunk_len, num_k_heads, num_v_heads, head_dim)
+    need = gdn_workspace_bytes(algo, n, chunk_len, num_k_heads, num_v_heads, head_dim, form)
     sizer = f"{GDN_MODULES[algo].__name__.rsplit('.', 1)[1]}.workspace_bytes"
     if workspace is None or workspace_bytes is None:
         raise ValueError(f"algo={algo!r} needs workspace= (a device pointer) and workspace_bytes= (its size): this "
                          f"pass needs {need:,} bytes (q12drv.kernels.{sizer})")
     have = _args.count("workspace_bytes", workspace_bytes, 0, None)
     if have < need:
-        raise ValueError(f"workspace_bytes {have:,} is too small: algo={algo!r} needs {need:,} bytes for {n} stream(s) "
-                         f"of up to {chunk_len} tokens, {num_k_heads} key / {num_v_heads} value heads ({sizer})")
+        taken = f" in its {form} form" if algo == "wgmma" and form != "any" else ""
+        raise ValueError(f"workspace_bytes {have:,} is too small: algo={algo!r}{taken} needs {need:,} bytes for {n} "
+                         f"stream(s) of up to {chunk_len} tokens, {num_k_heads} key / {num_v_heads} value heads "
+                         f"({sizer})")
     return _ptr("workspace", workspace, 16)
 
 
 def gdn_workspace_bytes(algo: str, n: int, chunk_len: int, num_k_heads: int, num_v_heads: int,
-                        head_dim: int) -> int:
+                        head_dim: int, form: str = "any") -> int:
     """Workspace bytes ``algo`` needs for ``n`` streams of at most ``chunk_len`` tokens (0 for the algorithms
-    that need none)."""
+    that need none). ``form`` (``"wgmma"``): :func:`q12drv.kernels.gdn_wgmma.workspace_bytes`'s, ``"any"`` (the
+    largest, which every form fits in) by default; the other algorithms have one size."""
     if algo not in GDN_WORKSPACE_ALGOS:
         return 0
+    if algo == "wgmma":
+        return _gdnw.workspace_bytes(n, chunk_len, num_k_heads, num_v_heads, head_dim, form)
     return GDN_MODULES[algo].workspace_bytes(n, chunk_len, num_k_heads, num_v_heads, head_dim)
 
 

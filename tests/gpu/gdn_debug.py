@@ -209,15 +209,17 @@ def precompile(selected):
 
 # the wgmma pair's builds: name, gdn_wgmma.cu defines. Defaults: GDN_WG_XY 1, GDN_WG_EARLY 1 (EARLY changes only
 # the one-stage build: its seq2 row is the default's), GDN_WG_AHEAD 1 (changes only the two-stage build), GDN_WG_OLO 0
-# (since run AT).
-# GDN_WG_TLO is gone (no T lo product or record since run AM).
+# (since run AT), GDN_WG_UWS 1 (changes only the flow form: its wg-uws0-flow row is the pair's records and arithmetic).
+# GDN_WG_TLO is gone (no T lo product or record since run AM); GDN_WG_AHEAD 2 too (session 11's run BB: the copies
+# under the update's wgmma made the flow form 0.384 -> 0.431 ms at 1 x 8192, the two-stage pair 0.479 -> 0.559 at
+# 8 x 2048).
 WGMMA_VARIANTS = [
     ("wg", ()),
     ("wg-xy0", ("GDN_WG_XY=0",)),         # X and Y waited together (R not computed under Y's wgmma)
     ("wg-early0", ("GDN_WG_EARLY=0",)),   # seq1: the next chunk's records copied at its top, not after the last wgmma
     ("wg-ahead0", ("GDN_WG_AHEAD=0",)),   # seq2: the next chunk's copies issued before X, not while X and Y run
-    ("wg-ahead2", ("GDN_WG_AHEAD=2",)),   # seq2, wide, flow: ... or under the last products (O, the state update)
     ("wg-olo1", ("GDN_WG_OLO=1",)),       # O's product with V_new hi + lo (4 wgmma more, a little more accurate)
+    ("wg-uws0", ("GDN_WG_UWS=0",)),       # flow: the pair's records and chain (V_new^T = R^T T^T), not U - W S
 ]
 
 
@@ -233,7 +235,7 @@ def wgmma_rows(torch, chunk_funcs, cases):
     # with PDL, as every other wgmma row here)
     plain_rows = {1: ["wg-seq1-no-pdl", "-", "bit-identical: tests/gpu/test_gdn_gpu.py"],
                   "wide": ["wg-wide-no-pdl", "-", "bit-identical: tests/gpu/test_gdn_gpu.py"]}
-    flow_rows = {"flow": ["wg-flow", "-", "bit-identical: tests/gpu/test_gdn_gpu.py"],
+    flow_rows = {"flow": ["wg-flow", "-", "U - W S: vs float64 below, tests/gpu/test_gdn_gpu.py"],
                  "nopdl": ["wg-flow-no-pdl", "-", "serial: the sequential launch without PDL"],
                  "prep": ["wg-flow-prep-only", "-", "flags cleared + the persistent precompute"],
                  "seq": ["wg-flow-seq-only", "-", "the sequential kernel, every flag already set"]}
@@ -280,6 +282,12 @@ def wgmma_rows(torch, chunk_funcs, cases):
                         if key == "1x2048" or gdn_wgmma.uses_flow(n, int(vals[0].chunk_len), hv, d, sms) else None)
             rows.append(row)
             print(f"{row[0]}: {row[2]}", flush=True)
+            if name == "wg" and st == 2:   # the flow form (fla's order: not the pair's bits) on the same inputs
+                o, fin, guards = T.run_chunk_gpu(torch, funcs, inputs, 2, 4, 128, rng, split=2, pair="flow")
+                eo, es = rel_err(from_bf16_bits(o), from_bf16_bits(o_ref)), rel_err(fin, fin_ref)
+                ok = guards and eo < T.CHUNK_O_REL and es < T.CHUNK_STATE_REL and np.isfinite(from_bf16_bits(o)).all()
+                flow_rows["flow"][2] = f"{'PASS' if ok else 'FAIL'} o {eo:.1e} S {es:.1e} (fla's order U - W S)"
+                print(f"wg-flow: {flow_rows['flow'][2]}", flush=True)
         wide_rows.append(wide_row)
         if name != "wg":
             wide_rows.append(build_flow_row)
