@@ -71,6 +71,9 @@
 #ifndef GDN_WG_AHEAD  // (two stages) 1: the next chunk's copies issued while X and Y run; 0: before X. (Under the
 #define GDN_WG_AHEAD 1  // last products instead, session 10's AHEAD 2: the flow form 0.384 -> 0.431 ms at 1 x 8192, the
 #endif                  // two-stage pair 0.479 -> 0.559 at 8 x 2048, H200 run BB; removed)
+#ifndef GDN_WG_FLOW_AHEAD  // GDN_WG_AHEAD of the flow form's UWS sequential kernel: 0 (H200 run BC, 1 x 8192: 0.366 ms
+#define GDN_WG_FLOW_AHEAD 0  // against 0.408 with 1: its chain is short enough that the copies outlast X' and Y)
+#endif
 #ifndef GDN_WG_UWS    // the flow form: 1: fla's order, V_new = U - W S (UwsRec: the chain without R's epilogue and the T
 #define GDN_WG_UWS 1  // product; session 11); 0: the pair's records and sequential arithmetic (its bits)
 #endif
@@ -459,12 +462,13 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
                 issue_v(ci + 1, st ^ 1);
             }
         };
-        if (GDN_WG_AHEAD == 0) issue_next();
+        constexpr int AHEAD = UWS ? GDN_WG_FLOW_AHEAD : GDN_WG_AHEAD;
+        if (AHEAD == 0) issue_next();
         float Ot[32];
         gdnw::chunk_mma<DK, UWS>(St, Ot, base + st * L::BYTES, basep + st * L::BYTES, base + st * L::BYTES + L::V + wgi * L::SLICE,
                             warp, lane, [&] {
             if (ci > 0) o_rows(ci - 1);
-            if (GDN_WG_AHEAD == 1) issue_next();   // its 2 x 64 + 64 / 2 copies off the chain, under X and Y
+            if (AHEAD == 1) issue_next();   // its 2 x 64 + 64 / 2 copies off the chain, under X and Y
         });
         if (STAGES == 1) {
             __syncthreads();   // every warp is done with the stage's tiles, scalars, V slice and O slice
