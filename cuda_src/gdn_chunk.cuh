@@ -778,9 +778,7 @@ __device__ __forceinline__ unsigned* ready_flag_at(unsigned char* ws, const Q12M
 // straight to the K record) and with raw K sharing its bytes with -A and P (raw K is read by the
 // normalisation, -A and P are first written after it; the "wgmma" pair's raw k rows land in k itself), plus the
 // rows' scales of normalise<NORMS> and the epilogue exponents of chunk_gamma<true> (both the "wgmma" pair's):
-// 64,000 B at d128, 3 CTAs/SM. The diagonal blocks and their inverses come last: the flow form's UWS precompute
-// gives each group UWS_BYTES, so that from dinv on two more [64][LDP] tiles fit (T diag(beta EK)'s hi + lo, written
-// after the solve has read dinv).
+// 64,000 B at d128, 3 CTAs/SM.
 template <int DK>
 struct PrepSmem {
     static constexpr int LDK = DK + 8, LDP = GDN_C + 8, LDD = 24;
@@ -793,6 +791,8 @@ struct PrepSmem {
             bf16 p[GDN_C * LDP];
         };
     };
+    bf16 dinv[GDN_C * LDD];
+    float d[4 * 16 * 17];
     float graw[2][GDN_C];
     float braw[2][GDN_C];
     float gam[GDN_C];
@@ -804,10 +804,6 @@ struct PrepSmem {
     float wd[GDN_C];
     float rk[GDN_C];
     float rq[GDN_C];
-    bf16 dinv[GDN_C * LDD];
-    float d[4 * 16 * 17];
-    // (UWS) a group's bytes: the tiles th2 = dinv, tl2 = dinv + 64 LDP run past d
-    static constexpr int UWS_BYTES = 2 * (GDN_C * (2 * LDK + 2 * LDP) + 2 * GDN_C * LDP) + 4 * 13 * GDN_C;
 };
 
 // ---- the flow form's precompute in fla's order (UWS, prep_item): after the block solve, each warp holds T's
@@ -829,6 +825,28 @@ __device__ __forceinline__ void t_cols_hilo(const float (*X)[4], bf16* th, bf16*
             unsigned hi, lo;
             pack_hilo(X[nt][2 * hh] * fj, X[nt][2 * hh + 1] * fj, hi, lo);
             const int at = (j0 + 8 * hh) * LDP + 8 * nt + 2 * tq;
+            *reinterpret_cast<unsigned*>(&th[at]) = hi;
+            *reinterpret_cast<unsigned*>(&tl[at]) = lo;
+        }
+}
+
+// The tiles of t_cols_hilo rescaled in place by f(column): each thread rewrites the pairs it wrote, as bf16 hi + lo
+// of (hi + lo) f (T's fp32 columns are not held across U's product: with them the flow precompute spilled).
+template <class F>
+__device__ __forceinline__ void t_cols_rescale(bf16* th, bf16* tl, F&& f, int warp, int lane) {
+    constexpr int LDP = GDN_C + 8;
+    const int gq = lane >> 2, tq = lane & 3, j0 = 16 * warp + gq;
+    const float f0 = f(j0), f1 = f(j0 + 8);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const float fj = hh ? f1 : f0;
+            const int at = (j0 + 8 * hh) * LDP + 8 * nt + 2 * tq;
+            const unsigned h = *reinterpret_cast<const unsigned*>(&th[at]), l = *reinterpret_cast<const unsigned*>(&tl[at]);
+            unsigned hi, lo;
+            pack_hilo((__uint_as_float(h << 16) + __uint_as_float(l << 16)) * fj,
+                      (__uint_as_float(h & 0xffff0000u) + __uint_as_float(l & 0xffff0000u)) * fj, hi, lo);
             *reinterpret_cast<unsigned*>(&th[at]) = hi;
             *reinterpret_cast<unsigned*>(&tl[at]) = lo;
         }
@@ -1017,21 +1035,20 @@ __device__ __forceinline__ void prep_item(const Q12Meta& m, const bf16* __restri
                 } else if (tid == 2 * 16) {
                     *reinterpret_cast<float4*>(urec + UR::EGC) = make_float4(s.eg[C - 1], 0.f, 0.f, 0.f);
                 }
-                sync();   // -A and dinv read by every warp's solve, P stored: s.a, s.p and the bytes from s.dinv on
-                          // take T's scaled columns
-                bf16* tw = s.dinv;   // T diag(beta EK)'s hi, then lo (PrepSmem::UWS_BYTES)
+                sync();   // -A read by every warp's solve, P stored: s.a, s.p take T's scaled columns
                 t_cols_hilo(X, s.a, s.p, [&](int c) { return s.beta[c]; }, warp, lane);
-                t_cols_hilo(X, tw, tw + C * LDP, [&](int c) { return s.beta[c] * (s.eg[c] * s.rk[c]); }, warp, lane);
                 cp_async_wait_all();   // this value head's V rows
                 sync();
                 uws_u<DV>(s.q, LDK, s.a, s.p, urec + UR::U, warp, lane);
-                sync();   // V read out
+                sync();   // V and T diag(beta) read out
                 if (j + 1 < group) {   // the next value head's V rows, while this one's W is computed
                     issue_v_slice<DV, DV, LDK>(s.q, v, min(C, len - c0), ld_volatile(cu + b) + c0, num_v_heads, h + 1,
                                                0, tid);
                     cp_async_commit();
                 }
-                uws_w<DK>(s.k, tw, tw + C * LDP, urec + UR::W, warp, lane);
+                t_cols_rescale(s.a, s.p, [&](int c) { return s.eg[c] * s.rk[c]; }, warp, lane);   // T diag(beta EK)
+                sync();
+                uws_w<DK>(s.k, s.a, s.p, urec + UR::W, warp, lane);
             } else {
                 each_slice_elem<LDP>(warp, lane, [&](int nt, int e, int, int at) { s.k[at] = __float2bfloat16_rn(X[nt][e]); });
                 sync();

@@ -492,7 +492,7 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
 // precompute runs beside the sequential kernel instead of before it. Three launches on one stream:
 //   1. the ready flags zeroed (ops: one memset of gdn_wgmma.flags_bytes);
 //   2. q12_gdn_wgmma_prep_flow_d*: P persistent CTAs of three 128-thread groups (each group a prep_item at a time
-//      on its own PrepSmem::UWS_BYTES, 220 KB at d128: one CTA fills an SM), items in chunk-major order, each item's ready
+//      on its own PrepSmem, 188 KB at d128: one CTA fills an SM), items in chunk-major order, each item's ready
 //      flag released once its records are stored; every CTA first executes griddepcontrol.launch_dependents;
 //   3. q12_gdn_wgmma_seq_flow_d*, launched with programmatic stream serialization: it may start once every
 //      precompute CTA has started, lands on the SMs the precompute left free (P = SMs - its CTAs), and copies
@@ -512,7 +512,7 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
 // sequential arithmetic (its bits; the flags stay where UwsRec puts them).
 namespace gdnw {
 
-// grid (P), 384 threads (three groups), dynamic smem 3 x PrepSmem<DK>::UWS_BYTES: worker w = 3 * blockIdx.x + group takes
+// grid (P), 384 threads (three groups), dynamic smem 3 x PrepSmem<DK>: worker w = 3 * blockIdx.x + group takes
 // items w, w + 3P, ... of (chunk, stream, key head), chunk-major.
 template <int DK, int DV>
 __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
@@ -524,8 +524,7 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
     extern __shared__ __align__(16) unsigned char gdn_smem_raw[];
     if ((int)blockDim.x != 3 * 128) return;
     const int grp = threadIdx.x >> 7, tid = threadIdx.x & 127;
-    constexpr int GROUP_BYTES = GDN_WG_UWS ? PrepSmem<DK>::UWS_BYTES : (int)sizeof(PrepSmem<DK>);
-    PrepSmem<DK>& s = *reinterpret_cast<PrepSmem<DK>*>(gdn_smem_raw + grp * GROUP_BYTES);
+    PrepSmem<DK>& s = reinterpret_cast<PrepSmem<DK>*>(gdn_smem_raw)[grp];
     const int* cu = q12_cu_seqlens(m);
     const int per_chunk = (int)m.batch_size * num_k_heads, nch = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
     const int stride = 3 * gridDim.x;
@@ -583,10 +582,5 @@ extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_seq_flow_d64(
 static_assert(gdnw::Stage<128>::BYTES == 69632 && gdnw::Stage<64>::BYTES == 53248 && gdnw::Stage<128, 2>::BYTES == 88064 &&
               gdnw::Stage<128, 1, true>::BYTES == 83968 && gdnw::Stage<64, 1, true>::BYTES == 59392,
               "Stage size differs from q12drv.kernels.gdn_wgmma.stage_bytes");
-// (dinv and d last: the group's bytes are sizeof less those two plus the two tiles)
-static_assert(gdnc::PrepSmem<128>::UWS_BYTES == 75008 && gdnc::PrepSmem<64>::UWS_BYTES == 58624 &&
-              sizeof(gdnc::PrepSmem<128>) - (64 * 24 * 2 + 4 * 16 * 17 * 4) + 4 * 64 * 72 == 75008 &&
-              sizeof(gdnc::PrepSmem<64>) - (64 * 24 * 2 + 4 * 16 * 17 * 4) + 4 * 64 * 72 == 58624,
-              "a flow precompute group's bytes differ from q12drv.kernels.gdn_wgmma.prep_flow_smem_bytes / 3");
 static_assert(gdnc::UwsRec<128, 128>::BYTES == 57872 && gdnc::UwsRec<64, 64>::BYTES == 33296,
               "UwsRec size differs from q12drv.kernels.gdn_wgmma.flow_record_bytes");

@@ -665,16 +665,13 @@ def test_wgmma_flow_form_sizes_rule_and_launches():
     from q12drv.nvrtc import cuda_src_dir
 
     sm = 228 * 1024
-    assert gdn_wgmma.prep_flow_smem_bytes(128) == 3 * 75008 <= 227 * 1024   # PrepSmem::UWS_BYTES a group
-    assert gdn_wgmma.prep_flow_smem_bytes(64) == 3 * 58624
-    src_w = (cuda_src_dir() / gdn_wgmma.SOURCE).read_text()
-    assert "PrepSmem<128>::UWS_BYTES == 75008 && gdnc::PrepSmem<64>::UWS_BYTES == 58624" in src_w
+    assert gdn_wgmma.prep_flow_smem_bytes(128) == 3 * 64000 <= 227 * 1024
     assert gdn_wgmma.prep_flow_smem_bytes(128) + 1024 + gdn_wgmma.seq_smem_bytes(128, 2, uws=True) + 1024 > sm
     assert gdn_wgmma.uses_flow(1, 8192, 32, 128, 132) and not gdn_wgmma.uses_flow(2, 8192, 32, 128, 132)
     assert gdn_wgmma.uses_flow(2, 9000, 32, 64, 132) and not gdn_wgmma.uses_flow(1, 8192, 32, 128, 127)
     assert not gdn_wgmma.uses_flow(1, 8191, 32, 128, 132)  # 1 x 2048 measured slower in the flow form
     prep, seq = gdn_wgmma.flow_geometry(1, 8192, 16, 32, 128, 132)
-    assert prep == ((68, 1, 1), (384, 1, 1), 225024)
+    assert prep == ((68, 1, 1), (384, 1, 1), 192000)
     assert seq == ((2, 32, 1), (128, 1, 1), gdn_wgmma.seq_smem_bytes(128, 2, uws=True))   # UwsRec's stages
     assert gdn_wgmma.flow_geometry(4, 64, 1, 32, 128, 132)[0][0] == (1, 1, 1)  # never an empty grid
     zero, launches = ops._gdn_launches("wgmma", 1, 8192, 16, 32, 128, 132)
@@ -710,7 +707,7 @@ def test_wgmma_flow_form_sizes_rule_and_launches():
             ops.check_gdn_form(algo, form)
     for algo in ops.GDN_ALGOS:
         ops.check_gdn_form(algo, "auto")
-    assert gdn_wgmma.entry_smem_bytes("q12_gdn_wgmma_prep_flow_d64") == gdn_wgmma.prep_flow_smem_bytes(64)
+    assert gdn_wgmma.entry_smem_bytes("q12_gdn_wgmma_prep_flow_d64") == 3 * gdn_chunk.prep_smem_bytes(64)
     src = (cuda_src_dir() / gdn_wgmma.SOURCE).read_text()
     for entry in gdn_wgmma.FLOW_ENTRIES:
         assert f"q12_gdn_wgmma_{entry.split('_wgmma_')[1]}(" in src

@@ -232,12 +232,9 @@ def flow_entries(head_dim: int) -> tuple[str, str]:
 
 
 def prep_flow_smem_bytes(head_dim: int) -> int:
-    """Dynamic shared memory of a flow precompute CTA: per group, one precompute kernel's (``gdnc::PrepSmem<dk>``)
-    with its last two arrays (the diagonal blocks and their inverses) replaced by two ``[64][72]`` bf16 tiles
-    (``PrepSmem::UWS_BYTES``: T diag(beta EK)'s hi + lo, beside T diag(beta)'s in -A's and P's bytes). At d 128
-    (225,024 B) one CTA fills an SM, so a sequential CTA never shares an SM with one."""
-    group = _gdnc.prep_smem_bytes(head_dim) - (2 * _gdnc.CHUNK * 24 + 4 * 4 * 16 * 17) + 2 * 2 * _gdnc.CHUNK * 72
-    return 3 * group
+    """Dynamic shared memory of a flow precompute CTA: one precompute kernel's (``gdnc::PrepSmem<dk>``) per group.
+    At d 128 (189,696 B) one CTA fills an SM, so a sequential CTA never shares an SM with one."""
+    return 3 * _gdnc.prep_smem_bytes(head_dim)
 
 
 #: Tokens of the longest stream from which a pass of few CTAs takes the flow form (:func:`uses_flow`).
