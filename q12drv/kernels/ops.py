@@ -281,7 +281,10 @@ def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k:
       :func:`q12drv.kernels.gdn_wgmma.workspace_bytes`. A pass of few sequential CTAs and a long stream
       (:func:`q12drv.kernels.gdn_wgmma.uses_flow`: one stream of 8192 tokens or more) takes the flow form:
       the workspace's ready flags cleared, then the precompute running beside the sequential kernel
-      (programmatic dependent launch; the same bits, 3% faster at 1 x 8192 on the H200). Otherwise a pass
+      (programmatic dependent launch), its records in fla-core's order ``V_new = U - W S`` (not the pair's bits:
+      the same error against float64; 1 x 8192 0.36 ms against the pair's 0.40 on the H200). The workspace is
+      checked against the form the pass takes (:func:`q12drv.kernels.gdn_wgmma.resolve_form` on this device):
+      :func:`q12drv.kernels.gdn_wgmma.workspace_bytes` with ``form="any"`` (its default) fits all. Otherwise a pass
       whose grid fills the device at head_dim 128 (:func:`q12drv.kernels.gdn_wgmma.uses_wide`) takes the wide
       form: one CTA of two warpgroups per value head (the same bits, 4% faster at 8 x 2048). ``form="pair"``,
       ``"flow"`` or ``"wide"`` takes that form whatever the rules say (:data:`GDN_FORMS`; the flow form on a grid
