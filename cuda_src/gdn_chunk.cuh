@@ -809,11 +809,11 @@ struct PrepSmem {
 // ---- the flow form's precompute in fla's order (UWS, prep_item): after the block solve, each warp holds T's
 //      columns 16 warp .. 16 warp + 15 in fp32 (X[nt][e] = T[8 nt + 2 tq + (e & 1)][16 warp + gq + 8 (e >> 1)])
 
-// T's columns scaled by f(column), as a bf16 hi + lo pair of transposed tiles th, tl ([64 columns j][LDP]: row j
-// holds T[t][j] f(j) over the tokens t), from the fp32 T (numpy, session 10: a scaled T rounded to one bf16 gave
-// 8-24x the state's error; as a pair the error stays the current pair's).
-template <class F>
-__device__ __forceinline__ void t_cols_hilo(const float (*X)[4], bf16* th, bf16* tl, F&& f, int warp, int lane) {
+// This thread's pairs of T's columns as transposed tiles th, tl ([64 columns j][LDP]: row j holds T[t][j] over the
+// tokens t; the thread's columns j0 = 16 warp + gq, + 8, its tokens 8 nt + 2 tq, + 1): x(nt, hh, at, x0, x1) gives
+// the pair of column j0 + 8 hh at element at, which is stored scaled by f(column) as bf16 hi into th, lo into tl.
+template <class F, class G>
+__device__ __forceinline__ void t_cols_pairs(bf16* th, bf16* tl, F&& f, G&& x, int warp, int lane) {
     constexpr int LDP = GDN_C + 8;
     const int gq = lane >> 2, tq = lane & 3, j0 = 16 * warp + gq;
     const float f0 = f(j0), f1 = f(j0 + 8);
@@ -822,34 +822,35 @@ __device__ __forceinline__ void t_cols_hilo(const float (*X)[4], bf16* th, bf16*
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             const float fj = hh ? f1 : f0;
-            unsigned hi, lo;
-            pack_hilo(X[nt][2 * hh] * fj, X[nt][2 * hh + 1] * fj, hi, lo);
             const int at = (j0 + 8 * hh) * LDP + 8 * nt + 2 * tq;
+            float x0, x1;
+            x(nt, hh, at, x0, x1);
+            unsigned hi, lo;
+            pack_hilo(x0 * fj, x1 * fj, hi, lo);
             *reinterpret_cast<unsigned*>(&th[at]) = hi;
             *reinterpret_cast<unsigned*>(&tl[at]) = lo;
         }
+}
+
+// T's columns (X, the solve's fp32 result) scaled by f(column) into the tiles (numpy, session 10: a scaled T
+// rounded to one bf16 gave 8-24x the state's error; as a hi + lo pair the error stays the pair's).
+template <class F>
+__device__ __forceinline__ void t_cols_hilo(const float (*X)[4], bf16* th, bf16* tl, F&& f, int warp, int lane) {
+    t_cols_pairs(th, tl, f, [&](int nt, int hh, int, float& x0, float& x1) {
+        x0 = X[nt][2 * hh];
+        x1 = X[nt][2 * hh + 1];
+    }, warp, lane);
 }
 
 // The tiles of t_cols_hilo rescaled in place by f(column): each thread rewrites the pairs it wrote, as bf16 hi + lo
 // of (hi + lo) f (T's fp32 columns are not held across U's product: with them the flow precompute spilled).
 template <class F>
 __device__ __forceinline__ void t_cols_rescale(bf16* th, bf16* tl, F&& f, int warp, int lane) {
-    constexpr int LDP = GDN_C + 8;
-    const int gq = lane >> 2, tq = lane & 3, j0 = 16 * warp + gq;
-    const float f0 = f(j0), f1 = f(j0 + 8);
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            const float fj = hh ? f1 : f0;
-            const int at = (j0 + 8 * hh) * LDP + 8 * nt + 2 * tq;
-            const unsigned h = *reinterpret_cast<const unsigned*>(&th[at]), l = *reinterpret_cast<const unsigned*>(&tl[at]);
-            unsigned hi, lo;
-            pack_hilo((__uint_as_float(h << 16) + __uint_as_float(l << 16)) * fj,
-                      (__uint_as_float(h & 0xffff0000u) + __uint_as_float(l & 0xffff0000u)) * fj, hi, lo);
-            *reinterpret_cast<unsigned*>(&th[at]) = hi;
-            *reinterpret_cast<unsigned*>(&tl[at]) = lo;
-        }
+    t_cols_pairs(th, tl, f, [&](int, int, int at, float& x0, float& x1) {
+        const unsigned h = *reinterpret_cast<const unsigned*>(&th[at]), l = *reinterpret_cast<const unsigned*>(&tl[at]);
+        x0 = __uint_as_float(h << 16) + __uint_as_float(l << 16);
+        x1 = __uint_as_float(h & 0xffff0000u) + __uint_as_float(l & 0xffff0000u);
+    }, warp, lane);
 }
 
 // U^T = V^T (T diag(beta))^T for dv rows 16 m .. 16 m + 15, m = warp, warp + 4, ... (the sequential kernel's warp

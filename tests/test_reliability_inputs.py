@@ -36,7 +36,7 @@ from q12drv import (
     stage_stream_metadata,
 )
 from q12drv.cli import main as cli_main
-from q12drv.kernels import ops
+from q12drv.kernels import gdn_wgmma, ops
 from q12drv.prefill import GdnShape, Q12Pass
 from tests.reliability import ATTN, BLOCK, GDN, World, assert_same, snapshot
 
@@ -426,7 +426,12 @@ CASES = [
          r"algo='wgmma' needs workspace= .* bytes \(q12drv.kernels.gdn_wgmma.workspace_bytes\)"),
     Case("gdn op wgmma workspace short", "algo='wgmma', workspace_bytes=16",
          lambda w: _op_gdn(w, algo="wgmma", workspace=w.p("go"), workspace_bytes=16), ValueError,
-         r"workspace_bytes 16 is too small: algo='wgmma' needs [\d,]+ bytes"),
+         r"workspace_bytes 16 is too small: algo='wgmma' in its pair form needs [\d,]+ bytes"),
+    # the pair's size is not enough for the flow form's records (3 streams of 64 tokens, 4 value heads, d 64)
+    Case("gdn op wgmma flow workspace short", "algo='wgmma', form='flow', the pair form's workspace",
+         lambda w: _op_gdn(w, algo="wgmma", form="flow", workspace=w.p("go"),
+                           workspace_bytes=gdn_wgmma.workspace_bytes(3, 64, 2, 4, 64, "pair")), ValueError,
+         r"workspace_bytes 209,088 is too small: algo='wgmma' in its flow form needs 399,576 bytes"),
     Case("gdn op form", "algo='wgmma', form='fused'", lambda w: _op_gdn(w, algo="wgmma", form="fused"), ValueError,
          "form must be one of 'auto', 'pair', 'flow'"),
     Case("gdn op form of split", "algo='split', form='flow'", lambda w: _op_gdn(w, algo="split", form="flow"),
