@@ -255,14 +255,15 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
     ``o_lo`` models ``GDN_WG_OLO``: O's product ``P V_new`` takes V_new as a hi + lo pair (True) or its bf16 hi
     alone (False); default: hi + lo for the block-solve kernels, hi alone with ``t_product`` (the wgmma pair's
     default build, ``GDN_WG_OLO 0``).
-    ``u_minus_ws`` (with ``t_product``) models fla-core's order of the same algebra, ``V_new = U - W S`` with ``U = T diag(beta) V`` and ``W = T diag(beta EK) k`` kept as records:
-    each product takes its scaled T, formed from the fp32 T, as a bf16 hi + lo pair and the exact bf16 V or raw k
-    rows, fp32 sums (in numpy, session 10: the one bf16 T with the scaled operand as a pair is as accurate; a
-    scaled T or a scaled operand rounded to one bf16 gave 8-24x the state error, the two products' roundings no
-    longer cancelling in U - W S). ``"hilo"`` stores U as a bf16 hi + lo pair, ``"bf16"`` as one bf16, ``"fp32"``
-    in fp32 with ``T diag(beta EK)``'s pair formed from ``T diag(beta)``'s pair times EK: the wgmma pair's flow
-    form (``GDN_WG_UWS 1``, :mod:`q12drv.kernels.gdn_wgmma`); W is bf16 and S enters ``W S`` as bf16 every way. A
-    sequential kernel in this order has one product group fewer on its chain.
+    ``u_minus_ws`` (with ``t_product``) models fla-core's order of the same algebra, ``V_new = U - W S`` with
+    ``U = T diag(beta) V`` and ``W = T diag(beta EK) k`` kept as records: each product takes its scaled T, formed
+    from the fp32 T, as a bf16 hi + lo pair and the exact bf16 V or raw k rows, fp32 sums (in numpy, session 10:
+    the one bf16 T with the scaled operand as a pair is as accurate; a scaled T or a scaled operand rounded to one
+    bf16 gave 8-24x the state error, the two products' roundings no longer cancelling in U - W S). ``"hilo"``
+    stores U as a bf16 hi + lo pair, ``"bf16"`` as one bf16, ``"fp32"`` in fp32 with ``T diag(beta EK)``'s pair
+    formed from ``T diag(beta)``'s pair times EK: the wgmma pair's flow form (``GDN_WG_UWS 1``,
+    :mod:`q12drv.kernels.gdn_wgmma`); W is bf16 and S enters ``W S`` as bf16 every way. A sequential kernel in
+    this order has one product group fewer on its chain.
     """
     if u_minus_ws not in (None, "hilo", "bf16", "fp32"):
         raise ValueError(f"u_minus_ws must be None, 'hilo', 'bf16' or 'fp32', got {u_minus_ws!r}")

@@ -300,7 +300,8 @@ def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k:
     check_gdn_form(algo, form, d)
     GDN_MODULES[algo].entry_name(d)
     hv, hk = _args.head_group("num_v_heads", num_v_heads, "num_k_heads", num_k_heads)
-    taken = _gdnw.resolve_form(form, meta.batch_size, meta.chunk_len, hv, d, device.sm_count) if algo == "wgmma" else "any"
+    taken = (_gdnw.resolve_form(form, meta.batch_size, meta.chunk_len, hv, d, device.sm_count) if algo == "wgmma"
+             else "any")   # the workspace the form this pass takes needs
     ws = gdn_workspace(algo, meta.batch_size, meta.chunk_len, hk, hv, d, workspace, workspace_bytes, form=taken)
     enqueue_gdn(device, meta, algo, _ptr("h_state_ptrs", h_state_ptrs, 8), _ptr("q", q, 16), _ptr("k", k, 16),
                 _ptr("v", v, 8), _ptr("g", g, 4), _ptr("beta", beta, 4), _ptr("o", o, 8), hk, hv, d, ws, stream,
