@@ -74,6 +74,9 @@
 #ifndef GDN_WG_FLOW_AHEAD  // GDN_WG_AHEAD of the flow form's UWS sequential kernel: 0 (H200 run BC, 1 x 8192: 0.366 ms
 #define GDN_WG_FLOW_AHEAD 0  // against 0.408 with 1: its chain is short enough that the copies outlast X' and Y)
 #endif
+#ifndef GDN_WG_PREP_WG  // the UWS flow precompute's products: 1 on warpgroup MMA (prep_item_wg, branch wgmma-prep,
+#define GDN_WG_PREP_WG 1  // session 11: never run on a GPU); 0 on mma.sync (gdnc::prep_item<UWS>)
+#endif
 #ifndef GDN_WG_UWS    // the flow form: 1: fla's order, V_new = U - W S (UwsRec: the chain without R's epilogue and the T
 #define GDN_WG_UWS 1  // product; session 11); 0: the pair's records and sequential arithmetic (its bits)
 #endif
@@ -512,7 +515,213 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
 // sequential arithmetic (its bits; the flags stay where UwsRec puts them).
 namespace gdnw {
 
-// grid (P), 384 threads (three groups), dynamic smem 3 x PrepSmem<DK>: worker w = 3 * blockIdx.x + group takes
+// ---- the UWS flow precompute's item on warpgroup MMA (GDN_WG_PREP_WG 1; branch wgmma-prep, never run on a GPU)
+// The same records and numerics as gdnc::prep_item<DK, DV, true, true> (K K^T, Q K^T of the raw rows in fp32; T's
+// scaled columns as bf16 hi + lo; U in fp32, W rounded to bf16), its four kinds of product by wgmma: K K^T and Q K^T
+// as m64n64k16 with both operands the swizzled k and q tiles (the full 64 x 64: the accumulator is the mma.sync C
+// layout of each warp's 16 rows, so products_epilogue takes it, warp w on block w for both), U^T per 64-row dv
+// m-tile (A: V^T's fragments by ldmatrix.trans of the swizzled V rows, B: T diag(beta)'s swizzled [64 j][64 t] hi
+// and lo tiles, MN-major), W per 64-column half (A: T diag(beta EK)'s fragments, B: the k tile MN-major).
+
+// A flow precompute group's shared memory: PrepSmem's members with k and q as 128-byte swizzled tiles (the group's
+// base on 1024 bytes), -A and P padded on 1024-byte boundaries (after the solve their bytes take T's scaled columns
+// as two swizzled tiles); kraw is k (normalise's raw-row branch names it; the rows' scales only read k and q).
+template <int DK>
+struct WgPrepSmem {
+    static constexpr int LDK = DK + 8, LDP = GDN_C + 8, LDD = 24;
+    union {
+        bf16 k[GDN_C * DK];
+        bf16 kraw[GDN_C * DK];
+    };
+    bf16 q[GDN_C * DK];   // q's tile, then (its products done) the value head's V rows, swizzled [64][DV]
+    bf16 a[GDN_C * LDP];
+    bf16 p[GDN_C * LDP];
+    bf16 dinv[GDN_C * LDD];
+    float d[4 * 16 * 17];
+    float graw[2][GDN_C];
+    float braw[2][GDN_C];
+    float gam[GDN_C];
+    float erk[GDN_C];
+    float erq[GDN_C];
+    float ec[GDN_C];
+    float beta[GDN_C];
+    float eg[GDN_C];
+    float wd[GDN_C];
+    float rk[GDN_C];
+    float rq[GDN_C];
+};
+template <int DK>
+__host__ __device__ constexpr int wg_prep_group_bytes() { return (int)(sizeof(WgPrepSmem<DK>) + 1023) / 1024 * 1024; }
+
+// cp.async of the value head's 64 raw V rows ([T, num_v_heads, DV] bf16 from packed token tok) into a swizzled
+// [64][DV] tile (sw128_off), 8-byte pieces (v needs 8-byte alignment only); rows >= nv land as zeros.
+template <int DV>
+__device__ __forceinline__ void issue_v_sw128(unsigned char* tile, const bf16* __restrict__ v, int nv, int tok,
+                                              int num_v_heads, int h, int tid) {
+    constexpr int PIECES = DV / 4;
+#pragma unroll
+    for (int p = 0; p < GDN_C * PIECES / 128; ++p) {
+        const int idx = tid + p * 128, row = idx / PIECES, part = idx % PIECES;
+        const bool ok = row < nv;
+        const bf16* src = ok ? v + ((long long)(tok + row) * num_v_heads + h) * DV + part * 4 : v;
+        cp_async8(tile + sw128_off(row, part >> 1) + (part & 1) * 8, src, ok);
+    }
+}
+
+template <int DK, int DV, class Sync>
+__device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                             const bf16* __restrict__ v, const float* __restrict__ g,
+                                             const float* __restrict__ beta, int num_k_heads, int num_v_heads,
+                                             unsigned char* __restrict__ ws, WgPrepSmem<DK>& s, int b, int kh, int ci,
+                                             int len, int tid, Sync sync) {
+    using UR = UwsRec<DK, DV>;
+    static_assert(DV == DK, "V rows in q's tile (dv = dk)");
+    constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8, LDP = GDN_C + 8, NK = DK / 16;
+    const int lane = tid & 31, warp = tid >> 5, mat = lane >> 3, r8 = lane & 7, gq = lane >> 2, tq = lane & 3;
+    const int* cu = q12_cu_seqlens(m);
+    const int c0 = ci * C, group = num_v_heads / num_k_heads, nv = min(C, len - c0);
+    unsigned char* kt = reinterpret_cast<unsigned char*>(s.k);
+    unsigned char* qt = reinterpret_cast<unsigned char*>(s.q);
+    const unsigned sk = smem_u32(s.k), sq = smem_u32(s.q), sa = smem_u32(s.a), sp = smem_u32(s.p);
+
+    // g and beta of the first value head, the raw k and q rows as swizzled tiles
+    issue_kvgb<DK, DV, false, false, true>(s, nullptr, cu + b, len, c0, 0, k, nullptr, g, beta, num_k_heads,
+                                           num_v_heads, kh * group, 0, tid);
+    issue_kq_sw128<DK>(kt, qt, k, q, nv, ld_volatile(cu + b) + c0, num_k_heads, kh, tid);
+    cp_async_commit();
+    cp_async_wait_all();
+    wg::fence_proxy_async();   // the tiles visible to the wgmma (the barrier below: everyone's)
+    sync();
+    normalise<DK, true, true>(s, [](int, int) { return static_cast<bf16*>(nullptr); }, tid, tid % SEGS,
+                              1.0f / sqrtf((float)DK));
+    // -A and P: every byte of the records defined (the epilogues write only the blocks the solve reads)
+    for (int i = tid; i < 2 * C * LDP / 8; i += THREADS) reinterpret_cast<uint4*>(s.a)[i] = make_uint4(0, 0, 0, 0);
+    // Q K^T once for the key head (each value head scales it by its own beta and gamma in the epilogue)
+    float accq[32];
+    wg::fence();
+#pragma unroll
+    for (int ks = 0; ks < NK; ++ks) wg::mma_ss<64>(accq, kmajor(sq, ks), kmajor(sk, ks), ks > 0);
+    wg::commit();
+    wg::wait<0>();
+    for (int j = 0; j < group; ++j) {
+        const int h = kh * group + j;
+        if (j > 0) cp_async_wait_all();   // this value head's g, beta and V, copied while the previous head computed
+        sync();   // (j 0: the scales and the zeroed -A and P stored; every thread's Q K^T complete: q is read out)
+        if (j == 0) {
+            issue_v_sw128<DV>(qt, v, nv, ld_volatile(cu + b) + c0, num_v_heads, h, tid);
+            cp_async_commit();
+        }
+        if (warp == 0) chunk_gamma<true>(s, j & 1, lane);
+        sync();
+        if (j + 1 < group) {   // the next value head's g and beta into the other buffer
+            issue_kvgb<DK, DV, false, false, true>(s, nullptr, cu + b, len, c0, (j + 1) & 1, k, nullptr, g, beta,
+                                                   num_k_heads, num_v_heads, h + 1, 0, tid);
+            cp_async_commit();
+        }
+        {
+            float acck[32];   // K K^T again for each value head (a few wgmma; holding it costs registers)
+            wg::fence();
+#pragma unroll
+            for (int ks = 0; ks < NK; ++ks) wg::mma_ss<64>(acck, kmajor(sk, ks), kmajor(sk, ks), ks > 0);
+            wg::commit();
+            wg::wait<0>();
+            products_epilogue<true, true>(s, reinterpret_cast<const float (*)[4]>(acck), warp, lane);
+        }
+        products_epilogue<false, true>(s, reinterpret_cast<const float (*)[4]>(accq), warp, lane);
+        sync();
+        invert_diagonal<DK>(s, tid);
+        sync();
+        // T's columns 16 warp .. + 15 (each_slice_elem: the identity's, solved)
+        float Rt[8][4], X[8][4];
+        each_slice_elem<LDP>(warp, lane, [&](int nt, int e, int cc, int at) { Rt[nt][e] = at == cc * (LDP + 1) ? 1.f : 0.f; });
+        block_solve(s.a, s.dinv, Rt, X, lane);
+        unsigned char* urec = rec_at<UR::BYTES>(ws, m, b, ci, h, num_v_heads);
+        for (int idx = tid; idx < C * 8; idx += THREADS)   // P as a swizzled tile
+            *reinterpret_cast<uint4*>(urec + UR::P + sw128_off(idx / 8, idx % 8)) =
+                *reinterpret_cast<const uint4*>(s.p + (idx / 8) * LDP + (idx % 8) * 8);
+        if (tid < 2 * 16) {   // EQ, WK (16 B a thread), then exp(gamma_C)
+            const int i = (tid & 15) * 4;
+            const float* x = tid < 16 ? s.eg : s.wd;
+            const float* r = tid < 16 ? s.rq : s.rk;
+            *reinterpret_cast<float4*>(urec + UR::EQ + tid * 16) =
+                make_float4(x[i] * r[i], x[i + 1] * r[i + 1], x[i + 2] * r[i + 2], x[i + 3] * r[i + 3]);
+        } else if (tid == 2 * 16) {
+            *reinterpret_cast<float4*>(urec + UR::EGC) = make_float4(s.eg[C - 1], 0.f, 0.f, 0.f);
+        }
+        sync();   // -A read by every warp's solve, P stored: their bytes take T's scaled columns (swizzled tiles)
+        t_cols_hilo<true>(X, s.a, s.p, [&](int c) { return s.beta[c]; }, warp, lane);
+        cp_async_wait_all();       // this value head's V rows
+        wg::fence_proxy_async();   // T diag(beta)'s tiles and V visible to the wgmma
+        sync();
+        // U^T = V^T (T diag(beta))^T, one 64-row dv m-tile at a time (the sequential kernel's slice mi)
+#pragma unroll 1
+        for (int mi = 0; mi < DV / 64; ++mi) {
+            unsigned av[4][4];
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks)
+                ldsm_x4_t(av[ks][0], av[ks][1], av[ks][2], av[ks][3],
+                          sq + sw128_off(16 * ks + (mat >> 1) * 8 + r8, 8 * mi + 2 * warp + (mat & 1)));
+            float acc[32];
+            wg::fence();
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+                wg::mma_rs<64, 1>(acc, av[ks], mnmajor(sa, ks), ks > 0);
+                wg::mma_rs<64, 1>(acc, av[ks], mnmajor(sp, ks), 1);
+            }
+            wg::commit();
+            wg::wait<0>();
+            float4* dst = reinterpret_cast<float4*>(urec + UR::U + mi * UR::USLICE) + 32 * warp + lane;
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+                dst[nt * 128] = make_float4(acc[4 * nt], acc[4 * nt + 1], acc[4 * nt + 2], acc[4 * nt + 3]);
+        }
+        sync();   // V and T diag(beta)'s tiles read out (every thread waited for its wgmma)
+        if (j + 1 < group) {   // the next value head's V rows, while this one's W is computed
+            issue_v_sw128<DV>(qt, v, nv, ld_volatile(cu + b) + c0, num_v_heads, h + 1, tid);
+            cp_async_commit();
+        }
+        t_cols_rescale<true>(s.a, s.p, [&](int c) { return s.eg[c] * s.rk[c]; }, warp, lane);   // T diag(beta EK)
+        wg::fence_proxy_async();
+        sync();
+        // W = T diag(beta EK) k per 64-column half: A = the tiles' fragments of this warp's token rows, two k-steps
+        // (16 registers) in flight at a time (all four with the accumulator and Q K^T's spilled the d128 build)
+#pragma unroll 1
+        for (int half = 0; half < DK / 64; ++half) {
+            float acc[32];
+#pragma unroll
+            for (int kp = 0; kp < 2; ++kp) {
+                unsigned ah[2][4], al[2][4];
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    const int off = sw128_off(16 * (2 * kp + i) + (mat >> 1) * 8 + r8, 2 * warp + (mat & 1));
+                    ldsm_x4_t(ah[i][0], ah[i][1], ah[i][2], ah[i][3], sa + off);
+                    ldsm_x4_t(al[i][0], al[i][1], al[i][2], al[i][3], sp + off);
+                }
+                wg::fence();
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    const int ks = 2 * kp + i;
+                    wg::mma_rs<64, 1>(acc, ah[i], mnmajor(sk + half * (GDN_C * 128), ks), ks > 0);
+                    wg::mma_rs<64, 1>(acc, al[i], mnmajor(sk + half * (GDN_C * 128), ks), 1);
+                }
+                wg::commit();
+                wg::wait<0>();
+            }
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int t = 16 * warp + gq + 8 * hh, d = 64 * half + 8 * nt + 2 * tq;
+                    *reinterpret_cast<unsigned*>(urec + UR::W + sw128_off(t, d >> 3) + (d & 7) * 2) =
+                        pack(acc[4 * nt + 2 * hh], acc[4 * nt + 2 * hh + 1]);
+                }
+        }
+        sync();   // s.a, s.p, s.dinv, s.beta, ... read out before the next head rewrites them
+    }
+}
+
+// grid (P), 384 threads (three groups), dynamic smem 3 x PrepSmem<DK> (GDN_WG_PREP_WG: 3 x wg_prep_group_bytes from
+// the first 1024-byte boundary, which fits in it): worker w = 3 * blockIdx.x + group takes
 // items w, w + 3P, ... of (chunk, stream, key head), chunk-major.
 template <int DK, int DV>
 __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
@@ -524,7 +733,13 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
     extern __shared__ __align__(16) unsigned char gdn_smem_raw[];
     if ((int)blockDim.x != 3 * 128) return;
     const int grp = threadIdx.x >> 7, tid = threadIdx.x & 127;
+    constexpr bool WG = GDN_WG_PREP_WG && GDN_WG_UWS;
+    static_assert(3 * wg_prep_group_bytes<DK>() + 1024 <= 3 * (int)sizeof(PrepSmem<DK>),
+                  "the wgmma groups fit in the host's 3 x PrepSmem");
+    const unsigned raw = smem_u32(gdn_smem_raw);
+    unsigned char* wbase = gdn_smem_raw + (((raw + 1023u) & ~1023u) - raw);
     PrepSmem<DK>& s = reinterpret_cast<PrepSmem<DK>*>(gdn_smem_raw)[grp];
+    WgPrepSmem<DK>& sw = *reinterpret_cast<WgPrepSmem<DK>*>(wbase + grp * wg_prep_group_bytes<DK>());
     const int* cu = q12_cu_seqlens(m);
     const int per_chunk = (int)m.batch_size * num_k_heads, nch = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
     const int stride = 3 * gridDim.x;
@@ -534,8 +749,9 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
         const int b = r / num_k_heads, kh = r % num_k_heads;
         const int len = cu[b + 1] - cu[b];
         if (ci * GDN_C >= len) continue;
-        prep_item<DK, DV, true, GDN_WG_UWS>(m, q, k, g, beta, num_k_heads, num_v_heads, ws, s, b, kh, ci, len, tid,
-                                            [grp] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + grp) : "memory"); }, v);
+        auto sync = [grp] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + grp) : "memory"); };
+        if constexpr (WG) prep_item_wg<DK, DV>(m, q, k, v, g, beta, num_k_heads, num_v_heads, ws, sw, b, kh, ci, len, tid, sync);
+        else prep_item<DK, DV, true, GDN_WG_UWS>(m, q, k, g, beta, num_k_heads, num_v_heads, ws, s, b, kh, ci, len, tid, sync, v);
         if (tid == 0) {   // the group's record stores are issued (prep_item's last barrier): publish them
             __threadfence();
             asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(ready_flag_at<UwsRec<DK, DV>::BYTES>(
