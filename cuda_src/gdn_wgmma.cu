@@ -110,9 +110,10 @@ struct Stage {
     static constexpr int U = VREC + REC;                         // (UWS) the U slice, UR::USLICE bytes
     static constexpr int V = VREC + REC;                         // (not UWS) the V slices [64][LDV] bf16
     static constexpr int O = UWS ? U + UR::USLICE : V + WGS * SLICE;   // the O slices [64][LDV] bf16
-    static constexpr int BYTES = (O + WGS * SLICE + 1023) / 1024 * 1024;
-    static_assert(VREC % 1024 == 0 && P % 1024 == 0 && V % 16 == 0, "stage layout: the tiles on 1024-byte atoms, "
-                  "the slices 16-byte aligned");
+    static constexpr int RAW = O + WGS * SLICE;                 // the last stage's extent (the mbarriers follow it)
+    static constexpr int BYTES = (RAW + 1023) / 1024 * 1024;    // a stage's stride (the next on 1024 bytes)
+    static_assert(VREC % 1024 == 0 && P % 1024 == 0 && V % 16 == 0 && RAW % 16 == 0, "stage layout: the tiles on "
+                  "1024-byte atoms, the slices and the mbarriers 16-byte aligned");
     static_assert(!UWS || WGS == 1, "UWS: one warpgroup a CTA (the flow form)");
 };
 
@@ -344,7 +345,13 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
     const unsigned raw = smem_u32(gdn_smem_raw);
     const unsigned base = (raw + 1023u) & ~1023u;                  // the tiles' 1024-byte alignment
     unsigned char* basep = gdn_smem_raw + (base - raw);
-    const unsigned bars = base + STAGES * L::BYTES;                // one mbarrier per stage
+    const unsigned bars = base + (STAGES - 1) * L::BYTES + L::RAW;   // one mbarrier per stage
+    if constexpr (FLOW) {   // gdn_wgmma.py's seq_smem_bytes: the co-resident precompute group fits in what it leaves
+        unsigned dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dyn));
+        if (bars + 8 * STAGES - raw > dyn) __trap();
+        pdl_launch_dependents();   // the co-resident precompute grid may start
+    }
 
     // Every CTA waits for the precompute grid before it ends (pdl_wait; at once where it has nothing to do), so the
     // stream's next operation finds both grids complete, whichever way the pair was launched.
@@ -538,8 +545,8 @@ struct WgPrepSmem {
     bf16 p[GDN_C * LDP];
     bf16 dinv[GDN_C * LDD];
     float d[4 * 16 * 17];
-    float graw[2][GDN_C];
-    float braw[2][GDN_C];
+    float graw[1][GDN_C];   // one buffer (PrepSmem has two): the next head's g and beta land once chunk_gamma read
+    float braw[1][GDN_C];   // these, and the 512 bytes let a group fit beside a sequential CTA (the co-resident grid)
     float gam[GDN_C];
     float erk[GDN_C];
     float erq[GDN_C];
@@ -552,6 +559,9 @@ struct WgPrepSmem {
 };
 template <int DK>
 __host__ __device__ constexpr int wg_prep_group_bytes() { return (int)(sizeof(WgPrepSmem<DK>) + 1023) / 1024 * 1024; }
+// gdn_wgmma.py's wg_prep_group_bytes mirrors these (the co-resident group's shared memory is sized from them)
+static_assert(wg_prep_group_bytes<128>() == 61440 && wg_prep_group_bytes<64>() == 45056,
+              "WgPrepSmem's size: gdn_wgmma.py's WG_PREP_GROUP_BYTES");
 
 // cp.async of the value head's 64 raw V rows ([T, num_v_heads, DV] bf16 from packed token tok) into a swizzled
 // [64][DV] tile (sw128_off), 8-byte pieces (v needs 8-byte alignment only); rows >= nv land as zeros.
@@ -568,12 +578,12 @@ __device__ __forceinline__ void issue_v_sw128(unsigned char* tile, const bf16* _
     }
 }
 
-template <int DK, int DV, class Sync>
+template <int DK, int DV, class Sync, class Claim>
 __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
                                              const bf16* __restrict__ v, const float* __restrict__ g,
                                              const float* __restrict__ beta, int num_k_heads, int num_v_heads,
                                              unsigned char* __restrict__ ws, WgPrepSmem<DK>& s, int b, int kh, int ci,
-                                             int len, int tid, Sync sync) {
+                                             int len, int tid, Sync sync, Claim claim) {
     using UR = UwsRec<DK, DV>;
     static_assert(DV == DK, "V rows in q's tile (dv = dk)");
     constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8, LDP = GDN_C + 8, NK = DK / 16;
@@ -589,6 +599,7 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
                                            num_v_heads, kh * group, 0, tid);
     issue_kq_sw128<DK>(kt, qt, k, q, nv, ld_volatile(cu + b) + c0, num_k_heads, kh, tid);
     cp_async_commit();
+    claim();   // the group's next item (an atomic: its latency under the copies')
     cp_async_wait_all();
     wg::fence_proxy_async();   // the tiles visible to the wgmma (the barrier below: everyone's)
     sync();
@@ -611,10 +622,10 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
             issue_v_sw128<DV>(qt, v, nv, ld_volatile(cu + b) + c0, num_v_heads, h, tid);
             cp_async_commit();
         }
-        if (warp == 0) chunk_gamma<true>(s, j & 1, lane);
+        if (warp == 0) chunk_gamma<true>(s, 0, lane);
         sync();
-        if (j + 1 < group) {   // the next value head's g and beta into the other buffer
-            issue_kvgb<DK, DV, false, false, true>(s, nullptr, cu + b, len, c0, (j + 1) & 1, k, nullptr, g, beta,
+        if (j + 1 < group) {   // the next value head's g and beta (chunk_gamma has read this head's)
+            issue_kvgb<DK, DV, false, false, true>(s, nullptr, cu + b, len, c0, 0, k, nullptr, g, beta,
                                                    num_k_heads, num_v_heads, h + 1, 0, tid);
             cp_async_commit();
         }
@@ -720,44 +731,77 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
     }
 }
 
-// grid (P), 384 threads (three groups), dynamic smem 3 x PrepSmem<DK> (GDN_WG_PREP_WG: 3 x wg_prep_group_bytes from
-// the first 1024-byte boundary, which fits in it): worker w = 3 * blockIdx.x + group takes
-// items w, w + 3P, ... of (chunk, stream, key head), chunk-major.
+// Two grids run this body, each CTA's groups (128 threads, one item at a time) claiming items from one counter in
+// chunk-major order (an atomic per item, issued under the item's first copies; its ready flag released once the
+// records are stored):
+//   * the precompute grid: (P), 384 threads (three groups), dynamic smem 3 x PrepSmem<DK> (GDN_WG_PREP_WG: 3 x
+//     wg_prep_group_bytes from the first 1024-byte boundary, which fits in it): one CTA fills an SM; flag 1;
+//   * the co-resident grid (GDN_WG_PREP_WG builds; gdn_wgmma.py's flow_launches): one group a CTA, launched with
+//     programmatic serialization after the sequential kernel, whose CTAs trigger it first thing; wg_prep_group_bytes
+//     + 896 bytes fit beside a sequential CTA (each group 128 x 168 registers; the sequential CTA 128 x 240), so one
+//     lands on each sequential kernel's SM, the SMs the precompute grid leaves to it. Flag 2 (the GPU tests count
+//     them). It ends with griddepcontrol.wait (the stream's next operation then finds all three grids complete).
+// No cycle: neither grid waits before its last item; the first alone does every item if the second never starts.
 template <int DK, int DV>
 __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
                                                    const bf16* __restrict__ v, const float* __restrict__ g,
                                                    const float* __restrict__ beta,
                                                    int num_k_heads, int num_v_heads, unsigned char* __restrict__ ws) {
     using namespace gdnc;
+    using UR = UwsRec<DK, DV>;
     pdl_launch_dependents();
-    extern __shared__ __align__(16) unsigned char gdn_smem_raw[];
-    if ((int)blockDim.x != 3 * 128) return;
-    const int grp = threadIdx.x >> 7, tid = threadIdx.x & 127;
+    extern __shared__ __align__(128) unsigned char gdn_smem_raw[];
+    const int groups = (int)blockDim.x >> 7;
     constexpr bool WG = GDN_WG_PREP_WG && GDN_WG_UWS;
+    // the co-resident grid: the wgmma groups only (the mma.sync build's PrepSmem does not fit beside a sequential CTA)
+    if ((int)blockDim.x != 128 * groups || (groups != 3 && groups != 1) || (groups == 1 && !WG)) {
+        if (groups == 1) pdl_wait();
+        return;
+    }
+    const int grp = threadIdx.x >> 7, tid = threadIdx.x & 127;
     static_assert(3 * wg_prep_group_bytes<DK>() + 1024 <= 3 * (int)sizeof(PrepSmem<DK>),
                   "the wgmma groups fit in the host's 3 x PrepSmem");
-    const unsigned raw = smem_u32(gdn_smem_raw);
-    unsigned char* wbase = gdn_smem_raw + (((raw + 1023u) & ~1023u) - raw);
+    const unsigned raw = smem_u32(gdn_smem_raw), pad = ((raw + 1023u) & ~1023u) - raw;
+    unsigned dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dyn));
+    if (pad + groups * (WG ? wg_prep_group_bytes<DK>() : (int)sizeof(PrepSmem<DK>)) > dyn) __trap();   // the host's size
+    unsigned char* wbase = gdn_smem_raw + pad;
     PrepSmem<DK>& s = reinterpret_cast<PrepSmem<DK>*>(gdn_smem_raw)[grp];
     WgPrepSmem<DK>& sw = *reinterpret_cast<WgPrepSmem<DK>*>(wbase + grp * wg_prep_group_bytes<DK>());
     const int* cu = q12_cu_seqlens(m);
     const int per_chunk = (int)m.batch_size * num_k_heads, nch = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
-    const int stride = 3 * gridDim.x;
-    // item = ci * per_chunk + r, walked in 32-bit pieces (no 64-bit division on the loop's path)
-    for (int w = 3 * blockIdx.x + grp, ci = w / per_chunk, r = w % per_chunk; ci < nch;
-         r += stride, ci += r / per_chunk, r %= per_chunk) {
-        const int b = r / num_k_heads, kh = r % num_k_heads;
+    const int items = nch * per_chunk;
+    unsigned* counter = item_counter_at<UR::BYTES>(ws, m, num_k_heads, num_v_heads);
+    // claimed[grp][i & 1]: item i's index, written by thread 0 before item i - 1's first barrier and read by
+    // everyone after its last (the other slot is item i + 1's)
+    __shared__ int claimed[3][2];
+    auto sync = [grp] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + grp) : "memory"); };
+    if (tid == 0) claimed[grp][0] = (int)atomicAdd(counter, 1u);
+    sync();
+    for (int i = 0, w = claimed[grp][0]; w < items; w = claimed[grp][++i & 1]) {
+        auto claim = [&] {
+            if (tid == 0) claimed[grp][(i + 1) & 1] = (int)atomicAdd(counter, 1u);
+        };
+        const int ci = w / per_chunk, r = w % per_chunk, b = r / num_k_heads, kh = r % num_k_heads;
         const int len = cu[b + 1] - cu[b];
-        if (ci * GDN_C >= len) continue;
-        auto sync = [grp] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + grp) : "memory"); };
-        if constexpr (WG) prep_item_wg<DK, DV>(m, q, k, v, g, beta, num_k_heads, num_v_heads, ws, sw, b, kh, ci, len, tid, sync);
-        else prep_item<DK, DV, true, GDN_WG_UWS>(m, q, k, g, beta, num_k_heads, num_v_heads, ws, s, b, kh, ci, len, tid, sync, v);
-        if (tid == 0) {   // the group's record stores are issued (prep_item's last barrier): publish them
+        if (ci * GDN_C >= len) {   // past this stream's end: no item, no flag (the sequential kernel waits for none)
+            claim();
+            sync();
+            continue;
+        }
+        if constexpr (WG) {
+            prep_item_wg<DK, DV>(m, q, k, v, g, beta, num_k_heads, num_v_heads, ws, sw, b, kh, ci, len, tid, sync, claim);
+        } else {
+            claim();
+            prep_item<DK, DV, true, GDN_WG_UWS>(m, q, k, g, beta, num_k_heads, num_v_heads, ws, s, b, kh, ci, len, tid, sync, v);
+        }
+        if (tid == 0) {   // the group's record stores are issued (the item's last barrier): publish them
             __threadfence();
-            asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(ready_flag_at<UwsRec<DK, DV>::BYTES>(
-                             ws, m, b, ci, kh, num_k_heads, num_v_heads)), "r"(1u) : "memory");
+            asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(ready_flag_at<UR::BYTES>(
+                             ws, m, b, ci, kh, num_k_heads, num_v_heads)), "r"(groups == 1 ? 2u : 1u) : "memory");
         }
     }
+    if (groups == 1) pdl_wait();   // the co-resident grid: after the sequential kernel (and so the precompute grid)
 }
 
 }  // namespace gdnw
@@ -798,5 +842,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_seq_flow_d64(
 static_assert(gdnw::Stage<128>::BYTES == 69632 && gdnw::Stage<64>::BYTES == 53248 && gdnw::Stage<128, 2>::BYTES == 88064 &&
               gdnw::Stage<128, 1, true>::BYTES == 83968 && gdnw::Stage<64, 1, true>::BYTES == 59392,
               "Stage size differs from q12drv.kernels.gdn_wgmma.stage_bytes");
+static_assert(gdnw::Stage<128>::RAW == 68624 && gdnw::Stage<64>::RAW == 52240 && gdnw::Stage<128, 2>::RAW == 87056 &&
+              gdnw::Stage<128, 1, true>::RAW == 83472 && gdnw::Stage<64, 1, true>::RAW == 58896,
+              "Stage extent differs from q12drv.kernels.gdn_wgmma._stage_raw (seq_smem_bytes)");
 static_assert(gdnc::UwsRec<128, 128>::BYTES == 57872 && gdnc::UwsRec<64, 64>::BYTES == 33296,
               "UwsRec size differs from q12drv.kernels.gdn_wgmma.flow_record_bytes");

@@ -63,6 +63,7 @@ __all__ = [
     "flow_record_bytes",
     "resolve_form",
     "flags_offset",
+    "flag_count",
     "flags_bytes",
     "stages",
     "geometry",
@@ -70,6 +71,10 @@ __all__ = [
     "PREP_FLOW_THREADS",
     "flow_entries",
     "prep_flow_smem_bytes",
+    "WG_PREP_GROUP_BYTES",
+    "prep_flow_co_smem_bytes",
+    "MAX_CARVEOUT_ENTRIES",
+    "flow_launches",
     "FLOW_MIN_TOKENS",
     "uses_flow",
     "uses_wide",
@@ -100,6 +105,9 @@ PREP_FLOW_THREADS = 3 * THREADS
 WIDE_ENTRY = "q12_gdn_wgmma_seqw_d128"
 #: Threads of a wide CTA.
 WIDE_THREADS = 2 * THREADS
+#: Entries that ask for the largest shared-memory carveout (``CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT``
+#: 100): the flow form's, whose sequential CTAs share their SMs with a co-resident precompute group.
+MAX_CARVEOUT_ENTRIES = FLOW_ENTRIES
 #: Every entry of ``gdn_wgmma.cu``: the two-launch pair's sequential kernels, the flow form's two, the wide one.
 ENTRIES = SEQ_ENTRIES + FLOW_ENTRIES + (WIDE_ENTRY,)
 
@@ -145,18 +153,28 @@ def stage_bytes(head_dim: int, wgs: int = 1, uws: bool = False) -> int:
     rows leave from the O slice during chunk c + 1's first products), rounded up to 1 KiB (the tiles' alignment).
     ``uws`` (the flow form): the flow record's common part and the CTA's U slice (:func:`flow_record_bytes`) in
     place of the V record and the V slice."""
+    return -(-_stage_raw(head_dim, wgs, uws) // 1024) * 1024
+
+
+def _stage_raw(head_dim: int, wgs: int, uws: bool) -> int:
+    """``gdnw::Stage::RAW``: a stage's bytes before :func:`stage_bytes` rounds them up to the next stage's 1 KiB."""
     tiles = 2 * 2 * _gdnc.CHUNK * head_dim
     if uws:
-        raw = tiles + _flow_record_common(head_dim) + _U_SLICE + _SLICE
-    else:
-        raw = tiles + _gdnc.tile_v_record_bytes() + wgs * 2 * _SLICE
-    return -(-raw // 1024) * 1024
+        return tiles + _flow_record_common(head_dim) + _U_SLICE + _SLICE
+    return tiles + _gdnc.tile_v_record_bytes() + wgs * 2 * _SLICE
+
+
+#: Slack to align a kernel's 128-byte aligned dynamic shared memory (``__align__(128)``) on 1024 bytes.
+_ALIGN_SLACK = 1024 - 128
 
 
 def seq_smem_bytes(head_dim: int, stages: int = 2, wgs: int = 1, uws: bool = False) -> int:
-    """Dynamic shared memory of the sequential kernel: ``stages`` stages, one 8-byte mbarrier each (padded to 16
-    bytes), and 1 KiB of slack to align the first stage on 1024 bytes."""
-    return stages * stage_bytes(head_dim, wgs, uws) + 16 * (-(-stages // 2)) + 1024
+    """Dynamic shared memory of the sequential kernel: ``stages - 1`` stages at their 1 KiB stride, the last one's
+    own bytes, one 8-byte mbarrier a stage (padded to 16 bytes), and the slack that puts the first stage on 1024
+    bytes (the kernels check it and trap where it falls short). The flow form's (d 128: 168,352 B) leaves room on
+    its SM for one co-resident precompute group (:func:`prep_flow_co_smem_bytes`)."""
+    return ((stages - 1) * stage_bytes(head_dim, wgs, uws) + _stage_raw(head_dim, wgs, uws) + 16 * (-(-stages // 2))
+            + _ALIGN_SLACK)
 
 
 def entry_smem_bytes(entry: str) -> int:
@@ -206,9 +224,16 @@ def flags_offset(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, hea
     return n * (-(-chunk_len // _gdnc.CHUNK)) * num_v_heads * flow_record_bytes(head_dim)
 
 
+def flag_count(n: int, chunk_len: int, num_k_heads: int) -> int:
+    """Ready flags of the flow form: one u32 per precompute item (stream, 64-token chunk, key head), set to 1 by
+    the precompute grid or 2 by the co-resident one (:func:`flow_launches`)."""
+    return n * (-(-chunk_len // _gdnc.CHUNK)) * num_k_heads
+
+
 def flags_bytes(n: int, chunk_len: int, num_k_heads: int) -> int:
-    """Bytes of the ready flags: one u32 per precompute item (stream, 64-token chunk, key head)."""
-    return 4 * n * (-(-chunk_len // _gdnc.CHUNK)) * num_k_heads
+    """Bytes the flow form zeroes before its launches: the ready flags (:func:`flag_count`), then 16 bytes for the
+    u32 counter its precompute groups claim items from (``gdnc::item_counter_at``)."""
+    return 4 * flag_count(n, chunk_len, num_k_heads) + 16
 
 
 def stages(n: int, num_v_heads: int, head_dim: int, num_sms: int) -> int:
@@ -235,6 +260,19 @@ def prep_flow_smem_bytes(head_dim: int) -> int:
     """Dynamic shared memory of a flow precompute CTA: one precompute kernel's (``gdnc::PrepSmem<dk>``) per group.
     At d 128 (189,696 B) one CTA fills an SM, so a sequential CTA never shares an SM with one."""
     return 3 * _gdnc.prep_smem_bytes(head_dim)
+
+
+#: Bytes of one flow precompute group on warpgroup MMA (``gdnw::WgPrepSmem``, rounded to 1 KiB; the kernel
+#: static_asserts them), by head dim.
+WG_PREP_GROUP_BYTES = {128: 61440, 64: 45056}
+
+
+def prep_flow_co_smem_bytes(head_dim: int) -> int:
+    """Dynamic shared memory of a co-resident flow precompute CTA (one group, 128 threads): its group's bytes and
+    the 1 KiB alignment's slack. 62,336 B at d 128: with the sequential CTA's (:func:`seq_smem_bytes`) and each
+    CTA's 1 KiB reserved by the driver, 232,736 of an H200 SM's 233,472 bytes."""
+    entry_name(head_dim)
+    return WG_PREP_GROUP_BYTES[head_dim] + _ALIGN_SLACK
 
 
 #: Tokens of the longest stream from which a pass of few CTAs takes the flow form (:func:`uses_flow`).
@@ -268,6 +306,30 @@ def flow_geometry(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, he
     ctas = seq[0][0] * seq[0][1] * seq[0][2]
     return ((max(1, num_sms - ctas), 1, 1), (PREP_FLOW_THREADS, 1, 1), prep_flow_smem_bytes(head_dim)), \
         (seq[0], seq[1], seq_smem_bytes(head_dim, 2, uws=True))
+
+
+def flow_launches(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int, num_sms: int,
+                  co: bool = True) -> tuple:
+    """The flow form's launches, after :func:`flags_bytes` are zeroed, as ``(entry, grid, block, smem, dependent)``:
+
+    1. the precompute grid (:func:`flow_geometry`), three groups a CTA, one CTA an SM;
+    2. the sequential kernel, dependent (programmatic stream serialization), on the SMs the first leaves;
+    3. (``co``) the co-resident precompute grid, dependent on the sequential kernel: the same entry, one group of
+       128 threads a CTA, one CTA per sequential CTA, each landing beside one (:func:`prep_flow_co_smem_bytes`).
+       Its groups claim items from the same counter, so the device's precompute groups go from
+       ``3 (SMs - seq CTAs)`` to ``3 (SMs - seq CTAs) + seq CTAs`` (204 -> 268 at 1 x 8192, Hv 32, d 128); where it
+       cannot start early, its groups find no item left and end (the first grid alone does every item).
+
+    The precompute and sequential entries prefer the largest shared-memory carveout
+    (:data:`MAX_CARVEOUT_ENTRIES`): the sequential kernel's SMs must keep room for a co-resident group.
+    """
+    prep_e, seq_e = flow_entries(head_dim)
+    prep, seq = flow_geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim, num_sms)
+    out = ((prep_e, *prep, False), (seq_e, *seq, True))
+    if co:
+        ctas = seq[0][0] * seq[0][1] * seq[0][2]
+        out += ((prep_e, (ctas, 1, 1), (THREADS, 1, 1), prep_flow_co_smem_bytes(head_dim), True),)
+    return out
 
 
 def wide_entries(head_dim: int) -> tuple[str, str]:
@@ -313,7 +375,7 @@ def _flags(args: dict, mem, head_dim: int):
     m = args["m"]
     n = max(n, 1)
     chunk_len = int(m.chunk_len)
-    count = flags_bytes(n, chunk_len, hk) // 4
+    count = flag_count(n, chunk_len, hk)
     mem.array(int(args["workspace"]), np.uint8, (workspace_bytes(n, chunk_len, hk, hv, head_dim, "flow"),))
     flags = mem.array(int(args["workspace"]) + flags_offset(n, chunk_len, hk, hv, head_dim), np.uint32, (count,))
     cu = mem.array(int(m.cu_seqlens), np.int32, (n + 1,))
@@ -325,12 +387,14 @@ def _flags(args: dict, mem, head_dim: int):
 
 def _emulate_prep_flow(head_dim: int):
     def run(args: dict, mem, grid, block) -> None:
-        """Emulate the flow precompute: check the launch, release the flag of every item that has tokens."""
-        if tuple(block) != (PREP_FLOW_THREADS, 1, 1) or tuple(grid)[1:] != (1, 1):
-            raise ValueError(f"the flow precompute needs grid (P, 1, 1) and block ({PREP_FLOW_THREADS}, 1, 1), got "
-                             f"{tuple(grid)}, {tuple(block)}")
+        """Emulate the flow precompute: check the launch (the precompute grid's 384 threads or the co-resident
+        grid's 128), release the flag of every item that has tokens (an item's flag is set once, by the grid
+        that took it: the co-resident grid, launched after the sequential kernel here, finds none left)."""
+        if tuple(block) not in ((PREP_FLOW_THREADS, 1, 1), (THREADS, 1, 1)) or tuple(grid)[1:] != (1, 1):
+            raise ValueError(f"the flow precompute needs grid (P, 1, 1) and block ({PREP_FLOW_THREADS}, 1, 1) (or "
+                             f"({THREADS}, 1, 1), its co-resident grid), got {tuple(grid)}, {tuple(block)}")
         flags, live = _flags(args, mem, head_dim)
-        flags[live] = 1
+        flags[live & (flags == 0)] = 1 if block[0] == PREP_FLOW_THREADS else 2
     return run
 
 

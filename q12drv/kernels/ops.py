@@ -59,7 +59,10 @@ def prepared(device: Device, entry: str) -> Launch:
         if source is None:
             raise KeyError(f"unknown kernel {entry!r}; kernels: {', '.join(sorted(ENTRIES))}")
         module = load_module(device, source, defines=tuple(meta_defines()), struct_types=struct_types())
-        launch = device.cache[key] = module.kernel(entry).prepare()
+        kernel = module.kernel(entry)
+        if entry in _gdnw.MAX_CARVEOUT_ENTRIES:
+            kernel.prefer_max_shared()
+        launch = device.cache[key] = kernel.prepare()
     return launch
 
 
@@ -239,12 +242,10 @@ def _gdn_launches(algo: str, n: int, chunk_len: int, num_k_heads: int, num_v_hea
         geos = _gdnw.wide_geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim)
         return None, tuple((entry, *geo, dep) for entry, geo, dep in zip(_gdnw.wide_entries(head_dim), geos,
                                                                         (False, True)))
-    if algo == "wgmma" and form == "flow":
-        geos = _gdnw.flow_geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim, num_sms)
+    if algo == "wgmma" and form == "flow":   # (the precompute, the sequential kernel, the co-resident precompute)
         zero = (_gdnw.flags_offset(n, chunk_len, num_k_heads, num_v_heads, head_dim),
                 _gdnw.flags_bytes(n, chunk_len, num_k_heads))
-        return zero, tuple((entry, *geo, dep) for entry, geo, dep in zip(_gdnw.flow_entries(head_dim), geos,
-                                                                        (False, True)))
+        return zero, _gdnw.flow_launches(n, chunk_len, num_k_heads, num_v_heads, head_dim, num_sms)
     if algo == "wgmma":
         stages = _gdnw.stages(n, num_v_heads, head_dim, num_sms)
         geos = _gdnw.geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim, stages)
