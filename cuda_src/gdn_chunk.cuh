@@ -778,12 +778,15 @@ __device__ __forceinline__ unsigned* ready_flag_at(unsigned char* ws, const Q12M
     const long long recs = (long long)m.batch_size * nchunks * num_v_heads * RB;
     return reinterpret_cast<unsigned*>(ws + recs) + ((long long)b * nchunks + ci) * num_k_heads + kh;
 }
-// The flow form's item counter (its precompute groups claim items from it): the u32 after the last ready flag
-// (gdn_wgmma.py's flags_bytes: the flags and 16 bytes for it, all zeroed before the launches).
+// The flow form's item counter (its precompute groups claim items from it: gdn_wgmma.cu's gdn_prep_flow_body): a
+// u64 on the first 8-byte boundary after the last ready flag (gdn_wgmma.py's flags_bytes: the flags, then 16 bytes
+// from that boundary, all zeroed before the launches).
 template <int RB>
-__device__ __forceinline__ unsigned* item_counter_at(unsigned char* ws, const Q12Meta& m, int num_k_heads,
-                                                     int num_v_heads) {
-    return ready_flag_at<RB>(ws, m, (int)m.batch_size, 0, 0, num_k_heads, num_v_heads);
+__device__ __forceinline__ unsigned long long* item_counter_at(unsigned char* ws, const Q12Meta& m, int num_k_heads,
+                                                               int num_v_heads) {
+    const unsigned long long end = reinterpret_cast<unsigned long long>(
+        ready_flag_at<RB>(ws, m, (int)m.batch_size, 0, 0, num_k_heads, num_v_heads));
+    return reinterpret_cast<unsigned long long*>((end + 7) & ~7ull);
 }
 
 // The precompute kernel's shared memory: Smem<DK> without what it does not need (V/O slices; K lo goes

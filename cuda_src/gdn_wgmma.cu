@@ -731,9 +731,12 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
     }
 }
 
-// Two grids run this body, each CTA's groups (128 threads, one item at a time) claiming items from one counter in
-// chunk-major order (an atomic per item, issued under the item's first copies; its ready flag released once the
-// records are stored):
+// Two grids run this body, each CTA's groups (128 threads, one item at a time) claiming items of (chunk, stream, key
+// head), chunk-major, from one 64-bit counter (an atomic per item, issued under the item's first copies; its ready
+// flag released once the records are stored): the precompute grid's groups from the front (the low word counts
+// them), the co-resident grid's from the back (the high word), so that its slower groups (they share an SM with a
+// sequential CTA) compute the last chunks, long before the sequential kernel needs them, and never hold one it
+// waits for; a claim is valid while the two words sum below the item count (each item taken exactly once).
 //   * the precompute grid: (P), 384 threads (three groups), dynamic smem 3 x PrepSmem<DK> (GDN_WG_PREP_WG: 3 x
 //     wg_prep_group_bytes from the first 1024-byte boundary, which fits in it): one CTA fills an SM; flag 1;
 //   * the co-resident grid (GDN_WG_PREP_WG builds; gdn_wgmma.py's flow_launches): one group a CTA, launched with
@@ -764,23 +767,29 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
     const unsigned raw = smem_u32(gdn_smem_raw), pad = ((raw + 1023u) & ~1023u) - raw;
     unsigned dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dyn));
-    if (pad + groups * (WG ? wg_prep_group_bytes<DK>() : (int)sizeof(PrepSmem<DK>)) > dyn) __trap();   // the host's size
+    if ((WG ? pad + groups * wg_prep_group_bytes<DK>() : groups * (int)sizeof(PrepSmem<DK>)) > dyn) __trap();   // the host's size
     unsigned char* wbase = gdn_smem_raw + pad;
     PrepSmem<DK>& s = reinterpret_cast<PrepSmem<DK>*>(gdn_smem_raw)[grp];
     WgPrepSmem<DK>& sw = *reinterpret_cast<WgPrepSmem<DK>*>(wbase + grp * wg_prep_group_bytes<DK>());
     const int* cu = q12_cu_seqlens(m);
     const int per_chunk = (int)m.batch_size * num_k_heads, nch = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
     const int items = nch * per_chunk;
-    unsigned* counter = item_counter_at<UR::BYTES>(ws, m, num_k_heads, num_v_heads);
+    unsigned long long* counter = item_counter_at<UR::BYTES>(ws, m, num_k_heads, num_v_heads);
+    const bool back = groups == 1;
+    auto next_item = [&]() -> int {   // (thread 0) this group's next item, or items: none left
+        const unsigned long long old = atomicAdd(counter, back ? 1ull << 32 : 1ull);
+        const int front_n = (int)(unsigned)old, back_n = (int)(old >> 32);
+        return front_n + back_n >= items ? items : back ? items - 1 - back_n : front_n;
+    };
     // claimed[grp][i & 1]: item i's index, written by thread 0 before item i - 1's first barrier and read by
     // everyone after its last (the other slot is item i + 1's)
     __shared__ int claimed[3][2];
     auto sync = [grp] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + grp) : "memory"); };
-    if (tid == 0) claimed[grp][0] = (int)atomicAdd(counter, 1u);
+    if (tid == 0) claimed[grp][0] = next_item();
     sync();
     for (int i = 0, w = claimed[grp][0]; w < items; w = claimed[grp][++i & 1]) {
         auto claim = [&] {
-            if (tid == 0) claimed[grp][(i + 1) & 1] = (int)atomicAdd(counter, 1u);
+            if (tid == 0) claimed[grp][(i + 1) & 1] = next_item();
         };
         const int ci = w / per_chunk, r = w % per_chunk, b = r / num_k_heads, kh = r % num_k_heads;
         const int len = cu[b + 1] - cu[b];

@@ -694,6 +694,7 @@ def test_wgmma_flow_form_sizes_rule_and_launches():
         ("q12_gdn_wgmma_prep_flow_d128", (64, 1, 1), (128, 1, 1), 62336, True))   # one group beside each seq CTA
     assert gdn_wgmma.flow_launches(1, 8192, 16, 32, 128, 132, co=False) == launches[:2]
     assert gdn_wgmma.flag_count(1, 8192, 16) == 128 * 16
+    assert gdn_wgmma.flags_bytes(1, 64, 1) == gdn_wgmma.flags_bytes(1, 128, 1) == 8 + 16   # the counter on 8 bytes
     for n, chunk_len, form in ((8, 2048, "wide"), (1, 2048, "pair"), (8, 2048, "pair")):
         # the rules: a full device at d 128 takes the wide form, few CTAs the pair; form= overrides them every way
         zero, launches = ops._gdn_launches("wgmma", n, chunk_len, 16, 32, 128, 132, form)

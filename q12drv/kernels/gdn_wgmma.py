@@ -231,9 +231,10 @@ def flag_count(n: int, chunk_len: int, num_k_heads: int) -> int:
 
 
 def flags_bytes(n: int, chunk_len: int, num_k_heads: int) -> int:
-    """Bytes the flow form zeroes before its launches: the ready flags (:func:`flag_count`), then 16 bytes for the
-    u32 counter its precompute groups claim items from (``gdnc::item_counter_at``)."""
-    return 4 * flag_count(n, chunk_len, num_k_heads) + 16
+    """Bytes the flow form zeroes before its launches: the ready flags (:func:`flag_count`), then, from the next
+    8-byte boundary, 16 bytes for the u64 counter its precompute groups claim items from (``gdnc::item_counter_at``:
+    the precompute grid's claims in its low word, the co-resident grid's in its high word)."""
+    return -(-4 * flag_count(n, chunk_len, num_k_heads) // 8) * 8 + 16
 
 
 def stages(n: int, num_v_heads: int, head_dim: int, num_sms: int) -> int:
@@ -316,9 +317,10 @@ def flow_launches(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, he
     2. the sequential kernel, dependent (programmatic stream serialization), on the SMs the first leaves;
     3. (``co``) the co-resident precompute grid, dependent on the sequential kernel: the same entry, one group of
        128 threads a CTA, one CTA per sequential CTA, each landing beside one (:func:`prep_flow_co_smem_bytes`).
-       Its groups claim items from the same counter, so the device's precompute groups go from
-       ``3 (SMs - seq CTAs)`` to ``3 (SMs - seq CTAs) + seq CTAs`` (204 -> 268 at 1 x 8192, Hv 32, d 128); where it
-       cannot start early, its groups find no item left and end (the first grid alone does every item).
+       Its groups claim items from the same counter, from the back (the last chunks first, long before the
+       sequential kernel needs them), so the device's precompute groups go from ``3 (SMs - seq CTAs)`` to
+       ``3 (SMs - seq CTAs) + seq CTAs`` (204 -> 268 at 1 x 8192, Hv 32, d 128); where it cannot start early, its
+       groups find no item left and end (the first grid alone does every item).
 
     The precompute and sequential entries prefer the largest shared-memory carveout
     (:data:`MAX_CARVEOUT_ENTRIES`): the sequential kernel's SMs must keep room for a co-resident group.

@@ -468,10 +468,11 @@ def test_gdn_wgmma_forms_against_the_pair(chunk_kernels, form, d, hk, hv, lens):
 @pytest.mark.parametrize("d", [128, 64])
 def test_gdn_flow_co_resident_grid_takes_items(chunk_kernels, d):
     """The flow form at 1 x 8192 (Hk 16, Hv 32: where ops takes it) with its co-resident precompute grid (one group
-    a CTA beside each sequential CTA) and without: the same bits (an item's records do not depend on the group that
-    computed them), twice; every item with tokens flagged, by the precompute grid (1) or the co-resident one (2),
-    and the co-resident grid took some (it fits beside the sequential CTAs: the shared-memory sizes and carveout
-    work out; else it would start after them and find no item left)."""
+    a CTA beside each sequential CTA, claiming items from the back) and without: the same bits (an item's records
+    do not depend on the group that computed them), twice; every item with tokens flagged once, by the precompute
+    grid (1) or the co-resident one (2), and the co-resident grid took some, all of them the last chunks' (it fits
+    beside the sequential CTAs: the shared-memory sizes and carveout work out; else it would start after them and
+    find no item left)."""
     torch, funcs, _ = chunk_kernels
     rng = np.random.default_rng(5)
     inputs = make_inputs(rng, [8192], 16, 32, d)
@@ -489,6 +490,7 @@ def test_gdn_flow_co_resident_grid_takes_items(chunk_kernels, d):
         if co:
             taken = int((flags == 2).sum())
             assert taken > 0, "the co-resident precompute grid took no item: it did not start beside the sequential CTAs"
+            assert (flags[flags.size - taken:] == 2).all(), "the co-resident grid's items are not the last ones"
             print(f"d {d}: the co-resident grid took {taken} of {flags.size} items", flush=True)
 
 
