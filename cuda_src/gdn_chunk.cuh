@@ -759,8 +759,8 @@ __device__ __forceinline__ unsigned char* vrec_at(unsigned char* ws, const Q12Me
 // The "wgmma" pair's workspace (gdn_wgmma.py's workspace_bytes): n x ceil(chunk_len / 64) x Hv records of RB
 // bytes each (the two-launch and wide forms: TileVRec; the flow form: UwsRec, whose RB every flow build uses for
 // the flags' offset, whichever record it writes), then (the flow form) one u32 ready flag per precompute item
-// (stream b, chunk ci, key head kh), set once the item's records are stored (1 by the flow precompute grid, 2 by
-// its co-resident grid: gdn_wgmma.cu's gdn_prep_flow_body), then the item counter (item_counter_at).
+// (stream b, chunk ci, key head kh), set to 1 by the flow precompute once the item's records are stored, then the
+// item counter (item_counter_at).
 template <int RB>
 __device__ __forceinline__ unsigned char* rec_at(unsigned char* ws, const Q12Meta& m, int b, int ci, int h,
                                                  int num_v_heads) {
@@ -778,15 +778,13 @@ __device__ __forceinline__ unsigned* ready_flag_at(unsigned char* ws, const Q12M
     const long long recs = (long long)m.batch_size * nchunks * num_v_heads * RB;
     return reinterpret_cast<unsigned*>(ws + recs) + ((long long)b * nchunks + ci) * num_k_heads + kh;
 }
-// The flow form's item counter (its precompute groups claim items from it: gdn_wgmma.cu's gdn_prep_flow_body): a
-// u64 on the first 8-byte boundary after the last ready flag (gdn_wgmma.py's flags_bytes: the flags, then 16 bytes
-// from that boundary, all zeroed before the launches).
+// The flow form's item counter (its precompute groups claim items from it: gdn_wgmma.cu's gdn_prep_flow_body): the
+// u32 after the last ready flag (gdn_wgmma.py's flags_bytes: the flags, then 16 bytes for it, zeroed before the
+// launches).
 template <int RB>
-__device__ __forceinline__ unsigned long long* item_counter_at(unsigned char* ws, const Q12Meta& m, int num_k_heads,
-                                                               int num_v_heads) {
-    const unsigned long long end = reinterpret_cast<unsigned long long>(
-        ready_flag_at<RB>(ws, m, (int)m.batch_size, 0, 0, num_k_heads, num_v_heads));
-    return reinterpret_cast<unsigned long long*>((end + 7) & ~7ull);
+__device__ __forceinline__ unsigned* item_counter_at(unsigned char* ws, const Q12Meta& m, int num_k_heads,
+                                                     int num_v_heads) {
+    return ready_flag_at<RB>(ws, m, (int)m.batch_size, 0, 0, num_k_heads, num_v_heads);
 }
 
 // The precompute kernel's shared memory: Smem<DK> without what it does not need (V/O slices; K lo goes

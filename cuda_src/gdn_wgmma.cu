@@ -346,11 +346,10 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
     const unsigned base = (raw + 1023u) & ~1023u;                  // the tiles' 1024-byte alignment
     unsigned char* basep = gdn_smem_raw + (base - raw);
     const unsigned bars = base + (STAGES - 1) * L::BYTES + L::RAW;   // one mbarrier per stage
-    if constexpr (FLOW) {   // gdn_wgmma.py's seq_smem_bytes: the co-resident precompute group fits in what it leaves
+    if constexpr (FLOW) {   // gdn_wgmma.py's seq_smem_bytes (896 bytes of alignment slack: __align__(128))
         unsigned dyn;
         asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dyn));
         if (bars + 8 * STAGES - raw > dyn) __trap();
-        pdl_launch_dependents();   // the co-resident precompute grid may start
     }
 
     // Every CTA waits for the precompute grid before it ends (pdl_wait; at once where it has nothing to do), so the
@@ -545,8 +544,8 @@ struct WgPrepSmem {
     bf16 p[GDN_C * LDP];
     bf16 dinv[GDN_C * LDD];
     float d[4 * 16 * 17];
-    float graw[1][GDN_C];   // one buffer (PrepSmem has two): the next head's g and beta land once chunk_gamma read
-    float braw[1][GDN_C];   // these, and the 512 bytes let a group fit beside a sequential CTA (the co-resident grid)
+    float graw[1][GDN_C];   // one buffer (PrepSmem has two): the next head's g and beta land once chunk_gamma has
+    float braw[1][GDN_C];   // read these
     float gam[GDN_C];
     float erk[GDN_C];
     float erq[GDN_C];
@@ -559,9 +558,6 @@ struct WgPrepSmem {
 };
 template <int DK>
 __host__ __device__ constexpr int wg_prep_group_bytes() { return (int)(sizeof(WgPrepSmem<DK>) + 1023) / 1024 * 1024; }
-// gdn_wgmma.py's wg_prep_group_bytes mirrors these (the co-resident group's shared memory is sized from them)
-static_assert(wg_prep_group_bytes<128>() == 61440 && wg_prep_group_bytes<64>() == 45056,
-              "WgPrepSmem's size: gdn_wgmma.py's WG_PREP_GROUP_BYTES");
 
 // cp.async of the value head's 64 raw V rows ([T, num_v_heads, DV] bf16 from packed token tok) into a swizzled
 // [64][DV] tile (sw128_off), 8-byte pieces (v needs 8-byte alignment only); rows >= nv land as zeros.
@@ -731,20 +727,14 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
     }
 }
 
-// Two grids run this body, each CTA's groups (128 threads, one item at a time) claiming items of (chunk, stream, key
-// head), chunk-major, from one 64-bit counter (an atomic per item, issued under the item's first copies; its ready
-// flag released once the records are stored): the precompute grid's groups from the front (the low word counts
-// them), the co-resident grid's from the back (the high word), so that its slower groups (they share an SM with a
-// sequential CTA) compute the last chunks, long before the sequential kernel needs them, and never hold one it
-// waits for; a claim is valid while the two words sum below the item count (each item taken exactly once).
-//   * the precompute grid: (P), 384 threads (three groups), dynamic smem 3 x PrepSmem<DK> (GDN_WG_PREP_WG: 3 x
-//     wg_prep_group_bytes from the first 1024-byte boundary, which fits in it): one CTA fills an SM; flag 1;
-//   * the co-resident grid (GDN_WG_PREP_WG builds; gdn_wgmma.py's flow_launches): one group a CTA, launched with
-//     programmatic serialization after the sequential kernel, whose CTAs trigger it first thing; wg_prep_group_bytes
-//     + 896 bytes fit beside a sequential CTA (each group 128 x 168 registers; the sequential CTA 128 x 240), so one
-//     lands on each sequential kernel's SM, the SMs the precompute grid leaves to it. Flag 2 (the GPU tests count
-//     them). It ends with griddepcontrol.wait (the stream's next operation then finds all three grids complete).
-// No cycle: neither grid waits before its last item; the first alone does every item if the second never starts.
+// grid (P), 384 threads (three groups), dynamic smem 3 x PrepSmem<DK> (GDN_WG_PREP_WG: 3 x wg_prep_group_bytes from
+// the first 1024-byte boundary, which fits in it): one CTA fills an SM. Each group (128 threads, one item at a time)
+// claims the next item of (chunk, stream, key head), chunk-major, from a counter in the workspace (an atomic per
+// item, issued under the item's first copies), and releases the item's ready flag once its records are stored. The
+// claims replaced a static walk (worker w: items w, w + 3P, ...; session 12, run BJ): at 1 x 8192 (2048 items on 204
+// groups) its eleventh round held 8 items, the claims end within an item of each other (precompute alone 0.346 ->
+// 0.316 ms). Tried and removed (run BJ): a second, co-resident grid of one group a CTA beside each sequential CTA
+// (268 groups instead of 204), which slowed the sequential kernel sharing its SM: the flow form 0.356 -> 0.393 ms.
 template <int DK, int DV>
 __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
                                                    const bf16* __restrict__ v, const float* __restrict__ g,
@@ -754,13 +744,9 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
     using UR = UwsRec<DK, DV>;
     pdl_launch_dependents();
     extern __shared__ __align__(128) unsigned char gdn_smem_raw[];
-    const int groups = (int)blockDim.x >> 7;
+    if ((int)blockDim.x != 3 * 128) return;
+    constexpr int groups = 3;
     constexpr bool WG = GDN_WG_PREP_WG && GDN_WG_UWS;
-    // the co-resident grid: the wgmma groups only (the mma.sync build's PrepSmem does not fit beside a sequential CTA)
-    if ((int)blockDim.x != 128 * groups || (groups != 3 && groups != 1) || (groups == 1 && !WG)) {
-        if (groups == 1) pdl_wait();
-        return;
-    }
     const int grp = threadIdx.x >> 7, tid = threadIdx.x & 127;
     static_assert(3 * wg_prep_group_bytes<DK>() + 1024 <= 3 * (int)sizeof(PrepSmem<DK>),
                   "the wgmma groups fit in the host's 3 x PrepSmem");
@@ -774,12 +760,9 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
     const int* cu = q12_cu_seqlens(m);
     const int per_chunk = (int)m.batch_size * num_k_heads, nch = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
     const int items = nch * per_chunk;
-    unsigned long long* counter = item_counter_at<UR::BYTES>(ws, m, num_k_heads, num_v_heads);
-    const bool back = groups == 1;
-    auto next_item = [&]() -> int {   // (thread 0) this group's next item, or items: none left
-        const unsigned long long old = atomicAdd(counter, back ? 1ull << 32 : 1ull);
-        const int front_n = (int)(unsigned)old, back_n = (int)(old >> 32);
-        return front_n + back_n >= items ? items : back ? items - 1 - back_n : front_n;
+    unsigned* counter = item_counter_at<UR::BYTES>(ws, m, num_k_heads, num_v_heads);
+    auto next_item = [&]() -> int {   // (thread 0) this group's next item (items or more: none left)
+        return (int)min(atomicAdd(counter, 1u), (unsigned)items);
     };
     // claimed[grp][i & 1]: item i's index, written by thread 0 before item i - 1's first barrier and read by
     // everyone after its last (the other slot is item i + 1's)
@@ -807,10 +790,9 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
         if (tid == 0) {   // the group's record stores are issued (the item's last barrier): publish them
             __threadfence();
             asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(ready_flag_at<UR::BYTES>(
-                             ws, m, b, ci, kh, num_k_heads, num_v_heads)), "r"(groups == 1 ? 2u : 1u) : "memory");
+                             ws, m, b, ci, kh, num_k_heads, num_v_heads)), "r"(1u) : "memory");
         }
     }
-    if (groups == 1) pdl_wait();   // the co-resident grid: after the sequential kernel (and so the precompute grid)
 }
 
 }  // namespace gdnw

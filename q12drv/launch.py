@@ -212,12 +212,6 @@ class Kernel:
         self.device.driver.set_max_dynamic_smem(self.func, nbytes)
         self.smem_limit = int(nbytes)
 
-    def prefer_max_shared(self) -> None:
-        """Ask for the SM's largest shared-memory carveout for this kernel
-        (``CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`` 100): the driver otherwise picks the smallest
-        carveout that holds one CTA, which leaves no room for a CTA of another kernel meant to share its SM."""
-        self.device.driver.set_smem_carveout(self.func, 100)
-
     def prepare(self, **values: Any) -> Launch:
         """A new :class:`Launch` with the given arguments set (the rest zero)."""
         return Launch(self).set(**values)

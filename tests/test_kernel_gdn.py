@@ -441,7 +441,7 @@ def _run_chunk_emulated(inputs, hk, hv, d, grid=None, block=None, split=0, ws_sh
             nbytes = gdn_wgmma.workspace_bytes(n, meta.chunk_len, hk, hv, d, "wide")
             geos = gdn_wgmma.wide_geometry(n, meta.chunk_len, hk, hv, d)
             names = gdn_wgmma.wide_entries(d)
-        else:   # the three launches (the co-resident precompute last)
+        else:
             nbytes = gdn_wgmma.workspace_bytes(n, meta.chunk_len, hk, hv, d, "flow")
             flow = gdn_wgmma.flow_launches(n, meta.chunk_len, hk, hv, d, 132)
             names, geos = [e for e, *_ in flow], [(g, b, sm) for _, g, b, sm, _ in flow]
@@ -663,22 +663,16 @@ def test_wgmma_emulators_check_the_launch_and_need_the_whole_workspace():
 
 
 def test_wgmma_flow_form_sizes_rule_and_launches():
-    """The flow form: a precompute CTA fills an SM (no sequential CTA beside it), a co-resident precompute CTA (one
-    group) fits beside a sequential one, the rule takes the form while the sequential CTAs leave half of the SMs,
-    the precompute gets the SMs they leave, and ops clears the flags and the item counter (after the records)
-    before three launches, the second and third with programmatic stream serialization."""
+    """The flow form: a precompute CTA fills an SM (no sequential CTA beside it), the rule takes it while the
+    sequential CTAs leave half of the SMs, the precompute gets the SMs they leave, and ops clears the flags and
+    the item counter (after the records) before two launches, the second with programmatic stream serialization."""
     from q12drv.kernels import ops
     from q12drv.nvrtc import cuda_src_dir
 
     sm = 228 * 1024
     assert gdn_wgmma.prep_flow_smem_bytes(128) == 3 * 64000 <= 227 * 1024
     assert gdn_wgmma.prep_flow_smem_bytes(128) + 1024 + gdn_wgmma.seq_smem_bytes(128, 2, uws=True) + 1024 > sm
-    for d in (128, 64):   # each CTA: its dynamic bytes, up to 128 static (ptxas: the sequential kernel's), 1 KiB reserved
-        co = gdn_wgmma.prep_flow_co_smem_bytes(d) + 128 + 1024
-        assert gdn_wgmma.seq_smem_bytes(d, 2, uws=True) + 128 + 1024 + co <= sm
-    # never beside a precompute CTA: at d 128 by shared memory; at d 64 by registers (384 x 166 of the SM's 65,536)
-    assert gdn_wgmma.prep_flow_smem_bytes(128) + 1024 + gdn_wgmma.prep_flow_co_smem_bytes(128) + 1024 > sm
-    assert gdn_wgmma.seq_smem_bytes(128, 2, uws=True) == 168352 and gdn_wgmma.prep_flow_co_smem_bytes(128) == 62336
+    assert gdn_wgmma.seq_smem_bytes(128, 2, uws=True) == 83968 + 83472 + 16 + 896   # the last stage unrounded
     assert gdn_wgmma.uses_flow(1, 8192, 32, 128, 132) and not gdn_wgmma.uses_flow(2, 8192, 32, 128, 132)
     assert gdn_wgmma.uses_flow(2, 9000, 32, 64, 132) and not gdn_wgmma.uses_flow(1, 8192, 32, 128, 127)
     assert not gdn_wgmma.uses_flow(1, 8191, 32, 128, 132)  # 1 x 2048 measured slower in the flow form
@@ -690,11 +684,8 @@ def test_wgmma_flow_form_sizes_rule_and_launches():
     assert zero == (gdn_wgmma.flags_offset(1, 8192, 16, 32, 128), 4 * 128 * 16 + 16)   # the flags, the counter
     assert launches == gdn_wgmma.flow_launches(1, 8192, 16, 32, 128, 132) == (
         ("q12_gdn_wgmma_prep_flow_d128", (68, 1, 1), (384, 1, 1), 192000, False),
-        ("q12_gdn_wgmma_seq_flow_d128", (2, 32, 1), (128, 1, 1), 168352, True),
-        ("q12_gdn_wgmma_prep_flow_d128", (64, 1, 1), (128, 1, 1), 62336, True))   # one group beside each seq CTA
-    assert gdn_wgmma.flow_launches(1, 8192, 16, 32, 128, 132, co=False) == launches[:2]
-    assert gdn_wgmma.flag_count(1, 8192, 16) == 128 * 16
-    assert gdn_wgmma.flags_bytes(1, 64, 1) == gdn_wgmma.flags_bytes(1, 128, 1) == 8 + 16   # the counter on 8 bytes
+        ("q12_gdn_wgmma_seq_flow_d128", (2, 32, 1), (128, 1, 1), 168352, True))
+    assert gdn_wgmma.flag_count(1, 8192, 16) == 128 * 16 and gdn_wgmma.flags_bytes(1, 64, 1) == 4 + 16
     for n, chunk_len, form in ((8, 2048, "wide"), (1, 2048, "pair"), (8, 2048, "pair")):
         # the rules: a full device at d 128 takes the wide form, few CTAs the pair; form= overrides them every way
         zero, launches = ops._gdn_launches("wgmma", n, chunk_len, 16, 32, 128, 132, form)
@@ -705,8 +696,7 @@ def test_wgmma_flow_form_sizes_rule_and_launches():
         zero, launches = ops._gdn_launches("wgmma", n, chunk_len, 16, 32, 128, 132, "flow")
         assert zero == (gdn_wgmma.flags_offset(n, chunk_len, 16, 32, 128), gdn_wgmma.flags_bytes(n, chunk_len, 16))
         assert [(e, dep) for e, *_, dep in launches] == [("q12_gdn_wgmma_prep_flow_d128", False),
-                                                         ("q12_gdn_wgmma_seq_flow_d128", True),
-                                                         ("q12_gdn_wgmma_prep_flow_d128", True)]
+                                                         ("q12_gdn_wgmma_seq_flow_d128", True)]
     assert gdn_wgmma.uses_wide(8, 32, 128, 132) and gdn_wgmma.uses_wide(5, 32, 128, 132)
     assert not gdn_wgmma.uses_wide(4, 32, 128, 132) and not gdn_wgmma.uses_wide(8, 32, 64, 132)
     assert [e for e, *_ in ops._gdn_launches("wgmma", 16, 2048, 16, 32, 64, 132)[1]] == list(gdn_wgmma.entries(64, 1))
@@ -730,9 +720,6 @@ def test_wgmma_flow_form_sizes_rule_and_launches():
     for entry in gdn_wgmma.FLOW_ENTRIES:
         assert f"q12_gdn_wgmma_{entry.split('_wgmma_')[1]}(" in src
     assert "__launch_bounds__(384, 1) q12_gdn_wgmma_prep_flow_d128" in src
-    for d, nbytes in gdn_wgmma.WG_PREP_GROUP_BYTES.items():   # the mirror of the kernel's static_assert
-        assert f"wg_prep_group_bytes<{d}>() == {nbytes}" in src
-    assert gdn_wgmma.MAX_CARVEOUT_ENTRIES == gdn_wgmma.FLOW_ENTRIES
 
 
 @pytest.mark.parametrize("pair,d", [("flow", 64), ("wide", 128)])

@@ -59,7 +59,6 @@ class Driver:
     def module_get_function(self, module: Any, name: str) -> Any: raise NotImplementedError
     def function_attribute(self, func: Any, name: str) -> int: raise NotImplementedError
     def set_max_dynamic_smem(self, func: Any, nbytes: int) -> None: raise NotImplementedError
-    def set_smem_carveout(self, func: Any, percent: int) -> None: raise NotImplementedError
     def launch(self, func: Any, grid: tuple, block: tuple, smem: int, stream: Any, params_addr: int) -> None:
         raise NotImplementedError
 

@@ -180,10 +180,6 @@ class CudaDriver(Driver):
         attr = self._cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         self._call("cuFuncSetAttribute", func, attr, int(nbytes))
 
-    def set_smem_carveout(self, func: Any, percent: int) -> None:
-        attr = self._cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
-        self._call("cuFuncSetAttribute", func, attr, int(percent))
-
     def launch(self, func: Any, grid: tuple, block: tuple, smem: int, stream: Any, params_addr: int) -> None:
         err = self._launch(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream, params_addr, 0)[0]
         check("cuLaunchKernel", err)

@@ -153,7 +153,6 @@ class _Function:
     name: str
     params: tuple
     max_dynamic_smem: int = _DEFAULT_SMEM
-    smem_carveout: int = -1   # CU_SHAREDMEM_CARVEOUT_DEFAULT
 
 
 class EmuDriver(Driver):
@@ -451,7 +450,6 @@ class EmuDriver(Driver):
 
     def function_attribute(self, func: Any, name: str) -> int:
         values = {"max_dynamic_shared_size_bytes": func.max_dynamic_smem, "num_regs": 0,
-                  "preferred_shared_memory_carveout": func.smem_carveout,
                   "local_size_bytes": 0, "shared_size_bytes": 0, "max_threads_per_block": 1024}
         try:
             return values[name.lower()]
@@ -463,12 +461,6 @@ class EmuDriver(Driver):
         if not 0 <= int(nbytes) <= _OPTIN_SMEM:
             fail("cuFuncSetAttribute", "CUDA_ERROR_INVALID_VALUE")
         func.max_dynamic_smem = int(nbytes)
-
-    def set_smem_carveout(self, func: Any, percent: int) -> None:
-        self._fault("cuFuncSetAttribute")
-        if not -1 <= int(percent) <= 100:   # -1: CU_SHAREDMEM_CARVEOUT_DEFAULT
-            fail("cuFuncSetAttribute", "CUDA_ERROR_INVALID_VALUE")
-        func.smem_carveout = int(percent)
 
     def _decode_params(self, func: _Function, params_addr: int) -> dict:
         args = {}

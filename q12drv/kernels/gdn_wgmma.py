@@ -71,9 +71,6 @@ __all__ = [
     "PREP_FLOW_THREADS",
     "flow_entries",
     "prep_flow_smem_bytes",
-    "WG_PREP_GROUP_BYTES",
-    "prep_flow_co_smem_bytes",
-    "MAX_CARVEOUT_ENTRIES",
     "flow_launches",
     "FLOW_MIN_TOKENS",
     "uses_flow",
@@ -105,9 +102,6 @@ PREP_FLOW_THREADS = 3 * THREADS
 WIDE_ENTRY = "q12_gdn_wgmma_seqw_d128"
 #: Threads of a wide CTA.
 WIDE_THREADS = 2 * THREADS
-#: Entries that ask for the largest shared-memory carveout (``CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT``
-#: 100): the flow form's, whose sequential CTAs share their SMs with a co-resident precompute group.
-MAX_CARVEOUT_ENTRIES = FLOW_ENTRIES
 #: Every entry of ``gdn_wgmma.cu``: the two-launch pair's sequential kernels, the flow form's two, the wide one.
 ENTRIES = SEQ_ENTRIES + FLOW_ENTRIES + (WIDE_ENTRY,)
 
@@ -171,8 +165,7 @@ _ALIGN_SLACK = 1024 - 128
 def seq_smem_bytes(head_dim: int, stages: int = 2, wgs: int = 1, uws: bool = False) -> int:
     """Dynamic shared memory of the sequential kernel: ``stages - 1`` stages at their 1 KiB stride, the last one's
     own bytes, one 8-byte mbarrier a stage (padded to 16 bytes), and the slack that puts the first stage on 1024
-    bytes (the kernels check it and trap where it falls short). The flow form's (d 128: 168,352 B) leaves room on
-    its SM for one co-resident precompute group (:func:`prep_flow_co_smem_bytes`)."""
+    bytes (the flow form's kernel checks it and traps where it falls short; d 128: 168,352 B)."""
     return ((stages - 1) * stage_bytes(head_dim, wgs, uws) + _stage_raw(head_dim, wgs, uws) + 16 * (-(-stages // 2))
             + _ALIGN_SLACK)
 
@@ -225,16 +218,15 @@ def flags_offset(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, hea
 
 
 def flag_count(n: int, chunk_len: int, num_k_heads: int) -> int:
-    """Ready flags of the flow form: one u32 per precompute item (stream, 64-token chunk, key head), set to 1 by
-    the precompute grid or 2 by the co-resident one (:func:`flow_launches`)."""
+    """Ready flags of the flow form: one u32 per precompute item (stream, 64-token chunk, key head), set to 1 once
+    the item's records are stored."""
     return n * (-(-chunk_len // _gdnc.CHUNK)) * num_k_heads
 
 
 def flags_bytes(n: int, chunk_len: int, num_k_heads: int) -> int:
-    """Bytes the flow form zeroes before its launches: the ready flags (:func:`flag_count`), then, from the next
-    8-byte boundary, 16 bytes for the u64 counter its precompute groups claim items from (``gdnc::item_counter_at``:
-    the precompute grid's claims in its low word, the co-resident grid's in its high word)."""
-    return -(-4 * flag_count(n, chunk_len, num_k_heads) // 8) * 8 + 16
+    """Bytes the flow form zeroes before its launches: the ready flags (:func:`flag_count`), then 16 bytes for the
+    u32 counter its precompute groups claim items from (``gdnc::item_counter_at``)."""
+    return 4 * flag_count(n, chunk_len, num_k_heads) + 16
 
 
 def stages(n: int, num_v_heads: int, head_dim: int, num_sms: int) -> int:
@@ -262,18 +254,6 @@ def prep_flow_smem_bytes(head_dim: int) -> int:
     At d 128 (189,696 B) one CTA fills an SM, so a sequential CTA never shares an SM with one."""
     return 3 * _gdnc.prep_smem_bytes(head_dim)
 
-
-#: Bytes of one flow precompute group on warpgroup MMA (``gdnw::WgPrepSmem``, rounded to 1 KiB; the kernel
-#: static_asserts them), by head dim.
-WG_PREP_GROUP_BYTES = {128: 61440, 64: 45056}
-
-
-def prep_flow_co_smem_bytes(head_dim: int) -> int:
-    """Dynamic shared memory of a co-resident flow precompute CTA (one group, 128 threads): its group's bytes and
-    the 1 KiB alignment's slack. 62,336 B at d 128: with the sequential CTA's (:func:`seq_smem_bytes`) and each
-    CTA's 1 KiB reserved by the driver, 232,736 of an H200 SM's 233,472 bytes."""
-    entry_name(head_dim)
-    return WG_PREP_GROUP_BYTES[head_dim] + _ALIGN_SLACK
 
 
 #: Tokens of the longest stream from which a pass of few CTAs takes the flow form (:func:`uses_flow`).
@@ -309,29 +289,14 @@ def flow_geometry(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, he
         (seq[0], seq[1], seq_smem_bytes(head_dim, 2, uws=True))
 
 
-def flow_launches(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int, num_sms: int,
-                  co: bool = True) -> tuple:
+def flow_launches(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int,
+                  num_sms: int) -> tuple:
     """The flow form's launches, after :func:`flags_bytes` are zeroed, as ``(entry, grid, block, smem, dependent)``:
-
-    1. the precompute grid (:func:`flow_geometry`), three groups a CTA, one CTA an SM;
-    2. the sequential kernel, dependent (programmatic stream serialization), on the SMs the first leaves;
-    3. (``co``) the co-resident precompute grid, dependent on the sequential kernel: the same entry, one group of
-       128 threads a CTA, one CTA per sequential CTA, each landing beside one (:func:`prep_flow_co_smem_bytes`).
-       Its groups claim items from the same counter, from the back (the last chunks first, long before the
-       sequential kernel needs them), so the device's precompute groups go from ``3 (SMs - seq CTAs)`` to
-       ``3 (SMs - seq CTAs) + seq CTAs`` (204 -> 268 at 1 x 8192, Hv 32, d 128); where it cannot start early, its
-       groups find no item left and end (the first grid alone does every item).
-
-    The precompute and sequential entries prefer the largest shared-memory carveout
-    (:data:`MAX_CARVEOUT_ENTRIES`): the sequential kernel's SMs must keep room for a co-resident group.
-    """
-    prep_e, seq_e = flow_entries(head_dim)
+    the precompute (:func:`flow_geometry`: three groups a CTA, one CTA an SM, its groups claiming items from the
+    counter), then the sequential kernel, dependent (programmatic stream serialization), on the SMs it leaves."""
     prep, seq = flow_geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim, num_sms)
-    out = ((prep_e, *prep, False), (seq_e, *seq, True))
-    if co:
-        ctas = seq[0][0] * seq[0][1] * seq[0][2]
-        out += ((prep_e, (ctas, 1, 1), (THREADS, 1, 1), prep_flow_co_smem_bytes(head_dim), True),)
-    return out
+    prep_e, seq_e = flow_entries(head_dim)
+    return (prep_e, *prep, False), (seq_e, *seq, True)
 
 
 def wide_entries(head_dim: int) -> tuple[str, str]:
@@ -389,14 +354,12 @@ def _flags(args: dict, mem, head_dim: int):
 
 def _emulate_prep_flow(head_dim: int):
     def run(args: dict, mem, grid, block) -> None:
-        """Emulate the flow precompute: check the launch (the precompute grid's 384 threads or the co-resident
-        grid's 128), release the flag of every item that has tokens (an item's flag is set once, by the grid
-        that took it: the co-resident grid, launched after the sequential kernel here, finds none left)."""
-        if tuple(block) not in ((PREP_FLOW_THREADS, 1, 1), (THREADS, 1, 1)) or tuple(grid)[1:] != (1, 1):
-            raise ValueError(f"the flow precompute needs grid (P, 1, 1) and block ({PREP_FLOW_THREADS}, 1, 1) (or "
-                             f"({THREADS}, 1, 1), its co-resident grid), got {tuple(grid)}, {tuple(block)}")
+        """Emulate the flow precompute: check the launch, release the flag of every item that has tokens."""
+        if tuple(block) != (PREP_FLOW_THREADS, 1, 1) or tuple(grid)[1:] != (1, 1):
+            raise ValueError(f"the flow precompute needs grid (P, 1, 1) and block ({PREP_FLOW_THREADS}, 1, 1), got "
+                             f"{tuple(grid)}, {tuple(block)}")
         flags, live = _flags(args, mem, head_dim)
-        flags[live & (flags == 0)] = 1 if block[0] == PREP_FLOW_THREADS else 2
+        flags[live] = 1
     return run
 
 

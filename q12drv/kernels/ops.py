@@ -59,10 +59,7 @@ def prepared(device: Device, entry: str) -> Launch:
         if source is None:
             raise KeyError(f"unknown kernel {entry!r}; kernels: {', '.join(sorted(ENTRIES))}")
         module = load_module(device, source, defines=tuple(meta_defines()), struct_types=struct_types())
-        kernel = module.kernel(entry)
-        if entry in _gdnw.MAX_CARVEOUT_ENTRIES:
-            kernel.prefer_max_shared()
-        launch = device.cache[key] = kernel.prepare()
+        launch = device.cache[key] = module.kernel(entry).prepare()
     return launch
 
 
@@ -242,7 +239,7 @@ def _gdn_launches(algo: str, n: int, chunk_len: int, num_k_heads: int, num_v_hea
         geos = _gdnw.wide_geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim)
         return None, tuple((entry, *geo, dep) for entry, geo, dep in zip(_gdnw.wide_entries(head_dim), geos,
                                                                         (False, True)))
-    if algo == "wgmma" and form == "flow":   # (the precompute, the sequential kernel, the co-resident precompute)
+    if algo == "wgmma" and form == "flow":
         zero = (_gdnw.flags_offset(n, chunk_len, num_k_heads, num_v_heads, head_dim),
                 _gdnw.flags_bytes(n, chunk_len, num_k_heads))
         return zero, _gdnw.flow_launches(n, chunk_len, num_k_heads, num_v_heads, head_dim, num_sms)

@@ -240,7 +240,6 @@ def wgmma_rows(torch, chunk_funcs, cases):
                   "wide": ["wg-wide-no-pdl", "-", "bit-identical: tests/gpu/test_gdn_gpu.py"]}
     flow_rows = {"flow": ["wg-flow", "-", "U - W S: vs float64 below, tests/gpu/test_gdn_gpu.py"],
                  "nopdl": ["wg-flow-no-pdl", "-", "serial: the sequential launch without PDL"],
-                 "noco": ["wg-flow-no-co", "-", "without the co-resident precompute grid (3 launches)"],
                  "prep": ["wg-flow-prep-only", "-", "flags cleared + the persistent precompute"],
                  "seq": ["wg-flow-seq-only", "-", "the sequential kernel, every flag already set"]}
     for name, defines in WGMMA_VARIANTS:
@@ -278,8 +277,7 @@ def wgmma_rows(torch, chunk_funcs, cases):
                     prep_row.append(time_kernel(torch, funcs, pair[:1], None, None, None, vals))
                     flow = flow_launches(torch, n, hv, d, vals, tensors)
                     serial = flow[:2] + [flow[2][:4]]
-                    for key_, seq_ in (("flow", flow), ("nopdl", serial), ("noco", flow[:3]), ("prep", flow[:2]),
-                                       ("seq", [flow[2][:4]])):
+                    for key_, seq_ in (("flow", flow), ("nopdl", serial), ("prep", flow[:2]), ("seq", [flow[2][:4]])):
                         flow_rows[key_].append(time_kernel(torch, funcs, seq_, None, None, None, vals))
                 elif st == 2:
                     build_flow_row.append(
@@ -302,8 +300,7 @@ def wgmma_rows(torch, chunk_funcs, cases):
 
 def flow_launches(torch, n, hv, d, vals, tensors):
     """The flow form of a timing case as time_kernel's sequence: the flags cleared (a torch fill on the
-    launches' stream), then gdn_wgmma.flow_launches: the precompute, the sequential kernel with PDL, the
-    co-resident precompute with PDL."""
+    launches' stream), then gdn_wgmma.flow_launches: the precompute, the sequential kernel with PDL."""
     hk, chunk_len, ws = vals[8].value, int(vals[0].chunk_len), tensors[-1]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     off = gdn_wgmma.flags_offset(n, chunk_len, hk, hv, d)
