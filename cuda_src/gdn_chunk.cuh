@@ -786,6 +786,17 @@ __device__ __forceinline__ unsigned* item_counter_at(unsigned char* ws, const Q1
                                                      int num_v_heads) {
     return ready_flag_at<RB>(ws, m, (int)m.batch_size, 0, 0, num_k_heads, num_v_heads);
 }
+// The flow form's k and q tiles (gdn_wgmma.cu's GDN_WG_KQREC): per item (stream b, chunk ci, key head kh), the k and
+// then the q tile ([64][DK] bf16 each, 128-byte swizzled), from the first 128-byte boundary after the item counter's
+// 16 bytes (gdn_wgmma.py's kq_offset).
+template <int RB, int DK>
+__device__ __forceinline__ unsigned char* kqrec_at(unsigned char* ws, const Q12Meta& m, int b, int ci, int kh,
+                                                   int num_k_heads, int num_v_heads) {
+    const int nchunks = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
+    const unsigned long long end = reinterpret_cast<unsigned long long>(
+        item_counter_at<RB>(ws, m, num_k_heads, num_v_heads)) + 16 - reinterpret_cast<unsigned long long>(ws);
+    return ws + ((end + 127) & ~127ull) + (((long long)b * nchunks + ci) * num_k_heads + kh) * (4 * GDN_C * DK);
+}
 
 // The precompute kernel's shared memory: Smem<DK> without what it does not need (V/O slices; K lo goes
 // straight to the K record) and with raw K sharing its bytes with -A and P (raw K is read by the

@@ -64,6 +64,8 @@ __all__ = [
     "resolve_form",
     "flags_offset",
     "flag_count",
+    "kq_offset",
+    "kq_bytes",
     "flags_bytes",
     "stages",
     "geometry",
@@ -207,7 +209,7 @@ def workspace_bytes(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, 
     if form in ("pair", "wide"):
         entry_name(head_dim)
         return _gdnc.workspace_bytes(n, chunk_len, num_k_heads, num_v_heads, head_dim, tiles=True)
-    return flags_offset(n, chunk_len, num_k_heads, num_v_heads, head_dim) + flags_bytes(n, chunk_len, num_k_heads)
+    return kq_offset(n, chunk_len, num_k_heads, num_v_heads, head_dim) + kq_bytes(n, chunk_len, num_k_heads, head_dim)
 
 
 def flags_offset(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int) -> int:
@@ -227,6 +229,18 @@ def flags_bytes(n: int, chunk_len: int, num_k_heads: int) -> int:
     """Bytes the flow form zeroes before its launches: the ready flags (:func:`flag_count`), then 16 bytes for the
     u32 counter its precompute groups claim items from (``gdnc::item_counter_at``)."""
     return 4 * flag_count(n, chunk_len, num_k_heads) + 16
+
+
+def kq_offset(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int) -> int:
+    """Byte offset of the flow form's k and q tiles (``gdnc::kqrec_at``, the ``GDN_WG_KQREC`` builds): the first
+    128-byte boundary after the flags and the item counter (:func:`flags_bytes`)."""
+    end = flags_offset(n, chunk_len, num_k_heads, num_v_heads, head_dim) + flags_bytes(n, chunk_len, num_k_heads)
+    return -(-end // 128) * 128
+
+
+def kq_bytes(n: int, chunk_len: int, num_k_heads: int, head_dim: int) -> int:
+    """Bytes of the flow form's k and q tiles: per precompute item, two ``[64][head_dim]`` bf16 tiles."""
+    return n * (-(-chunk_len // _gdnc.CHUNK)) * num_k_heads * 4 * _gdnc.CHUNK * head_dim
 
 
 def stages(n: int, num_v_heads: int, head_dim: int, num_sms: int) -> int:
