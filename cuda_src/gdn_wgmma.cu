@@ -81,11 +81,10 @@
 #define GDN_WG_UWS 1  // product; session 11); 0: the pair's records and sequential arithmetic (its bits)
 #endif
 #ifndef GDN_WG_KQREC  // the UWS flow form (session 12): 1: the precompute stores each item's k and q tiles (swizzled, as
-#define GDN_WG_KQREC 0  // the stage holds them) and the sequential kernel copies them with the record, one bulk copy
-#endif                  // from thread 0 (gdnc::kqrec_at) instead of 2 x 8 cp.async a thread; 0: from k and q
-#ifndef GDN_WG_U16    // the UWS flow form (session 12): 1: U stored in bf16 (half of each slice's bytes), as fla-core's
-#define GDN_WG_U16 0  // u; 0: fp32
-#endif
+#define GDN_WG_KQREC 1  // the stage holds them) and the sequential kernel copies them with the record, one bulk copy
+#endif                  // from thread 0 (gdnc::kqrec_at) instead of 2 x 8 cp.async a thread (run BK: the flow form
+                        // 0.368 -> 0.344 ms at 1 x 8192, the same bits); 0: from k and q. (U in bf16, as fla-core's u,
+                        // was measured too and dropped: 0.368 -> 0.355 ms, the state's error 5.5e-5 -> 5.3e-4.)
 #ifndef GDN_WG_OLO    // 1: O's product takes V_new as bf16 hi + lo; 0 (default since run AT): hi only, as fla-core (4 wgmma
 #define GDN_WG_OLO 0  // fewer; H200 run AT: 2-4% faster, o error 3.3e-3 -> 3.6e-3 against the fused kernel's 3.5e-3;
 #endif                // the state does not depend on it)
@@ -189,17 +188,6 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
     wg::wait<GDN_WG_XY>();   // X complete (XY 1: Y may still run)
     wg::pin(X);
     if constexpr (UWS) {   // V_new^T = U^T - X': this thread's 8 n-tiles of the U slice (UwsRec's order)
-#if GDN_WG_U16
-        const uint2* u = reinterpret_cast<const uint2*>(sp + L::U) + 32 * warp + lane;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-            const uint2 x = u[nt * 128];
-            X4[nt][0] = bf16_lo(x.x) - X4[nt][0];
-            X4[nt][1] = __uint_as_float(x.x & 0xffff0000u) - X4[nt][1];
-            X4[nt][2] = bf16_lo(x.y) - X4[nt][2];
-            X4[nt][3] = __uint_as_float(x.y & 0xffff0000u) - X4[nt][3];
-        }
-#else
         const float4* u = reinterpret_cast<const float4*>(sp + L::U) + 32 * warp + lane;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
@@ -209,7 +197,6 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
             X4[nt][2] = x.z - X4[nt][2];
             X4[nt][3] = x.w - X4[nt][3];
         }
-#endif
         wg::wait<0>();   // Y
         wg::pins(Ot, X, sa);
     } else {
@@ -415,7 +402,6 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
     // thread's proxy fence after its wait). The V record: thread 0, one bulk copy on the stage's mbarrier. The V
     // slice (issue_v): every thread, one cp.async group, once the stage's O rows are stored.
     constexpr bool KQREC = UWS && GDN_WG_KQREC;   // (the k and q tiles come with the record)
-    constexpr int USLICE_BYTES = GDN_WG_U16 && UWS ? UR::USLICE / 2 : UR::USLICE;
     auto issue_kq = [&](int ci, int st) {   // the raw k and q rows (inputs: never the precompute's)
         if (KQREC) return;
         unsigned char* sp = basep + st * L::BYTES;
@@ -435,11 +421,11 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
             wg::fence_proxy_async();   // the stage's generic reads (beta, EK, ...) before the copy's writes
             if constexpr (UWS) {   // the record's common part, then this CTA's U slice
                 const unsigned char* rec = rec_at<UR::BYTES>(ws, m, b, ci, h, num_v_heads);
-                wg::mbar_arrive_expect_tx(bars + 8 * st, UR::COMMON + USLICE_BYTES + (KQREC ? 2 * L::KT : 0));
+                wg::mbar_arrive_expect_tx(bars + 8 * st, UR::COMMON + UR::USLICE + (KQREC ? 2 * L::KT : 0));
                 if (KQREC) wg::bulk_g2s(sb + L::K, kqrec_at<UR::BYTES, DK>(ws, m, b, ci, kh, num_k_heads, num_v_heads),
                                         2 * L::KT, bars + 8 * st);
                 wg::bulk_g2s(sb + L::VREC, rec, UR::COMMON, bars + 8 * st);
-                wg::bulk_g2s(sb + L::U, rec + UR::U + (col0 / BV) * UR::USLICE, USLICE_BYTES, bars + 8 * st);
+                wg::bulk_g2s(sb + L::U, rec + UR::U + (col0 / BV) * UR::USLICE, UR::USLICE, bars + 8 * st);
             } else {
                 wg::mbar_arrive_expect_tx(bars + 8 * st, TileVRec::BYTES);
                 wg::bulk_g2s(sb + L::VREC, tile_vrec_at(ws, m, b, ci, h, num_v_heads), TileVRec::BYTES, bars + 8 * st);
@@ -708,17 +694,10 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
             }
             wg::commit();
             wg::wait<0>();
-#if GDN_WG_U16
-            uint2* dst = reinterpret_cast<uint2*>(urec + UR::U + mi * UR::USLICE) + 32 * warp + lane;
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-                dst[nt * 128] = make_uint2(pack(acc[4 * nt], acc[4 * nt + 1]), pack(acc[4 * nt + 2], acc[4 * nt + 3]));
-#else
             float4* dst = reinterpret_cast<float4*>(urec + UR::U + mi * UR::USLICE) + 32 * warp + lane;
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt)
                 dst[nt * 128] = make_float4(acc[4 * nt], acc[4 * nt + 1], acc[4 * nt + 2], acc[4 * nt + 3]);
-#endif
         }
         sync();   // V and T diag(beta)'s tiles read out (every thread waited for its wgmma)
         if (j + 1 < group) {   // the next value head's V rows, while this one's W is computed
@@ -785,7 +764,7 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
     if ((int)blockDim.x != 3 * 128) return;
     constexpr int groups = 3;
     constexpr bool WG = GDN_WG_PREP_WG && GDN_WG_UWS;
-    static_assert(WG || (!GDN_WG_KQREC && !GDN_WG_U16), "GDN_WG_KQREC, GDN_WG_U16: the wgmma precompute's (prep_item_wg)");
+    static_assert(WG || !GDN_WG_KQREC || !GDN_WG_UWS, "GDN_WG_KQREC: the wgmma precompute's tiles (prep_item_wg)");
     const int grp = threadIdx.x >> 7, tid = threadIdx.x & 127;
     static_assert(3 * wg_prep_group_bytes<DK>() + 1024 <= 3 * (int)sizeof(PrepSmem<DK>),
                   "the wgmma groups fit in the host's 3 x PrepSmem");

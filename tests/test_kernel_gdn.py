@@ -549,6 +549,8 @@ def test_wgmma_pair_sizes_match_the_source():
     assert gdn_wgmma.entry_smem_bytes("q12_gdn_wgmma_seq_flow_d128") == gdn_wgmma.seq_smem_bytes(128, 2, uws=True) \
         <= 227 * 1024
     flow = 128 * 32 * 57872 + 4 * 128 * 16 + 16   # the records, the ready flags, the item counter
+    assert gdn_wgmma.kq_offset(1, 8192, 16, 32, 128) == -(-flow // 128) * 128
+    flow = -(-flow // 128) * 128 + 128 * 16 * 2 * 64 * 128 * 2   # then each item's k and q tiles
     assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128, "flow") == flow
     assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128) == flow
     assert gdn_wgmma.flags_offset(1, 8192, 16, 32, 128) == 128 * 32 * 57872

@@ -210,7 +210,8 @@ def precompile(selected):
 # the wgmma pair's builds: name, gdn_wgmma.cu defines. Defaults: GDN_WG_XY 1, GDN_WG_EARLY 1 (EARLY changes only
 # the one-stage build: its seq2 row is the default's), GDN_WG_AHEAD 1 (changes only the two-stage build), GDN_WG_OLO 0
 # (since run AT), GDN_WG_UWS 1 (changes only the flow form: its wg-uws0-flow row is the pair's records and arithmetic),
-# GDN_WG_FLOW_AHEAD 0 (the UWS flow form's GDN_WG_AHEAD), GDN_WG_PREP_WG 1 (its precompute's products on wgmma).
+# GDN_WG_FLOW_AHEAD 0 (the UWS flow form's GDN_WG_AHEAD), GDN_WG_PREP_WG 1 (its precompute's products on wgmma),
+# GDN_WG_KQREC 1 (its k and q tiles from the precompute; session 12).
 # GDN_WG_TLO is gone (no T lo product or record since run AM); GDN_WG_AHEAD 2 too (session 11's run BB: the copies
 # under the update's wgmma made the flow form 0.384 -> 0.431 ms at 1 x 8192, the two-stage pair 0.479 -> 0.559 at
 # 8 x 2048).
@@ -222,11 +223,9 @@ WGMMA_VARIANTS = [
     ("wg-olo1", ("GDN_WG_OLO=1",)),       # O's product with V_new hi + lo (4 wgmma more, a little more accurate)
     ("wg-uws0", ("GDN_WG_UWS=0",)),       # flow: the pair's records and chain (V_new^T = R^T T^T), not U - W S
     ("wg-fahead1", ("GDN_WG_FLOW_AHEAD=1",)),   # flow (UWS): the next chunk's copies under X' and Y, not before
-    ("wg-prepmma", ("GDN_WG_PREP_WG=0",)),      # flow (UWS): the precompute's products on mma.sync, not wgmma
-    ("wg-kqrec", ("GDN_WG_KQREC=1",)),          # flow (UWS): the k and q tiles from the precompute, one bulk copy
-    ("wg-u16", ("GDN_WG_U16=1",)),              # flow (UWS): U in bf16 (fla-core's u), half the slice's bytes
-    ("wg-kqu16", ("GDN_WG_KQREC=1", "GDN_WG_U16=1")),
-]
+    ("wg-prepmma", ("GDN_WG_PREP_WG=0", "GDN_WG_KQREC=0")),   # flow (UWS): the products on mma.sync, not wgmma
+    ("wg-kqrec0", ("GDN_WG_KQREC=0",)),         # flow (UWS): the k and q tiles by cp.async from k and q, not copied
+]                                               # with the record
 
 
 def wgmma_rows(torch, chunk_funcs, cases, builds=None):
@@ -377,7 +376,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-time", action="store_true", help="skip the variants table")
     ap.add_argument("--no-debug", action="store_true", help="skip the per-chunk error cases")
     ap.add_argument("--variants", default="", help="comma-separated names or prefixes (v0,v3); default all")
-    ap.add_argument("--wg-builds", default="", help="comma-separated wgmma builds (WGMMA_VARIANTS: wg-kqrec,wg-u16); "
+    ap.add_argument("--wg-builds", default="", help="comma-separated wgmma builds (WGMMA_VARIANTS: wg-uws0,wg-kqrec0); "
                     "default all (the default build always)")
     args = ap.parse_args(argv)
     names = [x for x in args.variants.split(",") if x]
