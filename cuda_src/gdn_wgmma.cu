@@ -74,8 +74,8 @@
 #ifndef GDN_WG_FLOW_AHEAD  // GDN_WG_AHEAD of the flow form's UWS sequential kernel: 0 (H200 run BC, 1 x 8192: 0.366 ms
 #define GDN_WG_FLOW_AHEAD 0  // against 0.408 with 1: its chain is short enough that the copies outlast X' and Y)
 #endif
-#ifndef GDN_WG_PREP_WG  // the UWS flow precompute's products: 1 on warpgroup MMA (prep_item_wg, branch wgmma-prep,
-#define GDN_WG_PREP_WG 1  // session 11: never run on a GPU); 0 on mma.sync (gdnc::prep_item<UWS>)
+#ifndef GDN_WG_PREP_WG  // the UWS flow precompute's products: 1 on warpgroup MMA (prep_item_wg; session 12, run BI: the
+#define GDN_WG_PREP_WG 1  // flow form 0.363 -> 0.358 ms, within the runs' spread); 0 on mma.sync (gdnc::prep_item<UWS>)
 #endif
 #ifndef GDN_WG_UWS    // the flow form: 1: fla's order, V_new = U - W S (UwsRec: the chain without R's epilogue and the T
 #define GDN_WG_UWS 1  // product; session 11); 0: the pair's records and sequential arithmetic (its bits)
@@ -399,10 +399,11 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
     __syncthreads();
     // Chunk ci into stage st, once every wgmma and generic read of the stage's tiles and scalars is done (the
     // caller's barrier). The raw k and q rows: every thread, one cp.async group (made visible to the wgmma by each
-    // thread's proxy fence after its wait). The V record: thread 0, one bulk copy on the stage's mbarrier. The V
+    // thread's proxy fence after its wait); the UWS flow form's (KQREC) come with the record instead, the
+    // precompute's copy of them. The V record: thread 0, one bulk copy on the stage's mbarrier. The V
     // slice (issue_v): every thread, one cp.async group, once the stage's O rows are stored.
     constexpr bool KQREC = UWS && GDN_WG_KQREC;   // (the k and q tiles come with the record)
-    auto issue_kq = [&](int ci, int st) {   // the raw k and q rows (inputs: never the precompute's)
+    auto issue_kq = [&](int ci, int st) {   // the raw k and q rows from k and q (KQREC: none, the record brings them)
         if (KQREC) return;
         unsigned char* sp = basep + st * L::BYTES;
         const int nv = min(C, len - ci * C), tok = ld_volatile(cu + b) + ci * C;
@@ -508,10 +509,11 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
 // ================================================================ the flow form
 // For grids of few sequential CTAs (one long stream: 64 CTAs at Hv 32, d 128 leave half of an H200 idle), the
 // precompute runs beside the sequential kernel instead of before it. Three launches on one stream:
-//   1. the ready flags zeroed (ops: one memset of gdn_wgmma.flags_bytes);
-//   2. q12_gdn_wgmma_prep_flow_d*: P persistent CTAs of three 128-thread groups (each group a prep_item at a time
-//      on its own PrepSmem, 188 KB at d128: one CTA fills an SM), items in chunk-major order, each item's ready
-//      flag released once its records are stored; every CTA first executes griddepcontrol.launch_dependents;
+//   1. the ready flags and the item counter zeroed (ops: one memset of gdn_wgmma.flags_bytes);
+//   2. q12_gdn_wgmma_prep_flow_d*: P persistent CTAs of three 128-thread groups (each group a prep_item_wg at a
+//      time on its own WgPrepSmem, 60 KB at d128: one CTA fills an SM), each claiming items in chunk-major order
+//      from the counter, each item's ready flag released once its records are stored; every CTA first executes
+//      griddepcontrol.launch_dependents;
 //   3. q12_gdn_wgmma_seq_flow_d*, launched with programmatic stream serialization: it may start once every
 //      precompute CTA has started, lands on the SMs the precompute left free (P = SMs - its CTAs), and copies
 //      a chunk's records once their flag is set.
@@ -526,11 +528,14 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
 // subtractions a thread) -> [O, S update]: R's epilogue, its hi + lo split and the 8 wgmma of the T product leave
 // the chain. Not the pair's bits (chunked_reference(t_product=True, u_minus_ws="fp32") models it: the state's
 // error as the pair's in numpy); batched == alone. The records are 3.3x the pair's (57.9 KB a value head and chunk
-// at d128), fine here: they are read soon after they are written. GDN_WG_UWS 0: the pair's records and
-// sequential arithmetic (its bits; the flags stay where UwsRec puts them).
+// at d128), fine here: they are read soon after they are written. GDN_WG_KQREC 1 (session 12): the precompute also
+// stores each item's k and q tiles (kqrec_at), which it holds anyway, and the sequential kernel copies them with
+// the record (one more bulk copy from thread 0 on the stage's mbarrier) instead of 2 x 8 cp.async a thread from k
+// and q (24% of its stall samples in run BG). GDN_WG_UWS 0: the pair's records and sequential arithmetic (its
+// bits; the flags stay where UwsRec puts them).
 namespace gdnw {
 
-// ---- the UWS flow precompute's item on warpgroup MMA (GDN_WG_PREP_WG 1; branch wgmma-prep, never run on a GPU)
+// ---- the UWS flow precompute's item on warpgroup MMA (GDN_WG_PREP_WG 1; session 11, first run in session 12)
 // The same records and numerics as gdnc::prep_item<DK, DV, true, true> (K K^T, Q K^T of the raw rows in fp32; T's
 // scaled columns as bf16 hi + lo; U in fp32, W rounded to bf16), its four kinds of product by wgmma: K K^T and Q K^T
 // as m64n64k16 with both operands the swizzled k and q tiles (the full 64 x 64: the accumulator is the mma.sync C

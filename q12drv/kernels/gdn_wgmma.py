@@ -15,11 +15,12 @@ in-place state contract it shares):
    and the record arrives by one bulk copy.
 
 For grids of few sequential CTAs and a long stream (:func:`uses_flow`: one stream of 8192 tokens or more)
-the pair runs in its **flow form** instead: the ready flags zeroed, then ``q12_gdn_wgmma_prep_flow_d*``
-(persistent CTAs of three precompute groups, chunk-major, on the SMs the sequential grid leaves free) and
-``q12_gdn_wgmma_seq_flow_d*`` launched with programmatic stream serialization, so that the precompute runs
-beside the sequential kernel; a chunk's records are copied once their item's ready flag is set
-(``cuda_src/gdn_wgmma.cu``, "the flow form"). Its records are fla-core's order of the same algebra
+the pair runs in its **flow form** instead: the ready flags and an item counter zeroed, then
+``q12_gdn_wgmma_prep_flow_d*`` (persistent CTAs of three precompute groups on the SMs the sequential grid leaves
+free, each group claiming the next item, chunk-major, from the counter) and ``q12_gdn_wgmma_seq_flow_d*``
+launched with programmatic stream serialization, so that the precompute runs beside the sequential kernel; a
+chunk's records, and the chunk's k and q tiles the precompute stored beside them, are copied once their item's
+ready flag is set (``cuda_src/gdn_wgmma.cu``, "the flow form"). Its records are fla-core's order of the same algebra
 (``GDN_WG_UWS 1``, :func:`flow_record_bytes`): ``U = T diag(beta) V`` and ``W = T diag(beta EK) k`` from the
 precompute, so that the sequential kernel's chain per chunk is ``V_new^T = U^T - S^T W^T`` (one product group
 and R's epilogue fewer); its results are not the two-launch pair's bits (``chunked_reference(t_product=True,
@@ -199,9 +200,10 @@ def workspace_bytes(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, 
 
     The two-launch and wide forms (``form="pair"`` or ``"wide"``): per stream and 64-token chunk, one tile V
     record per value head (:func:`q12drv.kernels.gdn_chunk.tile_v_record_bytes`). The flow form (``"flow"``):
-    one flow record per value head (:func:`flow_record_bytes`, 3.3x larger), then its ready flags
-    (:func:`flags_offset`, :func:`flags_bytes`). ``"any"`` (default): the largest, the flow form's, which every
-    form fits in. ``ops.gdn`` checks the workspace against the form it takes (:func:`resolve_form`), so a caller
+    one flow record per value head (:func:`flow_record_bytes`, 3.3x larger), then its ready flags and item counter
+    (:func:`flags_offset`, :func:`flags_bytes`), then per key head the chunk's k and q tiles (:func:`kq_offset`,
+    :func:`kq_bytes`; 304 MB in all at 1 x 8192, Hk 16, Hv 32, d 128). ``"any"`` (default): the largest, the
+    flow form's, which every form fits in. ``ops.gdn`` checks the workspace against the form it takes (:func:`resolve_form`), so a caller
     that knows it (``form="pair"``, or ``resolve_form`` with the device's SM count) may pass less.
     """
     if type(form) is not str or form not in WORKSPACE_FORMS:
