@@ -82,7 +82,7 @@
 #endif
 #ifndef GDN_WG_KQREC  // the UWS flow form (session 12): 1: the precompute stores each item's k and q tiles (swizzled, as
 #define GDN_WG_KQREC 1  // the stage holds them) and the sequential kernel copies them with the record, one bulk copy
-#endif                  // from thread 0 (gdnc::kqrec_at) instead of 2 x 8 cp.async a thread (run BK: the flow form
+#endif                  // from thread 0 (gdnc::kqrec_at) instead of 2 x 8 cp.async a thread (run BL: the flow form
                         // 0.368 -> 0.344 ms at 1 x 8192, the same bits); 0: from k and q. (U in bf16, as fla-core's u,
                         // was measured too and dropped: 0.368 -> 0.355 ms, the state's error 5.5e-5 -> 5.3e-4.)
 #ifndef GDN_WG_OLO    // 1: O's product takes V_new as bf16 hi + lo; 0 (default since run AT): hi only, as fla-core (4 wgmma
@@ -753,10 +753,11 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
 // the first 1024-byte boundary, which fits in it): one CTA fills an SM. Each group (128 threads, one item at a time)
 // claims the next item of (chunk, stream, key head), chunk-major, from a counter in the workspace (an atomic per
 // item, issued under the item's first copies), and releases the item's ready flag once its records are stored. The
-// claims replaced a static walk (worker w: items w, w + 3P, ...; session 12, run BJ): at 1 x 8192 (2048 items on 204
-// groups) its eleventh round held 8 items, the claims end within an item of each other (precompute alone 0.346 ->
-// 0.316 ms). Tried and removed (run BJ): a second, co-resident grid of one group a CTA beside each sequential CTA
-// (268 groups instead of 204), which slowed the sequential kernel sharing its SM: the flow form 0.356 -> 0.393 ms.
+// claims replaced a static walk (worker w: items w, w + 3P, ...): at 1 x 8192 (2048 items on 204 groups) its
+// eleventh round held 8 items; the claims end within an item of each other (precompute alone 0.346 -> 0.316 ms,
+// runs BI and BK; the flow form 0.358 -> 0.356, as it waits for the sequential kernel too). Tried and removed (runs
+// BJ, BK): a second, co-resident grid of one group a CTA beside each sequential CTA (268 groups instead of 204),
+// which slowed the sequential kernel sharing its SM: the flow form 0.356 -> 0.393 ms.
 template <int DK, int DV>
 __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
                                                    const bf16* __restrict__ v, const float* __restrict__ g,
