@@ -79,6 +79,12 @@ __device__ __forceinline__ void pdl_wait() {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+// Byte offset of row r's 16-byte chunk cg in a [64 x D] bf16 tile in the 128-byte swizzle of wgmma.cuh:
+// [D/64][64 rows][128 B], chunk cg % 8 of row r at position (cg % 8) ^ (r % 8).
+__device__ __forceinline__ int sw128_off(int r, int cg) {
+    return (cg >> 3) * (GDN_C * 128) + r * 128 + (((cg & 7) ^ (r & 7)) << 4);
+}
+
 // c += a * b, m16n8k16, bf16 in, fp32 accumulate.
 __device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -308,15 +314,18 @@ __device__ __forceinline__ void issue_q(S& s, const int* cub, int len, int c, co
 // (dk^-1/2 / |q|), the rows left raw (chunk_gamma<true> folds the scales into the epilogues' exponents; the
 // sequential kernel multiplies its products of the raw rows by them).
 // Partly unrolled: a full unroll hoists every row's loads and spills next to S^T.
-template <int DK, bool NORMS = false, typename S, class KloAt>
+// SW (NORMS only: the wgmma flow precompute): s.k and s.q are 128-byte swizzled tiles (sw128_off).
+template <int DK, bool NORMS = false, bool SW = false, typename S, class KloAt>
 __device__ __forceinline__ void normalise(S& s, KloAt&& klo_at, int tid, int seg, float qscale) {
     constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8, RPP = THREADS / SEGS, LDK = DK + 8;
+    static_assert(!SW || NORMS, "SW: the rows' scales only");
 #pragma unroll GDN_NORM_UNROLL
     for (int p = 0; p < C / RPP; ++p) {
         const int row = tid / SEGS + p * RPP;
 #pragma unroll
         for (int which = 0; which < 2; ++which) {  // 0: k, 1: q
-            const uint4 raw = which ? *reinterpret_cast<const uint4*>(&s.q[row * LDK + seg * 8])
+            const uint4 raw = SW ? *reinterpret_cast<const uint4*>(&(which ? s.q : s.k)[sw128_off(row, seg) / 2])
+                            : which ? *reinterpret_cast<const uint4*>(&s.q[row * LDK + seg * 8])
                             : NORMS ? *reinterpret_cast<const uint4*>(&s.k[row * LDK + seg * 8])
                                     : *reinterpret_cast<const uint4*>(&s.kraw[row * DK + seg * 8]);
             float x[8];
@@ -708,11 +717,6 @@ struct UwsRec {
     static_assert(COMMON % 16 == 0 && P % 1024 == 0, "bulk copies of 16-byte multiples; P on a 1024-byte atom");
 };
 
-// Byte offset of row r's 16-byte chunk cg in a [64 x D] bf16 tile in the 128-byte swizzle of wgmma.cuh:
-// [D/64][64 rows][128 B], chunk cg % 8 of row r at position (cg % 8) ^ (r % 8).
-__device__ __forceinline__ int sw128_off(int r, int cg) {
-    return (cg >> 3) * (GDN_C * 128) + r * 128 + (((cg & 7) ^ (r & 7)) << 4);
-}
 
 // cp.async of 64 rows of key head kh from k and from q ([T, num_k_heads, DK] bf16) from packed token tok into two
 // [64 x DK] tiles in the 128-byte swizzle (sw128_off); TILES: bit 0 k's, bit 1 q's (a CTA of two warpgroups gives
@@ -755,7 +759,8 @@ __device__ __forceinline__ unsigned char* vrec_at(unsigned char* ws, const Q12Me
 // The "wgmma" pair's workspace (gdn_wgmma.py's workspace_bytes): n x ceil(chunk_len / 64) x Hv records of RB
 // bytes each (the two-launch and wide forms: TileVRec; the flow form: UwsRec, whose RB every flow build uses for
 // the flags' offset, whichever record it writes), then (the flow form) one u32 ready flag per precompute item
-// (stream b, chunk ci, key head kh), set to 1 by the flow precompute once the item's records are stored.
+// (stream b, chunk ci, key head kh), set to 1 by the flow precompute once the item's records are stored, then the
+// item counter (item_counter_at).
 template <int RB>
 __device__ __forceinline__ unsigned char* rec_at(unsigned char* ws, const Q12Meta& m, int b, int ci, int h,
                                                  int num_v_heads) {
@@ -772,6 +777,25 @@ __device__ __forceinline__ unsigned* ready_flag_at(unsigned char* ws, const Q12M
     const int nchunks = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
     const long long recs = (long long)m.batch_size * nchunks * num_v_heads * RB;
     return reinterpret_cast<unsigned*>(ws + recs) + ((long long)b * nchunks + ci) * num_k_heads + kh;
+}
+// The flow form's item counter (its precompute groups claim items from it: gdn_wgmma.cu's gdn_prep_flow_body): the
+// u32 after the last ready flag (gdn_wgmma.py's flags_bytes: the flags, then 16 bytes for it, zeroed before the
+// launches).
+template <int RB>
+__device__ __forceinline__ unsigned* item_counter_at(unsigned char* ws, const Q12Meta& m, int num_k_heads,
+                                                     int num_v_heads) {
+    return ready_flag_at<RB>(ws, m, (int)m.batch_size, 0, 0, num_k_heads, num_v_heads);
+}
+// The flow form's k and q tiles (gdn_wgmma.cu's GDN_WG_KQREC): per item (stream b, chunk ci, key head kh), the k and
+// then the q tile ([64][DK] bf16 each, 128-byte swizzled), from the first 128-byte boundary after the item counter's
+// 16 bytes (gdn_wgmma.py's kq_offset).
+template <int RB, int DK>
+__device__ __forceinline__ unsigned char* kqrec_at(unsigned char* ws, const Q12Meta& m, int b, int ci, int kh,
+                                                   int num_k_heads, int num_v_heads) {
+    const int nchunks = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
+    const unsigned long long end = reinterpret_cast<unsigned long long>(
+        item_counter_at<RB>(ws, m, num_k_heads, num_v_heads)) + 16 - reinterpret_cast<unsigned long long>(ws);
+    return ws + ((end + 127) & ~127ull) + (((long long)b * nchunks + ci) * num_k_heads + kh) * (4 * GDN_C * DK);
 }
 
 // The precompute kernel's shared memory: Smem<DK> without what it does not need (V/O slices; K lo goes
@@ -812,7 +836,8 @@ struct PrepSmem {
 // This thread's pairs of T's columns as transposed tiles th, tl ([64 columns j][LDP]: row j holds T[t][j] over the
 // tokens t; the thread's columns j0 = 16 warp + gq, + 8, its tokens 8 nt + 2 tq, + 1): x(nt, hh, at, x0, x1) gives
 // the pair of column j0 + 8 hh at element at, which is stored scaled by f(column) as bf16 hi into th, lo into tl.
-template <class F, class G>
+// SW: the tiles 128-byte swizzled ([64 j][64 t], sw128_off) instead of padded.
+template <bool SW = false, class F, class G>
 __device__ __forceinline__ void t_cols_pairs(bf16* th, bf16* tl, F&& f, G&& x, int warp, int lane) {
     constexpr int LDP = GDN_C + 8;
     const int gq = lane >> 2, tq = lane & 3, j0 = 16 * warp + gq;
@@ -822,7 +847,7 @@ __device__ __forceinline__ void t_cols_pairs(bf16* th, bf16* tl, F&& f, G&& x, i
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             const float fj = hh ? f1 : f0;
-            const int at = (j0 + 8 * hh) * LDP + 8 * nt + 2 * tq;
+            const int at = SW ? (sw128_off(j0 + 8 * hh, nt) + 4 * tq) / 2 : (j0 + 8 * hh) * LDP + 8 * nt + 2 * tq;
             float x0, x1;
             x(nt, hh, at, x0, x1);
             unsigned hi, lo;
@@ -834,9 +859,9 @@ __device__ __forceinline__ void t_cols_pairs(bf16* th, bf16* tl, F&& f, G&& x, i
 
 // T's columns (X, the solve's fp32 result) scaled by f(column) into the tiles (numpy, session 10: a scaled T
 // rounded to one bf16 gave 8-24x the state's error; as a hi + lo pair the error stays the pair's).
-template <class F>
+template <bool SW = false, class F>
 __device__ __forceinline__ void t_cols_hilo(const float (*X)[4], bf16* th, bf16* tl, F&& f, int warp, int lane) {
-    t_cols_pairs(th, tl, f, [&](int nt, int hh, int, float& x0, float& x1) {
+    t_cols_pairs<SW>(th, tl, f, [&](int nt, int hh, int, float& x0, float& x1) {
         x0 = X[nt][2 * hh];
         x1 = X[nt][2 * hh + 1];
     }, warp, lane);
@@ -844,9 +869,9 @@ __device__ __forceinline__ void t_cols_hilo(const float (*X)[4], bf16* th, bf16*
 
 // The tiles of t_cols_hilo rescaled in place by f(column): each thread rewrites the pairs it wrote, as bf16 hi + lo
 // of (hi + lo) f (T's fp32 columns are not held across U's product: with them the flow precompute spilled).
-template <class F>
+template <bool SW = false, class F>
 __device__ __forceinline__ void t_cols_rescale(bf16* th, bf16* tl, F&& f, int warp, int lane) {
-    t_cols_pairs(th, tl, f, [&](int, int, int at, float& x0, float& x1) {
+    t_cols_pairs<SW>(th, tl, f, [&](int, int, int at, float& x0, float& x1) {
         const unsigned h = *reinterpret_cast<const unsigned*>(&th[at]), l = *reinterpret_cast<const unsigned*>(&tl[at]);
         x0 = __uint_as_float(h << 16) + __uint_as_float(l << 16);
         x1 = __uint_as_float(h & 0xffff0000u) + __uint_as_float(l & 0xffff0000u);

@@ -74,9 +74,17 @@
 #ifndef GDN_WG_FLOW_AHEAD  // GDN_WG_AHEAD of the flow form's UWS sequential kernel: 0 (H200 run BC, 1 x 8192: 0.366 ms
 #define GDN_WG_FLOW_AHEAD 0  // against 0.408 with 1: its chain is short enough that the copies outlast X' and Y)
 #endif
+#ifndef GDN_WG_PREP_WG  // the UWS flow precompute's products: 1 on warpgroup MMA (prep_item_wg; session 12, run BI: the
+#define GDN_WG_PREP_WG 1  // flow form 0.363 -> 0.358 ms, within the runs' spread); 0 on mma.sync (gdnc::prep_item<UWS>)
+#endif
 #ifndef GDN_WG_UWS    // the flow form: 1: fla's order, V_new = U - W S (UwsRec: the chain without R's epilogue and the T
 #define GDN_WG_UWS 1  // product; session 11); 0: the pair's records and sequential arithmetic (its bits)
 #endif
+#ifndef GDN_WG_KQREC  // the UWS flow form (session 12): 1: the precompute stores each item's k and q tiles (swizzled, as
+#define GDN_WG_KQREC 1  // the stage holds them) and the sequential kernel copies them with the record, one bulk copy
+#endif                  // from thread 0 (gdnc::kqrec_at) instead of 2 x 8 cp.async a thread (run BL: the flow form
+                        // 0.368 -> 0.344 ms at 1 x 8192, the same bits); 0: from k and q. (U in bf16, as fla-core's u,
+                        // was measured too and dropped: 0.368 -> 0.355 ms, the state's error 5.5e-5 -> 5.3e-4.)
 #ifndef GDN_WG_OLO    // 1: O's product takes V_new as bf16 hi + lo; 0 (default since run AT): hi only, as fla-core (4 wgmma
 #define GDN_WG_OLO 0  // fewer; H200 run AT: 2-4% faster, o error 3.3e-3 -> 3.6e-3 against the fused kernel's 3.5e-3;
 #endif                // the state does not depend on it)
@@ -107,9 +115,10 @@ struct Stage {
     static constexpr int U = VREC + REC;                         // (UWS) the U slice, UR::USLICE bytes
     static constexpr int V = VREC + REC;                         // (not UWS) the V slices [64][LDV] bf16
     static constexpr int O = UWS ? U + UR::USLICE : V + WGS * SLICE;   // the O slices [64][LDV] bf16
-    static constexpr int BYTES = (O + WGS * SLICE + 1023) / 1024 * 1024;
-    static_assert(VREC % 1024 == 0 && P % 1024 == 0 && V % 16 == 0, "stage layout: the tiles on 1024-byte atoms, "
-                  "the slices 16-byte aligned");
+    static constexpr int RAW = O + WGS * SLICE;                 // the last stage's extent (the mbarriers follow it)
+    static constexpr int BYTES = (RAW + 1023) / 1024 * 1024;    // a stage's stride (the next on 1024 bytes)
+    static_assert(VREC % 1024 == 0 && P % 1024 == 0 && V % 16 == 0 && RAW % 16 == 0, "stage layout: the tiles on "
+                  "1024-byte atoms, the slices and the mbarriers 16-byte aligned");
     static_assert(!UWS || WGS == 1, "UWS: one warpgroup a CTA (the flow form)");
 };
 
@@ -341,7 +350,12 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
     const unsigned raw = smem_u32(gdn_smem_raw);
     const unsigned base = (raw + 1023u) & ~1023u;                  // the tiles' 1024-byte alignment
     unsigned char* basep = gdn_smem_raw + (base - raw);
-    const unsigned bars = base + STAGES * L::BYTES;                // one mbarrier per stage
+    const unsigned bars = base + (STAGES - 1) * L::BYTES + L::RAW;   // one mbarrier per stage
+    if constexpr (FLOW) {   // gdn_wgmma.py's seq_smem_bytes (896 bytes of alignment slack: __align__(128))
+        unsigned dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dyn));
+        if (bars + 8 * STAGES - raw > dyn) __trap();
+    }
 
     // Every CTA waits for the precompute grid before it ends (pdl_wait; at once where it has nothing to do), so the
     // stream's next operation finds both grids complete, whichever way the pair was launched.
@@ -385,9 +399,12 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
     __syncthreads();
     // Chunk ci into stage st, once every wgmma and generic read of the stage's tiles and scalars is done (the
     // caller's barrier). The raw k and q rows: every thread, one cp.async group (made visible to the wgmma by each
-    // thread's proxy fence after its wait). The V record: thread 0, one bulk copy on the stage's mbarrier. The V
+    // thread's proxy fence after its wait); the UWS flow form's (KQREC) come with the record instead, the
+    // precompute's copy of them. The V record: thread 0, one bulk copy on the stage's mbarrier. The V
     // slice (issue_v): every thread, one cp.async group, once the stage's O rows are stored.
-    auto issue_kq = [&](int ci, int st) {   // the raw k and q rows (inputs: never the precompute's)
+    constexpr bool KQREC = UWS && GDN_WG_KQREC;   // (the k and q tiles come with the record)
+    auto issue_kq = [&](int ci, int st) {   // the raw k and q rows from k and q (KQREC: none, the record brings them)
+        if (KQREC) return;
         unsigned char* sp = basep + st * L::BYTES;
         const int nv = min(C, len - ci * C), tok = ld_volatile(cu + b) + ci * C;
         if (WGS == 1) issue_kq_sw128<DK>(sp + L::K, sp + L::Q, k, q, nv, tok, num_k_heads, kh, wtid);
@@ -405,7 +422,9 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
             wg::fence_proxy_async();   // the stage's generic reads (beta, EK, ...) before the copy's writes
             if constexpr (UWS) {   // the record's common part, then this CTA's U slice
                 const unsigned char* rec = rec_at<UR::BYTES>(ws, m, b, ci, h, num_v_heads);
-                wg::mbar_arrive_expect_tx(bars + 8 * st, UR::COMMON + UR::USLICE);
+                wg::mbar_arrive_expect_tx(bars + 8 * st, UR::COMMON + UR::USLICE + (KQREC ? 2 * L::KT : 0));
+                if (KQREC) wg::bulk_g2s(sb + L::K, kqrec_at<UR::BYTES, DK>(ws, m, b, ci, kh, num_k_heads, num_v_heads),
+                                        2 * L::KT, bars + 8 * st);
                 wg::bulk_g2s(sb + L::VREC, rec, UR::COMMON, bars + 8 * st);
                 wg::bulk_g2s(sb + L::U, rec + UR::U + (col0 / BV) * UR::USLICE, UR::USLICE, bars + 8 * st);
             } else {
@@ -490,10 +509,11 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
 // ================================================================ the flow form
 // For grids of few sequential CTAs (one long stream: 64 CTAs at Hv 32, d 128 leave half of an H200 idle), the
 // precompute runs beside the sequential kernel instead of before it. Three launches on one stream:
-//   1. the ready flags zeroed (ops: one memset of gdn_wgmma.flags_bytes);
-//   2. q12_gdn_wgmma_prep_flow_d*: P persistent CTAs of three 128-thread groups (each group a prep_item at a time
-//      on its own PrepSmem, 188 KB at d128: one CTA fills an SM), items in chunk-major order, each item's ready
-//      flag released once its records are stored; every CTA first executes griddepcontrol.launch_dependents;
+//   1. the ready flags and the item counter zeroed (ops: one memset of gdn_wgmma.flags_bytes);
+//   2. q12_gdn_wgmma_prep_flow_d*: P persistent CTAs of three 128-thread groups (each group a prep_item_wg at a
+//      time on its own WgPrepSmem, 60 KB at d128: one CTA fills an SM), each claiming items in chunk-major order
+//      from the counter, each item's ready flag released once its records are stored; every CTA first executes
+//      griddepcontrol.launch_dependents;
 //   3. q12_gdn_wgmma_seq_flow_d*, launched with programmatic stream serialization: it may start once every
 //      precompute CTA has started, lands on the SMs the precompute left free (P = SMs - its CTAs), and copies
 //      a chunk's records once their flag is set.
@@ -508,37 +528,292 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
 // subtractions a thread) -> [O, S update]: R's epilogue, its hi + lo split and the 8 wgmma of the T product leave
 // the chain. Not the pair's bits (chunked_reference(t_product=True, u_minus_ws="fp32") models it: the state's
 // error as the pair's in numpy); batched == alone. The records are 3.3x the pair's (57.9 KB a value head and chunk
-// at d128), fine here: they are read soon after they are written. GDN_WG_UWS 0: the pair's records and
-// sequential arithmetic (its bits; the flags stay where UwsRec puts them).
+// at d128), fine here: they are read soon after they are written. GDN_WG_KQREC 1 (session 12): the precompute also
+// stores each item's k and q tiles (kqrec_at), which it holds anyway, and the sequential kernel copies them with
+// the record (one more bulk copy from thread 0 on the stage's mbarrier) instead of 2 x 8 cp.async a thread from k
+// and q (24% of its stall samples in run BG). GDN_WG_UWS 0: the pair's records and sequential arithmetic (its
+// bits; the flags stay where UwsRec puts them).
 namespace gdnw {
 
-// grid (P), 384 threads (three groups), dynamic smem 3 x PrepSmem<DK>: worker w = 3 * blockIdx.x + group takes
-// items w, w + 3P, ... of (chunk, stream, key head), chunk-major.
+// ---- the UWS flow precompute's item on warpgroup MMA (GDN_WG_PREP_WG 1; session 11, first run in session 12)
+// The same records and numerics as gdnc::prep_item<DK, DV, true, true> (K K^T, Q K^T of the raw rows in fp32; T's
+// scaled columns as bf16 hi + lo; U in fp32, W rounded to bf16), its four kinds of product by wgmma: K K^T and Q K^T
+// as m64n64k16 with both operands the swizzled k and q tiles (the full 64 x 64: the accumulator is the mma.sync C
+// layout of each warp's 16 rows, so products_epilogue takes it, warp w on block w for both), U^T per 64-row dv
+// m-tile (A: V^T's fragments by ldmatrix.trans of the swizzled V rows, B: T diag(beta)'s swizzled [64 j][64 t] hi
+// and lo tiles, MN-major), W per 64-column half (A: T diag(beta EK)'s fragments, B: the k tile MN-major).
+
+// A flow precompute group's shared memory: PrepSmem's members with k and q as 128-byte swizzled tiles (the group's
+// base on 1024 bytes), -A and P padded on 1024-byte boundaries (after the solve their bytes take T's scaled columns
+// as two swizzled tiles); kraw is k (normalise's raw-row branch names it; the rows' scales only read k and q).
+template <int DK>
+struct WgPrepSmem {
+    static constexpr int LDK = DK + 8, LDP = GDN_C + 8, LDD = 24;
+    union {
+        bf16 k[GDN_C * DK];
+        bf16 kraw[GDN_C * DK];
+    };
+    bf16 q[GDN_C * DK];   // q's tile, then (its products done) the value head's V rows, swizzled [64][DV]
+    bf16 a[GDN_C * LDP];
+    bf16 p[GDN_C * LDP];
+    bf16 dinv[GDN_C * LDD];
+    float d[4 * 16 * 17];
+    float graw[1][GDN_C];   // one buffer (PrepSmem has two): the next head's g and beta land once chunk_gamma has
+    float braw[1][GDN_C];   // read these
+    float gam[GDN_C];
+    float erk[GDN_C];
+    float erq[GDN_C];
+    float ec[GDN_C];
+    float beta[GDN_C];
+    float eg[GDN_C];
+    float wd[GDN_C];
+    float rk[GDN_C];
+    float rq[GDN_C];
+};
+template <int DK>
+__host__ __device__ constexpr int wg_prep_group_bytes() { return (int)(sizeof(WgPrepSmem<DK>) + 1023) / 1024 * 1024; }
+
+// cp.async of the value head's 64 raw V rows ([T, num_v_heads, DV] bf16 from packed token tok) into a swizzled
+// [64][DV] tile (sw128_off), 8-byte pieces (v needs 8-byte alignment only); rows >= nv land as zeros.
+template <int DV>
+__device__ __forceinline__ void issue_v_sw128(unsigned char* tile, const bf16* __restrict__ v, int nv, int tok,
+                                              int num_v_heads, int h, int tid) {
+    constexpr int PIECES = DV / 4;
+#pragma unroll
+    for (int p = 0; p < GDN_C * PIECES / 128; ++p) {
+        const int idx = tid + p * 128, row = idx / PIECES, part = idx % PIECES;
+        const bool ok = row < nv;
+        const bf16* src = ok ? v + ((long long)(tok + row) * num_v_heads + h) * DV + part * 4 : v;
+        cp_async8(tile + sw128_off(row, part >> 1) + (part & 1) * 8, src, ok);
+    }
+}
+
+template <int DK, int DV, class Sync, class Claim>
+__device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                             const bf16* __restrict__ v, const float* __restrict__ g,
+                                             const float* __restrict__ beta, int num_k_heads, int num_v_heads,
+                                             unsigned char* __restrict__ ws, WgPrepSmem<DK>& s, int b, int kh, int ci,
+                                             int len, int tid, Sync sync, Claim claim) {
+    using UR = UwsRec<DK, DV>;
+    static_assert(DV == DK, "V rows in q's tile (dv = dk)");
+    constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8, LDP = GDN_C + 8, NK = DK / 16;
+    const int lane = tid & 31, warp = tid >> 5, mat = lane >> 3, r8 = lane & 7, gq = lane >> 2, tq = lane & 3;
+    const int* cu = q12_cu_seqlens(m);
+    const int c0 = ci * C, group = num_v_heads / num_k_heads, nv = min(C, len - c0);
+    unsigned char* kt = reinterpret_cast<unsigned char*>(s.k);
+    unsigned char* qt = reinterpret_cast<unsigned char*>(s.q);
+    const unsigned sk = smem_u32(s.k), sq = smem_u32(s.q), sa = smem_u32(s.a), sp = smem_u32(s.p);
+
+    // g and beta of the first value head, the raw k and q rows as swizzled tiles
+    issue_kvgb<DK, DV, false, false, true>(s, nullptr, cu + b, len, c0, 0, k, nullptr, g, beta, num_k_heads,
+                                           num_v_heads, kh * group, 0, tid);
+    issue_kq_sw128<DK>(kt, qt, k, q, nv, ld_volatile(cu + b) + c0, num_k_heads, kh, tid);
+    cp_async_commit();
+    claim();   // the group's next item (an atomic: its latency under the copies')
+    cp_async_wait_all();
+    wg::fence_proxy_async();   // the tiles visible to the wgmma (the barrier below: everyone's)
+    sync();
+    normalise<DK, true, true>(s, [](int, int) { return static_cast<bf16*>(nullptr); }, tid, tid % SEGS,
+                              1.0f / sqrtf((float)DK));
+    // -A and P: every byte of the records defined (the epilogues write only the blocks the solve reads)
+    for (int i = tid; i < 2 * C * LDP / 8; i += THREADS) reinterpret_cast<uint4*>(s.a)[i] = make_uint4(0, 0, 0, 0);
+    // Q K^T once for the key head (each value head scales it by its own beta and gamma in the epilogue)
+    float accq[32];
+    wg::fence();
+#pragma unroll
+    for (int ks = 0; ks < NK; ++ks) wg::mma_ss<64>(accq, kmajor(sq, ks), kmajor(sk, ks), ks > 0);
+    wg::commit();
+#if GDN_WG_KQREC
+    {   // the k and q tiles (adjacent here and in the stage) for the sequential kernel, before V takes q's bytes
+        uint4* dst = reinterpret_cast<uint4*>(kqrec_at<UR::BYTES, DK>(ws, m, b, ci, kh, num_k_heads, num_v_heads));
+        const uint4* src = reinterpret_cast<const uint4*>(s.k);
+#pragma unroll 4
+        for (int i = tid; i < 2 * C * DK * 2 / 16; i += THREADS) dst[i] = src[i];
+    }
+#endif
+    wg::wait<0>();
+    for (int j = 0; j < group; ++j) {
+        const int h = kh * group + j;
+        if (j > 0) cp_async_wait_all();   // this value head's g, beta and V, copied while the previous head computed
+        sync();   // (j 0: the scales and the zeroed -A and P stored; every thread's Q K^T complete: q is read out)
+        if (j == 0) {
+            issue_v_sw128<DV>(qt, v, nv, ld_volatile(cu + b) + c0, num_v_heads, h, tid);
+            cp_async_commit();
+        }
+        if (warp == 0) chunk_gamma<true>(s, 0, lane);
+        sync();
+        if (j + 1 < group) {   // the next value head's g and beta (chunk_gamma has read this head's)
+            issue_kvgb<DK, DV, false, false, true>(s, nullptr, cu + b, len, c0, 0, k, nullptr, g, beta,
+                                                   num_k_heads, num_v_heads, h + 1, 0, tid);
+            cp_async_commit();
+        }
+        {
+            float acck[32];   // K K^T again for each value head (a few wgmma; holding it costs registers)
+            wg::fence();
+#pragma unroll
+            for (int ks = 0; ks < NK; ++ks) wg::mma_ss<64>(acck, kmajor(sk, ks), kmajor(sk, ks), ks > 0);
+            wg::commit();
+            wg::wait<0>();
+            products_epilogue<true, true>(s, reinterpret_cast<const float (*)[4]>(acck), warp, lane);
+        }
+        products_epilogue<false, true>(s, reinterpret_cast<const float (*)[4]>(accq), warp, lane);
+        sync();
+        invert_diagonal<DK>(s, tid);
+        sync();
+        // T's columns 16 warp .. + 15 (each_slice_elem: the identity's, solved)
+        float Rt[8][4], X[8][4];
+        each_slice_elem<LDP>(warp, lane, [&](int nt, int e, int cc, int at) { Rt[nt][e] = at == cc * (LDP + 1) ? 1.f : 0.f; });
+        block_solve(s.a, s.dinv, Rt, X, lane);
+        unsigned char* urec = rec_at<UR::BYTES>(ws, m, b, ci, h, num_v_heads);
+        for (int idx = tid; idx < C * 8; idx += THREADS)   // P as a swizzled tile
+            *reinterpret_cast<uint4*>(urec + UR::P + sw128_off(idx / 8, idx % 8)) =
+                *reinterpret_cast<const uint4*>(s.p + (idx / 8) * LDP + (idx % 8) * 8);
+        if (tid < 2 * 16) {   // EQ, WK (16 B a thread), then exp(gamma_C)
+            const int i = (tid & 15) * 4;
+            const float* x = tid < 16 ? s.eg : s.wd;
+            const float* r = tid < 16 ? s.rq : s.rk;
+            *reinterpret_cast<float4*>(urec + UR::EQ + tid * 16) =
+                make_float4(x[i] * r[i], x[i + 1] * r[i + 1], x[i + 2] * r[i + 2], x[i + 3] * r[i + 3]);
+        } else if (tid == 2 * 16) {
+            *reinterpret_cast<float4*>(urec + UR::EGC) = make_float4(s.eg[C - 1], 0.f, 0.f, 0.f);
+        }
+        sync();   // -A read by every warp's solve, P stored: their bytes take T's scaled columns (swizzled tiles)
+        t_cols_hilo<true>(X, s.a, s.p, [&](int c) { return s.beta[c]; }, warp, lane);
+        cp_async_wait_all();       // this value head's V rows
+        wg::fence_proxy_async();   // T diag(beta)'s tiles and V visible to the wgmma
+        sync();
+        // U^T = V^T (T diag(beta))^T, one 64-row dv m-tile at a time (the sequential kernel's slice mi)
+#pragma unroll 1
+        for (int mi = 0; mi < DV / 64; ++mi) {
+            unsigned av[4][4];
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks)
+                ldsm_x4_t(av[ks][0], av[ks][1], av[ks][2], av[ks][3],
+                          sq + sw128_off(16 * ks + (mat >> 1) * 8 + r8, 8 * mi + 2 * warp + (mat & 1)));
+            float acc[32];
+            wg::fence();
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+                wg::mma_rs<64, 1>(acc, av[ks], mnmajor(sa, ks), ks > 0);
+                wg::mma_rs<64, 1>(acc, av[ks], mnmajor(sp, ks), 1);
+            }
+            wg::commit();
+            wg::wait<0>();
+            float4* dst = reinterpret_cast<float4*>(urec + UR::U + mi * UR::USLICE) + 32 * warp + lane;
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+                dst[nt * 128] = make_float4(acc[4 * nt], acc[4 * nt + 1], acc[4 * nt + 2], acc[4 * nt + 3]);
+        }
+        sync();   // V and T diag(beta)'s tiles read out (every thread waited for its wgmma)
+        if (j + 1 < group) {   // the next value head's V rows, while this one's W is computed
+            issue_v_sw128<DV>(qt, v, nv, ld_volatile(cu + b) + c0, num_v_heads, h + 1, tid);
+            cp_async_commit();
+        }
+        t_cols_rescale<true>(s.a, s.p, [&](int c) { return s.eg[c] * s.rk[c]; }, warp, lane);   // T diag(beta EK)
+        wg::fence_proxy_async();
+        sync();
+        // W = T diag(beta EK) k per 64-column half: A = the tiles' fragments of this warp's token rows, two k-steps
+        // (16 registers) in flight at a time (all four with the accumulator and Q K^T's spilled the d128 build)
+#pragma unroll 1
+        for (int half = 0; half < DK / 64; ++half) {
+            float acc[32];
+#pragma unroll
+            for (int kp = 0; kp < 2; ++kp) {
+                unsigned ah[2][4], al[2][4];
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    const int off = sw128_off(16 * (2 * kp + i) + (mat >> 1) * 8 + r8, 2 * warp + (mat & 1));
+                    ldsm_x4_t(ah[i][0], ah[i][1], ah[i][2], ah[i][3], sa + off);
+                    ldsm_x4_t(al[i][0], al[i][1], al[i][2], al[i][3], sp + off);
+                }
+                wg::fence();
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    const int ks = 2 * kp + i;
+                    wg::mma_rs<64, 1>(acc, ah[i], mnmajor(sk + half * (GDN_C * 128), ks), ks > 0);
+                    wg::mma_rs<64, 1>(acc, al[i], mnmajor(sk + half * (GDN_C * 128), ks), 1);
+                }
+                wg::commit();
+                wg::wait<0>();
+            }
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int t = 16 * warp + gq + 8 * hh, d = 64 * half + 8 * nt + 2 * tq;
+                    *reinterpret_cast<unsigned*>(urec + UR::W + sw128_off(t, d >> 3) + (d & 7) * 2) =
+                        pack(acc[4 * nt + 2 * hh], acc[4 * nt + 2 * hh + 1]);
+                }
+        }
+        sync();   // s.a, s.p, s.dinv, s.beta, ... read out before the next head rewrites them
+    }
+}
+
+// grid (P), 384 threads (three groups), dynamic smem 3 x PrepSmem<DK> (GDN_WG_PREP_WG: 3 x wg_prep_group_bytes from
+// the first 1024-byte boundary, which fits in it): one CTA fills an SM. Each group (128 threads, one item at a time)
+// claims the next item of (chunk, stream, key head), chunk-major, from a counter in the workspace (an atomic per
+// item, issued under the item's first copies), and releases the item's ready flag once its records are stored. The
+// claims replaced a static walk (worker w: items w, w + 3P, ...): at 1 x 8192 (2048 items on 204 groups) its
+// eleventh round held 8 items; the claims end within an item of each other (precompute alone 0.346 -> 0.316 ms,
+// runs BI and BK; the flow form 0.358 -> 0.356, as it waits for the sequential kernel too). Tried and removed (runs
+// BJ, BK): a second, co-resident grid of one group a CTA beside each sequential CTA (268 groups instead of 204),
+// which slowed the sequential kernel sharing its SM: the flow form 0.356 -> 0.393 ms.
 template <int DK, int DV>
 __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
                                                    const bf16* __restrict__ v, const float* __restrict__ g,
                                                    const float* __restrict__ beta,
                                                    int num_k_heads, int num_v_heads, unsigned char* __restrict__ ws) {
     using namespace gdnc;
+    using UR = UwsRec<DK, DV>;
     pdl_launch_dependents();
-    extern __shared__ __align__(16) unsigned char gdn_smem_raw[];
+    extern __shared__ __align__(128) unsigned char gdn_smem_raw[];
     if ((int)blockDim.x != 3 * 128) return;
+    constexpr int groups = 3;
+    constexpr bool WG = GDN_WG_PREP_WG && GDN_WG_UWS;
+    static_assert(WG || !GDN_WG_KQREC || !GDN_WG_UWS, "GDN_WG_KQREC: the wgmma precompute's tiles (prep_item_wg)");
     const int grp = threadIdx.x >> 7, tid = threadIdx.x & 127;
+    static_assert(3 * wg_prep_group_bytes<DK>() + 1024 <= 3 * (int)sizeof(PrepSmem<DK>),
+                  "the wgmma groups fit in the host's 3 x PrepSmem");
+    const unsigned raw = smem_u32(gdn_smem_raw), pad = ((raw + 1023u) & ~1023u) - raw;
+    unsigned dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dyn));
+    if ((WG ? pad + groups * wg_prep_group_bytes<DK>() : groups * (int)sizeof(PrepSmem<DK>)) > dyn) __trap();   // the host's size
+    unsigned char* wbase = gdn_smem_raw + pad;
     PrepSmem<DK>& s = reinterpret_cast<PrepSmem<DK>*>(gdn_smem_raw)[grp];
+    WgPrepSmem<DK>& sw = *reinterpret_cast<WgPrepSmem<DK>*>(wbase + grp * wg_prep_group_bytes<DK>());
     const int* cu = q12_cu_seqlens(m);
     const int per_chunk = (int)m.batch_size * num_k_heads, nch = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
-    const int stride = 3 * gridDim.x;
-    // item = ci * per_chunk + r, walked in 32-bit pieces (no 64-bit division on the loop's path)
-    for (int w = 3 * blockIdx.x + grp, ci = w / per_chunk, r = w % per_chunk; ci < nch;
-         r += stride, ci += r / per_chunk, r %= per_chunk) {
-        const int b = r / num_k_heads, kh = r % num_k_heads;
+    const int items = nch * per_chunk;
+    unsigned* counter = item_counter_at<UR::BYTES>(ws, m, num_k_heads, num_v_heads);
+    auto next_item = [&]() -> int {   // (thread 0) this group's next item (items or more: none left)
+        return (int)min(atomicAdd(counter, 1u), (unsigned)items);
+    };
+    // claimed[grp][i & 1]: item i's index, written by thread 0 before item i - 1's first barrier and read by
+    // everyone after its last (the other slot is item i + 1's)
+    __shared__ int claimed[3][2];
+    auto sync = [grp] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + grp) : "memory"); };
+    if (tid == 0) claimed[grp][0] = next_item();
+    sync();
+    for (int i = 0, w = claimed[grp][0]; w < items; w = claimed[grp][++i & 1]) {
+        auto claim = [&] {
+            if (tid == 0) claimed[grp][(i + 1) & 1] = next_item();
+        };
+        const int ci = w / per_chunk, r = w % per_chunk, b = r / num_k_heads, kh = r % num_k_heads;
         const int len = cu[b + 1] - cu[b];
-        if (ci * GDN_C >= len) continue;
-        prep_item<DK, DV, true, GDN_WG_UWS>(m, q, k, g, beta, num_k_heads, num_v_heads, ws, s, b, kh, ci, len, tid,
-                                            [grp] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + grp) : "memory"); }, v);
-        if (tid == 0) {   // the group's record stores are issued (prep_item's last barrier): publish them
+        if (ci * GDN_C >= len) {   // past this stream's end: no item, no flag (the sequential kernel waits for none)
+            claim();
+            sync();
+            continue;
+        }
+        if constexpr (WG) {
+            prep_item_wg<DK, DV>(m, q, k, v, g, beta, num_k_heads, num_v_heads, ws, sw, b, kh, ci, len, tid, sync, claim);
+        } else {
+            claim();
+            prep_item<DK, DV, true, GDN_WG_UWS>(m, q, k, g, beta, num_k_heads, num_v_heads, ws, s, b, kh, ci, len, tid, sync, v);
+        }
+        if (tid == 0) {   // the group's record stores are issued (the item's last barrier): publish them
             __threadfence();
-            asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(ready_flag_at<UwsRec<DK, DV>::BYTES>(
+            asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(ready_flag_at<UR::BYTES>(
                              ws, m, b, ci, kh, num_k_heads, num_v_heads)), "r"(1u) : "memory");
         }
     }
@@ -582,5 +857,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_seq_flow_d64(
 static_assert(gdnw::Stage<128>::BYTES == 69632 && gdnw::Stage<64>::BYTES == 53248 && gdnw::Stage<128, 2>::BYTES == 88064 &&
               gdnw::Stage<128, 1, true>::BYTES == 83968 && gdnw::Stage<64, 1, true>::BYTES == 59392,
               "Stage size differs from q12drv.kernels.gdn_wgmma.stage_bytes");
+static_assert(gdnw::Stage<128>::RAW == 68624 && gdnw::Stage<64>::RAW == 52240 && gdnw::Stage<128, 2>::RAW == 87056 &&
+              gdnw::Stage<128, 1, true>::RAW == 83472 && gdnw::Stage<64, 1, true>::RAW == 58896,
+              "Stage extent differs from q12drv.kernels.gdn_wgmma._stage_raw (seq_smem_bytes)");
 static_assert(gdnc::UwsRec<128, 128>::BYTES == 57872 && gdnc::UwsRec<64, 64>::BYTES == 33296,
               "UwsRec size differs from q12drv.kernels.gdn_wgmma.flow_record_bytes");

@@ -107,7 +107,7 @@ class Launch:
     >>> launch.launch((8, 1, 1), (128, 1, 1))    # doctest: +SKIP
     """
 
-    __slots__ = ("kernel", "args", "_ptrs", "_addr", "_ranges", "_device", "_fire")
+    __slots__ = ("kernel", "args", "_ptrs", "_addr", "_ranges", "_device", "_fire", "_fire_dependent")
 
     def __init__(self, kernel: "Kernel"):
         self.kernel = kernel
@@ -120,6 +120,7 @@ class Launch:
         self._device = kernel.device
         # the driver's launch call with this kernel and this argument block already bound
         self._fire = kernel.device.driver.launcher(kernel.func, self._addr)
+        self._fire_dependent = None   # launch_dependent's, made on its first call (few kernels are launched so)
 
     def set(self, **values: Any) -> "Launch":
         """Write argument values by parameter name (checked against the parameter's C type)."""
@@ -162,12 +163,16 @@ class Launch:
         """:meth:`launch` with programmatic stream serialization (:meth:`q12drv.driver.base.Driver.launch_dependent`):
         the kernel may start before the stream's previous kernel completes, once every CTA of that kernel has
         executed ``griddepcontrol.launch_dependents``; it must then synchronize with that kernel itself (flags,
-        ``griddepcontrol.wait``). Not the hot path: the launch configuration is built per call."""
+        ``griddepcontrol.wait``). The driver's launch configuration is kept between calls
+        (:meth:`q12drv.driver.base.Driver.dependent_launcher`)."""
         if smem and smem > self.kernel.smem_limit:
             self.kernel.allow_dynamic_smem(smem)
         raw = self._device.stream.raw if stream is None else (
             stream.raw if type(stream) is Stream and stream.raw is not None else self._device.as_stream(stream))
-        self._device.driver.launch_dependent(self.kernel.func, grid, block, smem, raw, self._addr)
+        fire = self._fire_dependent
+        if fire is None:
+            fire = self._fire_dependent = self._device.driver.dependent_launcher(self.kernel.func, self._addr)
+        fire(grid, block, smem, raw)
 
     def bind(self, grid: tuple, block: tuple, smem: int = 0, stream: Any = None) -> Callable[[], None]:
         """A zero-argument callable that enqueues this launch: the cheapest way to repeat it.

@@ -279,21 +279,15 @@ def test_cuda_bound_launchers_raise_on_a_failed_launch():
     drv.bound_launcher("f", (1, 1, 1), (32, 1, 1), 0, None, 1)()
 
 
-def test_dependent_launch_keeps_stream_order_on_emu_and_builds_the_pdl_config_on_cuda(emu):
-    """Launch.launch_dependent: on the emulated driver the same launch in stream order (a valid schedule of a
-    programmatic dependent launch); on CUDA one cuLaunchKernelEx with the programmatic stream serialization
-    attribute, the geometry, shared memory, stream and argument block of the call, and its error raised."""
+def _pdl_driver(fail_after=None):
+    """A CudaDriver without libcuda (only the configuration and the call are exercised) and the list its
+    cuLaunchKernelEx appends to: (config, its grid, block, shared memory and stream at the call, func, params,
+    extra); the calls after the first ``fail_after`` return CUDA_ERROR_INVALID_VALUE."""
     from cuda.bindings import driver as cu
 
     from q12drv.driver.cuda import CudaDriver
 
-    launch = _kv_launch(emu)
-    calls = []
-    emu.driver.launch = lambda func, grid, block, smem, stream, addr: calls.append((func, grid, block, smem, stream, addr))
-    launch.launch_dependent((4, 1, 1), (128, 1, 1), 0)
-    assert calls == [(launch.kernel.func, (4, 1, 1), (128, 1, 1), 0, emu.stream.raw, launch._addr)]
-
-    drv = CudaDriver.__new__(CudaDriver)  # no libcuda here: only the configuration and the call are exercised
+    drv = CudaDriver.__new__(CudaDriver)
     seen = []
 
     class FakeCu:
@@ -301,20 +295,77 @@ def test_dependent_launch_keeps_stream_order_on_emu_and_builds_the_pdl_config_on
 
         @staticmethod
         def cuLaunchKernelEx(cfg, func, params, extra):
-            seen.append((cfg, func, params, extra))
-            return (cu.CUresult.CUDA_ERROR_INVALID_VALUE if len(seen) > 1 else cu.CUresult.CUDA_SUCCESS,)
+            seen.append((cfg, (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ), (cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ),
+                         cfg.sharedMemBytes, int(cfg.hStream), func, params, extra))
+            failed = fail_after is not None and len(seen) > fail_after
+            return (cu.CUresult.CUDA_ERROR_INVALID_VALUE if failed else cu.CUresult.CUDA_SUCCESS,)
 
     drv._cu = FakeCu
+    return drv, seen
+
+
+def test_dependent_launch_keeps_stream_order_on_emu_and_builds_the_pdl_config_on_cuda(emu):
+    """Launch.launch_dependent: on the emulated driver the same launch in stream order (a valid schedule of a
+    programmatic dependent launch); on CUDA one cuLaunchKernelEx with the programmatic stream serialization
+    attribute, the geometry, shared memory, stream and argument block of the call, and its error raised."""
+    from cuda.bindings import driver as cu
+
+    launch = _kv_launch(emu)
+    calls = []
+    emu.driver.launch = lambda func, grid, block, smem, stream, addr: calls.append((func, grid, block, smem, stream, addr))
+    launch.launch_dependent((4, 1, 1), (128, 1, 1), 0)
+    assert calls == [(launch.kernel.func, (4, 1, 1), (128, 1, 1), 0, emu.stream.raw, launch._addr)]
+
+    drv, seen = _pdl_driver(fail_after=1)
     drv.launch_dependent("func", (2, 3, 4), (128, 1, 1), 4096, cu.CUstream(0), 1234)
-    cfg, func, params, extra = seen[0]
+    cfg, grid, block, smem, _stream, func, params, extra = seen[0]
     assert (func, params, extra) == ("func", 1234, 0)
-    assert (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.sharedMemBytes, cfg.numAttrs) == (
-        2, 3, 4, 128, 4096, 1)
+    assert (grid, block, smem, cfg.numAttrs) == ((2, 3, 4), (128, 1, 1), 4096, 1)
     attr = cfg.attrs[0]
     assert attr.id == cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
     assert attr.value.programmaticStreamSerializationAllowed == 1
     with pytest.raises(CudaError, match="cuLaunchKernelEx"):
         drv.launch_dependent("func", (1, 1, 1), (32, 1, 1), 0, cu.CUstream(0), 1)
+
+
+def test_dependent_launcher_keeps_its_config_and_rewrites_it_when_the_launch_changes(emu):
+    """CudaDriver.dependent_launcher builds one launch configuration and reuses it while the geometry, shared
+    memory and stream stay; a call that changes any of them rewrites its fields first (and a grid given as a list,
+    changed in place, is seen as changed). Launch.launch_dependent makes its launcher once and passes every call's
+    geometry through it."""
+    from cuda.bindings import driver as cu
+
+    drv, seen = _pdl_driver()
+    fire = drv.dependent_launcher("func", 1234)
+    s0, s1 = cu.CUstream(0), cu.CUstream(7)
+    grid = [2, 3, 4]
+    fire(grid, (128, 1, 1), 4096, s0)
+    fire(grid, (128, 1, 1), 4096, s0)
+    grid[0] = 9
+    fire(grid, (128, 1, 1), 4096, s0)
+    fire((9, 3, 4), (256, 1, 1), 4096, s0)
+    fire((9, 3, 4), (256, 1, 1), 0, s0)
+    fire((9, 3, 4), (256, 1, 1), 0, s1)
+    assert len({id(c[0]) for c in seen}) == 1   # one configuration object for every call
+    assert [c[1:7] for c in seen] == [
+        ((2, 3, 4), (128, 1, 1), 4096, 0, "func", 1234), ((2, 3, 4), (128, 1, 1), 4096, 0, "func", 1234),
+        ((9, 3, 4), (128, 1, 1), 4096, 0, "func", 1234), ((9, 3, 4), (256, 1, 1), 4096, 0, "func", 1234),
+        ((9, 3, 4), (256, 1, 1), 0, 0, "func", 1234), ((9, 3, 4), (256, 1, 1), 0, 7, "func", 1234)]
+    attr = seen[0][0].attrs[0]
+    assert attr.id == cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+    launch = _kv_launch(emu)
+    made, calls = [], []
+
+    def dependent_launcher(func, addr):
+        made.append((func, addr))
+        return lambda grid, block, smem, stream: calls.append((grid, block, smem, stream))
+
+    emu.driver.dependent_launcher = dependent_launcher
+    launch.launch_dependent((4, 1, 1), (128, 1, 1), 0)
+    launch.launch_dependent((5, 1, 1), (128, 1, 1), 0)
+    assert made == [(launch.kernel.func, launch._addr)]
+    assert calls == [((4, 1, 1), (128, 1, 1), 0, emu.stream.raw), ((5, 1, 1), (128, 1, 1), 0, emu.stream.raw)]
 
 
 def test_memoised_launch_geometry_still_refuses_bad_input_every_time(emu):

@@ -443,10 +443,10 @@ def _run_chunk_emulated(inputs, hk, hv, d, grid=None, block=None, split=0, ws_sh
             names = gdn_wgmma.wide_entries(d)
         else:
             nbytes = gdn_wgmma.workspace_bytes(n, meta.chunk_len, hk, hv, d, "flow")
-            geos = gdn_wgmma.flow_geometry(n, meta.chunk_len, hk, hv, d, 132)
-            names = gdn_wgmma.flow_entries(d)
+            flow = gdn_wgmma.flow_launches(n, meta.chunk_len, hk, hv, d, 132)
+            names, geos = [e for e, *_ in flow], [(g, b, sm) for _, g, b, sm, _ in flow]
         ws, args["workspace"] = mem.hold(np.full(nbytes - ws_short, ws_fill, np.uint8))
-        if pair == "flow":  # ops: the flags cleared, then the two launches
+        if pair == "flow":  # ops: the flags (and the item counter) cleared, then the launches
             ws[gdn_wgmma.flags_offset(n, meta.chunk_len, hk, hv, d):] = 0
         emulators = {**gdn_chunk.EMULATORS, **gdn_wgmma.EMULATORS}
         for entry, (ggrid, gblock, _) in list(zip(names, geos))[int(skip_prep):]:
@@ -519,7 +519,12 @@ def test_wgmma_pair_sizes_match_the_source():
     assert m and int(m.group(1)) == gdn_wgmma.stage_bytes(128, 2) == 88064   # the wide form: two V and two O slices
     # the wide form: two stages, one CTA of 256 threads a SM (both slices' warpgroups)
     assert gdn_wgmma.seq_smem_bytes(128, 2, 2) == gdn_wgmma.entry_smem_bytes(gdn_wgmma.WIDE_ENTRY) <= 227 * 1024
-    assert gdn_wgmma.wide_geometry(8, 2048, 16, 32, 128)[1] == ((1, 32, 8), (256, 1, 1), 177168)
+    assert gdn_wgmma.wide_geometry(8, 2048, 16, 32, 128)[1] == ((1, 32, 8), (256, 1, 1), 176032)
+    m = re.search(r"gdnw::Stage<128>::RAW == (\d+) && gdnw::Stage<64>::RAW == (\d+) && gdnw::Stage<128, 2>::RAW == (\d+) "
+                  r"&&\s+gdnw::Stage<128, 1, true>::RAW == (\d+) && gdnw::Stage<64, 1, true>::RAW == (\d+)", src)
+    assert m and [int(x) for x in m.groups()] == [gdn_wgmma._stage_raw(d, w, u) for d, w, u in
+                                                  ((128, 1, False), (64, 1, False), (128, 2, False), (128, 1, True),
+                                                   (64, 1, True))]
     with pytest.raises(ValueError, match="head_dim 128 only"):
         gdn_wgmma.wide_entries(64)
     assert "__launch_bounds__(256, 1) q12_gdn_wgmma_seqw_d128(" in src
@@ -543,7 +548,9 @@ def test_wgmma_pair_sizes_match_the_source():
                                                         gdn_wgmma.stage_bytes(64, uws=True)) == (83968, 59392)
     assert gdn_wgmma.entry_smem_bytes("q12_gdn_wgmma_seq_flow_d128") == gdn_wgmma.seq_smem_bytes(128, 2, uws=True) \
         <= 227 * 1024
-    flow = 128 * 32 * 57872 + 4 * 128 * 16
+    flow = 128 * 32 * 57872 + 4 * 128 * 16 + 16   # the records, the ready flags, the item counter
+    assert gdn_wgmma.kq_offset(1, 8192, 16, 32, 128) == -(-flow // 128) * 128
+    flow = -(-flow // 128) * 128 + 128 * 16 * 2 * 64 * 128 * 2   # then each item's k and q tiles
     assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128, "flow") == flow
     assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128) == flow
     assert gdn_wgmma.flags_offset(1, 8192, 16, 32, 128) == 128 * 32 * 57872
@@ -659,14 +666,15 @@ def test_wgmma_emulators_check_the_launch_and_need_the_whole_workspace():
 
 def test_wgmma_flow_form_sizes_rule_and_launches():
     """The flow form: a precompute CTA fills an SM (no sequential CTA beside it), the rule takes it while the
-    sequential CTAs leave half of the SMs, the precompute gets the SMs they leave, and ops clears the flags
-    (after the records) before two launches, the second with programmatic stream serialization."""
+    sequential CTAs leave half of the SMs, the precompute gets the SMs they leave, and ops clears the flags and
+    the item counter (after the records) before two launches, the second with programmatic stream serialization."""
     from q12drv.kernels import ops
     from q12drv.nvrtc import cuda_src_dir
 
     sm = 228 * 1024
     assert gdn_wgmma.prep_flow_smem_bytes(128) == 3 * 64000 <= 227 * 1024
     assert gdn_wgmma.prep_flow_smem_bytes(128) + 1024 + gdn_wgmma.seq_smem_bytes(128, 2, uws=True) + 1024 > sm
+    assert gdn_wgmma.seq_smem_bytes(128, 2, uws=True) == 83968 + 83472 + 16 + 896   # the last stage unrounded
     assert gdn_wgmma.uses_flow(1, 8192, 32, 128, 132) and not gdn_wgmma.uses_flow(2, 8192, 32, 128, 132)
     assert gdn_wgmma.uses_flow(2, 9000, 32, 64, 132) and not gdn_wgmma.uses_flow(1, 8192, 32, 128, 127)
     assert not gdn_wgmma.uses_flow(1, 8191, 32, 128, 132)  # 1 x 2048 measured slower in the flow form
@@ -675,9 +683,11 @@ def test_wgmma_flow_form_sizes_rule_and_launches():
     assert seq == ((2, 32, 1), (128, 1, 1), gdn_wgmma.seq_smem_bytes(128, 2, uws=True))   # UwsRec's stages
     assert gdn_wgmma.flow_geometry(4, 64, 1, 32, 128, 132)[0][0] == (1, 1, 1)  # never an empty grid
     zero, launches = ops._gdn_launches("wgmma", 1, 8192, 16, 32, 128, 132)
-    assert zero == (gdn_wgmma.flags_offset(1, 8192, 16, 32, 128), 4 * 128 * 16)
-    assert [(e, dep) for e, *_, dep in launches] == [("q12_gdn_wgmma_prep_flow_d128", False),
-                                                     ("q12_gdn_wgmma_seq_flow_d128", True)]
+    assert zero == (gdn_wgmma.flags_offset(1, 8192, 16, 32, 128), 4 * 128 * 16 + 16)   # the flags, the counter
+    assert launches == gdn_wgmma.flow_launches(1, 8192, 16, 32, 128, 132) == (
+        ("q12_gdn_wgmma_prep_flow_d128", (68, 1, 1), (384, 1, 1), 192000, False),
+        ("q12_gdn_wgmma_seq_flow_d128", (2, 32, 1), (128, 1, 1), 168352, True))
+    assert gdn_wgmma.flag_count(1, 8192, 16) == 128 * 16 and gdn_wgmma.flags_bytes(1, 64, 1) == 4 + 16
     for n, chunk_len, form in ((8, 2048, "wide"), (1, 2048, "pair"), (8, 2048, "pair")):
         # the rules: a full device at d 128 takes the wide form, few CTAs the pair; form= overrides them every way
         zero, launches = ops._gdn_launches("wgmma", n, chunk_len, 16, 32, 128, 132, form)

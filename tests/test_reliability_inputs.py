@@ -431,7 +431,7 @@ CASES = [
     Case("gdn op wgmma flow workspace short", "algo='wgmma', form='flow', the pair form's workspace",
          lambda w: _op_gdn(w, algo="wgmma", form="flow", workspace=w.p("go"),
                            workspace_bytes=gdn_wgmma.workspace_bytes(3, 64, 2, 4, 64, "pair")), ValueError,
-         r"workspace_bytes 209,088 is too small: algo='wgmma' in its flow form needs 399,576 bytes"),
+         r"workspace_bytes 209,088 is too small: algo='wgmma' in its flow form needs 497,920 bytes"),
     Case("gdn op form", "algo='wgmma', form='fused'", lambda w: _op_gdn(w, algo="wgmma", form="fused"), ValueError,
          "form must be one of 'auto', 'pair', 'flow'"),
     Case("gdn op form of split", "algo='split', form='flow'", lambda w: _op_gdn(w, algo="split", form="flow"),

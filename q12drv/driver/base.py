@@ -72,6 +72,14 @@ class Driver:
         """
         self.launch(func, grid, block, smem, stream, params_addr)
 
+    def dependent_launcher(self, func: Any, params_addr: int):
+        """``fire(grid, block, smem, stream)``: :meth:`launch_dependent` of ``func`` with the parameters at
+        ``params_addr``. Drivers override it with what a launch's call can keep between calls."""
+        def fire(grid, block, smem, stream):
+            self.launch_dependent(func, grid, block, smem, stream, params_addr)
+
+        return fire
+
     def launcher(self, func: Any, params_addr: int):
         """``fire(grid, block, smem, stream)``: :meth:`launch` of ``func`` with the parameters at ``params_addr``.
 

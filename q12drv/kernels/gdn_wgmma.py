@@ -15,11 +15,12 @@ in-place state contract it shares):
    and the record arrives by one bulk copy.
 
 For grids of few sequential CTAs and a long stream (:func:`uses_flow`: one stream of 8192 tokens or more)
-the pair runs in its **flow form** instead: the ready flags zeroed, then ``q12_gdn_wgmma_prep_flow_d*``
-(persistent CTAs of three precompute groups, chunk-major, on the SMs the sequential grid leaves free) and
-``q12_gdn_wgmma_seq_flow_d*`` launched with programmatic stream serialization, so that the precompute runs
-beside the sequential kernel; a chunk's records are copied once their item's ready flag is set
-(``cuda_src/gdn_wgmma.cu``, "the flow form"). Its records are fla-core's order of the same algebra
+the pair runs in its **flow form** instead: the ready flags and an item counter zeroed, then
+``q12_gdn_wgmma_prep_flow_d*`` (persistent CTAs of three precompute groups on the SMs the sequential grid leaves
+free, each group claiming the next item, chunk-major, from the counter) and ``q12_gdn_wgmma_seq_flow_d*``
+launched with programmatic stream serialization, so that the precompute runs beside the sequential kernel; a
+chunk's records, and the chunk's k and q tiles the precompute stored beside them, are copied once their item's
+ready flag is set (``cuda_src/gdn_wgmma.cu``, "the flow form"). Its records are fla-core's order of the same algebra
 (``GDN_WG_UWS 1``, :func:`flow_record_bytes`): ``U = T diag(beta) V`` and ``W = T diag(beta EK) k`` from the
 precompute, so that the sequential kernel's chain per chunk is ``V_new^T = U^T - S^T W^T`` (one product group
 and R's epilogue fewer); its results are not the two-launch pair's bits (``chunked_reference(t_product=True,
@@ -63,6 +64,9 @@ __all__ = [
     "flow_record_bytes",
     "resolve_form",
     "flags_offset",
+    "flag_count",
+    "kq_offset",
+    "kq_bytes",
     "flags_bytes",
     "stages",
     "geometry",
@@ -70,6 +74,7 @@ __all__ = [
     "PREP_FLOW_THREADS",
     "flow_entries",
     "prep_flow_smem_bytes",
+    "flow_launches",
     "FLOW_MIN_TOKENS",
     "uses_flow",
     "uses_wide",
@@ -145,18 +150,27 @@ def stage_bytes(head_dim: int, wgs: int = 1, uws: bool = False) -> int:
     rows leave from the O slice during chunk c + 1's first products), rounded up to 1 KiB (the tiles' alignment).
     ``uws`` (the flow form): the flow record's common part and the CTA's U slice (:func:`flow_record_bytes`) in
     place of the V record and the V slice."""
+    return -(-_stage_raw(head_dim, wgs, uws) // 1024) * 1024
+
+
+def _stage_raw(head_dim: int, wgs: int, uws: bool) -> int:
+    """``gdnw::Stage::RAW``: a stage's bytes before :func:`stage_bytes` rounds them up to the next stage's 1 KiB."""
     tiles = 2 * 2 * _gdnc.CHUNK * head_dim
     if uws:
-        raw = tiles + _flow_record_common(head_dim) + _U_SLICE + _SLICE
-    else:
-        raw = tiles + _gdnc.tile_v_record_bytes() + wgs * 2 * _SLICE
-    return -(-raw // 1024) * 1024
+        return tiles + _flow_record_common(head_dim) + _U_SLICE + _SLICE
+    return tiles + _gdnc.tile_v_record_bytes() + wgs * 2 * _SLICE
+
+
+#: Slack to align a kernel's 128-byte aligned dynamic shared memory (``__align__(128)``) on 1024 bytes.
+_ALIGN_SLACK = 1024 - 128
 
 
 def seq_smem_bytes(head_dim: int, stages: int = 2, wgs: int = 1, uws: bool = False) -> int:
-    """Dynamic shared memory of the sequential kernel: ``stages`` stages, one 8-byte mbarrier each (padded to 16
-    bytes), and 1 KiB of slack to align the first stage on 1024 bytes."""
-    return stages * stage_bytes(head_dim, wgs, uws) + 16 * (-(-stages // 2)) + 1024
+    """Dynamic shared memory of the sequential kernel: ``stages - 1`` stages at their 1 KiB stride, the last one's
+    own bytes, one 8-byte mbarrier a stage (padded to 16 bytes), and the slack that puts the first stage on 1024
+    bytes (the flow form's kernel checks it and traps where it falls short; d 128: 168,352 B)."""
+    return ((stages - 1) * stage_bytes(head_dim, wgs, uws) + _stage_raw(head_dim, wgs, uws) + 16 * (-(-stages // 2))
+            + _ALIGN_SLACK)
 
 
 def entry_smem_bytes(entry: str) -> int:
@@ -186,9 +200,10 @@ def workspace_bytes(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, 
 
     The two-launch and wide forms (``form="pair"`` or ``"wide"``): per stream and 64-token chunk, one tile V
     record per value head (:func:`q12drv.kernels.gdn_chunk.tile_v_record_bytes`). The flow form (``"flow"``):
-    one flow record per value head (:func:`flow_record_bytes`, 3.3x larger), then its ready flags
-    (:func:`flags_offset`, :func:`flags_bytes`). ``"any"`` (default): the largest, the flow form's, which every
-    form fits in. ``ops.gdn`` checks the workspace against the form it takes (:func:`resolve_form`), so a caller
+    one flow record per value head (:func:`flow_record_bytes`, 3.3x larger), then its ready flags and item counter
+    (:func:`flags_offset`, :func:`flags_bytes`), then per key head the chunk's k and q tiles (:func:`kq_offset`,
+    :func:`kq_bytes`; 304 MB in all at 1 x 8192, Hk 16, Hv 32, d 128). ``"any"`` (default): the largest, the
+    flow form's, which every form fits in. ``ops.gdn`` checks the workspace against the form it takes (:func:`resolve_form`), so a caller
     that knows it (``form="pair"``, or ``resolve_form`` with the device's SM count) may pass less.
     """
     if type(form) is not str or form not in WORKSPACE_FORMS:
@@ -196,7 +211,7 @@ def workspace_bytes(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, 
     if form in ("pair", "wide"):
         entry_name(head_dim)
         return _gdnc.workspace_bytes(n, chunk_len, num_k_heads, num_v_heads, head_dim, tiles=True)
-    return flags_offset(n, chunk_len, num_k_heads, num_v_heads, head_dim) + flags_bytes(n, chunk_len, num_k_heads)
+    return kq_offset(n, chunk_len, num_k_heads, num_v_heads, head_dim) + kq_bytes(n, chunk_len, num_k_heads, head_dim)
 
 
 def flags_offset(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int) -> int:
@@ -206,9 +221,28 @@ def flags_offset(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, hea
     return n * (-(-chunk_len // _gdnc.CHUNK)) * num_v_heads * flow_record_bytes(head_dim)
 
 
+def flag_count(n: int, chunk_len: int, num_k_heads: int) -> int:
+    """Ready flags of the flow form: one u32 per precompute item (stream, 64-token chunk, key head), set to 1 once
+    the item's records are stored."""
+    return n * (-(-chunk_len // _gdnc.CHUNK)) * num_k_heads
+
+
 def flags_bytes(n: int, chunk_len: int, num_k_heads: int) -> int:
-    """Bytes of the ready flags: one u32 per precompute item (stream, 64-token chunk, key head)."""
-    return 4 * n * (-(-chunk_len // _gdnc.CHUNK)) * num_k_heads
+    """Bytes the flow form zeroes before its launches: the ready flags (:func:`flag_count`), then 16 bytes for the
+    u32 counter its precompute groups claim items from (``gdnc::item_counter_at``)."""
+    return 4 * flag_count(n, chunk_len, num_k_heads) + 16
+
+
+def kq_offset(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int) -> int:
+    """Byte offset of the flow form's k and q tiles (``gdnc::kqrec_at``, the ``GDN_WG_KQREC`` builds): the first
+    128-byte boundary after the flags and the item counter (:func:`flags_bytes`)."""
+    end = flags_offset(n, chunk_len, num_k_heads, num_v_heads, head_dim) + flags_bytes(n, chunk_len, num_k_heads)
+    return -(-end // 128) * 128
+
+
+def kq_bytes(n: int, chunk_len: int, num_k_heads: int, head_dim: int) -> int:
+    """Bytes of the flow form's k and q tiles: per precompute item, two ``[64][head_dim]`` bf16 tiles."""
+    return n * (-(-chunk_len // _gdnc.CHUNK)) * num_k_heads * 4 * _gdnc.CHUNK * head_dim
 
 
 def stages(n: int, num_v_heads: int, head_dim: int, num_sms: int) -> int:
@@ -235,6 +269,7 @@ def prep_flow_smem_bytes(head_dim: int) -> int:
     """Dynamic shared memory of a flow precompute CTA: one precompute kernel's (``gdnc::PrepSmem<dk>``) per group.
     At d 128 (189,696 B) one CTA fills an SM, so a sequential CTA never shares an SM with one."""
     return 3 * _gdnc.prep_smem_bytes(head_dim)
+
 
 
 #: Tokens of the longest stream from which a pass of few CTAs takes the flow form (:func:`uses_flow`).
@@ -268,6 +303,16 @@ def flow_geometry(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, he
     ctas = seq[0][0] * seq[0][1] * seq[0][2]
     return ((max(1, num_sms - ctas), 1, 1), (PREP_FLOW_THREADS, 1, 1), prep_flow_smem_bytes(head_dim)), \
         (seq[0], seq[1], seq_smem_bytes(head_dim, 2, uws=True))
+
+
+def flow_launches(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int,
+                  num_sms: int) -> tuple:
+    """The flow form's launches, after :func:`flags_bytes` are zeroed, as ``(entry, grid, block, smem, dependent)``:
+    the precompute (:func:`flow_geometry`: three groups a CTA, one CTA an SM, its groups claiming items from the
+    counter), then the sequential kernel, dependent (programmatic stream serialization), on the SMs it leaves."""
+    prep, seq = flow_geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim, num_sms)
+    prep_e, seq_e = flow_entries(head_dim)
+    return (prep_e, *prep, False), (seq_e, *seq, True)
 
 
 def wide_entries(head_dim: int) -> tuple[str, str]:
@@ -313,7 +358,7 @@ def _flags(args: dict, mem, head_dim: int):
     m = args["m"]
     n = max(n, 1)
     chunk_len = int(m.chunk_len)
-    count = flags_bytes(n, chunk_len, hk) // 4
+    count = flag_count(n, chunk_len, hk)
     mem.array(int(args["workspace"]), np.uint8, (workspace_bytes(n, chunk_len, hk, hv, head_dim, "flow"),))
     flags = mem.array(int(args["workspace"]) + flags_offset(n, chunk_len, hk, hv, head_dim), np.uint32, (count,))
     cu = mem.array(int(m.cu_seqlens), np.int32, (n + 1,))

@@ -240,11 +240,9 @@ def _gdn_launches(algo: str, n: int, chunk_len: int, num_k_heads: int, num_v_hea
         return None, tuple((entry, *geo, dep) for entry, geo, dep in zip(_gdnw.wide_entries(head_dim), geos,
                                                                         (False, True)))
     if algo == "wgmma" and form == "flow":
-        geos = _gdnw.flow_geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim, num_sms)
         zero = (_gdnw.flags_offset(n, chunk_len, num_k_heads, num_v_heads, head_dim),
                 _gdnw.flags_bytes(n, chunk_len, num_k_heads))
-        return zero, tuple((entry, *geo, dep) for entry, geo, dep in zip(_gdnw.flow_entries(head_dim), geos,
-                                                                        (False, True)))
+        return zero, _gdnw.flow_launches(n, chunk_len, num_k_heads, num_v_heads, head_dim, num_sms)
     if algo == "wgmma":
         stages = _gdnw.stages(n, num_v_heads, head_dim, num_sms)
         geos = _gdnw.geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim, stages)

@@ -210,7 +210,8 @@ def precompile(selected):
 # the wgmma pair's builds: name, gdn_wgmma.cu defines. Defaults: GDN_WG_XY 1, GDN_WG_EARLY 1 (EARLY changes only
 # the one-stage build: its seq2 row is the default's), GDN_WG_AHEAD 1 (changes only the two-stage build), GDN_WG_OLO 0
 # (since run AT), GDN_WG_UWS 1 (changes only the flow form: its wg-uws0-flow row is the pair's records and arithmetic),
-# GDN_WG_FLOW_AHEAD 0 (the UWS flow form's GDN_WG_AHEAD).
+# GDN_WG_FLOW_AHEAD 0 (the UWS flow form's GDN_WG_AHEAD), GDN_WG_PREP_WG 1 (its precompute's products on wgmma),
+# GDN_WG_KQREC 1 (its k and q tiles from the precompute; session 12).
 # GDN_WG_TLO is gone (no T lo product or record since run AM); GDN_WG_AHEAD 2 too (session 11's run BB: the copies
 # under the update's wgmma made the flow form 0.384 -> 0.431 ms at 1 x 8192, the two-stage pair 0.479 -> 0.559 at
 # 8 x 2048).
@@ -222,12 +223,15 @@ WGMMA_VARIANTS = [
     ("wg-olo1", ("GDN_WG_OLO=1",)),       # O's product with V_new hi + lo (4 wgmma more, a little more accurate)
     ("wg-uws0", ("GDN_WG_UWS=0",)),       # flow: the pair's records and chain (V_new^T = R^T T^T), not U - W S
     ("wg-fahead1", ("GDN_WG_FLOW_AHEAD=1",)),   # flow (UWS): the next chunk's copies under X' and Y, not before
-]
+    ("wg-prepmma", ("GDN_WG_PREP_WG=0", "GDN_WG_KQREC=0")),   # flow (UWS): the products on mma.sync, not wgmma
+    ("wg-kqrec0", ("GDN_WG_KQREC=0",)),         # flow (UWS): the k and q tiles by cp.async from k and q, not copied
+]                                               # with the record
 
 
-def wgmma_rows(torch, chunk_funcs, cases):
-    """Rows of the wgmma pair: per build (WGMMA_VARIANTS) and stage count its small ragged check and its times
-    (the precompute included), then the tile precompute alone; ``chunk_funcs``: gdn_chunk.cu's entries."""
+def wgmma_rows(torch, chunk_funcs, cases, builds=None):
+    """Rows of the wgmma pair: per build (WGMMA_VARIANTS; ``builds``: only those names, and the default) and stage
+    count its small ragged check and its times (the precompute included), then the tile precompute alone; every
+    build's flow form checked against float64 too; ``chunk_funcs``: gdn_chunk.cu's entries."""
     from cuda.bindings import driver as cu
 
     rows, wide_rows = [], []
@@ -242,6 +246,8 @@ def wgmma_rows(torch, chunk_funcs, cases):
                  "prep": ["wg-flow-prep-only", "-", "flags cleared + the persistent precompute"],
                  "seq": ["wg-flow-seq-only", "-", "the sequential kernel, every flag already set"]}
     for name, defines in WGMMA_VARIANTS:
+        if builds and name != "wg" and name not in builds:
+            continue
         mod, wfuncs = T.load_chunk_module(defines, source=gdn_wgmma.SOURCE)
         funcs = {**chunk_funcs, **wfuncs}
         # the wide form (one CTA of two warpgroups), timed with every build: its arithmetic is the two-stage kernel's;
@@ -284,12 +290,16 @@ def wgmma_rows(torch, chunk_funcs, cases):
                         if key == "1x2048" or gdn_wgmma.uses_flow(n, int(vals[0].chunk_len), hv, d, sms) else None)
             rows.append(row)
             print(f"{row[0]}: {row[2]}", flush=True)
-            if name == "wg" and st == 2:   # the flow form (fla's order: not the pair's bits) on the same inputs
+            if st == 2:   # the flow form (fla's order: not the pair's bits) on the same inputs, every build
                 o, fin, guards = T.run_chunk_gpu(torch, funcs, inputs, 2, 4, 128, rng, split=2, pair="flow")
                 eo, es = rel_err(from_bf16_bits(o), from_bf16_bits(o_ref)), rel_err(fin, fin_ref)
                 ok = guards and eo < T.CHUNK_O_REL and es < T.CHUNK_STATE_REL and np.isfinite(from_bf16_bits(o)).all()
-                flow_rows["flow"][2] = f"{'PASS' if ok else 'FAIL'} o {eo:.1e} S {es:.1e} (fla's order U - W S)"
-                print(f"wg-flow: {flow_rows['flow'][2]}", flush=True)
+                verdict = f"{'PASS' if ok else 'FAIL'} o {eo:.1e} S {es:.1e}"
+                if name == "wg":
+                    flow_rows["flow"][2] = f"{verdict} (fla's order U - W S)"
+                else:
+                    build_flow_row[2] = f"{verdict} (flow; the GPU tests check the default build's)"
+                print(f"{name}-flow: {verdict}", flush=True)
         wide_rows.append(wide_row)
         if name != "wg":
             wide_rows.append(build_flow_row)
@@ -299,16 +309,15 @@ def wgmma_rows(torch, chunk_funcs, cases):
 
 def flow_launches(torch, n, hv, d, vals, tensors):
     """The flow form of a timing case as time_kernel's sequence: the flags cleared (a torch fill on the
-    launches' stream), the precompute, the sequential kernel with PDL."""
+    launches' stream), then gdn_wgmma.flow_launches: the precompute, the sequential kernel with PDL."""
     hk, chunk_len, ws = vals[8].value, int(vals[0].chunk_len), tensors[-1]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     off = gdn_wgmma.flags_offset(n, chunk_len, hk, hv, d)
     flags = ws[off: off + gdn_wgmma.flags_bytes(n, chunk_len, hk)]
-    geos = gdn_wgmma.flow_geometry(n, chunk_len, hk, hv, d, sms)
-    return [flags.zero_] + [(e, *geo, i == 1) for i, (e, geo) in enumerate(zip(gdn_wgmma.flow_entries(d), geos))]
+    return [flags.zero_] + list(gdn_wgmma.flow_launches(n, chunk_len, hk, hv, d, sms))
 
 
-def variants(torch, rec, names=None):
+def variants(torch, rec, names=None, builds=None):
     from cuda.bindings import driver as cu
 
     selected = [v for v in VARIANTS if not names or v[0] in names or v[0].split("-")[0] in names]
@@ -349,7 +358,7 @@ def variants(torch, rec, names=None):
             prep_row.append(time_kernel(torch, funcs, pair[:1], None, None, None, vals))
         rows.append(row)
         if name == "v0-default":
-            rows += [*split_rows.values(), prep_row, *wgmma_rows(torch, funcs, cases)]
+            rows += [*split_rows.values(), prep_row, *wgmma_rows(torch, funcs, cases, builds)]
         T._check(cu.cuModuleUnload(mod))
         print(f"{name}: {verdict}  ({time.time() - t0:.1f} s)", flush=True)
     keys = [c[0] for c in cases]
@@ -367,6 +376,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-time", action="store_true", help="skip the variants table")
     ap.add_argument("--no-debug", action="store_true", help="skip the per-chunk error cases")
     ap.add_argument("--variants", default="", help="comma-separated names or prefixes (v0,v3); default all")
+    ap.add_argument("--wg-builds", default="", help="comma-separated wgmma builds (WGMMA_VARIANTS: wg-uws0,wg-kqrec0); "
+                    "default all (the default build always)")
     args = ap.parse_args(argv)
     names = [x for x in args.variants.split(",") if x]
     if not args.no_time:   # before any CUDA context in this process (the workers fork)
@@ -375,7 +386,7 @@ def main(argv=None) -> int:
     if not args.no_debug:
         debug_cases(torch, chunk)
     if not args.no_time:
-        variants(torch, rec, names)
+        variants(torch, rec, names, [x for x in args.wg_builds.split(",") if x])
     return 0
 
 

@@ -258,12 +258,13 @@ def chunk_kernels(kernels):
     _check(cu.cuModuleUnload(wmod))
 
 
-def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=0, pair="split", pdl=True):
+def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=0, pair="split", pdl=True, flags_out=None):
     """One chunked launch over all streams of `inputs` (``split`` 1 or 2: a pair, ``pair`` "split" or "wgmma",
     its sequential kernel with that many stages, "flow", the wgmma pair's flow form (its flags cleared), or "wide",
     its wide form (d 128), through a guarded workspace instead of the fused kernel): (o bits, final states, guards
     intact). The wgmma pair's sequential kernel is launched with PDL in every form, as ops launches it (``pdl``
-    False: without, for "wgmma" and "wide")."""
+    False: without, for "wgmma" and "wide"). "flow": ``flags_out``, a list, gets the ready flags and the item
+    counter after the pass (u32)."""
     q, k, v, g, beta, cu, s0 = inputs
     lens = np.diff(cu).tolist()
     n, T = len(lens), int(cu[-1])
@@ -296,12 +297,17 @@ def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=0, pair="split", p
             geos = gdn_wgmma.wide_geometry(n, int(meta.chunk_len), hk, hv, d)
         else:
             sms = torch.cuda.get_device_properties(0).multi_processor_count
-            names = gdn_wgmma.flow_entries(d)
-            geos = gdn_wgmma.flow_geometry(n, int(meta.chunk_len), hk, hv, d, sms)
             off = GUARD + gdn_wgmma.flags_offset(n, int(meta.chunk_len), hk, hv, d)
             ws.buf[off: off + gdn_wgmma.flags_bytes(n, int(meta.chunk_len), hk)] = 0
+            for entry, grid, block, smem, dep in gdn_wgmma.flow_launches(n, int(meta.chunk_len), hk, hv, d, sms):
+                launch(funcs, entry, grid, block, smem, values, dependent=dep)
+            names, geos = (), ()
+            if flags_out is not None:
+                torch.cuda.synchronize()
+                count = gdn_wgmma.flag_count(n, int(meta.chunk_len), hk)
+                flags_out.append(ws.buf[off: off + 4 * count + 4].cpu().numpy().view(np.uint32).copy())
         for i, (entry, (grid, block, smem)) in enumerate(zip(names, geos)):
-            launch(funcs, entry, grid, block, smem, values, dependent=i == 1 and (pair == "flow" or pair != "split" and pdl))
+            launch(funcs, entry, grid, block, smem, values, dependent=i == 1 and (pair != "split" and pdl))
     else:
         grid, block, smem = gdn_chunk.geometry(n, hv, d)
         launch(funcs, gdn_chunk.entry_name(d), grid, block, smem, values)
@@ -455,6 +461,28 @@ def test_gdn_wgmma_forms_against_the_pair(chunk_kernels, form, d, hk, hv, lens):
     assert guards1
     assert np.array_equal(o1, runs[0][0][s:e]) and np.array_equal(fin1[0], runs[0][1][b]), \
         f"alone ({form}) != batched ({form})"
+
+
+@pytest.mark.parametrize("d", [128, 64])
+def test_gdn_flow_claims_every_item_once(chunk_kernels, d):
+    """The flow form at 1 x 8192 (Hk 16, Hv 32: where ops takes it; 2048 items on the precompute's groups, about
+    ten claims each): twice, the same bits, guards intact, every item's flag set (1), and the item counter at
+    the item count plus one overshooting claim per group (each group claims until it gets none)."""
+    torch, funcs, _ = chunk_kernels
+    rng = np.random.default_rng(5)
+    inputs = make_inputs(rng, [8192], 16, 32, d)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    groups = 3 * gdn_wgmma.flow_geometry(1, 8192, 16, 32, d, sms)[0][0][0]
+    got = []
+    for _ in range(2):
+        flags = []
+        o, fin, guards = run_chunk_gpu(torch, funcs, inputs, 16, 32, d, rng, split=2, pair="flow", flags_out=flags)
+        assert guards, "a guard byte around a written buffer (the workspace included) changed"
+        got.append((o, fin))
+        assert flags[0].size == 128 * 16 + 1
+        assert (flags[0][:-1] == 1).all(), f"ready flags {np.unique(flags[0][:-1], return_counts=True)}"
+        assert flags[0][-1] == 128 * 16 + groups, f"item counter {flags[0][-1]}, {128 * 16} items, {groups} groups"
+    assert np.array_equal(got[0][0], got[1][0]) and np.array_equal(got[0][1], got[1][1]), "the two runs differ"
 
 
 @pytest.mark.parametrize("pair,stages", [("wgmma", 1), ("wgmma", 2), ("wide", 2)])
