@@ -959,6 +959,27 @@ __device__ __forceinline__ void uws_w(const bf16* kr, const bf16* th, const bf16
 template <bool TILES> struct RecV { using type = VRec; };
 template <> struct RecV<true> { using type = TileVRec; };
 
+// The flow record's scalars and P (UwsRec's common part but W): P as a swizzled tile from the group's padded
+// s.p, EQ and WK (16 bytes a thread), exp(gamma_C); both flow precompute items (prep_item<UWS>, gdn_wgmma.cu's
+// prep_item_wg) store them once the block solve is done.
+template <int DK, int DV, class S>
+__device__ __forceinline__ void store_uws_scalars(unsigned char* urec, const S& s, int tid) {
+    using UR = UwsRec<DK, DV>;
+    constexpr int C = GDN_C, LDP = GDN_C + 8;
+    for (int idx = tid; idx < C * 8; idx += 128)   // P as a swizzled tile
+        *reinterpret_cast<uint4*>(urec + UR::P + sw128_off(idx / 8, idx % 8)) =
+            *reinterpret_cast<const uint4*>(s.p + (idx / 8) * LDP + (idx % 8) * 8);
+    if (tid < 2 * 16) {   // EQ, WK (16 B a thread), then exp(gamma_C)
+        const int i = (tid & 15) * 4;
+        const float* x = tid < 16 ? s.eg : s.wd;
+        const float* r = tid < 16 ? s.rq : s.rk;
+        *reinterpret_cast<float4*>(urec + UR::EQ + tid * 16) =
+            make_float4(x[i] * r[i], x[i + 1] * r[i + 1], x[i + 2] * r[i + 2], x[i + 3] * r[i + 3]);
+    } else if (tid == 2 * 16) {
+        *reinterpret_cast<float4*>(urec + UR::EGC) = make_float4(s.eg[C - 1], 0.f, 0.f, 0.f);
+    }
+}
+
 // One precompute item, by one group of 128 threads (tid 0..127) on its own PrepSmem<DK>: chunk ci of (stream b,
 // key head kh), which has len tokens: (TILES 0) its K record, K K^T and Q K^T once, then each value head's V record
 // (its beta and gamma scale the products in the epilogues). TILES 0: the "split" pair's records (KRec, VRec);
@@ -1049,18 +1070,7 @@ __device__ __forceinline__ void prep_item(const Q12Meta& m, const bf16* __restri
             if constexpr (UWS) {
                 using UR = UwsRec<DK, DV>;
                 unsigned char* urec = rec_at<UR::BYTES>(ws, m, b, ci, h, num_v_heads);
-                for (int idx = tid; idx < C * 8; idx += THREADS)   // P as a swizzled tile
-                    *reinterpret_cast<uint4*>(urec + UR::P + sw128_off(idx / 8, idx % 8)) =
-                        *reinterpret_cast<const uint4*>(s.p + (idx / 8) * LDP + (idx % 8) * 8);
-                if (tid < 2 * 16) {   // EQ, WK (16 B a thread), then exp(gamma_C)
-                    const int i = (tid & 15) * 4;
-                    const float* x = tid < 16 ? s.eg : s.wd;
-                    const float* r = tid < 16 ? s.rq : s.rk;
-                    *reinterpret_cast<float4*>(urec + UR::EQ + tid * 16) =
-                        make_float4(x[i] * r[i], x[i + 1] * r[i + 1], x[i + 2] * r[i + 2], x[i + 3] * r[i + 3]);
-                } else if (tid == 2 * 16) {
-                    *reinterpret_cast<float4*>(urec + UR::EGC) = make_float4(s.eg[C - 1], 0.f, 0.f, 0.f);
-                }
+                store_uws_scalars<DK, DV>(urec, s, tid);
                 sync();   // -A read by every warp's solve, P stored: s.a, s.p take T's scaled columns
                 t_cols_hilo(X, s.a, s.p, [&](int c) { return s.beta[c]; }, warp, lane);
                 cp_async_wait_all();   // this value head's V rows

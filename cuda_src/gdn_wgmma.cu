@@ -665,18 +665,7 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
         each_slice_elem<LDP>(warp, lane, [&](int nt, int e, int cc, int at) { Rt[nt][e] = at == cc * (LDP + 1) ? 1.f : 0.f; });
         block_solve(s.a, s.dinv, Rt, X, lane);
         unsigned char* urec = rec_at<UR::BYTES>(ws, m, b, ci, h, num_v_heads);
-        for (int idx = tid; idx < C * 8; idx += THREADS)   // P as a swizzled tile
-            *reinterpret_cast<uint4*>(urec + UR::P + sw128_off(idx / 8, idx % 8)) =
-                *reinterpret_cast<const uint4*>(s.p + (idx / 8) * LDP + (idx % 8) * 8);
-        if (tid < 2 * 16) {   // EQ, WK (16 B a thread), then exp(gamma_C)
-            const int i = (tid & 15) * 4;
-            const float* x = tid < 16 ? s.eg : s.wd;
-            const float* r = tid < 16 ? s.rq : s.rk;
-            *reinterpret_cast<float4*>(urec + UR::EQ + tid * 16) =
-                make_float4(x[i] * r[i], x[i + 1] * r[i + 1], x[i + 2] * r[i + 2], x[i + 3] * r[i + 3]);
-        } else if (tid == 2 * 16) {
-            *reinterpret_cast<float4*>(urec + UR::EGC) = make_float4(s.eg[C - 1], 0.f, 0.f, 0.f);
-        }
+        store_uws_scalars<DK, DV>(urec, s, tid);
         sync();   // -A read by every warp's solve, P stored: their bytes take T's scaled columns (swizzled tiles)
         t_cols_hilo<true>(X, s.a, s.p, [&](int c) { return s.beta[c]; }, warp, lane);
         cp_async_wait_all();       // this value head's V rows
