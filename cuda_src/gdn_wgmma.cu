@@ -80,8 +80,8 @@
 #ifndef GDN_WG_UWS    // the flow form: 1: fla's order, V_new = U - W S (UwsRec: the chain without R's epilogue and the T
 #define GDN_WG_UWS 1  // product; session 11); 0: the pair's records and sequential arithmetic (its bits)
 #endif
-#ifndef GDN_WG_KQREC  // the UWS flow form (session 12): 1: the precompute stores each item's k and q tiles (swizzled, as
-#define GDN_WG_KQREC 1  // the stage holds them) and the sequential kernel copies them with the record, one bulk copy
+#ifndef GDN_WG_KQREC  // the UWS flow form (session 12): 1: the precompute stores each item's k and q tiles (swizzled,
+#define GDN_WG_KQREC 1  // as the stage holds them) and the sequential kernel copies them with the record, one bulk copy
 #endif                  // from thread 0 (gdnc::kqrec_at) instead of 2 x 8 cp.async a thread (run BL: the flow form
                         // 0.368 -> 0.344 ms at 1 x 8192, the same bits); 0: from k and q. (U in bf16, as fla-core's u,
                         // was measured too and dropped: 0.368 -> 0.355 ms, the state's error 5.5e-5 -> 5.3e-4.)
@@ -662,7 +662,9 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
         sync();
         // T's columns 16 warp .. + 15 (each_slice_elem: the identity's, solved)
         float Rt[8][4], X[8][4];
-        each_slice_elem<LDP>(warp, lane, [&](int nt, int e, int cc, int at) { Rt[nt][e] = at == cc * (LDP + 1) ? 1.f : 0.f; });
+        each_slice_elem<LDP>(warp, lane, [&](int nt, int e, int cc, int at) {
+            Rt[nt][e] = at == cc * (LDP + 1) ? 1.f : 0.f;
+        });
         block_solve(s.a, s.dinv, Rt, X, lane);
         unsigned char* urec = rec_at<UR::BYTES>(ws, m, b, ci, h, num_v_heads);
         store_uws_scalars<DK, DV>(urec, s, tid);
@@ -766,7 +768,8 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
     const unsigned raw = smem_u32(gdn_smem_raw), pad = ((raw + 1023u) & ~1023u) - raw;
     unsigned dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dyn));
-    if ((WG ? pad + groups * wg_prep_group_bytes<DK>() : groups * (int)sizeof(PrepSmem<DK>)) > dyn) __trap();   // the host's size
+    // the host's size (gdn_wgmma.prep_flow_smem_bytes): a shorter one would overlap the groups
+    if ((WG ? pad + groups * wg_prep_group_bytes<DK>() : groups * (int)sizeof(PrepSmem<DK>)) > dyn) __trap();
     unsigned char* wbase = gdn_smem_raw + pad;
     PrepSmem<DK>& s = reinterpret_cast<PrepSmem<DK>*>(gdn_smem_raw)[grp];
     WgPrepSmem<DK>& sw = *reinterpret_cast<WgPrepSmem<DK>*>(wbase + grp * wg_prep_group_bytes<DK>());
@@ -795,10 +798,12 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
             continue;
         }
         if constexpr (WG) {
-            prep_item_wg<DK, DV>(m, q, k, v, g, beta, num_k_heads, num_v_heads, ws, sw, b, kh, ci, len, tid, sync, claim);
+            prep_item_wg<DK, DV>(m, q, k, v, g, beta, num_k_heads, num_v_heads, ws, sw, b, kh, ci, len, tid, sync,
+                                 claim);
         } else {
             claim();
-            prep_item<DK, DV, true, GDN_WG_UWS>(m, q, k, g, beta, num_k_heads, num_v_heads, ws, s, b, kh, ci, len, tid, sync, v);
+            prep_item<DK, DV, true, GDN_WG_UWS>(m, q, k, g, beta, num_k_heads, num_v_heads, ws, s, b, kh, ci, len, tid,
+                                                sync, v);
         }
         if (tid == 0) {   // the group's record stores are issued (the item's last barrier): publish them
             __threadfence();

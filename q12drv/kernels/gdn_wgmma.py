@@ -203,8 +203,9 @@ def workspace_bytes(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, 
     one flow record per value head (:func:`flow_record_bytes`, 3.3x larger), then its ready flags and item counter
     (:func:`flags_offset`, :func:`flags_bytes`), then per key head the chunk's k and q tiles (:func:`kq_offset`,
     :func:`kq_bytes`; 304 MB in all at 1 x 8192, Hk 16, Hv 32, d 128). ``"any"`` (default): the largest, the
-    flow form's, which every form fits in. ``ops.gdn`` checks the workspace against the form it takes (:func:`resolve_form`), so a caller
-    that knows it (``form="pair"``, or ``resolve_form`` with the device's SM count) may pass less.
+    flow form's, which every form fits in. ``ops.gdn`` checks the workspace against the form it takes
+    (:func:`resolve_form`), so a caller that knows it (``form="pair"``, or ``resolve_form`` with the device's SM
+    count) may pass less.
     """
     if type(form) is not str or form not in WORKSPACE_FORMS:
         raise ValueError(f"form must be one of {', '.join(map(repr, WORKSPACE_FORMS))}, got {form!r}")
@@ -234,7 +235,7 @@ def flags_bytes(n: int, chunk_len: int, num_k_heads: int) -> int:
 
 
 def kq_offset(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int) -> int:
-    """Byte offset of the flow form's k and q tiles (``gdnc::kqrec_at``, the ``GDN_WG_KQREC`` builds): the first
+    """Byte offset of the flow form's k and q tiles (``gdnc::kqrec_at``; ``GDN_WG_KQREC 1``, the default): the first
     128-byte boundary after the flags and the item counter (:func:`flags_bytes`)."""
     end = flags_offset(n, chunk_len, num_k_heads, num_v_heads, head_dim) + flags_bytes(n, chunk_len, num_k_heads)
     return -(-end // 128) * 128
@@ -269,7 +270,6 @@ def prep_flow_smem_bytes(head_dim: int) -> int:
     """Dynamic shared memory of a flow precompute CTA: one precompute kernel's (``gdnc::PrepSmem<dk>``) per group.
     At d 128 (189,696 B) one CTA fills an SM, so a sequential CTA never shares an SM with one."""
     return 3 * _gdnc.prep_smem_bytes(head_dim)
-
 
 
 #: Tokens of the longest stream from which a pass of few CTAs takes the flow form (:func:`uses_flow`).
