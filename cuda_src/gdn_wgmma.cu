@@ -85,6 +85,10 @@
 #endif                  // from thread 0 (gdnc::kqrec_at) instead of 2 x 8 cp.async a thread (run BL: the flow form
                         // 0.368 -> 0.344 ms at 1 x 8192, the same bits); 0: from k and q. (U in bf16, as fla-core's u,
                         // was measured too and dropped: 0.368 -> 0.355 ms, the state's error 5.5e-5 -> 5.3e-4.)
+#ifndef GDN_WG_FLOW_VH  // the UWS flow precompute's items (session 12, branch flow-vh, never run on a GPU): 1: one per
+#define GDN_WG_FLOW_VH 0  // (stream, chunk, value head), the key head's flag counting its value heads' items (the first
+#endif                    // chunk's wait and the claims' grain halved at Hv = 2 Hk; Q K^T and the rows' scales once an
+                          // item); 0: one per (stream, chunk, key head), its value heads one after the other
 #ifndef GDN_WG_OLO    // 1: O's product takes V_new as bf16 hi + lo; 0 (default since run AT): hi only, as fla-core (4 wgmma
 #define GDN_WG_OLO 0  // fewer; H200 run AT: 2-4% faster, o error 3.3e-3 -> 3.6e-3 against the fused kernel's 3.5e-3;
 #endif                // the state does not depend on it)
@@ -270,12 +274,14 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
 }
 
 // The flow form (below), thread 0 of a sequential CTA: how many chunks from lo on have their records ready (1 to
-// 4, at most n: the flags of lo .. lo + n - 1, stride bytes apart), waiting for lo's if needed. The flags are read
+// 4, at most n: the flags of lo .. lo + n - 1, stride bytes apart, each ready at need or more: 1, or GDN_WG_FLOW_VH's
+// count of the key head's value-head items), waiting for lo's if needed. The flags are read
 // together (relaxed, one round trip), then one acquire fence and one proxy fence order the bulk copies that read
 // those records (async proxy) after them: per batch, not per chunk (run 3: an acquire load and a proxy fence at
 // every chunk made the sequential kernel 35% slower, 0.8 us a chunk). One asm block: as C++ loops the wait cost
 // the d128 kernel a spill under NVRTC 13.0.
-__device__ __forceinline__ int wait_ready(const unsigned* flag_lo, int n, unsigned long long stride) {
+__device__ __forceinline__ int wait_ready(const unsigned* flag_lo, int n, unsigned long long stride,
+                                          unsigned need = 1) {
     int count;
     asm volatile(
         "{\n.reg .pred p1, p2, p3, w;\n.reg .u32 f0, f1, f2, f3;\n.reg .u64 a;\n"
@@ -285,15 +291,15 @@ __device__ __forceinline__ int wait_ready(const unsigned* flag_lo, int n, unsign
         "add.s64 a, %1, %3;\n@p1 ld.relaxed.gpu.global.u32 f1, [a];\n"
         "add.s64 a, a, %3;\n@p2 ld.relaxed.gpu.global.u32 f2, [a];\n"
         "add.s64 a, a, %3;\n@p3 ld.relaxed.gpu.global.u32 f3, [a];\n"
-        "setp.ne.u32 w, f0, 0;\n@w bra Q12_READY_%=;\n"
-        "Q12_SPIN_%=:\nld.relaxed.gpu.global.u32 f0, [%1];\nsetp.eq.u32 w, f0, 0;\n@w bra Q12_SPIN_%=;\n"
+        "setp.ge.u32 w, f0, %4;\n@w bra Q12_READY_%=;\n"
+        "Q12_SPIN_%=:\nld.relaxed.gpu.global.u32 f0, [%1];\nsetp.lt.u32 w, f0, %4;\n@w bra Q12_SPIN_%=;\n"
         "mov.u32 f1, 0;\n"
         "Q12_READY_%=:\nmov.s32 %0, 1;\n"
-        "setp.eq.u32 w, f1, 0;\n@w bra Q12_COUNTED_%=;\nadd.s32 %0, %0, 1;\n"
-        "setp.eq.u32 w, f2, 0;\n@w bra Q12_COUNTED_%=;\nadd.s32 %0, %0, 1;\n"
-        "setp.eq.u32 w, f3, 0;\n@w bra Q12_COUNTED_%=;\nadd.s32 %0, %0, 1;\n"
+        "setp.lt.u32 w, f1, %4;\n@w bra Q12_COUNTED_%=;\nadd.s32 %0, %0, 1;\n"
+        "setp.lt.u32 w, f2, %4;\n@w bra Q12_COUNTED_%=;\nadd.s32 %0, %0, 1;\n"
+        "setp.lt.u32 w, f3, %4;\n@w bra Q12_COUNTED_%=;\nadd.s32 %0, %0, 1;\n"
         "Q12_COUNTED_%=:\nfence.acq_rel.gpu;\nfence.proxy.async.global;\n}\n"
-        : "=r"(count) : "l"(flag_lo), "r"(n), "l"(stride) : "memory");
+        : "=r"(count) : "l"(flag_lo), "r"(n), "l"(stride), "r"(need) : "memory");
     return count;
 }
 
@@ -403,6 +409,8 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
     // precompute's copy of them. The V record: thread 0, one bulk copy on the stage's mbarrier. The V
     // slice (issue_v): every thread, one cp.async group, once the stage's O rows are stored.
     constexpr bool KQREC = UWS && GDN_WG_KQREC;   // (the k and q tiles come with the record)
+    // (FLOW) a ready flag's value once every item of its key head is stored (GDN_WG_FLOW_VH: one item a value head)
+    const unsigned FLOW_NEED = GDN_WG_FLOW_VH ? (unsigned)(num_v_heads / num_k_heads) : 1u;
     auto issue_kq = [&](int ci, int st) {   // the raw k and q rows from k and q (KQREC: none, the record brings them)
         if (KQREC) return;
         unsigned char* sp = basep + st * L::BYTES;
@@ -416,7 +424,7 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
         if (tid == 0) {
             const unsigned sb = base + st * L::BYTES;
             if (ci == 0) {   // later chunks: (FLOW) at the loop's top; else the precompute is complete
-                if constexpr (FLOW) ready_to = gdnw::wait_ready(flags, nch, 4ull * num_k_heads) - 1;
+                if constexpr (FLOW) ready_to = gdnw::wait_ready(flags, nch, 4ull * num_k_heads, FLOW_NEED) - 1;
                 else pdl_wait();
             }
             wg::fence_proxy_async();   // the stage's generic reads (beta, EK, ...) before the copy's writes
@@ -472,7 +480,7 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
         // chunk's copy and V slice have landed and before the next one is issued: the fence then waits for no bulk copy in
         // flight (polled before mbar_wait it did, about 1.8 us a fence, run AR)
         if (FLOW && tid == 0 && ci + 1 < nch && ci + 1 > ready_to)
-            ready_to = ci + gdnw::wait_ready(flags + (ci + 1) * num_k_heads, nch - ci - 1, 4ull * num_k_heads);
+            ready_to = ci + gdnw::wait_ready(flags + (ci + 1) * num_k_heads, nch - ci - 1, 4ull * num_k_heads, FLOW_NEED);
         __syncthreads();   // chunk ci's V slice from every thread and chunk ci - 1's O slice; (STAGES 2) chunk ci - 1
                            // is done with its stage
         auto issue_next = [&] {   // (STAGES 2) chunk ci + 1 into the other stage, which chunk ci - 1 is done with
@@ -593,7 +601,7 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
                                              const bf16* __restrict__ v, const float* __restrict__ g,
                                              const float* __restrict__ beta, int num_k_heads, int num_v_heads,
                                              unsigned char* __restrict__ ws, WgPrepSmem<DK>& s, int b, int kh, int ci,
-                                             int len, int tid, Sync sync, Claim claim) {
+                                             int len, int tid, Sync sync, Claim claim, int j0, int j1) {
     using UR = UwsRec<DK, DV>;
     static_assert(DV == DK, "V rows in q's tile (dv = dk)");
     constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8, LDP = GDN_C + 8, NK = DK / 16;
@@ -604,9 +612,10 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
     unsigned char* qt = reinterpret_cast<unsigned char*>(s.q);
     const unsigned sk = smem_u32(s.k), sq = smem_u32(s.q), sa = smem_u32(s.a), sp = smem_u32(s.p);
 
+    // the item's value heads kh group + j0 .. + j1 - 1 (all of the key head's, or one: GDN_WG_FLOW_VH)
     // g and beta of the first value head, the raw k and q rows as swizzled tiles
     issue_kvgb<DK, DV, false, false, true>(s, nullptr, cu + b, len, c0, 0, k, nullptr, g, beta, num_k_heads,
-                                           num_v_heads, kh * group, 0, tid);
+                                           num_v_heads, kh * group + j0, 0, tid);
     issue_kq_sw128<DK>(kt, qt, k, q, nv, ld_volatile(cu + b) + c0, num_k_heads, kh, tid);
     cp_async_commit();
     claim();   // the group's next item (an atomic: its latency under the copies')
@@ -624,7 +633,7 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
     for (int ks = 0; ks < NK; ++ks) wg::mma_ss<64>(accq, kmajor(sq, ks), kmajor(sk, ks), ks > 0);
     wg::commit();
 #if GDN_WG_KQREC
-    {   // the k and q tiles (adjacent here and in the stage) for the sequential kernel, before V takes q's bytes
+    if (j0 == 0) {   // the k and q tiles (adjacent here and in the stage) for the sequential kernel, before V takes q's bytes
         uint4* dst = reinterpret_cast<uint4*>(kqrec_at<UR::BYTES, DK>(ws, m, b, ci, kh, num_k_heads, num_v_heads));
         const uint4* src = reinterpret_cast<const uint4*>(s.k);
 #pragma unroll 4
@@ -632,17 +641,17 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
     }
 #endif
     wg::wait<0>();
-    for (int j = 0; j < group; ++j) {
+    for (int j = j0; j < j1; ++j) {
         const int h = kh * group + j;
-        if (j > 0) cp_async_wait_all();   // this value head's g, beta and V, copied while the previous head computed
-        sync();   // (j 0: the scales and the zeroed -A and P stored; every thread's Q K^T complete: q is read out)
-        if (j == 0) {
+        if (j > j0) cp_async_wait_all();   // this value head's g, beta and V, copied while the previous head computed
+        sync();   // (j j0: the scales and the zeroed -A and P stored; every thread's Q K^T complete: q is read out)
+        if (j == j0) {
             issue_v_sw128<DV>(qt, v, nv, ld_volatile(cu + b) + c0, num_v_heads, h, tid);
             cp_async_commit();
         }
         if (warp == 0) chunk_gamma<true>(s, 0, lane);
         sync();
-        if (j + 1 < group) {   // the next value head's g and beta (chunk_gamma has read this head's)
+        if (j + 1 < j1) {   // the next value head's g and beta (chunk_gamma has read this head's)
             issue_kvgb<DK, DV, false, false, true>(s, nullptr, cu + b, len, c0, 0, k, nullptr, g, beta,
                                                    num_k_heads, num_v_heads, h + 1, 0, tid);
             cp_async_commit();
@@ -696,7 +705,7 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
                 dst[nt * 128] = make_float4(acc[4 * nt], acc[4 * nt + 1], acc[4 * nt + 2], acc[4 * nt + 3]);
         }
         sync();   // V and T diag(beta)'s tiles read out (every thread waited for its wgmma)
-        if (j + 1 < group) {   // the next value head's V rows, while this one's W is computed
+        if (j + 1 < j1) {   // the next value head's V rows, while this one's W is computed
             issue_v_sw128<DV>(qt, v, nv, ld_volatile(cu + b) + c0, num_v_heads, h + 1, tid);
             cp_async_commit();
         }
@@ -762,6 +771,7 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
     constexpr int groups = 3;
     constexpr bool WG = GDN_WG_PREP_WG && GDN_WG_UWS;
     static_assert(WG || !GDN_WG_KQREC || !GDN_WG_UWS, "GDN_WG_KQREC: the wgmma precompute's tiles (prep_item_wg)");
+    static_assert(WG || !GDN_WG_FLOW_VH, "GDN_WG_FLOW_VH: the wgmma precompute's items (prep_item_wg)");
     const int grp = threadIdx.x >> 7, tid = threadIdx.x & 127;
     static_assert(3 * wg_prep_group_bytes<DK>() + 1024 <= 3 * (int)sizeof(PrepSmem<DK>),
                   "the wgmma groups fit in the host's 3 x PrepSmem");
@@ -774,7 +784,9 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
     PrepSmem<DK>& s = reinterpret_cast<PrepSmem<DK>*>(gdn_smem_raw)[grp];
     WgPrepSmem<DK>& sw = *reinterpret_cast<WgPrepSmem<DK>*>(wbase + grp * wg_prep_group_bytes<DK>());
     const int* cu = q12_cu_seqlens(m);
-    const int per_chunk = (int)m.batch_size * num_k_heads, nch = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
+    // an item: (chunk, stream, key head), or (GDN_WG_FLOW_VH) (chunk, stream, value head)
+    const int group = num_v_heads / num_k_heads, units = GDN_WG_FLOW_VH ? num_v_heads : num_k_heads;
+    const int per_chunk = (int)m.batch_size * units, nch = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
     const int items = nch * per_chunk;
     unsigned* counter = item_counter_at<UR::BYTES>(ws, m, num_k_heads, num_v_heads);
     auto next_item = [&]() -> int {   // (thread 0) this group's next item (items or more: none left)
@@ -790,7 +802,9 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
         auto claim = [&] {
             if (tid == 0) claimed[grp][(i + 1) & 1] = next_item();
         };
-        const int ci = w / per_chunk, r = w % per_chunk, b = r / num_k_heads, kh = r % num_k_heads;
+        const int ci = w / per_chunk, r = w % per_chunk, b = r / units, u = r % units;
+        const int kh = GDN_WG_FLOW_VH ? u / group : u, j0 = GDN_WG_FLOW_VH ? u % group : 0;
+        const int j1 = GDN_WG_FLOW_VH ? j0 + 1 : group;
         const int len = cu[b + 1] - cu[b];
         if (ci * GDN_C >= len) {   // past this stream's end: no item, no flag (the sequential kernel waits for none)
             claim();
@@ -799,7 +813,7 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
         }
         if constexpr (WG) {
             prep_item_wg<DK, DV>(m, q, k, v, g, beta, num_k_heads, num_v_heads, ws, sw, b, kh, ci, len, tid, sync,
-                                 claim);
+                                 claim, j0, j1);
         } else {
             claim();
             prep_item<DK, DV, true, GDN_WG_UWS>(m, q, k, g, beta, num_k_heads, num_v_heads, ws, s, b, kh, ci, len, tid,
@@ -807,8 +821,9 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
         }
         if (tid == 0) {   // the group's record stores are issued (the item's last barrier): publish them
             __threadfence();
-            asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(ready_flag_at<UR::BYTES>(
-                             ws, m, b, ci, kh, num_k_heads, num_v_heads)), "r"(1u) : "memory");
+            unsigned* flag = ready_flag_at<UR::BYTES>(ws, m, b, ci, kh, num_k_heads, num_v_heads);
+            if (GDN_WG_FLOW_VH) asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(flag) : "memory");
+            else asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(flag), "r"(1u) : "memory");
         }
     }
 }
