@@ -89,6 +89,9 @@
 #define GDN_WG_FLOW_VH 0  // (stream, chunk, value head), the key head's flag counting its value heads' items (the first
 #endif                    // chunk's wait and the claims' grain halved at Hv = 2 Hk; Q K^T and the rows' scales once an
                           // item); 0: one per (stream, chunk, key head), its value heads one after the other
+#ifndef GDN_WG_FLOW_VH_FIRST  // (GDN_WG_FLOW_VH 1) the chunks from 0 whose items are per value head; the later chunks'
+#define GDN_WG_FLOW_VH_FIRST (1 << 30)  // items per key head (both value heads): the fine grain where the sequential
+#endif                                  // kernel waits for the first records, the lighter items after
 #ifndef GDN_WG_OLO    // 1: O's product takes V_new as bf16 hi + lo; 0 (default since run AT): hi only, as fla-core (4 wgmma
 #define GDN_WG_OLO 0  // fewer; H200 run AT: 2-4% faster, o error 3.3e-3 -> 3.6e-3 against the fused kernel's 3.5e-3;
 #endif                // the state does not depend on it)
@@ -784,10 +787,12 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
     PrepSmem<DK>& s = reinterpret_cast<PrepSmem<DK>*>(gdn_smem_raw)[grp];
     WgPrepSmem<DK>& sw = *reinterpret_cast<WgPrepSmem<DK>*>(wbase + grp * wg_prep_group_bytes<DK>());
     const int* cu = q12_cu_seqlens(m);
-    // an item: (chunk, stream, key head), or (GDN_WG_FLOW_VH) (chunk, stream, value head)
-    const int group = num_v_heads / num_k_heads, units = GDN_WG_FLOW_VH ? num_v_heads : num_k_heads;
-    const int per_chunk = (int)m.batch_size * units, nch = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
-    const int items = nch * per_chunk;
+    // an item: (chunk, stream, key head), or (GDN_WG_FLOW_VH, the first GDN_WG_FLOW_VH_FIRST chunks) (chunk, stream,
+    // value head)
+    const int group = num_v_heads / num_k_heads, nch = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
+    const int vh_chunks = GDN_WG_FLOW_VH ? min(nch, GDN_WG_FLOW_VH_FIRST) : 0;
+    const int per_vh_chunk = (int)m.batch_size * num_v_heads, per_chunk = (int)m.batch_size * num_k_heads;
+    const int vh_items = vh_chunks * per_vh_chunk, items = vh_items + (nch - vh_chunks) * per_chunk;
     unsigned* counter = item_counter_at<UR::BYTES>(ws, m, num_k_heads, num_v_heads);
     auto next_item = [&]() -> int {   // (thread 0) this group's next item (items or more: none left)
         return (int)min(atomicAdd(counter, 1u), (unsigned)items);
@@ -802,9 +807,11 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
         auto claim = [&] {
             if (tid == 0) claimed[grp][(i + 1) & 1] = next_item();
         };
-        const int ci = w / per_chunk, r = w % per_chunk, b = r / units, u = r % units;
-        const int kh = GDN_WG_FLOW_VH ? u / group : u, j0 = GDN_WG_FLOW_VH ? u % group : 0;
-        const int j1 = GDN_WG_FLOW_VH ? j0 + 1 : group;
+        const bool per_vh = w < vh_items;
+        const int wl = per_vh ? w : w - vh_items, units = per_vh ? num_v_heads : num_k_heads;
+        const int ci = per_vh ? wl / per_vh_chunk : vh_chunks + wl / per_chunk;
+        const int r = per_vh ? wl % per_vh_chunk : wl % per_chunk, b = r / units, u = r % units;
+        const int kh = per_vh ? u / group : u, j0 = per_vh ? u % group : 0, j1 = per_vh ? j0 + 1 : group;
         const int len = cu[b + 1] - cu[b];
         if (ci * GDN_C >= len) {   // past this stream's end: no item, no flag (the sequential kernel waits for none)
             claim();
@@ -822,7 +829,8 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
         if (tid == 0) {   // the group's record stores are issued (the item's last barrier): publish them
             __threadfence();
             unsigned* flag = ready_flag_at<UR::BYTES>(ws, m, b, ci, kh, num_k_heads, num_v_heads);
-            if (GDN_WG_FLOW_VH) asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(flag) : "memory");
+            if (GDN_WG_FLOW_VH)   // the key head's flag counts its value heads' items
+                asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(flag), "r"(j1 - j0) : "memory");
             else asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(flag), "r"(1u) : "memory");
         }
     }

@@ -227,6 +227,7 @@ WGMMA_VARIANTS = [
     ("wg-kqrec0", ("GDN_WG_KQREC=0",)),         # flow (UWS): the k and q tiles by cp.async from k and q, not copied
                                                 # with the record
     ("wg-vh", ("GDN_WG_FLOW_VH=1",)),           # flow (UWS): one precompute item a value head, not a key head
+    ("wg-vh8", ("GDN_WG_FLOW_VH=1", "GDN_WG_FLOW_VH_FIRST=8")),   # flow (UWS): items a value head in chunks 0..7 only
 ]
 
 
