@@ -980,6 +980,19 @@ __device__ __forceinline__ void store_uws_scalars(unsigned char* urec, const S& 
     }
 }
 
+// -A and P (s.a, s.p: [64][LDP] bf16 each) zeroed by the group, so that every byte of the records is
+// defined: the products' epilogues write only the blocks on and below the diagonal (the solve's, P's causal ones).
+// At an item's start, and (UWS) again before each later value head's epilogues: the flow items' T tiles take
+// s.a's and s.p's bytes after the solve, and left in P's upper blocks they were the next value head's P record
+// (run BN, session 13: the odd value heads' o off by the even head's T diag(beta EK) lo parts, about 1e-4 of P).
+template <typename S>
+__device__ __forceinline__ void zero_ap(S& s, int tid) {
+    constexpr int LDP = GDN_C + 8;
+    static_assert(sizeof(s.a) == GDN_C * LDP * 2 && sizeof(s.p) == sizeof(s.a), "-A and P: [64][LDP] bf16 each");
+    uint4 *a = reinterpret_cast<uint4*>(s.a), *p = reinterpret_cast<uint4*>(s.p);
+    for (int i = tid; i < GDN_C * LDP / 8; i += 128) a[i] = p[i] = make_uint4(0, 0, 0, 0);
+}
+
 // One precompute item, by one group of 128 threads (tid 0..127) on its own PrepSmem<DK>: chunk ci of (stream b,
 // key head kh), which has len tokens: (TILES 0) its K record, K K^T and Q K^T once, then each value head's V record
 // (its beta and gamma scale the products in the epilogues). TILES 0: the "split" pair's records (KRec, VRec);
@@ -1017,9 +1030,7 @@ __device__ __forceinline__ void prep_item(const Q12Meta& m, const bf16* __restri
     normalise<DK, TILES>(s, [&](int row, int sg) { return &klo[row * DK + sg * 8]; }, tid, tid % SEGS,
                          1.0f / sqrtf((float)DK));
     sync();   // raw K read out: its bytes become -A and P
-    // -A and P: every byte of the records defined (the products write only the blocks the solve reads,
-    // the same ones for every value head)
-    for (int i = tid; i < 2 * C * LDP / 8; i += THREADS) reinterpret_cast<uint4*>(s.a)[i] = make_uint4(0, 0, 0, 0);
+    zero_ap(s, tid);
     if constexpr (!TILES)
         for (int idx = tid; idx < 2 * C * SEGS; idx += THREADS) {   // K hi and Q rows to the K record
             const int which = idx / (C * SEGS), rest = idx % (C * SEGS), row = rest / SEGS, sg = rest % SEGS;
@@ -1041,6 +1052,7 @@ __device__ __forceinline__ void prep_item(const Q12Meta& m, const bf16* __restri
             issue_v_slice<DV, DV, LDK>(s.q, v, min(C, len - c0), ld_volatile(cu + b) + c0, num_v_heads, h, 0, tid);
             cp_async_commit();
         }
+        if (UWS && j > 0) zero_ap(s, tid);   // the previous head's T tiles out of -A's and P's upper blocks
         if (warp == 0) chunk_gamma<TILES>(s, j & 1, lane);
         sync();
         if (j + 1 < group) {   // the next value head's g and beta into the other buffer (chunk_gamma read this one out)

@@ -627,8 +627,7 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
     sync();
     normalise<DK, true, true>(s, [](int, int) { return static_cast<bf16*>(nullptr); }, tid, tid % SEGS,
                               1.0f / sqrtf((float)DK));
-    // -A and P: every byte of the records defined (the epilogues write only the blocks the solve reads)
-    for (int i = tid; i < 2 * C * LDP / 8; i += THREADS) reinterpret_cast<uint4*>(s.a)[i] = make_uint4(0, 0, 0, 0);
+    zero_ap(s, tid);   // -A and P: every byte of the records defined
     // Q K^T once for the key head (each value head scales it by its own beta and gamma in the epilogue)
     float accq[32];
     wg::fence();
@@ -652,6 +651,7 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
             issue_v_sw128<DV>(qt, v, nv, ld_volatile(cu + b) + c0, num_v_heads, h, tid);
             cp_async_commit();
         }
+        if (j > j0) zero_ap(s, tid);   // the previous head's T tiles out of -A's and P's upper blocks
         if (warp == 0) chunk_gamma<true>(s, 0, lane);
         sync();
         if (j + 1 < j1) {   // the next value head's g and beta (chunk_gamma has read this head's)
@@ -879,3 +879,6 @@ static_assert(gdnw::Stage<128>::RAW == 68624 && gdnw::Stage<64>::RAW == 52240 &&
               "Stage extent differs from q12drv.kernels.gdn_wgmma._stage_raw (seq_smem_bytes)");
 static_assert(gdnc::UwsRec<128, 128>::BYTES == 57872 && gdnc::UwsRec<64, 64>::BYTES == 33296,
               "UwsRec size differs from q12drv.kernels.gdn_wgmma.flow_record_bytes");
+static_assert(gdnc::UwsRec<128, 128>::P == 16384 && gdnc::UwsRec<128, 128>::EQ == 24576 && gdnc::UwsRec<128, 128>::U == 25104 &&
+              gdnc::UwsRec<64, 64>::P == 8192 && gdnc::UwsRec<64, 64>::EQ == 16384 && gdnc::UwsRec<64, 64>::U == 16912,
+              "UwsRec offsets differ from q12drv.kernels.gdn_wgmma.flow_record_offsets");

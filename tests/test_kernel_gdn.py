@@ -543,6 +543,12 @@ def test_wgmma_pair_sizes_match_the_source():
     assert gdn_wgmma.flow_record_bytes(64) == 8192 + 8192 + 512 + 16 + 16384 == 33296
     m = re.search(r"UwsRec<128, 128>::BYTES == (\d+) && gdnc::UwsRec<64, 64>::BYTES == (\d+)", src)
     assert m and (int(m.group(1)), int(m.group(2))) == (gdn_wgmma.flow_record_bytes(128), gdn_wgmma.flow_record_bytes(64))
+    for d in (128, 64):   # the fields the GPU tests read back from the workspace (gdn_wgmma.cu's static_assert)
+        off = gdn_wgmma.flow_record_offsets(d)
+        for field in ("P", "EQ", "U"):
+            assert f"UwsRec<{d}, {d}>::{field} == {off[field]}" in src, (d, field, off[field])
+    assert gdn_wgmma.flow_record_offsets(64) == {"W": 0, "P": 8192, "EQ": 16384, "WK": 16640, "EGC": 16896,
+                                                 "U": 16912, "END": 33296}
     m = re.search(r"Stage<128, 1, true>::BYTES == (\d+) && gdnw::Stage<64, 1, true>::BYTES == (\d+)", src)
     assert m and (int(m.group(1)), int(m.group(2))) == (gdn_wgmma.stage_bytes(128, uws=True),
                                                         gdn_wgmma.stage_bytes(64, uws=True)) == (83968, 59392)

@@ -62,6 +62,7 @@ __all__ = [
     "workspace_bytes",
     "WORKSPACE_FORMS",
     "flow_record_bytes",
+    "flow_record_offsets",
     "resolve_form",
     "flags_offset",
     "flag_count",
@@ -128,10 +129,24 @@ _SLICE = 2 * _gdnc.CHUNK * (_gdnc.BV + 8)   # a [64][72] bf16 V or O slice
 _U_SLICE = 4 * _gdnc.CHUNK * _gdnc.BV       # a 64-column slice of U^T, fp32
 
 
+def flow_record_offsets(head_dim: int) -> dict:
+    """Byte offsets of a flow record's fields (``gdnc::UwsRec<dk, dv>``, dk = dv = ``head_dim``): ``"W"`` (a
+    ``[64][dk]`` bf16 tile), ``"P"`` (``[64 t][64 j]`` bf16, both tiles 128-byte swizzled as the sequential
+    kernel's stage holds them: row r's 16-byte piece c at ``r * 128 + ((c ^ r % 8) << 4)`` within each 64-column
+    atom of 8 KiB), ``"EQ"`` and ``"WK"`` (``[64]`` fp32), ``"EGC"`` (exp(gamma_C), then 12 zero bytes),
+    ``"U"`` (U^T's 64-column dv slices, fp32) and ``"END"`` (:func:`flow_record_bytes`)."""
+    entry_name(head_dim)
+    c = _gdnc.CHUNK
+    p = 2 * c * head_dim
+    eq = p + 2 * c * c
+    u = eq + 2 * 4 * c + 16
+    return {"W": 0, "P": p, "EQ": eq, "WK": eq + 4 * c, "EGC": eq + 8 * c, "U": u,
+            "END": u + head_dim // _gdnc.BV * _U_SLICE}
+
+
 def _flow_record_common(head_dim: int) -> int:
-    """``gdnc::UwsRec::COMMON``: W (a ``[64][dk]`` bf16 tile), P (``[64][64]`` bf16), EQ and WK (``[64]`` fp32),
-    exp(gamma_C) and 12 zero bytes."""
-    return 2 * _gdnc.CHUNK * head_dim + 2 * _gdnc.CHUNK * _gdnc.CHUNK + 2 * 4 * _gdnc.CHUNK + 16
+    """``gdnc::UwsRec::COMMON``: W, P, EQ, WK, exp(gamma_C) and 12 zero bytes (:func:`flow_record_offsets`)."""
+    return flow_record_offsets(head_dim)["U"]
 
 
 def flow_record_bytes(head_dim: int) -> int:
@@ -139,8 +154,7 @@ def flow_record_bytes(head_dim: int) -> int:
     = ``head_dim``): W, P, EQ, WK, exp(gamma_C) (one bulk copy), then U^T per 64-column dv slice in fp32, in the
     sequential kernel's accumulator order (a second bulk copy, the CTA's slice): 57,872 B at 128, 3.3x the
     two-launch pair's record."""
-    entry_name(head_dim)
-    return _flow_record_common(head_dim) + head_dim // _gdnc.BV * _U_SLICE
+    return flow_record_offsets(head_dim)["END"]
 
 
 def stage_bytes(head_dim: int, wgs: int = 1, uws: bool = False) -> int:

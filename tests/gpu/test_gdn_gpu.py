@@ -258,13 +258,15 @@ def chunk_kernels(kernels):
     _check(cu.cuModuleUnload(wmod))
 
 
-def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=0, pair="split", pdl=True, flags_out=None):
+def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=0, pair="split", pdl=True, flags_out=None,
+                  records_out=None):
     """One chunked launch over all streams of `inputs` (``split`` 1 or 2: a pair, ``pair`` "split" or "wgmma",
     its sequential kernel with that many stages, "flow", the wgmma pair's flow form (its flags cleared), or "wide",
     its wide form (d 128), through a guarded workspace instead of the fused kernel): (o bits, final states, guards
     intact). The wgmma pair's sequential kernel is launched with PDL in every form, as ops launches it (``pdl``
     False: without, for "wgmma" and "wide"). "flow": ``flags_out``, a list, gets the ready flags and the item
-    counter after the pass (u32)."""
+    counter after the pass (u32); ``records_out``, a list, the flow records ([stream, chunk, value head, bytes]
+    uint8)."""
     q, k, v, g, beta, cu, s0 = inputs
     lens = np.diff(cu).tolist()
     n, T = len(lens), int(cu[-1])
@@ -306,6 +308,11 @@ def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=0, pair="split", p
                 torch.cuda.synchronize()
                 count = gdn_wgmma.flag_count(n, int(meta.chunk_len), hk)
                 flags_out.append(ws.buf[off: off + 4 * count + 4].cpu().numpy().view(np.uint32).copy())
+            if records_out is not None:
+                torch.cuda.synchronize()
+                nch = -(-int(meta.chunk_len) // 64)
+                rec = ws.buf[GUARD: off].cpu().numpy()
+                records_out.append(rec.reshape(n, nch, hv, gdn_wgmma.flow_record_bytes(d)).copy())
         for i, (entry, (grid, block, smem)) in enumerate(zip(names, geos)):
             launch(funcs, entry, grid, block, smem, values, dependent=i == 1 and (pair != "split" and pdl))
     else:
@@ -483,6 +490,42 @@ def test_gdn_flow_claims_every_item_once(chunk_kernels, d):
         assert (flags[0][:-1] == 1).all(), f"ready flags {np.unique(flags[0][:-1], return_counts=True)}"
         assert flags[0][-1] == 128 * 16 + groups, f"item counter {flags[0][-1]}, {128 * 16} items, {groups} groups"
     assert np.array_equal(got[0][0], got[1][0]) and np.array_equal(got[0][1], got[1][1]), "the two runs differ"
+
+
+def unswizzle_tile(raw, cols):
+    """A 128-byte swizzled ``[64][cols]`` bf16 tile (the stage's layout: 64-column atoms of 8 KiB, row r's 16-byte
+    piece c at ``r * 128 + ((c ^ r % 8) << 4)``) as a ``[64][cols]`` uint16 array."""
+    words = np.frombuffer(raw.tobytes(), np.uint16).reshape(cols // 64, 64, 8, 8)   # atom, row, piece, element
+    r = np.arange(64)[:, None]
+    pieces = words[:, r, np.arange(8)[None, :] ^ (r % 8)]                              # [atom][row][piece][element]
+    return pieces.transpose(1, 0, 2, 3).reshape(64, cols)
+
+
+@pytest.mark.parametrize("case", [0, 3], ids=["d128-hv32", "d64-hv6"])
+def test_gdn_flow_p_records_are_causal(chunk_kernels, case):
+    """Every flow record's P tile (P[t][j] = exp(gamma_t - gamma_j) (rq q_t . rk k_j) for j <= t) is exactly zero above
+    the diagonal, for every value head of every key head: the precompute's items do a key head's value heads one
+    after the other in the same shared memory, where the previous head's T tiles once took P's upper blocks (their
+    bf16 lo parts, about 1e-4 of P: within the float64 check's tolerance, so only this test sees them)."""
+    torch, funcs, _ = chunk_kernels
+    rng = np.random.default_rng(21)
+    d, hk, hv, lens = CHUNK_CASES[case]
+    assert hv > hk, "the case needs several value heads a key head"
+    inputs = make_inputs(rng, lens, hk, hv, d)
+    records = []
+    o, fin, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=2, pair="flow", records_out=records)
+    assert guards
+    check_chunked_result(o, fin, inputs)
+    p0 = gdn_wgmma.flow_record_offsets(d)["P"]
+    upper = np.triu(np.ones((64, 64), bool), 1)
+    bad = []
+    for b, L in enumerate(lens):
+        for ci in range(-(-L // 64)):
+            for h in range(hv):
+                p = unswizzle_tile(records[0][b, ci, h, p0: p0 + 2 * 64 * 64], 64)
+                if (p[upper] != 0).any():
+                    bad.append((b, ci, h, int((p[upper] != 0).sum())))
+    assert not bad, f"{len(bad)} P records with nonzero entries above the diagonal (stream, chunk, value head, count): {bad[:6]}"
 
 
 @pytest.mark.parametrize("pair,stages", [("wgmma", 1), ("wgmma", 2), ("wide", 2)])
