@@ -92,6 +92,9 @@
 #ifndef GDN_WG_FLOW_VH_FIRST  // (GDN_WG_FLOW_VH 1) the chunks from 0 whose items are per value head; the later chunks'
 #define GDN_WG_FLOW_VH_FIRST (1 << 30)  // items per key head (both value heads): the fine grain where the sequential
 #endif                                  // kernel waits for the first records, the lighter items after
+#ifndef GDN_WG_DIAGNORM  // the wgmma flow precompute's rows' scales (session 13): 1: rk, rq from the diagonals of K K^T and
+#define GDN_WG_DIAGNORM 0  // Q Q^T (16 wgmma an item); 0: normalise's sums of squares over the swizzled rows (12.5% of
+#endif                     // the precompute's stall samples in run BN)
 #ifndef GDN_WG_OLO    // 1: O's product takes V_new as bf16 hi + lo; 0 (default since run AT): hi only, as fla-core (4 wgmma
 #define GDN_WG_OLO 0  // fewer; H200 run AT: 2-4% faster, o error 3.3e-3 -> 3.6e-3 against the fused kernel's 3.5e-3;
 #endif                // the state does not depend on it)
@@ -625,9 +628,36 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
     cp_async_wait_all();
     wg::fence_proxy_async();   // the tiles visible to the wgmma (the barrier below: everyone's)
     sync();
+#if GDN_WG_DIAGNORM
+    {   // the rows' scales from the diagonals of K K^T and Q Q^T (fp32 sums of the raw rows' exact products)
+        float kk[32], qq[32];
+        wg::fence();
+#pragma unroll
+        for (int ks = 0; ks < NK; ++ks) wg::mma_ss<64>(kk, kmajor(sk, ks), kmajor(sk, ks), ks > 0);
+#pragma unroll
+        for (int ks = 0; ks < NK; ++ks) wg::mma_ss<64>(qq, kmajor(sq, ks), kmajor(sq, ks), ks > 0);
+        wg::commit();
+        zero_ap(s, tid);   // -A and P: every byte of the records defined
+        wg::wait<0>();
+        // row i = 16 warp + gq + 8 hh sits in n-tile 2 warp + hh, element 2 hh + (gq & 1) of the lane with tq = gq / 2
+        if (tq == (gq >> 1)) {
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh)
+                    if (nt == 2 * warp + hh) {
+                        const int i = 16 * warp + gq + 8 * hh, e = 4 * nt + 2 * hh;   // (registers: e fixed)
+                        const bool odd = gq & 1;
+                        s.rk[i] = rsqrtf((odd ? kk[e + 1] : kk[e]) + 1e-6f);
+                        s.rq[i] = rsqrtf((odd ? qq[e + 1] : qq[e]) + 1e-6f) * (1.0f / sqrtf((float)DK));
+                    }
+        }
+    }
+#else
     normalise<DK, true, true>(s, [](int, int) { return static_cast<bf16*>(nullptr); }, tid, tid % SEGS,
                               1.0f / sqrtf((float)DK));
     zero_ap(s, tid);   // -A and P: every byte of the records defined
+#endif
     // Q K^T once for the key head (each value head scales it by its own beta and gamma in the epilogue)
     float accq[32];
     wg::fence();
