@@ -93,8 +93,8 @@
 #define GDN_WG_FLOW_VH_FIRST (1 << 30)  // items per key head (both value heads): the fine grain where the sequential
 #endif                                  // kernel waits for the first records, the lighter items after
 #ifndef GDN_WG_DIAGNORM  // the wgmma flow precompute's rows' scales (session 13): 1: rk, rq from the diagonals of K K^T and
-#define GDN_WG_DIAGNORM 0  // Q Q^T (16 wgmma an item); 0: normalise's sums of squares over the swizzled rows (12.5% of
-#endif                     // the precompute's stall samples in run BN)
+#define GDN_WG_DIAGNORM 1  // Q Q^T (16 wgmma an item; run BO: the flow form 0.360 -> 0.346 ms at 1 x 8192); 0: normalise's
+#endif                     // sums of squares over the swizzled rows (12.5% of the precompute's stall samples in run BN)
 #ifndef GDN_WG_OLO    // 1: O's product takes V_new as bf16 hi + lo; 0 (default since run AT): hi only, as fla-core (4 wgmma
 #define GDN_WG_OLO 0  // fewer; H200 run AT: 2-4% faster, o error 3.3e-3 -> 3.6e-3 against the fused kernel's 3.5e-3;
 #endif                // the state does not depend on it)
@@ -588,10 +588,27 @@ template <int DK>
 __host__ __device__ constexpr int wg_prep_group_bytes() { return (int)(sizeof(WgPrepSmem<DK>) + 1023) / 1024 * 1024; }
 
 // cp.async of the value head's 64 raw V rows ([T, num_v_heads, DV] bf16 from packed token tok) into a swizzled
-// [64][DV] tile (sw128_off), 8-byte pieces (v needs 8-byte alignment only); rows >= nv land as zeros.
+// [64][DV] tile (sw128_off); rows >= nv land as zeros. v 16-byte aligned (the usual case; every row then is, as
+// num_v_heads DV 2 is a multiple of 16): 16-byte pieces, thread tid segment tid % SEGS of rows tid / SEGS + 8 p,
+// its destinations a fixed 1 KiB apart (issue_kq_sw128's walk: 8 copies a thread where the 8-byte walk below
+// issued 16 with a division each; the same bytes land). Else (v needs 8-byte alignment only): 8-byte pieces.
 template <int DV>
 __device__ __forceinline__ void issue_v_sw128(unsigned char* tile, const bf16* __restrict__ v, int nv, int tok,
                                               int num_v_heads, int h, int tid) {
+    if ((reinterpret_cast<unsigned long long>(v) & 15) == 0) {
+        constexpr int SEGS = DV / 8, RPP = 128 / SEGS;
+        const int row0 = tid / SEGS, sg = tid % SEGS;
+        const int step = RPP * num_v_heads * DV;   // elements from one of this thread's rows to the next
+        const bf16* src = v + ((long long)(tok + row0) * num_v_heads + h) * DV + sg * 8;
+        unsigned char* dst = tile + sw128_off(row0, sg);
+#pragma unroll
+        for (int p = 0; p < GDN_C / RPP; ++p) {
+            const bool ok = row0 + p * RPP < nv;
+            cp_async16(dst + p * RPP * 128, ok ? src : v, ok);
+            src += step;
+        }
+        return;
+    }
     constexpr int PIECES = DV / 4;
 #pragma unroll
     for (int p = 0; p < GDN_C * PIECES / 128; ++p) {

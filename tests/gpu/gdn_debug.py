@@ -228,7 +228,7 @@ WGMMA_VARIANTS = [
                                                 # with the record
     ("wg-vh", ("GDN_WG_FLOW_VH=1",)),           # flow (UWS): one precompute item a value head, not a key head
     ("wg-vh8", ("GDN_WG_FLOW_VH=1", "GDN_WG_FLOW_VH_FIRST=8")),   # flow (UWS): items a value head in chunks 0..7 only
-    ("wg-diag", ("GDN_WG_DIAGNORM=1",)),        # flow (UWS): the rows' scales from K K^T's and Q Q^T's diagonals
+    ("wg-diag0", ("GDN_WG_DIAGNORM=0",)),       # flow (UWS): the rows' scales by normalise, not from the diagonals
 ]
 
 

@@ -166,12 +166,16 @@ def run_gpu(torch, funcs, inputs, hk, hv, d, rng):
     n, T = len(lens), int(cu[-1])
     meta, keep = build_meta(torch, lens, rng)
     bufs = [Guarded.of(torch, x) for x in (q, k, v, g, beta)]
+    vbuf = bufs[2]
+    if v_shift:   # v's payload after v_shift zero bytes
+        vbuf = Guarded.of(torch, np.concatenate([np.zeros(v_shift, np.uint8), np.ascontiguousarray(v).view(np.uint8).ravel()]))
+        bufs[2] = vbuf
     o = Guarded(torch, T * hv * d * 2, fill=0xFF)  # 0xFFFF = bf16 NaN
     states = [Guarded.of(torch, s0[b]) for b in range(n)]
     ptrs = Guarded.of(torch, np.array([s.ptr for s in states], np.uint64))
     grid, block, smem = gdn.geometry(n, hv, d)
     values = [meta, ctypes.c_uint64(ptrs.ptr)]
-    values += [ctypes.c_uint64(b.ptr) for b in bufs] + [ctypes.c_uint64(o.ptr)]
+    values += [ctypes.c_uint64(b.ptr + (v_shift if b is vbuf else 0)) for b in bufs] + [ctypes.c_uint64(o.ptr)]
     values += [ctypes.c_int(hk), ctypes.c_int(hv)]
     torch.cuda.synchronize()
     launch(funcs, gdn.entry_name(d), grid, block, smem, values)
@@ -259,14 +263,14 @@ def chunk_kernels(kernels):
 
 
 def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=0, pair="split", pdl=True, flags_out=None,
-                  records_out=None):
+                  records_out=None, v_shift=0):
     """One chunked launch over all streams of `inputs` (``split`` 1 or 2: a pair, ``pair`` "split" or "wgmma",
     its sequential kernel with that many stages, "flow", the wgmma pair's flow form (its flags cleared), or "wide",
     its wide form (d 128), through a guarded workspace instead of the fused kernel): (o bits, final states, guards
     intact). The wgmma pair's sequential kernel is launched with PDL in every form, as ops launches it (``pdl``
     False: without, for "wgmma" and "wide"). "flow": ``flags_out``, a list, gets the ready flags and the item
     counter after the pass (u32); ``records_out``, a list, the flow records ([stream, chunk, value head, bytes]
-    uint8)."""
+    uint8). ``v_shift``: v that many bytes past a 256-byte boundary (8: the 8-byte alignment v needs at least)."""
     q, k, v, g, beta, cu, s0 = inputs
     lens = np.diff(cu).tolist()
     n, T = len(lens), int(cu[-1])
@@ -526,6 +530,21 @@ def test_gdn_flow_p_records_are_causal(chunk_kernels, case):
                 if (p[upper] != 0).any():
                     bad.append((b, ci, h, int((p[upper] != 0).sum())))
     assert not bad, f"{len(bad)} P records with nonzero entries above the diagonal (stream, chunk, value head, count): {bad[:6]}"
+
+
+@pytest.mark.parametrize("case", [0, 3], ids=["d128-hv32", "d64-hv6"])
+def test_gdn_flow_v_8_byte_aligned_gives_the_same_bits(chunk_kernels, case):
+    """v 8 bytes past a 16-byte boundary (the alignment v needs): the flow precompute copies its rows by 8-byte
+    pieces instead of 16-byte ones (issue_v_sw128), and the pass gives the aligned v's bits, guards intact."""
+    torch, funcs, _ = chunk_kernels
+    rng = np.random.default_rng(23)
+    d, hk, hv, lens = CHUNK_CASES[case]
+    inputs = make_inputs(rng, lens, hk, hv, d)
+    o16, fin16, guards16 = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=2, pair="flow")
+    o8, fin8, guards8 = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=2, pair="flow", v_shift=8)
+    assert guards16 and guards8
+    check_chunked_result(o16, fin16, inputs)
+    assert np.array_equal(o8, o16) and np.array_equal(fin8, fin16), "v 8-byte aligned: not the aligned v's bits"
 
 
 @pytest.mark.parametrize("pair,stages", [("wgmma", 1), ("wgmma", 2), ("wide", 2)])
