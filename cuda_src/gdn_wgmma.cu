@@ -92,6 +92,9 @@
 #ifndef GDN_WG_FLOW_VH_FIRST  // (GDN_WG_FLOW_VH 1) the chunks from 0 whose items are per value head; the later chunks'
 #define GDN_WG_FLOW_VH_FIRST (1 << 30)  // items per key head (both value heads): the fine grain where the sequential
 #endif                                  // kernel waits for the first records, the lighter items after
+#ifndef GDN_WG_USEQ  // the UWS flow form (session 13): 1: U's product in the sequential kernel: the record carries
+#define GDN_WG_USEQ 0  // T diag(beta) as bf16 hi + lo tiles, V swizzled and -W (UseqRec), the chain's X' accumulator starts
+#endif                 // as V^T (T diag(beta))^T (8 wgmma independent of S); 0: U in fp32 from the precompute (UwsRec)
 #ifndef GDN_WG_DIAGNORM  // the wgmma flow precompute's rows' scales (session 13): 1: rk, rq from the diagonals of K K^T and
 #define GDN_WG_DIAGNORM 1  // Q Q^T (16 wgmma an item; run BO: the flow form 0.360 -> 0.346 ms at 1 x 8192); 0: normalise's
 #endif                     // sums of squares over the swizzled rows (12.5% of the precompute's stall samples in run BN)
@@ -104,6 +107,20 @@ namespace gdnw {
 
 using namespace gdnc;
 
+// The flow record (GDN_WG_USEQ 1): UwsRec's common part (W stored as -W), then T diag(beta) hi and lo (two
+// [64 j][64 t] swizzled tiles, 8 KiB each) and the value head's V rows (a swizzled [64][DV] tile: a 64-column
+// slice is one 8 KiB atom) in place of U.
+template <int DK, int DV>
+struct UseqRec : UwsRec<DK, DV> {
+    static constexpr int TB = UwsRec<DK, DV>::COMMON, V = TB + 2 * GDN_C * GDN_C * 2, BYTES = V + GDN_C * DV * 2;
+    static constexpr int VSLICE = GDN_C * GDN_BV * 2;
+    static_assert(TB % 16 == 0, "bulk copies from 16-byte aligned addresses");
+};
+template <bool B, class T, class F> struct pick { using type = T; };
+template <class T, class F> struct pick<false, T, F> { using type = F; };
+template <int DK, int DV>
+using FlowRec = typename pick<GDN_WG_USEQ != 0, UseqRec<DK, DV>, UwsRec<DK, DV>>::type;
+
 // Byte offsets inside one stage (from its 1024-byte aligned start); BYTES is a multiple of 1024. WGS: warpgroups
 // of the CTA, each with its own V and O slices (slice w at V + w * SLICE, O + w * SLICE); the tiles and the V
 // record are shared.
@@ -111,7 +128,8 @@ using namespace gdnc;
 // copy) and the CTA's U slice (a second one), no V slice.
 template <int DK, int WGS = 1, bool UWS = false>
 struct Stage {
-    using UR = UwsRec<DK, DK>;
+    using UR = FlowRec<DK, DK>;
+    static constexpr bool USEQ = UWS && GDN_WG_USEQ;             // (the flow form's GDN_WG_USEQ)
     static constexpr int KT = GDN_C * DK * 2;                    // one [64 x DK] bf16 tile
     static constexpr int K = 0, Q = KT;                          // raw k and q rows, swizzled (cp.async)
     static constexpr int VREC = 2 * KT;                          // TileVRec or UwsRec's common part (one bulk copy)
@@ -123,8 +141,10 @@ struct Stage {
     static constexpr int EGC = VREC + (UWS ? UR::EGC : TileVRec::EGC);
     static constexpr int LDV = GDN_BV + 8, SLICE = GDN_C * LDV * 2;
     static constexpr int U = VREC + REC;                         // (UWS) the U slice, UR::USLICE bytes
+    static constexpr int TB = (VREC + REC + 1023) / 1024 * 1024;  // (USEQ) T diag(beta) hi, lo: 2 x 8 KiB tiles
+    static constexpr int VS = TB + 2 * GDN_C * GDN_C * 2;        // (USEQ) the V slice: a swizzled [64][64] tile
     static constexpr int V = VREC + REC;                         // (not UWS) the V slices [64][LDV] bf16
-    static constexpr int O = UWS ? U + UR::USLICE : V + WGS * SLICE;   // the O slices [64][LDV] bf16
+    static constexpr int O = USEQ ? VS + GDN_C * GDN_BV * 2 : UWS ? U + UR::USLICE : V + WGS * SLICE;   // the O slices
     static constexpr int RAW = O + WGS * SLICE;                 // the last stage's extent (the mbarriers follow it)
     static constexpr int BYTES = (RAW + 1023) / 1024 * 1024;    // a stage's stride (the next on 1024 bytes)
     static_assert(VREC % 1024 == 0 && P % 1024 == 0 && V % 16 == 0 && RAW % 16 == 0, "stage layout: the tiles on "
@@ -183,11 +203,20 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
     float (*X4)[4] = reinterpret_cast<float (*)[4]>(X);
     float (*N4)[4] = reinterpret_cast<float (*)[4]>(N);
     unsigned sa[NK][4], rh[4][4], rl[4][4];
+    if constexpr (L::USEQ) {   // U^T = V^T (T diag(beta))^T first: it needs no S (the cvt below runs under it)
+        wg::fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            wg::mma_ss_n64_tt(X, mnmajor(sb + L::VS, kk), mnmajor(sb + L::TB, kk), kk > 0);
+            wg::mma_ss_n64_tt(X, mnmajor(sb + L::VS, kk), mnmajor(sb + L::TB + GDN_C * GDN_C * 2, kk), 1);
+        }
+    }
 #pragma unroll
     for (int ks = 0; ks < NK; ++ks) a_from_c(S4[2 * ks], S4[2 * ks + 1], sa[ks]);
     wg::fence();
-#pragma unroll
-    for (int ks = 0; ks < NK; ++ks) wg::mma_rs<64, 0>(X, sa[ks], kmajor(sb + (UWS ? L::W : L::K), ks), ks > 0);
+#pragma unroll   // (USEQ: X = U^T + S^T (-W)^T, V_new^T itself)
+    for (int ks = 0; ks < NK; ++ks)
+        wg::mma_rs<64, 0>(X, sa[ks], kmajor(sb + (UWS ? L::W : L::K), ks), L::USEQ || ks > 0);
 #if GDN_WG_XY
     wg::commit();
 #endif
@@ -197,7 +226,10 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
     meanwhile();
     wg::wait<GDN_WG_XY>();   // X complete (XY 1: Y may still run)
     wg::pin(X);
-    if constexpr (UWS) {   // V_new^T = U^T - X': this thread's 8 n-tiles of the U slice (UwsRec's order)
+    if constexpr (L::USEQ) {   // X is V_new^T
+        wg::wait<0>();   // Y
+        wg::pins(Ot, X, sa);
+    } else if constexpr (UWS) {   // V_new^T = U^T - X': this thread's 8 n-tiles of the U slice (UwsRec's order)
         const float4* u = reinterpret_cast<const float4*>(sp + L::U) + 32 * warp + lane;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
@@ -353,7 +385,7 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
                                                 int num_v_heads, unsigned char* __restrict__ ws) {
     using namespace gdnc;
     using L = gdnw::Stage<DK, WGS, UWS>;
-    using UR = UwsRec<DK, DV>;
+    using UR = gdnw::FlowRec<DK, DV>;
     constexpr int C = GDN_C, BV = GDN_BV, THREADS = 128 * WGS;
     static_assert(!FLOW || STAGES == 2, "the flow form's sequential kernel has two stages");
     static_assert(!UWS || FLOW, "UWS: the flow form's records");
@@ -434,13 +466,20 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
                 else pdl_wait();
             }
             wg::fence_proxy_async();   // the stage's generic reads (beta, EK, ...) before the copy's writes
-            if constexpr (UWS) {   // the record's common part, then this CTA's U slice
+            if constexpr (UWS) {   // the record's common part, then this CTA's U slice (USEQ: T diag(beta), V slice)
                 const unsigned char* rec = rec_at<UR::BYTES>(ws, m, b, ci, h, num_v_heads);
-                wg::mbar_arrive_expect_tx(bars + 8 * st, UR::COMMON + UR::USLICE + (KQREC ? 2 * L::KT : 0));
+                constexpr unsigned TAIL = L::USEQ ? 2 * GDN_C * GDN_C * 2 + GDN_C * BV * 2 : UR::USLICE;
+                wg::mbar_arrive_expect_tx(bars + 8 * st, UR::COMMON + TAIL + (KQREC ? 2 * L::KT : 0));
                 if (KQREC) wg::bulk_g2s(sb + L::K, kqrec_at<UR::BYTES, DK>(ws, m, b, ci, kh, num_k_heads, num_v_heads),
                                         2 * L::KT, bars + 8 * st);
                 wg::bulk_g2s(sb + L::VREC, rec, UR::COMMON, bars + 8 * st);
-                wg::bulk_g2s(sb + L::U, rec + UR::U + (col0 / BV) * UR::USLICE, UR::USLICE, bars + 8 * st);
+                if constexpr (L::USEQ) {
+                    wg::bulk_g2s(sb + L::TB, rec + UR::TB, 2 * GDN_C * GDN_C * 2, bars + 8 * st);
+                    wg::bulk_g2s(sb + L::VS, rec + UR::V + (col0 / BV) * (GDN_C * BV * 2), GDN_C * BV * 2,
+                                 bars + 8 * st);
+                } else {
+                    wg::bulk_g2s(sb + L::U, rec + UR::U + (col0 / BV) * UR::USLICE, UR::USLICE, bars + 8 * st);
+                }
             } else {
                 wg::mbar_arrive_expect_tx(bars + 8 * st, TileVRec::BYTES);
                 wg::bulk_g2s(sb + L::VREC, tile_vrec_at(ws, m, b, ci, h, num_v_heads), TileVRec::BYTES, bars + 8 * st);
@@ -625,9 +664,9 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
                                              const float* __restrict__ beta, int num_k_heads, int num_v_heads,
                                              unsigned char* __restrict__ ws, WgPrepSmem<DK>& s, int b, int kh, int ci,
                                              int len, int tid, Sync sync, Claim claim, int j0, int j1) {
-    using UR = UwsRec<DK, DV>;
+    using UR = FlowRec<DK, DV>;
     static_assert(DV == DK, "V rows in q's tile (dv = dk)");
-    constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8, LDP = GDN_C + 8, NK = DK / 16;
+    constexpr int C = GDN_C, THREADS = 128, LDP = GDN_C + 8, NK = DK / 16;
     const int lane = tid & 31, warp = tid >> 5, mat = lane >> 3, r8 = lane & 7, gq = lane >> 2, tq = lane & 3;
     const int* cu = q12_cu_seqlens(m);
     const int c0 = ci * C, group = num_v_heads / num_k_heads, nv = min(C, len - c0);
@@ -671,7 +710,7 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
         }
     }
 #else
-    normalise<DK, true, true>(s, [](int, int) { return static_cast<bf16*>(nullptr); }, tid, tid % SEGS,
+    normalise<DK, true, true>(s, [](int, int) { return static_cast<bf16*>(nullptr); }, tid, tid % (DK / 8),
                               1.0f / sqrtf((float)DK));
     zero_ap(s, tid);   // -A and P: every byte of the records defined
 #endif
@@ -732,6 +771,18 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
         cp_async_wait_all();       // this value head's V rows
         wg::fence_proxy_async();   // T diag(beta)'s tiles and V visible to the wgmma
         sync();
+#if GDN_WG_USEQ
+        {   // T diag(beta)'s hi and lo tiles (the first 8 KiB of s.a and s.p) and the V tile to the record, for the
+            // sequential kernel's U product
+            uint4* dst = reinterpret_cast<uint4*>(urec + UR::TB);
+            constexpr int T16 = GDN_C * GDN_C * 2 / 16, V16 = GDN_C * DV * 2 / 16;
+#pragma unroll 4
+            for (int i = tid; i < 2 * T16 + V16; i += THREADS)
+                dst[i] = i < T16 ? reinterpret_cast<const uint4*>(s.a)[i]
+                       : i < 2 * T16 ? reinterpret_cast<const uint4*>(s.p)[i - T16]
+                                     : reinterpret_cast<const uint4*>(s.q)[i - 2 * T16];
+        }
+#else
         // U^T = V^T (T diag(beta))^T, one 64-row dv m-tile at a time (the sequential kernel's slice mi)
 #pragma unroll 1
         for (int mi = 0; mi < DV / 64; ++mi) {
@@ -754,6 +805,7 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
             for (int nt = 0; nt < 8; ++nt)
                 dst[nt * 128] = make_float4(acc[4 * nt], acc[4 * nt + 1], acc[4 * nt + 2], acc[4 * nt + 3]);
         }
+#endif
         sync();   // V and T diag(beta)'s tiles read out (every thread waited for its wgmma)
         if (j + 1 < j1) {   // the next value head's V rows, while this one's W is computed
             issue_v_sw128<DV>(qt, v, nv, ld_volatile(cu + b) + c0, num_v_heads, h + 1, tid);
@@ -792,7 +844,8 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
                 for (int hh = 0; hh < 2; ++hh) {
                     const int t = 16 * warp + gq + 8 * hh, d = 64 * half + 8 * nt + 2 * tq;
                     *reinterpret_cast<unsigned*>(urec + UR::W + sw128_off(t, d >> 3) + (d & 7) * 2) =
-                        pack(acc[4 * nt + 2 * hh], acc[4 * nt + 2 * hh + 1]);
+                        GDN_WG_USEQ ? pack(-acc[4 * nt + 2 * hh], -acc[4 * nt + 2 * hh + 1])   // -W
+                                    : pack(acc[4 * nt + 2 * hh], acc[4 * nt + 2 * hh + 1]);
                 }
         }
         sync();   // s.a, s.p, s.dinv, s.beta, ... read out before the next head rewrites them
@@ -814,7 +867,7 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
                                                    const float* __restrict__ beta,
                                                    int num_k_heads, int num_v_heads, unsigned char* __restrict__ ws) {
     using namespace gdnc;
-    using UR = UwsRec<DK, DV>;
+    using UR = FlowRec<DK, DV>;
     pdl_launch_dependents();
     extern __shared__ __align__(128) unsigned char gdn_smem_raw[];
     if ((int)blockDim.x != 3 * 128) return;
@@ -822,6 +875,7 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
     constexpr bool WG = GDN_WG_PREP_WG && GDN_WG_UWS;
     static_assert(WG || !GDN_WG_KQREC || !GDN_WG_UWS, "GDN_WG_KQREC: the wgmma precompute's tiles (prep_item_wg)");
     static_assert(WG || !GDN_WG_FLOW_VH, "GDN_WG_FLOW_VH: the wgmma precompute's items (prep_item_wg)");
+    static_assert(WG || !GDN_WG_USEQ, "GDN_WG_USEQ: the wgmma precompute's records (prep_item_wg)");
     const int grp = threadIdx.x >> 7, tid = threadIdx.x & 127;
     static_assert(3 * wg_prep_group_bytes<DK>() + 1024 <= 3 * (int)sizeof(PrepSmem<DK>),
                   "the wgmma groups fit in the host's 3 x PrepSmem");
@@ -918,12 +972,19 @@ extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_seq_flow_d64(
 }
 
 // gdn_wgmma.py's stage_bytes(d) must give these numbers.
-static_assert(gdnw::Stage<128>::BYTES == 69632 && gdnw::Stage<64>::BYTES == 53248 && gdnw::Stage<128, 2>::BYTES == 88064 &&
-              gdnw::Stage<128, 1, true>::BYTES == 83968 && gdnw::Stage<64, 1, true>::BYTES == 59392,
+static_assert(gdnw::Stage<128>::BYTES == 69632 && gdnw::Stage<64>::BYTES == 53248 && gdnw::Stage<128, 2>::BYTES == 88064,
               "Stage size differs from q12drv.kernels.gdn_wgmma.stage_bytes");
-static_assert(gdnw::Stage<128>::RAW == 68624 && gdnw::Stage<64>::RAW == 52240 && gdnw::Stage<128, 2>::RAW == 87056 &&
-              gdnw::Stage<128, 1, true>::RAW == 83472 && gdnw::Stage<64, 1, true>::RAW == 58896,
+static_assert(gdnw::Stage<128>::RAW == 68624 && gdnw::Stage<64>::RAW == 52240 && gdnw::Stage<128, 2>::RAW == 87056,
               "Stage extent differs from q12drv.kernels.gdn_wgmma._stage_raw (seq_smem_bytes)");
+#if GDN_WG_USEQ   // (gdn_wgmma.stage_bytes(d, uws=True, useq=True))
+static_assert(gdnw::Stage<128, 1, true>::BYTES == 92160 && gdnw::Stage<64, 1, true>::BYTES == 67584 &&
+              gdnw::Stage<128, 1, true>::RAW == 92160 && gdnw::Stage<64, 1, true>::RAW == 67584,
+              "the USEQ flow stage differs from q12drv.kernels.gdn_wgmma.stage_bytes(useq=True)");
+#else
+static_assert(gdnw::Stage<128, 1, true>::BYTES == 83968 && gdnw::Stage<64, 1, true>::BYTES == 59392 &&
+              gdnw::Stage<128, 1, true>::RAW == 83472 && gdnw::Stage<64, 1, true>::RAW == 58896,
+              "the flow stage differs from q12drv.kernels.gdn_wgmma.stage_bytes(uws=True) and _stage_raw");
+#endif
 static_assert(gdnc::UwsRec<128, 128>::BYTES == 57872 && gdnc::UwsRec<64, 64>::BYTES == 33296,
               "UwsRec size differs from q12drv.kernels.gdn_wgmma.flow_record_bytes");
 static_assert(gdnc::UwsRec<128, 128>::P == 16384 && gdnc::UwsRec<128, 128>::EQ == 24576 && gdnc::UwsRec<128, 128>::U == 25104 &&

@@ -520,11 +520,9 @@ def test_wgmma_pair_sizes_match_the_source():
     # the wide form: two stages, one CTA of 256 threads a SM (both slices' warpgroups)
     assert gdn_wgmma.seq_smem_bytes(128, 2, 2) == gdn_wgmma.entry_smem_bytes(gdn_wgmma.WIDE_ENTRY) <= 227 * 1024
     assert gdn_wgmma.wide_geometry(8, 2048, 16, 32, 128)[1] == ((1, 32, 8), (256, 1, 1), 176032)
-    m = re.search(r"gdnw::Stage<128>::RAW == (\d+) && gdnw::Stage<64>::RAW == (\d+) && gdnw::Stage<128, 2>::RAW == (\d+) "
-                  r"&&\s+gdnw::Stage<128, 1, true>::RAW == (\d+) && gdnw::Stage<64, 1, true>::RAW == (\d+)", src)
-    assert m and [int(x) for x in m.groups()] == [gdn_wgmma._stage_raw(d, w, u) for d, w, u in
-                                                  ((128, 1, False), (64, 1, False), (128, 2, False), (128, 1, True),
-                                                   (64, 1, True))]
+    m = re.search(r"gdnw::Stage<128>::RAW == (\d+) && gdnw::Stage<64>::RAW == (\d+) && gdnw::Stage<128, 2>::RAW == (\d+),", src)
+    assert m and [int(x) for x in m.groups()] == [gdn_wgmma._stage_raw(d, w, False) for d, w in
+                                                  ((128, 1), (64, 1), (128, 2))]
     with pytest.raises(ValueError, match="head_dim 128 only"):
         gdn_wgmma.wide_entries(64)
     assert "__launch_bounds__(256, 1) q12_gdn_wgmma_seqw_d128(" in src
@@ -549,9 +547,15 @@ def test_wgmma_pair_sizes_match_the_source():
             assert f"UwsRec<{d}, {d}>::{field} == {off[field]}" in src, (d, field, off[field])
     assert gdn_wgmma.flow_record_offsets(64) == {"W": 0, "P": 8192, "EQ": 16384, "WK": 16640, "EGC": 16896,
                                                  "U": 16912, "END": 33296}
-    m = re.search(r"Stage<128, 1, true>::BYTES == (\d+) && gdnw::Stage<64, 1, true>::BYTES == (\d+)", src)
-    assert m and (int(m.group(1)), int(m.group(2))) == (gdn_wgmma.stage_bytes(128, uws=True),
-                                                        gdn_wgmma.stage_bytes(64, uws=True)) == (83968, 59392)
+    # the flow stage's static_asserts: GDN_WG_USEQ's (the first) and the default's
+    found = re.findall(r"Stage<128, 1, true>::BYTES == (\d+) && gdnw::Stage<64, 1, true>::BYTES == (\d+) &&\s*"
+                       r"gdnw::Stage<128, 1, true>::RAW == (\d+) && gdnw::Stage<64, 1, true>::RAW == (\d+)", src)
+    assert [tuple(map(int, f)) for f in found] == [
+        (gdn_wgmma.stage_bytes(128, uws=True, useq=True), gdn_wgmma.stage_bytes(64, uws=True, useq=True),
+         gdn_wgmma._stage_raw(128, 1, True, True), gdn_wgmma._stage_raw(64, 1, True, True)),
+        (gdn_wgmma.stage_bytes(128, uws=True), gdn_wgmma.stage_bytes(64, uws=True),
+         gdn_wgmma._stage_raw(128, 1, True), gdn_wgmma._stage_raw(64, 1, True))], found
+    assert gdn_wgmma.stage_bytes(128, uws=True) == 83968 and gdn_wgmma.stage_bytes(64, uws=True) == 59392
     assert gdn_wgmma.entry_smem_bytes("q12_gdn_wgmma_seq_flow_d128") == gdn_wgmma.seq_smem_bytes(128, 2, uws=True) \
         <= 227 * 1024
     flow = 128 * 32 * 57872 + 4 * 128 * 16 + 16   # the records, the ready flags, the item counter

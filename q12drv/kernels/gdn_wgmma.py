@@ -157,19 +157,23 @@ def flow_record_bytes(head_dim: int) -> int:
     return flow_record_offsets(head_dim)["END"]
 
 
-def stage_bytes(head_dim: int, wgs: int = 1, uws: bool = False) -> int:
+def stage_bytes(head_dim: int, wgs: int = 1, uws: bool = False, useq: bool = False) -> int:
     """Bytes of one stage of the sequential kernel (``gdnw::Stage<dk, wgs, uws>``): the chunk's raw k and q rows
     (two ``[64][dk]`` bf16 swizzled tiles), the V record (:func:`q12drv.kernels.gdn_chunk.tile_v_record_bytes`),
     then per warpgroup (``wgs``: 2 for the wide form) a V slice and an O slice, each ``[64][72]`` bf16 (chunk c's o
     rows leave from the O slice during chunk c + 1's first products), rounded up to 1 KiB (the tiles' alignment).
     ``uws`` (the flow form): the flow record's common part and the CTA's U slice (:func:`flow_record_bytes`) in
-    place of the V record and the V slice."""
-    return -(-_stage_raw(head_dim, wgs, uws) // 1024) * 1024
+    place of the V record and the V slice; ``useq`` (with ``uws``: a ``GDN_WG_USEQ=1`` build) T diag(beta)'s hi
+    and lo tiles and the CTA's V slice (swizzled, 8 KiB each, from the next 1 KiB) in place of the U slice."""
+    return -(-_stage_raw(head_dim, wgs, uws, useq) // 1024) * 1024
 
 
-def _stage_raw(head_dim: int, wgs: int, uws: bool) -> int:
+def _stage_raw(head_dim: int, wgs: int, uws: bool, useq: bool = False) -> int:
     """``gdnw::Stage::RAW``: a stage's bytes before :func:`stage_bytes` rounds them up to the next stage's 1 KiB."""
     tiles = 2 * 2 * _gdnc.CHUNK * head_dim
+    if uws and useq:
+        tile = 2 * _gdnc.CHUNK * _gdnc.BV
+        return -(-(tiles + _flow_record_common(head_dim)) // 1024) * 1024 + 3 * tile + _SLICE
     if uws:
         return tiles + _flow_record_common(head_dim) + _U_SLICE + _SLICE
     return tiles + _gdnc.tile_v_record_bytes() + wgs * 2 * _SLICE
@@ -179,12 +183,12 @@ def _stage_raw(head_dim: int, wgs: int, uws: bool) -> int:
 _ALIGN_SLACK = 1024 - 128
 
 
-def seq_smem_bytes(head_dim: int, stages: int = 2, wgs: int = 1, uws: bool = False) -> int:
+def seq_smem_bytes(head_dim: int, stages: int = 2, wgs: int = 1, uws: bool = False, useq: bool = False) -> int:
     """Dynamic shared memory of the sequential kernel: ``stages - 1`` stages at their 1 KiB stride, the last one's
     own bytes, one 8-byte mbarrier a stage (padded to 16 bytes), and the slack that puts the first stage on 1024
     bytes (the flow form's kernel checks it and traps where it falls short; d 128: 168,352 B)."""
-    return ((stages - 1) * stage_bytes(head_dim, wgs, uws) + _stage_raw(head_dim, wgs, uws) + 16 * (-(-stages // 2))
-            + _ALIGN_SLACK)
+    return ((stages - 1) * stage_bytes(head_dim, wgs, uws, useq) + _stage_raw(head_dim, wgs, uws, useq)
+            + 16 * (-(-stages // 2)) + _ALIGN_SLACK)
 
 
 def entry_smem_bytes(entry: str) -> int:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import sys
 import time
 from pathlib import Path
@@ -229,7 +230,11 @@ WGMMA_VARIANTS = [
     ("wg-vh", ("GDN_WG_FLOW_VH=1",)),           # flow (UWS): one precompute item a value head, not a key head
     ("wg-vh8", ("GDN_WG_FLOW_VH=1", "GDN_WG_FLOW_VH_FIRST=8")),   # flow (UWS): items a value head in chunks 0..7 only
     ("wg-diag0", ("GDN_WG_DIAGNORM=0",)),       # flow (UWS): the rows' scales by normalise, not from the diagonals
-]
+    ("wg-useq", ("GDN_WG_USEQ=1",)),            # flow (UWS): U's product in the sequential kernel (its stage from
+]                                               # gdn_wgmma.seq_smem_bytes(useq=True))
+
+
+SEQ_SMEM_BYTES = gdn_wgmma.seq_smem_bytes
 
 
 def wgmma_rows(torch, chunk_funcs, cases, builds=None):
@@ -254,6 +259,8 @@ def wgmma_rows(torch, chunk_funcs, cases, builds=None):
         if builds and name != "wg" and name not in builds:
             continue
         mod, wfuncs = T.load_chunk_module(defines, source=gdn_wgmma.SOURCE)
+        # a GDN_WG_USEQ build's flow stage is larger: every flow launch of this build asks for it
+        gdn_wgmma.seq_smem_bytes = functools.partial(SEQ_SMEM_BYTES, useq="GDN_WG_USEQ=1" in defines)
         funcs = {**chunk_funcs, **wfuncs}
         # the wide form (one CTA of two warpgroups), timed with every build: its arithmetic is the two-stage kernel's;
         # and every other build's flow form where the rule takes it (uses_flow) and at 1 x 2048
@@ -312,6 +319,7 @@ def wgmma_rows(torch, chunk_funcs, cases, builds=None):
         if name != "wg":
             wide_rows.append(build_flow_row)
         T._check(cu.cuModuleUnload(mod))
+    gdn_wgmma.seq_smem_bytes = SEQ_SMEM_BYTES
     return rows + wide_rows + list(plain_rows.values()) + list(flow_rows.values()) + [prep_row]
 
 
