@@ -258,9 +258,9 @@ def wgmma_rows(torch, chunk_funcs, cases, builds=None):
     for name, defines in WGMMA_VARIANTS:
         if builds and name != "wg" and name not in builds:
             continue
-        mod, wfuncs = T.load_chunk_module(defines, source=gdn_wgmma.SOURCE)
-        # a GDN_WG_USEQ build's flow stage is larger: every flow launch of this build asks for it
+        # a GDN_WG_USEQ build's flow stage is larger: its module's attributes and every flow launch ask for it
         gdn_wgmma.seq_smem_bytes = functools.partial(SEQ_SMEM_BYTES, useq="GDN_WG_USEQ=1" in defines)
+        mod, wfuncs = T.load_chunk_module(defines, source=gdn_wgmma.SOURCE)
         funcs = {**chunk_funcs, **wfuncs}
         # the wide form (one CTA of two warpgroups), timed with every build: its arithmetic is the two-stage kernel's;
         # and every other build's flow form where the rule takes it (uses_flow) and at 1 x 2048

@@ -166,16 +166,12 @@ def run_gpu(torch, funcs, inputs, hk, hv, d, rng):
     n, T = len(lens), int(cu[-1])
     meta, keep = build_meta(torch, lens, rng)
     bufs = [Guarded.of(torch, x) for x in (q, k, v, g, beta)]
-    vbuf = bufs[2]
-    if v_shift:   # v's payload after v_shift zero bytes
-        vbuf = Guarded.of(torch, np.concatenate([np.zeros(v_shift, np.uint8), np.ascontiguousarray(v).view(np.uint8).ravel()]))
-        bufs[2] = vbuf
     o = Guarded(torch, T * hv * d * 2, fill=0xFF)  # 0xFFFF = bf16 NaN
     states = [Guarded.of(torch, s0[b]) for b in range(n)]
     ptrs = Guarded.of(torch, np.array([s.ptr for s in states], np.uint64))
     grid, block, smem = gdn.geometry(n, hv, d)
     values = [meta, ctypes.c_uint64(ptrs.ptr)]
-    values += [ctypes.c_uint64(b.ptr + (v_shift if b is vbuf else 0)) for b in bufs] + [ctypes.c_uint64(o.ptr)]
+    values += [ctypes.c_uint64(b.ptr) for b in bufs] + [ctypes.c_uint64(o.ptr)]
     values += [ctypes.c_int(hk), ctypes.c_int(hv)]
     torch.cuda.synchronize()
     launch(funcs, gdn.entry_name(d), grid, block, smem, values)
@@ -280,11 +276,16 @@ def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=0, pair="split", p
     meta.total_tokens = T
     keep.append(cu_buf)
     bufs = [Guarded.of(torch, x) for x in (q, k, v, g, beta)]
+    vbuf = bufs[2]
+    if v_shift:   # v's payload after v_shift zero bytes
+        vbytes = np.ascontiguousarray(v).view(np.uint8).ravel()
+        vbuf = Guarded.of(torch, np.concatenate([np.zeros(v_shift, np.uint8), vbytes]))
+        bufs[2] = vbuf
     o = Guarded(torch, max(T, 1) * hv * d * 2, fill=0xFF)
     states = [Guarded.of(torch, s0[b]) for b in range(n)]
     ptrs = Guarded.of(torch, np.array([s.ptr for s in states], np.uint64))
     values = [meta, ctypes.c_uint64(ptrs.ptr)]
-    values += [ctypes.c_uint64(b.ptr) for b in bufs] + [ctypes.c_uint64(o.ptr)]
+    values += [ctypes.c_uint64(b.ptr + (v_shift if b is vbuf else 0)) for b in bufs] + [ctypes.c_uint64(o.ptr)]
     values += [ctypes.c_int(hk), ctypes.c_int(hv)]
     torch.cuda.synchronize()
     if split:
