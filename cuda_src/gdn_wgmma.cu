@@ -93,8 +93,9 @@
 #define GDN_WG_FLOW_VH_FIRST (1 << 30)  // items per key head (both value heads): the fine grain where the sequential
 #endif                                  // kernel waits for the first records, the lighter items after
 #ifndef GDN_WG_USEQ  // the UWS flow form (session 13): 1: U's product in the sequential kernel: the record carries
-#define GDN_WG_USEQ 0  // T diag(beta) as bf16 hi + lo tiles, V swizzled and -W (UseqRec), the chain's X' accumulator starts
-#endif                 // as V^T (T diag(beta))^T (8 wgmma independent of S); 0: U in fp32 from the precompute (UwsRec)
+#define GDN_WG_USEQ 0  // T diag(beta) as bf16 hi + lo tiles and -W (UseqRec), the sequential kernel copies its V slice from
+#endif                 // v, and the chain's X' accumulator starts as V^T (T diag(beta))^T (8 wgmma independent of S); 0: U
+                       // in fp32 from the precompute (UwsRec)
 #ifndef GDN_WG_DIAGNORM  // the wgmma flow precompute's rows' scales (session 13): 1: rk, rq from the diagonals of K K^T and
 #define GDN_WG_DIAGNORM 1  // Q Q^T (16 wgmma an item; run BO: the flow form 0.360 -> 0.346 ms at 1 x 8192); 0: normalise's
 #endif                     // sums of squares over the swizzled rows (12.5% of the precompute's stall samples in run BN)
@@ -108,12 +109,10 @@ namespace gdnw {
 using namespace gdnc;
 
 // The flow record (GDN_WG_USEQ 1): UwsRec's common part (W stored as -W), then T diag(beta) hi and lo (two
-// [64 j][64 t] swizzled tiles, 8 KiB each) and the value head's V rows (a swizzled [64][DV] tile: a 64-column
-// slice is one 8 KiB atom) in place of U.
+// [64 j][64 t] swizzled tiles, 8 KiB each) in place of U; the sequential kernel copies its V slice from v.
 template <int DK, int DV>
 struct UseqRec : UwsRec<DK, DV> {
-    static constexpr int TB = UwsRec<DK, DV>::COMMON, V = TB + 2 * GDN_C * GDN_C * 2, BYTES = V + GDN_C * DV * 2;
-    static constexpr int VSLICE = GDN_C * GDN_BV * 2;
+    static constexpr int TB = UwsRec<DK, DV>::COMMON, BYTES = TB + 2 * GDN_C * GDN_C * 2;
     static_assert(TB % 16 == 0, "bulk copies from 16-byte aligned addresses");
 };
 template <bool B, class T, class F> struct pick { using type = T; };
@@ -174,6 +173,39 @@ __device__ __forceinline__ unsigned slice_row(unsigned slice, int i, int warp, i
 __device__ __forceinline__ float bf16_lo(unsigned pair) { return __uint_as_float(pair << 16); }
 __device__ __forceinline__ float bf16_hi(unsigned pair) { return __uint_as_float(pair & 0xffff0000u); }
 __device__ __forceinline__ float2 ld2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+
+// cp.async of the value head's 64 raw V rows ([T, num_v_heads, DV] bf16 from packed token tok), columns col0 ..
+// col0 + W - 1, into a swizzled [64][W] tile (sw128_off); rows >= nv land as zeros. v 16-byte aligned (the usual
+// case; every row then is, as num_v_heads DV 2 is a multiple of 16): 16-byte pieces, thread tid segment tid % SEGS
+// of rows tid / SEGS + RPP p, its destinations a fixed RPP rows apart (issue_kq_sw128's walk: half the copies of
+// the 8-byte walk below, no divisions; the same bytes land). Else (v needs 8-byte alignment only): 8-byte pieces.
+template <int DV, int W = DV>
+__device__ __forceinline__ void issue_v_sw128(unsigned char* tile, const bf16* __restrict__ v, int nv, int tok,
+                                              int num_v_heads, int h, int tid, int col0 = 0) {
+    static_assert(W % 64 == 0 && W <= DV, "whole 64-column atoms");
+    if ((reinterpret_cast<unsigned long long>(v) & 15) == 0) {
+        constexpr int SEGS = W / 8, RPP = 128 / SEGS;
+        const int row0 = tid / SEGS, sg = tid % SEGS;
+        const int step = RPP * num_v_heads * DV;   // elements from one of this thread's rows to the next
+        const bf16* src = v + ((long long)(tok + row0) * num_v_heads + h) * DV + col0 + sg * 8;
+        unsigned char* dst = tile + sw128_off(row0, sg);
+#pragma unroll
+        for (int p = 0; p < GDN_C / RPP; ++p) {
+            const bool ok = row0 + p * RPP < nv;
+            cp_async16(dst + p * RPP * 128, ok ? src : v, ok);
+            src += step;
+        }
+        return;
+    }
+    constexpr int PIECES = W / 4;
+#pragma unroll
+    for (int p = 0; p < GDN_C * PIECES / 128; ++p) {
+        const int idx = tid + p * 128, row = idx / PIECES, part = idx % PIECES;
+        const bool ok = row < nv;
+        const bf16* src = ok ? v + ((long long)(tok + row) * num_v_heads + h) * DV + col0 + part * 4 : v;
+        cp_async8(tile + sw128_off(row, part >> 1) + (part & 1) * 8, src, ok);
+    }
+}
 
 // One chunk's products for this warpgroup (gdn_chunk.cuh's state_step with the solve as one product): St is
 // S^T (m64n{DK} accumulator), updated; Ot gets O^T [64 dv x 64 tokens] (m64n64 accumulator). sb / sp: the
@@ -468,15 +500,13 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
             wg::fence_proxy_async();   // the stage's generic reads (beta, EK, ...) before the copy's writes
             if constexpr (UWS) {   // the record's common part, then this CTA's U slice (USEQ: T diag(beta), V slice)
                 const unsigned char* rec = rec_at<UR::BYTES>(ws, m, b, ci, h, num_v_heads);
-                constexpr unsigned TAIL = L::USEQ ? 2 * GDN_C * GDN_C * 2 + GDN_C * BV * 2 : UR::USLICE;
+                constexpr unsigned TAIL = L::USEQ ? 2 * GDN_C * GDN_C * 2 : UR::USLICE;
                 wg::mbar_arrive_expect_tx(bars + 8 * st, UR::COMMON + TAIL + (KQREC ? 2 * L::KT : 0));
                 if (KQREC) wg::bulk_g2s(sb + L::K, kqrec_at<UR::BYTES, DK>(ws, m, b, ci, kh, num_k_heads, num_v_heads),
                                         2 * L::KT, bars + 8 * st);
                 wg::bulk_g2s(sb + L::VREC, rec, UR::COMMON, bars + 8 * st);
                 if constexpr (L::USEQ) {
                     wg::bulk_g2s(sb + L::TB, rec + UR::TB, 2 * GDN_C * GDN_C * 2, bars + 8 * st);
-                    wg::bulk_g2s(sb + L::VS, rec + UR::V + (col0 / BV) * (GDN_C * BV * 2), GDN_C * BV * 2,
-                                 bars + 8 * st);
                 } else {
                     wg::bulk_g2s(sb + L::U, rec + UR::U + (col0 / BV) * UR::USLICE, UR::USLICE, bars + 8 * st);
                 }
@@ -490,7 +520,13 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
         issue_kq(ci, st);
         issue_vrec(ci, st);
     };
-    auto issue_v = [&](int ci, int st) {   // (UWS: none, U comes in the record)
+    auto issue_v = [&](int ci, int st) {   // (UWS: none, U comes in the record; USEQ: the slice, swizzled)
+        if constexpr (L::USEQ) {
+            gdnw::issue_v_sw128<DV, BV>(basep + st * L::BYTES + L::VS, v, min(C, len - ci * C),
+                                         ld_volatile(cu + b) + ci * C, num_v_heads, h, wtid, col0);
+            cp_async_commit();
+            return;
+        }
         if (UWS) return;
         issue_v_slice<DV>(reinterpret_cast<bf16*>(basep + st * L::BYTES + L::V + wgi * L::SLICE), v, min(C, len - ci * C),
                           ld_volatile(cu + b) + ci * C, num_v_heads, h, col0, wtid);
@@ -626,38 +662,6 @@ struct WgPrepSmem {
 template <int DK>
 __host__ __device__ constexpr int wg_prep_group_bytes() { return (int)(sizeof(WgPrepSmem<DK>) + 1023) / 1024 * 1024; }
 
-// cp.async of the value head's 64 raw V rows ([T, num_v_heads, DV] bf16 from packed token tok) into a swizzled
-// [64][DV] tile (sw128_off); rows >= nv land as zeros. v 16-byte aligned (the usual case; every row then is, as
-// num_v_heads DV 2 is a multiple of 16): 16-byte pieces, thread tid segment tid % SEGS of rows tid / SEGS + 8 p,
-// its destinations a fixed 1 KiB apart (issue_kq_sw128's walk: 8 copies a thread where the 8-byte walk below
-// issued 16 with a division each; the same bytes land). Else (v needs 8-byte alignment only): 8-byte pieces.
-template <int DV>
-__device__ __forceinline__ void issue_v_sw128(unsigned char* tile, const bf16* __restrict__ v, int nv, int tok,
-                                              int num_v_heads, int h, int tid) {
-    if ((reinterpret_cast<unsigned long long>(v) & 15) == 0) {
-        constexpr int SEGS = DV / 8, RPP = 128 / SEGS;
-        const int row0 = tid / SEGS, sg = tid % SEGS;
-        const int step = RPP * num_v_heads * DV;   // elements from one of this thread's rows to the next
-        const bf16* src = v + ((long long)(tok + row0) * num_v_heads + h) * DV + sg * 8;
-        unsigned char* dst = tile + sw128_off(row0, sg);
-#pragma unroll
-        for (int p = 0; p < GDN_C / RPP; ++p) {
-            const bool ok = row0 + p * RPP < nv;
-            cp_async16(dst + p * RPP * 128, ok ? src : v, ok);
-            src += step;
-        }
-        return;
-    }
-    constexpr int PIECES = DV / 4;
-#pragma unroll
-    for (int p = 0; p < GDN_C * PIECES / 128; ++p) {
-        const int idx = tid + p * 128, row = idx / PIECES, part = idx % PIECES;
-        const bool ok = row < nv;
-        const bf16* src = ok ? v + ((long long)(tok + row) * num_v_heads + h) * DV + part * 4 : v;
-        cp_async8(tile + sw128_off(row, part >> 1) + (part & 1) * 8, src, ok);
-    }
-}
-
 template <int DK, int DV, class Sync, class Claim>
 __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
                                              const bf16* __restrict__ v, const float* __restrict__ g,
@@ -733,7 +737,7 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
         const int h = kh * group + j;
         if (j > j0) cp_async_wait_all();   // this value head's g, beta and V, copied while the previous head computed
         sync();   // (j j0: the scales and the zeroed -A and P stored; every thread's Q K^T complete: q is read out)
-        if (j == j0) {
+        if (!GDN_WG_USEQ && j == j0) {   // (USEQ: the sequential kernel copies V itself)
             issue_v_sw128<DV>(qt, v, nv, ld_volatile(cu + b) + c0, num_v_heads, h, tid);
             cp_async_commit();
         }
@@ -772,15 +776,13 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
         wg::fence_proxy_async();   // T diag(beta)'s tiles and V visible to the wgmma
         sync();
 #if GDN_WG_USEQ
-        {   // T diag(beta)'s hi and lo tiles (the first 8 KiB of s.a and s.p) and the V tile to the record, for the
-            // sequential kernel's U product
+        {   // T diag(beta)'s hi and lo tiles (the first 8 KiB of s.a and s.p) to the record, for the sequential
+            // kernel's U product
             uint4* dst = reinterpret_cast<uint4*>(urec + UR::TB);
-            constexpr int T16 = GDN_C * GDN_C * 2 / 16, V16 = GDN_C * DV * 2 / 16;
+            constexpr int T16 = GDN_C * GDN_C * 2 / 16;
 #pragma unroll 4
-            for (int i = tid; i < 2 * T16 + V16; i += THREADS)
-                dst[i] = i < T16 ? reinterpret_cast<const uint4*>(s.a)[i]
-                       : i < 2 * T16 ? reinterpret_cast<const uint4*>(s.p)[i - T16]
-                                     : reinterpret_cast<const uint4*>(s.q)[i - 2 * T16];
+            for (int i = tid; i < 2 * T16; i += THREADS)
+                dst[i] = i < T16 ? reinterpret_cast<const uint4*>(s.a)[i] : reinterpret_cast<const uint4*>(s.p)[i - T16];
         }
 #else
         // U^T = V^T (T diag(beta))^T, one 64-row dv m-tile at a time (the sequential kernel's slice mi)
@@ -807,7 +809,7 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
         }
 #endif
         sync();   // V and T diag(beta)'s tiles read out (every thread waited for its wgmma)
-        if (j + 1 < j1) {   // the next value head's V rows, while this one's W is computed
+        if (!GDN_WG_USEQ && j + 1 < j1) {   // the next value head's V rows, while this one's W is computed
             issue_v_sw128<DV>(qt, v, nv, ld_volatile(cu + b) + c0, num_v_heads, h + 1, tid);
             cp_async_commit();
         }
@@ -976,7 +978,9 @@ static_assert(gdnw::Stage<128>::BYTES == 69632 && gdnw::Stage<64>::BYTES == 5324
               "Stage size differs from q12drv.kernels.gdn_wgmma.stage_bytes");
 static_assert(gdnw::Stage<128>::RAW == 68624 && gdnw::Stage<64>::RAW == 52240 && gdnw::Stage<128, 2>::RAW == 87056,
               "Stage extent differs from q12drv.kernels.gdn_wgmma._stage_raw (seq_smem_bytes)");
-#if GDN_WG_USEQ   // (gdn_wgmma.stage_bytes(d, uws=True, useq=True))
+#if GDN_WG_USEQ   // (gdn_wgmma.stage_bytes(d, uws=True, useq=True), flow_record_bytes(d, useq=True))
+static_assert(gdnw::FlowRec<128, 128>::BYTES == 41488 && gdnw::FlowRec<64, 64>::BYTES == 33296,
+              "UseqRec differs from q12drv.kernels.gdn_wgmma.flow_record_bytes(useq=True)");
 static_assert(gdnw::Stage<128, 1, true>::BYTES == 92160 && gdnw::Stage<64, 1, true>::BYTES == 67584 &&
               gdnw::Stage<128, 1, true>::RAW == 92160 && gdnw::Stage<64, 1, true>::RAW == 67584,
               "the USEQ flow stage differs from q12drv.kernels.gdn_wgmma.stage_bytes(useq=True)");

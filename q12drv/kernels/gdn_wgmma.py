@@ -63,6 +63,7 @@ __all__ = [
     "WORKSPACE_FORMS",
     "flow_record_bytes",
     "flow_record_offsets",
+    "FLOW_USEQ",
     "resolve_form",
     "flags_offset",
     "flag_count",
@@ -129,49 +130,63 @@ _SLICE = 2 * _gdnc.CHUNK * (_gdnc.BV + 8)   # a [64][72] bf16 V or O slice
 _U_SLICE = 4 * _gdnc.CHUNK * _gdnc.BV       # a 64-column slice of U^T, fp32
 
 
-def flow_record_offsets(head_dim: int) -> dict:
+#: The flow form's U product: False (``GDN_WG_USEQ 0``, gdn_wgmma.cu's default) in the precompute, U in the record;
+#: True (a ``GDN_WG_USEQ=1`` build) in the sequential kernel: the record carries T diag(beta) instead. The ``useq``
+#: parameters below default to it (``None``).
+FLOW_USEQ = False
+
+
+def _useq(useq) -> bool:
+    return FLOW_USEQ if useq is None else bool(useq)
+
+
+def flow_record_offsets(head_dim: int, useq: bool | None = None) -> dict:
     """Byte offsets of a flow record's fields (``gdnc::UwsRec<dk, dv>``, dk = dv = ``head_dim``): ``"W"`` (a
     ``[64][dk]`` bf16 tile), ``"P"`` (``[64 t][64 j]`` bf16, both tiles 128-byte swizzled as the sequential
     kernel's stage holds them: row r's 16-byte piece c at ``r * 128 + ((c ^ r % 8) << 4)`` within each 64-column
     atom of 8 KiB), ``"EQ"`` and ``"WK"`` (``[64]`` fp32), ``"EGC"`` (exp(gamma_C), then 12 zero bytes),
-    ``"U"`` (U^T's 64-column dv slices, fp32) and ``"END"`` (:func:`flow_record_bytes`)."""
+    ``"U"`` (U^T's 64-column dv slices, fp32) and ``"END"`` (:func:`flow_record_bytes`). ``useq``: ``"TB"``
+    (T diag(beta) as bf16 hi and lo ``[64 j][64 t]`` swizzled tiles) in place of ``"U"``, W stored negated."""
     entry_name(head_dim)
     c = _gdnc.CHUNK
     p = 2 * c * head_dim
     eq = p + 2 * c * c
     u = eq + 2 * 4 * c + 16
-    return {"W": 0, "P": p, "EQ": eq, "WK": eq + 4 * c, "EGC": eq + 8 * c, "U": u,
-            "END": u + head_dim // _gdnc.BV * _U_SLICE}
+    out = {"W": 0, "P": p, "EQ": eq, "WK": eq + 4 * c, "EGC": eq + 8 * c}
+    if _useq(useq):
+        return {**out, "TB": u, "END": u + 2 * 2 * c * c}
+    return {**out, "U": u, "END": u + head_dim // _gdnc.BV * _U_SLICE}
 
 
 def _flow_record_common(head_dim: int) -> int:
     """``gdnc::UwsRec::COMMON``: W, P, EQ, WK, exp(gamma_C) and 12 zero bytes (:func:`flow_record_offsets`)."""
-    return flow_record_offsets(head_dim)["U"]
+    return flow_record_offsets(head_dim, False)["U"]
 
 
-def flow_record_bytes(head_dim: int) -> int:
+def flow_record_bytes(head_dim: int, useq: bool | None = None) -> int:
     """Bytes of one flow-form record per (stream, value head, 64-token chunk) (``gdnc::UwsRec<dk, dv>``, dk = dv
     = ``head_dim``): W, P, EQ, WK, exp(gamma_C) (one bulk copy), then U^T per 64-column dv slice in fp32, in the
     sequential kernel's accumulator order (a second bulk copy, the CTA's slice): 57,872 B at 128, 3.3x the
     two-launch pair's record."""
-    return flow_record_offsets(head_dim)["END"]
+    return flow_record_offsets(head_dim, useq)["END"]
 
 
-def stage_bytes(head_dim: int, wgs: int = 1, uws: bool = False, useq: bool = False) -> int:
+def stage_bytes(head_dim: int, wgs: int = 1, uws: bool = False, useq: bool | None = None) -> int:
     """Bytes of one stage of the sequential kernel (``gdnw::Stage<dk, wgs, uws>``): the chunk's raw k and q rows
     (two ``[64][dk]`` bf16 swizzled tiles), the V record (:func:`q12drv.kernels.gdn_chunk.tile_v_record_bytes`),
     then per warpgroup (``wgs``: 2 for the wide form) a V slice and an O slice, each ``[64][72]`` bf16 (chunk c's o
     rows leave from the O slice during chunk c + 1's first products), rounded up to 1 KiB (the tiles' alignment).
     ``uws`` (the flow form): the flow record's common part and the CTA's U slice (:func:`flow_record_bytes`) in
     place of the V record and the V slice; ``useq`` (with ``uws``: a ``GDN_WG_USEQ=1`` build) T diag(beta)'s hi
-    and lo tiles and the CTA's V slice (swizzled, 8 KiB each, from the next 1 KiB) in place of the U slice."""
+    and lo tiles and the CTA's V slice (swizzled, 8 KiB each, from the next 1 KiB) in place of the U slice (default:
+    :data:`FLOW_USEQ`)."""
     return -(-_stage_raw(head_dim, wgs, uws, useq) // 1024) * 1024
 
 
-def _stage_raw(head_dim: int, wgs: int, uws: bool, useq: bool = False) -> int:
+def _stage_raw(head_dim: int, wgs: int, uws: bool, useq: bool | None = None) -> int:
     """``gdnw::Stage::RAW``: a stage's bytes before :func:`stage_bytes` rounds them up to the next stage's 1 KiB."""
     tiles = 2 * 2 * _gdnc.CHUNK * head_dim
-    if uws and useq:
+    if uws and _useq(useq):
         tile = 2 * _gdnc.CHUNK * _gdnc.BV
         return -(-(tiles + _flow_record_common(head_dim)) // 1024) * 1024 + 3 * tile + _SLICE
     if uws:
@@ -183,7 +198,8 @@ def _stage_raw(head_dim: int, wgs: int, uws: bool, useq: bool = False) -> int:
 _ALIGN_SLACK = 1024 - 128
 
 
-def seq_smem_bytes(head_dim: int, stages: int = 2, wgs: int = 1, uws: bool = False, useq: bool = False) -> int:
+def seq_smem_bytes(head_dim: int, stages: int = 2, wgs: int = 1, uws: bool = False,
+                   useq: bool | None = None) -> int:
     """Dynamic shared memory of the sequential kernel: ``stages - 1`` stages at their 1 KiB stride, the last one's
     own bytes, one 8-byte mbarrier a stage (padded to 16 bytes), and the slack that puts the first stage on 1024
     bytes (the flow form's kernel checks it and traps where it falls short; d 128: 168,352 B)."""

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import functools
 import sys
 import time
 from pathlib import Path
@@ -234,9 +233,6 @@ WGMMA_VARIANTS = [
 ]                                               # gdn_wgmma.seq_smem_bytes(useq=True))
 
 
-SEQ_SMEM_BYTES = gdn_wgmma.seq_smem_bytes
-
-
 def wgmma_rows(torch, chunk_funcs, cases, builds=None):
     """Rows of the wgmma pair: per build (WGMMA_VARIANTS; ``builds``: only those names, and the default) and stage
     count its small ragged check and its times (the precompute included), then the tile precompute alone; every
@@ -258,8 +254,8 @@ def wgmma_rows(torch, chunk_funcs, cases, builds=None):
     for name, defines in WGMMA_VARIANTS:
         if builds and name != "wg" and name not in builds:
             continue
-        # a GDN_WG_USEQ build's flow stage is larger: its module's attributes and every flow launch ask for it
-        gdn_wgmma.seq_smem_bytes = functools.partial(SEQ_SMEM_BYTES, useq="GDN_WG_USEQ=1" in defines)
+        # a GDN_WG_USEQ build's flow stage and records: its module's attributes, workspaces and launches
+        gdn_wgmma.FLOW_USEQ = "GDN_WG_USEQ=1" in defines
         mod, wfuncs = T.load_chunk_module(defines, source=gdn_wgmma.SOURCE)
         funcs = {**chunk_funcs, **wfuncs}
         # the wide form (one CTA of two warpgroups), timed with every build: its arithmetic is the two-stage kernel's;
@@ -319,7 +315,7 @@ def wgmma_rows(torch, chunk_funcs, cases, builds=None):
         if name != "wg":
             wide_rows.append(build_flow_row)
         T._check(cu.cuModuleUnload(mod))
-    gdn_wgmma.seq_smem_bytes = SEQ_SMEM_BYTES
+    gdn_wgmma.FLOW_USEQ = False
     return rows + wide_rows + list(plain_rows.values()) + list(flow_rows.values()) + [prep_row]
 
 
