@@ -93,7 +93,7 @@
 #define GDN_WG_FLOW_VH_FIRST (1 << 30)  // items per key head (both value heads): the fine grain where the sequential
 #endif                                  // kernel waits for the first records, the lighter items after
 #ifndef GDN_WG_USEQ  // the UWS flow form (session 13): 1: U's product in the sequential kernel: the record carries
-#define GDN_WG_USEQ 0  // T diag(beta) as bf16 hi + lo tiles and -W (UseqRec), the sequential kernel copies its V slice from
+#define GDN_WG_USEQ 1  // T diag(beta) as bf16 hi + lo tiles and -W (UseqRec), the sequential kernel copies its V slice from
 #endif                 // v, and the chain's X' accumulator starts as V^T (T diag(beta))^T (8 wgmma independent of S); 0: U
                        // in fp32 from the precompute (UwsRec)
 #ifndef GDN_WG_DIAGNORM  // the wgmma flow precompute's rows' scales (session 13): 1: rk, rq from the diagonals of K K^T and

@@ -133,7 +133,7 @@ _U_SLICE = 4 * _gdnc.CHUNK * _gdnc.BV       # a 64-column slice of U^T, fp32
 #: The flow form's U product: False (``GDN_WG_USEQ 0``, gdn_wgmma.cu's default) in the precompute, U in the record;
 #: True (a ``GDN_WG_USEQ=1`` build) in the sequential kernel: the record carries T diag(beta) instead. The ``useq``
 #: parameters below default to it (``None``).
-FLOW_USEQ = False
+FLOW_USEQ = True
 
 
 def _useq(useq) -> bool:

@@ -255,7 +255,7 @@ def wgmma_rows(torch, chunk_funcs, cases, builds=None):
         if builds and name != "wg" and name not in builds:
             continue
         # a GDN_WG_USEQ build's flow stage and records: its module's attributes, workspaces and launches
-        gdn_wgmma.FLOW_USEQ = "GDN_WG_USEQ=1" in defines
+        gdn_wgmma.FLOW_USEQ = "GDN_WG_USEQ=0" not in defines
         mod, wfuncs = T.load_chunk_module(defines, source=gdn_wgmma.SOURCE)
         funcs = {**chunk_funcs, **wfuncs}
         # the wide form (one CTA of two warpgroups), timed with every build: its arithmetic is the two-stage kernel's;
@@ -315,7 +315,7 @@ def wgmma_rows(torch, chunk_funcs, cases, builds=None):
         if name != "wg":
             wide_rows.append(build_flow_row)
         T._check(cu.cuModuleUnload(mod))
-    gdn_wgmma.FLOW_USEQ = False
+    gdn_wgmma.FLOW_USEQ = True
     return rows + wide_rows + list(plain_rows.values()) + list(flow_rows.values()) + [prep_row]
 
 
