@@ -96,6 +96,12 @@
 #define GDN_WG_USEQ 1  // T diag(beta) as bf16 hi + lo tiles and -W (UseqRec), the sequential kernel copies its V slice from
 #endif                 // v, and the chain's X' accumulator starts as V^T (T diag(beta))^T (8 wgmma independent of S); 0: U
                        // in fp32 from the precompute (UwsRec)
+#ifndef GDN_WG_WFRAG  // the UWS flow precompute's W product (session 13): 1: the four k-steps' A fragments loaded once for
+#define GDN_WG_WFRAG GDN_WG_USEQ  // both 64-column halves, one wait a half (its registers: with GDN_WG_USEQ 0 the d128
+#endif                            // precompute spilled 28 B); 0: two k-steps at a time, reloaded each half (four waits)
+#ifndef GDN_WG_TKEEP  // (GDN_WG_USEQ) 1: T diag(beta EK)'s tiles from T's fp32 columns, held; 0: t_cols_rescale of T
+#define GDN_WG_TKEEP 1  // diag(beta)'s hi + lo tiles
+#endif
 #ifndef GDN_WG_DIAGNORM  // the wgmma flow precompute's rows' scales (session 13): 1: rk, rq from the diagonals of K K^T and
 #define GDN_WG_DIAGNORM 1  // Q Q^T (16 wgmma an item; run BO: the flow form 0.360 -> 0.346 ms at 1 x 8192); 0: normalise's
 #endif                     // sums of squares over the swizzled rows (12.5% of the precompute's stall samples in run BN)
@@ -813,14 +819,38 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
             issue_v_sw128<DV>(qt, v, nv, ld_volatile(cu + b) + c0, num_v_heads, h + 1, tid);
             cp_async_commit();
         }
+#if GDN_WG_USEQ && GDN_WG_TKEEP   // T diag(beta EK) from T's fp32 columns, still held (no U product beside them here)
+        t_cols_hilo<true>(X, s.a, s.p, [&](int c) { return s.beta[c] * (s.eg[c] * s.rk[c]); }, warp, lane);
+#else
         t_cols_rescale<true>(s.a, s.p, [&](int c) { return s.eg[c] * s.rk[c]; }, warp, lane);   // T diag(beta EK)
+#endif
         wg::fence_proxy_async();
         sync();
         // W = T diag(beta EK) k per 64-column half: A = the tiles' fragments of this warp's token rows, two k-steps
         // (16 registers) in flight at a time (all four with the accumulator and Q K^T's spilled the d128 build)
+#if GDN_WG_WFRAG
+        unsigned ah[4][4], al[4][4];   // the tiles' A fragments of all four k-steps, once for both halves
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+            const int off = sw128_off(16 * ks + (mat >> 1) * 8 + r8, 2 * warp + (mat & 1));
+            ldsm_x4_t(ah[ks][0], ah[ks][1], ah[ks][2], ah[ks][3], sa + off);
+            ldsm_x4_t(al[ks][0], al[ks][1], al[ks][2], al[ks][3], sp + off);
+        }
+#endif
 #pragma unroll 1
         for (int half = 0; half < DK / 64; ++half) {
             float acc[32];
+#if GDN_WG_WFRAG
+            wg::fence();
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+                wg::mma_rs<64, 1>(acc, ah[ks], mnmajor(sk + half * (GDN_C * 128), ks), ks > 0);
+                wg::mma_rs<64, 1>(acc, al[ks], mnmajor(sk + half * (GDN_C * 128), ks), 1);
+            }
+            wg::commit();
+            wg::wait<0>();
+            wg::pins(ah, al);
+#else
 #pragma unroll
             for (int kp = 0; kp < 2; ++kp) {
                 unsigned ah[2][4], al[2][4];
@@ -840,6 +870,7 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
                 wg::commit();
                 wg::wait<0>();
             }
+#endif
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt)
 #pragma unroll

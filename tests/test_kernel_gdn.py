@@ -533,37 +533,48 @@ def test_wgmma_pair_sizes_match_the_source():
     assert prep == ((32, 16, 8), (128, 1, 1), gdn_chunk.prep_smem_bytes(128))
     assert seq == ((2, 32, 8), (128, 1, 1), gdn_wgmma.seq_smem_bytes(128, 1))
     # no K records: one tile V record per (chunk, value head) for the two-launch and wide forms; the flow form's
-    # larger records (W, P, EQ, WK, exp(gamma_C), then U^T in fp32 per 64-column slice), then one flag per (chunk,
-    # key head); "any" (the default) is the largest
+    # larger records (W, P, EQ, WK, exp(gamma_C), then T diag(beta) hi + lo: GDN_WG_USEQ 1, the default; or U^T in
+    # fp32 per 64-column slice), then one flag per (chunk, key head); "any" (the default) is the largest
     assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128, "pair") == 128 * 32 * 17424
     assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128, "wide") == 128 * 32 * 17424
-    assert gdn_wgmma.flow_record_bytes(128) == 16384 + 8192 + 512 + 16 + 2 * 16384 == 57872
-    assert gdn_wgmma.flow_record_bytes(64) == 8192 + 8192 + 512 + 16 + 16384 == 33296
+    assert gdn_wgmma.FLOW_USEQ is True and "#define GDN_WG_USEQ 1 " in src
+    assert gdn_wgmma.flow_record_bytes(128, useq=False) == 16384 + 8192 + 512 + 16 + 2 * 16384 == 57872
+    assert gdn_wgmma.flow_record_bytes(64, useq=False) == 8192 + 8192 + 512 + 16 + 16384 == 33296
+    assert gdn_wgmma.flow_record_bytes(128) == 16384 + 8192 + 512 + 16 + 2 * 8192 == 41488
+    assert gdn_wgmma.flow_record_bytes(64) == 8192 + 8192 + 512 + 16 + 2 * 8192 == 33296
     m = re.search(r"UwsRec<128, 128>::BYTES == (\d+) && gdnc::UwsRec<64, 64>::BYTES == (\d+)", src)
+    assert m and (int(m.group(1)), int(m.group(2))) == (gdn_wgmma.flow_record_bytes(128, useq=False),
+                                                        gdn_wgmma.flow_record_bytes(64, useq=False))
+    m = re.search(r"FlowRec<128, 128>::BYTES == (\d+) && gdnw::FlowRec<64, 64>::BYTES == (\d+)", src)
     assert m and (int(m.group(1)), int(m.group(2))) == (gdn_wgmma.flow_record_bytes(128), gdn_wgmma.flow_record_bytes(64))
     for d in (128, 64):   # the fields the GPU tests read back from the workspace (gdn_wgmma.cu's static_assert)
-        off = gdn_wgmma.flow_record_offsets(d)
+        off = gdn_wgmma.flow_record_offsets(d, useq=False)
         for field in ("P", "EQ", "U"):
             assert f"UwsRec<{d}, {d}>::{field} == {off[field]}" in src, (d, field, off[field])
-    assert gdn_wgmma.flow_record_offsets(64) == {"W": 0, "P": 8192, "EQ": 16384, "WK": 16640, "EGC": 16896,
-                                                 "U": 16912, "END": 33296}
+        assert gdn_wgmma.flow_record_offsets(d)["P"] == off["P"]   # the USEQ record: the same common part
+    assert gdn_wgmma.flow_record_offsets(64, useq=False) == {"W": 0, "P": 8192, "EQ": 16384, "WK": 16640,
+                                                             "EGC": 16896, "U": 16912, "END": 33296}
+    assert gdn_wgmma.flow_record_offsets(128) == {"W": 0, "P": 16384, "EQ": 24576, "WK": 24832, "EGC": 25088,
+                                                  "TB": 25104, "END": 41488}
     # the flow stage's static_asserts: GDN_WG_USEQ's (the first) and the default's
     found = re.findall(r"Stage<128, 1, true>::BYTES == (\d+) && gdnw::Stage<64, 1, true>::BYTES == (\d+) &&\s*"
                        r"gdnw::Stage<128, 1, true>::RAW == (\d+) && gdnw::Stage<64, 1, true>::RAW == (\d+)", src)
     assert [tuple(map(int, f)) for f in found] == [
         (gdn_wgmma.stage_bytes(128, uws=True, useq=True), gdn_wgmma.stage_bytes(64, uws=True, useq=True),
          gdn_wgmma._stage_raw(128, 1, True, True), gdn_wgmma._stage_raw(64, 1, True, True)),
-        (gdn_wgmma.stage_bytes(128, uws=True), gdn_wgmma.stage_bytes(64, uws=True),
-         gdn_wgmma._stage_raw(128, 1, True), gdn_wgmma._stage_raw(64, 1, True))], found
-    assert gdn_wgmma.stage_bytes(128, uws=True) == 83968 and gdn_wgmma.stage_bytes(64, uws=True) == 59392
+        (gdn_wgmma.stage_bytes(128, uws=True, useq=False), gdn_wgmma.stage_bytes(64, uws=True, useq=False),
+         gdn_wgmma._stage_raw(128, 1, True, False), gdn_wgmma._stage_raw(64, 1, True, False))], found
+    assert gdn_wgmma.stage_bytes(128, uws=True, useq=False) == 83968
+    assert gdn_wgmma.stage_bytes(64, uws=True, useq=False) == 59392
+    assert gdn_wgmma.stage_bytes(128, uws=True) == 92160 and gdn_wgmma.stage_bytes(64, uws=True) == 67584
     assert gdn_wgmma.entry_smem_bytes("q12_gdn_wgmma_seq_flow_d128") == gdn_wgmma.seq_smem_bytes(128, 2, uws=True) \
         <= 227 * 1024
-    flow = 128 * 32 * 57872 + 4 * 128 * 16 + 16   # the records, the ready flags, the item counter
+    flow = 128 * 32 * 41488 + 4 * 128 * 16 + 16   # the records, the ready flags, the item counter
     assert gdn_wgmma.kq_offset(1, 8192, 16, 32, 128) == -(-flow // 128) * 128
     flow = -(-flow // 128) * 128 + 128 * 16 * 2 * 64 * 128 * 2   # then each item's k and q tiles
     assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128, "flow") == flow
     assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128) == flow
-    assert gdn_wgmma.flags_offset(1, 8192, 16, 32, 128) == 128 * 32 * 57872
+    assert gdn_wgmma.flags_offset(1, 8192, 16, 32, 128) == 128 * 32 * 41488
     with pytest.raises(ValueError, match="form must be one of 'any', 'pair', 'flow', 'wide', got 'auto'"):
         gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128, "auto")
     assert [gdn_wgmma.resolve_form("auto", n, t, 32, 128, 132) for n, t in ((1, 8192), (8, 2048), (1, 2048))] == \

@@ -229,8 +229,10 @@ WGMMA_VARIANTS = [
     ("wg-vh", ("GDN_WG_FLOW_VH=1",)),           # flow (UWS): one precompute item a value head, not a key head
     ("wg-vh8", ("GDN_WG_FLOW_VH=1", "GDN_WG_FLOW_VH_FIRST=8")),   # flow (UWS): items a value head in chunks 0..7 only
     ("wg-diag0", ("GDN_WG_DIAGNORM=0",)),       # flow (UWS): the rows' scales by normalise, not from the diagonals
-    ("wg-useq", ("GDN_WG_USEQ=1",)),            # flow (UWS): U's product in the sequential kernel (its stage from
-]                                               # gdn_wgmma.seq_smem_bytes(useq=True))
+    ("wg-useq0", ("GDN_WG_USEQ=0",)),           # flow (UWS): U's product in the precompute, U in fp32 in the record
+    ("wg-tkeep0", ("GDN_WG_TKEEP=0",)),         # flow (USEQ): T diag(beta EK) by rescaling T diag(beta)'s tiles
+    ("wg-wfrag0", ("GDN_WG_WFRAG=0",)),         # flow: W's A fragments two k-steps at a time, reloaded each half
+]
 
 
 def wgmma_rows(torch, chunk_funcs, cases, builds=None):
