@@ -623,16 +623,26 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
 // subtractions a thread) -> [O, S update]: R's epilogue, its hi + lo split and the 8 wgmma of the T product leave
 // the chain. Not the pair's bits (chunked_reference(t_product=True, u_minus_ws="fp32") models it: the state's
 // error as the pair's in numpy); batched == alone. The records are 3.3x the pair's (57.9 KB a value head and chunk
-// at d128), fine here: they are read soon after they are written. GDN_WG_KQREC 1 (session 12): the precompute also
+// at d128; GDN_WG_USEQ 1: 2.4x), fine here: they are read soon after they are written. GDN_WG_KQREC 1 (session 12): the precompute also
 // stores each item's k and q tiles (kqrec_at), which it holds anyway, and the sequential kernel copies them with
 // the record (one more bulk copy from thread 0 on the stage's mbarrier) instead of 2 x 8 cp.async a thread from k
-// and q (24% of its stall samples in run BG). GDN_WG_UWS 0: the pair's records and sequential arithmetic (its
-// bits; the flags stay where UwsRec puts them).
+// and q (24% of its stall samples in run BG). GDN_WG_USEQ 1 (session 13, the default): U's product moves to the
+// sequential kernel, which takes V^T (T diag(beta))^T (8 wgmma, both operands MN-major in shared memory, issued
+// before S's conversion: they need no S) as the start of X's accumulator, then S^T (-W)^T onto it: X is V_new^T,
+// with no U loads or subtractions. The record (UseqRec, 41.5 KB at d128, 2.4x the pair's) carries T diag(beta)
+// as bf16 hi + lo tiles instead of U in fp32, W negated; the sequential kernel copies its V slice from v itself
+// (issue_v_sw128, 4 cp.async a thread), so the precompute loads no V at all, and, with no U product beside them,
+// keeps T's fp32 columns for T diag(beta EK) (GDN_WG_TKEEP) and W's A fragments for both halves (GDN_WG_WFRAG).
+// H200, 1 x 8192: the flow form 0.341 -> 0.317 ms (run BQ, gdn_debug), 315.2 us with TKEEP and WFRAG against
+// fla-core's 626.8 (run BS, gpu_compare: 0.503). With V carried in the record as well (run BP) it was 0.338
+// against 0.331: the precompute's V loads and stores cost what U's product saved. GDN_WG_UWS 0: the pair's
+// records and sequential arithmetic (its bits; the flags stay where FlowRec puts them).
 namespace gdnw {
 
 // ---- the UWS flow precompute's item on warpgroup MMA (GDN_WG_PREP_WG 1; session 11, first run in session 12)
-// The same records and numerics as gdnc::prep_item<DK, DV, true, true> (K K^T, Q K^T of the raw rows in fp32; T's
-// scaled columns as bf16 hi + lo; U in fp32, W rounded to bf16), its four kinds of product by wgmma: K K^T and Q K^T
+// (GDN_WG_USEQ 0) The same records and numerics as gdnc::prep_item<DK, DV, true, true> (K K^T, Q K^T of the raw
+// rows in fp32; T's scaled columns as bf16 hi + lo; U in fp32, W rounded to bf16); GDN_WG_USEQ 1: T diag(beta)'s
+// tiles stored in place of U (no V, no U product), -W. Its kinds of product by wgmma: K K^T and Q K^T
 // as m64n64k16 with both operands the swizzled k and q tiles (the full 64 x 64: the accumulator is the mma.sync C
 // layout of each warp's 16 rows, so products_epilogue takes it, warp w on block w for both), U^T per 64-row dv
 // m-tile (A: V^T's fragments by ldmatrix.trans of the swizzled V rows, B: T diag(beta)'s swizzled [64 j][64 t] hi
@@ -908,7 +918,7 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
     constexpr bool WG = GDN_WG_PREP_WG && GDN_WG_UWS;
     static_assert(WG || !GDN_WG_KQREC || !GDN_WG_UWS, "GDN_WG_KQREC: the wgmma precompute's tiles (prep_item_wg)");
     static_assert(WG || !GDN_WG_FLOW_VH, "GDN_WG_FLOW_VH: the wgmma precompute's items (prep_item_wg)");
-    static_assert(WG || !GDN_WG_USEQ, "GDN_WG_USEQ: the wgmma precompute's records (prep_item_wg)");
+    static_assert(WG || !GDN_WG_UWS || !GDN_WG_USEQ, "GDN_WG_USEQ: the wgmma precompute's records (prep_item_wg)");
     const int grp = threadIdx.x >> 7, tid = threadIdx.x & 127;
     static_assert(3 * wg_prep_group_bytes<DK>() + 1024 <= 3 * (int)sizeof(PrepSmem<DK>),
                   "the wgmma groups fit in the host's 3 x PrepSmem");

@@ -695,19 +695,21 @@ def test_wgmma_flow_form_sizes_rule_and_launches():
     sm = 228 * 1024
     assert gdn_wgmma.prep_flow_smem_bytes(128) == 3 * 64000 <= 227 * 1024
     assert gdn_wgmma.prep_flow_smem_bytes(128) + 1024 + gdn_wgmma.seq_smem_bytes(128, 2, uws=True) + 1024 > sm
-    assert gdn_wgmma.seq_smem_bytes(128, 2, uws=True) == 83968 + 83472 + 16 + 896   # the last stage unrounded
+    # the last stage unrounded: GDN_WG_USEQ's stage (the default), UwsRec's
+    assert gdn_wgmma.seq_smem_bytes(128, 2, uws=True) == 92160 + 92160 + 16 + 896 == 185232 <= 227 * 1024
+    assert gdn_wgmma.seq_smem_bytes(128, 2, uws=True, useq=False) == 83968 + 83472 + 16 + 896
     assert gdn_wgmma.uses_flow(1, 8192, 32, 128, 132) and not gdn_wgmma.uses_flow(2, 8192, 32, 128, 132)
     assert gdn_wgmma.uses_flow(2, 9000, 32, 64, 132) and not gdn_wgmma.uses_flow(1, 8192, 32, 128, 127)
     assert not gdn_wgmma.uses_flow(1, 8191, 32, 128, 132)  # 1 x 2048 measured slower in the flow form
     prep, seq = gdn_wgmma.flow_geometry(1, 8192, 16, 32, 128, 132)
     assert prep == ((68, 1, 1), (384, 1, 1), 192000)
-    assert seq == ((2, 32, 1), (128, 1, 1), gdn_wgmma.seq_smem_bytes(128, 2, uws=True))   # UwsRec's stages
+    assert seq == ((2, 32, 1), (128, 1, 1), gdn_wgmma.seq_smem_bytes(128, 2, uws=True))   # the flow stages
     assert gdn_wgmma.flow_geometry(4, 64, 1, 32, 128, 132)[0][0] == (1, 1, 1)  # never an empty grid
     zero, launches = ops._gdn_launches("wgmma", 1, 8192, 16, 32, 128, 132)
     assert zero == (gdn_wgmma.flags_offset(1, 8192, 16, 32, 128), 4 * 128 * 16 + 16)   # the flags, the counter
     assert launches == gdn_wgmma.flow_launches(1, 8192, 16, 32, 128, 132) == (
         ("q12_gdn_wgmma_prep_flow_d128", (68, 1, 1), (384, 1, 1), 192000, False),
-        ("q12_gdn_wgmma_seq_flow_d128", (2, 32, 1), (128, 1, 1), 168352, True))
+        ("q12_gdn_wgmma_seq_flow_d128", (2, 32, 1), (128, 1, 1), 185232, True))
     assert gdn_wgmma.flag_count(1, 8192, 16) == 128 * 16 and gdn_wgmma.flags_bytes(1, 64, 1) == 4 + 16
     for n, chunk_len, form in ((8, 2048, "wide"), (1, 2048, "pair"), (8, 2048, "pair")):
         # the rules: a full device at d 128 takes the wide form, few CTAs the pair; form= overrides them every way

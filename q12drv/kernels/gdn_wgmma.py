@@ -21,9 +21,10 @@ free, each group claiming the next item, chunk-major, from the counter) and ``q1
 launched with programmatic stream serialization, so that the precompute runs beside the sequential kernel; a
 chunk's records, and the chunk's k and q tiles the precompute stored beside them, are copied once their item's
 ready flag is set (``cuda_src/gdn_wgmma.cu``, "the flow form"). Its records are fla-core's order of the same algebra
-(``GDN_WG_UWS 1``, :func:`flow_record_bytes`): ``U = T diag(beta) V`` and ``W = T diag(beta EK) k`` from the
-precompute, so that the sequential kernel's chain per chunk is ``V_new^T = U^T - S^T W^T`` (one product group
-and R's epilogue fewer); its results are not the two-launch pair's bits (``chunked_reference(t_product=True,
+(``GDN_WG_UWS 1``, :func:`flow_record_bytes`): ``T diag(beta)`` and ``-W = -T diag(beta EK) k`` from the
+precompute (:data:`FLOW_USEQ`), so that the sequential kernel's chain per chunk is ``V_new^T = V^T (T
+diag(beta))^T + S^T (-W)^T`` in one accumulator, its first product independent of the state (R's epilogue and
+a product group fewer than the two-launch pair's chain); its results are not the two-launch pair's bits (``chunked_reference(t_product=True,
 u_minus_ws="fp32")`` models them), and batched == alone holds.
 
 ``form="wide"`` (:data:`WIDE_ENTRY`, head_dim 128) runs the sequential kernel as one CTA of two warpgroups per
@@ -164,10 +165,11 @@ def _flow_record_common(head_dim: int) -> int:
 
 
 def flow_record_bytes(head_dim: int, useq: bool | None = None) -> int:
-    """Bytes of one flow-form record per (stream, value head, 64-token chunk) (``gdnc::UwsRec<dk, dv>``, dk = dv
-    = ``head_dim``): W, P, EQ, WK, exp(gamma_C) (one bulk copy), then U^T per 64-column dv slice in fp32, in the
-    sequential kernel's accumulator order (a second bulk copy, the CTA's slice): 57,872 B at 128, 3.3x the
-    two-launch pair's record."""
+    """Bytes of one flow-form record per (stream, value head, 64-token chunk) (``gdnw::FlowRec<dk, dv>``, dk = dv
+    = ``head_dim``): W, P, EQ, WK, exp(gamma_C) (one bulk copy), then (``useq``, the default: :data:`FLOW_USEQ`)
+    T diag(beta) as bf16 hi and lo tiles (a second bulk copy): 41,488 B at 128, 2.4x the two-launch pair's
+    record; or (``useq=False``, ``gdnc::UwsRec``) U^T per 64-column dv slice in fp32, in the sequential kernel's
+    accumulator order (the CTA's slice): 57,872 B at 128."""
     return flow_record_offsets(head_dim, useq)["END"]
 
 
@@ -202,7 +204,8 @@ def seq_smem_bytes(head_dim: int, stages: int = 2, wgs: int = 1, uws: bool = Fal
                    useq: bool | None = None) -> int:
     """Dynamic shared memory of the sequential kernel: ``stages - 1`` stages at their 1 KiB stride, the last one's
     own bytes, one 8-byte mbarrier a stage (padded to 16 bytes), and the slack that puts the first stage on 1024
-    bytes (the flow form's kernel checks it and traps where it falls short; d 128: 168,352 B)."""
+    bytes (the flow form's kernel checks it and traps where it falls short; d 128: 185,232 B, 168,352 with
+    ``useq=False``)."""
     return ((stages - 1) * stage_bytes(head_dim, wgs, uws, useq) + _stage_raw(head_dim, wgs, uws, useq)
             + 16 * (-(-stages // 2)) + _ALIGN_SLACK)
 
@@ -234,9 +237,9 @@ def workspace_bytes(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, 
 
     The two-launch and wide forms (``form="pair"`` or ``"wide"``): per stream and 64-token chunk, one tile V
     record per value head (:func:`q12drv.kernels.gdn_chunk.tile_v_record_bytes`). The flow form (``"flow"``):
-    one flow record per value head (:func:`flow_record_bytes`, 3.3x larger), then its ready flags and item counter
+    one flow record per value head (:func:`flow_record_bytes`, 2.4x larger), then its ready flags and item counter
     (:func:`flags_offset`, :func:`flags_bytes`), then per key head the chunk's k and q tiles (:func:`kq_offset`,
-    :func:`kq_bytes`; 304 MB in all at 1 x 8192, Hk 16, Hv 32, d 128). ``"any"`` (default): the largest, the
+    :func:`kq_bytes`; 237 MB in all at 1 x 8192, Hk 16, Hv 32, d 128). ``"any"`` (default): the largest, the
     flow form's, which every form fits in. ``ops.gdn`` checks the workspace against the form it takes
     (:func:`resolve_form`), so a caller that knows it (``form="pair"``, or ``resolve_form`` with the device's SM
     count) may pass less.

@@ -223,7 +223,7 @@ WGMMA_VARIANTS = [
     ("wg-olo1", ("GDN_WG_OLO=1",)),       # O's product with V_new hi + lo (4 wgmma more, a little more accurate)
     ("wg-uws0", ("GDN_WG_UWS=0",)),       # flow: the pair's records and chain (V_new^T = R^T T^T), not U - W S
     ("wg-fahead1", ("GDN_WG_FLOW_AHEAD=1",)),   # flow (UWS): the next chunk's copies under X' and Y, not before
-    ("wg-prepmma", ("GDN_WG_PREP_WG=0", "GDN_WG_KQREC=0")),   # flow (UWS): the products on mma.sync, not wgmma
+    ("wg-prepmma", ("GDN_WG_PREP_WG=0", "GDN_WG_KQREC=0", "GDN_WG_USEQ=0")),   # flow (UWS): the products on mma.sync
     ("wg-kqrec0", ("GDN_WG_KQREC=0",)),         # flow (UWS): the k and q tiles by cp.async from k and q, not copied
                                                 # with the record
     ("wg-vh", ("GDN_WG_FLOW_VH=1",)),           # flow (UWS): one precompute item a value head, not a key head
