@@ -93,18 +93,20 @@
 #define GDN_WG_FLOW_VH_FIRST (1 << 30)  // items per key head (both value heads): the fine grain where the sequential
 #endif                                  // kernel waits for the first records, the lighter items after
 #ifndef GDN_WG_USEQ  // the UWS flow form (session 13): 1: U's product in the sequential kernel: the record carries
-#define GDN_WG_USEQ 1  // T diag(beta) as bf16 hi + lo tiles and -W (UseqRec), the sequential kernel copies its V slice from
-#endif                 // v, and the chain's X' accumulator starts as V^T (T diag(beta))^T (8 wgmma independent of S); 0: U
-                       // in fp32 from the precompute (UwsRec)
-#ifndef GDN_WG_WFRAG  // the UWS flow precompute's W product (session 13): 1: the four k-steps' A fragments loaded once for
-#define GDN_WG_WFRAG GDN_WG_USEQ  // both 64-column halves, one wait a half (its registers: with GDN_WG_USEQ 0 the d128
-#endif                            // precompute spilled 28 B); 0: two k-steps at a time, reloaded each half (four waits)
+#define GDN_WG_USEQ 1  // T diag(beta) as bf16 hi + lo tiles and -W (UseqRec), the sequential kernel copies its V
+#endif                 // slice from v, and the chain's X' accumulator starts as V^T (T diag(beta))^T (8 wgmma
+                       // independent of S; run BQ: the flow form 0.341 -> 0.317 ms at 1 x 8192); 0: U in fp32 from
+                       // the precompute (UwsRec)
+#ifndef GDN_WG_WFRAG  // the UWS flow precompute's W product (session 13): 1: the four k-steps' A fragments loaded
+#define GDN_WG_WFRAG GDN_WG_USEQ  // once for both 64-column halves, one wait a half (its registers: with GDN_WG_USEQ 0
+#endif                            // the d128 precompute spilled 28 B); 0: two k-steps at a time, reloaded each half
 #ifndef GDN_WG_TKEEP  // (GDN_WG_USEQ) 1: T diag(beta EK)'s tiles from T's fp32 columns, held; 0: t_cols_rescale of T
 #define GDN_WG_TKEEP 1  // diag(beta)'s hi + lo tiles
 #endif
-#ifndef GDN_WG_DIAGNORM  // the wgmma flow precompute's rows' scales (session 13): 1: rk, rq from the diagonals of K K^T and
-#define GDN_WG_DIAGNORM 1  // Q Q^T (16 wgmma an item; run BO: the flow form 0.360 -> 0.346 ms at 1 x 8192); 0: normalise's
-#endif                     // sums of squares over the swizzled rows (12.5% of the precompute's stall samples in run BN)
+#ifndef GDN_WG_DIAGNORM  // the wgmma flow precompute's rows' scales (session 13): 1: rk, rq from the diagonals of
+#define GDN_WG_DIAGNORM 1  // K K^T and Q Q^T (16 wgmma an item; run BO: the flow form 0.360 -> 0.346 ms at 1 x 8192);
+#endif                     // 0: normalise's sums of squares over the swizzled rows (12.5% of the precompute's stall
+                           // samples in run BN)
 #ifndef GDN_WG_OLO    // 1: O's product takes V_new as bf16 hi + lo; 0 (default since run AT): hi only, as fla-core (4 wgmma
 #define GDN_WG_OLO 0  // fewer; H200 run AT: 2-4% faster, o error 3.3e-3 -> 3.6e-3 against the fused kernel's 3.5e-3;
 #endif                // the state does not depend on it)
@@ -623,7 +625,8 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
 // subtractions a thread) -> [O, S update]: R's epilogue, its hi + lo split and the 8 wgmma of the T product leave
 // the chain. Not the pair's bits (chunked_reference(t_product=True, u_minus_ws="fp32") models it: the state's
 // error as the pair's in numpy); batched == alone. The records are 3.3x the pair's (57.9 KB a value head and chunk
-// at d128; GDN_WG_USEQ 1: 2.4x), fine here: they are read soon after they are written. GDN_WG_KQREC 1 (session 12): the precompute also
+// at d128; GDN_WG_USEQ 1: 2.4x), fine here: they are read soon after they are written. GDN_WG_KQREC 1 (session
+// 12): the precompute also
 // stores each item's k and q tiles (kqrec_at), which it holds anyway, and the sequential kernel copies them with
 // the record (one more bulk copy from thread 0 on the stage's mbarrier) instead of 2 x 8 cp.async a thread from k
 // and q (24% of its stall samples in run BG). GDN_WG_USEQ 1 (session 13, the default): U's product moves to the
@@ -798,7 +801,8 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
             constexpr int T16 = GDN_C * GDN_C * 2 / 16;
 #pragma unroll 4
             for (int i = tid; i < 2 * T16; i += THREADS)
-                dst[i] = i < T16 ? reinterpret_cast<const uint4*>(s.a)[i] : reinterpret_cast<const uint4*>(s.p)[i - T16];
+                dst[i] = i < T16 ? reinterpret_cast<const uint4*>(s.a)[i]
+                                 : reinterpret_cast<const uint4*>(s.p)[i - T16];
         }
 #else
         // U^T = V^T (T diag(beta))^T, one 64-row dv m-tile at a time (the sequential kernel's slice mi)
@@ -1032,6 +1036,7 @@ static_assert(gdnw::Stage<128, 1, true>::BYTES == 83968 && gdnw::Stage<64, 1, tr
 #endif
 static_assert(gdnc::UwsRec<128, 128>::BYTES == 57872 && gdnc::UwsRec<64, 64>::BYTES == 33296,
               "UwsRec size differs from q12drv.kernels.gdn_wgmma.flow_record_bytes");
-static_assert(gdnc::UwsRec<128, 128>::P == 16384 && gdnc::UwsRec<128, 128>::EQ == 24576 && gdnc::UwsRec<128, 128>::U == 25104 &&
-              gdnc::UwsRec<64, 64>::P == 8192 && gdnc::UwsRec<64, 64>::EQ == 16384 && gdnc::UwsRec<64, 64>::U == 16912,
+static_assert(gdnc::UwsRec<128, 128>::P == 16384 && gdnc::UwsRec<128, 128>::EQ == 24576 &&
+              gdnc::UwsRec<128, 128>::U == 25104 && gdnc::UwsRec<64, 64>::P == 8192 &&
+              gdnc::UwsRec<64, 64>::EQ == 16384 && gdnc::UwsRec<64, 64>::U == 16912,
               "UwsRec offsets differ from q12drv.kernels.gdn_wgmma.flow_record_offsets");

@@ -520,7 +520,8 @@ def test_wgmma_pair_sizes_match_the_source():
     # the wide form: two stages, one CTA of 256 threads a SM (both slices' warpgroups)
     assert gdn_wgmma.seq_smem_bytes(128, 2, 2) == gdn_wgmma.entry_smem_bytes(gdn_wgmma.WIDE_ENTRY) <= 227 * 1024
     assert gdn_wgmma.wide_geometry(8, 2048, 16, 32, 128)[1] == ((1, 32, 8), (256, 1, 1), 176032)
-    m = re.search(r"gdnw::Stage<128>::RAW == (\d+) && gdnw::Stage<64>::RAW == (\d+) && gdnw::Stage<128, 2>::RAW == (\d+),", src)
+    m = re.search(r"gdnw::Stage<128>::RAW == (\d+) && gdnw::Stage<64>::RAW == (\d+) && "
+                  r"gdnw::Stage<128, 2>::RAW == (\d+),", src)
     assert m and [int(x) for x in m.groups()] == [gdn_wgmma._stage_raw(d, w, False) for d, w in
                                                   ((128, 1), (64, 1), (128, 2))]
     with pytest.raises(ValueError, match="head_dim 128 only"):

@@ -24,8 +24,8 @@ ready flag is set (``cuda_src/gdn_wgmma.cu``, "the flow form"). Its records are 
 (``GDN_WG_UWS 1``, :func:`flow_record_bytes`): ``T diag(beta)`` and ``-W = -T diag(beta EK) k`` from the
 precompute (:data:`FLOW_USEQ`), so that the sequential kernel's chain per chunk is ``V_new^T = V^T (T
 diag(beta))^T + S^T (-W)^T`` in one accumulator, its first product independent of the state (R's epilogue and
-a product group fewer than the two-launch pair's chain); its results are not the two-launch pair's bits (``chunked_reference(t_product=True,
-u_minus_ws="fp32")`` models them), and batched == alone holds.
+a product group fewer than the two-launch pair's chain); its results are not the two-launch pair's bits
+(``chunked_reference(t_product=True, u_minus_ws="fp32")`` models them), and batched == alone holds.
 
 ``form="wide"`` (:data:`WIDE_ENTRY`, head_dim 128) runs the sequential kernel as one CTA of two warpgroups per
 (stream, value head), sharing the chunk's k and q tiles and V record between the two dv slices (half the shared

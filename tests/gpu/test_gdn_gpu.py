@@ -530,7 +530,8 @@ def test_gdn_flow_p_records_are_causal(chunk_kernels, case):
                 p = unswizzle_tile(records[0][b, ci, h, p0: p0 + 2 * 64 * 64], 64)
                 if (p[upper] != 0).any():
                     bad.append((b, ci, h, int((p[upper] != 0).sum())))
-    assert not bad, f"{len(bad)} P records with nonzero entries above the diagonal (stream, chunk, value head, count): {bad[:6]}"
+    assert not bad, (f"{len(bad)} P records with nonzero entries above the diagonal (stream, chunk, value head, "
+                     f"count): {bad[:6]}")
 
 
 @pytest.mark.parametrize("case", [0, 3], ids=["d128-hv32", "d64-hv6"])
