@@ -247,8 +247,8 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
         wg::fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
-            wg::mma_ss_n64_tt(X, mnmajor(sb + L::VS, kk), mnmajor(sb + L::TB, kk), kk > 0);
-            wg::mma_ss_n64_tt(X, mnmajor(sb + L::VS, kk), mnmajor(sb + L::TB + GDN_C * GDN_C * 2, kk), 1);
+            wg::wgmma_ss_n64<1, 1>(X, mnmajor(sb + L::VS, kk), mnmajor(sb + L::TB, kk), kk > 0);
+            wg::wgmma_ss_n64<1, 1>(X, mnmajor(sb + L::VS, kk), mnmajor(sb + L::TB + GDN_C * GDN_C * 2, kk), 1);
         }
     }
 #pragma unroll

@@ -112,14 +112,15 @@ __device__ __forceinline__ void pins(A&... a) {
     (pin(a), ...);
 }
 
-// ---- generated: D[64 x N] (acc ? D + : ) A B; ss: A and B from descriptors (both K-major);
-// ---- rs: A from registers, B MN-major (TB 1: imm-trans-b 1) or K-major (TB 0)
+// ---- generated: D[64 x N] (acc ? D + : ) A B; ss: A and B from descriptors (K-major; n64: TA / TB 1 MN-major,
+// ---- imm-trans-a / -b 1, bf16 only); rs: A from registers, B MN-major (TB 1: imm-trans-b 1) or K-major (TB 0)
+template <int TA = 0, int TB = 0>
 __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], u64 da, u64 db, int acc) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, %36;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db), "r"(acc));
+        : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
 }
 
 __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], u64 da, u64 db, int acc) {
@@ -157,20 +158,10 @@ __device__ __forceinline__ void wgmma_rs_n256(float (&d)[128], const unsigned (&
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB));
 }
 
-// D[64 x 64] (acc ? D + : ) A B with both operands MN-major in shared memory (imm-trans-a 1, imm-trans-b 1): A as
-// [K][M] (M contiguous), B as [K][N] (N contiguous); bf16 only (the transposes are not defined for other types).
-__device__ __forceinline__ void mma_ss_n64_tt(float (&d)[32], u64 da, u64 db, int acc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db), "r"(acc));
-}
-
 template <int N>
 __device__ __forceinline__ void mma_ss(float (&d)[N / 2], u64 da, u64 db, int acc) {
     static_assert(N == 64 || N == 128, "mma_ss: N 64 or 128");
-    if constexpr (N == 64) wgmma_ss_n64(d, da, db, acc);
+    if constexpr (N == 64) wgmma_ss_n64<>(d, da, db, acc);
     else wgmma_ss_n128(d, da, db, acc);
 }
 // TB: B's layout, 1 MN-major (B as [K][N], imm-trans-b 1), 0 K-major (B as [N][K]).
