@@ -85,13 +85,14 @@
 #endif                  // from thread 0 (gdnc::kqrec_at) instead of 2 x 8 cp.async a thread (run BL: the flow form
                         // 0.368 -> 0.344 ms at 1 x 8192, the same bits); 0: from k and q. (U in bf16, as fla-core's u,
                         // was measured too and dropped: 0.368 -> 0.355 ms, the state's error 5.5e-5 -> 5.3e-4.)
-#ifndef GDN_WG_FLOW_VH  // the UWS flow precompute's items (session 12, branch flow-vh, never run on a GPU): 1: one per
-#define GDN_WG_FLOW_VH 0  // (stream, chunk, value head), the key head's flag counting its value heads' items (the first
-#endif                    // chunk's wait and the claims' grain halved at Hv = 2 Hk; Q K^T and the rows' scales once an
-                          // item); 0: one per (stream, chunk, key head), its value heads one after the other
-#ifndef GDN_WG_FLOW_VH_FIRST  // (GDN_WG_FLOW_VH 1) the chunks from 0 whose items are per value head; the later chunks'
-#define GDN_WG_FLOW_VH_FIRST (1 << 30)  // items per key head (both value heads): the fine grain where the sequential
-#endif                                  // kernel waits for the first records, the lighter items after
+#ifndef GDN_WG_FLOW_VH  // the UWS flow precompute's items (session 12; run BN): 1: one per (stream, chunk, value
+#define GDN_WG_FLOW_VH 0  // head), the key head's flag counting its value heads' items (the first chunk's wait and the
+#endif                    // claims' grain halved at Hv = 2 Hk, but the scales, Q K^T and the k and q stores twice: the
+                          // flow form 0.344 -> 0.388 ms at 1 x 8192); 0: one per (stream, chunk, key head), its value
+                          // heads one after the other
+#ifndef GDN_WG_FLOW_VH_FIRST  // (GDN_WG_FLOW_VH 1) the chunks from 0 whose items are per value head; the later
+#define GDN_WG_FLOW_VH_FIRST (1 << 30)  // chunks' items per key head: the fine grain where the sequential kernel
+#endif                                  // waits for the first records (8: 0.357 against 0.344 ms, run BN)
 #ifndef GDN_WG_USEQ  // the UWS flow form (session 13): 1: U's product in the sequential kernel: the record carries
 #define GDN_WG_USEQ 1  // T diag(beta) as bf16 hi + lo tiles and -W (UseqRec), the sequential kernel copies its V
 #endif                 // slice from v, and the chain's X' accumulator starts as V^T (T diag(beta))^T (8 wgmma
@@ -569,7 +570,8 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
         // chunk's copy and V slice have landed and before the next one is issued: the fence then waits for no bulk copy in
         // flight (polled before mbar_wait it did, about 1.8 us a fence, run AR)
         if (FLOW && tid == 0 && ci + 1 < nch && ci + 1 > ready_to)
-            ready_to = ci + gdnw::wait_ready(flags + (ci + 1) * num_k_heads, nch - ci - 1, 4ull * num_k_heads, FLOW_NEED);
+            ready_to = ci + gdnw::wait_ready(flags + (ci + 1) * num_k_heads, nch - ci - 1, 4ull * num_k_heads,
+                                             FLOW_NEED);
         __syncthreads();   // chunk ci's V slice from every thread and chunk ci - 1's O slice; (STAGES 2) chunk ci - 1
                            // is done with its stage
         auto issue_next = [&] {   // (STAGES 2) chunk ci + 1 into the other stage, which chunk ci - 1 is done with
@@ -791,7 +793,7 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
         store_uws_scalars<DK, DV>(urec, s, tid);
         sync();   // -A read by every warp's solve, P stored: their bytes take T's scaled columns (swizzled tiles)
         t_cols_hilo<true>(X, s.a, s.p, [&](int c) { return s.beta[c]; }, warp, lane);
-        cp_async_wait_all();       // this value head's V rows
+        cp_async_wait_all();       // this value head's V rows (USEQ: none; the next head's g and beta)
         wg::fence_proxy_async();   // T diag(beta)'s tiles and V visible to the wgmma
         sync();
 #if GDN_WG_USEQ
