@@ -119,9 +119,10 @@ using namespace gdnc;
 
 // The flow record (GDN_WG_USEQ 1): UwsRec's common part (W stored as -W), then T diag(beta) hi and lo (two
 // [64 j][64 t] swizzled tiles, 8 KiB each) in place of U; the sequential kernel copies its V slice from v.
+enum : int { TILE64 = GDN_C * GDN_C * 2 };   // one [64][64] bf16 tile (T diag(beta) hi or lo, a V slice)
 template <int DK, int DV>
 struct UseqRec : UwsRec<DK, DV> {
-    static constexpr int TB = UwsRec<DK, DV>::COMMON, BYTES = TB + 2 * GDN_C * GDN_C * 2;
+    static constexpr int TB = UwsRec<DK, DV>::COMMON, BYTES = TB + 2 * TILE64;
     static_assert(TB % 16 == 0, "bulk copies from 16-byte aligned addresses");
 };
 template <bool B, class T, class F> struct pick { using type = T; };
@@ -150,9 +151,9 @@ struct Stage {
     static constexpr int LDV = GDN_BV + 8, SLICE = GDN_C * LDV * 2;
     static constexpr int U = VREC + REC;                         // (UWS) the U slice, UR::USLICE bytes
     static constexpr int TB = (VREC + REC + 1023) / 1024 * 1024;  // (USEQ) T diag(beta) hi, lo: 2 x 8 KiB tiles
-    static constexpr int VS = TB + 2 * GDN_C * GDN_C * 2;        // (USEQ) the V slice: a swizzled [64][64] tile
+    static constexpr int VS = TB + 2 * TILE64;                   // (USEQ) the V slice: a swizzled [64][64] tile
     static constexpr int V = VREC + REC;                         // (not UWS) the V slices [64][LDV] bf16
-    static constexpr int O = USEQ ? VS + GDN_C * GDN_BV * 2 : UWS ? U + UR::USLICE : V + WGS * SLICE;   // the O slices
+    static constexpr int O = USEQ ? VS + TILE64 : UWS ? U + UR::USLICE : V + WGS * SLICE;   // the O slices
     static constexpr int RAW = O + WGS * SLICE;                 // the last stage's extent (the mbarriers follow it)
     static constexpr int BYTES = (RAW + 1023) / 1024 * 1024;    // a stage's stride (the next on 1024 bytes)
     static_assert(VREC % 1024 == 0 && P % 1024 == 0 && V % 16 == 0 && RAW % 16 == 0, "stage layout: the tiles on "
@@ -249,7 +250,7 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
             wg::wgmma_ss_n64<1, 1>(X, mnmajor(sb + L::VS, kk), mnmajor(sb + L::TB, kk), kk > 0);
-            wg::wgmma_ss_n64<1, 1>(X, mnmajor(sb + L::VS, kk), mnmajor(sb + L::TB + GDN_C * GDN_C * 2, kk), 1);
+            wg::wgmma_ss_n64<1, 1>(X, mnmajor(sb + L::VS, kk), mnmajor(sb + L::TB + TILE64, kk), 1);
         }
     }
 #pragma unroll
@@ -509,13 +510,13 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
             wg::fence_proxy_async();   // the stage's generic reads (beta, EK, ...) before the copy's writes
             if constexpr (UWS) {   // the record's common part, then this CTA's U slice (USEQ: T diag(beta), V slice)
                 const unsigned char* rec = rec_at<UR::BYTES>(ws, m, b, ci, h, num_v_heads);
-                constexpr unsigned TAIL = L::USEQ ? 2 * GDN_C * GDN_C * 2 : UR::USLICE;
+                constexpr unsigned TAIL = L::USEQ ? 2 * gdnw::TILE64 : UR::USLICE;
                 wg::mbar_arrive_expect_tx(bars + 8 * st, UR::COMMON + TAIL + (KQREC ? 2 * L::KT : 0));
                 if (KQREC) wg::bulk_g2s(sb + L::K, kqrec_at<UR::BYTES, DK>(ws, m, b, ci, kh, num_k_heads, num_v_heads),
                                         2 * L::KT, bars + 8 * st);
                 wg::bulk_g2s(sb + L::VREC, rec, UR::COMMON, bars + 8 * st);
                 if constexpr (L::USEQ) {
-                    wg::bulk_g2s(sb + L::TB, rec + UR::TB, 2 * GDN_C * GDN_C * 2, bars + 8 * st);
+                    wg::bulk_g2s(sb + L::TB, rec + UR::TB, 2 * gdnw::TILE64, bars + 8 * st);
                 } else {
                     wg::bulk_g2s(sb + L::U, rec + UR::U + (col0 / BV) * UR::USLICE, UR::USLICE, bars + 8 * st);
                 }
@@ -800,7 +801,7 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
         {   // T diag(beta)'s hi and lo tiles (the first 8 KiB of s.a and s.p) to the record, for the sequential
             // kernel's U product
             uint4* dst = reinterpret_cast<uint4*>(urec + UR::TB);
-            constexpr int T16 = GDN_C * GDN_C * 2 / 16;
+            constexpr int T16 = TILE64 / 16;
 #pragma unroll 4
             for (int i = tid; i < 2 * T16; i += THREADS)
                 dst[i] = i < T16 ? reinterpret_cast<const uint4*>(s.a)[i]
