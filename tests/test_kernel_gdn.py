@@ -773,3 +773,26 @@ def test_wgmma_flow_emulator_needs_the_precompute_and_the_wide_one_its_launch():
         _run_chunk_emulated(inputs, 2, 4, 64, split=2, pair="flow", skip_prep=True)
     with pytest.raises(ValueError, match=r"needs grid \(1, Hv, n\) and block \(256, 1, 1\)"):
         gdn_wgmma.EMULATORS[gdn_wgmma.WIDE_ENTRY]({}, None, (2, 4, 3), (128, 1, 1))
+
+
+def test_sw128_unswizzle_inverts_the_kernels_swizzle():
+    """gdn_wgmma.sw128_offset is gdn_chunk.cuh's sw128_off (the formula in the source), and sw128_unswizzle reads a
+    tile written through it back in row order, for 64 and 128 columns; wrong sizes are refused."""
+    from q12drv.nvrtc import cuda_src_dir
+    src = (cuda_src_dir() / "gdn_chunk.cuh").read_text()
+    assert "return (cg >> 3) * (GDN_C * 128) + r * 128 + (((cg & 7) ^ (r & 7)) << 4);" in src
+    assert gdn_wgmma.sw128_offset(0, 0) == 0 and gdn_wgmma.sw128_offset(1, 0) == 128 + 16
+    assert gdn_wgmma.sw128_offset(9, 8) == 8192 + 9 * 128 + 16
+    rng = np.random.default_rng(3)
+    for cols in (64, 128):
+        tile = rng.integers(0, 1 << 16, (64, cols), dtype=np.uint16)
+        raw = np.zeros(64 * cols, np.uint16)
+        for r in range(64):
+            for c in range(cols // 8):
+                at = gdn_wgmma.sw128_offset(r, c) // 2
+                raw[at: at + 8] = tile[r, 8 * c: 8 * c + 8]
+        assert np.array_equal(gdn_wgmma.sw128_unswizzle(raw.view(np.uint8), cols), tile)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        gdn_wgmma.sw128_unswizzle(np.zeros(64 * 32, np.uint16), 32)
+    with pytest.raises(ValueError, match="is 16384 bytes, got 8192"):
+        gdn_wgmma.sw128_unswizzle(np.zeros(64 * 64, np.uint16), 128)

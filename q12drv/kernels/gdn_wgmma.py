@@ -64,6 +64,8 @@ __all__ = [
     "WORKSPACE_FORMS",
     "flow_record_bytes",
     "flow_record_offsets",
+    "sw128_offset",
+    "sw128_unswizzle",
     "FLOW_USEQ",
     "resolve_form",
     "flags_offset",
@@ -157,6 +159,26 @@ def flow_record_offsets(head_dim: int, useq: bool | None = None) -> dict:
     if _useq(useq):
         return {**out, "TB": u, "END": u + 2 * 2 * c * c}
     return {**out, "U": u, "END": u + head_dim // _gdnc.BV * _U_SLICE}
+
+
+def sw128_offset(row, piece):
+    """Byte offset of row ``row``'s 16-byte piece ``piece`` (8 bf16 columns) in a ``[64][cols]`` tile in the
+    128-byte swizzle the kernels' tiles and records use (``gdnc::sw128_off``): 64-column atoms of 8 KiB, the piece
+    at ``piece ^ (row % 8)`` of its 128-byte row. Takes ints or integer numpy arrays (broadcast)."""
+    return (piece >> 3) * (_gdnc.CHUNK * 128) + row * 128 + (((piece & 7) ^ (row & 7)) << 4)
+
+
+def sw128_unswizzle(raw, cols: int):
+    """A swizzled ``[64][cols]`` bf16 tile's bytes (:func:`sw128_offset`; ``cols`` a multiple of 64) as a
+    ``[64][cols]`` uint16 array in row-major order: for reading a record's tiles back from a workspace."""
+    if cols <= 0 or cols % 64:
+        raise ValueError(f"cols must be a positive multiple of 64 (whole 8 KiB atoms), got {cols}")
+    words = np.frombuffer(np.ascontiguousarray(raw).tobytes(), np.uint16)
+    if words.size != _gdnc.CHUNK * cols:
+        raise ValueError(f"a [64][{cols}] bf16 tile is {2 * _gdnc.CHUNK * cols} bytes, got {2 * words.size}")
+    r = np.arange(_gdnc.CHUNK)[:, None]
+    at = sw128_offset(r, np.arange(cols // 8)[None, :]) // 2             # [row][piece], in elements
+    return words[at[:, :, None] + np.arange(8)].reshape(_gdnc.CHUNK, cols)
 
 
 def _flow_record_common(head_dim: int) -> int:

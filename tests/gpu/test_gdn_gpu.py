@@ -315,7 +315,7 @@ def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=0, pair="split", p
                 flags_out.append(ws.buf[off: off + 4 * count + 4].cpu().numpy().view(np.uint32).copy())
             if records_out is not None:
                 torch.cuda.synchronize()
-                nch = -(-int(meta.chunk_len) // 64)
+                nch = -(-int(meta.chunk_len) // gdn_chunk.CHUNK)
                 rec = ws.buf[GUARD: off].cpu().numpy()
                 records_out.append(rec.reshape(n, nch, hv, gdn_wgmma.flow_record_bytes(d)).copy())
         for i, (entry, (grid, block, smem)) in enumerate(zip(names, geos)):
@@ -497,15 +497,6 @@ def test_gdn_flow_claims_every_item_once(chunk_kernels, d):
     assert np.array_equal(got[0][0], got[1][0]) and np.array_equal(got[0][1], got[1][1]), "the two runs differ"
 
 
-def unswizzle_tile(raw, cols):
-    """A 128-byte swizzled ``[64][cols]`` bf16 tile (the stage's layout: 64-column atoms of 8 KiB, row r's 16-byte
-    piece c at ``r * 128 + ((c ^ r % 8) << 4)``) as a ``[64][cols]`` uint16 array."""
-    words = np.frombuffer(raw.tobytes(), np.uint16).reshape(cols // 64, 64, 8, 8)   # atom, row, piece, element
-    r = np.arange(64)[:, None]
-    pieces = words[:, r, np.arange(8)[None, :] ^ (r % 8)]                              # [atom][row][piece][element]
-    return pieces.transpose(1, 0, 2, 3).reshape(64, cols)
-
-
 @pytest.mark.parametrize("case", [0, 3], ids=["d128-hv32", "d64-hv6"])
 def test_gdn_flow_p_records_are_causal(chunk_kernels, case):
     """Every flow record's P tile (P[t][j] = exp(gamma_t - gamma_j) (rq q_t . rk k_j) for j <= t) is exactly zero above
@@ -522,12 +513,13 @@ def test_gdn_flow_p_records_are_causal(chunk_kernels, case):
     assert guards
     check_chunked_result(o, fin, inputs)
     p0 = gdn_wgmma.flow_record_offsets(d)["P"]
-    upper = np.triu(np.ones((64, 64), bool), 1)
+    C = gdn_chunk.CHUNK
+    upper = np.triu(np.ones((C, C), bool), 1)
     bad = []
     for b, L in enumerate(lens):
-        for ci in range(-(-L // 64)):
+        for ci in range(-(-L // C)):
             for h in range(hv):
-                p = unswizzle_tile(records[0][b, ci, h, p0: p0 + 2 * 64 * 64], 64)
+                p = gdn_wgmma.sw128_unswizzle(records[0][b, ci, h, p0: p0 + 2 * C * C], C)
                 if (p[upper] != 0).any():
                     bad.append((b, ci, h, int((p[upper] != 0).sum())))
     assert not bad, (f"{len(bad)} P records with nonzero entries above the diagonal (stream, chunk, value head, "
