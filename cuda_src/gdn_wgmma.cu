@@ -108,6 +108,18 @@
 #define GDN_WG_DIAGNORM 1  // K K^T and Q Q^T (16 wgmma an item; run BO: the flow form 0.360 -> 0.346 ms at 1 x 8192);
 #endif                     // 0: normalise's sums of squares over the swizzled rows (12.5% of the precompute's stall
                            // samples in run BN)
+#ifndef GDN_WG_PBAL  // the wgmma flow precompute's epilogues (session 14): 1: P from K Q^T's accumulator (warp w
+#define GDN_WG_PBAL 1  // holds P^T's rows 16 w .., its n-tiles nt >= 2 w: with K K^T's nt <= 2 w + 1 every warp
+#endif                 // takes 10 n-tiles, where Q K^T's rows gave warp 3 16 and warp 0 4) and each warp inverts its
+                       // own diagonal block (no barrier and no idle half of the group around invert_diagonal); 0:
+                       // P from Q K^T's rows, invert_diagonal by threads 0..63 between two barriers
+#ifndef GDN_WG_KKEARLY  // the wgmma flow precompute (session 14): 1: each value head's K K^T issued before the
+#define GDN_WG_KKEARLY 1  // head's zero_ap and chunk_gamma (warp 0's scan, the others waiting at the barrier), so
+#endif                    // that its wgmma run under them; 0: after their barrier
+#ifndef GDN_WG_PUBFENCE  // the flow precompute's ready flags (session 14): 0: st.release.gpu alone after the item's
+#define GDN_WG_PUBFENCE 0  // last barrier (its release fence is cumulative over the group's stores, ordered by
+#endif                     // that barrier: CUTLASS's semaphore pattern); 1: __threadfence() first (a fence.sc, and
+                           // an L1 invalidation, more: 1.5% of the precompute's stall samples in run BT)
 #ifndef GDN_WG_OLO    // 1: O's product takes V_new as bf16 hi + lo; 0 (default since run AT): hi only, as fla-core (4 wgmma
 #define GDN_WG_OLO 0  // fewer; H200 run AT: 2-4% faster, o error 3.3e-3 -> 3.6e-3 against the fused kernel's 3.5e-3;
 #endif                // the state does not depend on it)
@@ -684,6 +696,40 @@ struct WgPrepSmem {
 template <int DK>
 __host__ __device__ constexpr int wg_prep_group_bytes() { return (int)(sizeof(WgPrepSmem<DK>) + 1023) / 1024 * 1024; }
 
+// (GDN_WG_PBAL) P from K Q^T's accumulator (the mma C layout of each warp's 16 rows, as products_epilogue takes
+// it): warp w holds P^T's rows j = 16 w .. + 15 (k tokens), and its n-tiles nt >= 2 w are the q tokens i >= 16 w
+// that P's causal part needs of them (the n-tiles before lie above P's diagonal: zero_ap's zeros). Each element is
+// ex2(erq_i + ec_j) (K Q^T)_ji where i >= j (masked ones are selected away: their exponent may overflow), stored
+// transposed into P's rows as bf16 by one stmatrix .trans a pair of n-tiles (matrix mm = lane / 8: n-tile 2 pr +
+// mm / 2, P^T's rows 16 w + 8 (mm % 2) ..; in P rows 8 nt + lane % 8, columns 16 w + 8 (mm % 2) ..).
+template <class S>
+__device__ __forceinline__ void pt_epilogue(S& s, const float (*acc)[4], int warp, int lane) {
+    constexpr int LDP = GDN_C + 8;
+    const int gq = lane >> 2, tq = lane & 3, mm = lane >> 3, r8 = lane & 7;
+    const float e0 = s.ec[16 * warp + gq], e1 = s.ec[16 * warp + gq + 8];   // rows j and j + 8
+    const unsigned sp = smem_u32(s.p);
+#pragma unroll
+    for (int pr = 0; pr < 4; ++pr) {
+        if (pr < warp) continue;
+        unsigned r[4];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int nt = 2 * pr + u, i = 8 * nt + 2 * tq;
+            const float2 c = *reinterpret_cast<const float2*>(&s.erq[i]);
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int j = 16 * warp + gq + 8 * hh;
+                const float ej = hh ? e1 : e0;
+                float v0 = ex2(c.x + ej) * acc[nt][2 * hh], v1 = ex2(c.y + ej) * acc[nt][2 * hh + 1];
+                v0 = i >= j ? v0 : 0.f;
+                v1 = i + 1 >= j ? v1 : 0.f;
+                r[2 * u + hh] = pack(v0, v1);
+            }
+        }
+        wg::stsm_x4_t(sp + 2 * ((8 * (2 * pr + (mm >> 1)) + r8) * LDP + 16 * warp + 8 * (mm & 1)), r[0], r[1], r[2], r[3]);
+    }
+}
+
 template <int DK, int DV, class Sync, class Claim>
 __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
                                              const bf16* __restrict__ v, const float* __restrict__ g,
@@ -740,11 +786,13 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
                               1.0f / sqrtf((float)DK));
     zero_ap(s, tid);   // -A and P: every byte of the records defined
 #endif
-    // Q K^T once for the key head (each value head scales it by its own beta and gamma in the epilogue)
+    // Q K^T (GDN_WG_PBAL: K Q^T, P^T's rows) once for the key head (each value head scales it by its own beta and
+    // gamma in the epilogue)
     float accq[32];
     wg::fence();
 #pragma unroll
-    for (int ks = 0; ks < NK; ++ks) wg::mma_ss<64>(accq, kmajor(sq, ks), kmajor(sk, ks), ks > 0);
+    for (int ks = 0; ks < NK; ++ks)
+        wg::mma_ss<64>(accq, kmajor(GDN_WG_PBAL ? sk : sq, ks), kmajor(GDN_WG_PBAL ? sq : sk, ks), ks > 0);
     wg::commit();
 #if GDN_WG_KQREC
     if (j0 == 0) {   // the k and q tiles (adjacent here and in the stage) for the sequential kernel, before V takes q's bytes
@@ -763,27 +811,40 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
             issue_v_sw128<DV>(qt, v, nv, ld_volatile(cu + b) + c0, num_v_heads, h, tid);
             cp_async_commit();
         }
-        if (j > j0) zero_ap(s, tid);   // the previous head's T tiles out of -A's and P's upper blocks
-        if (warp == 0) chunk_gamma<true>(s, 0, lane);
-        sync();
-        if (j + 1 < j1) {   // the next value head's g and beta (chunk_gamma has read this head's)
-            issue_kvgb<DK, DV, false, false, true>(s, nullptr, cu + b, len, c0, 0, k, nullptr, g, beta,
-                                                   num_k_heads, num_v_heads, h + 1, 0, tid);
-            cp_async_commit();
-        }
         {
             float acck[32];   // K K^T again for each value head (a few wgmma; holding it costs registers)
-            wg::fence();
+            auto kk = [&] {
+                wg::fence();
 #pragma unroll
-            for (int ks = 0; ks < NK; ++ks) wg::mma_ss<64>(acck, kmajor(sk, ks), kmajor(sk, ks), ks > 0);
-            wg::commit();
+                for (int ks = 0; ks < NK; ++ks) wg::mma_ss<64>(acck, kmajor(sk, ks), kmajor(sk, ks), ks > 0);
+                wg::commit();
+            };
+            if (GDN_WG_KKEARLY) kk();   // (it reads the k tile only) under zero_ap, chunk_gamma and their barrier
+            if (j > j0) zero_ap(s, tid);   // the previous head's T tiles out of -A's and P's upper blocks
+            if (warp == 0) chunk_gamma<true>(s, 0, lane);
+            sync();
+            if (j + 1 < j1) {   // the next value head's g and beta (chunk_gamma has read this head's)
+                issue_kvgb<DK, DV, false, false, true>(s, nullptr, cu + b, len, c0, 0, k, nullptr, g, beta,
+                                                       num_k_heads, num_v_heads, h + 1, 0, tid);
+                cp_async_commit();
+            }
+            if (!GDN_WG_KKEARLY) kk();
             wg::wait<0>();
+            wg::pin(acck);
             products_epilogue<true, true>(s, reinterpret_cast<const float (*)[4]>(acck), warp, lane);
         }
+#if GDN_WG_PBAL
+        pt_epilogue(s, reinterpret_cast<const float (*)[4]>(accq), warp, lane);
+        __syncwarp();   // the warp's diagonal block of K K^T (s.d) stored by its lanes
+        if (lane < 16)  // (all 32 lanes on one column each of two: the d128 precompute spilled 4 B under NVRTC 13.0)
+            invert_column(&s.d[warp * 272], &s.dinv[16 * warp * WgPrepSmem<DK>::LDD], lane);
+        sync();
+#else
         products_epilogue<false, true>(s, reinterpret_cast<const float (*)[4]>(accq), warp, lane);
         sync();
         invert_diagonal<DK>(s, tid);
         sync();
+#endif
         // T's columns 16 warp .. + 15 (each_slice_elem: the identity's, solved)
         float Rt[8][4], X[8][4];
         each_slice_elem<LDP>(warp, lane, [&](int nt, int e, int cc, int at) {
@@ -978,7 +1039,7 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
                                                 sync, v);
         }
         if (tid == 0) {   // the group's record stores are issued (the item's last barrier): publish them
-            __threadfence();
+            if (GDN_WG_PUBFENCE) __threadfence();
             unsigned* flag = ready_flag_at<UR::BYTES>(ws, m, b, ci, kh, num_k_heads, num_v_heads);
             if (GDN_WG_FLOW_VH)   // the key head's flag counts its value heads' items
                 asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(flag), "r"(j1 - j0) : "memory");

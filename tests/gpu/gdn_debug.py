@@ -143,6 +143,20 @@ TIMING_CASES = (("8x2048", [2048] * 8), ("1x8192", [8192]), ("ragged8", RAGGED_L
                 ("1x2048", [2048]))
 
 
+def flow_workspace_bytes(n, chunk_len, hk, hv, d):
+    """The flow form's workspace for every build: a ``GDN_WG_USEQ=0`` build's records (U in fp32) are larger than
+    the default's, and each build's layout is taken with :data:`gdn_wgmma.FLOW_USEQ` set to it."""
+    saved = gdn_wgmma.FLOW_USEQ
+    try:
+        sizes = []
+        for useq in (True, False):
+            gdn_wgmma.FLOW_USEQ = useq
+            sizes.append(gdn_wgmma.workspace_bytes(n, chunk_len, hk, hv, d))
+    finally:
+        gdn_wgmma.FLOW_USEQ = saved
+    return max(sizes)
+
+
 def timing_cases(torch, keys=None):
     """The timing cases (Hk 16, Hv 32, d 128) as ``(key, n, tokens, hv, d, launch values, tensors)``; ``keys``:
     only those of TIMING_CASES."""
@@ -162,7 +176,7 @@ def timing_cases(torch, keys=None):
         st = torch.randn(n, hv, d, d, device="cuda") * 0.1
         ptrs = torch.tensor([st[i].data_ptr() for i in range(n)], dtype=torch.uint64, device="cuda")
         meta = Q12MetaC(cu_seqlens=cu_t.data_ptr(), batch_size=n, chunk_len=max(lens), total_tokens=Tt)
-        ws_bytes = max(gdn_chunk.workspace_bytes(n, max(lens), hk, hv, d), gdn_wgmma.workspace_bytes(n, max(lens), hk, hv, d))
+        ws_bytes = max(gdn_chunk.workspace_bytes(n, max(lens), hk, hv, d), flow_workspace_bytes(n, max(lens), hk, hv, d))
         ws = torch.empty(ws_bytes, dtype=torch.uint8, device="cuda")
         vals = [meta, ctypes.c_uint64(ptrs.data_ptr())]
         vals += [ctypes.c_uint64(x.data_ptr()) for x in (q, k, v, g, beta, o)] + [ctypes.c_int(hk), ctypes.c_int(hv)]
@@ -232,6 +246,9 @@ WGMMA_VARIANTS = [
     ("wg-useq0", ("GDN_WG_USEQ=0",)),           # flow (UWS): U's product in the precompute, U in fp32 in the record
     ("wg-tkeep0", ("GDN_WG_TKEEP=0",)),         # flow (USEQ): T diag(beta EK) by rescaling T diag(beta)'s tiles
     ("wg-wfrag0", ("GDN_WG_WFRAG=0",)),         # flow: W's A fragments two k-steps at a time, reloaded each half
+    ("wg-pbal0", ("GDN_WG_PBAL=0",)),           # flow: P from Q K^T's rows (warp 3 16 n-tiles), invert_diagonal apart
+    ("wg-kkearly0", ("GDN_WG_KKEARLY=0",)),     # flow: each value head's K K^T issued after chunk_gamma's barrier
+    ("wg-pubfence1", ("GDN_WG_PUBFENCE=1",)),   # flow: __threadfence() before each ready flag's st.release
 ]
 
 
