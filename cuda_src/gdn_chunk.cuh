@@ -661,10 +661,9 @@ __device__ __forceinline__ void store_state(const float (*St)[4], float* out, in
 
 // o rows of valid tokens from this CTA's O slice: 8-byte pieces (o needs 8-byte alignment only).
 template <int DV>
-__device__ __forceinline__ void store_o(bf16* __restrict__ o, const bf16* ob, const int* cub, int len, int c0,
-                                        int num_v_heads, int h, int col0, int tid) {
+__device__ __forceinline__ void store_o_at(bf16* __restrict__ o, const bf16* ob, int tok0, int len, int c0,
+                                           int num_v_heads, int h, int col0, int tid) {
     constexpr int C = GDN_C, BV = GDN_BV, THREADS = 128, LDV = GDN_BV + 8;
-    const int tok0 = ld_volatile(cub);
     const int nt_valid = min(C, len - c0);
 #pragma unroll
     for (int p = 0; p < C * BV / 4 / THREADS; ++p) {
@@ -674,6 +673,11 @@ __device__ __forceinline__ void store_o(bf16* __restrict__ o, const bf16* ob, co
             *reinterpret_cast<uint2*>(o + ((long long)(tok0 + c0 + row) * num_v_heads + h) * DV + col0 + part * 4) =
                 *reinterpret_cast<const uint2*>(&ob[row * LDV + part * 4]);
     }
+}
+template <int DV>
+__device__ __forceinline__ void store_o(bf16* __restrict__ o, const bf16* ob, const int* cub, int len, int c0,
+                                        int num_v_heads, int h, int col0, int tid) {
+    store_o_at<DV>(o, ob, ld_volatile(cub), len, c0, num_v_heads, h, col0, tid);
 }
 
 // ---- the split pairs' workspace (gdn_chunk.py's workspace_bytes): n x ceil(chunk_len / 64) x Hk K records, then

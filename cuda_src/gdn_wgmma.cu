@@ -116,6 +116,12 @@
 #ifndef GDN_WG_KKEARLY  // the wgmma flow precompute (session 14): 1: each value head's K K^T issued before the
 #define GDN_WG_KKEARLY 1  // head's zero_ap and chunk_gamma (warp 0's scan, the others waiting at the barrier), so
 #endif                    // that its wgmma run under them; 0: after their barrier
+#ifndef GDN_WG_FLOW_TOK0  // the USEQ flow sequential kernel (session 14): 1: the stream's first token read once,
+#define GDN_WG_FLOW_TOK0 1  // before the chunk loop (one register), for the V slice's and the o rows' addresses; 0:
+#endif                      // re-read from cu_seqlens every chunk (an L2 round trip before the V slice's copies)
+#ifndef GDN_WG_CVT_FIRST  // the USEQ flow sequential kernel (session 14): 1: S's bf16 A fragments converted before
+#define GDN_WG_CVT_FIRST 1  // U's wgmma, so that U's and S's products are one group behind one wgmma.fence; 0: under
+#endif                      // U's wgmma (ptxas 13.0 then waits for them before S's: the chain took U's latency)
 #ifndef GDN_WG_PUBFENCE  // the flow precompute's ready flags (session 14): 0: st.release.gpu alone after the item's
 #define GDN_WG_PUBFENCE 0  // last barrier (its release fence is cumulative over the group's stores, ordered by
 #endif                     // that barrier: CUTLASS's semaphore pattern); 1: __threadfence() first (a fence.sc, and
@@ -257,7 +263,15 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
     float (*X4)[4] = reinterpret_cast<float (*)[4]>(X);
     float (*N4)[4] = reinterpret_cast<float (*)[4]>(N);
     unsigned sa[NK][4], rh[4][4], rl[4][4];
-    if constexpr (L::USEQ) {   // U^T = V^T (T diag(beta))^T first: it needs no S (the cvt below runs under it)
+    // USEQ: U^T = V^T (T diag(beta))^T first (it needs no S), then S^T (-W)^T onto it. GDN_WG_CVT_FIRST 1: S's
+    // bf16 fragments before both, one wgmma.fence; 0: converted while U's wgmma run, a second fence before S's
+    // products, where ptxas 13.0 waits for U's (nvdisasm: WARPGROUP.DEPBAR between the two groups)
+    constexpr bool CVT_FIRST = !L::USEQ || GDN_WG_CVT_FIRST;
+    if constexpr (CVT_FIRST) {
+#pragma unroll
+        for (int ks = 0; ks < NK; ++ks) a_from_c(S4[2 * ks], S4[2 * ks + 1], sa[ks]);
+    }
+    if constexpr (L::USEQ) {
         wg::fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
@@ -265,9 +279,11 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
             wg::wgmma_ss_n64<1, 1>(X, mnmajor(sb + L::VS, kk), mnmajor(sb + L::TB + TILE64, kk), 1);
         }
     }
+    if constexpr (!CVT_FIRST) {
 #pragma unroll
-    for (int ks = 0; ks < NK; ++ks) a_from_c(S4[2 * ks], S4[2 * ks + 1], sa[ks]);
-    wg::fence();
+        for (int ks = 0; ks < NK; ++ks) a_from_c(S4[2 * ks], S4[2 * ks + 1], sa[ks]);
+    }
+    if (!L::USEQ || !CVT_FIRST) wg::fence();
 #pragma unroll   // (USEQ: X = U^T + S^T (-W)^T, V_new^T itself)
     for (int ks = 0; ks < NK; ++ks)
         wg::mma_rs<64, 0>(X, sa[ks], kmajor(sb + (UWS ? L::W : L::K), ks), L::USEQ || ks > 0);
@@ -542,10 +558,14 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
         issue_kq(ci, st);
         issue_vrec(ci, st);
     };
+    // (USEQ, GDN_WG_FLOW_TOK0) the stream's first token, held across the chunk loop
+    constexpr bool TOK0 = L::USEQ && GDN_WG_FLOW_TOK0;
+    const int tok0 = TOK0 ? ld_volatile(cu + b) : 0;
+    auto first_tok = [&] { return TOK0 ? tok0 : ld_volatile(cu + b); };
     auto issue_v = [&](int ci, int st) {   // (UWS: none, U comes in the record; USEQ: the slice, swizzled)
         if constexpr (L::USEQ) {
             gdnw::issue_v_sw128<DV, BV>(basep + st * L::BYTES + L::VS, v, min(C, len - ci * C),
-                                         ld_volatile(cu + b) + ci * C, num_v_heads, h, wtid, col0);
+                                         first_tok() + ci * C, num_v_heads, h, wtid, col0);
             cp_async_commit();
             return;
         }
@@ -567,8 +587,8 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
     // Chunk ci's o rows leave from its stage's O slice during chunk ci + 1's first products (the last after the
     // loop); a stage's O slice is rewritten two barriers after it was stored from.
     auto o_rows = [&](int ci) {
-        store_o<DV>(o, reinterpret_cast<const bf16*>(basep + (STAGES == 2 ? ci & 1 : 0) * L::BYTES + L::O + wgi * L::SLICE),
-                    cu + b, len, ci * C, num_v_heads, h, col0, wtid);
+        store_o_at<DV>(o, reinterpret_cast<const bf16*>(basep + (STAGES == 2 ? ci & 1 : 0) * L::BYTES + L::O + wgi * L::SLICE),
+                       first_tok(), len, ci * C, num_v_heads, h, col0, wtid);
     };
     for (int ci = 0; ci < nch; ++ci) {
         const int st = STAGES == 2 ? (ci & 1) : 0;

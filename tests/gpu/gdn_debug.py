@@ -249,6 +249,9 @@ WGMMA_VARIANTS = [
     ("wg-pbal0", ("GDN_WG_PBAL=0",)),           # flow: P from Q K^T's rows (warp 3 16 n-tiles), invert_diagonal apart
     ("wg-kkearly0", ("GDN_WG_KKEARLY=0",)),     # flow: each value head's K K^T issued after chunk_gamma's barrier
     ("wg-pubfence1", ("GDN_WG_PUBFENCE=1",)),   # flow: __threadfence() before each ready flag's st.release
+    ("wg-cvtfirst0", ("GDN_WG_CVT_FIRST=0",)),  # flow (USEQ): S's fragments converted under U's wgmma (a second
+                                                # fence, where ptxas waits for U's products)
+    ("wg-tok00", ("GDN_WG_FLOW_TOK0=0",)),      # flow (USEQ): the stream's first token re-read every chunk
 ]
 
 
