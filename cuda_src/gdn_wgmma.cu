@@ -85,17 +85,14 @@
 #endif                  // from thread 0 (gdnc::kqrec_at) instead of 2 x 8 cp.async a thread (run BL: the flow form
                         // 0.368 -> 0.344 ms at 1 x 8192, the same bits); 0: from k and q. (U in bf16, as fla-core's u,
                         // was measured too and dropped: 0.368 -> 0.355 ms, the state's error 5.5e-5 -> 5.3e-4.)
-#ifndef GDN_WG_FLOW_VH  // the UWS flow precompute's items (session 12): 1 (the default since session 14's run BU):
-#define GDN_WG_FLOW_VH 1  // one per (stream, chunk, value head), the key head's flag counting its value heads' items
-#endif                    // (the first chunk's wait and the claims' grain halved at Hv = 2 Hk, the scales and Q K^T
-                          // done twice); 0: one per (stream, chunk, key head), its value heads one after the other.
-                          // Run BN (the precompute pacing the flow form): 0.388 against 0.344 ms at 1 x 8192; run BU
-                          // (the precompute 0.251 alone, the sequential kernel 0.263: the first records' wait
-                          // counts): 0.310 against 0.317, and 0.095 against 0.110 at 1 x 2048
+#ifndef GDN_WG_FLOW_VH  // the UWS flow precompute's items (session 12; run BN): 1: one per (stream, chunk, value
+#define GDN_WG_FLOW_VH 0  // head), the key head's flag counting its value heads' items (the first chunk's wait and the
+#endif                    // claims' grain halved at Hv = 2 Hk, but the scales, Q K^T and the k and q stores twice: the
+                          // flow form 0.344 -> 0.388 ms at 1 x 8192); 0: one per (stream, chunk, key head), its value
+                          // heads one after the other
 #ifndef GDN_WG_FLOW_VH_FIRST  // (GDN_WG_FLOW_VH 1) the chunks from 0 whose items are per value head; the later
 #define GDN_WG_FLOW_VH_FIRST (1 << 30)  // chunks' items per key head: the fine grain where the sequential kernel
-#endif                                  // waits for the first records (8: 0.357 against 0.344 ms, run BN; 0.311
-                                        // against 0.310, run BU)
+#endif                                  // waits for the first records (8: 0.357 against 0.344 ms, run BN)
 #ifndef GDN_WG_USEQ  // the UWS flow form (session 13): 1: U's product in the sequential kernel: the record carries
 #define GDN_WG_USEQ 1  // T diag(beta) as bf16 hi + lo tiles and -W (UseqRec), the sequential kernel copies its V
 #endif                 // slice from v, and the chain's X' accumulator starts as V^T (T diag(beta))^T (8 wgmma

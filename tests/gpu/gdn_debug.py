@@ -237,12 +237,11 @@ WGMMA_VARIANTS = [
     ("wg-olo1", ("GDN_WG_OLO=1",)),       # O's product with V_new hi + lo (4 wgmma more, a little more accurate)
     ("wg-uws0", ("GDN_WG_UWS=0",)),       # flow: the pair's records and chain (V_new^T = R^T T^T), not U - W S
     ("wg-fahead1", ("GDN_WG_FLOW_AHEAD=1",)),   # flow (UWS): the next chunk's copies under X' and Y, not before
-    ("wg-prepmma", ("GDN_WG_PREP_WG=0", "GDN_WG_KQREC=0", "GDN_WG_USEQ=0", "GDN_WG_FLOW_VH=0")),   # flow (UWS): the
-                                                # products on mma.sync (its items a key head)
+    ("wg-prepmma", ("GDN_WG_PREP_WG=0", "GDN_WG_KQREC=0", "GDN_WG_USEQ=0")),   # flow (UWS): the products on mma.sync
     ("wg-kqrec0", ("GDN_WG_KQREC=0",)),         # flow (UWS): the k and q tiles by cp.async from k and q, not copied
                                                 # with the record
-    ("wg-vh0", ("GDN_WG_FLOW_VH=0",)),          # flow (UWS): one precompute item a key head, not a value head
-    ("wg-vh8", ("GDN_WG_FLOW_VH_FIRST=8",)),    # flow (UWS): items a value head in chunks 0..7 only
+    ("wg-vh", ("GDN_WG_FLOW_VH=1",)),           # flow (UWS): one precompute item a value head, not a key head
+    ("wg-vh8", ("GDN_WG_FLOW_VH=1", "GDN_WG_FLOW_VH_FIRST=8")),   # flow (UWS): items a value head in chunks 0..7 only
     ("wg-diag0", ("GDN_WG_DIAGNORM=0",)),       # flow (UWS): the rows' scales by normalise, not from the diagonals
     ("wg-useq0", ("GDN_WG_USEQ=0",)),           # flow (UWS): U's product in the precompute, U in fp32 in the record
     ("wg-tkeep0", ("GDN_WG_TKEEP=0",)),         # flow (USEQ): T diag(beta EK) by rescaling T diag(beta)'s tiles
