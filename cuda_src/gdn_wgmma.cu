@@ -89,7 +89,10 @@
 #define GDN_WG_FLOW_VH 0  // head), the key head's flag counting its value heads' items (the first chunk's wait and the
 #endif                    // claims' grain halved at Hv = 2 Hk, but the scales, Q K^T and the k and q stores twice: the
                           // flow form 0.344 -> 0.388 ms at 1 x 8192); 0: one per (stream, chunk, key head), its value
-                          // heads one after the other
+                          // heads one after the other. Session 14, with the precompute 0.251 ms alone and the
+                          // sequential kernel 0.263 (run BU): gdn_debug timed 1 at 0.310 against 0.317 ms, but
+                          // gpu_compare with 1 the default (run BV, tree e549305) gave 316.2 us, as 0 did in runs
+                          // BT and BU (316.2, 319.5): kept off (test_gdn_flow_claims_every_item_once expects 0's flags)
 #ifndef GDN_WG_FLOW_VH_FIRST  // (GDN_WG_FLOW_VH 1) the chunks from 0 whose items are per value head; the later
 #define GDN_WG_FLOW_VH_FIRST (1 << 30)  // chunks' items per key head: the fine grain where the sequential kernel
 #endif                                  // waits for the first records (8: 0.357 against 0.344 ms, run BN)
