@@ -90,9 +90,9 @@
 #endif                    // claims' grain halved at Hv = 2 Hk, but the scales, Q K^T and the k and q stores twice: the
                           // flow form 0.344 -> 0.388 ms at 1 x 8192); 0: one per (stream, chunk, key head), its value
                           // heads one after the other. Session 14, with the precompute 0.251 ms alone and the
-                          // sequential kernel 0.263 (run BU): gdn_debug timed 1 at 0.310 against 0.317 ms, but
-                          // gpu_compare with 1 the default (run BV, tree e549305) gave 316.2 us, as 0 did in runs
-                          // BT and BU (316.2, 319.5): kept off (test_gdn_flow_claims_every_item_once expects 0's flags)
+                          // sequential kernel 0.263 (run BV): gdn_debug timed 1 at 0.310 against 0.317 ms, but
+                          // gpu_compare with 1 the default (run BW, tree e549305) gave 316.2 us, as 0 did in runs
+                          // BU and BV (316.2, 319.5): kept off (test_gdn_flow_claims_every_item_once expects 0's flags)
 #ifndef GDN_WG_FLOW_VH_FIRST  // (GDN_WG_FLOW_VH 1) the chunks from 0 whose items are per value head; the later
 #define GDN_WG_FLOW_VH_FIRST (1 << 30)  // chunks' items per key head: the fine grain where the sequential kernel
 #endif                                  // waits for the first records (8: 0.357 against 0.344 ms, run BN)
@@ -115,7 +115,11 @@
 #define GDN_WG_PBAL 1  // holds P^T's rows 16 w .., its n-tiles nt >= 2 w: with K K^T's nt <= 2 w + 1 every warp
 #endif                 // takes 10 n-tiles, where Q K^T's rows gave warp 3 16 and warp 0 4) and each warp inverts its
                        // own diagonal block (no barrier and no idle half of the group around invert_diagonal); 0:
-                       // P from Q K^T's rows, invert_diagonal by threads 0..63 between two barriers
+                       // P from Q K^T's rows, invert_diagonal by threads 0..63 between two barriers. With
+                       // KKEARLY and PUBFENCE 0 the precompute alone took 247 us under ncu at 1 x 8192 (run BU;
+                       // 266 before them, run BT), its barrier stalls 1.73 -> 0.99 an issue; the flow form did not
+                       // move (the sequential kernel, 0.263 ms alone, now paces it): run BV's gdn_debug at 1 x
+                       // 8192, default 0.317 ms, PBAL 0 0.316, KKEARLY 0 0.319, PUBFENCE 1 0.317 (the same bits)
 #ifndef GDN_WG_KKEARLY  // the wgmma flow precompute (session 14): 1: each value head's K K^T issued before the
 #define GDN_WG_KKEARLY 1  // head's zero_ap and chunk_gamma (warp 0's scan, the others waiting at the barrier), so
 #endif                    // that its wgmma run under them; 0: after their barrier
@@ -124,7 +128,9 @@
 #endif                      // re-read from cu_seqlens every chunk (an L2 round trip before the V slice's copies)
 #ifndef GDN_WG_CVT_FIRST  // the USEQ flow sequential kernel (session 14): 1: S's bf16 A fragments converted before
 #define GDN_WG_CVT_FIRST 1  // U's wgmma, so that U's and S's products are one group behind one wgmma.fence; 0: under
-#endif                      // U's wgmma (ptxas 13.0 then waits for them before S's: the chain took U's latency)
+#endif                      // U's wgmma (ptxas 13.0 then waits for them before S's). Run BV: 0.317 against 0.319
+                            // ms (TOK0 0: 0.316): within the spread, as U's and S's products into one accumulator
+                            // run one after the other anyway
 #ifndef GDN_WG_PUBFENCE  // the flow precompute's ready flags (session 14): 0: st.release.gpu alone after the item's
 #define GDN_WG_PUBFENCE 0  // last barrier (its release fence is cumulative over the group's stores, ordered by
 #endif                     // that barrier: CUTLASS's semaphore pattern); 1: __threadfence() first (a fence.sc, and
