@@ -404,6 +404,14 @@ __device__ __forceinline__ void chunk_gamma(S& s, int buf, int lane) {
     }
 }
 
+// (I + D_mt)^-1 of diagonal block mt (s.d's fp32 block, into its dinv rows) by lanes 0..15 of one warp, a column
+// each: the warp that wrote the block (GDN_WARP_INV; the wgmma flow precompute's GDN_WG_PBAL), after a __syncwarp.
+template <typename S>
+__device__ __forceinline__ void invert_block(S& s, int mt, int lane) {
+    constexpr int LDD = 24;
+    if (lane < 16) invert_column(&s.d[mt * 272], &s.dinv[16 * mt * LDD], lane);
+}
+
 // The products' epilogue for block row mt, with beta and gamma of the chunk's value head: KK: acc = K K^T
 // rows -> -A (strictly lower, off the diagonal block) and the fp32 diagonal block (GDN_WARP_INV: inverted by
 // this warp); else acc = Q K^T rows -> P (lower, diagonal included). RAW (the "wgmma" pair's precompute: acc of
@@ -414,7 +422,7 @@ __device__ __forceinline__ void chunk_gamma(S& s, int buf, int lane) {
 // kernel keeps expf: with ex2 its 255-register d128 build spilled 16-24 bytes under NVRTC 13.0.)
 template <bool KK, bool RAW = false, typename S>
 __device__ __forceinline__ void products_epilogue(S& s, const float (*acc)[4], int mt, int lane) {
-    constexpr int LDP = GDN_C + 8, LDD = 24;
+    constexpr int LDP = GDN_C + 8;
     const int gq = lane >> 2, tq = lane & 3;
     if constexpr (RAW) {
         const float* re = KK ? s.erk : s.erq;
@@ -461,7 +469,7 @@ __device__ __forceinline__ void products_epilogue(S& s, const float (*acc)[4], i
 #if GDN_WARP_INV
     if (KK) {
         __syncwarp();
-        if (lane < 16) invert_column(&s.d[mt * 272], &s.dinv[16 * mt * LDD], lane);
+        invert_block(s, mt, lane);
         __syncwarp();
     }
 #endif

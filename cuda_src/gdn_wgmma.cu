@@ -865,8 +865,7 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
 #if GDN_WG_PBAL
         pt_epilogue(s, reinterpret_cast<const float (*)[4]>(accq), warp, lane);
         __syncwarp();   // the warp's diagonal block of K K^T (s.d) stored by its lanes
-        if (lane < 16)  // (all 32 lanes on one column each of two: the d128 precompute spilled 4 B under NVRTC 13.0)
-            invert_column(&s.d[warp * 272], &s.dinv[16 * warp * WgPrepSmem<DK>::LDD], lane);
+        invert_block(s, warp, lane);   // (on all 32 lanes, both halves the same column: 4 B spilled at d128)
         sync();
 #else
         products_epilogue<false, true>(s, reinterpret_cast<const float (*)[4]>(accq), warp, lane);
