@@ -86,16 +86,20 @@
                         // 0.368 -> 0.344 ms at 1 x 8192, the same bits); 0: from k and q. (U in bf16, as fla-core's u,
                         // was measured too and dropped: 0.368 -> 0.355 ms, the state's error 5.5e-5 -> 5.3e-4.)
 #ifndef GDN_WG_FLOW_VH  // the UWS flow precompute's items (session 12; run BN): 1: one per (stream, chunk, value
-#define GDN_WG_FLOW_VH 0  // head), the key head's flag counting its value heads' items (the first chunk's wait and the
-#endif                    // claims' grain halved at Hv = 2 Hk, but the scales, Q K^T and the k and q stores twice: the
-                          // flow form 0.344 -> 0.388 ms at 1 x 8192); 0: one per (stream, chunk, key head), its value
-                          // heads one after the other. Session 14, with the precompute 0.251 ms alone and the
-                          // sequential kernel 0.263 (run BV): gdn_debug timed 1 at 0.310 against 0.317 ms, but
-                          // gpu_compare with 1 the default (run BW, tree e549305) gave 316.2 us, as 0 did in runs
-                          // BU and BV (316.2, 319.5): kept off (test_gdn_flow_claims_every_item_once expects 0's flags)
+#define GDN_WG_FLOW_VH 1  // head) in each stream's first GDN_WG_FLOW_VH_FIRST chunks, the key head's flag counting its
+#endif                    // value heads' items (the first chunks' wait and the claims' grain halved at Hv = 2 Hk,
+                          // but the scales, Q K^T and the k and q stores twice), one per (stream, chunk, key head)
+                          // after them; 0: one per (stream, chunk, key head) throughout, its value heads one after
+                          // the other. Measured at 1 x 8192: run BN (the precompute then paced the flow form):
+                          // every chunk's items a value head 0.344 -> 0.388 ms, the first 8 0.357; session 14 (the
+                          // sequential kernel 0.263 ms alone, the precompute 0.251): every chunk's 316.2 us in
+                          // gpu_compare (run BW), as without; session 15, with GDN_WG_FLOW_FLAGS 16, bench/gdn_ab.py
+                          // (one process a build, the rounds interleaved, run BY): without 307.3 us, every chunk's
+                          // 305.0, the first 8 chunks' 301.1 (the same bits: the items' arithmetic is the same)
 #ifndef GDN_WG_FLOW_VH_FIRST  // (GDN_WG_FLOW_VH 1) the chunks from 0 whose items are per value head; the later
-#define GDN_WG_FLOW_VH_FIRST (1 << 30)  // chunks' items per key head: the fine grain where the sequential kernel
-#endif                                  // waits for the first records (8: 0.357 against 0.344 ms, run BN)
+#define GDN_WG_FLOW_VH_FIRST 8  // chunks' items per key head: the fine grain where the sequential kernel waits for
+#endif                          // the first records, the coarse one where the precompute is ahead of it
+                                // (gdn_wgmma.FLOW_VH_CHUNKS: the host's count of the items)
 #ifndef GDN_WG_USEQ  // the UWS flow form (session 13): 1: U's product in the sequential kernel: the record carries
 #define GDN_WG_USEQ 1  // T diag(beta) as bf16 hi + lo tiles and -W (UseqRec), the sequential kernel copies its V
 #endif                 // slice from v, and the chain's X' accumulator starts as V^T (T diag(beta))^T (8 wgmma
@@ -131,6 +135,16 @@
 #endif                      // U's wgmma (ptxas 13.0 then waits for them before S's). Run BV: 0.317 against 0.319
                             // ms (TOK0 0: 0.316): within the spread, as U's and S's products into one accumulator
                             // run one after the other anyway
+#ifndef GDN_WG_FLOW_FLAGS  // the flow sequential kernel's ready flags read together at a poll (4, 8, 16 or 32):
+#define GDN_WG_FLOW_FLAGS 32  // the chunks it may copy before it polls again, each poll one L2 round trip and two
+#endif                        // fences by thread 0 while the CTA waits at the chunk's barrier. Session 15 at 1 x 8192
+                              // (bench/gdn_ab.py, runs BX and BY): 4 317.6 / 315.7 us, 16 306.8 / 307.3, 32 305.4
+                              // (run BY; the same bits). Tried with it and dropped (run BX): U's 8 wgmma issued
+                              // first, right after the chunk's barrier, with the next chunk's copies and S's
+                              // conversions under them (nvdisasm: U's wait after the copies, as meant): 306.8 ->
+                              // 323.9 us, and 317.6 -> 334.6 with 4 flags; why it is slower is not known
+#define Q12_STR_(x) #x
+#define Q12_STR(x) Q12_STR_(x)
 #ifndef GDN_WG_PUBFENCE  // the flow precompute's ready flags (session 14): 0: st.release.gpu alone after the item's
 #define GDN_WG_PUBFENCE 0  // last barrier (its release fence is cumulative over the group's stores, ordered by
 #endif                     // that barrier: CUTLASS's semaphore pattern); 1: __threadfence() first (a fence.sc, and
@@ -391,34 +405,56 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
 }
 
 // The flow form (below), thread 0 of a sequential CTA: how many chunks from lo on have their records ready (1 to
-// 4, at most n: the flags of lo .. lo + n - 1, stride bytes apart, each ready at need or more: 1, or GDN_WG_FLOW_VH's
-// count of the key head's value-head items), waiting for lo's if needed. The flags are read
+// GDN_WG_FLOW_FLAGS, at most n: the flags of lo .. lo + n - 1, stride bytes apart, each ready at need or more: 1, or
+// GDN_WG_FLOW_VH's count of the key head's value-head items), waiting for lo's if needed. The flags are read
 // together (relaxed, one round trip), then one acquire fence and one proxy fence order the bulk copies that read
 // those records (async proxy) after them: per batch, not per chunk (run 3: an acquire load and a proxy fence at
 // every chunk made the sequential kernel 35% slower, 0.8 us a chunk). One asm block: as C++ loops the wait cost
 // the d128 kernel a spill under NVRTC 13.0.
+#define Q12_FLAG_ZERO(i) "mov.u32 f" #i ", 0;\n"
+#define Q12_FLAG_LOAD(i) "add.s64 a, a, %3;\nsetp.gt.s32 p, %2, " #i ";\n@p ld.relaxed.gpu.global.u32 f" #i ", [a];\n"
+#define Q12_FLAG_COUNT(i) "setp.lt.u32 w, f" #i ", %4;\n@w bra Q12_COUNTED_%=;\nadd.s32 %0, %0, 1;\n"
+#define Q12_FLAGS_4(M) M(1) M(2) M(3)
+#define Q12_FLAGS_8(M) Q12_FLAGS_4(M) M(4) M(5) M(6) M(7)
+#define Q12_FLAGS_16(M) Q12_FLAGS_8(M) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15)
+#define Q12_FLAGS_32(M) Q12_FLAGS_16(M) M(16) M(17) M(18) M(19) M(20) M(21) M(22) M(23) M(24) M(25) M(26) M(27) \
+    M(28) M(29) M(30) M(31)
+#if GDN_WG_FLOW_FLAGS == 4
+#define Q12_FLAGS(M) Q12_FLAGS_4(M)
+#elif GDN_WG_FLOW_FLAGS == 8
+#define Q12_FLAGS(M) Q12_FLAGS_8(M)
+#elif GDN_WG_FLOW_FLAGS == 16
+#define Q12_FLAGS(M) Q12_FLAGS_16(M)
+#elif GDN_WG_FLOW_FLAGS == 32
+#define Q12_FLAGS(M) Q12_FLAGS_32(M)
+#else
+#error "GDN_WG_FLOW_FLAGS: 4, 8, 16 or 32"
+#endif
 __device__ __forceinline__ int wait_ready(const unsigned* flag_lo, int n, unsigned long long stride,
                                           unsigned need = 1) {
     int count;
     asm volatile(
-        "{\n.reg .pred p1, p2, p3, w;\n.reg .u32 f0, f1, f2, f3;\n.reg .u64 a;\n"
-        "mov.u32 f1, 0;\nmov.u32 f2, 0;\nmov.u32 f3, 0;\n"
-        "setp.gt.s32 p1, %2, 1;\nsetp.gt.s32 p2, %2, 2;\nsetp.gt.s32 p3, %2, 3;\n"
-        "ld.relaxed.gpu.global.u32 f0, [%1];\n"
-        "add.s64 a, %1, %3;\n@p1 ld.relaxed.gpu.global.u32 f1, [a];\n"
-        "add.s64 a, a, %3;\n@p2 ld.relaxed.gpu.global.u32 f2, [a];\n"
-        "add.s64 a, a, %3;\n@p3 ld.relaxed.gpu.global.u32 f3, [a];\n"
+        "{\n.reg .pred p, w;\n.reg .u32 f<" Q12_STR(GDN_WG_FLOW_FLAGS) ">;\n.reg .u64 a;\n"
+        Q12_FLAGS(Q12_FLAG_ZERO)
+        "ld.relaxed.gpu.global.u32 f0, [%1];\nmov.u64 a, %1;\n"
+        Q12_FLAGS(Q12_FLAG_LOAD)
         "setp.ge.u32 w, f0, %4;\n@w bra Q12_READY_%=;\n"
         "Q12_SPIN_%=:\nld.relaxed.gpu.global.u32 f0, [%1];\nsetp.lt.u32 w, f0, %4;\n@w bra Q12_SPIN_%=;\n"
         "mov.u32 f1, 0;\n"
         "Q12_READY_%=:\nmov.s32 %0, 1;\n"
-        "setp.lt.u32 w, f1, %4;\n@w bra Q12_COUNTED_%=;\nadd.s32 %0, %0, 1;\n"
-        "setp.lt.u32 w, f2, %4;\n@w bra Q12_COUNTED_%=;\nadd.s32 %0, %0, 1;\n"
-        "setp.lt.u32 w, f3, %4;\n@w bra Q12_COUNTED_%=;\nadd.s32 %0, %0, 1;\n"
+        Q12_FLAGS(Q12_FLAG_COUNT)
         "Q12_COUNTED_%=:\nfence.acq_rel.gpu;\nfence.proxy.async.global;\n}\n"
         : "=r"(count) : "l"(flag_lo), "r"(n), "l"(stride), "r"(need) : "memory");
     return count;
 }
+#undef Q12_FLAGS
+#undef Q12_FLAGS_4
+#undef Q12_FLAGS_8
+#undef Q12_FLAGS_16
+#undef Q12_FLAGS_32
+#undef Q12_FLAG_ZERO
+#undef Q12_FLAG_LOAD
+#undef Q12_FLAG_COUNT
 
 // The stream a sequential CTA of grid row r takes: the r-th longest (ties: the lower index first), so that a
 // ragged pass's longest streams start in the first wave and the short ones fill in behind them (longest

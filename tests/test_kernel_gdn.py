@@ -539,6 +539,15 @@ def test_wgmma_pair_sizes_match_the_source():
     assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128, "pair") == 128 * 32 * 17424
     assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128, "wide") == 128 * 32 * 17424
     assert gdn_wgmma.FLOW_USEQ is True and "#define GDN_WG_USEQ 1 " in src
+    # the flow precompute's items: a value head's in the first 8 chunks, a key head's after them
+    assert gdn_wgmma.FLOW_VH_CHUNKS == 8 and "#define GDN_WG_FLOW_VH 1 " in src
+    assert "#define GDN_WG_FLOW_VH_FIRST 8 " in src
+    assert gdn_wgmma.flow_items(1, 8192, 16, 32) == 8 * 32 + 120 * 16
+    assert gdn_wgmma.flow_items(2, 300, 16, 32) == 2 * 5 * 32   # every chunk in the first 8
+    assert gdn_wgmma.flow_items(1, 8192, 16, 32, vh_chunks=0) == 128 * 16
+    assert gdn_wgmma.flow_ready_value(16, 32) == 2 and gdn_wgmma.flow_ready_value(16, 32, vh_chunks=0) == 1
+    with pytest.raises(ValueError, match="vh_chunks must be >= 0"):
+        gdn_wgmma.flow_items(1, 64, 16, 32, vh_chunks=-1)
     assert gdn_wgmma.flow_record_bytes(128, useq=False) == 16384 + 8192 + 512 + 16 + 2 * 16384 == 57872
     assert gdn_wgmma.flow_record_bytes(64, useq=False) == 8192 + 8192 + 512 + 16 + 16384 == 33296
     assert gdn_wgmma.flow_record_bytes(128) == 16384 + 8192 + 512 + 16 + 2 * 8192 == 41488

@@ -67,6 +67,9 @@ __all__ = [
     "sw128_offset",
     "sw128_unswizzle",
     "FLOW_USEQ",
+    "FLOW_VH_CHUNKS",
+    "flow_items",
+    "flow_ready_value",
     "resolve_form",
     "flags_offset",
     "flag_count",
@@ -133,10 +136,40 @@ _SLICE = 2 * _gdnc.CHUNK * (_gdnc.BV + 8)   # a [64][72] bf16 V or O slice
 _U_SLICE = 4 * _gdnc.CHUNK * _gdnc.BV       # a 64-column slice of U^T, fp32
 
 
-#: The flow form's U product: False (``GDN_WG_USEQ 0``, gdn_wgmma.cu's default) in the precompute, U in the record;
-#: True (a ``GDN_WG_USEQ=1`` build) in the sequential kernel: the record carries T diag(beta) instead. The ``useq``
+#: The flow form's U product: True (``GDN_WG_USEQ 1``, gdn_wgmma.cu's default) in the sequential kernel, the record
+#: carrying T diag(beta); False (a ``GDN_WG_USEQ=0`` build) in the precompute, U in the record. The ``useq``
 #: parameters below default to it (``None``).
 FLOW_USEQ = True
+
+#: The flow precompute's items (``GDN_WG_FLOW_VH 1``, ``GDN_WG_FLOW_VH_FIRST 8``, gdn_wgmma.cu's defaults): one per
+#: (stream, chunk, value head) in the first ``FLOW_VH_CHUNKS`` chunks, where the sequential kernel waits for the
+#: first records, one per (stream, chunk, key head) after them. 0: key-head items throughout (a
+#: ``GDN_WG_FLOW_VH=0`` build). The ``vh_chunks`` parameters below default to it (``None``).
+FLOW_VH_CHUNKS = 8
+
+
+def _vh_chunks(vh_chunks) -> int:
+    v = FLOW_VH_CHUNKS if vh_chunks is None else int(vh_chunks)
+    if v < 0:
+        raise ValueError(f"vh_chunks must be >= 0 (the chunks with value-head items), got {vh_chunks!r}")
+    return v
+
+
+def flow_items(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, vh_chunks: int | None = None) -> int:
+    """Items the flow precompute's groups claim for ``n`` streams of at most ``chunk_len`` tokens
+    (:data:`FLOW_VH_CHUNKS`): ``n * num_v_heads`` a chunk in the first ``vh_chunks`` chunks, ``n * num_k_heads`` a
+    chunk after them; the items past a stream's end are claimed and skipped. Its item counter ends at this plus
+    one claim a group (each group claims until it gets none)."""
+    chunks = -(-chunk_len // _gdnc.CHUNK)
+    first = min(chunks, _vh_chunks(vh_chunks))
+    return n * (first * num_v_heads + (chunks - first) * num_k_heads)
+
+
+def flow_ready_value(num_k_heads: int, num_v_heads: int, vh_chunks: int | None = None) -> int:
+    """A flow ready flag's value once every record of its (stream, chunk, key head) is stored: with value-head
+    items (:data:`FLOW_VH_CHUNKS` > 0) each item adds 1 and a later chunk's key-head item adds its
+    ``num_v_heads // num_k_heads`` value heads at once, so every flag ends at that count; else 1."""
+    return num_v_heads // num_k_heads if _vh_chunks(vh_chunks) > 0 else 1
 
 
 def _useq(useq) -> bool:
@@ -282,8 +315,8 @@ def flags_offset(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, hea
 
 
 def flag_count(n: int, chunk_len: int, num_k_heads: int) -> int:
-    """Ready flags of the flow form: one u32 per precompute item (stream, 64-token chunk, key head), set to 1 once
-    the item's records are stored."""
+    """Ready flags of the flow form: one u32 per (stream, 64-token chunk, key head), at :func:`flow_ready_value` once
+    the records of its value heads are stored."""
     return n * (-(-chunk_len // _gdnc.CHUNK)) * num_k_heads
 
 

@@ -235,13 +235,16 @@ WGMMA_VARIANTS = [
     ("wg-early0", ("GDN_WG_EARLY=0",)),   # seq1: the next chunk's records copied at its top, not after the last wgmma
     ("wg-ahead0", ("GDN_WG_AHEAD=0",)),   # seq2: the next chunk's copies issued before X, not while X and Y run
     ("wg-olo1", ("GDN_WG_OLO=1",)),       # O's product with V_new hi + lo (4 wgmma more, a little more accurate)
-    ("wg-uws0", ("GDN_WG_UWS=0",)),       # flow: the pair's records and chain (V_new^T = R^T T^T), not U - W S
+    ("wg-uws0", ("GDN_WG_UWS=0", "GDN_WG_FLOW_VH=0")),   # flow: the pair's records and chain (V_new^T = R^T T^T),
+                                                        # not U - W S (key-head items: its precompute's)
     ("wg-fahead1", ("GDN_WG_FLOW_AHEAD=1",)),   # flow (UWS): the next chunk's copies under X' and Y, not before
-    ("wg-prepmma", ("GDN_WG_PREP_WG=0", "GDN_WG_KQREC=0", "GDN_WG_USEQ=0")),   # flow (UWS): the products on mma.sync
+    ("wg-prepmma", ("GDN_WG_PREP_WG=0", "GDN_WG_KQREC=0", "GDN_WG_USEQ=0", "GDN_WG_FLOW_VH=0")),
+    # ^ flow (UWS): the precompute's products on mma.sync
     ("wg-kqrec0", ("GDN_WG_KQREC=0",)),         # flow (UWS): the k and q tiles by cp.async from k and q, not copied
                                                 # with the record
-    ("wg-vh", ("GDN_WG_FLOW_VH=1",)),           # flow (UWS): one precompute item a value head, not a key head
-    ("wg-vh8", ("GDN_WG_FLOW_VH=1", "GDN_WG_FLOW_VH_FIRST=8")),   # flow (UWS): items a value head in chunks 0..7 only
+    ("wg-vh0", ("GDN_WG_FLOW_VH=0",)),          # flow (UWS): one precompute item a key head in every chunk, not a
+                                                # value head in the first 8
+    ("wg-vhall", ("GDN_WG_FLOW_VH_FIRST=1073741824",)),   # flow (UWS): one item a value head in every chunk
     ("wg-diag0", ("GDN_WG_DIAGNORM=0",)),       # flow (UWS): the rows' scales by normalise, not from the diagonals
     ("wg-useq0", ("GDN_WG_USEQ=0",)),           # flow (UWS): U's product in the precompute, U in fp32 in the record
     ("wg-tkeep0", ("GDN_WG_TKEEP=0",)),         # flow (USEQ): T diag(beta EK) by rescaling T diag(beta)'s tiles
@@ -252,6 +255,7 @@ WGMMA_VARIANTS = [
     ("wg-cvtfirst0", ("GDN_WG_CVT_FIRST=0",)),  # flow (USEQ): S's fragments converted under U's wgmma (a second
                                                 # fence, where ptxas waits for U's products)
     ("wg-tok00", ("GDN_WG_FLOW_TOK0=0",)),      # flow (USEQ): the stream's first token re-read every chunk
+    ("wg-flags4", ("GDN_WG_FLOW_FLAGS=4",)),    # flow: 4 ready flags read at a poll, not 32
 ]
 
 

@@ -477,9 +477,10 @@ def test_gdn_wgmma_forms_against_the_pair(chunk_kernels, form, d, hk, hv, lens):
 
 @pytest.mark.parametrize("d", [128, 64])
 def test_gdn_flow_claims_every_item_once(chunk_kernels, d):
-    """The flow form at 1 x 8192 (Hk 16, Hv 32: where ops takes it; 2048 items on the precompute's groups, about
-    ten claims each): twice, the same bits, guards intact, every item's flag set (1), and the item counter at
-    the item count plus one overshooting claim per group (each group claims until it gets none)."""
+    """The flow form at 1 x 8192 (Hk 16, Hv 32: where ops takes it; 2176 items on the precompute's groups, about
+    ten claims each: gdn_wgmma.flow_items): twice, the same bits, guards intact, every flag at
+    gdn_wgmma.flow_ready_value, and the item counter at the item count plus one overshooting claim per group
+    (each group claims until it gets none)."""
     torch, funcs, _ = chunk_kernels
     rng = np.random.default_rng(5)
     inputs = make_inputs(rng, [8192], 16, 32, d)
@@ -491,9 +492,11 @@ def test_gdn_flow_claims_every_item_once(chunk_kernels, d):
         o, fin, guards = run_chunk_gpu(torch, funcs, inputs, 16, 32, d, rng, split=2, pair="flow", flags_out=flags)
         assert guards, "a guard byte around a written buffer (the workspace included) changed"
         got.append((o, fin))
+        items, ready = gdn_wgmma.flow_items(1, 8192, 16, 32), gdn_wgmma.flow_ready_value(16, 32)
         assert flags[0].size == 128 * 16 + 1
-        assert (flags[0][:-1] == 1).all(), f"ready flags {np.unique(flags[0][:-1], return_counts=True)}"
-        assert flags[0][-1] == 128 * 16 + groups, f"item counter {flags[0][-1]}, {128 * 16} items, {groups} groups"
+        assert (flags[0][:-1] == ready).all(), \
+            f"ready flags (expected {ready}) {np.unique(flags[0][:-1], return_counts=True)}"
+        assert flags[0][-1] == items + groups, f"item counter {flags[0][-1]}, {items} items, {groups} groups"
     assert np.array_equal(got[0][0], got[1][0]) and np.array_equal(got[0][1], got[1][1]), "the two runs differ"
 
 
