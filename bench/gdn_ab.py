@@ -36,7 +36,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
 
 HK, HV, D = 16, 32, 128
 RAGGED8 = [256, 2048, 512, 1792, 768, 1536, 1024, 1280]   # gpu_compare.py's and fla_gdn.py's ragged8
@@ -76,7 +75,7 @@ def child(args) -> int:
     """Time one build (the sources ``Q12DRV_CUDA_SRC`` names) and print one JSON line."""
     import q12drv
     from bench import common
-    from bench.gpu_compare import _rand_bf16, _staged_pass
+    from bench.gpu_compare import _staged_pass, gdn_inputs
     from bench.timing import q12_events_us
     from q12drv.kernels import ops
 
@@ -85,32 +84,19 @@ def child(args) -> int:
     counts = parse_case(args.case) if on_gpu else [16, 16]
     n, total = len(counts), sum(counts)
     with _staged_pass(dev, counts) as (meta, _streams, _nb, _arena, bufs):
-        q, _ = _rand_bf16(dev, (total, HK, D), 11)
-        k, _ = _rand_bf16(dev, (total, HK, D), 12)
-        v, _ = _rand_bf16(dev, (total, HV, D), 13)
-        rng = np.random.default_rng(14)
-        g = (-rng.random((total, HV)) * 0.3).astype(np.float32)
-        beta = rng.random((total, HV)).astype(np.float32)
-        st0 = (rng.standard_normal((n, HV, D, D)) * 0.1).astype(np.float32)
-        gb, bb, sb = dev.alloc(g.nbytes), dev.alloc(beta.nbytes), dev.alloc(st0.nbytes)
-        o, pb = dev.alloc(total * HV * D * 2), dev.alloc(8 * n)
         ws_bytes = ops.gdn_workspace_bytes(args.algo, n, max(counts), HK, HV, D)
-        ws = dev.alloc(ws_bytes)
-        bufs += [q, k, v, gb, bb, sb, o, pb, ws]
-        dev.upload(int(gb.ptr), g)
-        dev.upload(int(bb.ptr), beta)
-        dev.upload(int(sb.ptr), st0)
-        dev.upload(int(pb.ptr), np.array([int(sb.ptr) + i * HV * D * D * 4 for i in range(n)], np.uint64))
+        x = gdn_inputs(dev, counts, HK, HV, D, ws_bytes, bufs)
 
         def run():
-            ops.gdn(dev, meta, pb.ptr, q.ptr, k.ptr, v.ptr, gb.ptr, bb.ptr, o.ptr, num_k_heads=HK, num_v_heads=HV,
-                    head_dim=D, algo=args.algo, workspace=ws.ptr, workspace_bytes=ws_bytes)
+            ops.gdn(dev, meta, x["h_state_ptrs"].ptr, x["q"].ptr, x["k"].ptr, x["v"].ptr, x["g"].ptr, x["beta"].ptr,
+                    x["o"].ptr, num_k_heads=HK, num_v_heads=HV, head_dim=D, algo=args.algo,
+                    workspace=x["workspace"].ptr, workspace_bytes=ws_bytes)
 
         run()   # one call from the initial state: the bits compared across builds
         dev.synchronize()
         digest = hashlib.sha256()
-        for buf, nbytes in ((o, total * HV * D * 2), (sb, st0.nbytes)):
-            digest.update(dev.download(int(buf.ptr), nbytes))
+        for name, nbytes in (("o", total * HV * D * 2), ("state", n * HV * D * D * 4)):
+            digest.update(dev.download(int(x[name].ptr), nbytes))
         us = q12_events_us(dev, run, args.reps if on_gpu else 2)
     print(json.dumps({"us": us, "bits": digest.hexdigest()[:16], "counts": counts}))
     return 0

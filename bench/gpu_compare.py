@@ -799,6 +799,32 @@ def _attention_torch(q_lens, kv_lens, hq, hkv, d, n_reps, warmup=3):
     return out
 
 
+def gdn_inputs(dev, counts, hk, hv, d, ws_bytes, bufs) -> dict:
+    """The GDN section's inputs for streams of ``counts`` tokens (bf16 q, k, v from fixed seeds, fp32 log-space g
+    and beta, fp32 states and their pointers, o, a ``ws_bytes`` workspace) as device buffers by ``ops.gdn``'s
+    argument names (``"state"``: the states themselves), appended to ``bufs``; ``bench/gdn_ab.py`` times on them
+    too."""
+    n, total = len(counts), sum(counts)
+    q, _ = _rand_bf16(dev, (total, hk, d), 11)
+    k, _ = _rand_bf16(dev, (total, hk, d), 12)
+    v, _ = _rand_bf16(dev, (total, hv, d), 13)
+    rng = np.random.default_rng(14)
+    g = (-rng.random((total, hv)) * 0.3).astype(np.float32)
+    beta = rng.random((total, hv)).astype(np.float32)
+    st = (rng.standard_normal((n, hv, d, d)) * 0.1).astype(np.float32)
+    x = {"q": q, "k": k, "v": v, "g": dev.alloc(g.nbytes), "beta": dev.alloc(beta.nbytes),
+         "state": dev.alloc(st.nbytes), "o": dev.alloc(total * hv * d * 2), "h_state_ptrs": dev.alloc(8 * n),
+         "workspace": dev.alloc(ws_bytes)}
+    bufs += list(x.values())
+    dev.upload(int(x["g"].ptr), g)
+    dev.upload(int(x["beta"].ptr), beta)
+    dev.upload(int(x["state"].ptr), st)
+    dev.upload(int(x["h_state_ptrs"].ptr),
+               np.array([int(x["state"].ptr) + i * hv * d * d * 4 for i in range(n)], np.uint64))
+    dev.synchronize()
+    return x
+
+
 def section_gdn():
     """ops.gdn chunked (the default kernel), split (the precompute + sequential pair), wgmma (the tile
     precompute + the warpgroup-MMA sequential kernel) and recurrent (Hk 16, Hv 32, d 128) vs fla-core's
@@ -814,31 +840,15 @@ def section_gdn():
     RESULTS["sections"]["gdn"] = res
     for key, counts in cases:
         n = len(counts)
-        total = sum(counts)
         with _staged_pass(dev, counts) as (meta, streams, num_blocks, arena, bufs):
-            q, _ = _rand_bf16(dev, (total, hk, d), 11)
-            k, _ = _rand_bf16(dev, (total, hk, d), 12)
-            v, _ = _rand_bf16(dev, (total, hv, d), 13)
-            rng = np.random.default_rng(14)
-            g = (-rng.random((total, hv)) * 0.3).astype(np.float32)
-            beta = rng.random((total, hv)).astype(np.float32)
-            st = (rng.standard_normal((n, hv, d, d)) * 0.1).astype(np.float32)
-            gb, bb, sb = dev.alloc(g.nbytes), dev.alloc(beta.nbytes), dev.alloc(st.nbytes)
-            o = dev.alloc(total * hv * d * 2)
-            pb = dev.alloc(8 * n)
             ws_bytes = max(ops.gdn_workspace_bytes(a, n, max(counts), hk, hv, d) for a in ops.GDN_WORKSPACE_ALGOS)
-            ws = dev.alloc(ws_bytes)
-            bufs += [q, k, v, gb, bb, sb, o, pb, ws]
-            dev.upload(int(gb.ptr), g)
-            dev.upload(int(bb.ptr), beta)
-            dev.upload(int(sb.ptr), st)
-            dev.upload(int(pb.ptr), np.array([int(sb.ptr) + i * hv * d * d * 4 for i in range(n)], np.uint64))
-            dev.synchronize()
+            x = gdn_inputs(dev, counts, hk, hv, d, ws_bytes, bufs)
             out = res["cases"][key] = {}
             for algo in ops.GDN_ALGOS:
                 def run(algo=algo):
-                    ops.gdn(dev, meta, pb.ptr, q.ptr, k.ptr, v.ptr, gb.ptr, bb.ptr, o.ptr, num_k_heads=hk,
-                            num_v_heads=hv, head_dim=d, algo=algo, workspace=ws.ptr, workspace_bytes=ws_bytes)
+                    ops.gdn(dev, meta, x["h_state_ptrs"].ptr, x["q"].ptr, x["k"].ptr, x["v"].ptr, x["g"].ptr,
+                            x["beta"].ptr, x["o"].ptr, num_k_heads=hk, num_v_heads=hv, head_dim=d, algo=algo,
+                            workspace=x["workspace"].ptr, workspace_bytes=ws_bytes)
 
                 out[f"{algo}_us"] = q12_events_us(dev, run, reps(30, 1))
             row(f"gdn {key} Hk{hk} Hv{hv} d{d}: chunked", out["chunked_us"], "q12drv recurrent kernel",
