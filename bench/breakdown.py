@@ -53,9 +53,10 @@ if str(ROOT) not in sys.path:
 import q12drv  # noqa: E402
 from bench import common  # noqa: E402
 from bench.timing import host_and_round_trip, q12_events_us  # noqa: E402
-from q12drv import prefill, staging  # noqa: E402
+from q12drv.prefill import q12pass as prefill  # noqa: E402
+from q12drv.core import staging  # noqa: E402
 from q12drv.kernels import expand, ops  # noqa: E402
-from q12drv.pinned import PinnedRing  # noqa: E402
+from q12drv.core.pinned import PinnedRing  # noqa: E402
 from q12drv.prefill import Q12Pass  # noqa: E402
 
 pc = time.perf_counter

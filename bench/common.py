@@ -17,12 +17,12 @@ import numpy as np
 
 import q12drv
 from q12drv import ScratchArena, StreamStageInfo, make_scratch_plan, stage_batched_attn_metadata
-from q12drv.bf16 import to_bf16_bits
-from q12drv.driver import register_emulator
+from q12drv.core.bf16 import to_bf16_bits
+from q12drv.core.driver import register_emulator
 from q12drv.kernels.expand import ExpandPlan, stage_on_device
 from q12drv.kernels.meta import TAIL_STREAMS, Q12MetaC, meta_defines
-from q12drv.launch import load_module
-from q12drv.layout import stacked_layout
+from q12drv.core.launch import load_module
+from q12drv.core.layout import stacked_layout
 from q12drv.prefill import AttentionShape, GdnShape, Q12Pass
 
 __all__ = [
@@ -94,7 +94,7 @@ def finish_run(results: dict, t0: float, out, print_table, dev) -> None:
 
 
 def bench_launch(dev, case: str):
-    """A pre-packed :class:`~q12drv.launch.Launch` of the benchmark kernel for ``case``."""
+    """A pre-packed :class:`~q12drv.core.launch.Launch` of the benchmark kernel for ``case``."""
     entry, values = LAUNCH_CASES[case]
     for name, _ in LAUNCH_CASES.values():  # on the emulator the empty kernels do nothing
         register_emulator(name, lambda args, mem, grid, block: None)
@@ -334,14 +334,14 @@ class StepCase:
         return self.dev.download(self.ptrs[name], nbytes)
 
     def body(self, gp) -> None:
-        """The same two layers inside a :class:`~q12drv.graphs.PassGraph` (what gets captured)."""
+        """The same two layers inside a :class:`~q12drv.prefill.graphs.PassGraph` (what gets captured)."""
         p = self.ptrs
         gp.attention_layer(p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], self.att, num_blocks=self.num_blocks)
         gp.gdn_layer(0, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], self.gdn, **self.gdn_kwargs())
 
     def pass_graph(self, expand: str = "host"):
-        """A :class:`~q12drv.graphs.PassGraph` sized exactly for these streams, captured (its eager run included)."""
-        from q12drv.graphs import PassGraph
+        """A :class:`~q12drv.prefill.graphs.PassGraph` sized exactly for these streams, captured (its eager run included)."""
+        from q12drv.prefill.graphs import PassGraph
 
         n, total = len(self.counts), sum(self.counts)
         arena = ScratchArena(self.dev, 1 << 20)

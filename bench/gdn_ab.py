@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     if args.child:
         return child(args)
 
-    from q12drv.nvrtc import cuda_src_dir
+    from q12drv.core.nvrtc import cuda_src_dir
 
     src = cuda_src_dir()
     times: dict[str, list[float]] = {name: [] for name, _ in builds}

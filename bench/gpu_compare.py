@@ -198,7 +198,7 @@ def _cuda_core_launch(batch, batches) -> float:
     from cuda.core import LaunchConfig, ObjectCode, launch
 
     from q12drv.kernels.meta import meta_defines
-    from q12drv.nvrtc import compile_source
+    from q12drv.core.nvrtc import compile_source
 
     image = compile_source(common.BENCH_SOURCE, arch=DEV.arch, defines=tuple(meta_defines())).image
     cdev = CoreDevice(DEV.ordinal)
@@ -322,7 +322,7 @@ def section_curve():
 
 def section_jit_slot():
     from q12drv import ScratchArena
-    from q12drv.staging import reserve_h_state_slot
+    from q12drv.core.staging import reserve_h_state_slot
 
     dev = DEV
     n = 8
@@ -407,7 +407,7 @@ def _staged_pass(dev, counts, mrope=False, block_size=16):
 
 
 def _rand_bf16(dev, shape, seed):
-    from q12drv.bf16 import to_bf16_bits
+    from q12drv.core.bf16 import to_bf16_bits
 
     arr = to_bf16_bits(np.random.default_rng(seed).standard_normal(shape, dtype=np.float32))
     buf = dev.alloc(arr.nbytes)
@@ -423,7 +423,7 @@ def _cold_sets(bytes_per_set: int) -> int:
 
 def _variant_launch(dev, source, entry, define):
     """A launch of ``entry`` compiled with one extra ``-D`` macro (e.g. the legacy kernel), for A/B rows."""
-    from q12drv.launch import load_module
+    from q12drv.core.launch import load_module
     from q12drv.kernels import ops
     from q12drv.kernels.meta import meta_defines
 

@@ -1,9 +1,9 @@
-"""The per-SSM-layer ``h_state_ptrs`` upload (:meth:`~q12drv.staging.HStateSlot.upload`): host time and round trip."""
+"""The per-SSM-layer ``h_state_ptrs`` upload (:meth:`~q12drv.core.staging.HStateSlot.upload`): host time and round trip."""
 
 import pytest
 
 from q12drv import ScratchArena
-from q12drv.staging import reserve_h_state_slot
+from q12drv.core.staging import reserve_h_state_slot
 
 from bench.common import on_gpu
 from bench.conftest import round_trip

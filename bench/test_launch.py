@@ -2,7 +2,7 @@
 
 For each parameter shape (``LAUNCH_CASES``): ``raw`` is the driver's launch call with the
 pre-packed argument array and nothing else (the floor); ``Launch.launch`` is q12drv's per-launch
-path; ``bound`` is :meth:`~q12drv.launch.Launch.bind`'s zero-argument callable; ``set+launch``
+path; ``bound`` is :meth:`~q12drv.core.launch.Launch.bind`'s zero-argument callable; ``set+launch``
 rewrites every scalar argument first. One benchmark call is ``BATCH`` launches (the stream is
 drained before each call, outside the timing); ``extra_info["us_per_launch"]`` is per launch.
 """

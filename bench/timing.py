@@ -68,7 +68,7 @@ def torch_events_us(torch: Any, fn: Callable[[], Any], reps: int, warmup: int = 
 
 
 def q12_events_us(dev: Any, fn: Callable[[], Any], reps: int, warmup: int = 3, batch: int = BATCH) -> float:
-    """:func:`torch_events_us` for work on a q12drv :class:`~q12drv.device.Device`'s stream, from its events
+    """:func:`torch_events_us` for work on a q12drv :class:`~q12drv.core.device.Device`'s stream, from its events
     (on the emulated driver too)."""
     start, end = dev.event(timing=True), dev.event(timing=True)
     try:

@@ -1,25 +1,25 @@
 """q12drv: stage batched ("Q12") prefill metadata into a raw CUDA arena, and the kernels that read it.
 
 Layers, bottom up (each imports only from those below it): errors and :class:`DevicePtr`;
-:mod:`~q12drv.driver` (real or emulated CUDA driver); :mod:`~q12drv.device`; :mod:`~q12drv.nvrtc`
-and :mod:`~q12drv.launch`; :mod:`~q12drv.layout` (every byte offset); :mod:`~q12drv.arena`;
-:mod:`~q12drv.staging`; :mod:`~q12drv.admission`; :mod:`~q12drv.kernels`; :mod:`~q12drv.prefill`;
-:mod:`~q12drv.dump` (with :mod:`~q12drv.inspect`, :mod:`~q12drv.diff`, :mod:`~q12drv.render`); :mod:`~q12drv.cli`.
+:mod:`~q12drv.core.driver` (real or emulated CUDA driver); :mod:`~q12drv.core.device`; :mod:`~q12drv.core.nvrtc`
+and :mod:`~q12drv.core.launch`; :mod:`~q12drv.core.layout` (every byte offset); :mod:`~q12drv.core.arena`;
+:mod:`~q12drv.core.staging`; :mod:`~q12drv.core.admission`; :mod:`~q12drv.kernels`; :mod:`~q12drv.prefill`;
+:mod:`~q12drv.tools.dump` (with :mod:`~q12drv.tools.inspect`, :mod:`~q12drv.tools.diff`, :mod:`~q12drv.tools.render`); :mod:`~q12drv.tools.cli`.
 """
 
-from .admission import Admission, check_kernel_batched_eligible
-from .arena import ScratchArena
-from .device import Device, DeviceArray, open_device
-from .errors import CapacityError, CudaError, DriverUnavailableError, DumpError, HostRaceError, NvrtcError, Q12Error
-from .layout import (
+from .core.admission import Admission, check_kernel_batched_eligible
+from .core.arena import ScratchArena
+from .core.device import Device, DeviceArray, open_device
+from .core.errors import CapacityError, CudaError, DriverUnavailableError, DumpError, HostRaceError, NvrtcError, Q12Error
+from .core.layout import (
     Q12_SIZING_STREAMS,
     ScratchPlan,
     make_scratch_plan,
     q12_batched_scratch_bytes,
     q12_batched_scratch_bytes_varlen,
 )
-from .ptr import NULL, DevicePtr
-from .staging import (
+from .core.ptr import NULL, DevicePtr
+from .core.staging import (
     BatchedAttnMetadata,
     HStateSlot,
     StreamStageInfo,

@@ -18,7 +18,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from q12drv import Q12Error, open_device  # noqa: E402
-from q12drv.soak import run_soak  # noqa: E402
+from q12drv.tools.soak import run_soak  # noqa: E402
 
 
 def _positive(text: str) -> int:

@@ -27,8 +27,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import numpy as np  # noqa: E402
 
 from q12drv import ScratchArena, StreamStageInfo, make_scratch_plan, open_device  # noqa: E402
-from q12drv.checks import verify_readback  # noqa: E402
-from q12drv.demo import layer_inputs  # noqa: E402
+from q12drv.core.checks import verify_readback  # noqa: E402
+from q12drv.tools.demo import layer_inputs  # noqa: E402
 from q12drv.kernels import ops  # noqa: E402
 from q12drv.prefill import AttentionShape, GdnShape, Q12Pass  # noqa: E402
 

@@ -3,7 +3,7 @@ import pytest
 
 def _gpu_available() -> bool:
     try:
-        from q12drv.driver import open_driver
+        from q12drv.core.driver import open_driver
 
         open_driver("cuda")
         return True

@@ -73,7 +73,7 @@ def rel_err(a, b) -> float:
 
 def rel_err_bf16(a_bits, b_bits) -> float:
     """:func:`rel_err` of two bf16 bit-pattern arrays."""
-    from q12drv.bf16 import from_bf16_bits
+    from q12drv.core.bf16 import from_bf16_bits
 
     return rel_err(from_bf16_bits(a_bits), from_bf16_bits(b_bits))
 
@@ -147,7 +147,7 @@ def spill_free(img, entries, *, stack: bool = True) -> dict:
     """The ptxas report of ``entries`` in ``img`` (compiled with ``verbose_resources=True``), read with the
     doctor's parser; asserts each entry is there with no spill stores or loads (and, ``stack``, no stack
     frame). Returns ``{entry: KernelResources}`` for the caller's own register and smem checks."""
-    from q12drv.doctor import parse_ptxas_report
+    from q12drv.tools.doctor import parse_ptxas_report
 
     report = {r.name: r for r in parse_ptxas_report(img.log)}
     for entry in entries:

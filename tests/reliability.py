@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from q12drv import ScratchArena, make_scratch_plan
-from q12drv.demo import layer_inputs
+from q12drv.tools.demo import layer_inputs
 from q12drv.prefill import AttentionShape, GdnShape, Q12Pass
 from tests.helpers import LayerBuffers, make_streams
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from q12drv.admission import RULES, check_kernel_batched_eligible
-from q12drv.layout import q12_batched_scratch_bytes
+from q12drv.core.admission import RULES, check_kernel_batched_eligible
+from q12drv.core.layout import q12_batched_scratch_bytes
 
 BIG = 1 << 40
 

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from q12drv.cli import main
-from q12drv.doctor import parse_ptxas_report
+from q12drv.tools.cli import main
+from q12drv.tools.doctor import parse_ptxas_report
 
 
 def test_demo_runs_and_verifies(capsys):
@@ -21,7 +21,7 @@ def test_demo_runs_and_verifies(capsys):
 
 def test_demo_cuda_without_gpu_is_a_clear_error(capsys):
     try:
-        from q12drv.driver import open_driver
+        from q12drv.core.driver import open_driver
 
         open_driver("cuda")
         pytest.skip("a GPU is present")

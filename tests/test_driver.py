@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from q12drv import CudaError, DriverUnavailableError, open_device
-from q12drv.driver import EmuDriver, EmuImage, open_driver, register_emulator
-from q12drv.driver.emu import POISON_BYTE
-from q12drv.driver.result import check
-from q12drv.errors import HostRaceError
-from q12drv.ptr import NULL, DevicePtr
+from q12drv.core.driver import EmuDriver, EmuImage, open_driver, register_emulator
+from q12drv.core.driver.emu import POISON_BYTE
+from q12drv.core.driver.result import check
+from q12drv.core.errors import HostRaceError
+from q12drv.core.ptr import NULL, DevicePtr
 
 
 def test_check_is_the_choke_point():

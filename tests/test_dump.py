@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from q12drv import ScratchArena, make_scratch_plan, open_device, place_h_state_slot, stage_batched_attn_metadata
-from q12drv.cli import main
-from q12drv.demo import DemoConfig, run_demo
-from q12drv.diff import diff_dumps
-from q12drv.dump import load_dump, write_dump
-from q12drv.errors import DumpError, Q12Error
-from q12drv.inspect import CHECKS, inspect_dump
+from q12drv.tools.cli import main
+from q12drv.tools.demo import DemoConfig, run_demo
+from q12drv.tools.diff import diff_dumps
+from q12drv.tools.dump import dump_arena, dump_pass, load_dump, write_dump
+from q12drv.core.errors import DumpError, Q12Error
+from q12drv.tools.inspect import CHECKS, inspect_dump
 from tests.helpers import make_streams
 
 REPO = Path(__file__).resolve().parents[1]
@@ -209,17 +209,17 @@ def test_guard_overwritten_on_the_device(emu, tmp_path):
         meta = stage_batched_attn_metadata(arena, streams, block_size=16, use_mrope=False,
                                            scratch_offset_bytes=plan.stacked.offset, dummy_kv_block=0)
         slot = place_h_state_slot(arena, meta)
-        assert inspect_dump(arena.dump(tmp_path / "ok.npz", plan=plan, meta=meta, streams=streams, h_slot=slot)).ok
+        assert inspect_dump(dump_arena(arena, tmp_path / "ok.npz", plan=plan, meta=meta, streams=streams, h_slot=slot)).ok
         emu.memset(int(arena.base) + arena.capacity + 100, 0, 3)
         emu.synchronize()
-        report = inspect_dump(arena.dump(tmp_path / "bad.npz", plan=plan, meta=meta, streams=streams, h_slot=slot))
+        report = inspect_dump(dump_arena(arena, tmp_path / "bad.npz", plan=plan, meta=meta, streams=streams, h_slot=slot))
         assert report.failed == ["guard"]
         finding = report.check("guard").findings[0]
         assert finding.offset == arena.capacity + 100 and finding.values["overwritten"] == 3
 
 
 def test_arena_module_does_not_import_dump():
-    code = "import sys, q12drv.arena, q12drv.prefill; print('q12drv.dump' in sys.modules)"
+    code = "import sys, q12drv.core.arena, q12drv.prefill; print('q12drv.tools.dump' in sys.modules)"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert res.stdout.strip() == "False", res.stderr
 
@@ -235,7 +235,7 @@ def test_q12pass_dump_inspects_clean(emu, tmp_path, mode):
     with ScratchArena(emu, plan.total_bytes + 4096) as arena:
         q12 = Q12Pass(arena, streams, block_size=16, use_mrope=True, dummy_kv_block=0, top_k=4, policy="exact",
                       mode=mode)
-        path = q12.dump(tmp_path / "pass.npz", num_blocks=64, include_ring=True)
+        path = dump_pass(q12, tmp_path / "pass.npz", num_blocks=64, include_ring=True)
     report = inspect_dump(path)
     assert report.ok, report.format()
     assert report.dump.mode == mode and len(report.dump.metas) == (1 if mode == "batched" else 3)
@@ -247,7 +247,7 @@ def test_q12pass_dump_inspects_clean(emu, tmp_path, mode):
     ring_prefixes = [bytes(d.ring[s.offset:s.offset + len(staged[-1])]) for s in d.ring_slots]
     assert staged[-1] in ring_prefixes
     pytest.importorskip("matplotlib")
-    from q12drv.render import render_dump
+    from q12drv.tools.render import render_dump
 
     assert render_dump(path, tmp_path / "pass.png").stat().st_size > 1000
 
@@ -255,7 +255,7 @@ def test_q12pass_dump_inspects_clean(emu, tmp_path, mode):
 def test_bare_arena_dump_skips_what_it_cannot_know(emu, tmp_path, capsys):
     with ScratchArena(emu, 4096) as arena:
         arena.reserve("scratch", 1000)
-        path = arena.dump(tmp_path / "bare.npz")
+        path = dump_arena(arena, tmp_path / "bare.npz")
     report = inspect_dump(path)
     assert report.ok and report.dump.mode is None and report.dump.plan is None
     statuses = {r.name: r.status for r in report.checks}

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from q12drv import CapacityError, HostRaceError, Q12Error, ScratchArena, make_scratch_plan, open_device
-from q12drv.bf16 import to_bf16_bits
-from q12drv.graphs import PassGraph, capture
+from q12drv.core.bf16 import to_bf16_bits
+from q12drv.prefill.graphs import PassGraph, capture
 from q12drv.kernels import ops
 from q12drv.prefill import AttentionShape, GdnShape, Q12Pass
-from q12drv.staging import unpack_metadata
+from q12drv.core.staging import unpack_metadata
 from tests.helpers import LayerBuffers, make_streams
 
 BS = 16

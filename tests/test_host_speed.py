@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from q12drv import CudaError, DevicePtr, ScratchArena, StreamStageInfo, open_device, stage_batched_attn_metadata
-from q12drv.checks import expected_fields
-from q12drv.layout import stacked_layout
-from q12drv.staging import (
+from q12drv.core.checks import expected_fields
+from q12drv.core.layout import stacked_layout
+from q12drv.core.staging import (
     BatchedAttnMetadata,
     _validate_checked,
     _validate_fast,
@@ -244,7 +244,7 @@ def test_launch_accepts_every_stream_kind_and_bind_reads_current_args(emu):
 
 
 def test_a_bound_launch_keeps_its_argument_block_alive():
-    from q12drv.launch import Launch
+    from q12drv.core.launch import Launch
 
     with open_device("emu") as dev:
         kernel = _kv_launch(dev).kernel
@@ -262,7 +262,7 @@ def test_a_bound_launch_keeps_its_argument_block_alive():
 def test_cuda_bound_launchers_raise_on_a_failed_launch():
     from cuda.bindings import driver as cu
 
-    from q12drv.driver.cuda import CudaDriver
+    from q12drv.core.driver.cuda import CudaDriver
 
     drv = CudaDriver.__new__(CudaDriver)  # no libcuda here: only the launch call is exercised
     results = []
@@ -285,7 +285,7 @@ def _pdl_driver(fail_after=None):
     extra); the calls after the first ``fail_after`` return CUDA_ERROR_INVALID_VALUE."""
     from cuda.bindings import driver as cu
 
-    from q12drv.driver.cuda import CudaDriver
+    from q12drv.core.driver.cuda import CudaDriver
 
     drv = CudaDriver.__new__(CudaDriver)
     seen = []
@@ -418,7 +418,7 @@ def test_reserve_all_adopts_this_arenas_regions_and_refuses_anything_else(emu):
 
 def test_reserve_again_is_reserve_all_of_one_region(emu):
     from q12drv import CapacityError
-    from q12drv.errors import Q12Error
+    from q12drv.core.errors import Q12Error
 
     with ScratchArena(emu, 4096) as arena, ScratchArena(emu, 4096) as other:
         a = arena.reserve("a", 100, offset=64)

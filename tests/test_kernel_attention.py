@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import FakeMem, shuffled_tables, spill_free
-from q12drv.bf16 import from_bf16_bits, to_bf16_bits
+from q12drv.core.bf16 import from_bf16_bits, to_bf16_bits
 from q12drv.kernels import attention as attn
 from q12drv.kernels.meta import Q12MetaC, meta_defines
-from q12drv.nvrtc import compile_source, cuda_src_dir
+from q12drv.core.nvrtc import compile_source, cuda_src_dir
 
 # ---------------------------------------------------------------------------------------------
 # helpers

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from q12drv import ScratchArena, make_scratch_plan, stage_batched_attn_metadata
-from q12drv.bf16 import to_bf16_bits
+from q12drv.core.bf16 import to_bf16_bits
 from q12drv.kernels import attention as attn
 from q12drv.kernels import attention_wgmma as attnw
 from q12drv.kernels import ops
 from q12drv.kernels.meta import meta_defines
-from q12drv.nvrtc import ARCH_SPECIFIC_SOURCES, compile_source, cuda_src_dir, target_arch
+from q12drv.core.nvrtc import ARCH_SPECIFIC_SOURCES, compile_source, cuda_src_dir, target_arch
 from tests.helpers import make_streams, spill_free
 
 

@@ -17,7 +17,7 @@ from tests.helpers import make_streams, spill_free
 
 
 def test_compiles_without_spills():
-    from q12drv.nvrtc import compile_source
+    from q12drv.core.nvrtc import compile_source
 
     img = compile_source(expand.SOURCE, arch="sm_90", defines=meta_defines(), use_cache=False, verbose_resources=True)
     assert img.image
@@ -25,7 +25,7 @@ def test_compiles_without_spills():
 
 
 def test_entries_match_source():
-    from q12drv.nvrtc import cuda_src_dir
+    from q12drv.core.nvrtc import cuda_src_dir
 
     src = (cuda_src_dir() / expand.SOURCE).read_text()
     decl = re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', src)
@@ -36,7 +36,7 @@ def test_entries_match_source():
 
 
 def test_tail_mirror_size_is_checked_at_compile_time():
-    from q12drv.nvrtc import NvrtcError, compile_source
+    from q12drv.core.nvrtc import NvrtcError, compile_source
 
     bad = [d if not d.startswith("Q12_TAIL_SIZE=") else "Q12_TAIL_SIZE=1536" for d in meta_defines()]
     with pytest.raises(NvrtcError, match="Q12Tail"):
@@ -177,7 +177,7 @@ def test_geometry():
 
 
 def test_stage_stacked_upload_none_reserves_and_describes_without_copying(emu, monkeypatch):
-    from q12drv.staging import stage_stacked
+    from q12drv.core.staging import stage_stacked
 
     streams, _ = make_streams(emu, [9, 12], starts=[0, 5])
     with ScratchArena(emu, 1 << 16) as arena:
@@ -410,7 +410,7 @@ def test_plan_refuses_i32_overflows_and_what_does_not_fit_before_writing(emu, mo
 
 
 def test_plan_reuses_its_region_and_still_refuses_a_cursor_past_it(emu):
-    from q12drv.errors import Q12Error
+    from q12drv.core.errors import Q12Error
 
     streams, _ = make_streams(emu, [40, 7])
     arena = ScratchArena(emu, 1 << 16)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import FakeMem, rel_err, spill_free
-from q12drv.bf16 import from_bf16_bits, to_bf16_bits
+from q12drv.core.bf16 import from_bf16_bits, to_bf16_bits
 from q12drv.kernels import gdn
 from q12drv.kernels.meta import Q12MetaC, meta_defines
 
@@ -94,7 +94,7 @@ def assert_bf16_close(bits, want, ulps=1.0):
 
 
 def test_entries_compile_without_spills():
-    from q12drv.nvrtc import compile_source
+    from q12drv.core.nvrtc import compile_source
 
     img = compile_source(gdn.SOURCE, defines=meta_defines(), use_cache=False, verbose_resources=True)
     assert img.image
@@ -103,7 +103,7 @@ def test_entries_compile_without_spills():
 
 
 def test_entry_declarations_are_parseable():
-    from q12drv.nvrtc import cuda_src_dir
+    from q12drv.core.nvrtc import cuda_src_dir
 
     src = (cuda_src_dir() / gdn.SOURCE).read_text()
     decls = re.findall(r'^extern "C" __global__ void (\w+)\((.*)\) \{$', src, re.M)
@@ -233,7 +233,7 @@ def test_emulator_rejects_short_grid_and_bad_block():
 
 
 def test_geometry():
-    from q12drv.nvrtc import cuda_src_dir
+    from q12drv.core.nvrtc import cuda_src_dir
 
     src = (cuda_src_dir() / gdn.SOURCE).read_text()
     assert int(re.search(r"#define GDN_LPC (\d+)", src).group(1)) == gdn.LANES_PER_COLUMN
@@ -301,7 +301,7 @@ def test_chunked_model_chunk_size_independent_of_stream_splits():
 
 
 def test_chunk_entries_compile_without_spills():
-    from q12drv.nvrtc import compile_source
+    from q12drv.core.nvrtc import compile_source
 
     img = compile_source(gdn_chunk.SOURCE, defines=meta_defines(), use_cache=False, verbose_resources=True)
     assert img.image
@@ -309,7 +309,7 @@ def test_chunk_entries_compile_without_spills():
 
 
 def test_chunk_entry_declarations_match_the_recurrent_ones():
-    from q12drv.nvrtc import cuda_src_dir
+    from q12drv.core.nvrtc import cuda_src_dir
 
     def decls(source):
         src = (cuda_src_dir() / source).read_text()
@@ -331,7 +331,7 @@ def test_chunk_entry_declarations_match_the_recurrent_ones():
 
 
 def test_chunk_smem_matches_the_source():
-    from q12drv.nvrtc import cuda_src_dir
+    from q12drv.core.nvrtc import cuda_src_dir
 
     src = (cuda_src_dir() / gdn_chunk.SOURCE).read_text()
     for d in (64, 128):
@@ -352,7 +352,7 @@ def test_chunk_smem_matches_the_source():
 def test_split_pair_sizes_match_the_source():
     """The split pair's shared memory, record sizes and geometry: the host's numbers are the ones the
     source's static_asserts pin, so the launches ask for what the kernels lay out."""
-    from q12drv.nvrtc import cuda_src_dir
+    from q12drv.core.nvrtc import cuda_src_dir
 
     src = (cuda_src_dir() / gdn_chunk.SOURCE).read_text()
     for d in (64, 128):
@@ -508,7 +508,7 @@ def test_ops_gdn_algo_keyword(monkeypatch):
 def test_wgmma_pair_sizes_match_the_source():
     """The wgmma pair's stages, records and geometry: the host's numbers are the ones gdn_wgmma.cu's
     static_asserts pin; one stage fits two CTAs per SM, two stages one."""
-    from q12drv.nvrtc import cuda_src_dir
+    from q12drv.core.nvrtc import cuda_src_dir
 
     src = (cuda_src_dir() / gdn_wgmma.SOURCE).read_text()
     m = re.search(r"gdnw::Stage<128>::BYTES == (\d+) && gdnw::Stage<64>::BYTES == (\d+)", src)
@@ -604,7 +604,7 @@ def test_wgmma_pair_sizes_match_the_source():
 
 def test_wgmma_entries_compile_for_sm90a_without_spills():
     """gdn_wgmma.cu compiles for sm_90a only (wgmma), every entry without spills or local memory."""
-    from q12drv.nvrtc import compile_source, target_arch
+    from q12drv.core.nvrtc import compile_source, target_arch
 
     assert target_arch(gdn_wgmma.SOURCE, "sm_90") == "sm_90a"
     with pytest.raises(ValueError, match="sm_90a"):
@@ -619,7 +619,7 @@ def test_wgmma_entries_compile_for_sm90a_without_spills():
 def test_wgmma_variant_builds_compile_without_spills():
     """The gdn_wgmma.cu builds tests/gpu/gdn_debug.py measures (its knobs) compile with no spills and no local
     memory, as the default build does (the test above)."""
-    from q12drv.nvrtc import compile_source
+    from q12drv.core.nvrtc import compile_source
     from tests.gpu.gdn_debug import WGMMA_VARIANTS
 
     for name, defines in WGMMA_VARIANTS:
@@ -700,7 +700,7 @@ def test_wgmma_flow_form_sizes_rule_and_launches():
     sequential CTAs leave half of the SMs, the precompute gets the SMs they leave, and ops clears the flags and
     the item counter (after the records) before two launches, the second with programmatic stream serialization."""
     from q12drv.kernels import ops
-    from q12drv.nvrtc import cuda_src_dir
+    from q12drv.core.nvrtc import cuda_src_dir
 
     sm = 228 * 1024
     assert gdn_wgmma.prep_flow_smem_bytes(128) == 3 * 64000 <= 227 * 1024
@@ -787,7 +787,7 @@ def test_wgmma_flow_emulator_needs_the_precompute_and_the_wide_one_its_launch():
 def test_sw128_unswizzle_inverts_the_kernels_swizzle():
     """gdn_wgmma.sw128_offset is gdn_chunk.cuh's sw128_off (the formula in the source), and sw128_unswizzle reads a
     tile written through it back in row order, for 64 and 128 columns; wrong sizes are refused."""
-    from q12drv.nvrtc import cuda_src_dir
+    from q12drv.core.nvrtc import cuda_src_dir
     src = (cuda_src_dir() / "gdn_chunk.cuh").read_text()
     assert "return (cg >> 3) * (GDN_C * 128) + r * 128 + (((cg & 7) ^ (r & 7)) << 4);" in src
     assert gdn_wgmma.sw128_offset(0, 0) == 0 and gdn_wgmma.sw128_offset(1, 0) == 128 + 16

@@ -68,7 +68,7 @@ def textbook_pools(k_rows, v_rows, tables, positions, block_size, kpool, vpool, 
 
 # ----------------------------------------------------------------------------- compile
 def test_compiles_without_spills():
-    from q12drv.nvrtc import compile_source, cuda_src_dir
+    from q12drv.core.nvrtc import compile_source, cuda_src_dir
 
     img = compile_source(kw.SOURCE, arch="sm_90", defines=meta_defines(), use_cache=False, verbose_resources=True)
     assert img.image
@@ -84,7 +84,7 @@ def test_compiles_without_spills():
 
 @pytest.mark.parametrize("defines", [["KVW_LEGACY=1"], ["KVW_STORE_WB=1"]])
 def test_variants_compile_without_spills(defines):
-    from q12drv.nvrtc import compile_source
+    from q12drv.core.nvrtc import compile_source
 
     img = compile_source(kw.SOURCE, arch="sm_90", defines=meta_defines() + defines, use_cache=False,
                          verbose_resources=True)
@@ -94,7 +94,7 @@ def test_variants_compile_without_spills(defines):
 
 
 def test_entries_match_source():
-    from q12drv.nvrtc import cuda_src_dir
+    from q12drv.core.nvrtc import cuda_src_dir
 
     src = (cuda_src_dir() / kw.SOURCE).read_text()
     decl = re.findall(r'extern "C" __global__ (?:__launch_bounds__\([^)]*\) )?void (\w+)\(([^)]*)\)', src)
@@ -274,7 +274,7 @@ def test_geometry():
 @pytest.mark.parametrize("row_units,tok", [(1, 4), (2, 4), (32, 4), (33, 2), (64, 2), (128, 2), (512, 2)])
 def test_tokens_per_group_matches_source(row_units, tok):
     # kv_write.cu: copy_rows<V, 2, 2> when row_units > 32, else copy_rows<V, 4, 1>.
-    from q12drv.nvrtc import cuda_src_dir
+    from q12drv.core.nvrtc import cuda_src_dir
 
     src = (cuda_src_dir() / kw.SOURCE).read_text()
     assert "if (row_units > 32) {\n        copy_rows<V, 2, 2>" in src and "copy_rows<V, 4, 1>" in src

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import FakeMem, spill_free
-from q12drv.bf16 import from_bf16_bits, to_bf16_bits
+from q12drv.core.bf16 import from_bf16_bits, to_bf16_bits
 from q12drv.kernels import rope
 from q12drv.kernels.meta import Q12MetaC, meta_defines
 
@@ -108,7 +108,7 @@ def assert_close_bf16(out_bits, ref64, what):
 
 # ----------------------------------------------------------------------------- compile
 def test_compiles_without_spills():
-    from q12drv.nvrtc import compile_source
+    from q12drv.core.nvrtc import compile_source
 
     img = compile_source(rope.SOURCE, arch="sm_90", defines=meta_defines(), use_cache=False, verbose_resources=True)
     assert img.image
@@ -124,7 +124,7 @@ def test_compiles_without_spills():
 
 @pytest.mark.parametrize("defines", [["ROPE_LEGACY=1"], ["ROPE_STORE_CS=1"]])
 def test_variants_compile_without_spills(defines):
-    from q12drv.nvrtc import compile_source
+    from q12drv.core.nvrtc import compile_source
 
     img = compile_source(rope.SOURCE, arch="sm_90", defines=meta_defines() + defines, use_cache=False,
                          verbose_resources=True)
@@ -134,7 +134,7 @@ def test_variants_compile_without_spills(defines):
 
 
 def test_entries_match_source():
-    from q12drv.nvrtc import cuda_src_dir
+    from q12drv.core.nvrtc import cuda_src_dir
 
     src = (cuda_src_dir() / rope.SOURCE).read_text()
     decl = re.findall(r'extern "C" __global__ (?:__launch_bounds__\([^)]*\) )?void (\w+)\(([^)]*)\)', src)

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from q12drv.layout import (
+from q12drv.core.layout import (
     Q12_SIZING_STREAMS,
     a8,
     make_scratch_plan,
@@ -17,7 +17,7 @@ from q12drv.layout import (
 
 
 def seed_varlen(n, total_tokens, max_chunk_len, top_k, mrope):
-    # sizes_q12.rs transcribed term by term (the spec), independent of q12drv.layout.
+    # sizes_q12.rs transcribed term by term (the spec), independent of q12drv.core.layout.
     moe = ((total_tokens * top_k * 4 * 2) + 63) & ~63
     per_stream_meta = max((max_chunk_len * 16) + 64, 4096)
     pos = (total_tokens * 4 + 7) & ~7

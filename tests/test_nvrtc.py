@@ -7,10 +7,10 @@ import shutil
 import pytest
 
 from q12drv import NvrtcError, open_device
-from q12drv.driver import register_emulator
+from q12drv.core.driver import register_emulator
 from q12drv.kernels.meta import Q12MetaC, Q12TailC, meta_defines
-from q12drv.launch import load_module, parse_signatures
-from q12drv.nvrtc import compile_source, cuda_src_dir
+from q12drv.core.launch import load_module, parse_signatures
+from q12drv.core.nvrtc import compile_source, cuda_src_dir
 
 PROBE = '#include "q12_meta.cuh"\nextern "C" __global__ void q12_probe(Q12Meta m, int* out) { out[0] = m.batch_size; }\n'
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from q12drv import CapacityError, ScratchArena, make_scratch_plan
-from q12drv.bf16 import to_bf16_bits
+from q12drv.core.bf16 import to_bf16_bits
 from q12drv.kernels import gdn_chunk, gdn_wgmma
 from q12drv.prefill import AttentionShape, GdnShape, Q12Pass
 from tests.helpers import make_streams
@@ -144,7 +144,7 @@ def two_streams(emu, seed):
 
 
 def test_layer_shape_checks_are_remembered_only_for_immutable_shapes_that_passed(emu):
-    from q12drv import prefill
+    from q12drv.prefill import q12pass as prefill
 
     with two_streams(emu, 4) as (arena, streams, host, p, num_blocks):
         bad = AttentionShape(num_q_heads=4, num_kv_heads=2, head_dim=96, rotary_dim=32)

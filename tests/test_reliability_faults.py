@@ -4,11 +4,11 @@ For each call site (arena creation, staging, the pinned rings' growth and waits,
 ``h_state_ptrs`` uploads, module loads and launches in the layers, the dump's read-back), the
 sweep checks that
 
-* the error reaches the caller as :class:`~q12drv.errors.CudaError` with the injected CUDA name
+* the error reaches the caller as :class:`~q12drv.core.errors.CudaError` with the injected CUDA name
   and the call that failed;
 * the arena's reservations and cursor are consistent, no ring slot holds freed memory or a guard
   event for a copy that never ran, and the guard band is intact;
-* a retry on the same arena succeeds, verifies with :func:`q12drv.checks.verify_readback`, gives
+* a retry on the same arena succeeds, verifies with :func:`q12drv.core.checks.verify_readback`, gives
   bit-identical layer outputs to a run without faults, and its dump inspects clean;
 * nothing leaks: after ``close()`` every allocation, module, context, stream and event is gone.
 """
@@ -19,12 +19,13 @@ import numpy as np
 import pytest
 
 from q12drv import CudaError, HostRaceError, ScratchArena, open_device
-from q12drv.checks import verify_readback
-from q12drv.device import Device
-from q12drv.driver import EmuDriver
-from q12drv.inspect import inspect_dump
-from q12drv.pinned import PinnedRing
-from q12drv.staging import staging_ring
+from q12drv.core.checks import verify_readback
+from q12drv.core.device import Device
+from q12drv.tools.dump import dump_pass
+from q12drv.core.driver import EmuDriver
+from q12drv.tools.inspect import inspect_dump
+from q12drv.core.pinned import PinnedRing
+from q12drv.core.staging import staging_ring
 from tests.reliability import GDN, World
 
 #: The CUresult each call fails with (the most plausible real one; CUDA_ERROR_UNKNOWN otherwise).
@@ -81,7 +82,7 @@ def scenario(w: World, arena: ScratchArena, mode: str, tmp_path):
         for layer in range(UPLOADS):
             q12.h_slot.upload([w.p("states") + 4096 * ((i * UPLOADS + layer + b) % 7) for b in range(len(w.streams))])
     w.run_layers(q12)
-    path = q12.dump(tmp_path / f"{mode}.npz", num_blocks=w.num_blocks)
+    path = dump_pass(q12, tmp_path / f"{mode}.npz", num_blocks=w.num_blocks)
     return q12, path
 
 

@@ -27,13 +27,13 @@ from q12drv import (
     q12_batched_scratch_bytes_varlen,
     stage_batched_attn_metadata,
 )
-from q12drv.admission import RULES
-from q12drv.checks import verify_readback
-from q12drv.cli import main as cli_main
-from q12drv.diff import diff_dumps, format_diff
-from q12drv.dump import load_dump, write_dump
-from q12drv.inspect import inspect_dump
-from q12drv.layout import a8, staged_bytes
+from q12drv.core.admission import RULES
+from q12drv.core.checks import verify_readback
+from q12drv.tools.cli import main as cli_main
+from q12drv.tools.diff import diff_dumps, format_diff
+from q12drv.tools.dump import dump_arena, dump_pass, load_dump, write_dump
+from q12drv.tools.inspect import inspect_dump
+from q12drv.core.layout import a8, staged_bytes
 from q12drv.prefill import Q12Pass
 from tests.reliability import assert_same, snapshot
 
@@ -272,7 +272,7 @@ def good_dump(tmp_path_factory):
     with open_device("emu") as d:
         w = World.build(d, run_layers=False)
         w.q12.h_slot.upload(w.state_ptrs())
-        w.q12.dump(path, num_blocks=w.num_blocks, include_ring=True)
+        dump_pass(w.q12, path, num_blocks=w.num_blocks, include_ring=True)
         w.close()
     assert inspect_dump(path).ok
     return path
@@ -421,7 +421,7 @@ def test_fuzzed_dumps_through_the_cli(good_dump, tmp_path, capsys):
 
 def test_read_everything_lets_other_exceptions_through(good_dump, monkeypatch):
     # The fuzz tests can fail: an exception other than DumpError from the reader propagates.
-    import q12drv.dump as dump_mod
+    import q12drv.tools.dump as dump_mod
 
     monkeypatch.setattr(dump_mod, "_parse_header", lambda path, raw: {}["boom"])
     with pytest.raises(KeyError):

@@ -35,7 +35,7 @@ from q12drv import (
     stage_batched_attn_metadata,
     stage_stream_metadata,
 )
-from q12drv.cli import main as cli_main
+from q12drv.tools.cli import main as cli_main
 from q12drv.kernels import gdn_wgmma, ops
 from q12drv.prefill import GdnShape, Q12Pass
 from tests.reliability import ATTN, BLOCK, GDN, World, assert_same, snapshot
@@ -465,7 +465,7 @@ def test_bad_input(world, case):
 
 def test_the_world_still_works_after_every_bad_input(world):
     # After all the refused calls: a fresh pass stages, verifies and runs its layers.
-    from q12drv.checks import verify_readback
+    from q12drv.core.checks import verify_readback
 
     q12 = world.new_pass()
     meta = q12.meta
@@ -526,7 +526,7 @@ CLI_CASES = [
     ("render no output", ["render", "{dump}"], 2, "required: -o/--output"),
     ("render dpi negative", ["render", "{dump}", "-o", "{tmp}/x.png", "--dpi", "-3"], 2, "must be >= 1"),
     ("render unwritable output", ["render", "{dump}", "-o", "{tmp}/no/such/dir/x.png"], 2, "cannot write"),
-    ("sass unknown source", ["sass", "nope.cu"], 2, "unknown source 'nope.cu'; cuda_src/ has kv_write.cu"),
+    ("sass unknown source", ["sass", "nope.cu"], 2, "unknown source 'nope.cu'; cuda_src/ has attn_prefill.cu, attn_wgmma.cu"),
     ("sass unknown entry", ["sass", "kv_write.cu", "q12_nope"], 2, "has no entry q12_nope; its entries: q12_kv_write"),
     ("sass bad define", ["sass", "kv_write.cu", "-D", "A B"], 2, "a define is NAME or NAME=VALUE"),
     ("unknown command", ["explode"], 2, "invalid choice"),
@@ -610,7 +610,7 @@ def test_extreme_but_valid_numbers_stage_exactly():
     # The largest values the bounds admit stage without wrapping: kv_len = 2**31 - 1 (i32), positions
     # near 2**31 and MRoPE positions at 2**32 - 1 (u32), block ids 2**31 - 1 with 2**20-token blocks
     # (i64 slots near 2**51), pointers at 2**64 - 8.
-    from q12drv.checks import verify_readback
+    from q12drv.core.checks import verify_readback
 
     bs = 1 << 20
     kv_len = (1 << 31) - 1

@@ -1,6 +1,6 @@
 """Races: 10,000 back-to-back passes with per-layer JIT-slot uploads and no host synchronization, on
 the emulated driver's deferred mode (stream work lags the host until something waits), every pass's
-metadata and every layer's pointer table captured on the device and verified (q12drv.soak; the GPU
+metadata and every layer's pointer table captured on the device and verified (q12drv.tools.soak; the GPU
 runs the same code through scripts/gpu_soak.py). The pinned rings are never rewritten while their
 copies are pending (the deferred driver raises HostRaceError if they are)."""
 
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-import q12drv.soak as soak
+import q12drv.tools.soak as soak
 from q12drv import HostRaceError, open_device
-from q12drv.pinned import PinnedRing
-from q12drv.staging import place_h_state_slot
+from q12drv.core.pinned import PinnedRing
+from q12drv.core.staging import place_h_state_slot
 
 REPO = Path(__file__).resolve().parents[1]
 

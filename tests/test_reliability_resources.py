@@ -137,7 +137,7 @@ EXIT_WITHOUT_CLOSE = """
     seen = {}
 
     def after_q12drv():  # registered before q12drv's hook, so it runs after it
-        import q12drv.device as d
+        import q12drv.core.device as d
         drv = seen["driver"]
         print("open devices:", len(d._OPEN_DEVICES), drv.live_allocations(), drv.live_handles())
 
@@ -168,7 +168,7 @@ def test_exit_without_close_is_clean():
 def test_without_the_atexit_hook_the_exit_check_sees_the_leak():
     # The check above can fail: with the hook unregistered nothing is released at exit.
     code = EXIT_WITHOUT_CLOSE.replace("from q12drv import open_device",
-                                      "from q12drv import open_device\n    import q12drv.device as _d\n"
+                                      "from q12drv import open_device\n    import q12drv.core.device as _d\n"
                                       "    atexit.unregister(_d._close_open_devices)")
     proc = _run(code, "immediate")
     assert proc.returncode == 0, proc.stderr
@@ -177,7 +177,7 @@ def test_without_the_atexit_hook_the_exit_check_sees_the_leak():
 
 def test_the_arena_numbers_stay_exact_across_cycles():
     # A cheap cross-check of the cycle itself: after many cycles the staged bytes still verify.
-    from q12drv.checks import verify_readback
+    from q12drv.core.checks import verify_readback
 
     with open_device("emu") as dev:
         w = World.build(dev)

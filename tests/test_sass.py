@@ -1,14 +1,14 @@
-"""q12drv.sass: the machine code of the kernels, and the check that ptxas kept their warpgroup MMAs asynchronous
+"""q12drv.tools.sass: the machine code of the kernels, and the check that ptxas kept their warpgroup MMAs asynchronous
 (a serialised build compiles without spills, runs correctly and is several times slower: only the SASS shows it)."""
 
 import pytest
 
-from q12drv import sass
-from q12drv.cli import main
-from q12drv.errors import Q12Error
+from q12drv.tools import sass
+from q12drv.tools.cli import main
+from q12drv.core.errors import Q12Error
 from q12drv.kernels import attention_wgmma, gdn_wgmma
 from q12drv.kernels.meta import meta_defines
-from q12drv.nvrtc import compile_source
+from q12drv.core.nvrtc import compile_source
 
 
 def _sass_lines(ops):

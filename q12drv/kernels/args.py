@@ -10,8 +10,8 @@ import math
 
 import numpy as np
 
-from ..ints import checked_int
-from ..ptr import DevicePtr
+from ..core.ints import checked_int
+from ..core.ptr import DevicePtr
 
 __all__ = ["I32_MAX", "ALIGN", "device_ptr", "count", "head_group", "positive_float"]
 

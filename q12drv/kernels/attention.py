@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..bf16 import from_bf16_bits, to_bf16_bits
+from ..core.bf16 import from_bf16_bits, to_bf16_bits
+from . import registry
 
 __all__ = [
     "SOURCE",
@@ -384,3 +385,5 @@ def emulate_attention(head_dim: int, defines=()):
 
 #: Entry name -> emulator, for q12drv's emulated driver.
 EMULATORS = {entry: emulate_attention(d) for d, entry in HEAD_DIMS.items()}
+
+registry.register(SOURCE, ENTRIES, EMULATORS)

@@ -3,7 +3,7 @@
 The same computation, arguments and contract as :mod:`q12drv.kernels.attention` (stream ``b``'s
 rows ``cu_seqlens[b] .. cu_seqlens[b+1]``, keys through its block table, bottom-right causal,
 GQA), for head dims 128 and 256, with S = Q K^T and O += P V on ``wgmma`` (compiled for sm_90a:
-:func:`q12drv.nvrtc.target_arch`). ``ops.attention(..., algo="wgmma")`` selects it, and so does the
+:func:`q12drv.core.nvrtc.target_arch`). ``ops.attention(..., algo="wgmma")`` selects it, and so does the
 default ``algo="auto"`` on Hopper.
 
 Entries (the parameters of ``q12_attn_prefill_d*``)::
@@ -26,6 +26,7 @@ kernel are bit-identical (a CTA never mixes streams).
 from __future__ import annotations
 
 from . import attention as _attn
+from . import registry
 
 __all__ = ["SOURCE", "HEAD_DIMS", "ENTRIES", "DEFAULT_CONFIG", "config", "entry_for_head_dim", "smem_bytes",
            "geometry", "EMULATORS", "SMEM_LIMIT"]
@@ -121,3 +122,5 @@ def _emulator(head_dim: int):
 
 #: Entry name -> emulator, for q12drv's emulated driver.
 EMULATORS = {entry: _emulator(d) for d, entry in HEAD_DIMS.items()}
+
+registry.register(SOURCE, ENTRIES, EMULATORS)

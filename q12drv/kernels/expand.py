@@ -7,10 +7,10 @@ one kernel that writes the rest from them, so the host work and the bytes crossi
 grow with the token count. Up to :data:`~q12drv.kernels.meta.TAIL_STREAMS` streams the per-stream
 fields travel in the launch's own parameter block (``q12_expand_meta_tail``, which also writes them
 into the arena): no pinned slot, no copy, no event, one launch. Past that they take one small pinned
-copy into the arena, which ``q12_expand_meta`` reads (as CUDA graphs do: :mod:`q12drv.graphs`
+copy into the arena, which ``q12_expand_meta`` reads (as CUDA graphs do: :mod:`q12drv.prefill.graphs`
 replays that copy with new bytes). Tokens past the last stream (a pass padded to fixed maxima for a
 CUDA graph) get position 0 and slot -1. Either way the arena ends up holding exactly the bytes
-:func:`~q12drv.staging.stage_batched_attn_metadata` would have copied (pads included), at the same
+:func:`~q12drv.core.staging.stage_batched_attn_metadata` would have copied (pads included), at the same
 offsets: everything downstream (kernels, dumps, ``inspect``) is unchanged.
 
 It needs ``block_table_dev`` to hold the same table as ``block_table`` (the stager's contract
@@ -36,11 +36,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..arena import ScratchArena
-from ..ints import checked_int
-from ..layout import stacked_layout
-from ..staging import BatchedAttnMetadata, metadata_of_pass, pass_fields, stage_stacked, validate_streams
+from ..core.arena import ScratchArena
+from ..core.ints import checked_int
+from ..core.layout import stacked_layout
+from ..core.staging import BatchedAttnMetadata, metadata_of_pass, pass_fields, stage_stacked, validate_streams
 from .meta import TAIL_STREAMS, Q12MetaC, Q12TailC, meta_struct
+from . import registry
 
 __all__ = ["SOURCE", "ENTRIES", "THREADS", "MAX_STREAMS", "geometry", "reference", "emulate_expand_meta",
            "emulate_expand_meta_tail", "EMULATORS", "stage_on_device", "ExpandPlan", "enqueue_expand", "device_bytes"]
@@ -147,13 +148,13 @@ EMULATORS = {"q12_expand_meta": emulate_expand_meta, "q12_expand_meta_tail": emu
 
 def stage_on_device(arena, streams: Sequence, *, block_size: int, use_mrope: bool, scratch_offset_bytes: int,
                     dummy_kv_block: int, stream: Any = None, batch=None) -> BatchedAttnMetadata:
-    """:func:`~q12drv.staging.stage_batched_attn_metadata`, with the per-token fields written on the device.
+    """:func:`~q12drv.core.staging.stage_batched_attn_metadata`, with the per-token fields written on the device.
 
     Same arguments, same checks, same result and the same bytes in the arena. Up to
     :data:`~q12drv.kernels.meta.TAIL_STREAMS` streams: one ``q12_expand_meta_tail`` launch on
     ``stream`` carrying the per-stream fields as its parameters, nothing else; more streams: one
     pinned copy of the per-stream fields (:func:`device_bytes`), then one ``q12_expand_meta``
-    launch. ``batch``: what :func:`~q12drv.staging.validate_streams` returned for exactly these
+    launch. ``batch``: what :func:`~q12drv.core.staging.validate_streams` returned for exactly these
     arguments, just before (the caller validated already); None validates here.
 
     Raises
@@ -162,9 +163,6 @@ def stage_on_device(arena, streams: Sequence, *, block_size: int, use_mrope: boo
         A stream carries ``mrope_positions`` (vision tokens: use the host stager), or more than
         :data:`MAX_STREAMS` streams; plus everything the host stager raises. Nothing is written.
     """
-    global _prepared
-    if _prepared is None:
-        from .ops import prepared as _prepared  # ops imports this module for its kernel list
     if batch is None:
         batch = validate_streams(streams, block_size, use_mrope, dummy_kv_block)
     n = len(batch.count_list)
@@ -176,7 +174,7 @@ def stage_on_device(arena, streams: Sequence, *, block_size: int, use_mrope: boo
         raise ValueError(f"the device path handles at most {MAX_STREAMS} streams per pass, got {n}")
     in_params = n <= TAIL_STREAMS
     # loaded (compiled) before anything is written
-    launch = _prepared(arena.device, "q12_expand_meta_tail" if in_params else "q12_expand_meta")
+    launch = registry.prepared(arena.device, "q12_expand_meta_tail" if in_params else "q12_expand_meta")
     if not in_params:
         meta, _ = stage_stacked(arena, streams, block_size, use_mrope, scratch_offset_bytes, dummy_kv_block, stream,
                                 upload="tail", batch=batch)
@@ -218,7 +216,7 @@ class ExpandPlan:
 
     A runtime keeps one plan while a batch's streams and their block tables stay the same (chunk after
     chunk of the same prompts) and calls :meth:`stage` for every pass. Each call leaves in the arena
-    exactly the bytes :func:`~q12drv.staging.stage_batched_attn_metadata` would leave for these streams
+    exactly the bytes :func:`~q12drv.core.staging.stage_batched_attn_metadata` would leave for these streams
     with those starts and counts, with one ``q12_expand_meta_tail`` launch: the streams' pointers,
     table sizes and dtypes were validated here, so a pass checks only its integers.
 
@@ -240,12 +238,12 @@ class ExpandPlan:
     -----
     What a pass reuses, and what the caller may rely on:
 
-    * every :meth:`stage` returns a new :class:`~q12drv.staging.BatchedAttnMetadata` that describes
+    * every :meth:`stage` returns a new :class:`~q12drv.core.staging.BatchedAttnMetadata` that describes
       its own pass for good: later passes never change it. Its ``cu_seqlens_host`` and ``kv_lens_host``
       are made on first access, from that pass's integers (kept in the object), as read-only int32
       arrays; its by-value struct (:func:`~q12drv.kernels.meta.meta_struct`) on first use;
     * the plan keeps, per token total (and offset), the arena region (same offset and size: the arena
-      hands it out again, :meth:`~q12drv.arena.ScratchArena.reserve_again`) and the metadata fields, and
+      hands it out again, :meth:`~q12drv.core.arena.ScratchArena.reserve_again`) and the metadata fields, and
       per chunk length the launch grid (bound to the device's stream, for ``stream=None``); at most 256
       of each, then it starts over;
     * the launch's argument block is the plan's own: a pass rewrites the integers that changed in it
@@ -263,9 +261,6 @@ class ExpandPlan:
 
     def __init__(self, arena, streams: Sequence, *, block_size: int, use_mrope: bool, scratch_offset_bytes: int,
                  dummy_kv_block: int):
-        global _prepared
-        if _prepared is None:
-            from .ops import prepared as _prepared  # ops imports this module for its kernel list
         if not isinstance(arena, ScratchArena):
             raise TypeError(f"arena must be a ScratchArena, got {type(arena).__name__}")
         batch = validate_streams(streams, block_size, use_mrope, dummy_kv_block)
@@ -291,7 +286,7 @@ class ExpandPlan:
         self._max_blocks = batch.max_blocks
         self._pointers = (list(batch.table_ptr_list), list(batch.seq_len_ptr_list))
         # a Launch of its own: the streams' pointers are written into its tail parameter once
-        self._launch = _prepared(arena.device, "q12_expand_meta_tail").kernel.prepare(
+        self._launch = registry.prepared(arena.device, "q12_expand_meta_tail").kernel.prepare(
             block_shift=shift, dummy_kv_block=self.dummy_kv_block, use_mrope=int(self.use_mrope))
         _pack_tail_params(self._launch, batch)
         args = self._launch.args
@@ -311,7 +306,7 @@ class ExpandPlan:
 
         Reserves the stacked block at the plan's offset, or at ``scratch_offset_bytes`` when given (the
         arena's cursor must be at or before it; afterwards it is right behind the block, where
-        :func:`~q12drv.staging.place_h_state_slot` puts the slot) and enqueues one launch on ``stream``.
+        :func:`~q12drv.core.staging.place_h_state_slot` puts the slot) and enqueues one launch on ``stream``.
 
         Returns
         -------
@@ -399,7 +394,7 @@ class ExpandPlan:
         return shape
 
     def check_batch(self, arena, batch, block_size: int, use_mrope: bool, dummy_kv_block: int) -> None:
-        """Check that a pass over ``batch`` (validated: :func:`~q12drv.staging.validate_streams`) on ``arena``
+        """Check that a pass over ``batch`` (validated: :func:`~q12drv.core.staging.validate_streams`) on ``arena``
         with these settings is one this plan stages (``Q12Pass(expand_plan=...)`` calls it before it touches
         the arena).
 
@@ -469,7 +464,7 @@ def _check_pass_stream(b: int, start, count, capacity: int) -> int:
 
 def enqueue_expand(launch, meta, stream: Any) -> None:
     """One expansion launch over staged ``meta`` (``launch``: the entry's prepared
-    :class:`~q12drv.launch.Launch`): every argument comes from the metadata the stager validated,
+    :class:`~q12drv.core.launch.Launch`): every argument comes from the metadata the stager validated,
     straight into the argument block; the grid covers ``meta.batch_size`` streams of ``meta.chunk_len``.
     ``q12_expand_meta_tail`` also takes its ``tail`` parameter, written before (:func:`stage_on_device`)."""
     args = launch.args
@@ -511,4 +506,5 @@ def _pack_tail_params(launch, batch) -> None:
 
 
 _TAIL_WRITERS: dict = {}
-_prepared = None
+
+registry.register(SOURCE, ENTRIES, EMULATORS)

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..bf16 import from_bf16_bits, to_bf16_bits
+from ..core.bf16 import from_bf16_bits, to_bf16_bits
+from . import registry
 
 __all__ = [
     "SOURCE",
@@ -246,3 +247,5 @@ def emulate_d64(args: dict, mem, grid, block) -> None:
 
 #: What the emulated driver runs instead of each entry point.
 EMULATORS = {"q12_gdn_prefill_d128": emulate_d128, "q12_gdn_prefill_d64": emulate_d64}
+
+registry.register(SOURCE, ENTRIES, EMULATORS)

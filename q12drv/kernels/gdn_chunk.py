@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..bf16 import from_bf16_bits, round_to_bf16, to_bf16_bits
+from ..core.bf16 import from_bf16_bits, round_to_bf16, to_bf16_bits
 from . import gdn as _gdn
+from . import registry
 
 __all__ = [
     "SOURCE",
@@ -436,3 +437,5 @@ EMULATORS = {"q12_gdn_chunk_d128": emulate_d128, "q12_gdn_chunk_d64": emulate_d6
              **{split_entries(d)[0]: _emulate_prep(d) for d in (128, 64)},
              **{tile_prep_entry(d): _emulate_prep(d, tiles=True) for d in (128, 64)},
              **{split_entries(d, st)[1]: _emulate_seq(d) for d in (128, 64) for st in SEQ_STAGES}}
+
+registry.register(SOURCE, ENTRIES, EMULATORS)

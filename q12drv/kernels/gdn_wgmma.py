@@ -47,6 +47,7 @@ import numpy as np
 
 from . import gdn as _gdn
 from . import gdn_chunk as _gdnc
+from . import registry
 
 __all__ = [
     "SOURCE",
@@ -497,3 +498,5 @@ EMULATORS = {**{entries(d, st)[1]: _emulate_seq(d) for d in HEAD_DIMS for st in 
              **{flow_entries(d)[0]: _emulate_prep_flow(d) for d in HEAD_DIMS},
              **{flow_entries(d)[1]: _emulate_seq_flow(d) for d in HEAD_DIMS},
              WIDE_ENTRY: _emulate_wide}
+
+registry.register(SOURCE, ENTRIES, EMULATORS)

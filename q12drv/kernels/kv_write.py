@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from .meta import Q12MetaC
+from . import registry
 
 __all__ = [
     "SOURCE",
@@ -203,3 +204,5 @@ def emulate_kv_write(args: dict, mem, grid, block) -> None:
 
 
 EMULATORS = {"q12_kv_write": emulate_kv_write}
+
+registry.register(SOURCE, ENTRIES, EMULATORS)

@@ -62,7 +62,7 @@ def meta_defines() -> list[str]:
 
 
 def meta_from_staged(meta) -> Q12MetaC:
-    """Build the by-value struct from a :class:`q12drv.staging.BatchedAttnMetadata`."""
+    """Build the by-value struct from a :class:`q12drv.core.staging.BatchedAttnMetadata`."""
     # positional, in META_FIELDS order (the pointers are DevicePtr, an int subclass ctypes takes as is)
     return Q12MetaC(meta.positions_stacked, meta.positions_h_stacked, meta.positions_w_stacked, meta.slot_stacked,
                     meta.block_table_ptrs, meta.seq_len_ptrs, meta.cu_seqlens, meta.kv_lens, meta.batch_size,

@@ -3,7 +3,7 @@
 Each launcher validates the shapes it is given, computes the launch geometry from host-known
 values (never from device memory), writes the arguments into the kernel's pre-packed argument
 block and enqueues one launch. The metadata struct is built once per staged
-:class:`~q12drv.staging.BatchedAttnMetadata` and passed by value.
+:class:`~q12drv.core.staging.BatchedAttnMetadata` and passed by value.
 """
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from ..device import Device
-from ..launch import Launch, load_module
-from ..staging import BatchedAttnMetadata
+from ..core.device import Device
+from ..core.staging import BatchedAttnMetadata
 from . import attention as _attn
 from . import attention_wgmma as _attnw
 from . import expand as _expand
@@ -23,45 +22,14 @@ from . import gdn_wgmma as _gdnw
 from . import kv_write as _kvw
 from . import args as _args
 from . import rope as _rope
-from .meta import Q12MetaC, Q12TailC, meta_defines, meta_struct
+from .meta import meta_struct
+from .registry import ENTRIES, SOURCES, prepared, struct_types
 
 __all__ = ["kv_write", "rope", "attention", "gdn", "ATTN_ALGOS", "attention_entry", "GDN_ALGOS", "GDN_MODULES",
            "enqueue_kv_write", "enqueue_rope", "enqueue_attention", "enqueue_gdn", "check_gdn_algo", "check_gdn_form",
            "GDN_FORMS", "gdn_workspace",
            "gdn_workspace_bytes", "GDN_WORKSPACE_ALGOS",
            "prepared", "SOURCES", "ENTRIES", "struct_types"]
-
-#: Every kernel source and its entries.
-SOURCES = {
-    _kvw.SOURCE: _kvw.ENTRIES,
-    _rope.SOURCE: _rope.ENTRIES,
-    _attn.SOURCE: _attn.ENTRIES,
-    _attnw.SOURCE: _attnw.ENTRIES,
-    _gdn.SOURCE: _gdn.ENTRIES,
-    _gdnc.SOURCE: _gdnc.ENTRIES,
-    _gdnw.SOURCE: _gdnw.ENTRIES,
-    _expand.SOURCE: _expand.ENTRIES,
-}
-ENTRIES = {e: src for src, entries in SOURCES.items() for e in entries}
-
-
-def struct_types() -> dict:
-    """The by-value struct parameters of the kernels' entries, by C type name."""
-    return {"Q12Meta": Q12MetaC, "Q12Tail": Q12TailC}
-
-
-def prepared(device: Device, entry: str) -> Launch:
-    """The pre-packed :class:`~q12drv.launch.Launch` of ``entry`` on ``device`` (built once)."""
-    key = ("launch", entry)
-    launch = device.cache.get(key)
-    if launch is None:
-        source = ENTRIES.get(entry)
-        if source is None:
-            raise KeyError(f"unknown kernel {entry!r}; kernels: {', '.join(sorted(ENTRIES))}")
-        module = load_module(device, source, defines=tuple(meta_defines()), struct_types=struct_types())
-        launch = device.cache[key] = module.kernel(entry).prepare()
-    return launch
-
 
 #: ``(name, value, align)`` -> the int address: non-NULL, < 2**64, aligned (TypeError/ValueError).
 _ptr = _args.device_ptr

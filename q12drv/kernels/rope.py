@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..bf16 import from_bf16_bits, to_bf16_bits
+from ..core.bf16 import from_bf16_bits, to_bf16_bits
 from .meta import Q12MetaC
+from . import registry
 
 __all__ = [
     "SOURCE",
@@ -440,3 +441,5 @@ def emulate_rope(args: dict, mem, grid, block) -> None:
 
 
 EMULATORS = {"q12_rope": emulate_rope}
+
+registry.register(SOURCE, ENTRIES, EMULATORS)

@@ -69,7 +69,7 @@ def main(argv):
     from q12drv.kernels import attention as attn
     from q12drv.kernels import attention_wgmma as attnw
     from q12drv.kernels.meta import meta_defines
-    from q12drv.nvrtc import compile_source
+    from q12drv.core.nvrtc import compile_source
     from tests.gpu.test_attention_gpu import Case, _ok
     from tests.helpers import rel_err_bf16, shuffled_tables
 

@@ -40,7 +40,7 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 from bench.timing import torch_events_us  # noqa: E402
-from q12drv.bf16 import from_bf16_bits  # noqa: E402
+from q12drv.core.bf16 import from_bf16_bits  # noqa: E402
 from q12drv.kernels import gdn, gdn_chunk, gdn_wgmma  # noqa: E402
 from q12drv.kernels.meta import Q12MetaC, meta_defines  # noqa: E402
 from tests.gpu import test_gdn_gpu as T  # noqa: E402
@@ -51,7 +51,7 @@ def setup():
     import torch
     from cuda.bindings import driver as cu
 
-    from q12drv.nvrtc import compile_source
+    from q12drv.core.nvrtc import compile_source
 
     torch.zeros(1, device="cuda")
     T._check(cu.cuInit(0))
@@ -200,7 +200,7 @@ def small_ragged_check(torch, funcs, ref_bits):
 
 
 def _compile_one(job):
-    from q12drv.nvrtc import compile_source
+    from q12drv.core.nvrtc import compile_source
 
     source, defines = job
     compile_source(source, defines=[*meta_defines(), *defines])  # into the on-disk cubin cache

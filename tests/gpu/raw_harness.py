@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from q12drv.nvrtc import compile_source  # noqa: E402
+from q12drv.core.nvrtc import compile_source  # noqa: E402
 from q12drv.kernels.meta import meta_defines  # noqa: E402
 
 GUARD = 256  # bytes on each side of every buffer (keeps 16-byte alignment)

@@ -61,7 +61,7 @@ def main(argv):
     from bench.timing import cold_sets, torch_events_us
     from q12drv.kernels import rope
     from q12drv.kernels.meta import meta_defines
-    from q12drv.nvrtc import compile_source
+    from q12drv.core.nvrtc import compile_source
     from tests.gpu.raw_harness import Buf, Kernel, _check
     from tests.gpu.test_rope_gpu import assert_close, make_meta, make_positions, rand_bf16
 

@@ -17,11 +17,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from q12drv.bf16 import to_bf16_bits  # noqa: E402
+from q12drv.core.bf16 import to_bf16_bits  # noqa: E402
 from q12drv.kernels import attention as attn  # noqa: E402
 from q12drv.kernels import attention_wgmma as attnw  # noqa: E402
 from q12drv.kernels.meta import Q12MetaC, meta_defines  # noqa: E402
-from q12drv.nvrtc import compile_source  # noqa: E402
+from q12drv.core.nvrtc import compile_source  # noqa: E402
 from tests.helpers import rel_err_bf16, shuffled_tables  # noqa: E402
 
 pytestmark = [

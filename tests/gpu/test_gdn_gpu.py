@@ -14,7 +14,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from q12drv.bf16 import from_bf16_bits, to_bf16_bits
+from q12drv.core.bf16 import from_bf16_bits, to_bf16_bits
 from q12drv.kernels import gdn
 from q12drv.kernels.meta import Q12MetaC, meta_defines
 from tests.helpers import rel_err, shuffled_tables
@@ -76,7 +76,7 @@ def kernels():
     torch = _torch()
     from cuda.bindings import driver as cu
 
-    from q12drv.nvrtc import compile_source
+    from q12drv.core.nvrtc import compile_source
 
     torch.zeros(1, device="cuda")
     _check(cu.cuInit(0))
@@ -152,7 +152,7 @@ def launch(funcs, name, grid, block, smem, values, dependent=False):
 
     arr = (ctypes.c_void_p * len(values))(*[ctypes.addressof(x) for x in values])
     if dependent:
-        from q12drv.driver.cuda import CudaDriver
+        from q12drv.core.driver.cuda import CudaDriver
 
         CudaDriver().launch_dependent(funcs[name], grid, block, smem, cu.CUstream(0), ctypes.addressof(arr))
         return
@@ -232,7 +232,7 @@ def load_chunk_module(defines=(), source=gdn_chunk.SOURCE):
     to its entries' dynamic shared memory; returns (module, {entry: CUfunction})."""
     from cuda.bindings import driver as cu
 
-    from q12drv.nvrtc import compile_source
+    from q12drv.core.nvrtc import compile_source
 
     mod_info = gdn_chunk if source == gdn_chunk.SOURCE else gdn_wgmma
     img = compile_source(source, defines=[*meta_defines(), *defines])
@@ -616,7 +616,7 @@ def _bench(lpc=gdn.LANES_PER_COLUMN, cpt=gdn.COLS_PER_THREAD):
     import torch
     from cuda.bindings import driver as cu
 
-    from q12drv.nvrtc import compile_source
+    from q12drv.core.nvrtc import compile_source
 
     torch.zeros(1, device="cuda")
     _check(cu.cuInit(0))

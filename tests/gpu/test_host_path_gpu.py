@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from q12drv import ScratchArena, StreamStageInfo, open_device, stage_batched_attn_metadata
-from q12drv.graphs import PassGraph, capture
+from q12drv.prefill.graphs import PassGraph, capture
 from q12drv.kernels import expand, ops
 from q12drv.kernels.meta import TAIL_STREAMS
 from q12drv.kernels.ops import prepared

@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from q12drv.bf16 import from_bf16_bits, to_bf16_bits  # noqa: E402
+from q12drv.core.bf16 import from_bf16_bits, to_bf16_bits  # noqa: E402
 from q12drv.kernels import rope  # noqa: E402
 from q12drv.kernels.meta import Q12MetaC  # noqa: E402
 

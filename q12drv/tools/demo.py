@@ -16,12 +16,12 @@ from typing import Callable
 
 import numpy as np
 
-from .admission import check_kernel_batched_eligible
-from .arena import ScratchArena
-from .checks import verify_readback
-from .device import Device
-from .layout import Q12_SIZING_STREAMS, make_scratch_plan
-from .staging import StreamStageInfo, place_h_state_slot, stage_batched_attn_metadata
+from ..core.admission import check_kernel_batched_eligible
+from ..core.arena import ScratchArena
+from ..core.checks import verify_readback
+from ..core.device import Device
+from ..core.layout import Q12_SIZING_STREAMS, make_scratch_plan
+from ..core.staging import StreamStageInfo, place_h_state_slot, stage_batched_attn_metadata
 
 __all__ = ["DemoConfig", "run_demo", "demo_streams", "demo_layers", "layer_inputs"]
 
@@ -86,7 +86,7 @@ def run_demo(dev: Device, cfg: DemoConfig = DemoConfig(), *, kernels: bool = Tru
              dump=None) -> bool:
     """Run the demo on ``dev``; return True when every check passed.
 
-    ``dump``: a path to write an arena dump of the staged batched pass to (see :mod:`q12drv.dump`).
+    ``dump``: a path to write an arena dump of the staged batched pass to (see :mod:`q12drv.tools.dump`).
     """
     ok = True
     out(f"device: {dev.name} (driver {dev.driver.name}, {dev.arch})")
@@ -158,7 +158,7 @@ def layer_inputs(rng: np.random.Generator, total: int, n: int, num_blocks: int, 
     ``[T, Hk, d]``, ``gv, go`` ``[T, Hv, d]``, ``g`` (log decay <= 0) and ``beta`` ``[T, Hv]`` fp32,
     ``states`` ``[n, Hv, d, d]`` fp32. Used by the demo, the tests and the GPU scripts.
     """
-    from .bf16 import to_bf16_bits
+    from ..core.bf16 import to_bf16_bits
 
     hq, hkv, d = attn.num_q_heads, attn.num_kv_heads, attn.head_dim
     hk, hv, dg = gdn.num_k_heads, gdn.num_v_heads, gdn.head_dim
@@ -182,7 +182,7 @@ def layer_inputs(rng: np.random.Generator, total: int, n: int, num_blocks: int, 
 
 def demo_layers(dev: Device, cfg: DemoConfig, streams, tuples, *, out: Callable[[str], None] = print) -> bool:
     """Run one attention and one GDN layer batched and per stream; compare bit for bit; time both."""
-    from .prefill import AttentionShape, GdnShape, Q12Pass
+    from ..prefill.q12pass import AttentionShape, GdnShape, Q12Pass
 
     n = len(streams)
     total = sum(s.proc_count for s in streams)

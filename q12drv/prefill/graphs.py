@@ -24,14 +24,14 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .arena import ScratchArena
-from .device import Device, PinnedBuffer
-from .errors import CapacityError, Q12Error
-from .kernels import ops
-from .kernels.expand import MAX_STREAMS as _EXPAND_MAX_STREAMS, enqueue_expand
-from .layout import stacked_layout
-from .prefill import AttentionShape, GdnShape
-from .staging import BatchedAttnMetadata, StreamStageInfo, validate_streams, metadata_at, pack_padded
+from ..core.arena import ScratchArena
+from ..core.device import Device, PinnedBuffer
+from ..core.errors import CapacityError, Q12Error
+from ..kernels import ops
+from ..kernels.expand import MAX_STREAMS as _EXPAND_MAX_STREAMS, enqueue_expand
+from ..core.layout import stacked_layout
+from .q12pass import AttentionShape, GdnShape
+from ..core.staging import BatchedAttnMetadata, StreamStageInfo, validate_streams, metadata_at, pack_padded
 
 __all__ = ["Graph", "capture", "PassGraph", "EXPAND_MODES"]
 
@@ -111,7 +111,7 @@ class PassGraph:
     max_chunk : int, optional
         Longest stream the pass accepts (sizes the attention grid); default ``max_tokens``.
     block_size, use_mrope, dummy_kv_block
-        As for :func:`~q12drv.staging.stage_batched_attn_metadata`.
+        As for :func:`~q12drv.core.staging.stage_batched_attn_metadata`.
     max_blocks_per_seq : int
         Recorded in the metadata (informational; the kernels read each stream's own table).
     num_ssm_layers : int

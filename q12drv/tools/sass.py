@@ -20,9 +20,9 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
-from .errors import Q12Error
+from ..core.errors import Q12Error
 
-__all__ = ["NvdisasmNotFound", "find_nvdisasm", "disassemble", "WgmmaSummary", "wgmma_summary", "run_sass"]
+__all__ = ["parse_define", "NvdisasmNotFound", "find_nvdisasm", "disassemble", "WgmmaSummary", "wgmma_summary", "run_sass"]
 
 
 class NvdisasmNotFound(Q12Error):
@@ -112,6 +112,22 @@ def wgmma_summary(entry: str, sass: str) -> WgmmaSummary:
                         sum("WARPGROUP.DEPBAR" in op for op in ops))
 
 
+_DEFINE = re.compile(r"^[A-Za-z_]\w*(=[\w.+-]*)?$")
+
+
+def parse_define(text: str) -> str:
+    """``NAME`` or ``NAME=VALUE`` as NVRTC takes it (a variant build's macro, e.g. ``ATTN_D256_DS=1``).
+
+    Raises
+    ------
+    ValueError
+        Anything else (spaces, quotes, an option in disguise).
+    """
+    if not isinstance(text, str) or not _DEFINE.match(text):
+        raise ValueError(f"a define is NAME or NAME=VALUE (letters, digits, _ . + -), got {text!r}")
+    return text
+
+
 def run_sass(source: str, entries=(), *, arch: str = "sm_90", defines=(), summary_only: bool = False,
              out=print) -> int:
     """``q12drv sass``: compile ``source`` (a file in ``cuda_src/``) for ``arch`` with ``defines`` and print the SASS
@@ -123,13 +139,12 @@ def run_sass(source: str, entries=(), *, arch: str = "sm_90", defines=(), summar
     Q12Error
         An unknown source or entry (the known ones listed), no ``nvdisasm``, a compile that fails (NVRTC's log).
     """
-    from .doctor import parse_define
-    from .kernels.meta import meta_defines
-    from .kernels.ops import SOURCES
-    from .nvrtc import compile_source
+    from ..kernels.meta import meta_defines
+    from ..kernels.ops import SOURCES
+    from ..core.nvrtc import compile_source
 
     if source not in SOURCES:
-        raise Q12Error(f"unknown source {source!r}; cuda_src/ has {', '.join(SOURCES)}")
+        raise Q12Error(f"unknown source {source!r}; cuda_src/ has {', '.join(sorted(SOURCES))}")
     try:
         defines = tuple(parse_define(d) for d in defines)
     except ValueError as exc:

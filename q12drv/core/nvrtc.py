@@ -69,7 +69,7 @@ def cuda_src_dir() -> Path:
         return Path(override)
     here = Path(__file__).resolve().parent
     # installed: the wheel puts cuda_src/ inside the package; a checkout keeps it beside it
-    for candidate in (here / "cuda_src", here.parent / "cuda_src"):
+    for candidate in (here.parent / "cuda_src", here.parent.parent / "cuda_src"):
         if (candidate / "q12_meta.cuh").is_file():
             return candidate
     raise FileNotFoundError(

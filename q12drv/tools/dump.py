@@ -11,17 +11,17 @@ A dump holds, as numpy ``.npz`` members (every one a 1-D ``uint8`` array; nothin
 ``arena``
     The arena's ``capacity`` bytes.
 ``guard``
-    The guard band past the capacity (:data:`~q12drv.arena.GUARD_BYTES` bytes).
+    The guard band past the capacity (:data:`~q12drv.core.arena.GUARD_BYTES` bytes).
 ``ring``
     Optional: the pinned staging ring's slots, concatenated (``header["ring"]`` says where each is).
 
 :func:`load_dump` trusts nothing in the file: the archive is read with ``allow_pickle=False``,
 the header is parsed as JSON and validated (types, counts, and every offset and size against the
 bytes actually present) before a single arena byte is looked at. Anything wrong raises
-:class:`~q12drv.errors.DumpError` naming the file and the problem.
+:class:`~q12drv.core.errors.DumpError` naming the file and the problem.
 
 What the bytes *mean* (are the sequence lengths monotone, do the slots collide, ...) is checked
-by :mod:`q12drv.inspect`; :mod:`q12drv.diff` compares two dumps; :mod:`q12drv.render` draws one.
+by :mod:`q12drv.tools.inspect`; :mod:`q12drv.tools.diff` compares two dumps; :mod:`q12drv.tools.render` draws one.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from typing import Sequence
 
 import numpy as np
 
-from .arena import GUARD_BYTES, GUARD_PATTERN, ScratchArena
-from .errors import DumpError
-from .layout import FieldSpec, Region, ScratchPlan, a8, stacked_layout
-from .staging import BatchedAttnMetadata, StreamStageInfo
+from ..core.arena import GUARD_BYTES, GUARD_PATTERN, ScratchArena
+from ..core.errors import DumpError
+from ..core.layout import FieldSpec, Region, ScratchPlan, a8, stacked_layout
+from ..core.staging import BatchedAttnMetadata, StreamStageInfo
 
 __all__ = [
     "SCHEMA",
@@ -142,7 +142,7 @@ class DumpedMeta:
 
 @dataclass(frozen=True)
 class DumpedPlan:
-    """The scratch plan recorded in a dump (see :class:`~q12drv.layout.ScratchPlan`)."""
+    """The scratch plan recorded in a dump (see :class:`~q12drv.core.layout.ScratchPlan`)."""
 
     policy: str
     counts: tuple

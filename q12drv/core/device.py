@@ -379,7 +379,7 @@ def open_device(driver: str | Driver | None = "auto", ordinal: int = 0, *, defer
     ordinal : int
         Device index.
     deferred : bool
-        Emulator only: run stream work only when waited for (see :mod:`q12drv.driver.emu`).
+        Emulator only: run stream work only when waited for (see :mod:`q12drv.core.driver.emu`).
 
     Returns
     -------

@@ -51,7 +51,7 @@ def render_dump(source, out, *, report=None, num_blocks: int | None = None, dpi:
     out : str or os.PathLike
         The PNG to write.
     report : InspectReport, optional
-        Check results to highlight (default: run :func:`~q12drv.inspect.inspect_dump`).
+        Check results to highlight (default: run :func:`~q12drv.tools.inspect.inspect_dump`).
     num_blocks : int, optional
         Passed to the checks when ``report`` is not given.
     dpi : int

@@ -108,7 +108,7 @@ def _spans(d: ArenaDump) -> tuple:
     regions = list(d.region_map())
     names = {r.name for r in regions}
     if d.h_state is not None and "h_state_ptrs" not in names:
-        from .layout import Region
+        from ..core.layout import Region
 
         regions.append(Region("h_state_ptrs", d.h_state.offset, 8 * d.h_state.n, "jit_slot"))
     for r in regions:
@@ -147,7 +147,7 @@ def diff_dumps(a, b) -> list:
     Raises
     ------
     DumpError
-        Either file cannot be read (see :func:`~q12drv.dump.load_dump`).
+        Either file cannot be read (see :func:`~q12drv.tools.dump.load_dump`).
     """
     da = a if isinstance(a, ArenaDump) else load_dump(a)
     db = b if isinstance(b, ArenaDump) else load_dump(b)

@@ -91,7 +91,7 @@ class PinnedRing:
     def acquire(self, nbytes: int) -> PinnedSlot:
         """The next slot, at least ``nbytes`` large, once its previous copy has completed.
 
-        If waiting or growing the slot fails (a :class:`~q12drv.errors.CudaError`), the ring is
+        If waiting or growing the slot fails (a :class:`~q12drv.core.errors.CudaError`), the ring is
         unchanged apart from that slot possibly losing its buffer (a later acquire allocates a new
         one): no slot ever holds freed memory and the ring does not advance.
         """

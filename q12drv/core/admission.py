@@ -1,7 +1,7 @@
 """Admission: may this batch take the kernel-batched path? (``check_kernel_batched_eligible``)
 
 Upstream's rules in upstream's order, then the per-stream block fit. The scratch rules read the
-same :class:`~q12drv.layout.ScratchPlan` the stager fills, so admission and staging cannot
+same :class:`~q12drv.core.layout.ScratchPlan` the stager fills, so admission and staging cannot
 disagree about whether a batch fits. A refusal is not an error: the pass runs per stream.
 """
 
@@ -108,7 +108,7 @@ def check_kernel_batched_eligible(
     varlen : bool
         Admit ragged chunk lengths.
     policy : {"seed", "exact"}
-        Per-stream block sizing (see :mod:`q12drv.layout`).
+        Per-stream block sizing (see :mod:`q12drv.core.layout`).
 
     Returns
     -------

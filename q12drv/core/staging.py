@@ -9,7 +9,7 @@
   block, for the per-stream fallback.
 
 Everything is validated before the first byte is written: bad input raises and leaves the
-arena, the pinned ring and the cursor as they were. Offsets come from :mod:`q12drv.layout`.
+arena, the pinned ring and the cursor as they were. Offsets come from :mod:`q12drv.core.layout`.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class StreamStageInfo:
 class BatchedAttnMetadata:
     """Device-side metadata of one batched (or single-stream) prefill pass, fields as the seed names them.
 
-    Device fields are absolute :class:`~q12drv.ptr.DevicePtr` addresses inside the arena.
+    Device fields are absolute :class:`~q12drv.core.ptr.DevicePtr` addresses inside the arena.
     ``staged_bytes`` is the exact footprint from ``scratch_offset_bytes``: the cursor advance.
     ``cu_seqlens_host`` and ``kv_lens_host`` are read-only int32 arrays; in an object made by
     :func:`metadata_of_pass` (an :class:`~q12drv.kernels.expand.ExpandPlan` pass) they are made on first

@@ -7,18 +7,18 @@ import sys
 import time
 from dataclasses import dataclass
 
-from .driver import open_driver
-from .errors import NvrtcError, Q12Error
-from .kernels import attention as _attn
-from .kernels import attention_wgmma as _attnw
-from .kernels import gdn_chunk as _gdnc
-from .kernels import gdn_wgmma as _gdnw
-from .kernels.meta import meta_defines
-from .kernels.ops import SOURCES
-from .nvrtc import compile_source, cuda_header_dir, cuda_src_dir, nvrtc_version
-from .sass import disassemble, find_nvdisasm, wgmma_summary
+from ..core.driver import open_driver
+from ..core.errors import NvrtcError, Q12Error
+from ..kernels import attention as _attn
+from ..kernels import attention_wgmma as _attnw
+from ..kernels import gdn_chunk as _gdnc
+from ..kernels import gdn_wgmma as _gdnw
+from ..kernels.meta import meta_defines
+from ..kernels.ops import SOURCES
+from ..core.nvrtc import compile_source, cuda_header_dir, cuda_src_dir, nvrtc_version
+from .sass import disassemble, find_nvdisasm, parse_define, wgmma_summary
 
-__all__ = ["KernelResources", "parse_ptxas_report", "dynamic_smem", "parse_define", "run_doctor"]
+__all__ = ["KernelResources", "parse_ptxas_report", "dynamic_smem", "run_doctor"]
 
 
 @dataclass(frozen=True)
@@ -52,20 +52,6 @@ def parse_ptxas_report(log: str) -> list:
     return out
 
 
-_DEFINE = re.compile(r"^[A-Za-z_]\w*(=[\w.+-]*)?$")
-
-
-def parse_define(text: str) -> str:
-    """``NAME`` or ``NAME=VALUE`` as NVRTC takes it (a variant build's macro, e.g. ``ATTN_D256_DS=1``).
-
-    Raises
-    ------
-    ValueError
-        Anything else (spaces, quotes, an option in disguise).
-    """
-    if not isinstance(text, str) or not _DEFINE.match(text):
-        raise ValueError(f"a define is NAME or NAME=VALUE (letters, digits, _ . + -), got {text!r}")
-    return text
 
 
 def dynamic_smem(entry: str, defines=()) -> int:
@@ -83,7 +69,7 @@ def dynamic_smem(entry: str, defines=()) -> int:
 
 def run_doctor(driver: str | None = "auto", *, arch: str | None = None, defines=(), out=print) -> int:
     """Print the environment and compile every kernel; return 0 when all compile without spills and, where
-    ``nvdisasm`` is found (:mod:`q12drv.sass`), no kernel's warpgroup MMAs were serialised by ptxas.
+    ``nvdisasm`` is found (:mod:`q12drv.tools.sass`), no kernel's warpgroup MMAs were serialised by ptxas.
 
     ``defines``: extra ``NAME=VALUE`` macros for every kernel (a variant build, e.g. the knobs in
     ``cuda_src/attn_prefill.cu``'s header); the report then describes that build. The ``sass`` column counts

@@ -1,6 +1,6 @@
 """One Q12 prefill pass over an arena: admission, plan, stage, then the layers, batched or per stream.
 
-:class:`Q12Pass` decides (through :func:`~q12drv.admission.decide`, the rules of ``check_kernel_batched_eligible``)
+:class:`Q12Pass` decides (through :func:`~q12drv.core.admission.decide`, the rules of ``check_kernel_batched_eligible``)
 whether the batch runs batched, lays out the arena from the plan, stages the metadata once, and
 then runs any number of layers:
 
@@ -22,18 +22,18 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .admission import Admission, decide, parse_chunks
-from .arena import ScratchArena
-from .errors import CapacityError, Q12Error
-from .kernels import ops
-from .kernels.expand import ExpandPlan, stage_on_device
-from .kernels import attention as _attn
-from .kernels import gdn as _gdn
-from .kernels import rope as _rope
-from .kernels.args import ALIGN, I32_MAX, count, device_ptr, head_group, positive_float
-from .layout import make_scratch_plan
-from .ptr import DevicePtr
-from .staging import (
+from ..core.admission import Admission, decide, parse_chunks
+from ..core.arena import ScratchArena
+from ..core.errors import CapacityError, Q12Error
+from ..kernels import ops
+from ..kernels.expand import ExpandPlan, stage_on_device
+from ..kernels import attention as _attn
+from ..kernels import gdn as _gdn
+from ..kernels import rope as _rope
+from ..kernels.args import ALIGN, I32_MAX, count, device_ptr, head_group, positive_float
+from ..core.layout import make_scratch_plan
+from ..core.ptr import DevicePtr
+from ..core.staging import (
     BatchedAttnMetadata,
     StreamStageInfo,
     validate_streams,
@@ -87,7 +87,7 @@ _SHAPES_OK: dict = {}
 
 
 #: The exact inputs of an admission decision -> the decision. ``decide`` is a pure function of them and an
-#: :class:`~q12drv.admission.Admission` (with its plan) is immutable, so a pass of the same shape as an earlier
+#: :class:`~q12drv.core.admission.Admission` (with its plan) is immutable, so a pass of the same shape as an earlier
 #: one takes the earlier decision; only inputs of exact types are remembered, only decisions that did not raise.
 _ADMISSIONS: dict = {}
 _ADMIT_TYPES = (int, bool, int, int, int, bool, bool, bool, str)
@@ -95,7 +95,7 @@ _ADMIT_TYPES = (int, bool, int, int, int, bool, bool, bool, str)
 
 def _admit(parsed: list, arena_tokens, is_mla, head_dim, scratch_cap, top_k, use_mrope, allow_chunk_zero, varlen,
            policy) -> Admission:
-    """:func:`~q12drv.admission.decide`, remembered per distinct input."""
+    """:func:`~q12drv.core.admission.decide`, remembered per distinct input."""
     settings = (arena_tokens, is_mla, head_dim, scratch_cap, top_k, use_mrope, allow_chunk_zero, varlen, policy)
     if tuple(map(type, settings)) != _ADMIT_TYPES:
         return decide(parsed, *settings)
@@ -156,7 +156,7 @@ class Q12Pass:
         Reset and laid out by the pass.
     streams : sequence of StreamStageInfo
     block_size, use_mrope, dummy_kv_block
-        As for :func:`~q12drv.staging.stage_batched_attn_metadata`.
+        As for :func:`~q12drv.core.staging.stage_batched_attn_metadata`.
     top_k : int
         MoE experts per token (sizes the MoE area of the plan).
     head_dim : int
@@ -279,7 +279,7 @@ class Q12Pass:
             if needed > arena.capacity:
                 raise CapacityError("per-stream metadata blocks", needed, arena.capacity,
                                     "even the per-stream fallback needs the MoE area, one block per stream and the "
-                                    "h_state_ptrs slot; size the arena with q12drv.layout")
+                                    "h_state_ptrs slot; size the arena with q12drv.core.layout")
         self.plan = plan
         # From here on only the driver can fail (a CudaError); a failed pass leaves the arena empty
         # (cursor 0, no reservations) rather than holding regions whose bytes are half rewritten.
@@ -422,12 +422,6 @@ class Q12Pass:
     @property
     def mode(self) -> str:
         return "batched" if self.batched else "per_stream"
-
-    def dump(self, path, **kw):
-        """Write this pass's arena and metadata to ``path``; see :func:`q12drv.dump.dump_pass`."""
-        from .dump import dump_pass
-
-        return dump_pass(self, path, **kw)
 
     def _per_stream(self, run: Callable[[BatchedAttnMetadata, int, int], None]) -> None:
         for b, meta in enumerate(self.stream_meta):

@@ -15,8 +15,8 @@ def _cmd_demo(args) -> int:
     import os
 
     from .demo import DemoConfig, run_demo
-    from .device import open_device
-    from .errors import Q12Error
+    from ..core.device import open_device
+    from ..core.errors import Q12Error
 
     if args.dump is not None:  # refuse before the run, not after it
         parent = os.path.dirname(os.path.abspath(args.dump))
@@ -32,7 +32,7 @@ def _cmd_demo(args) -> int:
 def _cmd_doctor(args) -> int:
     from .doctor import run_doctor
 
-    from .doctor import parse_define
+    from .sass import parse_define
 
     try:
         defines = tuple(parse_define(d) for d in args.define)
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as exc:
-        from .errors import Q12Error
+        from ..core.errors import Q12Error
 
         if isinstance(exc, Q12Error):
             print(f"q12drv {args.command}: {exc}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """``ScratchArena``: one device allocation carved into named regions by a cursor.
 
 The arena knows names, offsets and sizes; what the bytes mean belongs to the layers above
-(:mod:`q12drv.layout` decides the sizes, :mod:`q12drv.staging` writes the bytes).
+(:mod:`q12drv.core.layout` decides the sizes, :mod:`q12drv.core.staging` writes the bytes).
 Every reservation is bounds-checked before anything is written.
 """
 
@@ -146,7 +146,7 @@ class ScratchArena:
                 raise ValueError(f"region {name!r}: offset {start:,} is not {align}-aligned")
         if start + nbytes > self.capacity:
             raise CapacityError(name, start + nbytes, self.capacity,
-                                f"the arena is {self.capacity:,} bytes (cursor at {self.cursor:,}); size it with q12drv.layout")
+                                f"the arena is {self.capacity:,} bytes (cursor at {self.cursor:,}); size it with q12drv.core.layout")
         region = ArenaRegion(name, start, nbytes, DevicePtr(int(self.base) + start))
         self._regions.append(region)
         self.cursor = start + nbytes
@@ -229,7 +229,7 @@ class ScratchArena:
         self.generation += 1
 
     def check_consistent(self) -> None:
-        """Raise :class:`~q12drv.errors.Q12Error` unless the reservations and the cursor agree.
+        """Raise :class:`~q12drv.core.errors.Q12Error` unless the reservations and the cursor agree.
 
         The regions must lie inside the capacity, in order, without overlapping, and the cursor
         must sit at the end of the last one (0 when there is none).
@@ -256,7 +256,7 @@ class ScratchArena:
         return self.device.download(int(self.base) + offset, nbytes, stream)
 
     def view(self, offset: int, dtype, shape) -> DeviceArray:
-        """A zero-copy :class:`~q12drv.device.DeviceArray` (``__cuda_array_interface__``) over arena bytes."""
+        """A zero-copy :class:`~q12drv.core.device.DeviceArray` (``__cuda_array_interface__``) over arena bytes."""
         arr = DeviceArray(int(self.base) + int(offset), dtype, shape, owner=self)
         self.check_range("view", offset, arr.nbytes)
         return arr
@@ -277,13 +277,6 @@ class ScratchArena:
             self._require_open()
             obj = self._attachments[key] = factory()
         return obj
-
-    # dumps -----------------------------------------------------------------------------
-    def dump(self, path, **kw):
-        """Write this arena's bytes and what describes them to ``path``; see :func:`q12drv.dump.dump_arena`."""
-        from .dump import dump_arena  # the dump layer sits above the arena: import it only when asked
-
-        return dump_arena(self, path, **kw)
 
     # lifetime --------------------------------------------------------------------------
     def _require_open(self) -> None:

@@ -10,7 +10,7 @@ check                what it guards
 regions              plan regions and arena reservations inside the capacity, none overlapping;
                      every metadata field inside its block, fields not overlapping
 layout               header fields, ``staged_bytes``, scalars and plan equal what
-                     :mod:`q12drv.layout` computes from the counts; device pointers = base + offset
+                     :mod:`q12drv.core.layout` computes from the counts; device pointers = base + offset
 cu_seqlens           device ``cu_seqlens``: starts at 0, strictly increasing, ends at
                      ``total_tokens``, equals the host copy
 kv_lens              device ``kv_lens[b]`` >= the segment length, equals the host copy (and
@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from .dump import ArenaDump, DumpedMeta, load_dump
-from .layout import a8, make_scratch_plan, stacked_layout
+from ..core.layout import a8, make_scratch_plan, stacked_layout
 
 __all__ = ["CHECKS", "Finding", "CheckResult", "InspectReport", "run_checks", "inspect_dump",
            "decode_fields", "stream_summaries"]
@@ -177,7 +177,7 @@ def _check_layout(d: ArenaDump, c: _Collector) -> str:
         try:
             ref = stacked_layout(m.batch_size, m.total_tokens, m.use_mrope)
         except ValueError as exc:
-            c.add(f"{m.name}: q12drv.layout refuses its counts: {exc}", m.scratch_offset_bytes)
+            c.add(f"{m.name}: q12drv.core.layout refuses its counts: {exc}", m.scratch_offset_bytes)
             continue
         if ref.staged_bytes != m.staged_bytes:
             c.add(f"{m.name}: staged_bytes {m.staged_bytes:,} but the layout gives {ref.staged_bytes:,}",
@@ -216,7 +216,7 @@ def _check_layout(d: ArenaDump, c: _Collector) -> str:
         try:
             ref = make_scratch_plan(p.counts, p.top_k, p.mrope, p.policy)
         except (TypeError, ValueError) as exc:
-            c.add(f"plan: q12drv.layout refuses its inputs: {exc}", None)
+            c.add(f"plan: q12drv.core.layout refuses its inputs: {exc}", None)
             ref = None
         if ref is not None:
             for a, b in zip(p.regions, ref.regions):
@@ -242,7 +242,7 @@ def _check_layout(d: ArenaDump, c: _Collector) -> str:
                     if b < len(ref.stream_blocks) and m.scratch_offset_bytes != ref.stream_blocks[b].offset:
                         c.add(f"{m.name} at {m.scratch_offset_bytes:,} but the plan puts stream {b}'s block at "
                               f"{ref.stream_blocks[b].offset:,}", m.scratch_offset_bytes)
-    return f"{len(d.metas)} metadata block(s){' and the plan' if d.plan else ''} agree with q12drv.layout"
+    return f"{len(d.metas)} metadata block(s){' and the plan' if d.plan else ''} agree with q12drv.core.layout"
 
 
 def _check_cu_seqlens(d: ArenaDump, c: _Collector) -> str:
@@ -741,7 +741,7 @@ def inspect_dump(source, *, num_blocks: int | None = None) -> InspectReport:
     Raises
     ------
     DumpError
-        The file cannot be read or its header is malformed (see :func:`~q12drv.dump.load_dump`).
+        The file cannot be read or its header is malformed (see :func:`~q12drv.tools.dump.load_dump`).
     """
     d = source if isinstance(source, ArenaDump) else load_dump(source)
     if num_blocks is not None:

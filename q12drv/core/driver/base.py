@@ -12,7 +12,7 @@ __all__ = ["Driver"]
 
 
 class Driver:
-    """Abstract driver. See :mod:`q12drv.driver.cuda` and :mod:`q12drv.driver.emu`."""
+    """Abstract driver. See :mod:`q12drv.core.driver.cuda` and :mod:`q12drv.core.driver.emu`."""
 
     #: ``"cuda"`` or ``"emu"``.
     name: str = "abstract"

@@ -147,7 +147,7 @@ class Launch:
     def launch(self, grid: tuple, block: tuple, smem: int = 0, stream: Any = None) -> None:
         """Enqueue the kernel with the current arguments on ``stream`` (see ``Device.as_stream``).
 
-        ``grid`` and ``block`` are 3-tuples. A q12drv :class:`~q12drv.device.Stream` (or None, the
+        ``grid`` and ``block`` are 3-tuples. A q12drv :class:`~q12drv.core.device.Stream` (or None, the
         device's stream) is the fast case; anything else goes through ``Device.as_stream``.
         """
         if smem and smem > self.kernel.smem_limit:
@@ -160,11 +160,11 @@ class Launch:
             self._fire(grid, block, smem, self._device.as_stream(stream))
 
     def launch_dependent(self, grid: tuple, block: tuple, smem: int = 0, stream: Any = None) -> None:
-        """:meth:`launch` with programmatic stream serialization (:meth:`q12drv.driver.base.Driver.launch_dependent`):
+        """:meth:`launch` with programmatic stream serialization (:meth:`q12drv.core.driver.base.Driver.launch_dependent`):
         the kernel may start before the stream's previous kernel completes, once every CTA of that kernel has
         executed ``griddepcontrol.launch_dependents``; it must then synchronize with that kernel itself (flags,
         ``griddepcontrol.wait``). The driver's launch configuration is kept between calls
-        (:meth:`q12drv.driver.base.Driver.dependent_launcher`)."""
+        (:meth:`q12drv.core.driver.base.Driver.dependent_launcher`)."""
         if smem and smem > self.kernel.smem_limit:
             self.kernel.allow_dynamic_smem(smem)
         raw = self._device.stream.raw if stream is None else (

@@ -1,9 +1,9 @@
 """The ``inspect``, ``diff`` and ``render`` commands: their options and what they run.
 
-Shared by ``q12drv`` (:mod:`q12drv.cli`) and the stand-alone ``scripts/*_arena_dump.py`` wrappers,
+Shared by ``q12drv`` (:mod:`q12drv.tools.cli`) and the stand-alone ``scripts/*_arena_dump.py`` wrappers,
 so both take the same options. Exit status: ``inspect`` 0 when every check passes, 1 otherwise;
 ``diff`` 0 when the dumps are identical, 1 otherwise; ``render`` 0; any of them 2 when a dump
-cannot be read (:class:`~q12drv.errors.DumpError`).
+cannot be read (:class:`~q12drv.core.errors.DumpError`).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def _add_render(p: argparse.ArgumentParser) -> None:
 
 
 def _run_render(args) -> int:
-    from .errors import Q12Error
+    from ..core.errors import Q12Error
     from .render import render_dump
 
     try:
@@ -97,9 +97,9 @@ def script_main(command: str, argv: list | None = None, prog: str | None = None)
     Returns
     -------
     int
-        The exit status; a :class:`~q12drv.errors.Q12Error` prints ``<prog>: <message>`` and gives 2.
+        The exit status; a :class:`~q12drv.core.errors.Q12Error` prints ``<prog>: <message>`` and gives 2.
     """
-    from .errors import Q12Error
+    from ..core.errors import Q12Error
 
     help_, description, add, run = COMMANDS[command]
     p = argparse.ArgumentParser(prog=prog, description=description)

@@ -1,4 +1,4 @@
-"""The emulated driver: the same calls as :class:`~q12drv.driver.cuda.CudaDriver`, no GPU needed.
+"""The emulated driver: the same calls as :class:`~q12drv.core.driver.cuda.CudaDriver`, no GPU needed.
 
 Device memory is host memory at real addresses (numpy buffers, 256-byte aligned, filled with
 ``0xA5`` like the garbage ``cuMemAlloc`` returns, so unwritten bytes are never mistaken for zeros).
@@ -11,7 +11,7 @@ Two modes:
 * deferred (``deferred=True``): stream work runs only when something waits for it
   (``stream_synchronize``, ``event_synchronize``, a wait on an event). Host-to-device copies
   remember the bytes their pinned source held at enqueue time; if the host rewrote them before
-  the copy ran, the copy raises :class:`~q12drv.errors.HostRaceError` (on a GPU that race
+  the copy ran, the copy raises :class:`~q12drv.core.errors.HostRaceError` (on a GPU that race
   silently uploads wrong bytes).
 
 Fault injection (:meth:`EmuDriver.inject_fault`) makes any call fail with a chosen ``CUresult``.
@@ -184,7 +184,7 @@ class EmuDriver(Driver):
     def inject_fault(self, call: str, name: str = "CUDA_ERROR_UNKNOWN", *, after: int = 0, times: int = 1) -> None:
         """Make the ``after+1``-th next ``call`` (e.g. ``"cuMemAlloc"``) fail with ``name``, ``times`` times.
 
-        A failing call raises the :class:`~q12drv.errors.CudaError` the real driver would give
+        A failing call raises the :class:`~q12drv.core.errors.CudaError` the real driver would give
         before it has any effect (nothing allocated, nothing enqueued).
         """
         if isinstance(after, bool) or int(after) < 0 or isinstance(times, bool) or int(times) < 1:
