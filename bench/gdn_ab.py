@@ -5,7 +5,7 @@
         --build base --build early=GDN_WG_U_EARLY=1 --build flags16=GDN_WG_FLOW_FLAGS=16
 
 A build is ``NAME`` (the sources as they are) or ``NAME=DEFINE[,DEFINE...]`` (``GDN_WG_X=1``): a copy of
-``cuda_src/`` with those ``#define`` lines at the top of ``gdn_wgmma.cu`` and ``gdn_chunk.cu`` (their knobs
+``cuda_src/`` with those ``#define`` lines at the top of ``gdn/chunked_wgmma.cu`` and ``gdn/chunked_mma.cu`` (their knobs
 are ``#ifndef``-guarded), loaded through ``Q12DRV_CUDA_SRC``. Every round runs each build once, in order, in a
 fresh process, so drift (clocks, the machine's other work) spreads over all of them instead of landing on
 one; a process times ``ops.gdn(algo=...)`` by CUDA events (``bench.timing``: the median of batches after
@@ -39,7 +39,7 @@ if str(ROOT) not in sys.path:
 
 HK, HV, D = 16, 32, 128
 RAGGED8 = [256, 2048, 512, 1792, 768, 1536, 1024, 1280]   # gpu_compare.py's and fla_gdn.py's ragged8
-PATCHED = ("gdn_wgmma.cu", "gdn_chunk.cu")                  # the sources a build's defines go into
+PATCHED = ("gdn/chunked_wgmma.cu", "gdn/chunked_mma.cu")                  # the sources a build's defines go into
 
 
 def parse_case(text: str) -> list[int]:

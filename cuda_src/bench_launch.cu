@@ -3,7 +3,7 @@
 // The same parameter shapes as cuda-python's launch-latency matrix: no argument, one pointer,
 // the 6 x u64 + 2 x i32 kernel of the H200 measurements (research/anchors.md A.7), 16 pointers,
 // the Q12Meta struct by value (what every q12drv kernel takes) and a 2048-byte struct.
-#include "q12_meta.cuh"
+#include "common/q12_meta.cuh"
 
 struct Q12BenchBig {
     unsigned long long v[256];

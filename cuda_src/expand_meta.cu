@@ -15,7 +15,7 @@
 //                         zeroed: no copy, no pinned slot, no event on the host.
 // Stream b = blockIdx.y; the CTAs of one stream walk its tokens with a grid stride, so any grid.x
 // covers them. Text positions only: a batch with MRoPE vision positions is packed on the host.
-#include "q12_meta.cuh"
+#include "common/q12_meta.cuh"
 
 #ifndef Q12_TAIL_STREAMS
 #error "compile through q12drv: it passes the host mirror's capacity (-DQ12_TAIL_STREAMS=... and -DQ12_TAIL_SIZE=...)"

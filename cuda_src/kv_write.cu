@@ -35,7 +35,7 @@
 // Measured on the H200 (tests/GPU.md session 2, 4 runs; 64k tokens, Hkv 2, D 256, cold L2): 80.1-85.2 us
 // = 74-79% of the 4.23 TB/s D2D copy; the legacy build 79.4-82.9 us (the rewrite did not pay: both sit at
 // what DRAM gives this gather/scatter of 1 KiB rows); torch index_copy_ (K, V) 213-218 us.
-#include "q12_meta.cuh"
+#include "common/q12_meta.cuh"
 
 #ifndef KVW_LEGACY
 #define KVW_LEGACY 0

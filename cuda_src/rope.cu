@@ -55,7 +55,7 @@
 // 512 costs about a fifth. Full rotary (Hq 32, Hkv 8, D 128, rd 128): 355-382 us = 83-89%. All variants
 // (ROPE_ANGLES_FIRST, ROPE_UPL 2/5, 512 threads, 3-4 CTAs/SM, streaming stores) land within the
 // +-10% run-to-run spread of each other.
-#include "q12_meta.cuh"
+#include "common/q12_meta.cuh"
 
 #ifndef ROPE_LEGACY
 #define ROPE_LEGACY 0

@@ -67,7 +67,7 @@ def test_gdn_ab_source_copy_puts_the_defines_first(tmp_path):
         text = (out / name).read_text()
         assert text.startswith("#define GDN_WG_FLOW_FLAGS 8\n#define GDN_X 1\n")
         assert text.endswith((src / name).read_text())
-    assert (out / "q12_meta.cuh").read_text() == (src / "q12_meta.cuh").read_text()
+    assert (out / "common/q12_meta.cuh").read_text() == (src / "common/q12_meta.cuh").read_text()
 
 
 def test_host_profile_runs_and_names_the_hot_functions(tmp_path):

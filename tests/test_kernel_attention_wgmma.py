@@ -27,7 +27,7 @@ def test_compiles_for_sm_90a_without_spills():
 
 
 def test_target_arch():
-    assert ARCH_SPECIFIC_SOURCES == {attnw.SOURCE, "gdn_wgmma.cu"}
+    assert ARCH_SPECIFIC_SOURCES == {attnw.SOURCE, "gdn/chunked_wgmma.cu"}
     assert target_arch(attnw.SOURCE, "sm_90") == "sm_90a" == target_arch(attnw.SOURCE, "sm_90a")
     assert target_arch(attn.SOURCE, "sm_90") == "sm_90" and target_arch(attn.SOURCE, "sm_100") == "sm_100"
     with pytest.raises(ValueError, match="sm_90a"):

@@ -252,7 +252,7 @@ def test_geometry():
 from q12drv.kernels import gdn_chunk, gdn_wgmma  # noqa: E402
 
 
-# numpy model of gdn_chunk.cu vs the float64 token-by-token reference (measured: o ~3.7e-3, the
+# numpy model of gdn/chunked_mma.cu vs the float64 token-by-token reference (measured: o ~3.7e-3, the
 # bf16 rounding of o alone is ~2.5e-3; state 1e-4..3e-4). Bounds with margin:
 CHUNK_O_REL, CHUNK_STATE_REL = 8e-3, 1e-3
 
@@ -337,7 +337,7 @@ def test_chunk_smem_matches_the_source():
     for d in (64, 128):
         m = re.search(rf"sizeof\(gdnc::Smem<{d}>\) == (\d+)", src)
         assert m and int(m.group(1)) == gdn_chunk.smem_bytes(d), d
-    header = (cuda_src_dir() / "gdn_chunk.cuh").read_text()  # the phases both pairs share
+    header = (cuda_src_dir() / "gdn/chunk.cuh").read_text()  # the phases both pairs share
     assert re.search(r"#define GDN_BV 64\b", header) and gdn_chunk.BV == 64
     assert gdn_chunk.geometry(8, 32, 128) == ((2, 32, 8), (128, 1, 1), gdn_chunk.smem_bytes(128))
     assert gdn_chunk.geometry(1, 32, 128) == ((2, 32, 1), (128, 1, 1), gdn_chunk.smem_bytes(128))
@@ -384,7 +384,7 @@ def test_split_pair_sizes_match_the_source():
         assert gdn_chunk.entry_smem_bytes(entry) > 0
     with pytest.raises(ValueError, match="stages"):
         gdn_chunk.split_entries(128, 3)
-    with pytest.raises(KeyError, match="not a gdn_chunk.cu entry"):
+    with pytest.raises(KeyError, match="not a gdn/chunked_mma.cu entry"):
         gdn_chunk.entry_smem_bytes("q12_gdn_prefill_d128")
     with pytest.raises(ValueError):
         gdn_chunk.workspace_bytes(0, 64, 16, 32, 128)
@@ -491,9 +491,9 @@ def test_ops_gdn_algo_keyword(monkeypatch):
     from q12drv.kernels import ops
 
     assert ops.GDN_ALGOS == ("chunked", "recurrent", "split", "wgmma")
-    assert "gdn_chunk.cu" in ops.SOURCES and ops.ENTRIES["q12_gdn_chunk_d128"] == "gdn_chunk.cu"
-    assert ops.ENTRIES["q12_gdn_wgmma_seq1_d128"] == "gdn_wgmma.cu"
-    assert ops.ENTRIES["q12_gdn_chunk_prep_tiles_d128"] == "gdn_chunk.cu"
+    assert "gdn/chunked_mma.cu" in ops.SOURCES and ops.ENTRIES["q12_gdn_chunk_d128"] == "gdn/chunked_mma.cu"
+    assert ops.ENTRIES["q12_gdn_wgmma_seq1_d128"] == "gdn/chunked_wgmma.cu"
+    assert ops.ENTRIES["q12_gdn_chunk_prep_tiles_d128"] == "gdn/chunked_mma.cu"
     monkeypatch.setattr(ops, "_check", lambda device, meta: None)
     hopper = SimpleNamespace(arch="sm_90")
     with pytest.raises(ValueError, match="algo must be one of 'chunked', 'recurrent', 'split', 'wgmma', got 'fast'"):
@@ -506,7 +506,7 @@ def test_ops_gdn_algo_keyword(monkeypatch):
 
 
 def test_wgmma_pair_sizes_match_the_source():
-    """The wgmma pair's stages, records and geometry: the host's numbers are the ones gdn_wgmma.cu's
+    """The wgmma pair's stages, records and geometry: the host's numbers are the ones gdn/chunked_wgmma.cu's
     static_asserts pin; one stage fits two CTAs per SM, two stages one."""
     from q12drv.core.nvrtc import cuda_src_dir
 
@@ -557,7 +557,7 @@ def test_wgmma_pair_sizes_match_the_source():
                                                         gdn_wgmma.flow_record_bytes(64, useq=False))
     m = re.search(r"FlowRec<128, 128>::BYTES == (\d+) && gdnw::FlowRec<64, 64>::BYTES == (\d+)", src)
     assert m and (int(m.group(1)), int(m.group(2))) == (gdn_wgmma.flow_record_bytes(128), gdn_wgmma.flow_record_bytes(64))
-    for d in (128, 64):   # the fields the GPU tests read back from the workspace (gdn_wgmma.cu's static_assert)
+    for d in (128, 64):   # the fields the GPU tests read back from the workspace (gdn/chunked_wgmma.cu's static_assert)
         off = gdn_wgmma.flow_record_offsets(d, useq=False)
         for field in ("P", "EQ", "U"):
             assert f"UwsRec<{d}, {d}>::{field} == {off[field]}" in src, (d, field, off[field])
@@ -598,12 +598,12 @@ def test_wgmma_pair_sizes_match_the_source():
         gdn_wgmma.workspace_bytes(1, 64, 1, 1, 256)
     with pytest.raises(ValueError, match="stages"):
         gdn_wgmma.entries(128, 3)
-    with pytest.raises(KeyError, match="not a gdn_wgmma.cu entry"):
+    with pytest.raises(KeyError, match="not a gdn/chunked_wgmma.cu entry"):
         gdn_wgmma.entry_smem_bytes("q12_gdn_chunk_seq_d128")
 
 
 def test_wgmma_entries_compile_for_sm90a_without_spills():
-    """gdn_wgmma.cu compiles for sm_90a only (wgmma), every entry without spills or local memory."""
+    """gdn/chunked_wgmma.cu compiles for sm_90a only (wgmma), every entry without spills or local memory."""
     from q12drv.core.nvrtc import compile_source, target_arch
 
     assert target_arch(gdn_wgmma.SOURCE, "sm_90") == "sm_90a"
@@ -617,7 +617,7 @@ def test_wgmma_entries_compile_for_sm90a_without_spills():
 
 
 def test_wgmma_variant_builds_compile_without_spills():
-    """The gdn_wgmma.cu builds tests/gpu/gdn_debug.py measures (its knobs) compile with no spills and no local
+    """The gdn/chunked_wgmma.cu builds tests/gpu/gdn_debug.py measures (its knobs) compile with no spills and no local
     memory, as the default build does (the test above)."""
     from q12drv.core.nvrtc import compile_source
     from tests.gpu.gdn_debug import WGMMA_VARIANTS
@@ -785,10 +785,10 @@ def test_wgmma_flow_emulator_needs_the_precompute_and_the_wide_one_its_launch():
 
 
 def test_sw128_unswizzle_inverts_the_kernels_swizzle():
-    """gdn_wgmma.sw128_offset is gdn_chunk.cuh's sw128_off (the formula in the source), and sw128_unswizzle reads a
+    """gdn_wgmma.sw128_offset is gdn/chunk.cuh's sw128_off (the formula in the source), and sw128_unswizzle reads a
     tile written through it back in row order, for 64 and 128 columns; wrong sizes are refused."""
     from q12drv.core.nvrtc import cuda_src_dir
-    src = (cuda_src_dir() / "gdn_chunk.cuh").read_text()
+    src = (cuda_src_dir() / "gdn/chunk.cuh").read_text()
     assert "return (cg >> 3) * (GDN_C * 128) + r * 128 + (((cg & 7) ^ (r & 7)) << 4);" in src
     assert gdn_wgmma.sw128_offset(0, 0) == 0 and gdn_wgmma.sw128_offset(1, 0) == 128 + 16
     assert gdn_wgmma.sw128_offset(9, 8) == 8192 + 9 * 128 + 16

@@ -12,7 +12,7 @@ from q12drv.kernels.meta import Q12MetaC, Q12TailC, meta_defines
 from q12drv.core.launch import load_module, parse_signatures
 from q12drv.core.nvrtc import compile_source, cuda_src_dir
 
-PROBE = '#include "q12_meta.cuh"\nextern "C" __global__ void q12_probe(Q12Meta m, int* out) { out[0] = m.batch_size; }\n'
+PROBE = '#include "common/q12_meta.cuh"\nextern "C" __global__ void q12_probe(Q12Meta m, int* out) { out[0] = m.batch_size; }\n'
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def test_cache_hit_and_header_change_recompiles(src):
     first = compile_source("probe.cu", defines=meta_defines())
     again = compile_source("probe.cu", defines=meta_defines())
     assert not first.cached and again.cached and again.image == first.image
-    (src / "q12_meta.cuh").write_text((src / "q12_meta.cuh").read_text() + "\n// edited\n")
+    (src / "common/q12_meta.cuh").write_text((src / "common/q12_meta.cuh").read_text() + "\n// edited\n")
     edited = compile_source("probe.cu", defines=meta_defines())
     assert not edited.cached and edited.key != first.key
     other_arch = compile_source("probe.cu", arch="sm_80", defines=meta_defines())

@@ -526,7 +526,7 @@ CLI_CASES = [
     ("render no output", ["render", "{dump}"], 2, "required: -o/--output"),
     ("render dpi negative", ["render", "{dump}", "-o", "{tmp}/x.png", "--dpi", "-3"], 2, "must be >= 1"),
     ("render unwritable output", ["render", "{dump}", "-o", "{tmp}/no/such/dir/x.png"], 2, "cannot write"),
-    ("sass unknown source", ["sass", "nope.cu"], 2, "unknown source 'nope.cu'; cuda_src/ has attn_prefill.cu, attn_wgmma.cu"),
+    ("sass unknown source", ["sass", "nope.cu"], 2, "unknown source 'nope.cu'; cuda_src/ has attention/mma.cu, attention/wgmma.cu"),
     ("sass unknown entry", ["sass", "kv_write.cu", "q12_nope"], 2, "has no entry q12_nope; its entries: q12_kv_write"),
     ("sass bad define", ["sass", "kv_write.cu", "-D", "A B"], 2, "a define is NAME or NAME=VALUE"),
     ("unknown command", ["explode"], 2, "invalid choice"),

@@ -70,10 +70,10 @@ def cuda_src_dir() -> Path:
     here = Path(__file__).resolve().parent
     # installed: the wheel puts cuda_src/ inside the package; a checkout keeps it beside it
     for candidate in (here.parent / "cuda_src", here.parent.parent / "cuda_src"):
-        if (candidate / "q12_meta.cuh").is_file():
+        if (candidate / "common/q12_meta.cuh").is_file():
             return candidate
     raise FileNotFoundError(
-        "cannot find q12drv's kernel sources (cuda_src/q12_meta.cuh): reinstall q12drv, "
+        "cannot find q12drv's kernel sources (cuda_src/common/q12_meta.cuh): reinstall q12drv, "
         "or set Q12DRV_CUDA_SRC to the cuda_src directory of a checkout"
     )
 
@@ -139,7 +139,7 @@ def _headers_digest(source: str, include_dirs: list[str]) -> bytes:
 
 
 #: Sources that use architecture-specific instructions (wgmma): on sm_90 they compile for sm_90a.
-ARCH_SPECIFIC_SOURCES = frozenset({"attn_wgmma.cu", "gdn_wgmma.cu"})
+ARCH_SPECIFIC_SOURCES = frozenset({"attention/wgmma.cu", "gdn/chunked_wgmma.cu"})
 
 
 def target_arch(filename: str, arch: str) -> str:
@@ -172,7 +172,7 @@ def compile_source(
     Parameters
     ----------
     filename : str
-        File name inside :func:`cuda_src_dir` (e.g. ``"attn_prefill.cu"``).
+        File name inside :func:`cuda_src_dir` (e.g. ``"attention/mma.cu"``).
     arch : str
         Target, ``"sm_90"`` for the H200; :func:`target_arch` turns it into ``"sm_90a"`` for the
         sources that use wgmma.

@@ -60,13 +60,13 @@ __all__ = [
     "EMULATORS",
 ]
 
-SOURCE = "attn_prefill.cu"
+SOURCE = "attention/mma.cu"
 #: Head dim -> entry point.
 HEAD_DIMS = {64: "q12_attn_prefill_d64", 128: "q12_attn_prefill_d128", 256: "q12_attn_prefill_d256"}
 ENTRIES = tuple(HEAD_DIMS.values())
 
 #: Head dim -> the compile-time configuration of its entry: the defaults of the
-#: ``ATTN_D<d>_<KNOB>`` macros in ``attn_prefill.cu`` (a CPU test checks). Knobs: BN keys per K/V
+#: ``ATTN_D<d>_<KNOB>`` macros in ``attention/mma.cu`` (a CPU test checks). Knobs: BN keys per K/V
 #: tile, NW warps, MW 16-row sub-tiles per warp, QREG Q in registers, ST pipeline (0 = the shipped
 #: two-barrier double buffer, >= 2 = an ST-stage one-barrier ring), PSMEM block-table lookups
 #: through shared memory, GQA the query heads of one kv head packed into one CTA, WSKIP per-warp

@@ -31,11 +31,11 @@ from . import registry
 __all__ = ["SOURCE", "HEAD_DIMS", "ENTRIES", "DEFAULT_CONFIG", "config", "entry_for_head_dim", "smem_bytes",
            "geometry", "EMULATORS", "SMEM_LIMIT"]
 
-SOURCE = "attn_wgmma.cu"
+SOURCE = "attention/wgmma.cu"
 #: Head dim -> entry point.
 HEAD_DIMS = {128: "q12_attn_wgmma_d128", 256: "q12_attn_wgmma_d256"}
 ENTRIES = tuple(HEAD_DIMS.values())
-#: Head dim -> tiles, the defaults of the ``ATTN_WG_D<d>_<KNOB>`` macros in ``attn_wgmma.cu``: BN
+#: Head dim -> tiles, the defaults of the ``ATTN_WG_D<d>_<KNOB>`` macros in ``attention/wgmma.cu``: BN
 #: keys per K/V tile, WG warpgroups per CTA, MB per-stage mbarriers (1) or a CTA barrier per tile (0),
 #: SW the 128-byte swizzled operand layout (1) or the interleaved one (0), WS a producer warpgroup
 #: that does every copy (1) or every thread copying and computing (0), ST K/V stages (2; 3 or 4 with

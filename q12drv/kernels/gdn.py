@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 #: Kernel source file in ``cuda_src/``.
-SOURCE = "gdn_prefill.cu"
+SOURCE = "gdn/recurrent.cu"
 #: Entry points: dk = dv = 128 and dk = dv = 64.
 ENTRIES = ("q12_gdn_prefill_d128", "q12_gdn_prefill_d64")
 #: Threads per CTA (fixed by the kernel).

@@ -62,7 +62,7 @@ __all__ = [
 ]
 
 #: Kernel source file in ``cuda_src/``.
-SOURCE = "gdn_chunk.cu"
+SOURCE = "gdn/chunked_mma.cu"
 #: Entry points: the fused kernel for dk = dv = 128 and 64, then the split pair's (:func:`split_entries`), then
 #: the precompute kernels of the "wgmma" pair (:mod:`q12drv.kernels.gdn_wgmma`), records as tiles.
 ENTRIES = ("q12_gdn_chunk_d128", "q12_gdn_chunk_d64", "q12_gdn_chunk_prep_d128", "q12_gdn_chunk_prep_d64",
@@ -144,7 +144,7 @@ def seq_smem_bytes(head_dim: int, stages: int = 2) -> int:
 def entry_smem_bytes(entry: str) -> int:
     """Dynamic shared memory a launch of ``entry`` (any of :data:`ENTRIES`) asks for."""
     if entry not in ENTRIES:
-        raise KeyError(f"{entry!r} is not a gdn_chunk.cu entry; entries: {', '.join(ENTRIES)}")
+        raise KeyError(f"{entry!r} is not a gdn/chunked_mma.cu entry; entries: {', '.join(ENTRIES)}")
     d = int(entry.rsplit("_d", 1)[1])
     for stages in SEQ_STAGES:
         if entry == split_entries(d, stages)[1]:

@@ -95,8 +95,8 @@ __all__ = [
     "EMULATORS",
 ]
 
-#: Kernel source file in ``cuda_src/`` (the sequential kernels; the precompute kernels are gdn_chunk.cu's).
-SOURCE = "gdn_wgmma.cu"
+#: Kernel source file in ``cuda_src/`` (the sequential kernels; the precompute kernels are gdn/chunked_mma.cu's).
+SOURCE = "gdn/chunked_wgmma.cu"
 #: Head dims ``dk = dv`` with kernels.
 HEAD_DIMS = (128, 64)
 #: Stages of the sequential kernel: 2 (the next chunk loads while this one computes, 1 CTA/SM) or 1 (2 CTAs/SM).
@@ -114,7 +114,7 @@ PREP_FLOW_THREADS = 3 * THREADS
 WIDE_ENTRY = "q12_gdn_wgmma_seqw_d128"
 #: Threads of a wide CTA.
 WIDE_THREADS = 2 * THREADS
-#: Every entry of ``gdn_wgmma.cu``: the two-launch pair's sequential kernels, the flow form's two, the wide one.
+#: Every entry of ``gdn/chunked_wgmma.cu``: the two-launch pair's sequential kernels, the flow form's two, the wide one.
 ENTRIES = SEQ_ENTRIES + FLOW_ENTRIES + (WIDE_ENTRY,)
 
 
@@ -137,12 +137,12 @@ _SLICE = 2 * _gdnc.CHUNK * (_gdnc.BV + 8)   # a [64][72] bf16 V or O slice
 _U_SLICE = 4 * _gdnc.CHUNK * _gdnc.BV       # a 64-column slice of U^T, fp32
 
 
-#: The flow form's U product: True (``GDN_WG_USEQ 1``, gdn_wgmma.cu's default) in the sequential kernel, the record
+#: The flow form's U product: True (``GDN_WG_USEQ 1``, gdn/chunked_wgmma.cu's default) in the sequential kernel, the record
 #: carrying T diag(beta); False (a ``GDN_WG_USEQ=0`` build) in the precompute, U in the record. The ``useq``
 #: parameters below default to it (``None``).
 FLOW_USEQ = True
 
-#: The flow precompute's items (``GDN_WG_FLOW_VH 1``, ``GDN_WG_FLOW_VH_FIRST 8``, gdn_wgmma.cu's defaults): one per
+#: The flow precompute's items (``GDN_WG_FLOW_VH 1``, ``GDN_WG_FLOW_VH_FIRST 8``, gdn/chunked_wgmma.cu's defaults): one per
 #: (stream, chunk, value head) in the first ``FLOW_VH_CHUNKS`` chunks, where the sequential kernel waits for the
 #: first records, one per (stream, chunk, key head) after them. 0: key-head items throughout (a
 #: ``GDN_WG_FLOW_VH=0`` build). The ``vh_chunks`` parameters below default to it (``None``).
@@ -279,7 +279,7 @@ def entry_smem_bytes(entry: str) -> int:
             return prep_flow_smem_bytes(d)
         if entry == seq:
             return seq_smem_bytes(d, 2, uws=True)
-    raise KeyError(f"{entry!r} is not a gdn_wgmma.cu entry; entries: {', '.join(ENTRIES)}")
+    raise KeyError(f"{entry!r} is not a gdn/chunked_wgmma.cu entry; entries: {', '.join(ENTRIES)}")
 
 
 #: What :func:`workspace_bytes` sizes for: ``"any"`` (whichever form ``form="auto"`` picks on any device: the flow

@@ -46,8 +46,8 @@ _rope_geometry = lru_cache(maxsize=1024, typed=True)(_rope.geometry)
 _rope_params = lru_cache(maxsize=256, typed=True)(_rope.check_params)
 
 
-#: Attention kernels (``ops.attention(..., algo=)``): ``"mma"`` (``attn_prefill.cu``, mma.sync, any sm_90
-#: build, head dims 64/128/256), ``"wgmma"`` (``attn_wgmma.cu``, sm_90a, head dims 128/256) and
+#: Attention kernels (``ops.attention(..., algo=)``): ``"mma"`` (``attention/mma.cu``, mma.sync, any sm_90
+#: build, head dims 64/128/256), ``"wgmma"`` (``attention/wgmma.cu``, sm_90a, head dims 128/256) and
 #: ``"auto"``: wgmma where it exists (Hopper, head dims 128 and 256; faster on every measured case,
 #: bench/RESULTS.md), mma.sync elsewhere.
 ATTN_ALGOS = ("auto", "mma", "wgmma")
@@ -202,7 +202,7 @@ def _gdn_launches(algo: str, n: int, chunk_len: int, num_k_heads: int, num_v_hea
     if algo == "wgmma":   # the rules (a few CTAs and a long stream: flow; a full device: wide)
         form = _gdnw.resolve_form(form, n, chunk_len, num_v_heads, head_dim, num_sms)
     # the wgmma pair's sequential kernel is launched with PDL in every form: it loads its inputs and state while the
-    # precompute finishes, and waits for it before the first record (gdn_chunk.cu, the tile precompute)
+    # precompute finishes, and waits for it before the first record (gdn/chunked_mma.cu, the tile precompute)
     if algo == "wgmma" and form == "wide":
         geos = _gdnw.wide_geometry(n, chunk_len, num_k_heads, num_v_heads, head_dim)
         return None, tuple((entry, *geo, dep) for entry, geo, dep in zip(_gdnw.wide_entries(head_dim), geos,
@@ -232,7 +232,7 @@ def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k:
 
     ``algo``:
 
-    * ``"chunked"`` (default): ``gdn_chunk.cu``'s fused kernel, 64-token chunks on the tensor cores;
+    * ``"chunked"`` (default): ``gdn/chunked_mma.cu``'s fused kernel, 64-token chunks on the tensor cores;
     * ``"split"``: the same arithmetic in two launches, bit-identical to ``"chunked"``: a precompute
       kernel does every chunk's state-independent work in parallel into ``workspace``, then the
       sequential kernel walks the chunks with only the state step on its serial path (one of two
@@ -255,7 +255,7 @@ def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, q: int, k:
       form: one CTA of two warpgroups per value head (the same bits, 4% faster at 8 x 2048). ``form="pair"``,
       ``"flow"`` or ``"wide"`` takes that form whatever the rules say (:data:`GDN_FORMS`; the flow form on a grid
       that fills the device leaves its precompute one CTA: correct, and slow);
-    * ``"recurrent"``: ``gdn_prefill.cu``, token by token in fp32.
+    * ``"recurrent"``: ``gdn/recurrent.cu``, token by token in fp32.
 
     Same math and state contract; they agree to bf16 rounding (see :mod:`q12drv.kernels.gdn_chunk`
     for the error budget).

@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "serialised by ptxas (NVRTC's log does not say so). Needs nvdisasm (the "
                                     "nvidia-cuda-nvdisasm wheel, in the test extra). Works without a GPU. Exit status "
                                     "1 if an entry's MMAs are serialised.")
-    sa.add_argument("source", help="a file in cuda_src/, e.g. gdn_wgmma.cu")
+    sa.add_argument("source", help="a file in cuda_src/, e.g. gdn/chunked_wgmma.cu")
     sa.add_argument("entry", nargs="*", help="entries to print (default: all of the source's)")
     sa.add_argument("--arch", default="sm_90", help="compile target (default sm_90; wgmma sources build for sm_90a)")
     sa.add_argument("-D", "--define", action="append", default=[], metavar="NAME=VALUE",

@@ -1,4 +1,4 @@
-"""Compare compile-time variants of ``cuda_src/attn_prefill.cu`` and ``attn_wgmma.cu`` on one GPU run (not a pytest file).
+"""Compare compile-time variants of ``cuda_src/attn_prefill.cu`` and ``attention/wgmma.cu`` on one GPU run (not a pytest file).
 
     python3 tests/gpu/attn_variants.py            # all variants, D128 and D256
     python3 tests/gpu/attn_variants.py v0 v3      # a subset by name
@@ -23,7 +23,7 @@ import re
 import sys
 import time
 
-# name, kernel ("mma": attn_prefill.cu, "wgmma": attn_wgmma.cu), defines (both head dims set in one
+# name, kernel ("mma": attention/mma.cu, "wgmma": attention/wgmma.cu), defines (both head dims set in one
 # compile; unset knobs keep the default). A variant is not timed at a head dim none of its macros touch.
 # mma.sync variants measured and not promoted (4 warps x 16 rows with QREG or MINB, BN 32 with 3-4
 # stages at D256, DS at D128, the two-barrier loop, a 3-stage ring at D128, D256 without DS):

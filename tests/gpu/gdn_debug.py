@@ -11,7 +11,7 @@ variants that isolate the kernel's paths, for the fused kernel and for the wgmma
   * ``full``: both.
 For each it prints the max abs error of o per 64-token chunk and of the final state against the
 float64 reference (and the numpy model of the kernel, whose own error is the floor).
-Part 2 (variants): each entry of VARIANTS is one NVRTC compile of gdn_chunk.cu with its -D set.
+Part 2 (variants): each entry of VARIANTS is one NVRTC compile of gdn/chunked_mma.cu with its -D set.
 For each: registers / local bytes,
 PASS/FAIL of o and final state against the float64 reference on a small ragged case (the GPU
 tests' bounds) plus bit-equality with the default variant's result, then CUDA-event timings
@@ -209,8 +209,8 @@ def _compile_one(job):
 
 def precompile(selected):
     """NVRTC compiles of every variant in parallel processes (each takes ~20-40 s; the loads then hit
-    the on-disk cache), so the whole script stays well under 90 s: gdn_chunk.cu's ``selected`` and every
-    wgmma build (WGMMA_VARIANTS, gdn_wgmma.cu)."""
+    the on-disk cache), so the whole script stays well under 90 s: gdn/chunked_mma.cu's ``selected`` and every
+    wgmma build (WGMMA_VARIANTS, gdn/chunked_wgmma.cu)."""
     from concurrent.futures import ProcessPoolExecutor
 
     jobs = [(gdn_chunk.SOURCE, d) for _, d in selected] + [(gdn_wgmma.SOURCE, d) for _, d in WGMMA_VARIANTS]
@@ -221,7 +221,7 @@ def precompile(selected):
     print(f"compiled {len(jobs)} builds in {time.time() - t0:.1f} s", flush=True)
 
 
-# the wgmma pair's builds: name, gdn_wgmma.cu defines. Defaults: GDN_WG_XY 1, GDN_WG_EARLY 1 (EARLY changes only
+# the wgmma pair's builds: name, gdn/chunked_wgmma.cu defines. Defaults: GDN_WG_XY 1, GDN_WG_EARLY 1 (EARLY changes only
 # the one-stage build: its seq2 row is the default's), GDN_WG_AHEAD 1 (changes only the two-stage build), GDN_WG_OLO 0
 # (since run AT), GDN_WG_UWS 1 (changes only the flow form: its wg-uws0-flow row is the pair's records and arithmetic),
 # GDN_WG_FLOW_AHEAD 0 (the UWS flow form's GDN_WG_AHEAD), GDN_WG_PREP_WG 1 (its precompute's products on wgmma),
@@ -262,7 +262,7 @@ WGMMA_VARIANTS = [
 def wgmma_rows(torch, chunk_funcs, cases, builds=None):
     """Rows of the wgmma pair: per build (WGMMA_VARIANTS; ``builds``: only those names, and the default) and stage
     count its small ragged check and its times (the precompute included), then the tile precompute alone; every
-    build's flow form checked against float64 too; ``chunk_funcs``: gdn_chunk.cu's entries."""
+    build's flow form checked against float64 too; ``chunk_funcs``: gdn/chunked_mma.cu's entries."""
     from cuda.bindings import driver as cu
 
     rows, wide_rows = [], []

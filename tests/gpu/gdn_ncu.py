@@ -133,7 +133,7 @@ def inner(cases: list, kernels: str, forms: tuple = FORMS) -> int:
     from q12drv.kernels import gdn_wgmma
 
     pattern = re.compile(kernels)
-    torch, _rec, funcs = D.setup()   # gdn_chunk.cu's entries and gdn_wgmma.cu's, default builds
+    torch, _rec, funcs = D.setup()   # gdn/chunked_mma.cu's entries and gdn/chunked_wgmma.cu's, default builds
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for key, n, _tokens, hv, d, vals, tensors in D.timing_cases(torch, cases):
         hk, chunk_len = vals[8].value, int(vals[0].chunk_len)

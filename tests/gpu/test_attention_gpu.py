@@ -1,4 +1,4 @@
-"""GPU test of ``cuda_src/attn_prefill.cu`` (mma.sync) and ``attn_wgmma.cu`` (wgmma, sm_90a) on a
+"""GPU test of ``cuda_src/attn_prefill.cu`` (mma.sync) and ``attention/wgmma.cu`` (wgmma, sm_90a) on a
 real device (H200), self-contained: every case runs on every kernel that has its head dim.
 
 torch is used only to allocate device memory and copy bytes (raw pointers); the kernel is

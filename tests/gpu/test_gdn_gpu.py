@@ -228,7 +228,7 @@ CHUNK_O_REL, CHUNK_STATE_REL = 1e-2, 1e-3   # numpy model of the kernel: ~3.7e-3
 
 
 def load_chunk_module(defines=(), source=gdn_chunk.SOURCE):
-    """Compile gdn_chunk.cu (or gdn_wgmma.cu; extra ``defines``: their GDN_* variant macros), load it, opt in
+    """Compile gdn/chunked_mma.cu (or gdn/chunked_wgmma.cu; extra ``defines``: their GDN_* variant macros), load it, opt in
     to its entries' dynamic shared memory; returns (module, {entry: CUfunction})."""
     from cuda.bindings import driver as cu
 

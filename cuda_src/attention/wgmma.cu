@@ -50,8 +50,8 @@
 // time on every case, 0.56-0.80 of cuDNN's on chunked prefill, 1.0-1.7x cuDNN's time fresh.
 // Numerics: as attn_prefill.cu (P rounded to bf16 before P V, ex2.approx.ftz); the wgmma sums may
 // round in a different order than mma.sync, so the two kernels agree to bf16 rounding, not bit for bit.
-#include "q12_meta.cuh"
-#include "wgmma.cuh"
+#include "common/q12_meta.cuh"
+#include "common/wgmma.cuh"
 
 namespace {
 

@@ -22,8 +22,8 @@
 // Tokens go in chunks of CT: the next chunk's raw q/k/v/g/beta are loaded into registers before the
 // current chunk's serial loop runs, then l2-normalised into shared memory after it.
 // Requirements: q, k 16-byte aligned (dk a multiple of 8), v, o 8-byte aligned.
-#include "q12_meta.cuh"
-#include "gdn_norm.cuh"
+#include "common/q12_meta.cuh"
+#include "gdn/norm.cuh"
 
 #define GDN_THREADS 128
 #define GDN_CT 16     // tokens per chunk

@@ -2,8 +2,8 @@
 // kernel, the split pairs' precompute and mma.sync sequential kernels) and gdn_wgmma.cu (the sequential kernel
 // on warpgroup MMA). The algebra, the knobs and the measurements are in gdn_chunk.cu's header.
 #pragma once
-#include "q12_meta.cuh"
-#include "gdn_norm.cuh"
+#include "common/q12_meta.cuh"
+#include "gdn/norm.cuh"
 
 #define GDN_C 64      // tokens per chunk
 #define GDN_BV 64     // dv columns per CTA: 4 warps of 16 (the host's gdn_chunk.BV)

@@ -62,7 +62,7 @@
 // Shared memory rows are padded by 8 bf16 (16 B): row stride D*2+16 bytes moves each of the 8
 // rows of an ldmatrix phase 4 banks on, so the 8 x 16 B of a phase hit 32 distinct banks.
 // ---------------------------------------------------------------------------------------------
-#include "q12_meta.cuh"
+#include "common/q12_meta.cuh"
 #include <cuda_bf16.h>
 
 namespace {

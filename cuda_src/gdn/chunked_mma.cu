@@ -83,7 +83,7 @@
 // normalised rows (their bits; with ex2 the fused d128 build spilled 16-24 bytes under NVRTC 13.0).
 // The phases every kernel here shares (and the records) are in gdn_chunk.cuh.
 // Requirements: q, k 16-byte aligned, v, o 8-byte aligned (as the recurrent kernel); dv a multiple of 64.
-#include "gdn_chunk.cuh"
+#include "gdn/chunk.cuh"
 
 // ================================================================ the fused kernel (the default)
 template <int DK, int DV>

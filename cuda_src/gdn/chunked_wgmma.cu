@@ -59,8 +59,8 @@
 // Tried by SASS and dropped: the O product left in flight into the next chunk (ptxas 13.0 then serialises all 40
 // wgmma of the loop, chunk_mma's note); O^T and S^T scaled under V_new's wgmma (ptxas moved the multiplies below
 // the wait).
-#include "gdn_chunk.cuh"
-#include "wgmma.cuh"
+#include "gdn/chunk.cuh"
+#include "common/wgmma.cuh"
 
 #ifndef GDN_WG_XY     // 1: X committed alone, R computed while Y's wgmma run; 0: X and Y waited together
 #define GDN_WG_XY 1
