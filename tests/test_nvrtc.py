@@ -88,3 +88,12 @@ def test_launch_arguments_are_typed_and_range_checked(src):
             launch.set(outt=1)
         with pytest.raises(KeyError, match="no extern"):
             mod.kernel("missing")
+
+
+def test_an_entry_family_declares_its_parameters_once_in_a_macro():
+    header = "#define FAMILY_PARAMS const Q12Meta m, \\\n    const float* __restrict__ x, int n\n"
+    src = ('#include "family.cuh"\n'
+           'extern "C" __global__ void __launch_bounds__(128) f_d64(FAMILY_PARAMS) { body<64>(m, x, n); }\n'
+           'extern "C" __global__ void __launch_bounds__(128) f_d128(FAMILY_PARAMS) { body<128>(m, x, n); }\n')
+    sigs = parse_signatures(src, {"Q12Meta": Q12MetaC}, (header,))
+    assert sigs["f_d64"] == sigs["f_d128"] == (("m", Q12MetaC), ("x", ctypes.c_uint64), ("n", ctypes.c_int32))

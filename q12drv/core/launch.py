@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 from .device import Device, Stream
 from .driver import EmuImage
-from .nvrtc import compile_source, cuda_src_dir
+from .nvrtc import compile_source, cuda_src_dir, local_headers
 
 __all__ = ["parse_signatures", "load_module", "Module", "Kernel", "Launch"]
 
@@ -23,6 +23,9 @@ __all__ = ["parse_signatures", "load_module", "Module", "Kernel", "Launch"]
 _BOUNDS = r'(?:__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)\s*)?'
 _ENTRY_RE = re.compile(r'extern\s+"C"\s+__global__\s+' + _BOUNDS + r'void\s+' + _BOUNDS + r'(\w+)\s*\(([^)]*)\)',
                        re.MULTILINE)
+#: ``#define NAME text`` (backslash continuations included): a parameter list written once and named by its
+#: macro in every entry that takes it (``extern "C" __global__ void e_d128(GDN_PARAMS) {...}``).
+_DEFINE_RE = re.compile(r'^[ \t]*#[ \t]*define[ \t]+(\w+)[ \t]+((?:[^\n\\]|\\\n|\\)*)$', re.MULTILINE)
 _QUALIFIERS = {"const", "__restrict__", "__grid_constant__", "volatile"}
 _SCALARS = {
     "int": ctypes.c_int32,
@@ -54,8 +57,12 @@ def _dim3(what: str, dims) -> tuple:
     return out
 
 
-def parse_signatures(source: str, struct_types: Mapping[str, type] | None = None) -> dict[str, tuple]:
+def parse_signatures(source: str, struct_types: Mapping[str, type] | None = None,
+                     headers: tuple[str, ...] = ()) -> dict[str, tuple]:
     """Parameter lists of every ``extern "C" __global__`` entry in ``source``.
+
+    An entry whose parameter list is one macro name (``void e(GDN_PARAMS)``) takes that macro's text, from
+    ``source`` or ``headers``: a family of entries declares its parameters once.
 
     Parameters
     ----------
@@ -63,6 +70,8 @@ def parse_signatures(source: str, struct_types: Mapping[str, type] | None = None
         CUDA C++ source text.
     struct_types : mapping of str to ctypes.Structure subclass
         By-value struct parameter types, e.g. ``{"Q12Meta": Q12MetaC}``.
+    headers : tuple of str
+        Text of the headers ``source`` includes (where its parameter-list macros may be defined).
 
     Returns
     -------
@@ -75,8 +84,10 @@ def parse_signatures(source: str, struct_types: Mapping[str, type] | None = None
         A parameter type that is not a pointer, a known scalar or a given struct.
     """
     structs = dict(struct_types or {})
+    macros = {m: text.replace("\\\n", " ") for part in (*headers, source) for m, text in _DEFINE_RE.findall(part)}
     out: dict[str, tuple] = {}
     for name, plist in _ENTRY_RE.findall(source):
+        plist = macros.get(plist.strip(), plist)
         params = []
         for raw in (p.strip() for p in plist.split(",")):
             if not raw:
@@ -254,7 +265,7 @@ def load_module(device: Device, filename: str, *, defines: tuple = (), struct_ty
     if mod is not None:
         return mod
     source = (cuda_src_dir() / filename).read_text()
-    signatures = parse_signatures(source, struct_types)
+    signatures = parse_signatures(source, struct_types, local_headers(source))
     if device.driver.runs_cubins:
         compiled = compile_source(filename, arch=device.arch, defines=tuple(defines))
         handle = device.driver.module_load(compiled.image)

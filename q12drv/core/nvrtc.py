@@ -29,6 +29,7 @@ __all__ = [
     "target_arch",
     "ARCH_SPECIFIC_SOURCES",
     "cache_dir",
+    "local_headers",
 ]
 
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]', re.MULTILINE)
@@ -110,6 +111,21 @@ def cache_dir() -> Path:
         return Path(root)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "q12drv" / "cubin"
+
+
+def local_headers(source: str) -> tuple[str, ...]:
+    """The text of every ``cuda_src`` header ``source`` includes, followed transitively (system headers left out)."""
+    root, seen, out = cuda_src_dir(), set(), []
+    pending = list(_INCLUDE_RE.findall(source))
+    while pending:
+        path = root / pending.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        text = path.read_text()
+        out.append(text)
+        pending.extend(_INCLUDE_RE.findall(text))
+    return tuple(out)
 
 
 def _headers_digest(source: str, include_dirs: list[str]) -> bytes:
