@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import numpy as np  # noqa: E402
 
 from q12drv import ScratchArena, StreamStageInfo, make_scratch_plan, open_device  # noqa: E402
-from q12drv.core.checks import verify_readback  # noqa: E402
+from q12drv.core.staging import verify_readback  # noqa: E402
 from q12drv.tools.demo import layer_inputs  # noqa: E402
 from q12drv.kernels import ops  # noqa: E402
 from q12drv.prefill import AttentionShape, GdnShape, Q12Pass  # noqa: E402

@@ -16,16 +16,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from q12drv import CudaError, DevicePtr, ScratchArena, StreamStageInfo, open_device, stage_batched_attn_metadata
-from q12drv.core.checks import expected_fields
+from q12drv.core.staging import expected_fields
 from q12drv.core.layout import stacked_layout
-from q12drv.core.staging import (
-    BatchedAttnMetadata,
-    _validate_checked,
-    _validate_fast,
-    pack_metadata,
-    pack_padded,
-    unpack_metadata,
-)
+from q12drv.core.staging import BatchedAttnMetadata, pack_metadata, pack_padded, unpack_metadata
+from q12drv.core.staging.validate import _validate_checked, _validate_fast
 from tests.helpers import make_streams
 
 PTR = 0x7F00_0000_1000

@@ -8,7 +8,7 @@ sweep checks that
   and the call that failed;
 * the arena's reservations and cursor are consistent, no ring slot holds freed memory or a guard
   event for a copy that never ran, and the guard band is intact;
-* a retry on the same arena succeeds, verifies with :func:`q12drv.core.checks.verify_readback`, gives
+* a retry on the same arena succeeds, verifies with :func:`q12drv.core.staging.verify_readback`, gives
   bit-identical layer outputs to a run without faults, and its dump inspects clean;
 * nothing leaks: after ``close()`` every allocation, module, context, stream and event is gone.
 """
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from q12drv import CudaError, HostRaceError, ScratchArena, open_device
-from q12drv.core.checks import verify_readback
+from q12drv.core.staging import verify_readback
 from q12drv.core.device import Device
 from q12drv.tools.dump import dump_pass
 from q12drv.core.driver import EmuDriver

@@ -28,7 +28,7 @@ from q12drv import (
     stage_batched_attn_metadata,
 )
 from q12drv.core.admission import RULES
-from q12drv.core.checks import verify_readback
+from q12drv.core.staging import verify_readback
 from q12drv.tools.cli import main as cli_main
 from q12drv.tools.diff import diff_dumps, format_diff
 from q12drv.tools.dump import dump_arena, dump_pass, load_dump, write_dump

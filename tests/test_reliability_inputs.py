@@ -465,7 +465,7 @@ def test_bad_input(world, case):
 
 def test_the_world_still_works_after_every_bad_input(world):
     # After all the refused calls: a fresh pass stages, verifies and runs its layers.
-    from q12drv.core.checks import verify_readback
+    from q12drv.core.staging import verify_readback
 
     q12 = world.new_pass()
     meta = q12.meta
@@ -610,7 +610,7 @@ def test_extreme_but_valid_numbers_stage_exactly():
     # The largest values the bounds admit stage without wrapping: kv_len = 2**31 - 1 (i32), positions
     # near 2**31 and MRoPE positions at 2**32 - 1 (u32), block ids 2**31 - 1 with 2**20-token blocks
     # (i64 slots near 2**51), pointers at 2**64 - 8.
-    from q12drv.core.checks import verify_readback
+    from q12drv.core.staging import verify_readback
 
     bs = 1 << 20
     kv_len = (1 << 31) - 1

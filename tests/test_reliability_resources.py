@@ -177,7 +177,7 @@ def test_without_the_atexit_hook_the_exit_check_sees_the_leak():
 
 def test_the_arena_numbers_stay_exact_across_cycles():
     # A cheap cross-check of the cycle itself: after many cycles the staged bytes still verify.
-    from q12drv.core.checks import verify_readback
+    from q12drv.core.staging import verify_readback
 
     with open_device("emu") as dev:
         w = World.build(dev)

@@ -16,7 +16,7 @@ from q12drv import (
     stage_batched_attn_metadata,
     stage_stream_metadata,
 )
-from q12drv.core.checks import verify_readback
+from q12drv.core.staging import verify_readback
 from q12drv.core.pinned import PinnedRing
 from tests.helpers import make_streams
 

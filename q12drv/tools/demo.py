@@ -18,7 +18,7 @@ import numpy as np
 
 from ..core.admission import check_kernel_batched_eligible
 from ..core.arena import ScratchArena
-from ..core.checks import verify_readback
+from ..core.staging import verify_readback
 from ..core.device import Device
 from ..core.layout import Q12_SIZING_STREAMS, make_scratch_plan
 from ..core.staging import StreamStageInfo, place_h_state_slot, stage_batched_attn_metadata

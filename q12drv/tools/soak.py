@@ -6,7 +6,7 @@ device-to-device copy (``cuMemcpyDtoDAsync``) of the slot, and after the last on
 staged metadata block (as the pass's last layer would read it), into a history buffer. Nothing waits for the device in between (the pinned rings wait on
 their own events, as they must). At the end one synchronize, one download, and every pass's
 metadata block and every layer's pointer table are compared byte for byte with what the seed's
-definitions say they must hold (:func:`q12drv.core.checks.expected_fields`, computed independently of
+definitions say they must hold (:func:`q12drv.core.staging.expected_fields`, computed independently of
 the stager's packer).
 
 Every pass is distinguishable from every other one: its block-table and seq_len pointers and its
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.arena import ScratchArena
-from ..core.checks import expected_fields
+from ..core.staging import expected_fields
 from ..core.device import Device
 from ..core.layout import a8, make_scratch_plan, stacked_layout
 from ..core.staging import StreamStageInfo, place_h_state_slot, stage_batched_attn_metadata, unpack_metadata

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from q12drv import ScratchArena, make_scratch_plan, open_device, place_h_state_slot, stage_batched_attn_metadata
-from q12drv.core.checks import verify_readback
+from q12drv.core.staging import verify_readback
 from q12drv.tools.demo import layer_inputs
 from q12drv.kernels import attention as attn_ref
 from q12drv.kernels import gdn as gdn_ref

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .staging import BatchedAttnMetadata, StreamStageInfo, unpack_metadata
+from .metadata import BatchedAttnMetadata, StreamStageInfo, unpack_metadata
 
 __all__ = ["expected_fields", "verify_readback"]
 

@@ -1,0 +1,120 @@
+"""The per-SSM-layer ``h_state_ptrs`` slot: ``n`` u64 right after the stacked metadata, rewritten before every
+SSM layer with one stream-ordered, event-guarded pinned copy."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..arena import ScratchArena
+from ..errors import Q12Error
+from ..ints import checked_int as _int
+from ..ptr import DevicePtr
+from .metadata import BatchedAttnMetadata
+from .pack import staging_ring
+from .validate import _U64_MAX, plain_pointers, require_arena
+
+class HStateSlot:
+    """The per-SSM-layer ``h_state_ptrs`` slot: ``n`` u64 at ``offset`` (= staging offset + staged_bytes).
+
+    Attributes
+    ----------
+    offset : int
+        Arena offset.
+    n : int
+        Streams.
+    ptr : DevicePtr
+        Device address of entry 0 (what the GDN kernel takes).
+    uploads : int
+        How many layers' pointer tables were uploaded.
+    """
+
+    def __init__(self, arena: ScratchArena, offset: int, n: int, ptr: DevicePtr | None = None):
+        # ptr: the address of ``offset`` when the caller has it already (the region it reserved there)
+        self.arena = arena
+        self.offset = offset
+        self.n = n
+        self.ptr = DevicePtr(int(arena.base) + offset) if ptr is None else ptr
+        self.uploads = 0
+        self._packer = _PACKERS.get(n) or _packer(n)
+        self._generation = arena.generation  # the pass this slot belongs to (see ScratchArena.generation)
+
+    def entry(self, b: int) -> DevicePtr:
+        """Address of stream ``b``'s entry (the per-stream fallback's one-entry table)."""
+        if not 0 <= b < self.n:
+            raise IndexError(f"stream {b} out of range for an h_state slot of {self.n} entries")
+        return DevicePtr(int(self.ptr) + 8 * b)
+
+    def upload(self, state_ptrs: Sequence[int], stream: Any = None) -> None:
+        """Write one SSM layer's n state pointers into the slot (stream-ordered, one pinned copy).
+
+        Raises
+        ------
+        ValueError
+            Not exactly n pointers, or a NULL / out-of-range pointer; nothing written.
+        """
+        self.arena._require_open()
+        if self.arena.generation != self._generation:
+            raise Q12Error(f"this h_state_ptrs slot belongs to an earlier pass: the arena was reset since, and "
+                           f"offset {self.offset:,} may now hold another pass's metadata; use the new pass's slot")
+        if isinstance(state_ptrs, (str, bytes)) or not isinstance(state_ptrs, (Sequence, np.ndarray)):
+            raise TypeError(f"state_ptrs must be a sequence of {self.n} device pointers, got {type(state_ptrs).__name__}")
+        if len(state_ptrs) != self.n:
+            raise ValueError(f"h_state_ptrs needs exactly {self.n} pointers (one per stream), got {len(state_ptrs)}")
+        values = state_ptrs if type(state_ptrs) is list else list(state_ptrs)
+        if not plain_pointers(values):  # the precise, named checks
+            values = [_int(f"state_ptrs[{b}]", p, 1, _U64_MAX) for b, p in enumerate(values)]
+        self._write(values, stream)
+
+    def _write(self, values: Sequence[int], stream: Any) -> None:
+        # ``values``: exactly n ints in (0, 2**64), checked by the caller (upload, or Q12Pass.gdn_layer
+        # whose own checks are stricter), for this slot's current pass
+        nbytes = 8 * self.n
+        self.arena.check_range("h_state_ptrs", self.offset, nbytes)
+        ring = staging_ring(self.arena, "h_state")
+        slot = ring.acquire(nbytes)
+        self._packer.pack_into(slot.array, 0, *values)
+        s = self.arena.device.as_stream(stream)
+        self.arena.device.driver.memcpy_htod_async(int(self.ptr), slot.addr, nbytes, s)
+        ring.commit(slot, s)
+        self.uploads += 1
+
+
+_PACKERS: dict = {}
+
+
+def _packer(n: int) -> struct.Struct:
+    """The :class:`struct.Struct` of ``n`` u64 (one per slot size, kept)."""
+    if len(_PACKERS) >= 256:
+        _PACKERS.clear()
+    st = _PACKERS[n] = struct.Struct(f"<{n}Q")
+    return st
+
+
+def reserve_h_state_slot(arena: ScratchArena, n: int) -> HStateSlot:
+    """Reserve an ``h_state_ptrs`` slot of ``n`` entries at the cursor (the per-stream path's slot)."""
+    region = arena.reserve("h_state_ptrs", 8 * _int("n", n, 1, 1 << 20), align=8)
+    return HStateSlot(arena, region.offset, int(n), region.ptr)
+
+
+def place_h_state_slot(arena: ScratchArena, meta: BatchedAttnMetadata) -> HStateSlot:
+    """Reserve the ``h_state_ptrs`` slot at ``meta.scratch_offset_bytes + meta.staged_bytes``.
+
+    Raises
+    ------
+    CapacityError
+        ``8 * n`` bytes do not fit there.
+    ValueError
+        The cursor is not where staging left it (someone reserved in between).
+    """
+    require_arena(arena)
+    if not isinstance(meta, BatchedAttnMetadata):
+        raise TypeError(f"meta must be a BatchedAttnMetadata (from the stager), got {type(meta).__name__}")
+    offset = meta.scratch_offset_bytes + meta.staged_bytes
+    if arena.cursor != offset:
+        raise ValueError(f"the arena cursor is at {arena.cursor:,} but the h_state_ptrs slot belongs at "
+                         f"scratch_offset_bytes + staged_bytes = {offset:,}; reserve nothing between staging and the slot")
+    region = arena.reserve("h_state_ptrs", 8 * meta.batch_size, offset=offset, align=8)
+    return HStateSlot(arena, region.offset, meta.batch_size, region.ptr)
