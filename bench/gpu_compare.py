@@ -200,7 +200,8 @@ def _cuda_core_launch(batch, batches) -> float:
     from q12drv.kernels.meta import meta_defines
     from q12drv.core.nvrtc import compile_source
 
-    image = compile_source(common.BENCH_SOURCE, arch=DEV.arch, defines=tuple(meta_defines())).image
+    image = compile_source(common.BENCH_SOURCE, arch=DEV.arch, defines=tuple(meta_defines()),
+                           source_dir=common.BENCH_SOURCE_DIR).image
     cdev = CoreDevice(DEV.ordinal)
     cdev.set_current()
     kernel = ObjectCode.from_cubin(image).get_kernel("q12_bench_args8")
