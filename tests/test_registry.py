@@ -45,3 +45,29 @@ def test_prepared_builds_with_the_contract_defines(scratch_source, monkeypatch, 
     assert registry.prepared(emu, "q12_probe") == "launch"
     assert seen == {"source": scratch_source, "defines": registry.compile_defines(scratch_source),
                     "entry": "q12_probe"}
+
+
+#: (source, contract define) of every kernel module that declares contracts.
+_CONTRACTS = [(source, define) for source, defines in registry.CONTRACTS.items() for define in defines]
+
+
+def test_the_small_kernels_declare_their_contracts():
+    from q12drv.kernels import kv_write, rope
+
+    for mod in (rope, kv_write):
+        assert registry.CONTRACTS[mod.SOURCE] == tuple(f"{k}={v}" for k, v in mod.CONTRACTS.items())
+
+
+@pytest.mark.parametrize("source,define", _CONTRACTS, ids=[d.split("=")[0] for _, d in _CONTRACTS])
+def test_a_wrong_or_missing_contract_define_does_not_compile(source, define):
+    """Every contract define is checked by its source: twice the host's value fails a static_assert (each
+    contract's checks reject a doubled value), and leaving it out stops at the source's #error."""
+    from q12drv.core.errors import NvrtcError
+    from q12drv.core.nvrtc import compile_source
+
+    name, value = define.split("=")
+    others = [d for d in registry.compile_defines(source) if d != define]
+    with pytest.raises(NvrtcError, match="static assertion failed"):
+        compile_source(source, defines=[*others, f"{name}={2 * int(value)}"], use_cache=False)
+    with pytest.raises(NvrtcError, match="compile through q12drv"):
+        compile_source(source, defines=others, use_cache=False)
