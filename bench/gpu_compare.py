@@ -200,7 +200,8 @@ def _cuda_core_launch(batch, batches) -> float:
     from q12drv.kernels.meta import meta_defines
     from q12drv.core.nvrtc import compile_source
 
-    image = compile_source(common.BENCH_SOURCE, arch=DEV.arch, defines=tuple(meta_defines())).image
+    image = compile_source(common.BENCH_SOURCE, arch=DEV.arch, defines=tuple(meta_defines()),
+                           source_dir=common.BENCH_SOURCE_DIR).image
     cdev = CoreDevice(DEV.ordinal)
     cdev.set_current()
     kernel = ObjectCode.from_cubin(image).get_kernel("q12_bench_args8")
@@ -421,16 +422,6 @@ def _cold_sets(bytes_per_set: int) -> int:
     return cold_sets(bytes_per_set) if gpu() else 2
 
 
-def _variant_launch(dev, source, entry, define):
-    """A launch of ``entry`` compiled with one extra ``-D`` macro (e.g. the legacy kernel), for A/B rows."""
-    from q12drv.core.launch import load_module
-    from q12drv.kernels import ops
-    from q12drv.kernels.meta import meta_defines
-
-    module = load_module(dev, source, defines=tuple(meta_defines()) + (define,), struct_types=ops.struct_types())
-    return module.kernel(entry).prepare()
-
-
 def _memory_rows(name, res, key, floor_bytes, goal_fraction):
     us = res.get(key)
     if us is None:
@@ -444,7 +435,6 @@ def _memory_rows(name, res, key, floor_bytes, goal_fraction):
 
 
 def section_kv_write():
-    from q12drv.kernels import kv_write as kw
     from q12drv.kernels import ops
 
     dev = DEV
@@ -473,22 +463,8 @@ def section_kv_write():
             ops.kv_write(dev, meta, k.ptr, v.ptr, kp.ptr, vp.ptr, num_kv_heads=hkv, head_dim=d, num_blocks=num_blocks)
 
         res["q12drv_us"] = q12_events_us(dev, q12, reps(50, 1))
-        # The previous kernel (-DKVW_LEGACY=1, its own geometry), same buffers: an A/B row.
-        legacy = _variant_launch(dev, kw.SOURCE, "q12_kv_write", "KVW_LEGACY=1")
-        lgrid, lblock, _ = kw.geometry(total, row_elems, legacy=True)
-        legacy.args.m = ops.meta_struct(meta)
-
-        def q12_legacy():
-            k, v, kp, vp = sets[turn[0] % n_sets]
-            turn[0] += 1
-            legacy.set(k=int(k.ptr), v=int(v.ptr), k_pool=int(kp.ptr), v_pool=int(vp.ptr), row_elems=row_elems,
-                       num_slots=num_blocks * bs)
-            legacy.launch(lgrid, lblock, 0)
-
-        res["legacy_us"] = q12_events_us(dev, q12_legacy, reps(50, 1))
         RESULTS["sections"]["kv_write"] = res
         _memory_rows(f"kv_write {total // 1024}k tokens: vs D2D floor", res, "q12drv_us", floor, 0.75)
-        _memory_rows(f"kv_write {total // 1024}k tokens: legacy kernel", res, "legacy_us", floor, None)
         if gpu():
             _comparator("kv_write/torch",
                         lambda: _kv_write_torch(arena, meta, total, hkv, d, num_blocks, bs, res, n_sets))
@@ -555,18 +531,6 @@ def section_rope():
             ops.rope(dev, meta, q.ptr, k.ptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, rotary_dim=rd, theta=theta)
 
         res["q12drv_us"] = q12_events_us(dev, q12, reps(50, 1))
-        legacy = _variant_launch(dev, rk.SOURCE, "q12_rope", "ROPE_LEGACY=1")
-        lgrid, lblock, _ = rk.geometry(total, hq, hkv, d, rd, legacy=True)
-        legacy.args.m = ops.meta_struct(meta)
-
-        def q12_legacy():
-            q, k = sets[turn[0] % n_sets]
-            turn[0] += 1
-            legacy.set(q=int(q.ptr), k=int(k.ptr), num_q_heads=hq, num_kv_heads=hkv, head_dim=d, rotary_dim=rd,
-                       theta=float(theta), mrope_mode=0, sec_t=0, sec_h=0, sec_w=0)
-            legacy.launch(lgrid, lblock, 0)
-
-        res["legacy_us"] = q12_events_us(dev, q12_legacy, reps(50, 1))
         # Full rotary (Qwen3-like Hq 32 Hkv 8 D 128 rd 128): timing only, so the buffers are left
         # uninitialised (no host RNG for 1.3 GB; the kernel's speed does not depend on the values).
         fhq, fhkv, fd, frd, ftheta = 32, 8, 128, 128, 1e6
@@ -587,7 +551,6 @@ def section_rope():
         res["full_rotary"]["q12drv_us"] = q12_events_us(dev, q12_full, reps(50, 1))
         RESULTS["sections"]["rope"] = res
         _memory_rows(f"rope {total // 1024}k tokens: vs floor (rotary dims)", res, "q12drv_us", floor, 0.70)
-        _memory_rows(f"rope {total // 1024}k tokens: legacy kernel", res, "legacy_us", floor, None)
         _memory_rows(f"rope {total // 1024}k tokens: full rotary Hq32 Hkv8 D128 rd128", res["full_rotary"],
                      "q12drv_us", ffloor, None)
         if gpu():

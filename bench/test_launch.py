@@ -9,7 +9,7 @@ drained before each call, outside the timing); ``extra_info["us_per_launch"]`` i
 
 import pytest
 
-from bench.common import LAUNCH_CASES, bench_launch, on_gpu, raw_launcher
+from bench.common import BENCH_SOURCE, BENCH_SOURCE_DIR, LAUNCH_CASES, bench_launch, on_gpu, raw_launcher
 
 BATCH = 100
 GRID, BLOCK = (1, 1, 1), (32, 1, 1)
@@ -69,3 +69,15 @@ def test_kv_write_launcher(benchmark, dev, staging_cases):
     dev.synchronize()
     pool.free()
     rows.free()
+
+
+def test_launch_kernels_build_outside_cuda_src():
+    """The benchmark kernels live in bench/cuda/ (no product code), their includes in cuda_src/."""
+    from q12drv.core.launch import parse_signatures
+    from q12drv.core.nvrtc import compile_source, local_headers
+    from q12drv.kernels.meta import meta_defines
+
+    source = (BENCH_SOURCE_DIR / BENCH_SOURCE).read_text()
+    entries = parse_signatures(source, {"Q12Meta": object, "Q12BenchBig": object}, local_headers(source))
+    assert set(entries) == {entry for entry, _ in LAUNCH_CASES.values()}
+    assert compile_source(BENCH_SOURCE, defines=meta_defines(), source_dir=BENCH_SOURCE_DIR).image

@@ -15,10 +15,11 @@
 //                         zeroed: no copy, no pinned slot, no event on the host.
 // Stream b = blockIdx.y; the CTAs of one stream walk its tokens with a grid stride, so any grid.x
 // covers them. Text positions only: a batch with MRoPE vision positions is packed on the host.
+// What was tried instead and what it measured: docs/kernels/expand.md.
 #include "common/q12_meta.cuh"
 
-#ifndef Q12_TAIL_STREAMS
-#error "compile through q12drv: it passes the host mirror's capacity (-DQ12_TAIL_STREAMS=... and -DQ12_TAIL_SIZE=...)"
+#if !defined(Q12_TAIL_STREAMS) || !defined(Q12_TAIL_SIZE)
+#error "compile through q12drv (registry.compile_defines): it passes the host mirror's capacity (-DQ12_TAIL_*)"
 #endif
 
 // The per-stream tail by value, at most Q12_TAIL_STREAMS streams (entries past batch_size unused).

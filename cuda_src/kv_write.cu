@@ -7,42 +7,65 @@
 //   s >= num_slots   -> skip (num_slots = num_blocks * block_size; the host validates slots
 //                       before staging, this is the last line of defence against a stray write)
 //
-// Memory-bound copy. A "group" of gs threads (gs = power of two <= 32, the smallest one covering
-// the row's 16-byte chunks, so a group never straddles a warp) owns KVW_TOK consecutive tokens
+// Memory-bound copy. A "group" of gs threads (gs = power of two <= max_group = 32, the smallest one
+// covering the row's 16-byte chunks, so a group never straddles a warp) owns TOK consecutive tokens
 // per iteration; groups walk the tokens with a grid stride, so any grid covers all
-// T = m.total_tokens tokens. Per iteration a lane first issues every load it needs: the
-// KVW_TOK slots and, for each token, R chunks (16 B) of K and R of V at chunks lane, lane + gs
-// (8 independent 16-byte loads = 128 B in flight per thread). The data loads do not wait for the
-// slots (a token's k/v rows are always readable; only the stores depend on the slot), so the
-// slot's latency overlaps the data's. Then the stores, predicated on the slot being valid. Rows
-// longer than R * gs chunks take more trips of the same shape. R = 2, KVW_TOK = 2 when the row
-// has more than 32 chunks (Qwen3-Next: 1 KiB rows = 64 chunks, one warp per token, exactly one
-// trip); R = 1, KVW_TOK = 4 otherwise (one chunk per lane).
+// T = m.total_tokens tokens. Per iteration a lane first issues every load it needs: the TOK slots
+// and, for each token, R chunks (16 B) of K and R of V at chunks lane, lane + gs (8 independent
+// 16-byte loads = 128 B in flight per thread). The data loads do not wait for the slots (a token's
+// k/v rows are always readable; only the stores depend on the slot), so the slot's latency overlaps
+// the data's. Then the stores, predicated on the slot being valid. Rows longer than R * gs chunks
+// take more trips of the same shape. R = 2, TOK = 2 when the row has more than 32 chunks
+// (Qwen3-Next: 1 KiB rows = 64 chunks, one warp per token, exactly one trip); R = 1, TOK = 4
+// otherwise (one chunk per lane).
 //
 // Cache hints: the inputs are read once (ld.global.nc.L1::no_allocate: read-only path, no L1
-// allocation); the pool rows are written with st.global.cs (streaming, evict-first in L2) unless
-// compiled with -DKVW_STORE_WB=1 (plain write-back stores).
+// allocation); the pool rows are written with st.global.cs (streaming, evict-first in L2).
 // If a pointer is not 16-byte aligned or row_elems % 8 != 0 the same walk runs with 2-byte
 // elements (correct, slow; the host never launches that way).
-// -DKVW_LEGACY=1 compiles the previous kernel (2 chunks of K and 2 of V per lane and token, the
-// slot loaded first and the data only for valid slots, plain loads/stores) for A/B measurements.
 //
 // Every token is handled alone (pure copy, no cross-token arithmetic): a stream's rows are
 // written identically whether it runs batched or alone. Offsets are 64-bit.
-// __launch_bounds__(1024, 1): <= 64 registers, so 1024-thread blocks launch and 4 CTAs of 256
-// threads are resident per SM (the persistent grid of kv_write.geometry() assumes 4). The legacy
-// kernel keeps its old budget (<= 32 registers, 8 CTAs of 256 per SM: geometry(legacy=True)).
-// Measured on the H200 (tests/GPU.md session 2, 4 runs; 64k tokens, Hkv 2, D 256, cold L2): 80.1-85.2 us
-// = 74-79% of the 4.23 TB/s D2D copy; the legacy build 79.4-82.9 us (the rewrite did not pay: both sit at
-// what DRAM gives this gather/scatter of 1 KiB rows); torch index_copy_ (K, V) 213-218 us.
+// __launch_bounds__(1024, 1): <= 64 registers a thread, so 1024-thread blocks launch and
+// Q12_KVW_CTAS_PER_SM = 4 CTAs of Q12_KVW_THREADS = 256 threads are resident per SM, which the
+// host's persistent grid (kv_write.geometry()) assumes.
+//
+// Host/device contract (q12drv/kernels/kv_write.py CONTRACTS, passed as -D by registry.compile_defines and
+// checked below against kvw_config()): Q12_KVW_THREADS, Q12_KVW_CTAS_PER_SM, Q12_KVW_MAX_THREADS,
+// Q12_KVW_CHUNK_ELEMS, Q12_KVW_MAX_GROUP, Q12_KVW_LONG_ROW_TOKENS, Q12_KVW_SHORT_ROW_TOKENS.
+// What was tried instead and what it measured: docs/kernels/kv_write.md.
 #include "common/q12_meta.cuh"
 
-#ifndef KVW_LEGACY
-#define KVW_LEGACY 0
+// The kernel's configuration: every number its code and the host's launch geometry use.
+struct KvwConfig {
+    int max_threads;   // __launch_bounds__: the largest block
+    int min_blocks;    // __launch_bounds__: resident CTAs of max_threads per SM
+    int chunk_elems;   // bf16 elements in a 16-byte chunk
+    int max_group;     // threads per token group at most (a warp)
+    int long_tokens;   // TOK for rows of more than max_group chunks
+    int long_chunks;   // R for those rows
+    int short_tokens;  // TOK for rows of at most max_group chunks
+    int short_chunks;  // R for those rows
+};
+__host__ __device__ constexpr KvwConfig kvw_config() { return {1024, 1, 8, 32, 2, 2, 4, 1}; }
+
+#if !defined(Q12_KVW_THREADS) || !defined(Q12_KVW_CTAS_PER_SM) || !defined(Q12_KVW_MAX_THREADS) ||  \
+    !defined(Q12_KVW_CHUNK_ELEMS) || !defined(Q12_KVW_MAX_GROUP) || !defined(Q12_KVW_LONG_ROW_TOKENS) || \
+    !defined(Q12_KVW_SHORT_ROW_TOKENS)
+#error "compile through q12drv (registry.compile_defines): it passes the host's Q12_KVW_* contract defines"
 #endif
-#ifndef KVW_STORE_WB
-#define KVW_STORE_WB 0
-#endif
+static_assert(Q12_KVW_MAX_THREADS == kvw_config().max_threads, "kv_write.MAX_THREADS differs from the launch bounds");
+static_assert(Q12_KVW_THREADS % 32 == 0 && Q12_KVW_THREADS <= kvw_config().max_threads,
+              "kv_write.THREADS must be whole warps within the launch bounds");
+static_assert(Q12_KVW_THREADS * Q12_KVW_CTAS_PER_SM <= kvw_config().max_threads * kvw_config().min_blocks,
+              "kv_write's persistent grid assumes more resident threads per SM than the launch bounds guarantee");
+static_assert(Q12_KVW_CHUNK_ELEMS == kvw_config().chunk_elems && kvw_config().chunk_elems * 2 == sizeof(uint4),
+              "kv_write's chunk is 8 bf16 (16 bytes)");
+static_assert(Q12_KVW_MAX_GROUP == kvw_config().max_group && kvw_config().max_group == 32,
+              "kv_write's token groups are at most a warp");
+static_assert(Q12_KVW_LONG_ROW_TOKENS == kvw_config().long_tokens &&
+                  Q12_KVW_SHORT_ROW_TOKENS == kvw_config().short_tokens,
+              "kv_write's tokens per group differ from the kernel's");
 
 namespace {
 
@@ -55,66 +78,20 @@ __device__ __forceinline__ void ld_stream(unsigned short& d, const unsigned shor
     asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(d) : "l"(p));
 }
 __device__ __forceinline__ void st_stream(uint4* p, const uint4& d) {
-#if KVW_STORE_WB
-    *p = d;
-#else
     asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(d.x), "r"(d.y), "r"(d.z), "r"(d.w)
                  : "memory");
-#endif
 }
 __device__ __forceinline__ void st_stream(unsigned short* p, unsigned short d) {
-#if KVW_STORE_WB
-    *p = d;
-#else
     asm volatile("st.global.cs.u16 [%0], %1;" ::"l"(p), "h"(d) : "memory");
-#endif
 }
 
 __device__ __forceinline__ int group_size(int row_units) {
-    // Smallest power of two >= row_units, capped at 32.
+    // Smallest power of two >= row_units, capped at a warp.
     int gs = 1;
-    while (gs < row_units && gs < 32) gs <<= 1;
+    while (gs < row_units && gs < kvw_config().max_group) gs <<= 1;
     return gs;
 }
 
-#if KVW_LEGACY
-template <typename V>
-__device__ __forceinline__ void copy_rows(const V* __restrict__ k, const V* __restrict__ v,
-                                          V* __restrict__ k_pool, V* __restrict__ v_pool,
-                                          const i64* __restrict__ slots, long long num_slots,
-                                          int row_units, int total_tokens) {
-    const int gs = group_size(row_units);
-    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const long long nthreads = (long long)gridDim.x * blockDim.x;
-    const int lane = (int)(tid & (gs - 1));
-    const long long ngroups = nthreads / gs;  // trailing partial group (if any) stays idle
-    long long group = tid / gs;
-    if (group >= ngroups) return;
-    for (long long t = group; t < total_tokens; t += ngroups) {
-        const i64 s = __ldg(slots + t);
-        if (s < 0 || s >= num_slots) continue;
-        const long long src = t * (long long)row_units;
-        const long long dst = s * (long long)row_units;
-        int c = lane;
-        for (; c + gs < row_units; c += 2 * gs) {
-            const V k0 = __ldg(k + src + c);
-            const V k1 = __ldg(k + src + c + gs);
-            const V v0 = __ldg(v + src + c);
-            const V v1 = __ldg(v + src + c + gs);
-            k_pool[dst + c] = k0;
-            k_pool[dst + c + gs] = k1;
-            v_pool[dst + c] = v0;
-            v_pool[dst + c + gs] = v1;
-        }
-        if (c < row_units) {
-            const V k0 = __ldg(k + src + c);
-            const V v0 = __ldg(v + src + c);
-            k_pool[dst + c] = k0;
-            v_pool[dst + c] = v0;
-        }
-    }
-}
-#else
 // TOK tokens per group and iteration, R chunks per lane, token and tensor per trip.
 template <typename V, int TOK, int R>
 __device__ __forceinline__ void copy_rows(const V* __restrict__ k, const V* __restrict__ v,
@@ -161,40 +138,31 @@ __device__ __forceinline__ void copy_rows(const V* __restrict__ k, const V* __re
         }
     }
 }
-#endif
 
 template <typename V>
 __device__ __forceinline__ void copy_dispatch(const V* k, const V* v, V* k_pool, V* v_pool, const i64* slots,
                                               long long num_slots, int row_units, int total_tokens) {
-#if KVW_LEGACY
-    copy_rows<V>(k, v, k_pool, v_pool, slots, num_slots, row_units, total_tokens);
-#else
-    if (row_units > 32) {
-        copy_rows<V, 2, 2>(k, v, k_pool, v_pool, slots, num_slots, row_units, total_tokens);
+    constexpr KvwConfig c = kvw_config();
+    if (row_units > c.max_group) {
+        copy_rows<V, c.long_tokens, c.long_chunks>(k, v, k_pool, v_pool, slots, num_slots, row_units, total_tokens);
     } else {
-        copy_rows<V, 4, 1>(k, v, k_pool, v_pool, slots, num_slots, row_units, total_tokens);
+        copy_rows<V, c.short_tokens, c.short_chunks>(k, v, k_pool, v_pool, slots, num_slots, row_units,
+                                                     total_tokens);
     }
-#endif
 }
 
 }  // namespace
 
-#if KVW_LEGACY
-#define KVW_MIN_BLOCKS 2
-#else
-#define KVW_MIN_BLOCKS 1
-#endif
-
-extern "C" __global__ __launch_bounds__(1024, KVW_MIN_BLOCKS) void q12_kv_write(Q12Meta m, const bf16* __restrict__ k, const bf16* __restrict__ v, bf16* __restrict__ k_pool, bf16* __restrict__ v_pool, int row_elems, long long num_slots) {
+extern "C" __global__ __launch_bounds__(kvw_config().max_threads, kvw_config().min_blocks) void q12_kv_write(Q12Meta m, const bf16* __restrict__ k, const bf16* __restrict__ v, bf16* __restrict__ k_pool, bf16* __restrict__ v_pool, int row_elems, long long num_slots) {
     if (row_elems <= 0) return;
     const int total_tokens = (int)m.total_tokens;
     const i64* slots = q12_slots(m);
     const unsigned long long addr_bits =
         (unsigned long long)k | (unsigned long long)v | (unsigned long long)k_pool | (unsigned long long)v_pool;
-    if ((row_elems & 7) == 0 && (addr_bits & 15ull) == 0) {
+    if (row_elems % kvw_config().chunk_elems == 0 && (addr_bits & 15ull) == 0) {
         copy_dispatch<uint4>(reinterpret_cast<const uint4*>(k), reinterpret_cast<const uint4*>(v),
                              reinterpret_cast<uint4*>(k_pool), reinterpret_cast<uint4*>(v_pool), slots, num_slots,
-                             row_elems >> 3, total_tokens);
+                             row_elems / kvw_config().chunk_elems, total_tokens);
     } else {
         copy_dispatch<unsigned short>(reinterpret_cast<const unsigned short*>(k),
                                       reinterpret_cast<const unsigned short*>(v),

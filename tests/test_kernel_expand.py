@@ -41,6 +41,10 @@ def test_tail_mirror_size_is_checked_at_compile_time():
     bad = [d if not d.startswith("Q12_TAIL_SIZE=") else "Q12_TAIL_SIZE=1536" for d in meta_defines()]
     with pytest.raises(NvrtcError, match="Q12Tail"):
         compile_source(expand.SOURCE, arch="sm_90", defines=bad, use_cache=False)
+    for name in ("Q12_TAIL_STREAMS", "Q12_TAIL_SIZE"):  # a contract has no default
+        missing = [d for d in meta_defines() if not d.startswith(name + "=")]
+        with pytest.raises(NvrtcError, match="compile through q12drv"):
+            compile_source(expand.SOURCE, arch="sm_90", defines=missing, use_cache=False)
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, TAIL_STREAMS])

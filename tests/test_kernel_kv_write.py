@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,7 +9,8 @@ from hypothesis import strategies as st
 
 from tests.helpers import FakeMem, paged_streams, spill_free
 from q12drv.kernels import kv_write as kw
-from q12drv.kernels.meta import Q12MetaC, meta_defines
+from q12drv.kernels.meta import Q12MetaC
+from q12drv.kernels.registry import compile_defines
 
 POISON = 0xFFFF
 
@@ -70,37 +69,26 @@ def textbook_pools(k_rows, v_rows, tables, positions, block_size, kpool, vpool, 
 def test_compiles_without_spills():
     from q12drv.core.nvrtc import compile_source, cuda_src_dir
 
-    img = compile_source(kw.SOURCE, arch="sm_90", defines=meta_defines(), use_cache=False, verbose_resources=True)
+    img = compile_source(kw.SOURCE, arch="sm_90", defines=compile_defines(kw.SOURCE), use_cache=False,
+                         verbose_resources=True)
     assert img.image
     report = spill_free(img, kw.ENTRIES, stack=False)
     # Blocks of up to 1024 threads must launch, and the 4 CTAs of 256 per SM geometry() assumes
     # must fit: <= 64 registers (the kernel's __launch_bounds__(1024, 1)).
     regs = report[kw.ENTRIES[0]].registers
-    assert regs <= 64 and regs * 256 * kw._CTAS_PER_SM <= 65536, img.log
+    assert regs * kw.MAX_THREADS <= 65536 and regs * kw.THREADS * kw._CTAS_PER_SM <= 65536, img.log
     # Streaming hints made it into the code (they are inline PTX).
     src = (cuda_src_dir() / kw.SOURCE).read_text()
     assert "ld.global.nc.L1::no_allocate.v4.u32" in src and "st.global.cs.v4.u32" in src
 
 
-@pytest.mark.parametrize("defines", [["KVW_LEGACY=1"], ["KVW_STORE_WB=1"]])
-def test_variants_compile_without_spills(defines):
-    from q12drv.core.nvrtc import compile_source
-
-    img = compile_source(kw.SOURCE, arch="sm_90", defines=meta_defines() + defines, use_cache=False,
-                         verbose_resources=True)
-    regs = spill_free(img, kw.ENTRIES, stack=False)[kw.ENTRIES[0]].registers
-    ctas = kw._CTAS_PER_SM_LEGACY if "KVW_LEGACY=1" in defines else kw._CTAS_PER_SM
-    assert regs * 256 * ctas <= 65536, img.log
-
-
 def test_entries_match_source():
+    from q12drv.core.launch import parse_signatures
     from q12drv.core.nvrtc import cuda_src_dir
 
-    src = (cuda_src_dir() / kw.SOURCE).read_text()
-    decl = re.findall(r'extern "C" __global__ (?:__launch_bounds__\([^)]*\) )?void (\w+)\(([^)]*)\)', src)
-    assert tuple(name for name, _ in decl) == kw.ENTRIES
-    params = [p.split()[-1] for p in decl[0][1].split(",")]
-    assert params == ["m", "k", "v", "k_pool", "v_pool", "row_elems", "num_slots"]
+    sigs = parse_signatures((cuda_src_dir() / kw.SOURCE).read_text(), {"Q12Meta": Q12MetaC})
+    assert tuple(sigs) == kw.ENTRIES
+    assert [name for name, _ in sigs["q12_kv_write"]] == ["m", "k", "v", "k_pool", "v_pool", "row_elems", "num_slots"]
     assert set(kw.EMULATORS) == set(kw.ENTRIES)
 
 
@@ -264,20 +252,14 @@ def test_geometry():
     # 2-byte fallback (row % 8 != 0): 12 elements -> 16 threads per group, 4 tokens each
     g, _, _ = kw.geometry(1000, 12)
     assert g[0] == -(-1000 // 64)
-    # legacy kernel: one token per group, 8 CTAs per SM
-    assert kw.geometry(1000, 16, legacy=True)[0][0] == -(-1000 // 128)
-    assert kw.geometry(10**6, 512, legacy=True)[0][0] == 132 * 8
     with pytest.raises(ValueError):
         kw.geometry(10, 64, threads=100)
 
 
 @pytest.mark.parametrize("row_units,tok", [(1, 4), (2, 4), (32, 4), (33, 2), (64, 2), (128, 2), (512, 2)])
-def test_tokens_per_group_matches_source(row_units, tok):
-    # kv_write.cu: copy_rows<V, 2, 2> when row_units > 32, else copy_rows<V, 4, 1>.
-    from q12drv.core.nvrtc import cuda_src_dir
-
-    src = (cuda_src_dir() / kw.SOURCE).read_text()
-    assert "if (row_units > 32) {\n        copy_rows<V, 2, 2>" in src and "copy_rows<V, 4, 1>" in src
+def test_tokens_per_group(row_units, tok):
+    # kv_write.cu's kvw_config(): TOK 2 for rows of more than 32 chunks, else 4 (the contract defines
+    # Q12_KVW_LONG_ROW_TOKENS / _SHORT_ROW_TOKENS check the host's numbers against it at compile time).
     assert kw.tokens_per_group(row_units) == tok
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -12,7 +10,8 @@ from hypothesis import strategies as st
 from tests.helpers import FakeMem, spill_free
 from q12drv.core.bf16 import from_bf16_bits, to_bf16_bits
 from q12drv.kernels import rope
-from q12drv.kernels.meta import Q12MetaC, meta_defines
+from q12drv.kernels.meta import Q12MetaC
+from q12drv.kernels.registry import compile_defines
 
 
 # ----------------------------------------------------------------------------- fake device memory
@@ -110,37 +109,26 @@ def assert_close_bf16(out_bits, ref64, what):
 def test_compiles_without_spills():
     from q12drv.core.nvrtc import compile_source
 
-    img = compile_source(rope.SOURCE, arch="sm_90", defines=meta_defines(), use_cache=False, verbose_resources=True)
+    img = compile_source(rope.SOURCE, arch="sm_90", defines=compile_defines(rope.SOURCE), use_cache=False,
+                         verbose_resources=True)
     assert img.image
     report = spill_free(img, rope.ENTRIES, stack=False)
     # The largest block the emulator accepts must be launchable: registers x threads <= 64K.
     regs = report[rope.ENTRIES[0]].registers
     assert regs * rope.MAX_THREADS <= 65536, img.log
-    # The persistent grid assumes rope._CTAS_PER_SM resident 256-thread CTAs per SM.
-    assert regs * 256 * rope._CTAS_PER_SM <= 65536, img.log
+    # The persistent grid assumes rope._CTAS_PER_SM resident CTAs of rope.THREADS per SM.
+    assert regs * rope.THREADS * rope._CTAS_PER_SM <= 65536, img.log
     smem = report[rope.ENTRIES[0]].static_smem
     assert smem * rope._CTAS_PER_SM <= 227 * 1024 and smem <= 48 * 1024, img.log
 
 
-@pytest.mark.parametrize("defines", [["ROPE_LEGACY=1"], ["ROPE_STORE_CS=1"]])
-def test_variants_compile_without_spills(defines):
-    from q12drv.core.nvrtc import compile_source
-
-    img = compile_source(rope.SOURCE, arch="sm_90", defines=meta_defines() + defines, use_cache=False,
-                         verbose_resources=True)
-    regs = spill_free(img, rope.ENTRIES, stack=False)[rope.ENTRIES[0]].registers
-    ctas = rope._CTAS_PER_SM_LEGACY if "ROPE_LEGACY=1" in defines else rope._CTAS_PER_SM
-    assert regs * 256 * ctas <= 65536 and regs * rope.MAX_THREADS <= 65536, img.log
-
-
 def test_entries_match_source():
+    from q12drv.core.launch import parse_signatures
     from q12drv.core.nvrtc import cuda_src_dir
 
-    src = (cuda_src_dir() / rope.SOURCE).read_text()
-    decl = re.findall(r'extern "C" __global__ (?:__launch_bounds__\([^)]*\) )?void (\w+)\(([^)]*)\)', src)
-    assert tuple(name for name, _ in decl) == rope.ENTRIES
-    params = [p.split()[-1] for p in decl[0][1].split(",")]
-    assert params == [
+    sigs = parse_signatures((cuda_src_dir() / rope.SOURCE).read_text(), {"Q12Meta": Q12MetaC})
+    assert tuple(sigs) == rope.ENTRIES
+    assert [name for name, _ in sigs["q12_rope"]] == [
         "m", "q", "k", "num_q_heads", "num_kv_heads", "head_dim", "rotary_dim", "theta",
         "mrope_mode", "sec_t", "sec_h", "sec_w",
     ]  # fmt: skip
@@ -367,9 +355,8 @@ def test_check_params_and_geometry():
     # rd 1024 with 512 threads: a warp's slice (4096 / 16 = 256) is too small -> direct path, G = 1
     assert rope.tokens_per_warp(1, 1, 1024, 1024, threads=512) == 1
     assert rope.tokens_per_warp(1, 1, 1024, 1024) == 1
-    # the previous kernel's geometry, for A/B runs
-    assert rope.geometry(301, 16, 2, 256, 64, legacy=True)[0][0] == 43
-    assert rope.geometry(10**6, 28, 4, 128, 128, legacy=True)[0][0] == 132 * 3
+    with pytest.raises(ValueError, match="threads must be a multiple of 32"):
+        rope.geometry(10, 16, 2, 256, 64, threads=1024)
     # floor bytes: rotary dims read + written, plus positions
     assert rope.floor_bytes(10, 16, 2, 64) == 2 * 10 * 18 * 64 * 2 + 40
     assert rope.floor_bytes(10, 16, 2, 64, mrope_mode=2) == 2 * 10 * 18 * 64 * 2 + 120

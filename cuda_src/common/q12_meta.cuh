@@ -3,6 +3,14 @@
 // Mirrored on the host by q12drv.kernels.meta.Q12MetaC (ctypes). The host passes the
 // byte offset of every field as -DQ12_META_OFF_<FIELD>=<n> and -DQ12_META_SIZE=<n>;
 // the static_asserts below make a drifted mirror a compile error, never a wrong read.
+//
+// Host/device contracts, the one pattern every kernel source follows: a number both sides rely on
+// (a struct's layout here and Q12Tail's capacity in expand_meta.cu; threads per CTA, CTAs per SM,
+// tile sizes the host's geometry uses in a kernel's source) reaches the compiler as
+// -D Q12_<NAME>=<value> from q12drv (kernels/meta.py:meta_defines for the structs, the kernel
+// module's CONTRACTS for the rest, both through kernels/registry.py:compile_defines). The source
+// has no default for it (#error when it is missing: build through q12drv) and static_asserts it
+// against its own constexpr configuration, so a host and a kernel that disagree do not compile.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -44,7 +52,7 @@ struct Q12Meta {
 // computed by the layout rule every C++ ABI uses for a standard-layout struct (each member at
 // the next multiple of its alignment, in declaration order) and checked together with sizeof.
 #ifndef Q12_META_SIZE
-#error "compile through q12drv: it passes the host mirror's offsets (-DQ12_META_SIZE=... and -DQ12_META_OFF_*)"
+#error "compile through q12drv (registry.compile_defines): it passes the host mirror's offsets (-DQ12_META_*)"
 #endif
 namespace q12_meta_check {
 #define Q12_META_SIZEOF(T, name, NAME) sizeof(T),

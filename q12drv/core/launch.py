@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import ctypes
 import operator
+import os
 import re
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .device import Device, Stream
@@ -254,20 +256,22 @@ class Module:
         return k
 
 
-def load_module(device: Device, filename: str, *, defines: tuple = (), struct_types: Mapping[str, type] | None = None) -> Module:
-    """Load ``cuda_src/<filename>`` into ``device`` (compiled once per process and cached on disk).
+def load_module(device: Device, filename: str, *, defines: tuple = (), struct_types: Mapping[str, type] | None = None,
+                source_dir: str | os.PathLike | None = None) -> Module:
+    """Load ``cuda_src/<filename>`` (or ``<source_dir>/<filename>``, its includes still from ``cuda_src``) into
+    ``device`` (compiled once per process and cached on disk).
 
     On the emulated driver nothing is compiled: the module is the file's entry signatures and
     launches run the emulators registered for those names.
     """
-    key = ("module", filename, tuple(defines))
+    key = ("module", filename, tuple(defines), str(source_dir) if source_dir else None)
     mod = device.cache.get(key)
     if mod is not None:
         return mod
-    source = (cuda_src_dir() / filename).read_text()
+    source = (Path(source_dir or cuda_src_dir()) / filename).read_text()
     signatures = parse_signatures(source, struct_types, local_headers(source))
     if device.driver.runs_cubins:
-        compiled = compile_source(filename, arch=device.arch, defines=tuple(defines))
+        compiled = compile_source(filename, arch=device.arch, defines=tuple(defines), source_dir=source_dir)
         handle = device.driver.module_load(compiled.image)
     else:
         compiled = None

@@ -182,13 +182,14 @@ def compile_source(
     defines: tuple[str, ...] | list[str] = (),
     use_cache: bool = True,
     verbose_resources: bool = False,
+    source_dir: str | os.PathLike | None = None,
 ) -> CompiledImage:
     """Compile one ``cuda_src`` file to a cubin for ``arch``.
 
     Parameters
     ----------
     filename : str
-        File name inside :func:`cuda_src_dir` (e.g. ``"attention/mma.cu"``).
+        File name inside :func:`cuda_src_dir` (e.g. ``"attention/mma.cu"``), or inside ``source_dir``.
     arch : str
         Target, ``"sm_90"`` for the H200; :func:`target_arch` turns it into ``"sm_90a"`` for the
         sources that use wgmma.
@@ -199,6 +200,9 @@ def compile_source(
     verbose_resources : bool
         Ask ptxas for its resource report (registers, spills, shared memory); bypasses the
         cache read so that the log is fresh.
+    source_dir : path-like, optional
+        The directory of a source kept outside ``cuda_src`` (the benchmarks' kernels); its
+        ``#include`` s are still found in :func:`cuda_src_dir`.
 
     Returns
     -------
@@ -215,9 +219,9 @@ def compile_source(
     from cuda.core.utils import FileStreamProgramCache, make_program_cache_key
 
     src_dir = cuda_src_dir()
-    path = src_dir / filename
+    path = Path(source_dir or src_dir) / filename
     if not path.is_file():
-        raise FileNotFoundError(f"no kernel source {filename!r} in {src_dir}")
+        raise FileNotFoundError(f"no kernel source {filename!r} in {source_dir or src_dir}")
     arch = target_arch(filename, arch)
     source = path.read_text()
     include_dirs = [str(src_dir), cuda_header_dir()]

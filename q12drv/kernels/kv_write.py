@@ -15,14 +15,16 @@ Entry::
 ``row_elems = Hkv * D`` (a multiple of 8 for the 16-byte path), ``num_slots = num_blocks *
 block_size``. The kernel walks the ``m.total_tokens`` tokens with a grid stride, so any grid
 covers the work; :func:`geometry` sizes a persistent grid. Each lane issues all its loads of an
-iteration (the slots and 8 chunks of 16 bytes) before its stores; ``-DKVW_LEGACY=1`` builds the
-previous kernel and ``-DKVW_STORE_WB=1`` plain (not streaming) stores, for A/B measurements.
+iteration (the slots and 8 chunks of 16 bytes) before its stores. The numbers the geometry relies on
+are the kernel's (``kvw_config()`` in ``kv_write.cu``): :data:`CONTRACTS` passes them to every build,
+which ``static_assert`` s them.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .grid import check_1d_launch, persistent_geometry
 from .meta import Q12MetaC
 from . import registry
 
@@ -30,6 +32,8 @@ __all__ = [
     "SOURCE",
     "ENTRIES",
     "THREADS",
+    "MAX_THREADS",
+    "CONTRACTS",
     "geometry",
     "tokens_per_group",
     "reference",
@@ -42,31 +46,46 @@ ENTRIES = ("q12_kv_write",)
 
 #: Threads per CTA of the launch :func:`geometry` returns.
 THREADS = 256
-#: CTAs per SM of a persistent launch: the kernel is built with ``__launch_bounds__(1024, 1)``
-#: (at most 64 registers a thread), so 4 CTAs of 256 threads are resident per SM.
+#: Largest block the kernel launches with (``__launch_bounds__(1024, 1)``: at most 64 registers a thread).
+MAX_THREADS = 1024
+#: CTAs of :data:`THREADS` per SM of a persistent launch: the launch bounds guarantee 4 x 256 threads
+#: their registers.
 _CTAS_PER_SM = 4
-#: The same for the legacy kernel (``-DKVW_LEGACY=1``: at most 32 registers, 8 x 256 threads).
-_CTAS_PER_SM_LEGACY = 8
+_CHUNK_ELEMS = 8  # bf16 elements in a 16-byte chunk
+_MAX_GROUP = 32  # threads per token group at most (a warp)
+_LONG_ROW_TOKENS = 2  # tokens per group and iteration for rows of more than _MAX_GROUP chunks
+_SHORT_ROW_TOKENS = 4  # the same for shorter rows
+#: The host/device contract: the numbers :func:`geometry` and :func:`tokens_per_group` rely on, passed as
+#: ``-D`` to every build of ``kv_write.cu`` and checked there against ``kvw_config()``.
+CONTRACTS = {
+    "Q12_KVW_THREADS": THREADS,
+    "Q12_KVW_CTAS_PER_SM": _CTAS_PER_SM,
+    "Q12_KVW_MAX_THREADS": MAX_THREADS,
+    "Q12_KVW_CHUNK_ELEMS": _CHUNK_ELEMS,
+    "Q12_KVW_MAX_GROUP": _MAX_GROUP,
+    "Q12_KVW_LONG_ROW_TOKENS": _LONG_ROW_TOKENS,
+    "Q12_KVW_SHORT_ROW_TOKENS": _SHORT_ROW_TOKENS,
+}
 
 
 def _group_size(row_units: int) -> int:
-    """Threads per token in the kernel: smallest power of two >= row_units, at most 32."""
+    """Threads per token in the kernel: smallest power of two >= row_units, at most a warp."""
     gs = 1
-    while gs < row_units and gs < 32:
+    while gs < row_units and gs < _MAX_GROUP:
         gs <<= 1
     return gs
 
 
 def tokens_per_group(row_units: int) -> int:
-    """Tokens a thread group takes per iteration (``KVW_TOK``): 2 for rows of more than 32 chunks
+    """Tokens a thread group takes per iteration (``TOK``): 2 for rows of more than 32 chunks
     (two 16-byte chunks of K and two of V per lane and token), else 4 (one chunk per lane and token).
     Either way a lane has 8 loads of 16 bytes in flight. ``row_units`` counts 16-byte chunks (or
     2-byte elements on the fallback path)."""
-    return 2 if row_units > 32 else 4
+    return _LONG_ROW_TOKENS if row_units > _MAX_GROUP else _SHORT_ROW_TOKENS
 
 
 def geometry(
-    total_tokens: int, row_elems: int, *, num_sms: int = 132, threads: int = THREADS, legacy: bool = False
+    total_tokens: int, row_elems: int, *, num_sms: int = 132, threads: int = THREADS
 ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
     """Launch geometry of ``q12_kv_write``.
 
@@ -83,26 +102,24 @@ def geometry(
     num_sms : int
         SMs of the device (132 on the H200); caps the persistent grid at 4 CTAs per SM.
     threads : int
-        Threads per CTA, a multiple of 32.
-    legacy : bool
-        The geometry of the previous kernel (``-DKVW_LEGACY=1``: one token per group and
-        iteration, 8 CTAs per SM), for A/B measurements.
+        Threads per CTA, a multiple of 32, at most :data:`MAX_THREADS`.
 
     Returns
     -------
     tuple
         ``(grid, block, dynamic_smem_bytes)``; no dynamic shared memory.
+
+    Raises
+    ------
+    ValueError
+        ``row_elems`` not positive, or ``threads`` not a multiple of 32 in ``[32, MAX_THREADS]``.
     """
-    if threads <= 0 or threads % 32 or threads > 1024:
-        raise ValueError(f"threads must be a multiple of 32 in [32, 1024], got {threads}")
     if row_elems <= 0:
         raise ValueError(f"row_elems must be positive, got {row_elems}")
-    units = row_elems // 8 if row_elems % 8 == 0 else row_elems
-    per_group = 1 if legacy else tokens_per_group(units)
-    tokens_per_cta = threads // _group_size(units) * per_group
-    ctas = -(-max(int(total_tokens), 1) // tokens_per_cta)
-    ctas = max(1, min(ctas, num_sms * (_CTAS_PER_SM_LEGACY if legacy else _CTAS_PER_SM)))
-    return (ctas, 1, 1), (threads, 1, 1), 0
+    units = row_elems // _CHUNK_ELEMS if row_elems % _CHUNK_ELEMS == 0 else row_elems
+    per_cta = threads // _group_size(units) * tokens_per_group(units)
+    return persistent_geometry("q12_kv_write", total_tokens, per_cta, threads, max_threads=MAX_THREADS,
+                               num_sms=num_sms, ctas_per_sm=_CTAS_PER_SM)
 
 
 def _write_rows(k, v, slots, k_pool, v_pool) -> None:
@@ -180,12 +197,7 @@ def emulate_kv_write(args: dict, mem, grid, block) -> None:
         If the launch shape is not one the kernel handles (it needs a 1-D grid and a 1-D block
         of whole warps; the grid-stride loop covers any grid size).
     """
-    grid = tuple(int(x) for x in grid)
-    block = tuple(int(x) for x in block)
-    if len(grid) != 3 or grid[0] < 1 or grid[1:] != (1, 1):
-        raise ValueError(f"q12_kv_write needs a 1-D grid (X >= 1), got {grid}")
-    if len(block) != 3 or block[1:] != (1, 1) or block[0] < 32 or block[0] % 32 or block[0] > 1024:
-        raise ValueError(f"q12_kv_write needs a 1-D block of whole warps (<= 1024), got {block}")
+    check_1d_launch("q12_kv_write", grid, block, MAX_THREADS)
     m: Q12MetaC = args["m"]
     row = int(args["row_elems"])
     num_slots = int(args["num_slots"])
@@ -205,4 +217,4 @@ def emulate_kv_write(args: dict, mem, grid, block) -> None:
 
 EMULATORS = {"q12_kv_write": emulate_kv_write}
 
-registry.register(SOURCE, ENTRIES, EMULATORS)
+registry.register(SOURCE, ENTRIES, EMULATORS, defines=CONTRACTS)

@@ -21,7 +21,10 @@ Entry::
     q12_rope(Q12Meta m, bf16* q, bf16* k, int num_q_heads, int num_kv_heads, int head_dim,
              int rotary_dim, float theta, int mrope_mode, int sec_t, int sec_h, int sec_w)
 
-The kernel walks ``m.total_tokens`` tokens with a grid stride (any grid covers the work).
+The kernel walks ``m.total_tokens`` tokens with a grid stride (any grid covers the work);
+:func:`geometry` sizes a persistent grid. The numbers that geometry relies on are the kernel's
+(``rope_config()`` in ``rope.cu``): :data:`CONTRACTS` passes them to every build, which
+``static_assert`` s them.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.bf16 import from_bf16_bits, to_bf16_bits
+from .grid import check_1d_launch, persistent_geometry
 from .meta import Q12MetaC
 from . import registry
 
@@ -36,6 +40,7 @@ __all__ = [
     "SOURCE",
     "ENTRIES",
     "THREADS",
+    "CONTRACTS",
     "MODE_PLAIN",
     "MODE_CHUNKED",
     "MODE_INTERLEAVED",
@@ -61,20 +66,28 @@ THREADS = 256
 MODE_PLAIN = 0
 MODE_CHUNKED = 1
 MODE_INTERLEAVED = 2
-#: Largest block the kernel launches with (``__launch_bounds__(512, 1)``): it uses about 112
-#: registers a thread on sm_90, so 1024 threads would exceed the SM's 65,536.
+#: Largest block the kernel launches with (``__launch_bounds__(512, 1)``): it uses 112 registers a
+#: thread on sm_90, so 1024 threads would exceed the SM's 65,536.
 MAX_THREADS = 512
-#: Largest rotary_dim the kernel takes (``ROPE_MAX_HALF = 512`` frequencies).
+#: Largest rotary_dim the kernel takes (its tables hold 512 frequencies).
 MAX_ROTARY_DIM = 1024
-_SMEM_ANGLES = 4096  # ROPE_SMEM_ANGLES in rope.cu: cos (and sin) floats per CTA, split among warps
-_UPL = 3  # ROPE_UPL in rope.cu: units a lane loads at once
-#: Resident 256-thread CTAs per SM at the kernel's register count (about 112 on sm_90): the
-#: grid is capped at one full wave, so no CTA waits for another (grid-stride loop inside).
+_SMEM_ANGLES = 4096  # cos (and sin) floats per CTA, split among its warps
+_UNITS_PER_LANE = 3  # units a lane loads at once
+_VEC_PAIRS = 8  # pairs in a unit of the 16-byte path
+#: Resident CTAs of :data:`THREADS` per SM: the launch bounds guarantee 2 x 256 threads their registers,
+#: so the grid is capped at one full wave and no CTA waits for another (grid-stride loop inside).
 _CTAS_PER_SM = 2
-#: The previous kernel (``-DROPE_LEGACY=1``, for A/B runs): 85 registers, 3 CTAs of 256 per SM.
-_LEGACY_SMEM_ANGLES = 2048
-_LEGACY_PREFETCH = 2
-_CTAS_PER_SM_LEGACY = 3
+#: The host/device contract: the numbers :func:`geometry`, :func:`tokens_per_warp` and :func:`check_params`
+#: rely on, passed as ``-D`` to every build of ``rope.cu`` and checked there against ``rope_config()``.
+CONTRACTS = {
+    "Q12_ROPE_THREADS": THREADS,
+    "Q12_ROPE_CTAS_PER_SM": _CTAS_PER_SM,
+    "Q12_ROPE_MAX_THREADS": MAX_THREADS,
+    "Q12_ROPE_MAX_ROTARY_DIM": MAX_ROTARY_DIM,
+    "Q12_ROPE_SMEM_ANGLES": _SMEM_ANGLES,
+    "Q12_ROPE_UNITS_PER_LANE": _UNITS_PER_LANE,
+    "Q12_ROPE_VEC_PAIRS": _VEC_PAIRS,
+}
 
 
 def check_params(
@@ -117,19 +130,18 @@ def check_params(
             raise ValueError(f"MRoPE sections {sections} must be 3 non-negative ints summing to {rotary_dim // 2}")
 
 
-def tokens_per_warp(num_q_heads: int, num_kv_heads: int, head_dim: int, rotary_dim: int, threads: int = THREADS,
-                    *, upl: int = _UPL) -> int:
+def tokens_per_warp(num_q_heads: int, num_kv_heads: int, head_dim: int, rotary_dim: int,
+                    threads: int = THREADS) -> int:
     """Tokens a warp takes per iteration in ``q12_rope`` (G): as many whole tokens as fit in
-    ``32 * ROPE_UPL`` units (at least 1), capped by the warp's share of the angle buffer. A unit
-    is one head's 8 pairs (1 pair when the layout forbids 16-byte accesses). ``upl``: the
-    build's ``ROPE_UPL`` (for variant builds, tests/gpu/rope_variants.py)."""
+    ``32 * units_per_lane`` units (at least 1), capped by the warp's share of the angle buffer. A unit
+    is one head's 8 pairs (1 pair when the layout forbids 16-byte accesses)."""
     half = max(rotary_dim // 2, 1)
-    vec = rotary_dim % 16 == 0 and head_dim % 8 == 0
-    units = max(num_q_heads + num_kv_heads, 1) * (half // 8 if vec else half)
+    vec = rotary_dim % (2 * _VEC_PAIRS) == 0 and head_dim % _VEC_PAIRS == 0
+    units = max(num_q_heads + num_kv_heads, 1) * (half // _VEC_PAIRS if vec else half)
     cap = _SMEM_ANGLES // max(threads // 32, 1)
     if half > cap:
         return 1  # the kernel's direct path: one token per warp, sincosf per unit
-    return max(1, min(32 * int(upl) // max(units, 1), cap // half))
+    return max(1, min(32 * _UNITS_PER_LANE // max(units, 1), cap // half))
 
 
 def geometry(
@@ -141,15 +153,12 @@ def geometry(
     *,
     num_sms: int = 132,
     threads: int = THREADS,
-    legacy: bool = False,
-    upl: int = _UPL,
-    ctas_per_sm: int | None = None,
 ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
     """Launch geometry of ``q12_rope``.
 
     Every warp takes :func:`tokens_per_warp` tokens per iteration and walks the tokens with a
     grid stride over warps; this sizes the grid to cover T once, capped at one resident wave
-    (2 CTAs of 256 threads per SM at the kernel's ~112 registers).
+    (2 CTAs of 256 threads per SM).
 
     Parameters
     ----------
@@ -160,40 +169,26 @@ def geometry(
     num_sms : int
         SMs of the device (132 on the H200).
     threads : int
-        Threads per CTA, a multiple of 32, at most :data:`MAX_THREADS`.
-    legacy : bool
-        The geometry of the previous kernel (``-DROPE_LEGACY=1``: CTA-wide groups of
-        ``max(1, 2 * threads // units_per_token)`` tokens, 3 CTAs per SM), for A/B runs.
-    upl : int
-        The build's ``ROPE_UPL`` (variant builds only; the shipped build uses 3).
-    ctas_per_sm : int, optional
-        Resident CTAs per SM to cap the grid at (variant builds: from the occupancy API);
-        default the shipped build's (2, or 3 for ``legacy``).
+        Threads per CTA, a multiple of 32, at most :data:`MAX_THREADS` (the grid stays capped at 2
+        CTAs per SM).
 
     Returns
     -------
     tuple
         ``(grid, block, dynamic_smem_bytes)``; shared memory is static (about 35 KB).
+
+    Raises
+    ------
+    ValueError
+        ``threads`` not a multiple of 32 in ``[32, MAX_THREADS]``.
     """
-    if threads <= 0 or threads % 32 or threads > MAX_THREADS:
-        raise ValueError(f"threads must be a multiple of 32 in [32, {MAX_THREADS}], got {threads}")
-    if legacy:
-        half = max(rotary_dim // 2, 1)
-        vec = rotary_dim % 16 == 0 and head_dim % 8 == 0
-        units = max(num_q_heads + num_kv_heads, 1) * (half // 8 if vec else half)
-        per_cta = max(1, min(_LEGACY_PREFETCH * threads // max(units, 1), _LEGACY_SMEM_ANGLES // half))
-        per_sm = _CTAS_PER_SM_LEGACY
-    else:
-        per_cta = threads // 32 * tokens_per_warp(num_q_heads, num_kv_heads, head_dim, rotary_dim, threads, upl=upl)
-        per_sm = _CTAS_PER_SM
-    if ctas_per_sm is not None:
-        per_sm = max(1, int(ctas_per_sm))
-    ctas = -(-max(int(total_tokens), 1) // per_cta)
-    ctas = max(1, min(ctas, num_sms * per_sm))
-    return (ctas, 1, 1), (threads, 1, 1), 0
+    per_cta = threads // 32 * tokens_per_warp(num_q_heads, num_kv_heads, head_dim, rotary_dim, threads)
+    return persistent_geometry("q12_rope", total_tokens, per_cta, threads, max_threads=MAX_THREADS,
+                               num_sms=num_sms, ctas_per_sm=_CTAS_PER_SM)
 
 
-def floor_bytes(total_tokens: int, num_q_heads: int, num_kv_heads: int, rotary_dim: int, mrope_mode: int = MODE_PLAIN) -> int:
+def floor_bytes(total_tokens: int, num_q_heads: int, num_kv_heads: int, rotary_dim: int,
+                mrope_mode: int = MODE_PLAIN) -> int:
     """Bytes ``q12_rope`` must move at least: the rotary dims of every head read and written
     (``T * (Hq + Hkv) * rotary_dim * 2 B``, twice) plus the u32 positions (1 stream, 3 under MRoPE)."""
     streams = 1 if mrope_mode == MODE_PLAIN else 3
@@ -405,12 +400,7 @@ def emulate_rope(args: dict, mem, grid, block) -> None:
         on MRoPE sections that do not sum to ``rotary_dim // 2`` (the kernel does not check
         them; the host must).
     """
-    grid = tuple(int(x) for x in grid)
-    block = tuple(int(x) for x in block)
-    if len(grid) != 3 or grid[0] < 1 or grid[1:] != (1, 1):
-        raise ValueError(f"q12_rope needs a 1-D grid (X >= 1), got {grid}")
-    if len(block) != 3 or block[1:] != (1, 1) or block[0] < 32 or block[0] % 32 or block[0] > MAX_THREADS:
-        raise ValueError(f"q12_rope needs a 1-D block of whole warps (<= {MAX_THREADS}), got {block}")
+    check_1d_launch("q12_rope", grid, block, MAX_THREADS)
     m: Q12MetaC = args["m"]
     hq, hkv = int(args["num_q_heads"]), int(args["num_kv_heads"])
     d, rd = int(args["head_dim"]), int(args["rotary_dim"])
@@ -442,4 +432,4 @@ def emulate_rope(args: dict, mem, grid, block) -> None:
 
 EMULATORS = {"q12_rope": emulate_rope}
 
-registry.register(SOURCE, ENTRIES, EMULATORS)
+registry.register(SOURCE, ENTRIES, EMULATORS, defines=CONTRACTS)

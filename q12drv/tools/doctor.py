@@ -13,8 +13,8 @@ from ..kernels import attention as _attn
 from ..kernels import attention_wgmma as _attnw
 from ..kernels import gdn_chunk as _gdnc
 from ..kernels import gdn_wgmma as _gdnw
-from ..kernels.meta import meta_defines
 from ..kernels.ops import SOURCES
+from ..kernels.registry import compile_defines
 from ..core.nvrtc import compile_source, cuda_header_dir, cuda_src_dir, nvrtc_version
 from .sass import disassemble, find_nvdisasm, parse_define, wgmma_summary
 
@@ -104,7 +104,7 @@ def run_doctor(driver: str | None = "auto", *, arch: str | None = None, defines=
     for source in SOURCES:
         t0 = time.perf_counter()
         try:
-            compiled = compile_source(source, arch=arch, defines=tuple(meta_defines()) + defines,
+            compiled = compile_source(source, arch=arch, defines=compile_defines(source) + defines,
                                       verbose_resources=True)
         except NvrtcError as exc:
             out(f"{source}: FAILED\n{exc.log}")

@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from q12drv.core.nvrtc import compile_source  # noqa: E402
-from q12drv.kernels.meta import meta_defines  # noqa: E402
+from q12drv.kernels.registry import compile_defines  # noqa: E402
 
 GUARD = 256  # bytes on each side of every buffer (keeps 16-byte alignment)
 POISON = 0xFFFF
@@ -49,7 +49,8 @@ class Kernel:
             _check(driver.cuCtxSetCurrent(ctx))
         key = (source, entry)
         if key not in Kernel._cache:
-            img = compile_source(source, arch="sm_90", defines=meta_defines(), use_cache=False, verbose_resources=True)
+            img = compile_source(source, arch="sm_90", defines=compile_defines(source), use_cache=False,
+                                 verbose_resources=True)
             spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", img.log)
             assert all(a == "0" and b == "0" for a, b in spills), img.log
             module = _check(driver.cuModuleLoadData(img.image))
@@ -72,7 +73,7 @@ class Kernel:
 def variant_kernel(source, entry, defines, *, verbose_resources=False):
     """``entry`` compiled with extra -D macros ``defines`` (uncached), launchable like :class:`Kernel`."""
     base = Kernel(source, entry)  # makes the context current
-    img = compile_source(source, arch="sm_90", defines=list(meta_defines()) + list(defines), use_cache=False,
+    img = compile_source(source, arch="sm_90", defines=compile_defines(source) + tuple(defines), use_cache=False,
                          verbose_resources=verbose_resources)
     kern = Kernel.__new__(Kernel)
     kern.driver = base.driver

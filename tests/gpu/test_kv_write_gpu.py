@@ -21,7 +21,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():  # pragma: no cover
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from tests.gpu.raw_harness import GUARD, POISON, Buf, Kernel, variant_kernel  # noqa: E402
+from tests.gpu.raw_harness import GUARD, POISON, Buf, Kernel  # noqa: E402
 from tests.helpers import paged_streams  # noqa: E402
 
 
@@ -278,33 +278,6 @@ def test_kv_write_edges(hkv, d, lens):
         kp = Buf(nbytes=int(np.prod(shape)) * 2, fill=POISON)
         vp = Buf(nbytes=int(np.prod(shape)) * 2, fill=POISON)
         run_kv_write(meta, kb.ptr, vb.ptr, kp.ptr, vp.ptr, hkv * d, num_blocks * bs, grid=grid, block=block)
-        np.testing.assert_array_equal(kp.read(np.uint16, shape), ref_k)
-        np.testing.assert_array_equal(vp.read(np.uint16, shape), ref_v)
-        kp.check_guards()
-        vp.check_guards()
-
-
-def test_kv_write_legacy_variant_same_result():
-    # -DKVW_LEGACY=1 (the previous kernel, kept for A/B benchmarks) and -DKVW_STORE_WB=1 write the same bytes.
-    rng = np.random.default_rng()
-    hkv, d, bs = 2, 256, 16
-    starts, num_blocks, tables, positions, slots = _case(rng, bs, hkv, d)
-    slots[1][3] = -1
-    T = sum(LENS)
-    k, v = rand_bf16(rng, (T, hkv, d)), rand_bf16(rng, (T, hkv, d))
-    shape = (num_blocks, bs, hkv, d)
-    keep = []
-    meta = make_meta(keep, slots, positions, tables, starts)
-    kb, vb = Buf(k), Buf(v)
-    pk = np.full(shape, POISON, np.uint16)
-    ref_k, ref_v = kw.reference(k, v, np.concatenate(slots), pk, pk)
-    for define, legacy in (("KVW_LEGACY=1", True), ("KVW_STORE_WB=1", False)):
-        kern = variant_kernel(kw.SOURCE, "q12_kv_write", [define], verbose_resources=True)
-        g, b, smem = kw.geometry(T, hkv * d, legacy=legacy)
-        kp = Buf(nbytes=int(np.prod(shape)) * 2, fill=POISON)
-        vp = Buf(nbytes=int(np.prod(shape)) * 2, fill=POISON)
-        kern.launch(g, b, smem, [meta, ctypes.c_uint64(kb.ptr), ctypes.c_uint64(vb.ptr), ctypes.c_uint64(kp.ptr),
-                                 ctypes.c_uint64(vp.ptr), ctypes.c_int32(hkv * d), ctypes.c_int64(num_blocks * bs)])
         np.testing.assert_array_equal(kp.read(np.uint16, shape), ref_k)
         np.testing.assert_array_equal(vp.read(np.uint16, shape), ref_v)
         kp.check_guards()

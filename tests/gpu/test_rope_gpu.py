@@ -24,7 +24,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():  # pragma: no cover
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from tests.gpu.raw_harness import Buf, Kernel, variant_kernel  # noqa: E402
+from tests.gpu.raw_harness import Buf, Kernel  # noqa: E402
 from tests.helpers import rel_err  # noqa: E402
 
 
@@ -232,9 +232,9 @@ def test_rope_large_positions_and_tokens():
 
 # ----------------------------------------------------------------------------- edges of the per-warp kernel
 # A warp takes G tokens per iteration (G > 1 for small heads: token counts not a multiple of G),
-# units past 32 * ROPE_UPL per token go in further batches (Qwen2-VL above), and a warp whose
-# slice of the angle buffer is too small for one token's angles (rd 1024 with 512 threads) takes
-# the direct path. T = 1 everywhere.
+# units past 32 * units_per_lane (rope_config() in rope.cu) per token go in further batches
+# (Qwen2-VL above), and a warp whose slice of the angle buffer is too small for one token's angles
+# (rd 1024 with 512 threads) takes the direct path. T = 1 everywhere.
 EDGE_CONFIGS = [
     pytest.param(64, 16, 1, 1, 1e4, 0, (0, 0, 0), id="G48-rd16"),
     pytest.param(32, 32, 2, 1, 1e4, 2, (6, 5, 5), id="G16-interleaved"),
@@ -269,31 +269,3 @@ def test_rope_edges(d, rd, hq, hkv, theta, mode, sec, lens):
     for o in outs[1:]:  # any grid, any block, the direct path: the same bits
         np.testing.assert_array_equal(o[0], outs[0][0])
         np.testing.assert_array_equal(o[1], outs[0][1])
-
-
-@pytest.mark.parametrize("define", ["ROPE_LEGACY=1", "ROPE_STORE_CS=1", "ROPE_ANGLES_FIRST=1", "ROPE_UPL=5",
-                                    "ROPE_UPL=2,ROPE_MAX_THREADS=256,ROPE_MIN_BLOCKS=3"])
-def test_rope_variants_same_bits(define):
-    # The previous kernel (kept for A/B benchmarks) and the variant builds (tests/gpu/rope_variants.py)
-    # give the same bits.
-    rng = np.random.default_rng()
-    d, rd, hq, hkv, theta, mode, sec = 256, 64, 16, 4, 1e7, 2, (11, 11, 10)
-    T = sum(LENS)
-    pos_t, pos_h, pos_w = make_positions(rng, LENS, mode)
-    q = rand_bf16(rng, (T, hq, d))
-    k = rand_bf16(rng, (T, hkv, d))
-    keep = []
-    meta = make_meta(keep, pos_t, pos_h, pos_w, LENS)
-    qa, ka = Buf(q), Buf(k)
-    run_rope(meta, qa.ptr, ka.ptr, hq, hkv, d, rd, theta, mode, sec)
-    kern = variant_kernel(rope.SOURCE, "q12_rope", define.split(","))
-    g, b, smem = rope.geometry(T, hq, hkv, d, rd, legacy=define == "ROPE_LEGACY=1")
-    qb, kb = Buf(q), Buf(k)
-    kern.launch(g, b, smem, [meta, ctypes.c_uint64(qb.ptr), ctypes.c_uint64(kb.ptr), ctypes.c_int32(hq),
-                             ctypes.c_int32(hkv), ctypes.c_int32(d), ctypes.c_int32(rd), ctypes.c_float(theta),
-                             ctypes.c_int32(mode), ctypes.c_int32(sec[0]), ctypes.c_int32(sec[1]),
-                             ctypes.c_int32(sec[2])])
-    np.testing.assert_array_equal(qb.read(np.uint16, q.shape), qa.read(np.uint16, q.shape))
-    np.testing.assert_array_equal(kb.read(np.uint16, k.shape), ka.read(np.uint16, k.shape))
-    qb.check_guards()
-    kb.check_guards()

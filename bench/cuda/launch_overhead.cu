@@ -1,8 +1,10 @@
-// bench_launch.cu: empty kernels for the launch-latency benchmarks (bench/), nothing else uses them.
+// launch_overhead.cu: empty kernels for the launch-latency benchmarks (bench/common.py LAUNCH_CASES:
+// bench/test_launch.py, gpu_compare.py's launch section, breakdown.py); no product code uses them.
+// Compiled from here with cuda_src/ on the include path (nvrtc.compile_source(..., source_dir=)).
 //
 // The same parameter shapes as cuda-python's launch-latency matrix: no argument, one pointer,
-// the 6 x u64 + 2 x i32 kernel of the H200 measurements (research/anchors.md A.7), 16 pointers,
-// the Q12Meta struct by value (what every q12drv kernel takes) and a 2048-byte struct.
+// 6 x u64 + 2 x i32, 16 pointers, the Q12Meta struct by value (what every q12drv kernel takes)
+// and a 2048-byte struct.
 #include "common/q12_meta.cuh"
 
 struct Q12BenchBig {
