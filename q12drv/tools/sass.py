@@ -116,7 +116,7 @@ _DEFINE = re.compile(r"^[A-Za-z_]\w*(=[\w.+-]*)?$")
 
 
 def parse_define(text: str) -> str:
-    """``NAME`` or ``NAME=VALUE`` as NVRTC takes it (a variant build's macro, e.g. ``ATTN_D256_DS=1``).
+    """``NAME`` or ``NAME=VALUE`` as NVRTC takes it (a variant build's macro).
 
     Raises
     ------
@@ -139,8 +139,8 @@ def run_sass(source: str, entries=(), *, arch: str = "sm_90", defines=(), summar
     Q12Error
         An unknown source or entry (the known ones listed), no ``nvdisasm``, a compile that fails (NVRTC's log).
     """
-    from ..kernels.meta import meta_defines
     from ..kernels.ops import SOURCES
+    from ..kernels.registry import build_defines
     from ..core.nvrtc import compile_source
 
     if source not in SOURCES:
@@ -153,7 +153,7 @@ def run_sass(source: str, entries=(), *, arch: str = "sm_90", defines=(), summar
     if tool is None:  # before the compile
         raise NvdisasmNotFound(_NOT_FOUND)
     try:
-        compiled = compile_source(source, arch=arch, defines=tuple(meta_defines()) + defines)
+        compiled = compile_source(source, arch=arch, defines=build_defines(source) + defines)
     except ValueError as exc:  # an architecture-specific source on another architecture
         raise Q12Error(str(exc)) from None
     code = disassemble(compiled.image, tool)
