@@ -4,6 +4,7 @@ target architecture and the launch path on the emulated driver. Its numerics run
 
 from __future__ import annotations
 
+import ctypes
 import re
 
 import numpy as np
@@ -15,9 +16,10 @@ from q12drv.kernels import attention as attn
 from q12drv.kernels import attention_wgmma as attnw
 from q12drv.kernels import ops
 from q12drv.core.errors import NvrtcError
-from q12drv.kernels.meta import meta_defines
+from q12drv.core.launch import parse_signatures
+from q12drv.kernels.meta import Q12MetaC, meta_defines
 from q12drv.kernels.registry import build_defines
-from q12drv.core.nvrtc import ARCH_SPECIFIC_SOURCES, compile_source, cuda_src_dir, target_arch
+from q12drv.core.nvrtc import ARCH_SPECIFIC_SOURCES, compile_source, cuda_src_dir, local_headers, target_arch
 from tests.helpers import make_streams, spill_free
 
 
@@ -45,6 +47,17 @@ def test_target_arch():
     assert target_arch(attn.SOURCE, "sm_90") == "sm_90" and target_arch(attn.SOURCE, "sm_100") == "sm_100"
     with pytest.raises(ValueError, match="sm_90a"):
         target_arch(attnw.SOURCE, "sm_100")
+
+
+def test_every_entry_takes_the_one_parameter_list():
+    # Both sources declare their entries over ATTN_PARAMS (attention/common.cuh): the host reads one list.
+    want = (("m", Q12MetaC), ("q", ctypes.c_uint64), ("k_pool", ctypes.c_uint64), ("v_pool", ctypes.c_uint64),
+            ("o", ctypes.c_uint64), ("num_q_heads", ctypes.c_int32), ("num_kv_heads", ctypes.c_int32),
+            ("block_size", ctypes.c_int32), ("scale", ctypes.c_float))
+    for mod in (attn, attnw):
+        src = (cuda_src_dir() / mod.SOURCE).read_text()
+        sigs = parse_signatures(src, {"Q12Meta": Q12MetaC}, local_headers(src))
+        assert sigs == {entry: want for entry in mod.ENTRIES}, mod.SOURCE
 
 
 def test_tiles_geometry_and_smem():
