@@ -84,8 +84,8 @@ struct AttnConfig {
     bool dim_split;     // warp pairs share their rows, splitting S by keys and O by head dims
 };
 __host__ __device__ constexpr AttnConfig attn_config(int d) {
-    // D 64: 100 registers, 2 CTAs per SM. D 128: BN 32 keeps MW 2 under 255 registers without spills,
-    // 2 CTAs per SM. D 256: dim_split (MW 2 over the whole head dim does not fit the registers), 1 CTA.
+    // D 64: two CTAs fit an SM. D 128: BN 32 keeps MW 2 under 255 registers without spills. D 256:
+    // dim_split, as MW 2 over the whole head dim would not fit the registers.
     return d == 64 ? AttnConfig{64, 1, false, false, false}
          : d == 128 ? AttnConfig{32, 2, true, true, false}
                     : AttnConfig{64, 2, true, true, true};

@@ -24,7 +24,7 @@ head) pairs): grid ``(ceil(chunk_len * G / block_m), Hkv, n)``; :func:`geometry`
 must be a power of two (the stager's rule); ``Hq`` must be a multiple of ``Hkv``. The dynamic shared
 memory (:func:`smem_bytes`) exceeds 48 KiB for every head dim, so the launcher must set
 ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` once per function (and may set
-``CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`` to 100 so two CTAs fit per SM for D=64/128).
+``CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`` to 100 so two CTAs fit per SM at D=64).
 
 :data:`TILES` is the one table the launch geometry comes from; the source's ``attn_config(D)`` must
 agree with it, which every compile checks (:func:`contract_defines`, ``static_assert`` in the source).
