@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -12,8 +10,10 @@ from hypothesis import strategies as st
 from tests.helpers import FakeMem, shuffled_tables, spill_free
 from q12drv.core.bf16 import from_bf16_bits, to_bf16_bits
 from q12drv.kernels import attention as attn
+from q12drv.core.errors import NvrtcError
 from q12drv.kernels.meta import Q12MetaC, meta_defines
-from q12drv.core.nvrtc import compile_source, cuda_src_dir
+from q12drv.kernels.registry import compile_defines
+from q12drv.core.nvrtc import compile_source
 
 # ---------------------------------------------------------------------------------------------
 # helpers
@@ -102,184 +102,85 @@ def emulate_case(mem, q, k_pool, v_pool, cu, kv_lens, tables, hq, hkv, bs, scale
 
 
 # ---------------------------------------------------------------------------------------------
-# compile
+# compile, tiles and the host/source contract
 
 
 def test_compiles_without_spills():
-    img = compile_source(attn.SOURCE, defines=meta_defines(), use_cache=False, verbose_resources=True)
+    img = compile_source(attn.SOURCE, defines=compile_defines(attn.SOURCE), use_cache=False, verbose_resources=True)
     report = spill_free(img, attn.ENTRIES)
     assert all(report[entry].registers <= 255 for entry in attn.ENTRIES)
 
 
-def test_geometry():
-    assert not attn.DEFAULT_CONFIG[64]["GQA"] and attn.DEFAULT_CONFIG[128]["GQA"] and attn.DEFAULT_CONFIG[256]["GQA"]
+def test_tiles_and_geometry():
+    assert set(attn.TILES) == set(attn.HEAD_DIMS) and all(attn.TILES[d].head_dim == d for d in attn.TILES)
+    assert {d: (t.threads, t.block_m, t.gqa_pack, t.smem) for d, t in attn.TILES.items()} == {
+        64: (256, 128, False, 55808), 128: (256, 256, True, 104704), 256: (256, 128, True, 222720)}
+    for d, t in attn.TILES.items():
+        # Q tile + two K and two V stages, padded rows, the [2][BN] slot array (+ the warp pairs' P tiles
+        # and row statistics at D256)
+        pairs = 4 * (32 * (t.block_n + 8) * 2 + 2 * 32 * 4) if t.dim_split else 0
+        assert attn.smem_bytes(d) == t.smem == (t.block_m + 4 * t.block_n) * (d + 8) * 2 + 8 * t.block_n + pairs
+        assert t.smem <= 227 * 1024
     grid, block, smem = attn.geometry(3, 300, 16, 64)
-    assert grid == (-(-300 // attn.BLOCK_M[64]), 16, 3) and block == (attn.THREADS[64], 1, 1)
+    assert grid == (-(-300 // 128), 16, 3) and block == (256, 1, 1) and smem == attn.smem_bytes(64)
     assert attn.geometry(3, 300, 16, 64, num_kv_heads=2) == (grid, block, smem)  # Hkv unused without GQA
-    # D128 packs the 8 query heads of a kv head into one CTA: rows are (token, head) pairs
-    grid, block, _ = attn.geometry(3, 300, 16, 128, num_kv_heads=2)
-    assert grid == (-(-300 * 8 // attn.BLOCK_M[128]), 2, 3) and block == (attn.THREADS[128], 1, 1)
-    for d in attn.HEAD_DIMS:
-        c = attn.DEFAULT_CONFIG[d]
-        stages = c["ST"] or 2
-        slots = 2 * attn.BLOCK_N[d] * 4 if c["PSMEM"] else 0
-        pairs = c["NW"] // 2 * (32 * (attn.BLOCK_N[d] + 8) * 2 + 2 * 32 * 4) if c["DS"] else 0
-        assert attn.smem_bytes(d) == (attn.BLOCK_M[d] + 2 * stages * attn.BLOCK_N[d]) * (d + 8) * 2 + slots + pairs
-    assert attn.smem_bytes(256) == 222720 and attn.BLOCK_M[256] == 128  # D256: DS warp pairs, 8 warps x 32 rows / 2
-    assert smem == attn.smem_bytes(64)
-    bm = attn.BLOCK_M[64]
-    assert attn.geometry(1, bm, 2, 64)[0] == (1, 2, 1)
-    assert attn.geometry(1, bm + 1, 2, 64)[0] == (2, 2, 1)
+    assert attn.geometry(1, 128, 2, 64)[0] == (1, 2, 1)
+    assert attn.geometry(1, 129, 2, 64)[0] == (2, 2, 1)
     assert attn.geometry(0, 0, 2, 64)[0] == (1, 2, 1)
-    # D=256 packs the G = Hq / Hkv query heads of a kv head into one CTA: grid (ceil(L * G / BM), Hkv, n).
-    assert attn.DEFAULT_CONFIG[256]["GQA"]
-    bm = attn.BLOCK_M[256]
-    assert attn.geometry(3, 300, 16, 256, num_kv_heads=2)[0] == (-(-300 * 8 // bm), 2, 3)
-    assert attn.geometry(1, bm, 4, 256, num_kv_heads=4)[0] == (1, 4, 1)  # group 1: as without packing
-    assert attn.geometry(1, bm // 2 + 1, 4, 256, num_kv_heads=2)[0] == (2, 2, 1)
+    # D128 and D256 pack the G = Hq / Hkv query heads of a kv head into one CTA: grid (ceil(L * G / BM), Hkv, n)
+    grid, block, _ = attn.geometry(3, 300, 16, 128, num_kv_heads=2)
+    assert grid == (-(-300 * 8 // 256), 2, 3) and block == (256, 1, 1)
+    assert attn.geometry(3, 300, 16, 256, num_kv_heads=2)[0] == (-(-300 * 8 // 128), 2, 3)
+    assert attn.geometry(1, 128, 4, 256, num_kv_heads=4)[0] == (1, 4, 1)  # group 1: as without packing
+    assert attn.geometry(1, 65, 4, 256, num_kv_heads=2)[0] == (2, 2, 1)
     assert attn.geometry(0, 0, 16, 256, num_kv_heads=2)[0] == (1, 2, 1)
-    with pytest.raises(ValueError, match="num_kv_heads"):
-        attn.geometry(3, 300, 16, 256)
-    with pytest.raises(ValueError, match="num_kv_heads"):
-        attn.geometry(3, 300, 16, 256, num_kv_heads=3)
-    for d in attn.HEAD_DIMS:
-        assert attn.smem_bytes(d) <= 227 * 1024
-    with pytest.raises(ValueError):
-        attn.entry_for_head_dim(96)
+    for d in (128, 256):
+        with pytest.raises(ValueError, match="num_kv_heads"):
+            attn.geometry(3, 300, 16, d)
+        with pytest.raises(ValueError, match="num_kv_heads"):
+            attn.geometry(3, 300, 16, d, num_kv_heads=3)
+    with pytest.raises(ValueError, match="batch_size"):
+        attn.geometry(-1, 300, 16, 64)
+    for bad in (attn.entry_for_head_dim, attn.smem_bytes, lambda d: attn.geometry(1, 1, 1, d)):
+        with pytest.raises(ValueError, match="no attention kernel for head_dim=96"):
+            bad(96)
 
 
-def test_python_tiles_match_the_source():
-    # DEFAULT_CONFIG must be the defaults of the ATTN_D<d>_<KNOB> macros the entries instantiate.
-    src = (cuda_src_dir() / attn.SOURCE).read_text()
-    for d, entry in attn.HEAD_DIMS.items():
-        m = re.search(rf"void {entry}\(.*?#endif\s*attn_prefill<(\d+), ((?:ATTN_D{d}_\w+(?:, )?)+)>", src, re.S)
-        assert m, f"no instantiation found for {entry}"
-        assert int(m.group(1)) == d
-        knobs = [k.strip()[len(f"ATTN_D{d}_"):] for k in m.group(2).split(",")]
-        assert knobs == ["BN", "NW", "MW", "QREG", "ST", "PSMEM", "GQA", "WSKIP", "DS"]
-        for knob, want in attn.DEFAULT_CONFIG[d].items():
-            got = re.search(rf"#ifndef ATTN_D{d}_{knob}\n#define ATTN_D{d}_{knob} (\d+)\n#endif", src)
-            assert got, f"no default for ATTN_D{d}_{knob}"
-            assert int(got.group(1)) == want, f"ATTN_D{d}_{knob}: source {got.group(1)}, python {want}"
-        ds = attn.DEFAULT_CONFIG[d]["DS"]
-        assert attn.BLOCK_M[d] == 16 * attn.WARPS[d] * attn.WARP_SUBTILES[d] // (2 if ds else 1)
-        assert attn.THREADS[d] == 32 * attn.WARPS[d]
-        assert attn.config(d) == {**attn.DEFAULT_CONFIG[d], "threads": attn.THREADS[d], "block_m": attn.BLOCK_M[d],
-                                  "stages": attn.DEFAULT_CONFIG[d]["ST"] or 2, "smem": attn.smem_bytes(d)}
+def test_contract_defines_are_registered_for_every_compile():
+    defs = tuple(f"{k}={v}" for k, v in attn.contracts().items())
+    assert len(defs) == 4 * len(attn.HEAD_DIMS)
+    assert "Q12_ATTN_D256_SMEM=222720" in defs and "Q12_ATTN_D64_GQA=0" in defs and "Q12_ATTN_D128_BLOCK_M=256" in defs
+    assert compile_defines(attn.SOURCE) == tuple(meta_defines()) + defs
 
 
-VARIANT = ("ATTN_D128_NW=8", "ATTN_D128_MW=1", "ATTN_D128_BN=64", "ATTN_D128_ST=3", "ATTN_D128_PSMEM=1",
-           "ATTN_D128_GQA=1", "ATTN_D128_WSKIP=1")
-
-
-def test_variant_config_and_geometry():
-    cfg = attn.config(128, VARIANT + ("ATTN_D256_BN=16", "OTHER=3"))
-    assert (cfg["BN"], cfg["NW"], cfg["MW"], cfg["ST"], cfg["PSMEM"], cfg["GQA"]) == (64, 8, 1, 3, 1, 1)
-    assert cfg["threads"] == 256 and cfg["block_m"] == 128 and cfg["stages"] == 3
-    assert cfg["smem"] == (128 + 2 * 3 * 64) * 136 * 2 + 2 * 64 * 4
-    assert attn.config(256, VARIANT) == attn.config(256)  # other head dims keep their defaults
-    legacy = attn.config(128, ("ATTN_D128_ST=0", "ATTN_D128_PSMEM=0"))
-    assert legacy["smem"] == (legacy["block_m"] + 4 * 32) * 136 * 2  # the two-barrier ring: Q + 2 x (K, V) tiles
-    # GQA packing: rows are (token, head) pairs of one kv head; grid y = Hkv.
-    grid, block, smem = attn.geometry(3, 300, 16, 128, num_kv_heads=2, defines=VARIANT)
-    assert grid == (-(-300 * 8 // 128), 2, 3) and block == (256, 1, 1) and smem == cfg["smem"]
-    with pytest.raises(ValueError, match="num_kv_heads"):
-        attn.geometry(3, 300, 16, 128, defines=VARIANT)
-    # Without GQA the knobs only change the tile.
-    g2, _, _ = attn.geometry(3, 300, 16, 128, defines=("ATTN_D128_ST=2", "ATTN_D128_BN=64", "ATTN_D128_NW=4",
-                                                        "ATTN_D128_GQA=0"))
-    assert g2 == (-(-300 // 128), 16, 3)
-    with pytest.raises(ValueError, match="PSMEM"):
-        attn.config(128, ("ATTN_D128_ST=0",))  # the default PSMEM=1 needs the one-barrier ring
-    with pytest.raises(ValueError, match="ST"):
-        attn.config(128, ("ATTN_D128_ST=1",))
-    with pytest.raises(ValueError, match="split"):
-        attn.config(128, ("ATTN_D128_BN=8",))
-
-
-
-DS_VARIANT = ("ATTN_D256_MW=2", "ATTN_D256_DS=1", "ATTN_D256_BN=32", "ATTN_D256_ST=3")
-
-
-def test_ds_config_and_geometry():
-    # DS: warp pairs share 16 * MW rows, so the CTA holds NW * MW * 8 rows; smem adds per pair a P tile
-    # [32][BN + 8] bf16 and row maxima / sums [2][32] fp32.
-    # D256 ships DS (MW 2, BN 64, ST 2); D64 and D128 do not.
-    assert [d for d, c in attn.DEFAULT_CONFIG.items() if c["DS"]] == [256]
-    assert attn.DEFAULT_CONFIG[256]["MW"] == 2
-    old = attn.config(256, ("ATTN_D256_DS=0", "ATTN_D256_MW=1"))  # the previous D256 default
-    assert (old["block_m"], old["smem"]) == (128, 203264)
-    cfg = attn.config(256, DS_VARIANT)
-    assert (cfg["NW"], cfg["MW"], cfg["DS"], cfg["threads"], cfg["block_m"], cfg["stages"]) == (8, 2, 1, 256, 128, 3)
-    assert cfg["smem"] == (128 + 2 * 3 * 32) * 264 * 2 + 2 * 32 * 4 + 4 * (32 * 40 * 2 + 2 * 32 * 4)
-    assert cfg["smem"] <= 227 * 1024
-    grid, block, smem = attn.geometry(3, 300, 16, 256, num_kv_heads=2, defines=DS_VARIANT)
-    assert grid == (-(-300 * 8 // 128), 2, 3) and block == (256, 1, 1) and smem == cfg["smem"]
-    four = attn.config(256, DS_VARIANT + ("ATTN_D256_NW=4", "ATTN_D256_ST=2"))
-    assert four["block_m"] == 64 and four["threads"] == 128
-    assert 2 * (four["smem"] + 1024) <= 228 * 1024  # two CTAs per SM
-    assert attn.config(128, ("ATTN_D128_DS=1",))["block_m"] == 128  # D128 default MW=2, NW=8
-    for bad in (("ATTN_D256_MW=1",), ("ATTN_D256_DS=1", "ATTN_D256_MW=2", "ATTN_D256_NW=3"),
-                ("ATTN_D256_DS=1", "ATTN_D256_MW=2", "ATTN_D256_BN=48")):
-        with pytest.raises(ValueError, match="DS|split"):
-            attn.config(256, bad)
+@pytest.mark.parametrize("define", ["Q12_ATTN_D64_THREADS=128", "Q12_ATTN_D128_BLOCK_M=128", "Q12_ATTN_D256_GQA=0",
+                                    "Q12_ATTN_D256_SMEM=203264"])
+def test_a_host_that_disagrees_with_the_source_fails_to_compile(define):
+    name = define.split("=")[0]
+    defines = [define if d.startswith(name + "=") else d for d in compile_defines(attn.SOURCE)]
+    assert define in defines
+    with pytest.raises(NvrtcError, match="differ") as info:
+        compile_source(attn.SOURCE, defines=defines, use_cache=False)
+    assert name.split("_")[2] + ": " in info.value.log  # the static_assert names the head dim
+    with pytest.raises(NvrtcError, match="compile through q12drv"):  # a missing one has no default
+        compile_source(attn.SOURCE, defines=[d for d in defines if not d.startswith(name + "=")], use_cache=False)
 
 
 @pytest.mark.parametrize("d", [128, 256])
-def test_emulator_ds_geometry(d):
-    # The emulator accepts the DS grid (CTA rows NW * MW * 8, GQA-packed) and rejects a shorter one.
-    defs = ("ATTN_D128_DS=1",) if d == 128 else DS_VARIANT
-    rng = np.random.default_rng(5)
-    hq, hkv = 8, 2
-    q, kp, vp, cu, kv, tables = make_case(rng, [40, 3], [5, 0], hq=hq, hkv=hkv, d=d, bs=16)
-    fn = attn.emulate_attention(d, defs)
-    grid, block, _ = attn.geometry(2, 40, hq, d, num_kv_heads=hkv, defines=defs)
-    assert grid == (-(-40 * 4 // 128), hkv, 2) and block == (256, 1, 1)
-    mem = FakeMem()
-    orig = attn.EMULATORS[attn.HEAD_DIMS[d]]
-    attn.EMULATORS[attn.HEAD_DIMS[d]] = fn
-    try:
-        out, _ = emulate_case(mem, q, kp, vp, cu, kv, tables, hq, hkv, 16, 0.1, d, grid=grid, block=block)
-        assert np.array_equal(out, attn.reference(q, kp, vp, cu, kv, tables, hq, hkv, 16, 0.1))
-        with pytest.raises(ValueError, match="grid"):
-            emulate_case(mem, q, kp, vp, cu, kv, tables, hq, hkv, 16, 0.1, d, grid=(grid[0] - 1, hkv, 2), block=block)
-    finally:
-        attn.EMULATORS[attn.HEAD_DIMS[d]] = orig
-
-
-def test_variants_compile_without_spills():
-    # The configurations tests/gpu/attn_variants.py measures (both kernels) must compile with no spills.
-    from q12drv.kernels import attention_wgmma as attnw
-    from tests.gpu.attn_variants import VARIANTS
-
-    for name, kind, defs in VARIANTS:
-        mod = {"mma": attn, "wgmma": attnw}[kind]
-        img = compile_source(mod.SOURCE, defines=tuple(meta_defines()) + tuple(defs), use_cache=False,
-                             verbose_resources=True)
-        spill_free(img, [mod.HEAD_DIMS[d] for d in (128, 256)])
-        for d in (128, 256):
-            assert mod.config(d, defs)["smem"] <= 227 * 1024, f"{name} {mod.HEAD_DIMS[d]}: too much shared memory"
-
-
-@pytest.mark.parametrize("defs", [(), VARIANT])
-def test_emulator_gqa_geometry(defs):
+def test_emulator_gqa_geometry(d):
+    # The entries' CTA rows are (token, head) pairs: the emulator accepts the packed grid and rejects one
+    # sized for tokens alone.
     rng = np.random.default_rng(3)
     hq, hkv = 8, 2
-    q, kp, vp, cu, kv, tables = make_case(rng, [40, 3], [5, 0], hq=hq, hkv=hkv, d=128, bs=16)
-    fn = attn.emulate_attention(128, defs)
-    grid, block, _ = attn.geometry(2, 40, hq, 128, num_kv_heads=hkv, defines=defs)
+    q, kp, vp, cu, kv, tables = make_case(rng, [300, 3], [5, 0], hq=hq, hkv=hkv, d=d, bs=16)
+    bm = attn.TILES[d].block_m
+    grid, block, _ = attn.geometry(2, 300, hq, d, num_kv_heads=hkv)
+    assert grid == (-(-300 * 4 // bm), hkv, 2) and block == (256, 1, 1)
     mem = FakeMem()
-    orig = attn.EMULATORS[attn.HEAD_DIMS[128]]
-    attn.EMULATORS[attn.HEAD_DIMS[128]] = fn
-    try:
-        out, _ = emulate_case(mem, q, kp, vp, cu, kv, tables, hq, hkv, 16, 0.1, 128, grid=grid, block=block)
-        assert np.array_equal(out, attn.reference(q, kp, vp, cu, kv, tables, hq, hkv, 16, 0.1))
-        if defs:  # one CTA row per (token, head): a grid sized for tokens alone is too short
-            short = (-(-40 // attn.config(128, defs)["block_m"]), hkv, 2)
-            with pytest.raises(ValueError, match="grid"):
-                emulate_case(mem, q, kp, vp, cu, kv, tables, hq, hkv, 16, 0.1, 128, grid=short, block=block)
-    finally:
-        attn.EMULATORS[attn.HEAD_DIMS[128]] = orig
+    out, _ = emulate_case(mem, q, kp, vp, cu, kv, tables, hq, hkv, 16, 0.1, d, grid=grid, block=block)
+    assert np.array_equal(out, attn.reference(q, kp, vp, cu, kv, tables, hq, hkv, 16, 0.1))
+    with pytest.raises(ValueError, match="grid"):
+        emulate_case(mem, q, kp, vp, cu, kv, tables, hq, hkv, 16, 0.1, d, grid=(-(-300 // bm), hkv, 2), block=block)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,7 +275,7 @@ def test_emulator_rejects_short_grid_and_bad_block():
         emulate_case(mem, q, kp, vp, cu, kv, tables, 2, 1, 16, -0.125, 64)
     # D=256 packs GQA groups: a grid sized per (token, q head) is too short in x.
     q, kp, vp, cu, kv, tables = make_case(rng, [200, 3], [0, 0], hq=4, hkv=1, d=256, bs=16)
-    bm = attn.BLOCK_M[256]
+    bm = attn.TILES[256].block_m
     with pytest.raises(ValueError, match="grid"):
         emulate_case(mem, q, kp, vp, cu, kv, tables, 4, 1, 16, 0.0625, 256, grid=(-(-200 // bm), 4, 2))
     out, _ = emulate_case(mem, q, kp, vp, cu, kv, tables, 4, 1, 16, 0.0625, 256, grid=(-(-800 // bm), 1, 2))

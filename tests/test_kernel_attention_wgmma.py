@@ -1,9 +1,10 @@
-"""The wgmma attention kernel's host side (``cuda_src/attn_wgmma.cu``): compile, tiles, geometry,
+"""The wgmma attention kernel's host side (``cuda_src/attention/wgmma.cu``): compile, tiles, geometry,
 target architecture and the launch path on the emulated driver. Its numerics run on the GPU
 (tests/gpu/test_attention_gpu.py runs every case on both kernels)."""
 
 from __future__ import annotations
 
+import ctypes
 import re
 
 import numpy as np
@@ -14,16 +15,30 @@ from q12drv.core.bf16 import to_bf16_bits
 from q12drv.kernels import attention as attn
 from q12drv.kernels import attention_wgmma as attnw
 from q12drv.kernels import ops
-from q12drv.kernels.meta import meta_defines
-from q12drv.core.nvrtc import ARCH_SPECIFIC_SOURCES, compile_source, cuda_src_dir, target_arch
+from q12drv.core.errors import NvrtcError
+from q12drv.core.launch import parse_signatures
+from q12drv.kernels.meta import Q12MetaC, meta_defines
+from q12drv.kernels.registry import compile_defines
+from q12drv.core.nvrtc import ARCH_SPECIFIC_SOURCES, compile_source, cuda_src_dir, local_headers, target_arch
 from tests.helpers import make_streams, spill_free
 
 
-def test_compiles_for_sm_90a_without_spills():
-    img = compile_source(attnw.SOURCE, arch="sm_90", defines=meta_defines(), use_cache=False, verbose_resources=True)
+def test_compiles_for_sm_90a_without_spills_taking_the_launch_share_of_registers():
+    # Warp specialization: the launch gives each of the 128 (CONSUMERS + 1) threads 65536 / threads registers
+    # (rounded down to 8); setmaxnreg hands the producer's share to the consumers, so ptxas must have
+    # taken the whole launch share (else setmaxnreg.inc would wait for registers that never come).
+    img = compile_source(attnw.SOURCE, arch="sm_90", defines=compile_defines(attnw.SOURCE), use_cache=False,
+                         verbose_resources=True)
     assert img.arch == "sm_90a"
     report = spill_free(img, attnw.ENTRIES)
-    assert all(report[entry].registers <= 255 for entry in attnw.ENTRIES)
+    src = (cuda_src_dir() / attnw.SOURCE).read_text()
+    prod, cons = map(int, re.search(r"constexpr int kProdRegs = (\d+), kConsRegs = (\d+);", src).groups())
+    assert prod % 8 == 0 and cons % 8 == 0 and 24 <= prod <= cons <= 256
+    for d, entry in attnw.HEAD_DIMS.items():
+        threads = attnw.TILES[d].threads
+        assert threads == 128 * (attnw.CONSUMERS + 1) == 384
+        assert report[entry].registers == 65536 // threads // 8 * 8 == 168, report[entry]
+        assert 128 * prod + 128 * attnw.CONSUMERS * cons <= report[entry].registers * threads <= 65536
 
 
 def test_target_arch():
@@ -34,45 +49,51 @@ def test_target_arch():
         target_arch(attnw.SOURCE, "sm_100")
 
 
-def test_python_tiles_match_the_source():
-    src = (cuda_src_dir() / attnw.SOURCE).read_text()
-    for d, entry in attnw.HEAD_DIMS.items():
-        knobs = ", ".join(f"ATTN_WG_D{d}_{k}" for k in attnw.DEFAULT_CONFIG[d])
-        assert re.search(rf"void {entry}\(.*?attn_wgmma<{d}, {knobs}>", re.sub(r"\s+", " ", src)), entry
-        # block = 128 (WG + WS) threads, as config()["threads"]
-        assert f"__launch_bounds__((ATTN_WG_D{d}_WG + ATTN_WG_D{d}_WS) * 128, ATTN_WG_D{d}_WS) void {entry}(" in src
-        for knob, want in attnw.DEFAULT_CONFIG[d].items():
-            got = re.search(rf"#ifndef ATTN_WG_D{d}_{knob}\n#define ATTN_WG_D{d}_{knob} (\d+)\n#endif", src)
-            assert got and int(got.group(1)) == want, f"ATTN_WG_D{d}_{knob}"
+def test_every_entry_takes_the_one_parameter_list():
+    # Both sources declare their entries over ATTN_PARAMS (attention/common.cuh): the host reads one list.
+    want = (("m", Q12MetaC), ("q", ctypes.c_uint64), ("k_pool", ctypes.c_uint64), ("v_pool", ctypes.c_uint64),
+            ("o", ctypes.c_uint64), ("num_q_heads", ctypes.c_int32), ("num_kv_heads", ctypes.c_int32),
+            ("block_size", ctypes.c_int32), ("scale", ctypes.c_float))
+    for mod in (attn, attnw):
+        src = (cuda_src_dir() / mod.SOURCE).read_text()
+        sigs = parse_signatures(src, {"Q12Meta": Q12MetaC}, local_headers(src))
+        assert sigs == {entry: want for entry in mod.ENTRIES}, mod.SOURCE
 
 
-def test_config_geometry_and_smem():
+def test_tiles_geometry_and_smem():
     # Q, two K and two V stages, five mbarriers (full and empty per stage, the producer's Q one), 1 KiB to
     # align the swizzled tiles; three warpgroups (two consumers and the producer)
-    assert attnw.smem_bytes(128) == 163840 + 40 + 1024 and attnw.smem_bytes(256) == 196608 + 40 + 1024
-    no_ws = ("ATTN_WG_D128_WS=0",)
-    assert attnw.config(128, no_ws + ("ATTN_WG_D128_WG=1", "ATTN_WG_D128_BN=64", "ATTN_WG_D128_MB=0",
-                                      "ATTN_WG_D128_SW=0"))["smem"] == (64 + 256) * 128 * 2
+    assert {d: (t.block_n, t.threads, t.block_m, t.gqa_pack, t.smem) for d, t in attnw.TILES.items()} == {
+        128: (128, 384, 128, True, (128 + 4 * 128) * 128 * 2 + 5 * 8 + 1024),
+        256: (64, 384, 128, True, (128 + 4 * 64) * 256 * 2 + 5 * 8 + 1024)}
+    assert attnw.smem_bytes(128) == 164904 and attnw.smem_bytes(256) == 197672
+    assert all(attnw.smem_bytes(d) <= 227 * 1024 for d in attnw.HEAD_DIMS)
     grid, block, smem = attnw.geometry(3, 300, 16, 2, 128)
     assert grid == (-(-300 * 8 // 128), 2, 3) and block == (384, 1, 1) and smem == attnw.smem_bytes(128)
-    assert attnw.geometry(3, 300, 16, 2, 128, defines=no_ws)[1] == (256, 1, 1)
+    assert attnw.geometry(3, 300, 16, 2, 256) == (grid, block, attnw.smem_bytes(256))
     assert attnw.geometry(1, 16, 16, 2, 256)[0] == (1, 2, 1)  # 16 tokens x 8 heads = 128 rows: one CTA
     assert attnw.geometry(1, 17, 16, 2, 256)[0] == (2, 2, 1)
     assert attnw.geometry(0, 0, 4, 4, 128)[0] == (1, 4, 1)
-    assert attnw.geometry(2, 100, 4, 2, 256, defines=("ATTN_WG_D256_WG=1",))[0] == (-(-200 // 64), 2, 2)
-    with pytest.raises(ValueError, match="no wgmma attention kernel for head_dim=64"):
-        attnw.config(64)
-    assert attnw.config(128, no_ws + ("ATTN_WG_D128_MB=0",))["smem"] == attnw.smem_bytes(128) - 40  # no mbarriers
-    assert attnw.config(128, no_ws)["smem"] == attnw.smem_bytes(128) - 8  # no Q mbarrier
-    assert attnw.config(128, ("ATTN_WG_D128_SW=0",))["smem"] == attnw.smem_bytes(128) - 1024  # no alignment slack
-    with pytest.raises(ValueError, match="MB 0 or 1"):
-        attnw.config(128, ("ATTN_WG_D128_MB=2",))
-    with pytest.raises(ValueError, match="BN 64 or 128"):
-        attnw.config(128, ("ATTN_WG_D128_BN=32",))
-    with pytest.raises(ValueError, match="227 KiB"):
-        attnw.config(256, ("ATTN_WG_D256_BN=128",))
+    for bad in (attnw.entry_for_head_dim, attnw.smem_bytes, lambda d: attnw.geometry(1, 1, 1, 1, d)):
+        with pytest.raises(ValueError, match="no wgmma attention kernel for head_dim=64"):
+            bad(64)
     with pytest.raises(ValueError, match="dividing"):
         attnw.geometry(1, 8, 6, 4, 128)
+
+
+def test_contract_defines_and_a_host_that_disagrees_with_the_source():
+    defs = tuple(f"{k}={v}" for k, v in attnw.contracts().items())
+    assert defs == ("Q12_ATTN_WG_D128_THREADS=384", "Q12_ATTN_WG_D128_BLOCK_M=128", "Q12_ATTN_WG_D128_SMEM=164904",
+                    "Q12_ATTN_WG_D256_THREADS=384", "Q12_ATTN_WG_D256_BLOCK_M=128", "Q12_ATTN_WG_D256_SMEM=197672")
+    assert compile_defines(attnw.SOURCE) == tuple(meta_defines()) + defs
+    for define in ("Q12_ATTN_WG_D128_THREADS=256", "Q12_ATTN_WG_D256_BLOCK_M=64", "Q12_ATTN_WG_D128_SMEM=164864"):
+        name = define.split("=")[0]
+        defines = [define if d.startswith(name + "=") else d for d in compile_defines(attnw.SOURCE)]
+        with pytest.raises(NvrtcError, match="differ") as info:
+            compile_source(attnw.SOURCE, defines=defines, use_cache=False)
+        assert name.split("_")[3] + ": " in info.value.log  # the static_assert names the head dim
+    with pytest.raises(NvrtcError, match="compile through q12drv"):
+        compile_source(attnw.SOURCE, defines=tuple(meta_defines()), use_cache=False)
 
 
 def test_auto_picks_wgmma_on_hopper_where_it_exists():
@@ -119,70 +140,3 @@ def test_ops_routes_both_algos_on_the_emulator(emu):
         for b in (*bufs.values(), *outs.values()):
             b.free()
         tables.free()
-
-
-def _wgmma_builds():
-    """``(name, defines, head dim, config)`` of every wgmma build tests/gpu/attn_variants.py measures,
-    the default's included, per head dim its knobs set (the default at both)."""
-    from tests.gpu.attn_variants import VARIANTS
-
-    out = []
-    for name, kind, defs in VARIANTS:
-        if kind == "wgmma":
-            dims = [d for d in attnw.HEAD_DIMS if any(x.startswith(f"ATTN_WG_D{d}_") for x in defs)] or list(attnw.HEAD_DIMS)
-            out += [(name, defs, d, attnw.config(d, defs)) for d in dims]
-    assert {n for n, _, _, c in out if c["WS"]} >= {"wg0-default", "wg4-st3"}
-    return out
-
-
-def test_ws_builds_compile_for_sm_90a_and_take_the_launch_share_of_registers():
-    # Warp specialization: the launch gives each of the 128 (WG + 1) threads 65536 / threads registers
-    # (rounded down to 8); setmaxnreg hands the producer's share to the consumers, so ptxas must have
-    # taken the whole launch share (else setmaxnreg.inc would wait for registers that never come).
-    src = (cuda_src_dir() / attnw.SOURCE).read_text()
-    prod, cons = map(int, re.search(r"constexpr int kProdRegs = (\d+), kConsRegs = (\d+);", src).groups())
-    assert prod % 8 == 0 and cons % 8 == 0 and 24 <= prod <= cons <= 256
-    images = {}
-    for name, defs, d, cfg in _wgmma_builds():
-        if not cfg["WS"]:
-            continue
-        img = images.get(name)
-        if img is None:
-            img = images[name] = compile_source(attnw.SOURCE, arch="sm_90", defines=tuple(meta_defines()) + tuple(defs),
-                                                use_cache=False, verbose_resources=True)
-        assert img.arch == "sm_90a"
-        r = spill_free(img, attnw.ENTRIES)[attnw.HEAD_DIMS[d]]
-        assert cfg["threads"] == 128 * (cfg["WG"] + 1), name
-        assert r.registers == 65536 // cfg["threads"] // 8 * 8, f"{name} D{d}: {r}"
-        assert 128 * prod + 128 * cfg["WG"] * cons <= r.registers * cfg["threads"] <= 65536, f"{name} D{d}"
-        assert cfg["smem"] <= attnw.SMEM_LIMIT == 232448, f"{name} D{d}"
-
-
-def test_builds_geometry_and_smem():
-    want = {  # (threads, smem): Q + 2 ST stages of K and V, 2 ST (+ 1 with WS) mbarriers, 1 KiB alignment slack
-        ("wg0-default", 128): (384, (128 + 4 * 128) * 128 * 2 + 5 * 8 + 1024),
-        ("wg0-default", 256): (384, (128 + 4 * 64) * 256 * 2 + 5 * 8 + 1024),
-        ("wg1-no-ws", 128): (256, (128 + 4 * 128) * 128 * 2 + 4 * 8 + 1024),
-        ("wg1-no-ws", 256): (256, (128 + 4 * 64) * 256 * 2 + 4 * 8 + 1024),
-        ("wg4-st3", 128): (384, (128 + 6 * 128) * 128 * 2 + 7 * 8 + 1024),
-    }
-    builds = {(name, d): defs for name, defs, d, _ in _wgmma_builds()}
-    for (name, d), (threads, smem) in want.items():
-        defs = builds[(name, d)]
-        grid, block, got_smem = attnw.geometry(3, 300, 16, 2, d, defines=defs)
-        assert grid == (-(-300 * 8 // 128), 2, 3) and block == (threads, 1, 1) and got_smem == smem, (name, d)
-        assert attnw.smem_bytes(d, defs) == smem <= attnw.SMEM_LIMIT
-    assert attnw.smem_bytes(128, builds[("wg4-st3", 128)]) == 230456
-    for name, defs, d, cfg in _wgmma_builds():  # every build fits
-        assert cfg["smem"] <= attnw.SMEM_LIMIT, (name, d)
-    # the knobs' limits
-    with pytest.raises(ValueError, match="ST 2"):
-        attnw.config(128, ("ATTN_WG_D128_WS=0", "ATTN_WG_D128_ST=3"))  # three stages only with WS
-    with pytest.raises(ValueError, match="WS is 0 or 1"):
-        attnw.config(128, ("ATTN_WG_D128_MB=0",))
-    for knob in ("PP", "OV", "PS"):  # measured and dropped
-        assert all(knob not in attnw.DEFAULT_CONFIG[d] for d in attnw.HEAD_DIMS), knob
-    with pytest.raises(ValueError, match="227 KiB"):
-        attnw.config(256, ("ATTN_WG_D256_WS=1", "ATTN_WG_D256_ST=3"))  # 64 KiB Q + 192 KiB K/V
-    with pytest.raises(ValueError, match="227 KiB"):
-        attnw.config(128, ("ATTN_WG_D128_WS=1", "ATTN_WG_D128_ST=4"))

@@ -60,14 +60,14 @@ def test_the_small_kernels_declare_their_contracts():
 
 @pytest.mark.parametrize("source,define", _CONTRACTS, ids=[d.split("=")[0] for _, d in _CONTRACTS])
 def test_a_wrong_or_missing_contract_define_does_not_compile(source, define):
-    """Every contract define is checked by its source: twice the host's value fails a static_assert (each
-    contract's checks reject a doubled value), and leaving it out stops at the source's #error."""
+    """Every contract define is checked by its source: another value (twice the host's, or 1 for a 0 flag) fails a
+    static_assert, and leaving it out stops at the source's #error."""
     from q12drv.core.errors import NvrtcError
     from q12drv.core.nvrtc import compile_source
 
     name, value = define.split("=")
     others = [d for d in registry.compile_defines(source) if d != define]
     with pytest.raises(NvrtcError, match="static assertion failed"):
-        compile_source(source, defines=[*others, f"{name}={2 * int(value)}"], use_cache=False)
+        compile_source(source, defines=[*others, f"{name}={2 * int(value) or 1}"], use_cache=False)
     with pytest.raises(NvrtcError, match="compile through q12drv"):
         compile_source(source, defines=others, use_cache=False)

@@ -8,6 +8,7 @@ from q12drv.tools.cli import main
 from q12drv.core.errors import Q12Error
 from q12drv.kernels import attention_wgmma, gdn_wgmma
 from q12drv.kernels.meta import meta_defines
+from q12drv.kernels.registry import compile_defines
 from q12drv.core.nvrtc import compile_source
 
 
@@ -65,7 +66,7 @@ def test_shipped_wgmma_kernels_keep_their_mma_pipelined(source, entries):
     change that leaves an MMA in flight where ptxas cannot follow it (across the sequential loop's back edge,
     session 8) fails here, without a GPU."""
     assert sass.find_nvdisasm(), "nvdisasm missing: pip install '.[test]' (nvidia-cuda-nvdisasm)"
-    img = compile_source(source, defines=tuple(meta_defines()))
+    img = compile_source(source, defines=compile_defines(source))
     code = sass.disassemble(img.image)
     for entry in entries:
         w = sass.wgmma_summary(entry, code[entry])

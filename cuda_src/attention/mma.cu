@@ -1,27 +1,37 @@
-// attn_prefill.cu: batched varlen paged causal prefill attention (FA2-style, sm_90 mma.sync).
+// attention/mma.cu: batched varlen paged causal prefill attention (FlashAttention-2 style, sm_90
+// mma.sync). Entries q12_attn_prefill_d64 / _d128 / _d256, one per head dim, all ATTN_PARAMS.
 //
-// One CTA = BM = NW * MW * 16 query rows (NW warps, each MW sub-tiles of 16 rows) of one stream
-// b (= blockIdx.z) and one query head h (= blockIdx.y). The CTA walks key tiles of BN keys from
-// key 0 up to the last key its rows may see, gathering K/V rows from the paged pools through the
-// stream's block table with cp.async (two-stage ring), computing S = Q K^T and O += P V with
-// mma.sync.m16n8k16 (bf16 in, fp32 accumulate) and an fp32 online softmax in registers.
+// Semantics: stream b = blockIdx.z owns the packed rows cu[b] .. cu[b+1] of Q and O ([T, Hq, D] bf16);
+// q_len = cu[b+1] - cu[b], kv_len = kv_lens[b]; row r (0-based in the stream's chunk) sees keys
+// 0 .. kv_len - q_len + r (bottom-right causal); kv_head = h / (Hq / Hkv). Keys and values are gathered
+// from the paged pools ([num_blocks, block_size, Hkv, D] bf16) through the stream's block table;
+// block_size is a power of two (the stager's rule: a key's page and row by shift and mask). Softmax of
+// scale * q.k in fp32 (scale > 0: the row maximum is taken over the raw scores).
 //
-// Semantics: q_len = cu[b+1] - cu[b], kv_len = kv_lens[b]; row r (0-based in the stream's chunk)
-// sees keys 0 .. kv_len - q_len + r (bottom-right causal); kv_head = h / (Hq / Hkv). block_size is a
-// power of two (the stager's rule; the kernel finds a key's page and row by shift and mask).
-// A CTA never spans two streams, and what it computes depends only on (b, m-tile, h) and that
-// stream's data, so batched and single-stream launches give bit-identical results.
+// CTA: kWarps warps computing attn_block_m(D) CTA rows of one stream; the tiles per head dim are
+// attn_config(D). Without GQA packing a CTA row is a token of query head h = blockIdx.y; with it
+// (gqa_pack) the CTA's rows are the (token, query head) pairs of kv head blockIdx.y: row r is token
+// (m0 + r) / G, head kvh * G + (m0 + r) % G, G = Hq / Hkv, so one K/V tile serves G heads. blockIdx.x
+// counts m-tiles from the last (heaviest) one. The CTA walks key tiles of BN keys from key 0 up to the
+// last key its rows may see: a two-stage cp.async ring with one __syncthreads per tile (tile n + 1 is
+// issued right after the barrier that proves tile n - 1's stage free), the physical slot of each key
+// row looked up by one thread two tiles ahead and kept in an int [2][BN] slot array in shared memory.
+// Per tile, S = Q K^T and O += P V on mma.sync.m16n8k16 (bf16 in, fp32 accumulate), each K and V
+// fragment feeding the warp's MW 16-row sub-tiles, and the online softmax in fp32 registers.
+// warp_skip: a warp skips the math of key tiles above all its rows (it still copies and takes the
+// barriers; such a tile would add exact zeros). dim_split: warp pairs share 16 * MW rows; in S warp
+// half hw takes keys hw * BN/2 .. +BN/2, in P V head dims hw * D/2 .. +D/2, and the pair exchanges row
+// maxima and P (bf16) through shared memory behind a named 64-thread barrier (two per tile) and the
+// row sums at the end: each K and V fragment feeds two sub-tiles while a warp holds only D/2
+// accumulator columns (MW 2 over all of D = 256 would need 256 accumulator registers).
+// A CTA never spans two streams and computes each row with the same arithmetic in the same order
+// whatever the batch, so batched and single-stream launches give bit-identical results.
 //
-// Measured on the H200 (tests/GPU.md session 2, runs C-F; Hq 16, Hkv 2, block 16), q12drv time /
-// torch SDPA FLASH (FA2) time on gathered K/V: D128 fresh 8 x 2048 0.96-1.07, 4 x 4096 0.96-0.99, ragged
-// 8 x 256..4096 0.89-1.00, chunked 2048 on 8192 0.94-1.07. D256 with 8 warps x 16 rows (runs C-E): fresh
-// 1.03-1.11, ragged 0.99-1.05, chunked 0.95-1.03; with the DS default (run F, ecb0a5f): fresh 0.96,
-// ragged 0.91, chunked 0.89-0.92 (6-8% faster than the 8 x 16 build in the same run). Against cuDNN:
-// 1.4-2.2x its time fresh (it uses wgmma), 1.16-1.53 ragged, 0.66-0.94 chunked. Tried and not promoted:
-// 4 warps x 16 rows with MINB 3-4 or Q in registers (+5..50%), BN 32 with 3-4 stages at D256 (+15..20%),
-// DS (two warps share 32 rows) at D128 (+15..30%). DS is the D256 default (MW 2, DS 1; 254 regs, 0 spills
-// on NVRTC 13.0 with the block-table pointer reloaded in slot_of, 249 on 13.5; tests/gpu/attn_variants.py
-// v-d256-ds0 is the previous 8 warps x 16 rows).
+// Shared memory (attn_smem_bytes(D), all dynamic): Q [BM][LD], K and V [kStages][BN][LD] each (LD = D +
+// 8: rows padded by 16 bytes, which moves each of the 8 rows of an ldmatrix phase 4 banks on, so a
+// phase hits 32 distinct banks), the slot array int [2][BN]; with dim_split per warp pair a P tile
+// [32][BN + 8] bf16, then the pairs' row maxima / sums float [kWarps/2][2][32]. The epilogue stages O
+// through the Q tile.
 // ---------------------------------------------------------------------------------------------
 // Fragment layouts (PTX ISA, mma.m16n8k16 with .bf16 A/B and .f32 C/D), lane = 0..31,
 // g = lane >> 2 (groupID), t = lane & 3 (threadID_in_group). Each .b32 A/B register holds two
@@ -58,32 +68,59 @@
 //   => lane l addresses key (l & 15), dim n0 + (l >> 4) * 8.
 // O accumulators (C layout) per 8-dim n-tile: thread holds rows g, g+8 of its warp's 16 rows,
 //   dims 2t, 2t+1. Row statistics (max, sum) are shared by the 4 lanes of a quad (xor 1, 2).
-//
-// Shared memory rows are padded by 8 bf16 (16 B): row stride D*2+16 bytes moves each of the 8
-// rows of an ldmatrix phase 4 banks on, so the 8 x 16 B of a phase hit 32 distinct banks.
 // ---------------------------------------------------------------------------------------------
-#include "common/q12_meta.cuh"
-#include <cuda_bf16.h>
+#include "attention/common.cuh"
 
 namespace {
 
-constexpr int kPad = 8;           // bf16 of padding per smem row
-#define ATTN_INF __int_as_float(0x7f800000)  // +inf (NVRTC has no INFINITY macro)
+using namespace attn;
 
-__device__ __forceinline__ unsigned int smem_addr(const void* p) {
-    return static_cast<unsigned int>(__cvta_generic_to_shared(p));
+// Tiles of the entry for head dim D (64, 128 or 256).
+struct AttnConfig {
+    int block_n;        // BN: keys per K/V tile
+    int warp_subtiles;  // MW: 16-row sub-tiles per warp
+    bool gqa_pack;      // CTA rows are the (token, query head) pairs of one kv head
+    bool warp_skip;     // a warp skips key tiles above all its rows
+    bool dim_split;     // warp pairs share their rows, splitting S by keys and O by head dims
+};
+__host__ __device__ constexpr AttnConfig attn_config(int d) {
+    // D 64: two CTAs fit an SM. D 128: BN 32 keeps MW 2 under 255 registers without spills. D 256:
+    // dim_split, as MW 2 over the whole head dim would not fit the registers.
+    return d == 64 ? AttnConfig{64, 1, false, false, false}
+         : d == 128 ? AttnConfig{32, 2, true, true, false}
+                    : AttnConfig{64, 2, true, true, true};
+}
+constexpr int kWarps = 8;  // every head dim
+constexpr int kThreads = kWarps * 32;
+constexpr int kStages = 2;  // K/V stages of the cp.async ring
+constexpr int kPad = 8;     // bf16 of padding per smem row
+__host__ __device__ constexpr bool attn_head_dim(int d) { return d == 64 || d == 128 || d == 256; }
+// CTA rows ((token, head) pairs with gqa_pack): warp pairs share theirs with dim_split.
+__host__ __device__ constexpr int attn_block_m(int d) {
+    return kWarps * attn_config(d).warp_subtiles * 16 / (attn_config(d).dim_split ? 2 : 1);
+}
+// Dynamic shared memory of one CTA (the layout in the header).
+__host__ __device__ constexpr int attn_smem_bytes(int d) {
+    return (attn_block_m(d) + 2 * kStages * attn_config(d).block_n) * (d + kPad) * 2 + 2 * attn_config(d).block_n * 4 +
+           (attn_config(d).dim_split ? (kWarps / 2) * (32 * (attn_config(d).block_n + kPad) * 2 + 2 * 32 * 4) : 0);
 }
 
-// 16-byte async copy global -> shared; src_bytes = 0 fills the 16 bytes with zeros (no read).
-__device__ __forceinline__ void cp_async16(unsigned int dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
+// The host's launch numbers (q12drv.kernels.attention.contract_defines) must be the source's.
+#if !defined(Q12_ATTN_D64_THREADS) || !defined(Q12_ATTN_D64_BLOCK_M) || !defined(Q12_ATTN_D64_GQA) ||    \
+    !defined(Q12_ATTN_D64_SMEM) || !defined(Q12_ATTN_D128_THREADS) || !defined(Q12_ATTN_D128_BLOCK_M) || \
+    !defined(Q12_ATTN_D128_GQA) || !defined(Q12_ATTN_D128_SMEM) || !defined(Q12_ATTN_D256_THREADS) ||    \
+    !defined(Q12_ATTN_D256_BLOCK_M) || !defined(Q12_ATTN_D256_GQA) || !defined(Q12_ATTN_D256_SMEM)
+#error "compile through q12drv: it passes the host's tiles (-DQ12_ATTN_D<d>_THREADS, _BLOCK_M, _GQA, _SMEM)"
+#endif
+#define ATTN_CONTRACT(D)                                                                                   \
+    static_assert(Q12_ATTN_D##D##_THREADS == kThreads, "D" #D ": threads per CTA differ from the host's");    \
+    static_assert(Q12_ATTN_D##D##_BLOCK_M == attn_block_m(D), "D" #D ": CTA rows differ from the host's");   \
+    static_assert(Q12_ATTN_D##D##_GQA == attn_config(D).gqa_pack, "D" #D ": GQA packing differs from the host's"); \
+    static_assert(Q12_ATTN_D##D##_SMEM == attn_smem_bytes(D), "D" #D ": shared memory differs from the host's");
+ATTN_CONTRACT(64)
+ATTN_CONTRACT(128)
+ATTN_CONTRACT(256)
+#undef ATTN_CONTRACT
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned int (&r)[4], unsigned int addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -106,59 +143,24 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned int (&a)[
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// 2^x with one MUFU.EX2: ex2.approx (the instruction exp2f also uses, ~2 ulp) with .ftz, so a
-// result below 2^-126 flushes to 0 (irrelevant for softmax weights, which are <= 1 and summed in
-// fp32); exp2f's non-ftz form adds range-fixup instructions on the softmax's critical path.
-__device__ __forceinline__ float exp2_ftz(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
 // Named barrier of the 64 threads of one warp pair (id 1..8; __syncthreads uses 0).
 __device__ __forceinline__ void pair_sync(int id) {
     asm volatile("bar.sync %0, 64;\n" ::"r"(id) : "memory");
 }
 
-// Two floats -> bf16x2 (round to nearest even), x in the low half.
-__device__ __forceinline__ unsigned int pack_bf16x2(float x, float y) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
-    return *reinterpret_cast<unsigned int*>(&v);
-}
-
-// Compile-time configuration of one entry (template arguments of attn_prefill):
-//   D      head dim; BN keys per K/V tile; NW warps; MW 16-row sub-tiles per warp (a warp owns
-//          16 * MW query rows; the CTA NW * MW * 16).
-//   QREG   keep the Q fragments in registers for the whole loop instead of re-reading them from
-//          shared memory each tile (costs KD*MW*4 registers).
-//   ST     K/V pipeline: 0 = the two-stage ring with two __syncthreads per tile (the shipped
-//          loop); >= 2 = an ST-stage ring with one __syncthreads per tile (tile n + ST - 1 is
-//          issued right after the barrier that proves tile n - 1's stage is free).
-//   PSMEM  page lookups through shared memory: one block-table load per key row per tile, done
-//          by one thread two tiles ahead and kept in an int [2][BN] slot array, instead of each
-//          thread holding the pages of all its copy rows in registers (RPT registers). Needs ST >= 2.
-//   GQA    pack the G = Hq / Hkv query heads of one kv head into the CTA's rows: CTA row r is the
-//          pair (token (m0 + r) / G, head kvh * G + (m0 + r) % G); grid (ceil(chunk * G / BM), Hkv, n).
-//          Each K/V tile then serves G heads at once (a CTA covers BM / G tokens).
-//   WSKIP  a warp skips the math of key tiles that lie entirely above all of its rows (causal);
-//          it still takes part in the barriers and copies. Bit-identical (such a tile adds exact zeros).
-//   DS     warp pairs split the work of 16 * MW rows (needs MW = 2, even NW, BN % 32 == 0): in
-//          S = Q K^T warp half hw takes keys hw * BN/2 .. +BN/2, in O += P V head dims hw * D/2 ..
-//          +D/2; the pair exchanges row maxima and P (bf16) through shared memory with a named
-//          64-thread barrier (two per tile) and the row sums at the end. Each K and V fragment then
-//          feeds two m16 sub-tiles (half the ldmatrix traffic of MW=1) while a warp holds only D/2
-//          accumulator columns (MW=2 at D=256 would need 256 accumulator registers). CTA rows
-//          NW * MW * 8. Same P and row maxima as without; the row sum adds two partial sums.
-// Every configuration computes each row with the same arithmetic in the same order for a given BN,
-// so the result of a row depends only on BN (and not on the other knobs) up to the S tile split.
-template <int D, int BN, int NW, int MW, int QREG, int ST = 0, int PSMEM = 0, int GQA = 0, int WSKIP = 0,
-          int DS = 0>
+template <int D>
 __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, const bf16* k_pool,
                                              const bf16* v_pool, bf16* o, int num_q_heads,
                                              int num_kv_heads, int block_size, float scale) {
-    constexpr int kThreads = NW * 32;     // NW warps
-    constexpr int kWR = MW * 16;          // query rows per warp: MW sub-tiles of 16
-    constexpr int kBM = NW * kWR / (DS ? 2 : 1);  // query rows per CTA (warp pairs share rows with DS)
+    static_assert(attn_head_dim(D), "head dims 64, 128 and 256");
+    constexpr AttnConfig C = attn_config(D);
+    constexpr int BN = C.block_n;
+    constexpr int MW = C.warp_subtiles;
+    constexpr bool GQA = C.gqa_pack;
+    constexpr bool WSKIP = C.warp_skip;
+    constexpr bool DS = C.dim_split;
+    constexpr int kWR = MW * 16;            // query rows per warp: MW sub-tiles of 16
+    constexpr int kBM = attn_block_m(D);    // query rows per CTA
     constexpr int LD = D + kPad;            // smem row stride (elements)
     constexpr int CPR = D / 8;              // 16-byte chunks per row
     constexpr int KD = D / 16;              // k-steps of S = Q K^T
@@ -170,12 +172,10 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
     constexpr int PLD = BN + kPad;          // DS: row stride of the P exchange tile (elements)
     constexpr int RPT = BN * CPR / kThreads;  // K/V rows each thread copies per tile
     constexpr int QPT = kBM * CPR / kThreads; // Q rows each thread copies
-    constexpr int NST = ST == 0 ? 2 : ST;     // K/V stages in shared memory
     static_assert(kThreads % CPR == 0 && RPT * kThreads == BN * CPR && QPT * kThreads == kBM * CPR, "copy split");
     static_assert(BN % 16 == 0 && D % 16 == 0, "tile shape");
-    static_assert(ST == 0 || ST >= 2, "stages");
-    static_assert(!PSMEM || (ST >= 2 && BN <= kThreads), "PSMEM needs the one-barrier ring and BN <= threads");
-    static_assert(!DS || (MW == 2 && NW % 2 == 0 && BN % 32 == 0), "DS: warp pairs of 32 rows, BN % 32 == 0");
+    static_assert(BN <= kThreads, "one thread per key row fills the slot array");
+    static_assert(!DS || (MW == 2 && kWarps % 2 == 0 && BN % 32 == 0), "DS: warp pairs of 32 rows, BN % 32 == 0");
 
     const int b = blockIdx.z;
     if (b >= static_cast<int>(m.batch_size)) return;
@@ -201,13 +201,13 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
     extern __shared__ __align__(128) unsigned char smem_raw[];
     bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
     const unsigned int sQa = smem_addr(sQ);
-    const unsigned int sKa = sQa + kBM * LD * 2;         // [NST][BN][LD]
-    const unsigned int sVa = sKa + NST * BN * LD * 2;    // [NST][BN][LD]
-    int* sSlot = reinterpret_cast<int*>(smem_raw + (kBM + 2 * NST * BN) * LD * 2);  // [2][BN] (PSMEM)
-    // DS: per pair a P tile [32][PLD] bf16, then row maxima / sums float [NW/2][2 halves][32 rows].
-    const unsigned int sPa = smem_addr(smem_raw) + (kBM + 2 * NST * BN) * LD * 2 + (PSMEM ? 2 * BN * 4 : 0);
-    float* sRed = reinterpret_cast<float*>(smem_raw + (kBM + 2 * NST * BN) * LD * 2 + (PSMEM ? 2 * BN * 4 : 0) +
-                                           (DS ? (NW / 2) * 32 * PLD * 2 : 0));
+    const unsigned int sKa = sQa + kBM * LD * 2;           // [kStages][BN][LD]
+    const unsigned int sVa = sKa + kStages * BN * LD * 2;  // [kStages][BN][LD]
+    int* sSlot = reinterpret_cast<int*>(smem_raw + (kBM + 2 * kStages * BN) * LD * 2);  // [2][BN]
+    // DS: per pair a P tile [32][PLD] bf16, then row maxima / sums float [kWarps/2][2 halves][32 rows].
+    const unsigned int sPa = smem_addr(smem_raw) + (kBM + 2 * kStages * BN) * LD * 2 + 2 * BN * 4;
+    float* sRed = reinterpret_cast<float*>(smem_raw + (kBM + 2 * kStages * BN) * LD * 2 + 2 * BN * 4 +
+                                           (DS ? (kWarps / 2) * 32 * PLD * 2 : 0));
 
     const int tid = threadIdx.x;
     const int warp = tid >> 5;
@@ -274,34 +274,9 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
         cp_async16(sKa + dst, k_pool + off, ok ? 16 : 0);
         cp_async16(sVa + dst, v_pool + off, ok ? 16 : 0);
     };
-
-    // Physical pages of this thread's rows of the next tile to copy (-1: key past max_key).
-    int page[PSMEM ? 1 : RPT];
-    auto fetch_pages = [&](int n) {
-#pragma unroll
-        for (int i = 0; i < RPT; ++i) {
-            const int pos = n * BN + cr + i * kRowStep;
-            page[PSMEM ? 0 : i] = pos <= max_key ? bt[pos >> bs_shift] : -1;
-        }
-    };
+    // K and V of tile n into `stage`, their slots from the [2][BN] array (written by the threads
+    // tid < BN beforehand).
     auto issue_kv = [&](int n, int stage) {
-#pragma unroll
-        for (int i = 0; i < RPT; ++i) {
-            const int r = cr + i * kRowStep;
-            const int pos = n * BN + r;
-            const bool ok = page[PSMEM ? 0 : i] >= 0;
-            long long off = 0;
-            if (ok) {
-                off = ((static_cast<long long>(page[PSMEM ? 0 : i]) << bs_shift) + (pos & bs_mask)) * head_stride +
-                      static_cast<long long>(kvh) * D + cc * 8;
-            }
-            const unsigned int dst = ((stage * BN + r) * LD + cc * 8) * 2;
-            cp_async16(sKa + dst, k_pool + off, ok ? 16 : 0);
-            cp_async16(sVa + dst, v_pool + off, ok ? 16 : 0);
-        }
-    };
-    // PSMEM: slots of tile n from the [2][BN] array (written by the threads tid < BN beforehand).
-    auto issue_kv_smem = [&](int n, int stage) {
         const int* sl = sSlot + (n & 1) * BN;
 #pragma unroll
         for (int i = 0; i < RPT; ++i) {
@@ -309,42 +284,24 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
             copy_row(sl[r], r, stage);
         }
     };
-    int pend_slot = -1;  // PSMEM: slot of row tid of the tile two issues ahead (loaded, not yet stored)
+    int pend_slot = -1;  // slot of row tid of the tile two issues ahead (loaded, not yet stored)
 
-    if constexpr (ST == 0) {
-        if (n_tiles > 0) {
-            fetch_pages(0);
-            issue_kv(0, 0);
-        }
-        cp_async_commit();  // group: Q + KV tile 0
-        if (n_tiles > 1) fetch_pages(1);
-    } else {
-        // Tiles 0 .. ST-2 now, one commit group each (possibly empty; Q rides in the first).
+    // Tiles 0 .. kStages-2 now, one commit group each (possibly empty; Q rides in the first).
 #pragma unroll
-        for (int s = 0; s < ST - 1; ++s) {
-            if (s < n_tiles) {
-                if constexpr (PSMEM) {
+    for (int s = 0; s < kStages - 1; ++s) {
+        if (s < n_tiles) {
 #pragma unroll
-                    for (int i = 0; i < RPT; ++i) {
-                        const int r = cr + i * kRowStep;
-                        copy_row(slot_of(s * BN + r), r, s);
-                    }
-                } else {
-                    fetch_pages(s);
-                    issue_kv(s, s);
-                }
+            for (int i = 0; i < RPT; ++i) {
+                const int r = cr + i * kRowStep;
+                copy_row(slot_of(s * BN + r), r, s);
             }
-            cp_async_commit();
         }
-        if constexpr (PSMEM) {
-            // Tile ST-1 (issued in iteration 0) into the slot array; tile ST pending in a register.
-            if (tid < BN) {
-                sSlot[((ST - 1) & 1) * BN + tid] = slot_of((ST - 1) * BN + tid);
-                pend_slot = slot_of(ST * BN + tid);
-            }
-        } else if (ST - 1 < n_tiles) {
-            fetch_pages(ST - 1);
-        }
+        cp_async_commit();
+    }
+    // Tile kStages-1 (issued in iteration 0) into the slot array; tile kStages pending in a register.
+    if (tid < BN) {
+        sSlot[((kStages - 1) & 1) * BN + tid] = slot_of((kStages - 1) * BN + tid);
+        pend_slot = slot_of(kStages * BN + tid);
     }
 
     const float sl2 = scale * 1.4426950408889634f;  // scores in log2 units: exp(s*scale) = 2^(s*sl2)
@@ -368,55 +325,24 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
         row_max[mi][0] = row_max[mi][1] = -ATTN_INF;
         row_sum[mi][0] = row_sum[mi][1] = 0.f;
     }
-    unsigned int qf[QREG ? MW : 1][QREG ? KD : 1][4];
 
     const unsigned int q_lane = sQa + ((wq * kWR + (lane & 15)) * LD + (lane >> 4) * 8) * 2;
     const unsigned int k_lane = ((((lane & 7) + ((lane >> 4) << 3)) * LD) + ((lane >> 3) & 1) * 8) * 2;
     const unsigned int v_lane = (((lane & 15) * LD) + (lane >> 4) * 8) * 2;
 
     for (int n = 0; n < n_tiles; ++n) {
-        int stage;
-        if constexpr (ST == 0) {
-            stage = n & 1;
-            if (n + 1 < n_tiles) {
-                issue_kv(n + 1, stage ^ 1);  // that stage was last read in iteration n-1 (synced below)
-                cp_async_commit();
-                if (n + 2 < n_tiles) fetch_pages(n + 2);
-                cp_async_wait<1>();
-            } else {
-                cp_async_wait<0>();
-            }
-            __syncthreads();
-        } else {
-            stage = n % NST;
-            cp_async_wait<(ST >= 2 ? ST - 2 : 0)>();  // groups 0..n (tiles 0..n) complete
-            __syncthreads();  // ... for every thread; and every warp is done with tile n-1's stage
-            const int nn = n + ST - 1;
-            if (nn < n_tiles) {
-                if constexpr (PSMEM) {
-                    issue_kv_smem(nn, nn % NST);
-                } else {
-                    issue_kv(nn, nn % NST);
-                    if (nn + 1 < n_tiles) fetch_pages(nn + 1);
-                }
-            }
-            cp_async_commit();  // one group per iteration, possibly empty
-            if constexpr (PSMEM) {
-                // slot array half (nn + 1) & 1 was last read in iteration n - 1 (before the barrier)
-                if (tid < BN) {
-                    sSlot[((nn + 1) & 1) * BN + tid] = pend_slot;
-                    pend_slot = slot_of((nn + 2) * BN + tid);
-                }
-            }
+        const int stage = n % kStages;
+        cp_async_wait<kStages - 2>();  // groups 0..n (tiles 0..n) complete
+        __syncthreads();  // ... for every thread; and every warp is done with tile n-1's stage
+        const int nn = n + kStages - 1;
+        if (nn < n_tiles) issue_kv(nn, nn % kStages);
+        cp_async_commit();  // one group per iteration, possibly empty
+        // slot array half (nn + 1) & 1 was last read in iteration n - 1 (before the barrier)
+        if (tid < BN) {
+            sSlot[((nn + 1) & 1) * BN + tid] = pend_slot;
+            pend_slot = slot_of((nn + 2) * BN + tid);
         }
 
-        if (QREG && n == 0) {
-#pragma unroll
-            for (int mi = 0; mi < MW; ++mi)
-#pragma unroll
-                for (int kk = 0; kk < KD; ++kk)
-                    ldmatrix_x4(qf[QREG ? mi : 0][QREG ? kk : 0], q_lane + (mi * 16 * LD + kk * 16) * 2);
-        }
         const int kb = n * BN;
         if (!WSKIP || kb <= warp_bound) {
 
@@ -431,14 +357,7 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
         for (int kk = 0; kk < KD; ++kk) {
             unsigned int a[MW][4];
 #pragma unroll
-            for (int mi = 0; mi < MW; ++mi) {
-                if constexpr (QREG) {
-#pragma unroll
-                    for (int x = 0; x < 4; ++x) a[mi][x] = qf[QREG ? mi : 0][QREG ? kk : 0][x];
-                } else {
-                    ldmatrix_x4(a[mi], q_lane + (mi * 16 * LD + kk * 16) * 2);
-                }
-            }
+            for (int mi = 0; mi < MW; ++mi) ldmatrix_x4(a[mi], q_lane + (mi * 16 * LD + kk * 16) * 2);
 #pragma unroll
             for (int j2 = 0; j2 < NSW / 2; ++j2) {
                 unsigned int bk[4];
@@ -543,12 +462,11 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
             for (int mi = 0; mi < MW; ++mi) {
                 if constexpr (DS) {
                     ldmatrix_x4(a[mi], sPa + ((wq * 32 + mi * 16 + (lane & 15)) * PLD + ks * 16 + (lane >> 4) * 8) * 2);
-                    continue;
                 } else {
-                a[mi][0] = pack_bf16x2(s[mi][2 * (DS ? 0 : ks)][0], s[mi][2 * (DS ? 0 : ks)][1]);
-                a[mi][1] = pack_bf16x2(s[mi][2 * (DS ? 0 : ks)][2], s[mi][2 * (DS ? 0 : ks)][3]);
-                a[mi][2] = pack_bf16x2(s[mi][2 * (DS ? 0 : ks) + 1][0], s[mi][2 * (DS ? 0 : ks) + 1][1]);
-                a[mi][3] = pack_bf16x2(s[mi][2 * (DS ? 0 : ks) + 1][2], s[mi][2 * (DS ? 0 : ks) + 1][3]);
+                    a[mi][0] = pack_bf16x2(s[mi][2 * ks][0], s[mi][2 * ks][1]);
+                    a[mi][1] = pack_bf16x2(s[mi][2 * ks][2], s[mi][2 * ks][3]);
+                    a[mi][2] = pack_bf16x2(s[mi][2 * ks + 1][0], s[mi][2 * ks + 1][1]);
+                    a[mi][3] = pack_bf16x2(s[mi][2 * ks + 1][2], s[mi][2 * ks + 1][3]);
                 }
             }
 #pragma unroll
@@ -563,7 +481,6 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
             }
         }
         }  // !WSKIP || tile reaches this warp's rows
-        if constexpr (ST == 0) __syncthreads();  // every warp is done with this stage before it is refilled
     }
     cp_async_wait<0>();  // n_tiles == 0: the Q copy may still be in flight
     __syncthreads();
@@ -634,137 +551,6 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
 
 }  // namespace
 
-// Defaults (H200, 8 x 2048 fresh prefill, Hq 16 Hkv 2, tests/gpu/attn_variants.py): every head dim
-// uses the one-barrier two-stage ring with block-table lookups through shared memory (ST=2,
-// PSMEM=1: D128 0.90x FA2, D256 0.89x, vs 0.64x for the two-barrier loop); D=256 also packs the GQA
-// group into the CTA and skips causal tiles per warp (GQA=1, WSKIP=1: 0.92x FA2).
-// Tiles <D, BN, NW, MW, Q in registers>, chosen on the H200 (fresh 8k prefill, GQA 4/8):
-// D=64: 8 warps x 16 rows, 100 regs, 2 CTAs/SM. D=128: 4 warps x 32 rows (each K/V fragment feeds
-// two m16 sub-tiles, halving shared-memory traffic), BN=32 to stay under 255 registers without
-// spills, 2 CTAs/SM. D=256: 8 warps in 4 pairs sharing 32 rows each (DS=1, MW=2: 128 CTA rows), BN=64, 1 CTA/SM
-// (217.5 KiB of shared memory with the pairs' P tiles).
-// Keep q12drv/kernels/attention.py (WARPS, WARP_SUBTILES, BLOCK_N, DEFAULT_CONFIG) in step; a CPU
-// test checks the defaults below against it.
-//
-// Variants for measurement: every knob of every entry can be overridden at compile time with
-// -D ATTN_D<d>_<KNOB>=value (d = 64, 128, 256; KNOB = BN, NW, MW, QREG, ST, PSMEM, GQA, WSKIP,
-// MINB, DS; meanings at attn_prefill). MINB > 0 adds __launch_bounds__(NW * 32, MINB). The host side
-// must use the same values: q12drv.kernels.attention.config(d, defines) / geometry(..., defines=).
-#ifndef ATTN_D64_BN
-#define ATTN_D64_BN 64
-#endif
-#ifndef ATTN_D64_NW
-#define ATTN_D64_NW 8
-#endif
-#ifndef ATTN_D64_MW
-#define ATTN_D64_MW 1
-#endif
-#ifndef ATTN_D128_BN
-#define ATTN_D128_BN 32
-#endif
-#ifndef ATTN_D128_NW
-#define ATTN_D128_NW 8
-#endif
-#ifndef ATTN_D128_MW
-#define ATTN_D128_MW 2
-#endif
-#ifndef ATTN_D256_BN
-#define ATTN_D256_BN 64
-#endif
-#ifndef ATTN_D256_NW
-#define ATTN_D256_NW 8
-#endif
-#ifndef ATTN_D256_MW
-#define ATTN_D256_MW 2
-#endif
-#ifndef ATTN_D64_QREG
-#define ATTN_D64_QREG 0
-#endif
-#ifndef ATTN_D64_ST
-#define ATTN_D64_ST 2
-#endif
-#ifndef ATTN_D64_PSMEM
-#define ATTN_D64_PSMEM 1
-#endif
-#ifndef ATTN_D64_GQA
-#define ATTN_D64_GQA 0
-#endif
-#ifndef ATTN_D64_WSKIP
-#define ATTN_D64_WSKIP 0
-#endif
-#ifndef ATTN_D64_MINB
-#define ATTN_D64_MINB 0
-#endif
-#ifndef ATTN_D64_DS
-#define ATTN_D64_DS 0
-#endif
-#ifndef ATTN_D128_QREG
-#define ATTN_D128_QREG 0
-#endif
-#ifndef ATTN_D128_ST
-#define ATTN_D128_ST 2
-#endif
-#ifndef ATTN_D128_PSMEM
-#define ATTN_D128_PSMEM 1
-#endif
-#ifndef ATTN_D128_GQA
-#define ATTN_D128_GQA 1
-#endif
-#ifndef ATTN_D128_WSKIP
-#define ATTN_D128_WSKIP 1
-#endif
-#ifndef ATTN_D128_MINB
-#define ATTN_D128_MINB 0
-#endif
-#ifndef ATTN_D128_DS
-#define ATTN_D128_DS 0
-#endif
-#ifndef ATTN_D256_QREG
-#define ATTN_D256_QREG 0
-#endif
-#ifndef ATTN_D256_ST
-#define ATTN_D256_ST 2
-#endif
-#ifndef ATTN_D256_PSMEM
-#define ATTN_D256_PSMEM 1
-#endif
-#ifndef ATTN_D256_GQA
-#define ATTN_D256_GQA 1
-#endif
-#ifndef ATTN_D256_WSKIP
-#define ATTN_D256_WSKIP 1
-#endif
-#ifndef ATTN_D256_MINB
-#define ATTN_D256_MINB 0
-#endif
-#ifndef ATTN_D256_DS
-#define ATTN_D256_DS 1
-#endif
-
-
-#if ATTN_D64_MINB > 0
-extern "C" __global__ __launch_bounds__(ATTN_D64_NW * 32, ATTN_D64_MINB) void q12_attn_prefill_d64(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
-#else
-extern "C" __global__ void q12_attn_prefill_d64(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
-#endif
-    attn_prefill<64, ATTN_D64_BN, ATTN_D64_NW, ATTN_D64_MW, ATTN_D64_QREG, ATTN_D64_ST, ATTN_D64_PSMEM, ATTN_D64_GQA, ATTN_D64_WSKIP, ATTN_D64_DS>(
-        m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
-}
-
-#if ATTN_D128_MINB > 0
-extern "C" __global__ __launch_bounds__(ATTN_D128_NW * 32, ATTN_D128_MINB) void q12_attn_prefill_d128(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
-#else
-extern "C" __global__ void q12_attn_prefill_d128(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
-#endif
-    attn_prefill<128, ATTN_D128_BN, ATTN_D128_NW, ATTN_D128_MW, ATTN_D128_QREG, ATTN_D128_ST, ATTN_D128_PSMEM, ATTN_D128_GQA, ATTN_D128_WSKIP, ATTN_D128_DS>(
-        m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
-}
-
-#if ATTN_D256_MINB > 0
-extern "C" __global__ __launch_bounds__(ATTN_D256_NW * 32, ATTN_D256_MINB) void q12_attn_prefill_d256(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
-#else
-extern "C" __global__ void q12_attn_prefill_d256(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
-#endif
-    attn_prefill<256, ATTN_D256_BN, ATTN_D256_NW, ATTN_D256_MW, ATTN_D256_QREG, ATTN_D256_ST, ATTN_D256_PSMEM, ATTN_D256_GQA, ATTN_D256_WSKIP, ATTN_D256_DS>(
-        m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale);
-}
+extern "C" __global__ void q12_attn_prefill_d64(ATTN_PARAMS) { attn_prefill<64>(ATTN_ARGS); }
+extern "C" __global__ void q12_attn_prefill_d128(ATTN_PARAMS) { attn_prefill<128>(ATTN_ARGS); }
+extern "C" __global__ void q12_attn_prefill_d256(ATTN_PARAMS) { attn_prefill<256>(ATTN_ARGS); }

@@ -1,4 +1,4 @@
-"""Batched varlen paged causal prefill attention (``cuda_src/attn_prefill.cu``): the host side.
+"""Batched varlen paged causal prefill attention (``cuda_src/attention/mma.cu``, mma.sync): the host side.
 
 Stream ``b`` owns packed rows ``cu_seqlens[b] .. cu_seqlens[b+1]`` of Q ``[T, Hq, D]`` and
 O ``[T, Hq, D]`` (bf16). Its keys and values, positions ``0 .. kv_lens[b] - 1``, are read from
@@ -10,21 +10,24 @@ first). Causality is bottom-right: row ``r`` of a stream with ``q_len`` rows see
 Softmax in fp32 of ``scale * q.k`` (``scale > 0``: the kernel takes the row max of the raw
 scores); bf16 out.
 
-Entries (one per head dim, same parameters)::
+Entries (one per head dim, the parameter list ``ATTN_PARAMS`` of ``attention/common.cuh``)::
 
     q12_attn_prefill_d64 / _d128 / _d256(Q12Meta m, const bf16* q, const bf16* k_pool,
         const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size,
         float scale)
 
-A CTA of ``THREADS[D]`` threads computes ``BLOCK_M[D]`` query rows of one (stream, head):
-grid ``(ceil(chunk_len / BLOCK_M[D]), Hq, n)`` for D=64 and 128. D=256 packs the ``G = Hq / Hkv``
-query heads of one kv head into the CTA (rows are (token, head) pairs): grid
-``(ceil(chunk_len * G / BLOCK_M[D]), Hkv, n)``; :func:`geometry` then needs ``num_kv_heads``. CTAs whose row tile lies past their stream's
-length exit at once. ``block_size`` may be any positive integer (the kernel divides); ``Hq``
-must be a multiple of ``Hkv``. The dynamic shared memory (:func:`smem_bytes`) exceeds 48 KiB for
-every head dim, so the launcher must set ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` once
-per function (and may set ``CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`` to 100 so two
-CTAs fit per SM for D=64/128).
+A CTA of ``TILES[D].threads`` threads computes ``TILES[D].block_m`` rows of one stream: grid
+``(ceil(chunk_len / block_m), Hq, n)`` for D=64, where a row is a token of query head ``blockIdx.y``.
+D=128 and 256 pack the ``G = Hq / Hkv`` query heads of one kv head into the CTA (rows are (token,
+head) pairs): grid ``(ceil(chunk_len * G / block_m), Hkv, n)``; :func:`geometry` then needs
+``num_kv_heads``. CTAs whose row tile lies past their stream's length exit at once. ``block_size``
+must be a power of two (the stager's rule); ``Hq`` must be a multiple of ``Hkv``. The dynamic shared
+memory (:func:`smem_bytes`) exceeds 48 KiB for every head dim, so the launcher must set
+``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` once per function (and may set
+``CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`` to 100 so two CTAs fit per SM at D=64).
+
+:data:`TILES` is the one table the launch geometry comes from; the source's ``attn_config(D)`` must
+agree with it, which every compile checks (:func:`contracts`, ``static_assert`` in the source).
 
 Numerics: S and P.V accumulate in fp32 on the tensor cores; P is rounded to bf16 before P.V (as
 in FlashAttention); exponentials use ``ex2.approx.ftz``. Against :func:`reference` (fp32, exact
@@ -33,6 +36,8 @@ up to 2^-9).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -43,16 +48,13 @@ __all__ = [
     "SOURCE",
     "ENTRIES",
     "HEAD_DIMS",
-    "THREADS",
-    "BLOCK_M",
-    "BLOCK_N",
     "WARPS",
-    "WARP_SUBTILES",
+    "STAGES",
+    "Tiles",
+    "TILES",
+    "contracts",
     "entry_for_head_dim",
     "smem_bytes",
-    "config",
-    "knob_overrides",
-    "DEFAULT_CONFIG",
     "geometry",
     "reference",
     "emulate_attention",
@@ -64,81 +66,65 @@ SOURCE = "attention/mma.cu"
 #: Head dim -> entry point.
 HEAD_DIMS = {64: "q12_attn_prefill_d64", 128: "q12_attn_prefill_d128", 256: "q12_attn_prefill_d256"}
 ENTRIES = tuple(HEAD_DIMS.values())
-
-#: Head dim -> the compile-time configuration of its entry: the defaults of the
-#: ``ATTN_D<d>_<KNOB>`` macros in ``attention/mma.cu`` (a CPU test checks). Knobs: BN keys per K/V
-#: tile, NW warps, MW 16-row sub-tiles per warp, QREG Q in registers, ST pipeline (0 = the shipped
-#: two-barrier double buffer, >= 2 = an ST-stage one-barrier ring), PSMEM block-table lookups
-#: through shared memory, GQA the query heads of one kv head packed into one CTA, WSKIP per-warp
-#: causal tile skipping, MINB ``__launch_bounds__`` min blocks (0 = none), DS warp pairs splitting
-#: S over key halves and O over head-dim halves (MW must be 2; CTA rows ``8 * NW * MW``; adds the
-#: pairs' P tiles and row maxima to the shared memory).
-DEFAULT_CONFIG = {
-    64: {"BN": 64, "NW": 8, "MW": 1, "QREG": 0, "ST": 2, "PSMEM": 1, "GQA": 0, "WSKIP": 0, "MINB": 0, "DS": 0},
-    128: {"BN": 32, "NW": 8, "MW": 2, "QREG": 0, "ST": 2, "PSMEM": 1, "GQA": 1, "WSKIP": 1, "MINB": 0, "DS": 0},
-    256: {"BN": 64, "NW": 8, "MW": 2, "QREG": 0, "ST": 2, "PSMEM": 1, "GQA": 1, "WSKIP": 1, "MINB": 0, "DS": 1},
-}
-_KNOBS = ("BN", "NW", "MW", "QREG", "ST", "PSMEM", "GQA", "WSKIP", "MINB", "DS")
-
-#: Head dim -> warps per CTA (shipped configuration).
-WARPS = {d: c["NW"] for d, c in DEFAULT_CONFIG.items()}
-#: Head dim -> 16-row sub-tiles per warp (a warp computes 16 * this query rows).
-WARP_SUBTILES = {d: c["MW"] for d, c in DEFAULT_CONFIG.items()}
-#: Head dim -> keys per pipelined K/V tile.
-BLOCK_N = {d: c["BN"] for d, c in DEFAULT_CONFIG.items()}
-#: Head dim -> threads per CTA.
-THREADS = {d: 32 * w for d, w in WARPS.items()}
-#: Head dim -> query rows per CTA (CTA rows are (token, head) pairs with GQA packing; DS warp
-#: pairs share their rows).
-BLOCK_M = {d: 16 * WARPS[d] * WARP_SUBTILES[d] // (2 if DEFAULT_CONFIG[d]["DS"] else 1) for d in WARPS}
+#: Warps per CTA at every head dim (``kWarps`` in the source).
+WARPS = 8
+#: K/V stages of the cp.async ring (``kStages``).
+STAGES = 2
 #: bf16 elements of padding per shared-memory row (bank-conflict-free ldmatrix).
 _SMEM_PAD = 8
 
 
-def config(head_dim: int, defines=()) -> dict:
-    """The configuration of ``q12_attn_prefill_d{head_dim}`` compiled with ``defines``.
+@dataclass(frozen=True)
+class Tiles:
+    """One entry's tiles, as ``attn_config(D)`` in ``attention/mma.cu`` has them, and the launch numbers
+    that follow from them. (The source's ``warp_skip`` changes no launch number; the host does not
+    mirror it.)"""
 
-    ``defines`` are NVRTC macros ``"NAME=VALUE"``; ``ATTN_D<d>_<KNOB>`` ones override
-    :data:`DEFAULT_CONFIG`. Returns a dict with the knobs plus ``threads``, ``block_m``,
-    ``stages`` (K/V buffers in shared memory) and ``smem`` (dynamic shared-memory bytes).
+    head_dim: int
+    #: Keys per K/V tile.
+    block_n: int
+    #: 16-row sub-tiles per warp.
+    warp_subtiles: int
+    #: CTA rows are the (token, query head) pairs of one kv head; grid y is Hkv.
+    gqa_pack: bool
+    #: Warp pairs share their rows (S split by keys, O by head dims), halving the CTA's rows.
+    dim_split: bool
 
-    Raises
-    ------
-    ValueError
-        Unknown head dim, or a combination the kernel's static_asserts reject.
-    """
-    d = int(head_dim)
-    entry_for_head_dim(d)
-    cfg = {**DEFAULT_CONFIG[d], **knob_overrides(defines, f"ATTN_D{d}_", _KNOBS)}
-    bn, nw, mw, st = cfg["BN"], cfg["NW"], cfg["MW"], cfg["ST"]
-    threads = 32 * nw
-    cpr = d // 8
-    ds = cfg["DS"]
-    block_m = 16 * nw * mw // (2 if ds else 1)
-    if ds and (mw != 2 or nw % 2 or bn % 32):
-        raise ValueError(f"D={d}: DS needs MW=2, an even NW and BN % 32 == 0, got {cfg}")
-    if bn % 16 or threads % cpr or (bn * cpr) % threads or (block_m * cpr) % threads:
-        raise ValueError(f"D={d}: tiles {cfg} do not split over {threads} threads")
-    if st not in (0,) and st < 2:
-        raise ValueError(f"D={d}: ST must be 0 or >= 2, got {st}")
-    if cfg["PSMEM"] and (st < 2 or bn > threads):
-        raise ValueError(f"D={d}: PSMEM needs ST >= 2 and BN <= threads")
-    stages = 2 if st == 0 else st
-    smem = (block_m + 2 * stages * bn) * (d + _SMEM_PAD) * 2 + (2 * bn * 4 if cfg["PSMEM"] else 0)
-    if ds:  # per warp pair: P tile [32][BN + 8] bf16 and row maxima/sums [2][32] fp32
-        smem += (nw // 2) * (32 * (bn + _SMEM_PAD) * 2 + 2 * 32 * 4)
-    cfg.update(threads=threads, block_m=block_m, stages=stages, smem=smem)
-    return cfg
+    @property
+    def threads(self) -> int:
+        """Threads per CTA."""
+        return 32 * WARPS
+
+    @property
+    def block_m(self) -> int:
+        """CTA rows (tokens, or (token, head) pairs with :attr:`gqa_pack`)."""
+        return 16 * WARPS * self.warp_subtiles // (2 if self.dim_split else 1)
+
+    @property
+    def smem(self) -> int:
+        """Dynamic shared-memory bytes: Q tile, K and V stages (rows padded by 16 bytes), the [2][BN] slot
+        array; with :attr:`dim_split` per warp pair a P tile ``[32][BN + 8]`` bf16 and ``[2][32]`` fp32 row
+        maxima / sums."""
+        row = (self.head_dim + _SMEM_PAD) * 2
+        pairs = WARPS // 2 * (32 * (self.block_n + _SMEM_PAD) * 2 + 2 * 32 * 4) if self.dim_split else 0
+        return (self.block_m + 2 * STAGES * self.block_n) * row + 2 * self.block_n * 4 + pairs
 
 
-def knob_overrides(defines, prefix: str, knobs) -> dict:
-    """``{knob: int}`` for every ``"<prefix><knob>=<value>"`` in ``defines`` (NVRTC macros; a bare
-    ``"<prefix><knob>"`` means 1) whose knob is in ``knobs``; other macros are ignored."""
+#: Head dim -> tiles: the table the launch geometry is computed from (the source checks it at compile time).
+TILES = {
+    64: Tiles(64, block_n=64, warp_subtiles=1, gqa_pack=False, dim_split=False),
+    128: Tiles(128, block_n=32, warp_subtiles=2, gqa_pack=True, dim_split=False),
+    256: Tiles(256, block_n=64, warp_subtiles=2, gqa_pack=True, dim_split=True),
+}
+
+
+def contracts() -> dict[str, int]:
+    """The contract defines (``-D NAME=VALUE``) through which ``attention/mma.cu`` checks :data:`TILES`' launch
+    numbers (threads, CTA rows, GQA packing, dynamic shared memory of every entry) against its own configuration."""
     out = {}
-    for item in defines:
-        name, _, value = str(item).partition("=")
-        if name.startswith(prefix) and name[len(prefix):] in knobs:
-            out[name[len(prefix):]] = int(value or 1)
+    for d, t in TILES.items():
+        out.update({f"Q12_ATTN_D{d}_THREADS": t.threads, f"Q12_ATTN_D{d}_BLOCK_M": t.block_m,
+                    f"Q12_ATTN_D{d}_GQA": int(t.gqa_pack), f"Q12_ATTN_D{d}_SMEM": t.smem})
     return out
 
 
@@ -156,21 +142,16 @@ def entry_for_head_dim(head_dim: int) -> str:
         raise ValueError(f"no attention kernel for head_dim={head_dim}; supported: {sorted(HEAD_DIMS)}") from None
 
 
-def smem_bytes(head_dim: int, defines=()) -> int:
-    """Dynamic shared memory of one CTA: Q tile + K and V stages, padded rows (+ the slot array).
-
-    ``(BLOCK_M + 4 * BLOCK_N) * (D + 8) * 2 + 8 * BLOCK_N`` bytes with the default tiles (two
-    stages, slot array, the shipped tiles): 55 808 (D=64), 104 704 (D=128); D=256 (DS) adds per warp pair a
-    P tile ``[32][BN + 8]`` bf16 and ``[2][32]`` fp32 row maxima/sums: 203 264 + 19 456 = 222 720. Above 48 KiB the launcher must raise
-    ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` first (the H200 allows 227 KiB).
-    ``defines``: see :func:`config`.
-    """
-    return config(head_dim, defines)["smem"]
+def smem_bytes(head_dim: int) -> int:
+    """Dynamic shared memory of one CTA (:attr:`Tiles.smem`): 55 808 bytes (D=64), 104 704 (D=128),
+    222 720 (D=256). Above 48 KiB the launcher must raise ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``
+    first (the H200 allows 227 KiB)."""
+    entry_for_head_dim(head_dim)
+    return TILES[int(head_dim)].smem
 
 
 def geometry(
     batch_size: int, chunk_len: int, num_q_heads: int, head_dim: int, *, num_kv_heads: int | None = None,
-    defines=(),
 ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
     """Launch geometry of ``q12_attn_prefill_d{head_dim}``.
 
@@ -181,35 +162,40 @@ def geometry(
     chunk_len : int
         Max query tokens of any stream in the pass.
     num_q_heads : int
-        Hq (grid y).
+        Hq.
     head_dim : int
         D: 64, 128 or 256.
     num_kv_heads : int, optional
-        Hkv; required when the entry packs GQA groups (``ATTN_D<d>_GQA=1``).
-    defines : sequence of str
-        The macros the module was compiled with (:func:`config`); none for the default tiles.
+        Hkv; required where the entry packs GQA groups (:attr:`Tiles.gqa_pack`: D=128 and 256).
 
     Returns
     -------
     tuple
-        ``(grid, block, dynamic_smem_bytes)`` with grid ``(ceil(chunk_len / BLOCK_M[D]), Hq, n)``
-        (at least 1 in each dimension) and block ``(THREADS[D], 1, 1)``; with GQA packing grid
-        ``(ceil(chunk_len * Hq / Hkv / BLOCK_M), Hkv, n)``.
+        ``(grid, block, dynamic_smem_bytes)`` with grid ``(ceil(chunk_len / block_m), Hq, n)`` (at least 1
+        in each dimension) and block ``(threads, 1, 1)``; with GQA packing grid
+        ``(ceil(chunk_len * Hq / Hkv / block_m), Hkv, n)``.
+
+    Raises
+    ------
+    ValueError
+        An unknown head dim, a negative count, or (with GQA packing) ``num_kv_heads`` missing or not
+        dividing ``num_q_heads``.
     """
-    d = int(head_dim)
-    cfg = config(d, defines)
+    entry_for_head_dim(head_dim)
+    tiles = TILES[int(head_dim)]
     if batch_size < 0 or chunk_len < 0 or num_q_heads <= 0:
         raise ValueError(
             f"need batch_size >= 0, chunk_len >= 0, num_q_heads > 0; got {batch_size}, {chunk_len}, {num_q_heads}"
         )
     rows, heads = int(chunk_len), int(num_q_heads)
-    if cfg["GQA"]:
+    if tiles.gqa_pack:
         if num_kv_heads is None or num_kv_heads <= 0 or num_q_heads % num_kv_heads:
-            raise ValueError(f"GQA packing needs num_kv_heads dividing num_q_heads, got {num_kv_heads}")
+            raise ValueError(f"D={head_dim} packs GQA groups: it needs num_kv_heads dividing num_q_heads "
+                             f"({num_q_heads}), got {num_kv_heads}")
         rows, heads = rows * (heads // int(num_kv_heads)), int(num_kv_heads)
-    m_tiles = max(1, -(-rows // cfg["block_m"]))
+    m_tiles = max(1, -(-rows // tiles.block_m))
     grid = (m_tiles, heads, max(1, int(batch_size)))
-    return grid, (cfg["threads"], 1, 1), cfg["smem"]
+    return grid, (tiles.threads, 1, 1), tiles.smem
 
 
 def reference(
@@ -308,11 +294,11 @@ def reference(
     return to_bf16_bits(out)
 
 
-def emulate_paged(name: str, head_dim: int, cfg: dict, args: dict, mem, grid, block) -> None:
+def emulate_paged(name: str, head_dim: int, tiles, args: dict, mem, grid, block) -> None:
     """Run one launch of attention entry ``name`` on the emulated driver: read the metadata, block
     tables, Q and the pools through ``mem`` as the kernel does, write each stream's O rows from
-    :func:`reference`. ``cfg``: the entry's ``threads``, ``block_m`` and ``GQA`` (rows per CTA and
-    whether they are (token, head) pairs), against which ``grid`` and ``block`` are checked."""
+    :func:`reference`. ``tiles``: the entry's :class:`Tiles` (or the wgmma kernel's), whose ``threads``,
+    ``block_m`` and ``gqa_pack`` ``grid`` and ``block`` are checked against."""
     meta = args["m"]
     n = int(meta.batch_size)
     hq, hkv, bs = int(args["num_q_heads"]), int(args["num_kv_heads"]), int(args["block_size"])
@@ -327,15 +313,15 @@ def emulate_paged(name: str, head_dim: int, cfg: dict, args: dict, mem, grid, bl
     q_lens = cu[1:] - cu[:-1]
     if (q_lens < 0).any():
         raise ValueError(f"{name}: cu_seqlens not non-decreasing: {cu.tolist()}")
-    if tuple(block) != (cfg["threads"], 1, 1):
-        raise ValueError(f"{name}: block must be ({cfg['threads']}, 1, 1), got {tuple(block)}")
-    per_token, need_y = (hq // hkv, hkv) if cfg["GQA"] else (1, hq)
-    need_x = -(-int(q_lens.max()) * per_token // cfg["block_m"])
+    if tuple(block) != (tiles.threads, 1, 1):
+        raise ValueError(f"{name}: block must be ({tiles.threads}, 1, 1), got {tuple(block)}")
+    per_token, need_y = (hq // hkv, hkv) if tiles.gqa_pack else (1, hq)
+    need_x = -(-int(q_lens.max()) * per_token // tiles.block_m)
     if grid[0] < need_x or grid[1] < need_y or grid[2] < n:
         raise ValueError(
             f"{name}: grid {tuple(grid)} does not cover ({need_x}, {need_y}, {n}) "
-            f"(longest stream {int(q_lens.max())} rows x {per_token} heads / {cfg['block_m']} per CTA, "
-            f"{'Hkv' if cfg['GQA'] else 'Hq'}, n)"
+            f"(longest stream {int(q_lens.max())} rows x {per_token} heads / {tiles.block_m} per CTA, "
+            f"{'Hkv' if tiles.gqa_pack else 'Hq'}, n)"
         )
     ptrs = mem.array(int(meta.block_table_ptrs), np.uint64, (n,))
     tables = []
@@ -363,8 +349,8 @@ def emulate_paged(name: str, head_dim: int, cfg: dict, args: dict, mem, grid, bl
         o[cu[b] : cu[b + 1]] = res[cu[b] : cu[b + 1]]
 
 
-def emulate_attention(head_dim: int, defines=()):
-    """The emulated-driver stand-in for ``q12_attn_prefill_d{head_dim}`` (compiled with ``defines``).
+def emulate_attention(head_dim: int):
+    """The emulated-driver stand-in for ``q12_attn_prefill_d{head_dim}``.
 
     Returns
     -------
@@ -373,17 +359,17 @@ def emulate_attention(head_dim: int, defines=()):
         ``mem`` as the kernel does, runs :func:`reference` and writes each stream's O rows in
         place. Raises ``ValueError`` when ``grid`` / ``block`` would not cover the work.
     """
-    cfg = config(head_dim, defines)
-    name = HEAD_DIMS[int(head_dim)]
+    name = entry_for_head_dim(head_dim)
+    tiles = TILES[int(head_dim)]
 
     def emulate(args: dict, mem, grid, block) -> None:
-        emulate_paged(name, int(head_dim), cfg, args, mem, grid, block)
+        emulate_paged(name, int(head_dim), tiles, args, mem, grid, block)
 
-    emulate.__name__ = f"emulate_{HEAD_DIMS[int(head_dim)]}"
+    emulate.__name__ = f"emulate_{name}"
     return emulate
 
 
 #: Entry name -> emulator, for q12drv's emulated driver.
 EMULATORS = {entry: emulate_attention(d) for d, entry in HEAD_DIMS.items()}
 
-registry.register(SOURCE, ENTRIES, EMULATORS)
+registry.register(SOURCE, ENTRIES, EMULATORS, defines=contracts())

@@ -77,8 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--driver", default="auto", choices=["auto", "cuda", "emu"], help=_DRIVER_HELP)
     doc.add_argument("--arch", default=None, help="compile target (default: the device's, sm_90 without a GPU)")
     doc.add_argument("-D", "--define", action="append", default=[], metavar="NAME=VALUE",
-                     help="compile a variant build: a macro for every kernel, repeatable (e.g. -D ATTN_D256_DS=1 "
-                          "-D ATTN_D256_MW=2; each kernel's knobs are listed in its cuda_src/ header)")
+                     help="compile a variant build: a macro for every kernel, repeatable")
     doc.set_defaults(func=_cmd_doctor)
     sa = sub.add_parser("sass", help="print a kernel's machine code (nvdisasm) and count its warpgroup MMAs",
                         description="Compile one cuda_src/ source (the shipped build or a variant, -D) and print the "

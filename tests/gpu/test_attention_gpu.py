@@ -1,4 +1,4 @@
-"""GPU test of ``cuda_src/attn_prefill.cu`` (mma.sync) and ``attention/wgmma.cu`` (wgmma, sm_90a) on a
+"""GPU test of ``cuda_src/attention/mma.cu`` (mma.sync) and ``attention/wgmma.cu`` (wgmma, sm_90a) on a
 real device (H200), self-contained: every case runs on every kernel that has its head dim.
 
 torch is used only to allocate device memory and copy bytes (raw pointers); the kernel is
@@ -20,7 +20,8 @@ torch = pytest.importorskip("torch")
 from q12drv.core.bf16 import to_bf16_bits  # noqa: E402
 from q12drv.kernels import attention as attn  # noqa: E402
 from q12drv.kernels import attention_wgmma as attnw  # noqa: E402
-from q12drv.kernels.meta import Q12MetaC, meta_defines  # noqa: E402
+from q12drv.kernels.meta import Q12MetaC  # noqa: E402
+from q12drv.kernels.registry import compile_defines  # noqa: E402
 from q12drv.core.nvrtc import compile_source  # noqa: E402
 from tests.helpers import rel_err_bf16, shuffled_tables  # noqa: E402
 
@@ -56,7 +57,7 @@ def kernels():
     torch.zeros(1, device="cuda")  # makes torch's primary context current on this thread
     funcs, modules = {}, []
     for algo, (mod, geo) in ALGOS.items():
-        module = _ok(cu.cuModuleLoadData(compile_source(mod.SOURCE, defines=meta_defines()).image))
+        module = _ok(cu.cuModuleLoadData(compile_source(mod.SOURCE, defines=compile_defines(mod.SOURCE)).image))
         modules.append(module)
         for d, name in mod.HEAD_DIMS.items():
             f = _ok(cu.cuModuleGetFunction(module, name.encode()))
@@ -189,9 +190,9 @@ CASES = [
     (64, 64, 4, 2, [1, 15, 16, 17, 63, 64, 65, 1100], [5, 0, 49, 16, 1, 0, 64, 17], None),
     (256, 16, 4, 1, [1, 15, 16, 17, 63, 64, 65, 1100], [0, 3, 0, 40, 1, 64, 0, 100], None),
     (256, 64, 2, 2, [1, 129, 300, 64], [700, 0, 40, 64], None),
-    # The default D=256 entry packs the G = Hq / Hkv heads of a kv head into CTA rows (GQA); D=64
-    # and 128 use one head per CTA. Group sizes 1, 2, 8 at every head dim, ragged lengths around
-    # the 16-row warp tile and the CTA tile (BLOCK_M / G tokens with packing), chunked rows
+    # The D=128 and 256 entries pack the G = Hq / Hkv heads of a kv head into CTA rows (GQA); D=64
+    # uses one head per CTA. Group sizes 1, 2, 8 at every head dim, ragged lengths around
+    # the 16-row warp tile and the CTA tile (block_m / G tokens with packing), chunked rows
     # (kv_len > q_len) and interleaved block tables (all streams' blocks shuffled together).
     (256, 16, 16, 2, [1, 15, 16, 17, 63, 64, 65, 1031], [0] * 8, None),
     (256, 16, 16, 2, [1, 15, 16, 17, 63, 64, 65, 1100], [9, 0, 700, 16, 1, 64, 33, 900], None),
