@@ -2,9 +2,11 @@
 //
 // Math (per token t, per frequency j < half = rotary_dim / 2; dims >= rotary_dim untouched):
 //   inv_freq[j] = 1 / fl32(theta ^ e_j), e_j = fl32(2j / rotary_dim)   (HF's fp32 chain; the power
-//                 is evaluated in double and rounded once to fp32, so host and device agree)
+//                 is evaluated in double and rounded once to fp32, so host and device agree),
+//                 or the caller's table (scaled RoPE: RopeTable below)
 //   angle      = fl32((float)pos_{s(j)}[t] * inv_freq[j])
-//   (c, s)     = sincosf(angle)                                         (precise, |angle| ~ 1e6)
+//   (c, s)     = sincosf(angle) * attention_factor                      (precise, |angle| ~ 1e6; the factor is
+//                                                                        1 without a table)
 //   x1 = x[j], x2 = x[j + half]:
 //   x1' = fma(x1, c, -(x2 * s)),  x2' = fma(x2, c, x1 * s)              (fp32, one bf16 rounding)
 // Position stream s(j) in {0 = T, 1 = H, 2 = W}, read as q12_positions(m, s(j))[t]:
@@ -62,7 +64,7 @@ __host__ __device__ constexpr RopeConfig rope_config() { return {512, 1, 512, 40
 
 #if !defined(Q12_ROPE_THREADS) || !defined(Q12_ROPE_CTAS_PER_SM) || !defined(Q12_ROPE_MAX_THREADS) ||  \
     !defined(Q12_ROPE_MAX_ROTARY_DIM) || !defined(Q12_ROPE_SMEM_ANGLES) || !defined(Q12_ROPE_UNITS_PER_LANE) || \
-    !defined(Q12_ROPE_VEC_PAIRS)
+    !defined(Q12_ROPE_VEC_PAIRS) || !defined(Q12_ROPE_TABLE_FREQS) || !defined(Q12_ROPE_TABLE_BYTES)
 #error "compile through q12drv (registry.compile_defines): it passes the host's Q12_ROPE_* contract defines"
 #endif
 static_assert(Q12_ROPE_MAX_THREADS == rope_config().max_threads, "rope.MAX_THREADS differs from the launch bounds");
@@ -76,6 +78,17 @@ static_assert(Q12_ROPE_UNITS_PER_LANE == rope_config().units_per_lane,
               "rope's units per lane differ from the kernel's");
 static_assert(Q12_ROPE_VEC_PAIRS == rope_config().vec_pairs && rope_config().vec_pairs * 2 == 16,
               "rope's unit is 8 bf16 pairs (two 16-byte accesses)");
+static_assert(Q12_ROPE_TABLE_FREQS <= rope_config().max_half, "a frequency table longer than the per-CTA tables");
+
+// Scaled rotary embeddings (linear, NTK, YaRN, llama3, longrope, ...): a caller-given table of inverse
+// frequencies and the factor cos and sin are multiplied by (transformers' attention_scaling). size 0: no table
+// (inv_freq from theta, factor 1); else size == rotary_dim / 2. Mirrored by q12drv.kernels.rope.RopeTableC.
+struct RopeTable {
+    float inv_freq[Q12_ROPE_TABLE_FREQS];
+    float attention_factor;
+    int size;
+};
+static_assert(sizeof(RopeTable) == Q12_ROPE_TABLE_BYTES, "RopeTable differs from the host mirror");
 
 namespace {
 
@@ -144,12 +157,15 @@ __device__ __forceinline__ void st_out(bf16* p, bf16 v) {
     asm volatile("st.global.u16 [%0], %1;" ::"l"(p), "h"(u) : "memory");
 }
 
-// cos/sin of frequency j of token t (the one formula; every path calls it).
+// cos/sin of frequency j of token t, times the table's attention factor af (1 without a table: exact), the one
+// formula every path calls.
 __device__ __forceinline__ void angle_cs(const Q12Meta& m, long long t, int j, const float* s_inv,
-                                         const unsigned char* s_axis, float& c, float& s) {
+                                         const unsigned char* s_axis, float af, float& c, float& s) {
     const unsigned int p = __ldg(q12_positions(m, s_axis[j]) + t);
     const float ang = __uint2float_rn(p) * s_inv[j];
     sincosf(ang, &s, &c);
+    c *= af;
+    s *= af;
 }
 
 // Where unit u of a warp's token group lives, packed in two registers: ct = (token in group << 16)
@@ -230,7 +246,7 @@ __device__ __forceinline__ void unit_cs(int tg, int jj, int half, const float* w
 // computing its own vw sincosf (same formula, same bits). Kept out of line and simple.
 template <bool VEC>
 __device__ __forceinline__ void rope_direct(const Q12Meta& m, bf16* q, bf16* k, int hq, int hkv, int head_dim,
-                                         int half, const float* s_inv, const unsigned char* s_axis) {
+                                         int half, const float* s_inv, const unsigned char* s_axis, float af) {
     constexpr int vw = VEC ? rope_config().vec_pairs : 1;
     const int total_tokens = (int)m.total_tokens;
     const int upc = half / vw;
@@ -247,7 +263,7 @@ __device__ __forceinline__ void rope_direct(const Q12Meta& m, bf16* q, bf16* k, 
             UnitData<VEC> d;
             load_unit_na<VEC>(d, row, half);
             float cs[vw], sn[vw];
-            for (int e = 0; e < vw; ++e) angle_cs(m, t, mp.jj() + e, s_inv, s_axis, cs[e], sn[e]);
+            for (int e = 0; e < vw; ++e) angle_cs(m, t, mp.jj() + e, s_inv, s_axis, af, cs[e], sn[e]);
             rotate_store<VEC>(d, cs, sn, row, half);
         }
     }
@@ -256,7 +272,7 @@ __device__ __forceinline__ void rope_direct(const Q12Meta& m, bf16* q, bf16* k, 
 template <bool VEC>
 __device__ __forceinline__ void rope_warps(const Q12Meta& m, bf16* __restrict__ q, bf16* __restrict__ k, int hq,
                                            int hkv, int head_dim, int half, const float* s_inv,
-                                           const unsigned char* s_axis, float* s_cos, float* s_sin) {
+                                           const unsigned char* s_axis, float af, float* s_cos, float* s_sin) {
     constexpr int vw = VEC ? rope_config().vec_pairs : 1;
     constexpr int upl = rope_config().units_per_lane;
     const int total_tokens = (int)m.total_tokens;
@@ -268,7 +284,7 @@ __device__ __forceinline__ void rope_warps(const Q12Meta& m, bf16* __restrict__ 
     if (warp >= warps) return;  // a partial trailing warp (the host never launches so)
     const int cap = rope_config().smem_angles / warps;  // this warp's angles
     if (half > cap) {
-        rope_direct<VEC>(m, q, k, hq, hkv, head_dim, half, s_inv, s_axis);
+        rope_direct<VEC>(m, q, k, hq, hkv, head_dim, half, s_inv, s_axis, af);
         return;
     }
     int g = (32 * upl) / upt;
@@ -304,7 +320,7 @@ __device__ __forceinline__ void rope_warps(const Q12Meta& m, bf16* __restrict__ 
             for (int i = lane; i < n_angles; i += 32) {
                 if (t0 + tg < total_tokens) {
                     float c, s;
-                    angle_cs(m, t0 + tg, j, s_inv, s_axis, c, s);
+                    angle_cs(m, t0 + tg, j, s_inv, s_axis, af, c, s);
                     w_cos[i] = c;
                     w_sin[i] = s;
                 }
@@ -351,7 +367,9 @@ __device__ __forceinline__ void rope_warps(const Q12Meta& m, bf16* __restrict__ 
 
 }  // namespace
 
-extern "C" __global__ __launch_bounds__(rope_config().max_threads, rope_config().min_blocks) void q12_rope(Q12Meta m, bf16* __restrict__ q, bf16* __restrict__ k, int num_q_heads, int num_kv_heads, int head_dim, int rotary_dim, float theta, int mrope_mode, int sec_t, int sec_h, int sec_w) {
+extern "C" __global__ __launch_bounds__(rope_config().max_threads, rope_config().min_blocks) void q12_rope(
+    Q12Meta m, bf16* __restrict__ q, bf16* __restrict__ k, int num_q_heads, int num_kv_heads, int head_dim,
+    int rotary_dim, float theta, int mrope_mode, int sec_t, int sec_h, int sec_w, const __grid_constant__ RopeTable table) {
     __shared__ float s_inv[rope_config().max_half];
     __shared__ unsigned char s_axis[rope_config().max_half];
     __shared__ __align__(16) float s_cos[rope_config().smem_angles];
@@ -361,23 +379,29 @@ extern "C" __global__ __launch_bounds__(rope_config().max_threads, rope_config()
     const int half = rotary_dim >> 1;
     // The host validates these; a bad launch fails loudly instead of writing garbage.
     if ((rotary_dim & 1) || rotary_dim > head_dim || half > rope_config().max_half || mrope_mode < 0 ||
-        mrope_mode > 2 || num_q_heads < 0 || num_kv_heads < 0) {
+        mrope_mode > 2 || num_q_heads < 0 || num_kv_heads < 0 || (table.size != 0 && table.size != half)) {
         __trap();
     }
-    // Per-CTA tables: inverse frequencies (HF's fp32 chain, power in double) and the section map.
+    // Per-CTA tables: inverse frequencies (the caller's table, or HF's fp32 chain from theta with the power in
+    // double) and the section map.
     for (int j = threadIdx.x; j < half; j += blockDim.x) {
-        const float e = (float)(2 * j) / (float)rotary_dim;
-        const float p = (float)pow((double)theta, (double)e);
-        s_inv[j] = 1.0f / p;
+        if (table.size) {
+            s_inv[j] = table.inv_freq[j];
+        } else {
+            const float e = (float)(2 * j) / (float)rotary_dim;
+            const float p = (float)pow((double)theta, (double)e);
+            s_inv[j] = 1.0f / p;
+        }
         s_axis[j] = (unsigned char)rope_axis(j, mrope_mode, sec_t, sec_h, sec_w);
     }
     __syncthreads();
 
+    const float af = table.size ? table.attention_factor : 1.0f;
     const unsigned long long addr_bits = (unsigned long long)q | (unsigned long long)k;
     const bool vec = (rotary_dim & 15) == 0 && (head_dim & 7) == 0 && (addr_bits & 15ull) == 0;
     if (vec) {
-        rope_warps<true>(m, q, k, num_q_heads, num_kv_heads, head_dim, half, s_inv, s_axis, s_cos, s_sin);
+        rope_warps<true>(m, q, k, num_q_heads, num_kv_heads, head_dim, half, s_inv, s_axis, af, s_cos, s_sin);
     } else {
-        rope_warps<false>(m, q, k, num_q_heads, num_kv_heads, head_dim, half, s_inv, s_axis, s_cos, s_sin);
+        rope_warps<false>(m, q, k, num_q_heads, num_kv_heads, head_dim, half, s_inv, s_axis, af, s_cos, s_sin);
     }
 }

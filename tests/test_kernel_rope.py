@@ -43,7 +43,7 @@ def make_meta(mem: FakeMem, pos_t, pos_h=None, pos_w=None, lens=None):
     )
 
 
-def emulate(mem, meta, q, k, d, rd, theta, mode=0, sections=(0, 0, 0), grid=None, block=None):
+def emulate(mem, meta, q, k, d, rd, theta, mode=0, sections=(0, 0, 0), grid=None, block=None, scaling=None):
     """Run the emulator in place on q, k (numpy arrays registered in mem)."""
     hq, hkv = q.shape[1], k.shape[1]
     g, b, smem = rope.geometry(int(meta.total_tokens), hq, hkv, d, rd)
@@ -61,6 +61,7 @@ def emulate(mem, meta, q, k, d, rd, theta, mode=0, sections=(0, 0, 0), grid=None
         "sec_t": sections[0],
         "sec_h": sections[1],
         "sec_w": sections[2],
+        "table": rope.NO_TABLE if scaling is None else scaling.table(),
     }
     rope.EMULATORS["q12_rope"](args, mem, grid or g, block or b)
 
@@ -126,11 +127,12 @@ def test_entries_match_source():
     from q12drv.core.launch import parse_signatures
     from q12drv.core.nvrtc import cuda_src_dir
 
-    sigs = parse_signatures((cuda_src_dir() / rope.SOURCE).read_text(), {"Q12Meta": Q12MetaC})
+    sigs = parse_signatures((cuda_src_dir() / rope.SOURCE).read_text(), {"Q12Meta": Q12MetaC,
+                                                                           "RopeTable": rope.RopeTableC})
     assert tuple(sigs) == rope.ENTRIES
     assert [name for name, _ in sigs["q12_rope"]] == [
         "m", "q", "k", "num_q_heads", "num_kv_heads", "head_dim", "rotary_dim", "theta",
-        "mrope_mode", "sec_t", "sec_h", "sec_w",
+        "mrope_mode", "sec_t", "sec_h", "sec_w", "table",
     ]  # fmt: skip
     assert set(rope.EMULATORS) == set(rope.ENTRIES)
 
@@ -360,3 +362,89 @@ def test_check_params_and_geometry():
     # floor bytes: rotary dims read + written, plus positions
     assert rope.floor_bytes(10, 16, 2, 64) == 2 * 10 * 18 * 64 * 2 + 40
     assert rope.floor_bytes(10, 16, 2, 64, mrope_mode=2) == 2 * 10 * 18 * 64 * 2 + 120
+
+
+# ----------------------------------------------------------------------------- scaled rotary embeddings
+def test_a_table_equal_to_thetas_gives_the_same_bits():
+    mem = FakeMem()
+    rng = np.random.default_rng(4)
+    d, rd, theta = 128, 64, 1e6
+    pos = rng.integers(0, 200_000, size=37).astype(np.uint32)
+    meta = make_meta(mem, pos)
+    q0, k0 = rand_bf16(rng, (37, 4, d)), rand_bf16(rng, (37, 2, d))
+    a_q, a_k, b_q, b_k = (mem.array(mem.put(x.copy()), np.uint16, x.shape) for x in (q0, k0, q0, k0))
+    emulate(mem, meta, a_q, a_k, d, rd, theta)
+    emulate(mem, meta, b_q, b_k, d, rd, theta, scaling=rope.RopeScaling(tuple(rope.inv_freq(rd, theta))))
+    assert np.array_equal(a_q, b_q) and np.array_equal(a_k, b_k)
+
+
+def test_the_table_and_its_attention_factor_are_what_rotates():
+    rng = np.random.default_rng(5)
+    d, rd = 64, 32
+    x = rand_bf16(rng, (9, 2, d))
+    pos = np.arange(100, 109, dtype=np.uint32)
+    table = rope.RopeScaling(tuple(rope.inv_freq(rd, 1e4) / 8), attention_factor=1.25)
+    got, _ = rope.reference(x, x[:, :1], pos, rd, 1e4, scaling=table)
+    ang = pos[:, None].astype(np.float64) * np.array(table.inv_freq)[None, :]
+    xf = from_bf16_bits(x).astype(np.float64)
+    c, s = np.cos(ang)[:, None, :] * 1.25, np.sin(ang)[:, None, :] * 1.25
+    want = xf.copy()
+    want[..., :16] = xf[..., :16] * c - xf[..., 16:32] * s
+    want[..., 16:32] = xf[..., 16:32] * c + xf[..., :16] * s
+    assert np.array_equal(got, to_bf16_bits(want.astype(np.float32)))
+
+
+def test_rope_scaling_refuses_bad_tables():
+    with pytest.raises(ValueError, match="positive and finite"):
+        rope.RopeScaling((1.0, -0.5))
+    with pytest.raises(ValueError, match="a table holds 1..256"):
+        rope.RopeScaling(tuple([1.0] * 257))
+    with pytest.raises(ValueError, match="attention_factor must be a positive finite number"):
+        rope.RopeScaling((1.0,), attention_factor=float("nan"))
+    with pytest.raises(TypeError, match="inv_freq must be a sequence of numbers"):
+        rope.RopeScaling("fast")
+    from q12drv.kernels import ops
+
+    with pytest.raises(ValueError, match="has 4 frequencies but rotary_dim 64 needs 32"):
+        ops.rope_table(rope.RopeScaling((1.0, 0.5, 0.25, 0.125)), 64)
+    with pytest.raises(TypeError, match="scaling must be a q12drv.kernels.rope.RopeScaling"):
+        ops.rope_table({"rope_type": "linear"}, 64)
+
+
+@pytest.mark.parametrize("params", [
+    {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+    {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+    {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "original_max_position_embeddings": 4096},
+    {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    {"rope_type": "default", "rope_theta": 1e7},
+], ids=lambda p: p["rope_type"])
+def test_scaled_rope_matches_transformers_rotary_classes(params):
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import torch
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    config = transformers.LlamaConfig(hidden_size=512, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=32768, rope_parameters=dict(params))
+    d = config.head_dim
+    seq_len = 20000 if params["rope_type"] == "dynamic" else None
+    scaling = rope.RopeScaling.from_transformers(config, seq_len=seq_len)
+    rng = np.random.default_rng(6)
+    pos = rng.integers(0, 20000, size=24).astype(np.int64)
+    q, k = rand_bf16(rng, (24, 4, d)), rand_bf16(rng, (24, 2, d))
+    got_q, got_k = rope.reference(q, k, pos.astype(np.uint32), d, params["rope_theta"], scaling=scaling)
+    emb = LlamaRotaryEmbedding(config)
+    if seq_len is not None:  # the dynamic type's table for this length, as transformers makes it at run time
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        emb.inv_freq, emb.attention_scaling = ROPE_INIT_FUNCTIONS["dynamic"](config, "cpu", seq_len=seq_len)
+    x = torch.zeros(1, 24, d, dtype=torch.float32)
+    cos, sin = emb(x, torch.tensor(pos)[None])
+    tq = torch.tensor(from_bf16_bits(q)).transpose(0, 1)[None].float()
+    tk = torch.tensor(from_bf16_bits(k)).transpose(0, 1)[None].float()
+    want_q, want_k = apply_rotary_pos_emb(tq, tk, cos.float(), sin.float())
+    for got, want in ((got_q, want_q), (got_k, want_k)):
+        w = want[0].transpose(0, 1).numpy()
+        err = np.abs(from_bf16_bits(got) - w).max() / np.abs(w).max()
+        assert err < 8e-3, (params["rope_type"], err)  # bf16 rounding of the output; fp32 angles on both sides

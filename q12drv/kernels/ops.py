@@ -115,10 +115,12 @@ def enqueue_kv_write(device: Device, meta: BatchedAttnMetadata, k: int, v: int, 
 
 def rope(device: Device, meta: BatchedAttnMetadata, q: int, k: int, *, num_q_heads: int, num_kv_heads: int,
          head_dim: int, rotary_dim: int, theta: float, mrope_mode: int = 0, sections: tuple = (0, 0, 0),
-         stream: Any = None) -> None:
+         scaling: _rope.RopeScaling | None = None, stream: Any = None) -> None:
     """Rotate Q ``[T, Hq, D]`` and K ``[T, Hkv, D]`` in place (NeoX pairs, positions from ``meta``).
 
-    ``mrope_mode``: 0 plain, 1 chunked sections (Qwen2-VL), 2 interleaved (Qwen3-VL, Qwen3.5).
+    ``mrope_mode``: 0 plain, 1 chunked sections (Qwen2-VL), 2 interleaved (Qwen3-VL, Qwen3.5). ``scaling``: a
+    :class:`~q12drv.kernels.rope.RopeScaling` (scaled RoPE: its frequencies replace ``theta``'s, and cos and sin are
+    multiplied by its attention factor).
     """
     _check(device, meta)
     hq, hkv = _args.count("num_q_heads", num_q_heads, 0), _args.count("num_kv_heads", num_kv_heads, 0)
@@ -131,18 +133,41 @@ def rope(device: Device, meta: BatchedAttnMetadata, q: int, k: int, *, num_q_hea
     if mode and not meta.use_mrope:
         raise ValueError("mrope_mode needs metadata staged with use_mrope=True (H and W position streams)")
     theta = _args.positive_float("theta", theta)
-    enqueue_rope(device, meta, _ptr("q", q), _ptr("k", k), hq, hkv, d, rd, theta, mode, secs, stream)
+    enqueue_rope(device, meta, _ptr("q", q), _ptr("k", k), hq, hkv, d, rd, theta, mode, secs, stream,
+                 rope_table(scaling, rd))
+
+
+def rope_table(scaling, rotary_dim: int):
+    """The launch's frequency table for ``scaling`` (None: none), checked against ``rotary_dim``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``scaling`` is not a :class:`~q12drv.kernels.rope.RopeScaling`, or its table is not ``rotary_dim // 2`` long.
+    """
+    if scaling is None:
+        return _rope.NO_TABLE
+    if not isinstance(scaling, _rope.RopeScaling):
+        raise TypeError(f"scaling must be a q12drv.kernels.rope.RopeScaling or None, got {type(scaling).__name__}")
+    if scaling.half != rotary_dim // 2:
+        raise ValueError(f"the RopeScaling table has {scaling.half} frequencies but rotary_dim {rotary_dim} needs "
+                         f"{rotary_dim // 2}")
+    return scaling.table()
 
 
 def enqueue_rope(device: Device, meta: BatchedAttnMetadata, q: int, k: int, num_q_heads: int, num_kv_heads: int,
-                 head_dim: int, rotary_dim: int, theta: float, mrope_mode: int, sections: tuple, stream: Any) -> None:
-    """:func:`rope` with every argument already checked (ints, a float, 3 section ints): geometry, pack, launch."""
+                 head_dim: int, rotary_dim: int, theta: float, mrope_mode: int, sections: tuple, stream: Any,
+                 table=_rope.NO_TABLE) -> None:
+    """:func:`rope` with every argument already checked (ints, a float, 3 section ints, ``table`` from
+    :func:`rope_table`): geometry, pack, launch."""
     grid, block, smem = _rope_geometry(meta.total_tokens, num_q_heads, num_kv_heads, head_dim, rotary_dim,
                                        num_sms=device.sm_count)
     launch = prepared(device, "q12_rope")
     a = launch.args
     a.q, a.k, a.num_q_heads, a.num_kv_heads, a.head_dim, a.rotary_dim = q, k, num_q_heads, num_kv_heads, head_dim, rotary_dim
     a.theta, a.mrope_mode, a.sec_t, a.sec_h, a.sec_w = theta, mrope_mode, sections[0], sections[1], sections[2]
+    if a.table.size or table.size:  # 1 KiB: written only when a table is or was in it
+        a.table = table
     a.m = meta_struct(meta)
     launch.launch(grid, block, smem, stream)
 

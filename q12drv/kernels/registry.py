@@ -46,13 +46,17 @@ ENTRIES: dict[str, str] = {}
 #: Source -> its host/device contract defines, ``("NAME=VALUE", ...)``.
 CONTRACTS: dict[str, tuple[str, ...]] = {}
 
+#: Source -> the by-value struct parameter types its entries take beyond the metadata's.
+_STRUCTS: dict[str, dict[str, type]] = {}
+
 _CONTRACT_NAME = re.compile(r"Q12_[A-Z0-9_]+\Z")
 
 
 def register(source: str, entries: tuple[str, ...], emulators: Mapping[str, Callable] | None = None, *,
-             defines: Mapping[str, int] | None = None) -> None:
+             defines: Mapping[str, int] | None = None, structs: Mapping[str, type] | None = None) -> None:
     """Record ``source``'s ``entries``, make each emulator what an emulated launch of its entry runs, and keep
-    ``defines`` (contract name -> int, e.g. ``{"Q12_ROPE_THREADS": 256}``) for every compile of ``source``.
+    ``defines`` (contract name -> int, e.g. ``{"Q12_ROPE_THREADS": 256}``) for every compile of ``source`` and
+    ``structs`` (C type name -> ctypes mirror) for the by-value struct parameters of its entries.
 
     Raises
     ------
@@ -67,6 +71,7 @@ def register(source: str, entries: tuple[str, ...], emulators: Mapping[str, Call
         contracts.append(f"{name}={value}")
     SOURCES[source] = tuple(entries)
     CONTRACTS[source] = tuple(contracts)
+    _STRUCTS[source] = dict(structs or {})
     for entry in entries:
         ENTRIES[entry] = source
     for name, fn in (emulators or {}).items():
@@ -79,9 +84,10 @@ def compile_defines(source: str) -> tuple[str, ...]:
     return tuple(meta_defines()) + CONTRACTS.get(source, ())
 
 
-def struct_types() -> dict:
-    """The by-value struct parameters of the kernels' entries, by C type name."""
-    return {"Q12Meta": Q12MetaC, "Q12Tail": Q12TailC}
+def struct_types(source: str | None = None) -> dict:
+    """The by-value struct parameters of ``source``'s entries (every source's: None), by C type name."""
+    extra = _STRUCTS.get(source, {}) if source is not None else {k: v for d in _STRUCTS.values() for k, v in d.items()}
+    return {"Q12Meta": Q12MetaC, "Q12Tail": Q12TailC, **extra}
 
 
 def prepared(device: Device, entry: str) -> Launch:
@@ -92,6 +98,6 @@ def prepared(device: Device, entry: str) -> Launch:
         source = ENTRIES.get(entry)
         if source is None:
             raise KeyError(f"unknown kernel {entry!r}; kernels: {', '.join(sorted(ENTRIES))}")
-        module = load_module(device, source, defines=compile_defines(source), struct_types=struct_types())
+        module = load_module(device, source, defines=compile_defines(source), struct_types=struct_types(source))
         launch = device.cache[key] = module.kernel(entry).prepare()
     return launch

@@ -19,7 +19,12 @@ The position of frequency ``j`` comes from stream ``s(j)`` of the metadata (0 = 
 Entry::
 
     q12_rope(Q12Meta m, bf16* q, bf16* k, int num_q_heads, int num_kv_heads, int head_dim,
-             int rotary_dim, float theta, int mrope_mode, int sec_t, int sec_h, int sec_w)
+             int rotary_dim, float theta, int mrope_mode, int sec_t, int sec_h, int sec_w, RopeTable table)
+
+Scaled rotary embeddings (linear, dynamic NTK, YaRN, llama3, longrope, ...) come as a :class:`RopeScaling`: the
+inverse frequencies and the factor cos and sin are multiplied by, passed by value in the launch
+(:class:`RopeTableC`); :meth:`RopeScaling.from_transformers` takes them from a transformers config with
+transformers' own functions.
 
 The kernel walks ``m.total_tokens`` tokens with a grid stride (any grid covers the work);
 :func:`geometry` sizes a persistent grid. The numbers that geometry relies on are the kernel's
@@ -28,6 +33,11 @@ The kernel walks ``m.total_tokens`` tokens with a grid stride (any grid covers t
 """
 
 from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -41,6 +51,9 @@ __all__ = [
     "ENTRIES",
     "THREADS",
     "CONTRACTS",
+    "TABLE_FREQS",
+    "RopeTableC",
+    "RopeScaling",
     "MODE_PLAIN",
     "MODE_CHUNKED",
     "MODE_INTERLEAVED",
@@ -77,6 +90,117 @@ _VEC_PAIRS = 8  # pairs in a unit of the 16-byte path
 #: Resident CTAs of :data:`THREADS` per SM: the launch bounds guarantee 2 x 256 threads their registers,
 #: so the grid is capped at one full wave and no CTA waits for another (grid-stride loop inside).
 _CTAS_PER_SM = 2
+#: Frequencies a caller-given table holds at most (``rotary_dim <= 2 * TABLE_FREQS`` with a :class:`RopeScaling`).
+TABLE_FREQS = 256
+
+
+class RopeTableC(ctypes.Structure):
+    """ctypes mirror of ``struct RopeTable`` (``rope.cu``): a frequency table passed by value in the launch."""
+
+    _fields_ = [("inv_freq", ctypes.c_float * TABLE_FREQS), ("attention_factor", ctypes.c_float),
+                ("size", ctypes.c_int32)]
+
+
+#: The launch's table when there is none (``size`` 0: inverse frequencies from theta, factor 1).
+NO_TABLE = RopeTableC()
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Scaled rotary embeddings: the inverse frequencies the kernel uses instead of ``theta``'s, and the factor
+    cos and sin are multiplied by (transformers' ``attention_scaling``; YaRN and longrope have one).
+
+    Parameters
+    ----------
+    inv_freq : sequence of float
+        ``rotary_dim // 2`` positive finite values (float32), at most :data:`TABLE_FREQS`.
+    attention_factor : float
+        Positive finite.
+
+    Examples
+    --------
+    >>> s = RopeScaling(inv_freq=inv_freq(64, 1e7) / 4)        # linear scaling by 4  # doctest: +SKIP
+    >>> s = RopeScaling.from_transformers(config)               # whatever rope_type the config names  # doctest: +SKIP
+    """
+
+    inv_freq: tuple
+    attention_factor: float = 1.0
+    _table: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        try:
+            values = np.asarray(self.inv_freq, dtype=np.float64).reshape(-1)
+        except (TypeError, ValueError):
+            raise TypeError(f"inv_freq must be a sequence of numbers, got {type(self.inv_freq).__name__}") from None
+        if not 1 <= values.size <= TABLE_FREQS:
+            raise ValueError(f"inv_freq has {values.size} frequencies; a table holds 1..{TABLE_FREQS} "
+                             f"(rotary_dim // 2)")
+        if not (np.all(np.isfinite(values)) and np.all(values > 0)):
+            raise ValueError("inv_freq must be positive and finite")
+        af = self.attention_factor
+        if isinstance(af, bool) or not isinstance(af, (int, float, np.floating)) or not (math.isfinite(af) and af > 0):
+            raise ValueError(f"attention_factor must be a positive finite number, got {af!r}")
+        f32 = values.astype(np.float32)
+        object.__setattr__(self, "inv_freq", tuple(float(x) for x in f32))
+        object.__setattr__(self, "attention_factor", float(np.float32(af)))
+        table = RopeTableC()
+        table.inv_freq[:f32.size] = [float(x) for x in f32]
+        table.attention_factor = self.attention_factor
+        table.size = f32.size
+        object.__setattr__(self, "_table", table)
+
+    @property
+    def half(self) -> int:
+        """Frequencies: ``rotary_dim // 2``."""
+        return len(self.inv_freq)
+
+    def table(self) -> RopeTableC:
+        """The launch's by-value table (built once)."""
+        return self._table
+
+    @classmethod
+    def from_transformers(cls, config: Any, seq_len: int | None = None, layer_type: str | None = None) -> "RopeScaling":
+        """The table transformers itself computes for ``config`` (``ROPE_INIT_FUNCTIONS[rope_type]``: default,
+        linear, dynamic, yarn, longrope, llama3, ...).
+
+        Parameters
+        ----------
+        config : transformers.PreTrainedConfig
+            A model config carrying ``rope_parameters`` (or the older ``rope_scaling``).
+        seq_len : int, optional
+            The sequence length the dynamic and longrope types depend on (the longest position of the pass + 1):
+            their table changes with it, so a runtime makes one per pass where it does.
+        layer_type : str, optional
+            For configs with per-layer-type rope parameters.
+
+        Raises
+        ------
+        ImportError
+            transformers (and torch) are not installed.
+        """
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # an optional dependency
+
+        config.standardize_rope_params()
+        params = config.rope_parameters[layer_type] if layer_type is not None else config.rope_parameters
+        rope_type = params.get("rope_type", "default")
+        init = _default_inv_freq if rope_type == "default" else ROPE_INIT_FUNCTIONS[rope_type]
+        kw = {} if layer_type is None else {"layer_type": layer_type}
+        inv, factor = init(config, "cpu", seq_len, **kw) if seq_len is not None else init(config, "cpu", **kw)
+        return cls(tuple(float(x) for x in inv.float().reshape(-1).tolist()), float(factor))
+
+
+def _default_inv_freq(config, device, seq_len=None, layer_type=None):
+    """transformers' default rotary frequencies (``theta ** (2j / dim)``, float32), factor 1."""
+    import torch
+
+    params = config.rope_parameters[layer_type] if layer_type is not None else config.rope_parameters
+    base = params["rope_theta"]
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
+    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim))
+    return inv, 1.0
+
+
 #: The host/device contract: the numbers :func:`geometry`, :func:`tokens_per_warp` and :func:`check_params`
 #: rely on, passed as ``-D`` to every build of ``rope.cu`` and checked there against ``rope_config()``.
 CONTRACTS = {
@@ -87,6 +211,8 @@ CONTRACTS = {
     "Q12_ROPE_SMEM_ANGLES": _SMEM_ANGLES,
     "Q12_ROPE_UNITS_PER_LANE": _UNITS_PER_LANE,
     "Q12_ROPE_VEC_PAIRS": _VEC_PAIRS,
+    "Q12_ROPE_TABLE_FREQS": TABLE_FREQS,
+    "Q12_ROPE_TABLE_BYTES": ctypes.sizeof(RopeTableC),
 }
 
 
@@ -247,13 +373,24 @@ def axis_map(half: int, mrope_mode: int, sections: tuple[int, int, int] = (0, 0,
     raise ValueError(f"mrope_mode must be 0, 1 or 2, got {mrope_mode}")
 
 
-def _angles(positions3: np.ndarray, rotary_dim: int, theta: float, mrope_mode: int, sections) -> np.ndarray:
+def _frequencies(rotary_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:
+    """The float32 inverse frequencies the kernel uses: the table's, or ``theta``'s."""
+    if scaling is None:
+        return inv_freq(rotary_dim, theta)
+    if scaling.half != rotary_dim // 2:
+        raise ValueError(f"the RopeScaling table has {scaling.half} frequencies but rotary_dim {rotary_dim} needs "
+                         f"{rotary_dim // 2}")
+    return np.array(scaling.inv_freq, np.float32)
+
+
+def _angles(positions3: np.ndarray, rotary_dim: int, theta: float, mrope_mode: int, sections,
+            scaling: RopeScaling | None = None) -> np.ndarray:
     """fp32 angles ``[T, half]`` from positions ``[3, T]`` (uint32)."""
     half = rotary_dim // 2
     ax = axis_map(half, mrope_mode, sections)
     pos = np.asarray(positions3, dtype=np.uint32).astype(np.float32)  # RN, as __uint2float_rn
     per_j = pos[ax, :].T  # [T, half]
-    return (per_j * inv_freq(rotary_dim, theta)[None, :]).astype(np.float32)
+    return (per_j * _frequencies(rotary_dim, theta, scaling)[None, :]).astype(np.float32)
 
 
 def _positions3(positions, positions_h, positions_w) -> np.ndarray:
@@ -290,6 +427,7 @@ def reference(
     sections: tuple[int, int, int] = (0, 0, 0),
     positions_h: np.ndarray | None = None,
     positions_w: np.ndarray | None = None,
+    scaling: RopeScaling | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """What the kernel computes (returns new arrays; the kernel works in place).
 
@@ -309,6 +447,8 @@ def reference(
         ``(sec_t, sec_h, sec_w)`` for MRoPE.
     positions_h, positions_w : numpy.ndarray, optional
         uint32 ``[T]`` H and W streams (default: the T stream).
+    scaling : RopeScaling, optional
+        A frequency table and attention factor instead of ``theta``'s frequencies (factor 1).
 
     Returns
     -------
@@ -330,8 +470,9 @@ def reference(
     pos3 = _positions3(positions, positions_h, positions_w)
     if pos3.shape[1] != q.shape[0]:
         raise ValueError(f"{pos3.shape[1]} positions for {q.shape[0]} tokens")
-    ang = _angles(pos3, rotary_dim, theta, mrope_mode, sections).astype(np.float64)
-    cos, sin = np.cos(ang), np.sin(ang)
+    ang = _angles(pos3, rotary_dim, theta, mrope_mode, sections, scaling).astype(np.float64)
+    af = 1.0 if scaling is None else scaling.attention_factor
+    cos, sin = np.cos(ang) * af, np.sin(ang) * af
     return _rotate(q, cos, sin, rotary_dim), _rotate(k, cos, sin, rotary_dim)
 
 
@@ -344,6 +485,7 @@ def hf_style_reference(
     sections: tuple[int, int, int] = (0, 0, 0),
     positions_h: np.ndarray | None = None,
     positions_w: np.ndarray | None = None,
+    scaling: RopeScaling | None = None,
 ) -> np.ndarray:
     """HF's bf16 formula (``x * cos + rotate_half(x) * sin`` with cos/sin rounded to bf16 and every
     bf16 op rounded) on ``x`` ``[T, H, D]`` uint16 bits; for tolerance comparisons only.
@@ -354,7 +496,7 @@ def hf_style_reference(
         uint16 bf16 bits ``[T, H, D]``.
     positions, positions_h, positions_w : numpy.ndarray
         uint32 ``[T]`` position streams (H and W default to T).
-    rotary_dim, theta, mrope_mode, sections
+    rotary_dim, theta, mrope_mode, sections, scaling
         As in :func:`reference`.
 
     Returns
@@ -364,9 +506,10 @@ def hf_style_reference(
     """
     half = rotary_dim // 2
     pos3 = _positions3(positions, positions_h, positions_w)
-    ang = _angles(pos3, rotary_dim, theta, mrope_mode, sections)
-    cos_b = from_bf16_bits(to_bf16_bits(np.cos(ang.astype(np.float64)).astype(np.float32)))[:, None, :]
-    sin_b = from_bf16_bits(to_bf16_bits(np.sin(ang.astype(np.float64)).astype(np.float32)))[:, None, :]
+    ang = _angles(pos3, rotary_dim, theta, mrope_mode, sections, scaling)
+    af = np.float32(1.0 if scaling is None else scaling.attention_factor)
+    cos_b = from_bf16_bits(to_bf16_bits(np.cos(ang.astype(np.float64)).astype(np.float32) * af))[:, None, :]
+    sin_b = from_bf16_bits(to_bf16_bits(np.sin(ang.astype(np.float64)).astype(np.float32) * af))[:, None, :]
     out = np.array(x, dtype=np.uint16, copy=True)
     xf = from_bf16_bits(out[..., :rotary_dim])
     x1, x2 = xf[..., :half], xf[..., half:]
@@ -423,7 +566,13 @@ def emulate_rope(args: dict, mem, grid, block) -> None:
     q = mem.array(args["q"], np.uint16, (t, hq, d)) if hq else np.zeros((t, 0, d), np.uint16)
     k = mem.array(args["k"], np.uint16, (t, hkv, d)) if hkv else np.zeros((t, 0, d), np.uint16)
     theta = float(np.float32(args["theta"]))
-    q_out, k_out = reference(q, k, p_t, rd, theta, mode, sections, p_h, p_w)
+    table = args["table"]
+    scaling = None
+    if table.size:
+        if table.size != rd // 2:
+            raise ValueError(f"q12_rope would trap: a table of {table.size} frequencies for rotary_dim {rd}")
+        scaling = RopeScaling(tuple(table.inv_freq[:table.size]), table.attention_factor)
+    q_out, k_out = reference(q, k, p_t, rd, theta, mode, sections, p_h, p_w, scaling)
     if hq:
         q[...] = q_out
     if hkv:
@@ -432,4 +581,4 @@ def emulate_rope(args: dict, mem, grid, block) -> None:
 
 EMULATORS = {"q12_rope": emulate_rope}
 
-registry.register(SOURCE, ENTRIES, EMULATORS, defines=CONTRACTS)
+registry.register(SOURCE, ENTRIES, EMULATORS, defines=CONTRACTS, structs={"RopeTable": RopeTableC})

@@ -262,7 +262,7 @@ class PassGraph:
         ops.attention_entry(algo, shape.head_dim, dev.arch)  # a bad algo raises before the first launch
         ops.rope(dev, m, q, k, num_q_heads=shape.num_q_heads, num_kv_heads=shape.num_kv_heads,
                  head_dim=shape.head_dim, rotary_dim=shape.rotary_dim, theta=shape.rope_theta,
-                 mrope_mode=shape.mrope_mode, sections=shape.mrope_section, stream=st)
+                 mrope_mode=shape.mrope_mode, sections=shape.mrope_section, scaling=shape.rope_scaling, stream=st)
         ops.kv_write(dev, m, k, v, k_pool, v_pool, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
                      num_blocks=num_blocks, stream=st)
         ops.attention(dev, m, q, k_pool, v_pool, o, num_q_heads=shape.num_q_heads, num_kv_heads=shape.num_kv_heads,

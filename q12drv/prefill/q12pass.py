@@ -57,7 +57,12 @@ _F32 = 4
 
 @dataclass(frozen=True)
 class AttentionShape:
-    """Shape of an attention layer: heads, head dim, rotary settings (mrope_mode 0/1/2, see ops.rope)."""
+    """Shape of an attention layer: heads, head dim, rotary settings (mrope_mode 0/1/2, see ops.rope).
+
+    ``rope_scaling``: a :class:`~q12drv.kernels.rope.RopeScaling` for models with scaled rotary embeddings
+    (its frequencies replace ``rope_theta``'s; :meth:`~q12drv.kernels.rope.RopeScaling.from_transformers` reads
+    them from a transformers config).
+    """
 
     num_q_heads: int
     num_kv_heads: int
@@ -67,6 +72,7 @@ class AttentionShape:
     mrope_mode: int = 0
     mrope_section: tuple = (0, 0, 0)
     scale: float | None = None
+    rope_scaling: _rope.RopeScaling | None = None
 
 
 @dataclass(frozen=True)
@@ -360,6 +366,7 @@ class Q12Pass:
         if mode and not self.use_mrope:
             raise ValueError(f"shape.mrope_mode {mode} needs a pass staged with use_mrope=True")
         positive_float("shape.rope_theta", shape.rope_theta)
+        ops.rope_table(shape.rope_scaling, rd)
         if shape.scale is not None:
             positive_float("shape.scale", shape.scale)
 
@@ -448,13 +455,14 @@ class Q12Pass:
         # straight to the kernels' argument blocks
         hq, hkv, d, rd = shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.rotary_dim
         theta, mode, sections = float(shape.rope_theta), shape.mrope_mode, tuple(shape.mrope_section)
+        table = ops.rope_table(shape.rope_scaling, rd)
         scale = float(d ** -0.5 if shape.scale is None else shape.scale)
         dev, st, row_elems = self.device, self.stream, hkv * d
         num_slots = int(num_blocks) * self.block_size
         q, k, v, k_pool, v_pool, o = int(q), int(k), int(v), int(k_pool), int(v_pool), int(o)
 
         def run(meta, row_q, row_k):
-            ops.enqueue_rope(dev, meta, q + row_q, k + row_k, hq, hkv, d, rd, theta, mode, sections, st)
+            ops.enqueue_rope(dev, meta, q + row_q, k + row_k, hq, hkv, d, rd, theta, mode, sections, st, table)
             ops.enqueue_kv_write(dev, meta, k + row_k, v + row_k, k_pool, v_pool, row_elems, num_slots, st)
             ops.enqueue_attention(dev, meta, entry, q + row_q, k_pool, v_pool, o + row_q, hq, hkv, d, scale, st)
 

@@ -54,7 +54,7 @@ def make_meta(keep, pos_t, pos_h, pos_w, lens):
     )
 
 
-def run_rope(meta, q_ptr, k_ptr, hq, hkv, d, rd, theta, mode, sec, grid=None, block=None):
+def run_rope(meta, q_ptr, k_ptr, hq, hkv, d, rd, theta, mode, sec, grid=None, block=None, table=rope.NO_TABLE):
     g, b, smem = rope.geometry(int(meta.total_tokens), hq, hkv, d, rd)
     Kernel(rope.SOURCE, "q12_rope").launch(
         grid or g,
@@ -73,6 +73,7 @@ def run_rope(meta, q_ptr, k_ptr, hq, hkv, d, rd, theta, mode, sec, grid=None, bl
             ctypes.c_int32(sec[0]),
             ctypes.c_int32(sec[1]),
             ctypes.c_int32(sec[2]),
+            table,
         ],
     )
 
@@ -269,3 +270,40 @@ def test_rope_edges(d, rd, hq, hkv, theta, mode, sec, lens):
     for o in outs[1:]:  # any grid, any block, the direct path: the same bits
         np.testing.assert_array_equal(o[0], outs[0][0])
         np.testing.assert_array_equal(o[1], outs[0][1])
+
+
+@pytest.mark.parametrize("params", [
+    {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+    {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "original_max_position_embeddings": 4096},
+    {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+], ids=lambda p: p["rope_type"])
+def test_scaled_rope_against_transformers_rotary_classes(params):
+    """A RopeScaling table (transformers' own frequencies and attention factor) on the GPU against transformers'
+    LlamaRotaryEmbedding + apply_rotary_pos_emb in fp32."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    config = transformers.LlamaConfig(hidden_size=1024, num_attention_heads=8, num_key_value_heads=2,
+                                      max_position_embeddings=32768, rope_parameters=dict(params))
+    d, hq, hkv = config.head_dim, 8, 2
+    scaling = rope.RopeScaling.from_transformers(config)
+    rng = np.random.default_rng(9)
+    lens = [1, 300, 77]
+    pos = np.concatenate([np.sort(rng.integers(0, 30000, n)) for n in lens]).astype(np.uint32)
+    t = len(pos)
+    keep = []
+    meta = make_meta(keep, pos, pos, pos, lens)
+    q, k = rand_bf16(rng, (t, hq, d)), rand_bf16(rng, (t, hkv, d))
+    bq, bk = Buf(q.copy()), Buf(k.copy())
+    run_rope(meta, bq.ptr, bk.ptr, hq, hkv, d, d, params["rope_theta"], 0, (0, 0, 0), table=scaling.table())
+    torch.cuda.synchronize()
+    emb = LlamaRotaryEmbedding(config).cuda()
+    cos, sin = emb(torch.zeros(1, t, d, device="cuda"), torch.tensor(pos.astype(np.int64), device="cuda")[None])
+    tq = torch.tensor(from_bf16_bits(q), device="cuda").transpose(0, 1)[None]
+    tk = torch.tensor(from_bf16_bits(k), device="cuda").transpose(0, 1)[None]
+    want_q, want_k = apply_rotary_pos_emb(tq, tk, cos.float(), sin.float())
+    for buf, want, shape in ((bq, want_q, q.shape), (bk, want_k, k.shape)):
+        got = from_bf16_bits(buf.read(np.uint16, shape))
+        w = want[0].transpose(0, 1).cpu().numpy()
+        assert np.abs(got - w).max() / np.abs(w).max() < 8e-3, params["rope_type"]
