@@ -24,6 +24,7 @@ from q12drv import (
     Device,
     DeviceArray,
     DevicePtr,
+    Q12Error,
     ScratchArena,
     StreamStageInfo,
     check_kernel_batched_eligible,
@@ -140,6 +141,21 @@ def _bad_meta(w):
     return dataclasses.replace(w.q12.meta, staged_bytes=w.q12.meta.staged_bytes - 64)
 
 
+def _stale_meta(w):
+    # what the pass's metadata looks like to a launcher after arena.reset(): its generation is behind
+    # (a real reset is in test_launchers_refuse_stale_and_closed_metadata)
+    return dataclasses.replace(w.q12.meta, generation=w.q12.meta.generation - 1)
+
+
+class _ClosedArena:
+    closed = True
+    generation = 0
+
+
+def _closed_meta(w):
+    return dataclasses.replace(w.q12.meta, arena=_ClosedArena())
+
+
 def _fresh_arena(w):
     w.arena.reset()  # (restored by the snapshot comparison? no: only used by cases that raise first)
 
@@ -251,6 +267,24 @@ CASES = [
          r"streams\[2\].block_table has 1 entries but kv_len 164 at block_size 16 needs 11"),
     Case("stage table over i32", "block_table entry 2**33",
          lambda w: _stage(w, _with(w, 1, block_table=np.full(4, 1 << 33))), ValueError, "entries outside int32"),
+    Case("stage table uint64 wraps to -1", "block_table uint64 2**64 - 1",
+         lambda w: _stage(w, _with(w, 1, block_table=np.full(4, (1 << 64) - 1, np.uint64))), ValueError,
+         r"entries outside int32 \(min 18446744073709551615"),
+    Case("stage table uint64 past i32", "block_table uint64 2**64 - 2**31",
+         lambda w: _stage(w, _with(w, 1, block_table=np.full(4, (1 << 64) - (1 << 31), np.uint64))), ValueError,
+         "entries outside int32"),
+    Case("stage table uint32 past i32", "block_table uint32 2**31",
+         lambda w: _stage(w, _with(w, 1, block_table=np.full(4, 1 << 31, np.uint32))), ValueError,
+         r"entries outside int32 \(min 2147483648"),
+    Case("stage mrope uint64 near 2**64", "mrope_positions uint64 2**64 - 1",
+         lambda w: _stage(w, _with(w, 0, mrope_positions=np.full((3, 37), (1 << 64) - 1, np.uint64))), ValueError,
+         r"mrope_positions must be in \[0, 4294967295\] \(u32\), got \[18446744073709551615"),
+    Case("stage misaligned block table", "block_table_dev=ptr+2",
+         lambda w: _stage(w, _with(w, 1, block_table_dev=w.streams[1].block_table_dev + 2)), ValueError,
+         r"streams\[1\].block_table_dev must be 4-byte aligned"),
+    Case("stage misaligned seq_len", "seq_len_dev=ptr+1",
+         lambda w: _stage(w, _with(w, 2, seq_len_dev=w.streams[2].seq_len_dev + 1)), ValueError,
+         r"streams\[2\].seq_len_dev must be 4-byte aligned"),
     Case("stage table float", "block_table float64",
          lambda w: _stage(w, _with(w, 1, block_table=np.zeros(4))), TypeError, "must be a 1-D integer array"),
     Case("stage mrope wrong shape", "mrope_positions (2, 37)",
@@ -308,6 +342,15 @@ CASES = [
          r"state_ptrs\[0\] must be in \[1, 18446744073709551615\]"),
     Case("upload float", "upload([4096.0, ...])", lambda w: w.q12.h_slot.upload([4096.0] + w.state_ptrs()[1:]),
          TypeError, r"state_ptrs\[0\] must be an int"),
+    Case("upload misaligned", "upload([p + 2, ...])",
+         lambda w: w.q12.h_slot.upload([w.p("states") + 2] + w.state_ptrs()[1:]), ValueError,
+         r"state_ptrs\[0\] must be 4-byte aligned"),
+    Case("upload uint64 array past 64 bits", "upload(np.uint64 [2**64 - 1, ...])",
+         lambda w: w.q12.h_slot.upload(np.array([(1 << 64) - 1] + w.state_ptrs()[1:], np.uint64)), ValueError,
+         r"state_ptrs\[0\] must be 4-byte aligned"),
+    Case("upload int64 array negative", "upload(np.int64 [-4096, ...])",
+         lambda w: w.q12.h_slot.upload(np.array([-4096] + w.state_ptrs()[1:], np.int64)), ValueError,
+         r"state_ptrs\[0\] must be in \[1, "),
     Case("upload not a sequence", "upload(4096)", lambda w: w.q12.h_slot.upload(4096), TypeError,
          "state_ptrs must be a sequence"),
     # --- Q12Pass ---------------------------------------------------------------------------------
@@ -323,6 +366,12 @@ CASES = [
     Case("pass empty", "streams=[]", lambda w: _pass(w, []), ValueError, "at least one stream"),
     Case("pass NULL table", "block_table_dev=0", lambda w: _pass(w, _with(w, 2, block_table_dev=0)), ValueError,
          r"streams\[2\].block_table_dev"),
+    Case("pass table uint64 wraps to -1", "block_table uint64 2**64 - 1",
+         lambda w: _pass(w, _with(w, 0, block_table=np.full(8, (1 << 64) - 1, np.uint64))), ValueError,
+         r"streams\[0\].block_table has entries outside int32"),
+    Case("pass misaligned block table", "block_table_dev=ptr+1",
+         lambda w: _pass(w, _with(w, 0, block_table_dev=w.streams[0].block_table_dev + 1)), ValueError,
+         r"streams\[0\].block_table_dev must be 4-byte aligned"),
     Case("pass short table", "block_table[:2]", lambda w: _pass(w, _with(w, 0, block_table=w.streams[0].block_table[:2])),
          ValueError, r"streams\[0\].block_table has 2 entries but kv_len 53"),
     Case("pass chunks length", "chunks for 2 of 3 streams", lambda w: _pass(w, chunks=[(37, 37, 16, False)] * 2),
@@ -390,6 +439,18 @@ CASES = [
          "device must be a q12drv Device"),
     Case("kv_write meta type", "meta=None", lambda w: _op_kv_write(w, meta=None), TypeError,
          "meta must be a BatchedAttnMetadata"),
+    Case("kv_write stale meta", "meta staged before arena.reset()",
+         lambda w: _op_kv_write(w, meta=_stale_meta(w)), Q12Error, "this metadata is stale"),
+    Case("rope stale meta", "meta staged before arena.reset()", lambda w: _op_rope(w, meta=_stale_meta(w)), Q12Error,
+         "this metadata is stale"),
+    Case("attention stale meta", "meta staged before arena.reset()",
+         lambda w: _op_attention(w, meta=_stale_meta(w)), Q12Error, "this metadata is stale"),
+    Case("gdn stale meta", "meta staged before arena.reset()", lambda w: _op_gdn(w, meta=_stale_meta(w)), Q12Error,
+         "this metadata is stale"),
+    Case("kv_write meta of a closed arena", "meta of a closed arena",
+         lambda w: _op_kv_write(w, meta=_closed_meta(w)), Q12Error, "ScratchArena is closed"),
+    Case("gdn meta of a closed arena", "meta of a closed arena", lambda w: _op_gdn(w, meta=_closed_meta(w)),
+         Q12Error, "ScratchArena is closed"),
     Case("kv_write NULL k_pool", "k_pool=0", lambda w: _op_kv_write(w, k_pool=0), ValueError,
          "k_pool must be a non-NULL device pointer"),
     Case("kv_write num_blocks negative", "num_blocks=-1", lambda w: _op_kv_write(w, num_blocks=-1), ValueError,
@@ -604,6 +665,34 @@ def test_a_stale_pass_and_its_slot_refuse_to_write():
             slot.upload(w.state_ptrs())
         with pytest.raises(Q12Error, match="closed"):
             w.run_layers(new)
+
+
+def test_launchers_refuse_stale_and_closed_metadata():
+    # ops.* take metadata from the caller: after arena.reset() its offsets may hold another pass's
+    # bytes, after close() they are freed. Every launcher refuses it before enqueuing anything.
+    with open_device("emu") as dev:
+        w = World.build(dev)
+        old = w.q12.meta
+        _op_kv_write(w)  # current: fine
+        w.new_pass()  # resets the arena and stages again at the same offsets
+        before = snapshot(dev, w.arena)
+        for op in (_op_kv_write, _op_rope, _op_attention, _op_gdn):
+            with pytest.raises(Q12Error, match="this metadata is stale"):
+                op(w, meta=old)
+        assert_same(before, snapshot(dev, w.arena))
+        w.close()
+        for op in (_op_kv_write, _op_rope, _op_attention, _op_gdn):
+            with pytest.raises(Q12Error, match="ScratchArena is closed"):
+                op(w, meta=old)
+
+
+def test_handmade_metadata_without_an_arena_is_not_refused():
+    # A BatchedAttnMetadata built by hand (no arena) cannot be checked for staleness: launchers take it.
+    with open_device("emu") as dev:
+        w = World.build(dev)
+        meta = dataclasses.replace(w.q12.meta, arena=None, generation=None)
+        _op_kv_write(w, meta=meta)
+        w.close()
 
 
 def test_extreme_but_valid_numbers_stage_exactly():
