@@ -21,6 +21,7 @@ import pytest
 import q12drv
 from q12drv import (
     CapacityError,
+    CudaError,
     Device,
     DeviceArray,
     DevicePtr,
@@ -36,6 +37,7 @@ from q12drv import (
     stage_batched_attn_metadata,
     stage_stream_metadata,
 )
+from q12drv.core.admission import decide
 from q12drv.tools.cli import main as cli_main
 from q12drv.kernels import gdn_wgmma, ops
 from q12drv.prefill import GdnShape, Q12Pass
@@ -156,6 +158,12 @@ def _closed_meta(w):
     return dataclasses.replace(w.q12.meta, arena=_ClosedArena())
 
 
+def _closed_arena(w):
+    arena = ScratchArena(w.dev, 4096)
+    arena.close()
+    return arena
+
+
 def _fresh_arena(w):
     w.arena.reset()  # (restored by the snapshot comparison? no: only used by cases that raise first)
 
@@ -178,6 +186,19 @@ CASES = [
     Case("DevicePtr negative", "DevicePtr(-1)", lambda w: DevicePtr(-1), ValueError, r"\[0, 2\*\*64\)"),
     Case("DevicePtr past 64 bits", "DevicePtr(2**64)", lambda w: DevicePtr(1 << 64), ValueError, r"\[0, 2\*\*64\)"),
     Case("DevicePtr float", "DevicePtr(4096.5)", lambda w: DevicePtr(4096.5), TypeError, "device pointer must be an int"),
+    Case("DevicePtr bool", "DevicePtr(True)", lambda w: DevicePtr(True), TypeError, "device pointer must be an int, got bool"),
+    Case("DevicePtr numpy bool", "DevicePtr(np.True_)", lambda w: DevicePtr(np.True_), TypeError,
+         "device pointer must be an int"),
+    Case("memset value past a byte", "dev.memset(p, 300, 4)", lambda w: w.dev.memset(w.p("o"), 300, 4), ValueError,
+         r"memset value \(a byte\) must be in \[0, 255\], got 300"),
+    Case("memset value negative", "dev.memset(p, -1, 4)", lambda w: w.dev.memset(w.p("o"), -1, 4), ValueError,
+         r"memset value \(a byte\) must be in \[0, 255\], got -1"),
+    Case("memset nbytes negative", "dev.memset(p, 0, -4)", lambda w: w.dev.memset(w.p("o"), 0, -4), ValueError,
+         "memset nbytes must be >= 0"),
+    Case("alloc past the device", "dev.alloc(2**50)", lambda w: w.dev.alloc(1 << 50), CudaError,
+         "cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY"),
+    Case("pinned past the host", "dev.pinned(2**50)", lambda w: w.dev.pinned(1 << 50), CudaError,
+         "cuMemHostAlloc failed: CUDA_ERROR_OUT_OF_MEMORY"),
     Case("DeviceArray NULL-1", "DeviceArray(-16, u8, 4)", lambda w: DeviceArray(-16, np.uint8, 4), ValueError,
          r"\[0, 2\*\*64\)"),
     # --- the arena -------------------------------------------------------------------------------
@@ -208,6 +229,14 @@ CASES = [
     Case("read size float", "arena.read(0, 1.5)", lambda w: w.arena.read(0, 1.5), TypeError, "nbytes must be an int"),
     Case("view past capacity", "arena.view(capacity, u8, 1)", lambda w: w.arena.view(w.arena.capacity, np.uint8, 1),
          CapacityError, "view needs"),
+    Case("view of a closed arena", "arena.view(0, u8, 1) after close()",
+         lambda w: _closed_arena(w).view(0, np.uint8, 1), Q12Error, "this ScratchArena is closed"),
+    Case("ptr of a closed arena", "arena.ptr(0) after close()", lambda w: _closed_arena(w).ptr(0), Q12Error,
+         "this ScratchArena is closed"),
+    Case("read of a closed arena", "arena.read(0, 8) after close()", lambda w: _closed_arena(w).read(0, 8), Q12Error,
+         "this ScratchArena is closed"),
+    Case("reserve in a closed arena", "arena.reserve('x', 8) after close()",
+         lambda w: _closed_arena(w).reserve("x", 8), Q12Error, "this ScratchArena is closed"),
     # --- sizing and planning ---------------------------------------------------------------------
     Case("plan empty", "make_scratch_plan([], 4, True)", lambda w: make_scratch_plan([], 4, True), ValueError,
          "counts is empty"),
@@ -224,7 +253,11 @@ CASES = [
     Case("plan i32 overflow", "make_scratch_plan([2**30, 2**30], ...)",
          lambda w: make_scratch_plan([1 << 30, 1 << 30], 0, False), ValueError, "overflows the i32 cu_seqlens"),
     Case("seed bytes negative n", "q12_batched_scratch_bytes(-1, 8, 4, True)",
-         lambda w: q12_batched_scratch_bytes(-1, 8, 4, True), ValueError, "n must be >= 0"),
+         lambda w: q12_batched_scratch_bytes(-1, 8, 4, True), ValueError, "n must be >= 1"),
+    Case("seed bytes zero streams", "q12_batched_scratch_bytes(0, 8, 4, True)",
+         lambda w: q12_batched_scratch_bytes(0, 8, 4, True), ValueError, "n must be >= 1, got 0"),
+    Case("seed varlen zero streams", "q12_batched_scratch_bytes_varlen(0, 0, 8, 4, True)",
+         lambda w: q12_batched_scratch_bytes_varlen(0, 0, 8, 4, True), ValueError, "n must be >= 1, got 0"),
     Case("seed bytes float chunk", "q12_batched_scratch_bytes(4, 8.0, 4, True)",
          lambda w: q12_batched_scratch_bytes(4, 8.0, 4, True), TypeError, "chunk_len must be an int"),
     Case("seed varlen mrope str", "q12_batched_scratch_bytes_varlen(4, 32, 8, 4, 'no')",
@@ -233,6 +266,22 @@ CASES = [
     Case("admission n mismatch", "n=3 for 2 tuples", lambda w: _admit(n=3), ValueError, "n = 3 but 2 stream tuples"),
     Case("admission tuple shape", "streams=[(8, 8)]", lambda w: _admit(streams=[(8, 8)], n=1), TypeError,
          r"streams\[0\] must be a \(chunk_len, eff_len, chunk_start, is_last\) tuple"),
+    Case("admission is_mla 'False'", "is_mla='False'", lambda w: _admit(is_mla="False"), TypeError,
+         "is_mla must be a bool .* got str 'False'"),
+    Case("admission is_mla 1", "is_mla=1", lambda w: _admit(is_mla=1), TypeError, "is_mla must be a bool"),
+    Case("admission mrope 'no'", "mrope='no'", lambda w: _admit(mrope="no"), TypeError, "mrope must be a bool"),
+    Case("admission allow_chunk_zero NaN", "allow_chunk_zero=nan", lambda w: _admit(allow_chunk_zero=float("nan")),
+         TypeError, "allow_chunk_zero must be a bool"),
+    Case("admission varlen 0", "varlen=0", lambda w: _admit(varlen=0), TypeError, "varlen must be a bool"),
+    Case("admission is_last 'False'", "(8, 8, 16, 'False')",
+         lambda w: _admit(streams=[(8, 8, 16, "False"), (9, 9, 16, False)]), TypeError,
+         r"streams\[0\].is_last must be a bool"),
+    Case("decide is_mla 'no'", "decide(..., is_mla='no')",
+         lambda w: decide([(8, 8, 16, False)] * 2, 64, "no", 64, 1 << 20, 4, True, True, True), TypeError,
+         "is_mla must be a bool"),
+    Case("decide varlen NaN", "decide(..., varlen=nan)",
+         lambda w: decide([(8, 8, 16, False)] * 2, 64, False, 64, 1 << 20, 4, True, True, float("nan")), TypeError,
+         "varlen must be a bool"),
     Case("admission eff over chunk", "(8, 9, 16, False)", lambda w: _admit(streams=[(8, 9, 16, False)] * 2), ValueError,
          r"streams\[0\]: eff_len 9 exceeds chunk_len 8"),
     Case("admission negative start", "(8, 8, -16, False)", lambda w: _admit(streams=[(8, 8, -16, False)] * 2),
@@ -363,6 +412,11 @@ CASES = [
          lambda w: _pass(w, _with(w, 1, mrope_positions=np.zeros((3, w.streams[1].proc_count), np.int32)),
                          expand="device"),
          ValueError, r"expand='device' writes text positions only, but streams\[\d+\] carries mrope_positions"),
+    Case("pass is_mla 'False'", "Q12Pass(is_mla='False')", lambda w: _pass(w, is_mla="False"), TypeError,
+         "is_mla must be a bool"),
+    Case("pass varlen 1", "Q12Pass(varlen=1)", lambda w: _pass(w, varlen=1), TypeError, "varlen must be a bool"),
+    Case("pass allow_chunk_zero 'no'", "Q12Pass(allow_chunk_zero='no')", lambda w: _pass(w, allow_chunk_zero="no"),
+         TypeError, "allow_chunk_zero must be a bool"),
     Case("pass empty", "streams=[]", lambda w: _pass(w, []), ValueError, "at least one stream"),
     Case("pass NULL table", "block_table_dev=0", lambda w: _pass(w, _with(w, 2, block_table_dev=0)), ValueError,
          r"streams\[2\].block_table_dev"),
@@ -427,6 +481,10 @@ CASES = [
          r"state_ptrs\[2\] must be a non-NULL"),
     Case("gdn misaligned q", "q=ptr+8", lambda w: _gdn(w, q=w.p("gq") + 8), ValueError, "q must be 16-byte aligned"),
     Case("gdn misaligned g", "g=ptr+2", lambda w: _gdn(w, g=w.p("g") + 2), ValueError, "g must be 4-byte aligned"),
+    Case("gdn shape None", "shape=None", lambda w: _gdn(w, None), TypeError, "shape must be a GdnShape, got NoneType"),
+    Case("gdn shape None wgmma wide", "shape=None, algo='wgmma', form='wide'",
+         lambda w: w.q12.gdn_layer(*w.gdn_args(), None, algo="wgmma", form="wide"), TypeError,
+         "shape must be a GdnShape"),
     Case("gdn algo", "algo='wy'", lambda w: _gdn(w, algo="wy"), ValueError, "algo must be one of"),
     Case("gdn head_dim 96", "head_dim=96", lambda w: _gdn(w, GdnShape(2, 4, 96)), ValueError,
          "GDN prefill has kernels for head_dim 64 and 128, not 96"),
@@ -693,6 +751,42 @@ def test_handmade_metadata_without_an_arena_is_not_refused():
         meta = dataclasses.replace(w.q12.meta, arena=None, generation=None)
         _op_kv_write(w, meta=meta)
         w.close()
+
+
+def test_an_arena_is_closed_with_its_device():
+    # Device.close() frees every allocation, the arena's included: the arena then says it is closed and
+    # refuses to hand out addresses in the freed memory; closing it afterwards is harmless.
+    dev = open_device("emu")
+    arena = ScratchArena(dev, 4096)
+    arena.reserve("x", 64)
+    assert not arena.closed
+    dev.close()
+    assert arena.closed and "closed" in repr(arena)
+    for call in (lambda: arena.view(0, np.uint8, 1), lambda: arena.ptr(0), lambda: arena.read(0, 8),
+                 lambda: arena.reserve("y", 8), arena.guard_intact):
+        with pytest.raises(q12drv.Q12Error, match="this ScratchArena is closed"):
+            call()
+    arena.close()
+    assert dev.driver.live_allocations() == {"device": 0, "pinned": 0, "modules": 0}
+
+
+def test_the_emulator_runs_out_of_memory_as_a_gpu_does():
+    # An allocation past what the emulated device holds fails with the real driver's error, before any host
+    # memory is taken; what fits still allocates, and freeing gives the room back.
+    from q12drv.core.driver import EmuDriver
+
+    drv = EmuDriver()
+    drv.memory.limit = 1 << 20
+    with q12drv.Device(drv) as dev:
+        a = dev.alloc(600 << 10)
+        with pytest.raises(CudaError) as info:
+            dev.alloc(600 << 10)
+        assert (info.value.name, info.value.call) == ("CUDA_ERROR_OUT_OF_MEMORY", "cuMemAlloc")
+        with pytest.raises(CudaError, match="cuMemHostAlloc failed: CUDA_ERROR_OUT_OF_MEMORY"):
+            dev.pinned(2 << 20)
+        assert dev.driver.live_allocations()["device"] == 1
+        a.free()
+        dev.alloc(600 << 10).free()
 
 
 def test_extreme_but_valid_numbers_stage_exactly():
