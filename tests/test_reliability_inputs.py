@@ -649,30 +649,82 @@ CLI_CASES = [
     ("sass unknown entry", ["sass", "kv_write.cu", "q12_nope"], 2, "has no entry q12_nope; its entries: q12_kv_write"),
     ("sass bad define", ["sass", "kv_write.cu", "-D", "A B"], 2, "a define is NAME or NAME=VALUE"),
     ("unknown command", ["explode"], 2, "invalid choice"),
+    ("inspect named pipe", ["inspect", "{fifo}"], 2, "is a named pipe (FIFO), not a dump file"),
+    ("inspect symlink to a pipe", ["inspect", "{fifo_link}"], 2, "is a named pipe (FIFO), not a dump file"),
+    ("diff named pipe", ["diff", "{dump}", "{fifo}"], 2, "is a named pipe (FIFO)"),
+    ("render named pipe", ["render", "{fifo}", "-o", "{tmp}/p.png"], 2, "is a named pipe (FIFO)"),
+    ("render into a pipe", ["render", "{dump}", "-o", "{fifo}"], 2, "it exists and is not a regular file"),
+    ("render over its input", ["render", "{dump}", "-o", "{dump}"], 2, "it is the dump being read"),
+    ("render over its input by a link", ["render", "{dump}", "-o", "{dump_link}"], 2, "it is the dump being read"),
+    ("inspect member header without .npy", ["inspect", "{misnamed}"], 2, "member 'header' must be named 'header.npy'"),
+    ("inspect past max-bytes", ["inspect", "--max-bytes", "4096", "{dump}"], 2, "raise the limit with --max-bytes"),
+    ("diff past max-bytes", ["diff", "--max-bytes", "4096", "{dump}", "{dump}"], 2, "raise the limit with --max-bytes"),
+    ("inspect max-bytes 0", ["inspect", "--max-bytes", "0", "{dump}"], 2, "must be >= 1"),
+    ("demo unknown Q12DRV_DRIVER", ["Q12DRV_DRIVER=gpu", "demo", "--no-kernels"], 2,
+     "driver must be one of auto, cuda, emu (argument or Q12DRV_DRIVER), got 'gpu'"),
+    ("demo --driver auto, unknown Q12DRV_DRIVER", ["Q12DRV_DRIVER=tpu", "demo", "--driver", "auto", "--no-kernels"], 2,
+     "got 'tpu'"),
 ]
 
 
 @pytest.fixture(scope="module")
 def cli_files(tmp_path_factory):
+    import os
+    import zipfile
+
     tmp = tmp_path_factory.mktemp("cli")
     (tmp / "text.npz").write_text("hello, not a zip")
     dump = tmp / "pass.npz"
     assert cli_main(["demo", "--driver", "emu", "--no-kernels", "--dump", str(dump)]) == 0
-    return {"tmp": str(tmp), "dump": str(dump)}
+    os.mkfifo(tmp / "fifo.npz")  # opening it for reading would wait for a writer forever
+    (tmp / "fifo_link.npz").symlink_to(tmp / "fifo.npz")
+    (tmp / "dump_link.npz").symlink_to(dump)
+    with zipfile.ZipFile(dump) as src, zipfile.ZipFile(tmp / "misnamed.npz", "w") as dst:
+        for info in src.infolist():
+            dst.writestr("header" if info.filename == "header.npy" else info.filename, src.read(info))
+    return {"tmp": str(tmp), "dump": str(dump), "fifo": str(tmp / "fifo.npz"), "fifo_link": str(tmp / "fifo_link.npz"),
+            "dump_link": str(tmp / "dump_link.npz"), "misnamed": str(tmp / "misnamed.npz")}
+
+
+def _env_and_argv(argv: list) -> tuple:
+    """Leading ``NAME=VALUE`` items of a CLI case are its environment."""
+    env = {}
+    while argv and "=" in argv[0] and argv[0].split("=")[0].isupper():
+        name, value = argv[0].split("=", 1)
+        env[name] = value
+        argv = argv[1:]
+    return env, argv
 
 
 @pytest.mark.parametrize("argv,status,fragment", [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
-def test_cli_bad_input(cli_files, capsys, argv, status, fragment):
-    argv = [a.format(**cli_files) for a in argv]
-    try:
-        rc = cli_main(argv)
-    except SystemExit as exc:  # argparse
-        rc = exc.code
+def test_cli_bad_input(cli_files, capsys, monkeypatch, argv, status, fragment):
+    import os
+    import threading
+
+    env, argv = _env_and_argv([a.format(**cli_files) for a in argv])
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    before = os.path.getsize(cli_files["dump"])
+    outcome = {}
+
+    def run():
+        try:
+            outcome["rc"] = cli_main(argv)
+        except SystemExit as exc:  # argparse
+            outcome["rc"] = exc.code
+
+    worker = threading.Thread(target=run, daemon=True)  # a hang (a reader waiting on a pipe) fails, not blocks
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), f"q12drv {' '.join(argv)} still running after 60 s"
     captured = capsys.readouterr()
     err = captured.err + captured.out
-    assert rc == status
+    assert outcome["rc"] == status, err
     assert fragment in err, err
     assert "Traceback" not in err
+    if status == 2 and "usage:" not in err:
+        assert captured.err.count("\n") == 1, captured.err  # one line
+    assert os.path.getsize(cli_files["dump"]) == before  # the dump read is never overwritten
 
 
 # --- tests/README.md carries this matrix ------------------------------------------------------
@@ -688,7 +740,10 @@ def readme_table() -> str:
         frag = re.sub(r"\[\\d,\]\+|\\d\+", "N", c.match).replace(".*", "...").replace("\\", "")
         rows.append(f"| {c.id} | `{c.input}` | `{_exc_name(c.exc)}` | `{frag}` | `test_bad_input[{c.id}]` |")
     for cid, argv, status, frag in CLI_CASES:
-        rows.append(f"| {cid} | `q12drv {' '.join(argv)}` | exit {status} | `{frag}` | `test_cli_bad_input[{cid}]` |")
+        env, argv = _env_and_argv(list(argv))
+        prefix = "".join(f"{k}={v} " for k, v in env.items())
+        rows.append(f"| {cid} | `{prefix}q12drv {' '.join(argv)}` | exit {status} | `{frag}` | "
+                    f"`test_cli_bad_input[{cid}]` |")
     return "\n".join(rows)
 
 

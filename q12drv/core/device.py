@@ -364,7 +364,9 @@ class Device:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Device({self.name!r}, driver={self.driver.name}, arch={self.arch})"
+        why = getattr(self.driver, "fallback_reason", None)
+        driver = self.driver.name if why is None else f"{self.driver.name} (auto fell back: {why})"
+        return f"Device({self.name!r}, driver={driver}, arch={self.arch})"
 
 
 #: Devices not yet closed; closed at interpreter exit so contexts, modules and pinned memory are

@@ -33,10 +33,12 @@ from ..errors import HostRaceError
 from .base import Driver
 from .result import cuda_error, fail
 
-__all__ = ["EmuDriver", "EmuMemory", "register_emulator", "EmuImage", "POISON_BYTE"]
+__all__ = ["EmuDriver", "EmuMemory", "register_emulator", "EmuImage", "POISON_BYTE", "TIMING_NOTE"]
 
 #: What fresh emulated allocations are filled with.
 POISON_BYTE = 0xA5
+#: What a timing measured on the emulated driver is (every printed timing on it says so).
+TIMING_NOTE = "emulated driver: numpy on the host, not GPU time"
 _ALIGN = 256
 _DEFAULT_SMEM = 48 * 1024
 _OPTIN_SMEM = 227 * 1024
@@ -189,6 +191,8 @@ class EmuDriver(Driver):
 
     name = "emu"
     runs_cubins = False
+    #: Why ``open_driver("auto")`` fell back to this driver (None: the emulator was asked for).
+    fallback_reason: str | None = None
 
     def __init__(self, deferred: bool = False):
         self.deferred = bool(deferred)
