@@ -130,3 +130,19 @@ def test_emulator_timings_are_labelled(capsys):
 
     with open_device("emu", deferred=True) as dev:
         assert TIMING_NOTE in run_soak(dev, 3, layers=1).summary()
+
+
+def test_an_unexpected_failure_is_one_line_unless_the_traceback_is_asked_for(monkeypatch, capsys, tmp_path):
+    import q12drv.tools.inspect as inspect_mod
+
+    def broken(*a, **k):
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(inspect_mod, "inspect_dump", broken)
+    assert main(["inspect", str(tmp_path / "x.npz")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "internal error: RuntimeError: boom second line" in err
+    assert "Q12DRV_TRACEBACK=1" in err and "Traceback" not in err
+    monkeypatch.setenv("Q12DRV_TRACEBACK", "1")
+    with pytest.raises(RuntimeError, match="boom"):
+        main(["inspect", str(tmp_path / "x.npz")])

@@ -45,6 +45,16 @@ def rewrite(src, dst, *, header=None, arena=None, guard=None, tables=None):
     return dst
 
 
+def stage_as_planned(arena, plan, streams):
+    """Reserve ``plan``'s MoE area and per-stream blocks, stage ``streams`` at its stacked offset (block size 16,
+    dummy block 0) and place the JIT slot: ``(meta, slot)``."""
+    for r in (plan.moe, *plan.stream_blocks):
+        arena.reserve(r.name, r.nbytes, offset=r.offset)
+    meta = stage_batched_attn_metadata(arena, streams, block_size=16, use_mrope=plan.mrope,
+                                       scratch_offset_bytes=plan.stacked.offset, dummy_kv_block=0)
+    return meta, place_h_state_slot(arena, meta)
+
+
 def field_of(path, name):
     return load_dump(path).metas[0].field(name)
 
@@ -134,11 +144,7 @@ def field_dump(tmp_path_factory):
         plan = make_scratch_plan(list(FIELD_COUNTS), 4, True, "exact")
         states = dev.alloc(3 * 4096, "states")
         with ScratchArena(dev, plan.total_bytes) as arena:
-            for r in (plan.moe, *plan.stream_blocks):
-                arena.reserve(r.name, r.nbytes, offset=r.offset)
-            meta = stage_batched_attn_metadata(arena, streams, block_size=16, use_mrope=True,
-                                               scratch_offset_bytes=plan.stacked.offset, dummy_kv_block=0)
-            slot = place_h_state_slot(arena, meta)
+            meta, slot = stage_as_planned(arena, plan, streams)
             slot.upload([int(states.ptr) + 4096 * b for b in range(3)])
             dump_arena(arena, path, plan=plan, meta=meta, streams=streams, h_slot=slot, num_blocks=FIELD_CACHE)
     d = load_dump(path)
@@ -316,11 +322,7 @@ def test_guard_overwritten_on_the_device(emu, tmp_path):
     streams, _ = make_streams(emu, [20, 30, 7])
     plan = make_scratch_plan([s.proc_count for s in streams], 4, False, "exact")
     with ScratchArena(emu, plan.total_bytes) as arena:
-        for r in (plan.moe, *plan.stream_blocks):
-            arena.reserve(r.name, r.nbytes, offset=r.offset)
-        meta = stage_batched_attn_metadata(arena, streams, block_size=16, use_mrope=False,
-                                           scratch_offset_bytes=plan.stacked.offset, dummy_kv_block=0)
-        slot = place_h_state_slot(arena, meta)
+        meta, slot = stage_as_planned(arena, plan, streams)
         assert inspect_dump(dump_arena(arena, tmp_path / "ok.npz", plan=plan, meta=meta, streams=streams, h_slot=slot)).ok
         emu.memset(int(arena.base) + arena.capacity + 100, 0, 3)
         emu.synchronize()
@@ -552,3 +554,10 @@ def test_scripts_are_thin_wrappers(demo_dump, tmp_path):
     res = subprocess.run([sys.executable, str(REPO / "scripts" / "diff_arena_dumps.py"), str(demo_dump),
                           str(tmp_path / "missing.npz")], capture_output=True, text=True)
     assert res.returncode == 2 and res.stderr.startswith("diff_arena_dumps.py: ") and "no such file" in res.stderr
+
+
+def test_diff_names_the_block_table_entry(field_dump, tmp_path):
+    d = load_dump(field_dump)
+    bad = rewrite(field_dump, tmp_path / "bad.npz", tables=lambda t: _swap_entries(t, d))
+    where = [x.where for x in diff_dumps(field_dump, bad)]
+    assert where == ["block_tables (stream 2 entry 6)"]

@@ -656,6 +656,7 @@ CLI_CASES = [
     ("render into a pipe", ["render", "{dump}", "-o", "{fifo}"], 2, "it exists and is not a regular file"),
     ("render over its input", ["render", "{dump}", "-o", "{dump}"], 2, "it is the dump being read"),
     ("render over its input by a link", ["render", "{dump}", "-o", "{dump_link}"], 2, "it is the dump being read"),
+    ("inspect a device", ["inspect", "/dev/null"], 2, "is a device, not a dump file"),
     ("inspect member header without .npy", ["inspect", "{misnamed}"], 2, "member 'header' must be named 'header.npy'"),
     ("inspect past max-bytes", ["inspect", "--max-bytes", "4096", "{dump}"], 2, "raise the limit with --max-bytes"),
     ("diff past max-bytes", ["diff", "--max-bytes", "4096", "{dump}", "{dump}"], 2, "raise the limit with --max-bytes"),

@@ -10,7 +10,6 @@ claim).
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,12 +136,8 @@ def _compare(where: str, a: np.ndarray, b: np.ndarray, base_offset: int | None, 
 
 def _table_owner(d: ArenaDump, i: int) -> str:
     """``"stream b entry j"`` for entry ``i`` of ``d``'s block_tables member."""
-    refs = sorted((s.table_offset, s.index) for s in d.streams if s.block_table is not None)
-    k = bisect.bisect_right([o for o, _ in refs], i) - 1
-    if k < 0:
-        return f"entry {i}"
-    at, b = refs[k]
-    return f"stream {b} entry {i - at}"
+    owner = d.table_entry_owner(i)
+    return f"entry {i}" if owner is None else f"stream {owner[0]} entry {owner[1]}"
 
 
 def diff_dumps(a, b, *, max_bytes: int = DEFAULT_MAX_BYTES) -> list:

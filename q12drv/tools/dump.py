@@ -342,6 +342,18 @@ class ArenaDump:
             object.__setattr__(self, "_bases", bases)  # a memo of the (immutable) allocations, not state
         return bases
 
+    def table_entry_owner(self, i: int) -> tuple | None:
+        """``(stream, entry)`` of entry ``i`` of the ``block_tables`` member: whose table it is and where in it
+        (None when no stream's table holds it)."""
+        refs = self.__dict__.get("_table_refs")
+        if refs is None:
+            refs = sorted((s.table_offset, s.index) for s in self.streams if s.block_table is not None)
+            object.__setattr__(self, "_table_refs", refs)  # a memo of the (immutable) streams, not state
+        k = bisect.bisect_right(refs, (i, len(self.streams))) - 1
+        if k < 0 or i - refs[k][0] >= self.streams[refs[k][1]].block_table.size:
+            return None
+        return refs[k][1], i - refs[k][0]
+
     def describe_ptr(self, addr: int) -> str:
         """``"'name'+0x40"`` for an address inside a known allocation, else ``"unknown"``."""
         a = self.allocation_of(addr)

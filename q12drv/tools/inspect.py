@@ -231,6 +231,7 @@ def _check_layout(d: ArenaDump, c: _Collector) -> str:
     if not d.metas:
         c.skip = "no metadata in this dump"
         return ""
+    inputs_all = np.array([(s.proc_start, s.proc_count) for s in d.streams], np.int64).reshape(-1, 2)
     for m in d.metas:
         try:
             ref = stacked_layout(m.batch_size, m.total_tokens, m.use_mrope)
@@ -264,8 +265,7 @@ def _check_layout(d: ArenaDump, c: _Collector) -> str:
                 c.add(f"{m.name}.{name}: device pointer {ptr:#x} but base + offset = {d.base + target.offset:#x}",
                       target.offset, pointer=ptr, expected=d.base + target.offset)
         if d.streams:
-            ids = np.asarray(m.streams, np.int64)
-            inputs = np.array([(s.proc_start, s.proc_count) for s in d.streams], np.int64).reshape(-1, 2)[ids]
+            inputs = inputs_all[np.asarray(m.streams, np.int64)]
             host = np.stack([m.kv_lens_host - counts, counts], axis=1)
             bad = np.flatnonzero((inputs != host).any(axis=1))
             for i in c.each(bad, bad.size):
@@ -449,7 +449,7 @@ def _slot_verdicts(d: ArenaDump) -> list:
             if s.block_table is not None:
                 t_off[b] = s.table_offset
                 t_cnt[b] = s.block_table.size
-        owned = np.unique(tables[tables >= 0]).astype(np.int64)
+        owned = _owned_blocks(d, tables)
     out = []
     for m in d.metas:
         tk = _tokens(m)
@@ -474,7 +474,7 @@ def _slot_verdicts(d: ArenaDump) -> list:
             dummy = blocks == m.dummy_kv_block
             code[live & dummy & (expected != m.dummy_kv_block)] = _DUMMY
             live = judged & (code == _OK)
-            code[live & ~dummy & ~np.isin(blocks, owned)] = _UNOWNED
+            code[live & ~dummy & ~_member(blocks, owned)] = _UNOWNED
             live = judged & (code == _OK)
             code[live & (blocks != expected)] = _TABLE
         out.append((m, _SlotVerdicts(tk, S, blocks, code, judged, expected)))
@@ -482,6 +482,31 @@ def _slot_verdicts(d: ArenaDump) -> list:
         _VERDICTS.clear()
     _VERDICTS[id(d)] = (d, out)
     return out
+
+
+def _member(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """Whether each of ``values`` is in ``sorted_set`` (sorted, unique): a binary search each."""
+    if not sorted_set.size:
+        return np.zeros(values.shape, bool)
+    k = np.minimum(np.searchsorted(sorted_set, values), sorted_set.size - 1)
+    return sorted_set[k] == values
+
+
+def _owned_blocks(d: ArenaDump, tables: np.ndarray) -> np.ndarray:
+    """The blocks some slot points into that some stream's table holds (sorted): each table entry looked up among
+    the slots' blocks (at most the arena's tokens) in one pass, not a sort of every entry."""
+    blocks = [d.values(m.field("slot_stacked")).astype(np.int64) // m.block_size for m in d.metas]
+    blocks = np.unique(np.concatenate(blocks)) if blocks else np.zeros(0, np.int64)
+    blocks = blocks[(blocks >= 0) & (blocks < 1 << 31)]  # what an int32 table entry can be
+    if not blocks.size:
+        return blocks
+    lo, hi = int(blocks[0]), int(blocks[-1])
+    if hi - lo < 1 << 24:  # a bitmap of the slots' blocks: one indexed load per entry
+        mark = np.zeros(hi - lo + 1, bool)
+        mark[blocks - lo] = True
+        near = tables[(tables >= lo) & (tables <= hi)]
+        return np.unique(near[mark[near - lo]]).astype(np.int64)
+    return np.unique(tables[_member(tables.astype(np.int64), blocks)]).astype(np.int64)
 
 
 def _slot_findings(d: ArenaDump, c: _Collector, verdict: int, describe) -> int:
@@ -499,31 +524,41 @@ def _slot_findings(d: ArenaDump, c: _Collector, verdict: int, describe) -> int:
     return n
 
 
-def _check_slot_skipped(d: ArenaDump, c: _Collector) -> str:
-    if not d.metas:
-        c.skip = "no metadata in this dump"
-        return ""
-    _slot_findings(d, c, _SKIPPED, lambda m, v, i, j, k: (
-        f"stream {m.streams[i]}: slot_stacked[{j}] = {v.slots[j]} is negative: the KV write of position "
-        f"{v.tokens.pos[j]} would be skipped ({k} such tokens)"))
-    return f"{sum(m.total_tokens for m in d.metas)} tokens, every one with a KV slot (none negative)"
+def _judge(d: ArenaDump, c: _Collector, needs_tables: bool = False) -> bool:
+    """Whether a slot check can run on ``d`` (else ``c`` says why it skips)."""
+    reason = ("no metadata in this dump" if not d.metas else
+              _tables_reason(d) if needs_tables else None)
+    c.skip = reason
+    return reason is None
 
 
-def _check_slots(d: ArenaDump, c: _Collector) -> str:
-    if not d.metas:
-        c.skip = "no metadata in this dump"
-        return ""
-    _slot_findings(d, c, _OFFSET, lambda m, v, i, j, k: (
-        f"stream {m.streams[i]}: slot_stacked[{j}] = {v.slots[j]} is at {v.slots[j] % m.block_size} in its block "
-        f"but position {v.tokens.pos[j]} is at {v.tokens.pos[j] % m.block_size} (block_size {m.block_size}; "
-        f"{k} wrong)"))
-    written = sum(int((v.slots >= 0).sum()) for _, v in _slot_verdicts(d))
-    return f"{written} slots agree with their positions mod block_size"
+def _slot_check(verdict: int, needs_tables: bool, describe, summary):
+    """A slot check: the findings of the tokens whose verdict is ``verdict`` (``describe(d, m, v, i, j, k)``: the
+    message for stream ``i``'s first such token ``j`` of ``k``), then ``summary(d)``."""
+    def check(d: ArenaDump, c: _Collector) -> str:
+        if not _judge(d, c, needs_tables):
+            return ""
+        _slot_findings(d, c, verdict, lambda m, v, i, j, k: describe(d, m, v, i, j, k))
+        return summary(d)
+
+    return check
+
+
+_check_slot_skipped = _slot_check(_SKIPPED, False, lambda d, m, v, i, j, k: (
+    f"stream {m.streams[i]}: slot_stacked[{j}] = {v.slots[j]} is negative: the KV write of position "
+    f"{v.tokens.pos[j]} would be skipped ({k} such tokens)"),
+    lambda d: f"{sum(m.total_tokens for m in d.metas)} tokens, every one with a KV slot (none negative)")
+
+_check_slots = _slot_check(_OFFSET, False, lambda d, m, v, i, j, k: (
+    f"stream {m.streams[i]}: slot_stacked[{j}] = {v.slots[j]} is at {v.slots[j] % m.block_size} in its block "
+    f"but position {v.tokens.pos[j]} is at {v.tokens.pos[j] % m.block_size} (block_size {m.block_size}; "
+    f"{k} wrong)"),
+    lambda d: f"{sum(int((v.slots >= 0).sum()) for _, v in _slot_verdicts(d))} slots agree with their positions "
+              f"mod block_size")
 
 
 def _check_blocks_in_cache(d: ArenaDump, c: _Collector) -> str:
-    if not d.metas:
-        c.skip = "no metadata in this dump"
+    if not _judge(d, c):
         return ""
     if d.num_blocks is None:
         c.skip = "num_blocks unknown (dump with num_blocks=..., or inspect --num-blocks N)"
@@ -538,54 +573,36 @@ def _check_blocks_in_cache(d: ArenaDump, c: _Collector) -> str:
     return f"every slot's block < num_blocks {d.num_blocks} (highest {hi})"
 
 
-def _tables_or_skip(d: ArenaDump, c: _Collector) -> bool:
-    if not d.metas:
-        c.skip = "no metadata in this dump"
-        return False
-    reason = _tables_reason(d)
-    if reason is not None:
-        c.skip = reason
-        return False
-    return True
+_check_slot_dummy = _slot_check(_DUMMY, True, lambda d, m, v, i, j, k: (
+    f"stream {m.streams[i]}: slot_stacked[{j}] = {v.slots[j]} writes the dummy block {m.dummy_kv_block}, but "
+    f"position {v.tokens.pos[j]}'s table entry is block {v.expected[j]} ({k} such tokens)"),
+    lambda d: f"{sum(int((v.judged & (v.blocks == m.dummy_kv_block)).sum()) for m, v in _slot_verdicts(d))} "
+              f"token(s) write the dummy block, each where its table entry is missing")
+
+_check_slot_unowned = _slot_check(_UNOWNED, True, lambda d, m, v, i, j, k: (
+    f"stream {m.streams[i]}: slot_stacked[{j}] = {v.slots[j]} is in block {v.blocks[j]}, which no stream's "
+    f"block table holds (position {v.tokens.pos[j]}'s entry is {v.expected[j]}; {k} such tokens)"),
+    lambda d: f"{sum(len(s.block_table) for s in d.streams if s.block_table is not None)} table entries hold "
+              f"every slot's block")
 
 
-def _check_slot_dummy(d: ArenaDump, c: _Collector) -> str:
-    if not _tables_or_skip(d, c):
-        return ""
-    _slot_findings(d, c, _DUMMY, lambda m, v, i, j, k: (
-        f"stream {m.streams[i]}: slot_stacked[{j}] = {v.slots[j]} writes the dummy block {m.dummy_kv_block}, but "
-        f"position {v.tokens.pos[j]}'s table entry is block {v.expected[j]} ({k} such tokens)"))
-    n = sum(int((v.judged & (v.blocks == m.dummy_kv_block)).sum()) for m, v in _slot_verdicts(d))
-    return f"{n} token(s) write the dummy block, each where its table entry is missing"
+def _holder(d: ArenaDump, block: int) -> str:
+    """Whose table holds ``block``: ``"stream b's"`` (the first), or ``"no stream's"``."""
+    hits = np.flatnonzero(d.block_tables == block)
+    owner = d.table_entry_owner(int(hits[0])) if hits.size else None
+    return "no stream's" if owner is None else f"stream {owner[0]}'s"
 
 
-def _check_slot_unowned(d: ArenaDump, c: _Collector) -> str:
-    if not _tables_or_skip(d, c):
-        return ""
-    _slot_findings(d, c, _UNOWNED, lambda m, v, i, j, k: (
-        f"stream {m.streams[i]}: slot_stacked[{j}] = {v.slots[j]} is in block {v.blocks[j]}, which no stream's "
-        f"block table holds (position {v.tokens.pos[j]}'s entry is {v.expected[j]}; {k} such tokens)"))
-    return f"{sum(len(s.block_table) for s in d.streams if s.block_table is not None)} table entries hold every slot's block"
-
-
-def _check_slot_table(d: ArenaDump, c: _Collector) -> str:
-    if not _tables_or_skip(d, c):
-        return ""
-
-    def owner(block: int) -> str:
-        holders = [s.index for s in d.streams if s.block_table is not None and np.any(s.block_table == block)]
-        return f"stream {holders[0]}'s" if holders else "no stream's"
-
-    _slot_findings(d, c, _TABLE, lambda m, v, i, j, k: (
-        f"stream {m.streams[i]}: slot_stacked[{j}] = {v.slots[j]} is in block {v.blocks[j]} ({owner(v.blocks[j])}) "
-        f"but its table has block {v.expected[j]} for position {v.tokens.pos[j]} ({k} such tokens)"))
-    n = sum(int(v.judged.sum()) for _, v in _slot_verdicts(d))
-    return f"{n} slots in the block their stream's table gives for their position"
+_check_slot_table = _slot_check(_TABLE, True, lambda d, m, v, i, j, k: (
+    f"stream {m.streams[i]}: slot_stacked[{j}] = {v.slots[j]} is in block {v.blocks[j]} "
+    f"({_holder(d, v.blocks[j])}) but its table has block {v.expected[j]} for position {v.tokens.pos[j]} "
+    f"({k} such tokens)"),
+    lambda d: f"{sum(int(v.judged.sum()) for _, v in _slot_verdicts(d))} slots in the block their stream's table "
+              f"gives for their position")
 
 
 def _check_slot_collisions(d: ArenaDump, c: _Collector) -> str:
-    if not d.metas:
-        c.skip = "no metadata in this dump"
+    if not _judge(d, c):
         return ""
     slots, stream, row, offs = [], [], [], []
     for m, v in _slot_verdicts(d):
@@ -624,14 +641,15 @@ def _check_pointers(d: ArenaDump, c: _Collector) -> str:
         return ""
     n = 0
     ends = np.array([a.end for a in d.allocations], np.uint64)  # each < 2**64 (load_dump checks it)
+    table_in = np.array([s.block_table_dev for s in d.streams], np.uint64)
+    seq_in = np.array([s.seq_len_dev for s in d.streams], np.uint64)
     for m in d.metas:
         ft, fs = m.field("block_table_ptrs"), m.field("seq_len_ptrs")
         need_t = 4 * np.maximum(1, -(-m.kv_lens_host // m.block_size))
         inputs = None
         if d.streams:
             ids = np.asarray(m.streams, np.int64)
-            inputs = (np.array([s.block_table_dev for s in d.streams], np.uint64)[ids],
-                      np.array([s.seq_len_dev for s in d.streams], np.uint64)[ids])
+            inputs = (table_in[ids], seq_in[ids])
         for f, what, need, want in ((ft, "block table", need_t, inputs and inputs[0]),
                                     (fs, "seq_len", np.full(m.batch_size, 4, np.int64), inputs and inputs[1])):
             ptrs = d.values(f).astype(np.uint64)

@@ -166,6 +166,24 @@ def test_more_streams_or_blocks_than_the_arena_holds_are_refused(small_dump, tmp
 
     _refused(_rewrite_header(small_dump, tmp_path / "regions.npz", overlapping), "overlap wholesale", capsys)
 
+    def batch(h, d):  # one metadata block claiming more streams than fit
+        h["metadata"][0]["batch_size"] = many
+
+    _refused(_rewrite_header(small_dump, tmp_path / "batch.npz", batch), "batch_size = .* is outside", capsys)
+
+    def plan_regions(h, d):  # a plan whose regions each span the arena
+        h["plan"] = {"policy": "exact", "counts": [1], "top_k": 0, "mrope": False, "total_bytes": cap,
+                     "staged_bytes": 0, "fields": [],
+                     "regions": [{"name": f"r{i}", "offset": 0, "nbytes": cap, "kind": "moe"} for i in range(4)]}
+
+    _refused(_rewrite_header(small_dump, tmp_path / "plan_regions.npz", plan_regions), "overlap wholesale", capsys)
+
+    def metadata(h, d):  # three metadata blocks each claiming the whole arena
+        m = dict(h["metadata"][0], staged_bytes=cap, scratch_offset_bytes=0)
+        h["metadata"] = [m, m, m]
+
+    _refused(_rewrite_header(small_dump, tmp_path / "metas.npz", metadata), "the metadata blocks add up", capsys)
+
     def inputs(h, d):  # more stream inputs than the metadata covers
         h["streams"].append(dict(h["streams"][0], index=3))
 
@@ -176,6 +194,23 @@ def test_more_streams_or_blocks_than_the_arena_holds_are_refused(small_dump, tmp
 
     _refused(_rewrite_header(small_dump, tmp_path / "alloc.npz", allocations), "overlap; device allocations never do",
              capsys)
+
+
+def test_ring_slots_overlapping_wholesale_are_refused(small_dump, tmp_path, capsys):
+    d = load_dump(small_dump)
+    header = copy.deepcopy(d.header)
+    header["ring"] = {"name": "staging", "slots": [{"index": i, "offset": 0, "nbytes": 64, "pending": False}
+                                                   for i in range(3)]}
+    path = write_dump(tmp_path / "ring.npz", header, d.arena, d.guard, bytes(64), d.block_tables.view(np.uint8))
+    _refused(path, "the ring slots add up to 192 bytes, more than twice the 64-byte ring member", capsys)
+
+
+def test_a_header_past_its_cap_is_refused_before_it_is_parsed(small_dump, tmp_path, capsys):
+    d = load_dump(small_dump)
+    header = copy.deepcopy(d.header)
+    header["padding"] = " " * (5 << 20)
+    path = write_dump(tmp_path / "big_header.npz", header, d.arena, d.guard, None, d.block_tables.view(np.uint8))
+    _refused(path, r"header member is [\d,]+ bytes \(at most 4,194,304 allowed\)", capsys)
 
 
 @pytest.fixture(scope="module")
@@ -247,3 +282,20 @@ def test_dumps_are_readable_by_the_group(small_dump, tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
+
+
+def test_a_huge_block_table_member_inspects_in_seconds(small_dump, tmp_path):
+    # 62 million table entries (250 MiB of zeros, 256 KB packed) as one stream's table: inspect and diff look at
+    # each entry once, never sort them all
+    d = load_dump(small_dump)
+    header = copy.deepcopy(d.header)
+    tables = np.zeros((250 << 20) // 4, np.int32)
+    tables[:d.block_tables.size] = d.block_tables
+    header["streams"][2]["block_table"] = {"offset": 0, "count": int(tables.size)}
+    path = write_dump(tmp_path / "tables.npz", header, d.arena, d.guard, None, tables.view(np.uint8))
+    assert path.stat().st_size < 1 << 20
+    t0 = time.perf_counter()
+    report = inspect_dump(path)
+    assert report.failed == ["slot_table"]  # stream 2's table is now stream 0's entries followed by zeros
+    assert diff_dumps(path, path) == []
+    assert time.perf_counter() - t0 < SECONDS
