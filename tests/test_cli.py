@@ -15,6 +15,7 @@ def test_demo_runs_and_verifies(capsys):
     assert "admission: admitted" in out
     assert "read-back: every field, pad and the JIT slot verified" in out
     assert "batched vs per stream: bit-identical" in out
+    assert "emulated driver: numpy on the host, not GPU time" in out
     assert "stacked_metadata" in out and "h_state_ptrs" in out
     assert out.strip().endswith("demo: all checks passed")
 
@@ -69,3 +70,79 @@ ptxas info    : Used 200 registers, used 1 barriers, 1024 bytes smem
 def test_help_teaches():
     res = subprocess.run([sys.executable, "-m", "q12drv", "demo", "--help"], capture_output=True, text=True)
     assert res.returncode == 0 and "h_state_ptrs" in res.stdout and "--driver" in res.stdout
+
+
+def test_version(capsys):
+    import q12drv
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out.strip() == f"q12drv {q12drv.__version__}"
+
+
+_NO_GPU = """
+import q12drv.core.driver.cuda as cuda
+from q12drv.core.errors import DriverUnavailableError
+
+def _unavailable(self, *a, **k):
+    raise DriverUnavailableError("libcuda.so.1 cannot be loaded (simulated)")
+
+cuda.CudaDriver.__init__ = _unavailable  # a machine without a usable GPU, wherever the test runs
+import q12drv
+"""
+
+
+def test_auto_falling_back_to_the_emulator_says_so_once():
+    code = _NO_GPU + """
+a = q12drv.open_device("auto")
+b = q12drv.open_device()
+print(repr(a))
+a.close(); b.close()
+"""
+    env = {k: v for k, v in __import__("os").environ.items() if k != "Q12DRV_DRIVER"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count("driver 'auto' found no usable CUDA GPU") == 1, res.stderr
+    assert "simulated" in res.stderr and res.stderr.count("\n") == 1
+    assert "driver=emu (auto fell back: libcuda.so.1 cannot be loaded (simulated))" in res.stdout
+
+
+def test_choosing_the_emulator_is_silent():
+    code = _NO_GPU + """
+q12drv.open_device("emu").close()
+q12drv.open_device().close()  # Q12DRV_DRIVER=emu
+print(repr(q12drv.open_device("emu")))
+"""
+    env = {**__import__("os").environ, "Q12DRV_DRIVER": "emu"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    assert "fell back" not in res.stdout
+
+
+def test_emulator_timings_are_labelled(capsys):
+    from q12drv.core.driver import TIMING_NOTE
+    from q12drv.tools.soak import run_soak
+
+    assert main(["demo", "--driver", "emu", "--no-kernels"]) == 0
+    timed = [line for line in capsys.readouterr().out.splitlines() if " us" in line or " ms" in line]
+    assert timed and all(TIMING_NOTE in line for line in timed)
+    from q12drv import open_device
+
+    with open_device("emu", deferred=True) as dev:
+        assert TIMING_NOTE in run_soak(dev, 3, layers=1).summary()
+
+
+def test_an_unexpected_failure_is_one_line_unless_the_traceback_is_asked_for(monkeypatch, capsys, tmp_path):
+    import q12drv.tools.inspect as inspect_mod
+
+    def broken(*a, **k):
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(inspect_mod, "inspect_dump", broken)
+    assert main(["inspect", str(tmp_path / "x.npz")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "internal error: RuntimeError: boom second line" in err
+    assert "Q12DRV_TRACEBACK=1" in err and "Traceback" not in err
+    monkeypatch.setenv("Q12DRV_TRACEBACK", "1")
+    with pytest.raises(RuntimeError, match="boom"):
+        main(["inspect", str(tmp_path / "x.npz")])

@@ -32,15 +32,27 @@ def demo_dump(tmp_path_factory):
     return path
 
 
-def rewrite(src, dst, *, header=None, arena=None, guard=None):
-    """Copy dump ``src`` to ``dst`` with ``header(h)``, ``arena(a)``, ``guard(g)`` applied to writable copies."""
+def rewrite(src, dst, *, header=None, arena=None, guard=None, tables=None):
+    """Copy dump ``src`` to ``dst`` with ``header(h)``, ``arena(a)``, ``guard(g)``, ``tables(t)`` (the block tables,
+    int32) applied to writable copies."""
     d = load_dump(src)
     h, a, g = copy.deepcopy(d.header), d.arena.copy(), d.guard.copy()
-    for fn, obj in ((header, h), (arena, a), (guard, g)):
+    t = None if d.block_tables is None else d.block_tables.copy()
+    for fn, obj in ((header, h), (arena, a), (guard, g), (tables, t)):
         if fn is not None:
             fn(obj)
-    write_dump(dst, h, a, g, d.ring)
+    write_dump(dst, h, a, g, d.ring, None if t is None else t.view(np.uint8))
     return dst
+
+
+def stage_as_planned(arena, plan, streams):
+    """Reserve ``plan``'s MoE area and per-stream blocks, stage ``streams`` at its stacked offset (block size 16,
+    dummy block 0) and place the JIT slot: ``(meta, slot)``."""
+    for r in (plan.moe, *plan.stream_blocks):
+        arena.reserve(r.name, r.nbytes, offset=r.offset)
+    meta = stage_batched_attn_metadata(arena, streams, block_size=16, use_mrope=plan.mrope,
+                                       scratch_offset_bytes=plan.stacked.offset, dummy_kv_block=0)
+    return meta, place_h_state_slot(arena, meta)
 
 
 def field_of(path, name):
@@ -80,10 +92,10 @@ def test_inspect_json(demo_dump, capsys):
 
 def test_header_is_json_not_pickle(demo_dump):
     with np.load(demo_dump, allow_pickle=False) as npz:
-        assert set(npz.files) == {"header", "arena", "guard"}
+        assert set(npz.files) == {"header", "arena", "guard", "block_tables"}
         assert all(npz[k].dtype == np.uint8 for k in npz.files)
         header = json.loads(npz["header"].tobytes().decode("utf-8"))
-    assert header["schema"] == "q12drv.arena-dump" and header["version"] == 1
+    assert header["schema"] == "q12drv.arena-dump" and header["version"] == 2
     meta = header["metadata"][0]
     for key in ("batch_size", "chunk_len", "total_tokens", "max_blocks_per_seq", "staged_bytes", "scratch_offset_bytes",
                 "use_mrope", "block_size", "dummy_kv_block", "cu_seqlens_host", "kv_lens_host"):
@@ -107,74 +119,138 @@ def _collide(a, path):
     v[0] = v[37]
 
 
-def _unknown_ptr(a, path):
-    put(a, field_of(path, "block_table_ptrs"), 1, 0xDEAD0000)
-
-
-def _pad(a, path):
-    f = field_of(path, "cu_seqlens")
-    assert f.padded > f.nbytes
-    a[f.offset + f.nbytes + 1] = 7
-
-
 def _guard(g, path):
     g[17] = 0
 
 
-def _kv(a, path):
-    put(a, field_of(path, "kv_lens"), 3, 5)
+# The dump every field is corrupted in: 3 streams (stream 0 with MRoPE vision positions) in a 64-block cache of
+# which they own 15 (the others are in nobody's table), stream 2's block 8 evicted (entry -1: its tokens write
+# the dummy block 0), the JIT slot uploaded. Rows: stream 0 0..36 (positions 16..52), stream 1 37..41 (0..4),
+# stream 2 42..105 (100..163).
+FIELD_COUNTS, FIELD_STARTS, FIELD_CACHE = (37, 5, 64), (16, 0, 100), 64
 
 
-def _position(a, path):
-    put(a, field_of(path, "positions_stacked"), 40, 9999)
+@pytest.fixture(scope="module")
+def field_dump(tmp_path_factory):
+    import dataclasses
+
+    path = tmp_path_factory.mktemp("fields") / "fields.npz"
+    with open_device("emu") as dev:
+        streams, _tables_buf = make_streams(dev, list(FIELD_COUNTS), list(FIELD_STARTS), num_blocks=FIELD_CACHE,
+                                            mrope_vision=(0,))
+        evicted = streams[2].block_table.copy()
+        evicted[8] = -1
+        streams[2] = dataclasses.replace(streams[2], block_table=evicted)
+        plan = make_scratch_plan(list(FIELD_COUNTS), 4, True, "exact")
+        states = dev.alloc(3 * 4096, "states")
+        with ScratchArena(dev, plan.total_bytes) as arena:
+            meta, slot = stage_as_planned(arena, plan, streams)
+            slot.upload([int(states.ptr) + 4096 * b for b in range(3)])
+            dump_arena(arena, path, plan=plan, meta=meta, streams=streams, h_slot=slot, num_blocks=FIELD_CACHE)
+    d = load_dump(path)
+    assert inspect_dump(d).ok, inspect_dump(d).format()
+    assert d.streams[2].block_table[8] == -1
+    return path
 
 
-def _slot_offset(a, path):
-    put(a, field_of(path, "slot_stacked"), 5, 16 * 0 + 3)  # dummy block, wrong offset in the block
+def _f(d, name):
+    return d.metas[0].field(name)
 
 
-def _out_of_cache(a, path):
-    f = field_of(path, "slot_stacked")
-    v = a[f.offset:f.offset + f.nbytes].view(f.dtype)
-    v[9] += 16 * load_dump(path).num_blocks
+def _set(a, d, name, index, value):
+    f = _f(d, name)
+    a[f.offset:f.offset + f.nbytes].view(f.dtype)[index] = value
 
 
-def _h_state_onto_slots(h, path):
-    h["h_state"]["offset"] = field_of(path, "slot_stacked").offset
+def _get(d, name, index):
+    return int(d.values(_f(d, name))[index])
 
 
-def _chunk_len(h, path):
-    h["metadata"][0]["chunk_len"] += 1
+def _unowned(d):
+    owned = set(d.block_tables.tolist()) | {0}
+    return min(b for b in range(1, FIELD_CACHE) if b not in owned)
 
 
-def _overlapping_reservation(h, path):
+def _slot5(block):
+    """Row 5 (stream 0, position 21: offset 5 in its block) moved into ``block`` at the right offset."""
+    return lambda a, d: _set(a, d, "slot_stacked", 5, block(d) * 16 + 5)
+
+
+def _share_a_block(t, a, d):
+    # the caller's tables overlap: stream 1's block 0 is stream 0's block 1, and the stager followed them (its
+    # slots agree with its table), so stream 1's positions 0..4 write the slots of stream 0's positions 16..20
+    t0, t1 = d.streams[0], d.streams[1]
+    t[t1.table_offset] = t[t0.table_offset + 1]
+    for r in range(5):
+        _set(a, d, "slot_stacked", 37 + r, int(t[t0.table_offset + 1]) * 16 + r)
+
+
+def _swap_entries(t, d):
+    # stream 2's table entries for its blocks 6 and 7 swapped: both still its own, each token now in the wrong one
+    o = d.streams[2].table_offset
+    t[o + 6], t[o + 7] = int(t[o + 7]), int(t[o + 6])
+
+
+def _overlap_reservation(h, d):
     h["arena"]["reservations"][2]["offset"] -= 8
 
 
-CORRUPTIONS = {
-    "cu_seqlens": ("arena", _swap_cu),
-    "slot_collisions": ("arena", _collide),
-    "pointers": ("arena", _unknown_ptr),
-    "pads": ("arena", _pad),
-    "h_state_slot": ("header", _h_state_onto_slots),
-    "guard": ("guard", _guard),
-    "kv_lens": ("arena", _kv),
-    "positions": ("arena", _position),
-    "slots": ("arena", _slot_offset),
-    "blocks_in_cache": ("arena", _out_of_cache),
-    "layout": ("header", _chunk_len),
-    "regions": ("header", _overlapping_reservation),
-}
+#: (what is corrupted, member(s), edit, the one check that must fail). Every metadata field, the JIT slot's
+#: entries, the pads, the guard band, the stream inputs (pointers, counts, block tables) and the header's own
+#: numbers; the KV slot in each way it can be wrong.
+FIELD_CORRUPTIONS = [
+    ("positions_stacked", "arena", lambda a, d: _set(a, d, "positions_stacked", 40, 9999), "positions"),
+    ("positions_h_stacked (text stream, in range)", "arena", lambda a, d: _set(a, d, "positions_h_stacked", 45, 110),
+     "positions"),
+    ("positions_w_stacked (vision stream)", "arena", lambda a, d: _set(a, d, "positions_w_stacked", 3, 60), "positions"),
+    ("slot_stacked -1", "arena", lambda a, d: _set(a, d, "slot_stacked", 5, -1), "slot_skipped"),
+    ("slot_stacked INT64_MIN", "arena", lambda a, d: _set(a, d, "slot_stacked", 5, -(1 << 63)), "slot_skipped"),
+    ("slot_stacked at the wrong offset", "arena", lambda a, d: _set(a, d, "slot_stacked", 5, _get(d, "slot_stacked", 5) + 1),
+     "slots"),
+    ("slot_stacked past the cache", "arena", _slot5(lambda d: FIELD_CACHE + 3), "blocks_in_cache"),
+    ("slot_stacked in the dummy block", "arena", _slot5(lambda d: 0), "slot_dummy"),
+    ("slot_stacked in a block no stream owns", "arena", _slot5(_unowned), "slot_unowned"),
+    ("slot_stacked in another stream's block", "arena", _slot5(lambda d: int(d.streams[2].block_table[7])),
+     "slot_table"),
+    ("slot_stacked of an evicted block not in the dummy block", "arena",
+     lambda a, d: _set(a, d, "slot_stacked", 42 + 28, int(d.streams[1].block_table[0]) * 16 + 0), "slot_table"),
+    ("block tables overlap (two streams write one slot)", "tables+arena", _share_a_block, "slot_collisions"),
+    ("block table entries swapped", "tables", _swap_entries, "slot_table"),
+    ("block_table_ptrs", "arena", lambda a, d: _set(a, d, "block_table_ptrs", 1, 0xDEAD0000), "pointers"),
+    ("seq_len_ptrs", "arena", lambda a, d: _set(a, d, "seq_len_ptrs", 2, _get(d, "seq_len_ptrs", 2) + 8), "pointers"),
+    ("cu_seqlens", "arena", lambda a, d: _set(a, d, "cu_seqlens", 2, 41), "cu_seqlens"),
+    ("kv_lens", "arena", lambda a, d: _set(a, d, "kv_lens", 1, 3), "kv_lens"),
+    ("a pad byte", "arena", lambda a, d: a.__setitem__(_f(d, "kv_lens").offset + _f(d, "kv_lens").nbytes + 1, 7),
+     "pads"),
+    ("an h_state_ptrs entry", "arena",
+     lambda a, d: a[d.h_state.offset + 8:d.h_state.offset + 16].view("<u8").__setitem__(0, 0xBAD000), "pointers"),
+    ("the guard band", "guard", lambda g, d: g.__setitem__(17, 0), "guard"),
+    ("header: a stream's proc_count", "header",
+     lambda h, d: h["streams"][1].update(proc_count=h["streams"][1]["proc_count"] + 1), "layout"),
+    ("header: a stream's block_table_dev", "header",
+     lambda h, d: h["streams"][0].update(block_table_dev=h["streams"][0]["block_table_dev"] + 16), "pointers"),
+    ("header: chunk_len", "header", lambda h, d: h["metadata"][0].update(chunk_len=65), "layout"),
+    ("header: max_blocks_per_seq", "header", lambda h, d: h["metadata"][0].update(max_blocks_per_seq=2), "layout"),
+    ("header: an overlapping reservation", "header", _overlap_reservation, "regions"),
+    ("header: the JIT slot's offset", "header",
+     lambda h, d: h["h_state"].update(offset=_f(d, "slot_stacked").offset), "h_state_slot"),
+    ("header: num_blocks", "header", lambda h, d: h.update(num_blocks=5), "blocks_in_cache"),
+]
 
 
-def test_every_check_has_a_corruption():
-    assert set(CORRUPTIONS) == set(ALL_CHECKS)
+def test_every_check_has_a_field_corruption():
+    assert {c[3] for c in FIELD_CORRUPTIONS} == set(ALL_CHECKS)
 
 
-@pytest.mark.parametrize("check", list(CORRUPTIONS))
-def test_corruption_fails_exactly_its_check(demo_dump, tmp_path, check, capsys):
-    member, fn = CORRUPTIONS[check]
-    bad = rewrite(demo_dump, tmp_path / "bad.npz", **{member: lambda x: fn(x, demo_dump)})
+@pytest.mark.parametrize("what,member,edit,check", FIELD_CORRUPTIONS, ids=[c[0] for c in FIELD_CORRUPTIONS])
+def test_one_corruption_fails_one_check(field_dump, tmp_path, capsys, what, member, edit, check):
+    d = load_dump(field_dump)
+    if member == "tables+arena":
+        tables = d.block_tables.copy()
+        bad = rewrite(field_dump, tmp_path / "bad.npz", tables=lambda t: t.__setitem__(slice(None), tables),
+                      arena=lambda a: edit(tables, a, d))
+    else:
+        bad = rewrite(field_dump, tmp_path / "bad.npz", **{member: lambda x: edit(x, d)})
     report = inspect_dump(bad)
     assert report.failed == [check], report.format()
     result = report.check(check)
@@ -182,6 +258,48 @@ def test_corruption_fails_exactly_its_check(demo_dump, tmp_path, check, capsys):
     assert main(["inspect", str(bad)]) == 1
     out = capsys.readouterr().out
     assert f"FAIL {check}" in out and out.count("FAIL ") == 1
+
+
+def test_the_demo_dump_corrupted_fails_one_check(demo_dump, tmp_path):
+    # the same on the demo's dump (8 streams, no free block in its cache): a slot of stream 0 written where
+    # stream 1 writes fails slot_table (not also slot_collisions: a slot is judged by its first failing check)
+    bad = rewrite(demo_dump, tmp_path / "bad.npz", arena=lambda a: _collide(a, demo_dump))
+    assert inspect_dump(bad).failed == ["slot_table"]
+    bad = rewrite(demo_dump, tmp_path / "bad2.npz", arena=lambda a: _swap_cu(a, demo_dump))
+    assert inspect_dump(bad).failed == ["cu_seqlens"]
+
+
+def test_version_1_dumps_are_read_with_the_checks_they_support(field_dump, tmp_path, capsys):
+    # a version 1 dump has no block tables: the checks that need them skip and say why; the others run
+    def to_v1(h):
+        h["version"] = 1
+        for s in h["streams"]:
+            del s["block_table"]
+
+    d = load_dump(field_dump)
+    header = copy.deepcopy(d.header)
+    to_v1(header)
+    old = write_dump(tmp_path / "v1.npz", header, d.arena, d.guard)
+    report = inspect_dump(old)
+    assert report.dump.version == 1 and report.ok
+    status = {r.name: r for r in report.checks}
+    for name in ("slot_dummy", "slot_unowned", "slot_table"):
+        assert status[name].status == "SKIP" and "schema version 1" in status[name].summary
+    assert all(r.status == "PASS" for n, r in status.items() if n not in ("slot_dummy", "slot_unowned", "slot_table"))
+    assert main(["inspect", str(old)]) == 0
+    assert "SKIP slot_table" in capsys.readouterr().out
+    bad = rewrite(old, tmp_path / "v1bad.npz", arena=lambda a: _set(a, d, "slot_stacked", 5, -1))
+    assert inspect_dump(bad).failed == ["slot_skipped"]
+
+
+def test_a_dump_without_stream_inputs_says_why_it_skips(emu, tmp_path):
+    streams, _ = make_streams(emu, [20, 30])
+    with ScratchArena(emu, 1 << 14) as arena:
+        meta = stage_batched_attn_metadata(arena, streams, block_size=16, use_mrope=False, scratch_offset_bytes=0,
+                                           dummy_kv_block=0)
+        report = inspect_dump(dump_arena(arena, tmp_path / "no_streams.npz", meta=meta))
+    assert report.ok and report.check("slot_table").status == "SKIP"
+    assert "no stream inputs" in report.check("slot_table").summary
 
 
 def test_cu_seqlens_finding_names_offset_and_values(demo_dump, tmp_path):
@@ -204,11 +322,7 @@ def test_guard_overwritten_on_the_device(emu, tmp_path):
     streams, _ = make_streams(emu, [20, 30, 7])
     plan = make_scratch_plan([s.proc_count for s in streams], 4, False, "exact")
     with ScratchArena(emu, plan.total_bytes) as arena:
-        for r in (plan.moe, *plan.stream_blocks):
-            arena.reserve(r.name, r.nbytes, offset=r.offset)
-        meta = stage_batched_attn_metadata(arena, streams, block_size=16, use_mrope=False,
-                                           scratch_offset_bytes=plan.stacked.offset, dummy_kv_block=0)
-        slot = place_h_state_slot(arena, meta)
+        meta, slot = stage_as_planned(arena, plan, streams)
         assert inspect_dump(dump_arena(arena, tmp_path / "ok.npz", plan=plan, meta=meta, streams=streams, h_slot=slot)).ok
         emu.memset(int(arena.base) + arena.capacity + 100, 0, 3)
         emu.synchronize()
@@ -436,7 +550,14 @@ def test_demo_cli_dump_flag(tmp_path, capsys):
 def test_scripts_are_thin_wrappers(demo_dump, tmp_path):
     res = subprocess.run([sys.executable, str(REPO / "scripts" / "inspect_arena_dump.py"), str(demo_dump)],
                          capture_output=True, text=True)
-    assert res.returncode == 0 and "inspect: 12 passed, 0 failed" in res.stdout, res.stderr
+    assert res.returncode == 0 and f"inspect: {len(ALL_CHECKS)} passed, 0 failed" in res.stdout, res.stderr
     res = subprocess.run([sys.executable, str(REPO / "scripts" / "diff_arena_dumps.py"), str(demo_dump),
                           str(tmp_path / "missing.npz")], capture_output=True, text=True)
     assert res.returncode == 2 and res.stderr.startswith("diff_arena_dumps.py: ") and "no such file" in res.stderr
+
+
+def test_diff_names_the_block_table_entry(field_dump, tmp_path):
+    d = load_dump(field_dump)
+    bad = rewrite(field_dump, tmp_path / "bad.npz", tables=lambda t: _swap_entries(t, d))
+    where = [x.where for x in diff_dumps(field_dump, bad)]
+    assert where == ["block_tables (stream 2 entry 6)"]

@@ -47,7 +47,7 @@ _table_dtypes = st.sampled_from([np.int32, np.int64, np.int16, np.uint32, np.uin
 def _stream(draw, use_mrope):
     """A valid stream most of the time; otherwise one field drawn from a wide range of bad values."""
     start, count = draw(st.integers(0, 300)), draw(st.integers(1, 100))
-    bad = draw(st.sampled_from(["none"] * 6 + ["start", "count", "table", "dtype", "ptr", "mrope"]))
+    bad = draw(st.sampled_from(["none"] * 6 + ["start", "count", "table", "dtype", "wide", "ptr", "mrope"]))
     if bad == "start":
         start = draw(_scalar)
     if bad == "count":
@@ -60,17 +60,28 @@ def _stream(draw, use_mrope):
     dtype = draw(_table_dtypes) if bad == "dtype" else draw(st.sampled_from([np.int32, np.int64]))
     with np.errstate(over="ignore"):
         table = np.array(values, dtype=np.int64).astype(dtype)
+    if bad == "wide":  # unsigned and wide tables near the ends of their range: checked before any cast
+        dtype = draw(st.sampled_from([np.uint64, np.uint32, np.int64]))
+        big = draw(st.sampled_from([(1 << 64) - 1, (1 << 64) - (1 << 31), 1 << 63, (1 << 32) - 1, 1 << 31,
+                                    (1 << 31) - 1, -(1 << 31), -(1 << 31) - 1, -(1 << 63)]))
+        table = np.array(values, np.int64).astype(dtype)
+        if table.size and np.iinfo(dtype).min <= big <= np.iinfo(dtype).max:
+            table[draw(st.integers(0, table.size - 1))] = big
     if bad == "table" and draw(st.booleans()):
         table = table.tolist() if draw(st.booleans()) else table.reshape(1, -1)
-    ptr = draw(st.sampled_from([PTR, DevicePtr(PTR), np.uint64(PTR), 0, True])) if bad == "ptr" else PTR
+    ptr = draw(st.sampled_from([PTR, DevicePtr(PTR), np.uint64(PTR), 0, True, PTR + 1, PTR + 2, DevicePtr(PTR + 2),
+                                (1 << 64) - 4, (1 << 64) - 2])) if bad == "ptr" else PTR
+    seq = draw(st.sampled_from([PTR + 64, PTR + 65, PTR + 66])) if bad == "ptr" else PTR + 64
     mp = None
     if bad == "mrope" and type(count) is int and 0 < count < 200:
         mp = np.full((3, count), draw(st.sampled_from([0, 5, -1, 1 << 32])), np.int64)
         if draw(st.booleans()):
             mp = mp.astype(np.uint32)  # wraps: -1 -> 2**32 - 1, 2**32 -> 0
+        elif draw(st.booleans()):
+            mp = np.full((3, count), draw(st.sampled_from([(1 << 64) - 1, 1 << 32, 7])), np.uint64)
     elif use_mrope and type(count) is int and 0 < count < 200 and draw(st.integers(0, 5)) == 0:
         mp = np.arange(3 * count).reshape(3, count)
-    return StreamStageInfo(start, count, table, ptr, PTR + 64, mp)
+    return StreamStageInfo(start, count, table, ptr, seq, mp)
 
 
 @settings(max_examples=300, deadline=None)

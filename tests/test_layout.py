@@ -34,7 +34,7 @@ def test_sizing_streams_constant():
     assert Q12_SIZING_STREAMS == 8
 
 
-@pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 5, 8, 16, 64])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 16, 64])
 @pytest.mark.parametrize("chunk", [0, 1, 7, 204, 205, 935, 2048, 8192])
 @pytest.mark.parametrize("top_k", [0, 1, 8, 10])
 @pytest.mark.parametrize("mrope", [False, True])
@@ -48,6 +48,18 @@ def test_upstream_regression_numbers():
     # the v1 formula (no cu_seqlens, no kv_lens terms) was 374,352; the two terms add 24 + 16
     assert staged_bytes(4, 3740, True) == 74_904
     assert make_scratch_plan([935] * 4, 8, True, "exact").total_bytes == 389_304
+
+
+def test_seed_functions_refuse_zero_streams():
+    # 0 streams is no batch: the seed's formula would size 8 bytes of metadata for it (cu_seqlens[0])
+    with pytest.raises(ValueError, match="n must be in|n must be >= 1"):
+        q12_batched_scratch_bytes(0, 16, 8, False)
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        q12_batched_scratch_bytes_varlen(0, 0, 16, 8, False)
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        staged_bytes(0, 0, False)
+    with pytest.raises(TypeError, match="mrope must be a bool"):
+        staged_bytes(1, 0, 1)
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "3", True, None])

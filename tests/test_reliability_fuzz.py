@@ -291,6 +291,11 @@ def read_everything(path) -> None:
     format_diff(diff_dumps(d, d))
 
 
+def _tables(d):
+    """The dump's block tables member (bytes), as write_dump takes it."""
+    return None if d.block_tables is None else d.block_tables.view(np.uint8)
+
+
 def _npz_members(path) -> dict:
     with zipfile.ZipFile(path) as zf:
         return {name: zf.read(name) for name in zf.namelist()}
@@ -327,7 +332,8 @@ def test_truncated_files_raise_only_dump_error(good_dump, tmp_path_factory, wher
 
 
 @SETTINGS
-@given(flips=st.lists(st.tuples(st.sampled_from(["header.npy", "arena.npy", "guard.npy", "ring.npy"]),
+@given(flips=st.lists(st.tuples(st.sampled_from(["header.npy", "arena.npy", "guard.npy", "ring.npy",
+                                                 "block_tables.npy"]),
                                 st.floats(0, 1, exclude_max=True), st.integers(0, 7)), min_size=1, max_size=6))
 def test_member_bytes_flipped_behind_a_valid_zip_raise_only_dump_error(good_dump, tmp_path_factory, flips):
     # Flips inside the members, re-zipped with fresh CRCs: the reader sees well-formed zip entries
@@ -380,7 +386,7 @@ def test_header_edits_raise_only_dump_error(good_dump, tmp_path_factory, data):
         except (KeyError, IndexError, TypeError):
             continue  # an earlier edit removed or replaced part of the path
     p = tmp_path_factory.mktemp("hdr") / "h.npz"
-    write_dump(p, header, d.arena, d.guard, d.ring)
+    write_dump(p, header, d.arena, d.guard, d.ring, _tables(d))
     read_everything(p)
 
 
@@ -399,8 +405,9 @@ def test_member_edits_raise_only_dump_error(good_dump, tmp_path_factory, arena_l
     guard = d.guard[: max(0, d.guard.size + guard_len)] if guard_len < 0 else np.concatenate(
         [d.guard, np.full(guard_len, poison, np.uint8)])
     r = {"keep": d.ring, "drop": None, "short": None if d.ring is None else d.ring[: d.ring.size // 2]}[ring]
+    t = {"keep": _tables(d), "drop": None, "short": _tables(d)[: _tables(d).size // 2 + 1]}[ring]
     p = tmp_path_factory.mktemp("mem") / "e.npz"
-    write_dump(p, copy.deepcopy(d.header), arena, guard, r)
+    write_dump(p, copy.deepcopy(d.header), arena, guard, r, t)
     read_everything(p)
 
 

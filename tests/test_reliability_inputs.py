@@ -21,9 +21,11 @@ import pytest
 import q12drv
 from q12drv import (
     CapacityError,
+    CudaError,
     Device,
     DeviceArray,
     DevicePtr,
+    Q12Error,
     ScratchArena,
     StreamStageInfo,
     check_kernel_batched_eligible,
@@ -35,6 +37,7 @@ from q12drv import (
     stage_batched_attn_metadata,
     stage_stream_metadata,
 )
+from q12drv.core.admission import decide
 from q12drv.tools.cli import main as cli_main
 from q12drv.kernels import gdn_wgmma, ops
 from q12drv.prefill import GdnShape, Q12Pass
@@ -140,6 +143,27 @@ def _bad_meta(w):
     return dataclasses.replace(w.q12.meta, staged_bytes=w.q12.meta.staged_bytes - 64)
 
 
+def _stale_meta(w):
+    # what the pass's metadata looks like to a launcher after arena.reset(): its generation is behind
+    # (a real reset is in test_launchers_refuse_stale_and_closed_metadata)
+    return dataclasses.replace(w.q12.meta, generation=w.q12.meta.generation - 1)
+
+
+class _ClosedArena:
+    closed = True
+    generation = 0
+
+
+def _closed_meta(w):
+    return dataclasses.replace(w.q12.meta, arena=_ClosedArena())
+
+
+def _closed_arena(w):
+    arena = ScratchArena(w.dev, 4096)
+    arena.close()
+    return arena
+
+
 def _fresh_arena(w):
     w.arena.reset()  # (restored by the snapshot comparison? no: only used by cases that raise first)
 
@@ -162,6 +186,19 @@ CASES = [
     Case("DevicePtr negative", "DevicePtr(-1)", lambda w: DevicePtr(-1), ValueError, r"\[0, 2\*\*64\)"),
     Case("DevicePtr past 64 bits", "DevicePtr(2**64)", lambda w: DevicePtr(1 << 64), ValueError, r"\[0, 2\*\*64\)"),
     Case("DevicePtr float", "DevicePtr(4096.5)", lambda w: DevicePtr(4096.5), TypeError, "device pointer must be an int"),
+    Case("DevicePtr bool", "DevicePtr(True)", lambda w: DevicePtr(True), TypeError, "device pointer must be an int, got bool"),
+    Case("DevicePtr numpy bool", "DevicePtr(np.True_)", lambda w: DevicePtr(np.True_), TypeError,
+         "device pointer must be an int"),
+    Case("memset value past a byte", "dev.memset(p, 300, 4)", lambda w: w.dev.memset(w.p("o"), 300, 4), ValueError,
+         r"memset value \(a byte\) must be in \[0, 255\], got 300"),
+    Case("memset value negative", "dev.memset(p, -1, 4)", lambda w: w.dev.memset(w.p("o"), -1, 4), ValueError,
+         r"memset value \(a byte\) must be in \[0, 255\], got -1"),
+    Case("memset nbytes negative", "dev.memset(p, 0, -4)", lambda w: w.dev.memset(w.p("o"), 0, -4), ValueError,
+         "memset nbytes must be >= 0"),
+    Case("alloc past the device", "dev.alloc(2**50)", lambda w: w.dev.alloc(1 << 50), CudaError,
+         "cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY"),
+    Case("pinned past the host", "dev.pinned(2**50)", lambda w: w.dev.pinned(1 << 50), CudaError,
+         "cuMemHostAlloc failed: CUDA_ERROR_OUT_OF_MEMORY"),
     Case("DeviceArray NULL-1", "DeviceArray(-16, u8, 4)", lambda w: DeviceArray(-16, np.uint8, 4), ValueError,
          r"\[0, 2\*\*64\)"),
     # --- the arena -------------------------------------------------------------------------------
@@ -192,6 +229,14 @@ CASES = [
     Case("read size float", "arena.read(0, 1.5)", lambda w: w.arena.read(0, 1.5), TypeError, "nbytes must be an int"),
     Case("view past capacity", "arena.view(capacity, u8, 1)", lambda w: w.arena.view(w.arena.capacity, np.uint8, 1),
          CapacityError, "view needs"),
+    Case("view of a closed arena", "arena.view(0, u8, 1) after close()",
+         lambda w: _closed_arena(w).view(0, np.uint8, 1), Q12Error, "this ScratchArena is closed"),
+    Case("ptr of a closed arena", "arena.ptr(0) after close()", lambda w: _closed_arena(w).ptr(0), Q12Error,
+         "this ScratchArena is closed"),
+    Case("read of a closed arena", "arena.read(0, 8) after close()", lambda w: _closed_arena(w).read(0, 8), Q12Error,
+         "this ScratchArena is closed"),
+    Case("reserve in a closed arena", "arena.reserve('x', 8) after close()",
+         lambda w: _closed_arena(w).reserve("x", 8), Q12Error, "this ScratchArena is closed"),
     # --- sizing and planning ---------------------------------------------------------------------
     Case("plan empty", "make_scratch_plan([], 4, True)", lambda w: make_scratch_plan([], 4, True), ValueError,
          "counts is empty"),
@@ -208,7 +253,11 @@ CASES = [
     Case("plan i32 overflow", "make_scratch_plan([2**30, 2**30], ...)",
          lambda w: make_scratch_plan([1 << 30, 1 << 30], 0, False), ValueError, "overflows the i32 cu_seqlens"),
     Case("seed bytes negative n", "q12_batched_scratch_bytes(-1, 8, 4, True)",
-         lambda w: q12_batched_scratch_bytes(-1, 8, 4, True), ValueError, "n must be >= 0"),
+         lambda w: q12_batched_scratch_bytes(-1, 8, 4, True), ValueError, "n must be >= 1"),
+    Case("seed bytes zero streams", "q12_batched_scratch_bytes(0, 8, 4, True)",
+         lambda w: q12_batched_scratch_bytes(0, 8, 4, True), ValueError, "n must be >= 1, got 0"),
+    Case("seed varlen zero streams", "q12_batched_scratch_bytes_varlen(0, 0, 8, 4, True)",
+         lambda w: q12_batched_scratch_bytes_varlen(0, 0, 8, 4, True), ValueError, "n must be >= 1, got 0"),
     Case("seed bytes float chunk", "q12_batched_scratch_bytes(4, 8.0, 4, True)",
          lambda w: q12_batched_scratch_bytes(4, 8.0, 4, True), TypeError, "chunk_len must be an int"),
     Case("seed varlen mrope str", "q12_batched_scratch_bytes_varlen(4, 32, 8, 4, 'no')",
@@ -217,6 +266,22 @@ CASES = [
     Case("admission n mismatch", "n=3 for 2 tuples", lambda w: _admit(n=3), ValueError, "n = 3 but 2 stream tuples"),
     Case("admission tuple shape", "streams=[(8, 8)]", lambda w: _admit(streams=[(8, 8)], n=1), TypeError,
          r"streams\[0\] must be a \(chunk_len, eff_len, chunk_start, is_last\) tuple"),
+    Case("admission is_mla 'False'", "is_mla='False'", lambda w: _admit(is_mla="False"), TypeError,
+         "is_mla must be a bool .* got str 'False'"),
+    Case("admission is_mla 1", "is_mla=1", lambda w: _admit(is_mla=1), TypeError, "is_mla must be a bool"),
+    Case("admission mrope 'no'", "mrope='no'", lambda w: _admit(mrope="no"), TypeError, "mrope must be a bool"),
+    Case("admission allow_chunk_zero NaN", "allow_chunk_zero=nan", lambda w: _admit(allow_chunk_zero=float("nan")),
+         TypeError, "allow_chunk_zero must be a bool"),
+    Case("admission varlen 0", "varlen=0", lambda w: _admit(varlen=0), TypeError, "varlen must be a bool"),
+    Case("admission is_last 'False'", "(8, 8, 16, 'False')",
+         lambda w: _admit(streams=[(8, 8, 16, "False"), (9, 9, 16, False)]), TypeError,
+         r"streams\[0\].is_last must be a bool"),
+    Case("decide is_mla 'no'", "decide(..., is_mla='no')",
+         lambda w: decide([(8, 8, 16, False)] * 2, 64, "no", 64, 1 << 20, 4, True, True, True), TypeError,
+         "is_mla must be a bool"),
+    Case("decide varlen NaN", "decide(..., varlen=nan)",
+         lambda w: decide([(8, 8, 16, False)] * 2, 64, False, 64, 1 << 20, 4, True, True, float("nan")), TypeError,
+         "varlen must be a bool"),
     Case("admission eff over chunk", "(8, 9, 16, False)", lambda w: _admit(streams=[(8, 9, 16, False)] * 2), ValueError,
          r"streams\[0\]: eff_len 9 exceeds chunk_len 8"),
     Case("admission negative start", "(8, 8, -16, False)", lambda w: _admit(streams=[(8, 8, -16, False)] * 2),
@@ -251,6 +316,24 @@ CASES = [
          r"streams\[2\].block_table has 1 entries but kv_len 164 at block_size 16 needs 11"),
     Case("stage table over i32", "block_table entry 2**33",
          lambda w: _stage(w, _with(w, 1, block_table=np.full(4, 1 << 33))), ValueError, "entries outside int32"),
+    Case("stage table uint64 wraps to -1", "block_table uint64 2**64 - 1",
+         lambda w: _stage(w, _with(w, 1, block_table=np.full(4, (1 << 64) - 1, np.uint64))), ValueError,
+         r"entries outside int32 \(min 18446744073709551615"),
+    Case("stage table uint64 past i32", "block_table uint64 2**64 - 2**31",
+         lambda w: _stage(w, _with(w, 1, block_table=np.full(4, (1 << 64) - (1 << 31), np.uint64))), ValueError,
+         "entries outside int32"),
+    Case("stage table uint32 past i32", "block_table uint32 2**31",
+         lambda w: _stage(w, _with(w, 1, block_table=np.full(4, 1 << 31, np.uint32))), ValueError,
+         r"entries outside int32 \(min 2147483648"),
+    Case("stage mrope uint64 near 2**64", "mrope_positions uint64 2**64 - 1",
+         lambda w: _stage(w, _with(w, 0, mrope_positions=np.full((3, 37), (1 << 64) - 1, np.uint64))), ValueError,
+         r"mrope_positions must be in \[0, 4294967295\] \(u32\), got \[18446744073709551615"),
+    Case("stage misaligned block table", "block_table_dev=ptr+2",
+         lambda w: _stage(w, _with(w, 1, block_table_dev=w.streams[1].block_table_dev + 2)), ValueError,
+         r"streams\[1\].block_table_dev must be 4-byte aligned"),
+    Case("stage misaligned seq_len", "seq_len_dev=ptr+1",
+         lambda w: _stage(w, _with(w, 2, seq_len_dev=w.streams[2].seq_len_dev + 1)), ValueError,
+         r"streams\[2\].seq_len_dev must be 4-byte aligned"),
     Case("stage table float", "block_table float64",
          lambda w: _stage(w, _with(w, 1, block_table=np.zeros(4))), TypeError, "must be a 1-D integer array"),
     Case("stage mrope wrong shape", "mrope_positions (2, 37)",
@@ -308,6 +391,15 @@ CASES = [
          r"state_ptrs\[0\] must be in \[1, 18446744073709551615\]"),
     Case("upload float", "upload([4096.0, ...])", lambda w: w.q12.h_slot.upload([4096.0] + w.state_ptrs()[1:]),
          TypeError, r"state_ptrs\[0\] must be an int"),
+    Case("upload misaligned", "upload([p + 2, ...])",
+         lambda w: w.q12.h_slot.upload([w.p("states") + 2] + w.state_ptrs()[1:]), ValueError,
+         r"state_ptrs\[0\] must be 4-byte aligned"),
+    Case("upload uint64 array past 64 bits", "upload(np.uint64 [2**64 - 1, ...])",
+         lambda w: w.q12.h_slot.upload(np.array([(1 << 64) - 1] + w.state_ptrs()[1:], np.uint64)), ValueError,
+         r"state_ptrs\[0\] must be 4-byte aligned"),
+    Case("upload int64 array negative", "upload(np.int64 [-4096, ...])",
+         lambda w: w.q12.h_slot.upload(np.array([-4096] + w.state_ptrs()[1:], np.int64)), ValueError,
+         r"state_ptrs\[0\] must be in \[1, "),
     Case("upload not a sequence", "upload(4096)", lambda w: w.q12.h_slot.upload(4096), TypeError,
          "state_ptrs must be a sequence"),
     # --- Q12Pass ---------------------------------------------------------------------------------
@@ -320,9 +412,20 @@ CASES = [
          lambda w: _pass(w, _with(w, 1, mrope_positions=np.zeros((3, w.streams[1].proc_count), np.int32)),
                          expand="device"),
          ValueError, r"expand='device' writes text positions only, but streams\[\d+\] carries mrope_positions"),
+    Case("pass is_mla 'False'", "Q12Pass(is_mla='False')", lambda w: _pass(w, is_mla="False"), TypeError,
+         "is_mla must be a bool"),
+    Case("pass varlen 1", "Q12Pass(varlen=1)", lambda w: _pass(w, varlen=1), TypeError, "varlen must be a bool"),
+    Case("pass allow_chunk_zero 'no'", "Q12Pass(allow_chunk_zero='no')", lambda w: _pass(w, allow_chunk_zero="no"),
+         TypeError, "allow_chunk_zero must be a bool"),
     Case("pass empty", "streams=[]", lambda w: _pass(w, []), ValueError, "at least one stream"),
     Case("pass NULL table", "block_table_dev=0", lambda w: _pass(w, _with(w, 2, block_table_dev=0)), ValueError,
          r"streams\[2\].block_table_dev"),
+    Case("pass table uint64 wraps to -1", "block_table uint64 2**64 - 1",
+         lambda w: _pass(w, _with(w, 0, block_table=np.full(8, (1 << 64) - 1, np.uint64))), ValueError,
+         r"streams\[0\].block_table has entries outside int32"),
+    Case("pass misaligned block table", "block_table_dev=ptr+1",
+         lambda w: _pass(w, _with(w, 0, block_table_dev=w.streams[0].block_table_dev + 1)), ValueError,
+         r"streams\[0\].block_table_dev must be 4-byte aligned"),
     Case("pass short table", "block_table[:2]", lambda w: _pass(w, _with(w, 0, block_table=w.streams[0].block_table[:2])),
          ValueError, r"streams\[0\].block_table has 2 entries but kv_len 53"),
     Case("pass chunks length", "chunks for 2 of 3 streams", lambda w: _pass(w, chunks=[(37, 37, 16, False)] * 2),
@@ -378,6 +481,10 @@ CASES = [
          r"state_ptrs\[2\] must be a non-NULL"),
     Case("gdn misaligned q", "q=ptr+8", lambda w: _gdn(w, q=w.p("gq") + 8), ValueError, "q must be 16-byte aligned"),
     Case("gdn misaligned g", "g=ptr+2", lambda w: _gdn(w, g=w.p("g") + 2), ValueError, "g must be 4-byte aligned"),
+    Case("gdn shape None", "shape=None", lambda w: _gdn(w, None), TypeError, "shape must be a GdnShape, got NoneType"),
+    Case("gdn shape None wgmma wide", "shape=None, algo='wgmma', form='wide'",
+         lambda w: w.q12.gdn_layer(*w.gdn_args(), None, algo="wgmma", form="wide"), TypeError,
+         "shape must be a GdnShape"),
     Case("gdn algo", "algo='wy'", lambda w: _gdn(w, algo="wy"), ValueError, "algo must be one of"),
     Case("gdn head_dim 96", "head_dim=96", lambda w: _gdn(w, GdnShape(2, 4, 96)), ValueError,
          "GDN prefill has kernels for head_dim 64 and 128, not 96"),
@@ -390,6 +497,18 @@ CASES = [
          "device must be a q12drv Device"),
     Case("kv_write meta type", "meta=None", lambda w: _op_kv_write(w, meta=None), TypeError,
          "meta must be a BatchedAttnMetadata"),
+    Case("kv_write stale meta", "meta staged before arena.reset()",
+         lambda w: _op_kv_write(w, meta=_stale_meta(w)), Q12Error, "this metadata is stale"),
+    Case("rope stale meta", "meta staged before arena.reset()", lambda w: _op_rope(w, meta=_stale_meta(w)), Q12Error,
+         "this metadata is stale"),
+    Case("attention stale meta", "meta staged before arena.reset()",
+         lambda w: _op_attention(w, meta=_stale_meta(w)), Q12Error, "this metadata is stale"),
+    Case("gdn stale meta", "meta staged before arena.reset()", lambda w: _op_gdn(w, meta=_stale_meta(w)), Q12Error,
+         "this metadata is stale"),
+    Case("kv_write meta of a closed arena", "meta of a closed arena",
+         lambda w: _op_kv_write(w, meta=_closed_meta(w)), Q12Error, "ScratchArena is closed"),
+    Case("gdn meta of a closed arena", "meta of a closed arena", lambda w: _op_gdn(w, meta=_closed_meta(w)),
+         Q12Error, "ScratchArena is closed"),
     Case("kv_write NULL k_pool", "k_pool=0", lambda w: _op_kv_write(w, k_pool=0), ValueError,
          "k_pool must be a non-NULL device pointer"),
     Case("kv_write num_blocks negative", "num_blocks=-1", lambda w: _op_kv_write(w, num_blocks=-1), ValueError,
@@ -530,30 +649,83 @@ CLI_CASES = [
     ("sass unknown entry", ["sass", "kv_write.cu", "q12_nope"], 2, "has no entry q12_nope; its entries: q12_kv_write"),
     ("sass bad define", ["sass", "kv_write.cu", "-D", "A B"], 2, "a define is NAME or NAME=VALUE"),
     ("unknown command", ["explode"], 2, "invalid choice"),
+    ("inspect named pipe", ["inspect", "{fifo}"], 2, "is a named pipe (FIFO), not a dump file"),
+    ("inspect symlink to a pipe", ["inspect", "{fifo_link}"], 2, "is a named pipe (FIFO), not a dump file"),
+    ("diff named pipe", ["diff", "{dump}", "{fifo}"], 2, "is a named pipe (FIFO)"),
+    ("render named pipe", ["render", "{fifo}", "-o", "{tmp}/p.png"], 2, "is a named pipe (FIFO)"),
+    ("render into a pipe", ["render", "{dump}", "-o", "{fifo}"], 2, "it exists and is not a regular file"),
+    ("render over its input", ["render", "{dump}", "-o", "{dump}"], 2, "it is the dump being read"),
+    ("render over its input by a link", ["render", "{dump}", "-o", "{dump_link}"], 2, "it is the dump being read"),
+    ("inspect a device", ["inspect", "/dev/null"], 2, "is a device, not a dump file"),
+    ("inspect member header without .npy", ["inspect", "{misnamed}"], 2, "member 'header' must be named 'header.npy'"),
+    ("inspect past max-bytes", ["inspect", "--max-bytes", "4096", "{dump}"], 2, "raise the limit with --max-bytes"),
+    ("diff past max-bytes", ["diff", "--max-bytes", "4096", "{dump}", "{dump}"], 2, "raise the limit with --max-bytes"),
+    ("inspect max-bytes 0", ["inspect", "--max-bytes", "0", "{dump}"], 2, "must be >= 1"),
+    ("demo unknown Q12DRV_DRIVER", ["Q12DRV_DRIVER=gpu", "demo", "--no-kernels"], 2,
+     "driver must be one of auto, cuda, emu (argument or Q12DRV_DRIVER), got 'gpu'"),
+    ("demo --driver auto, unknown Q12DRV_DRIVER", ["Q12DRV_DRIVER=tpu", "demo", "--driver", "auto", "--no-kernels"], 2,
+     "got 'tpu'"),
 ]
 
 
 @pytest.fixture(scope="module")
 def cli_files(tmp_path_factory):
+    import os
+    import zipfile
+
     tmp = tmp_path_factory.mktemp("cli")
     (tmp / "text.npz").write_text("hello, not a zip")
     dump = tmp / "pass.npz"
     assert cli_main(["demo", "--driver", "emu", "--no-kernels", "--dump", str(dump)]) == 0
-    return {"tmp": str(tmp), "dump": str(dump)}
+    os.mkfifo(tmp / "fifo.npz")  # opening it for reading would wait for a writer forever
+    (tmp / "fifo_link.npz").symlink_to(tmp / "fifo.npz")
+    (tmp / "dump_link.npz").symlink_to(dump)
+    with zipfile.ZipFile(dump) as src, zipfile.ZipFile(tmp / "misnamed.npz", "w") as dst:
+        for info in src.infolist():
+            dst.writestr("header" if info.filename == "header.npy" else info.filename, src.read(info))
+    return {"tmp": str(tmp), "dump": str(dump), "fifo": str(tmp / "fifo.npz"), "fifo_link": str(tmp / "fifo_link.npz"),
+            "dump_link": str(tmp / "dump_link.npz"), "misnamed": str(tmp / "misnamed.npz")}
+
+
+def _env_and_argv(argv: list) -> tuple:
+    """Leading ``NAME=VALUE`` items of a CLI case are its environment."""
+    env = {}
+    while argv and "=" in argv[0] and argv[0].split("=")[0].isupper():
+        name, value = argv[0].split("=", 1)
+        env[name] = value
+        argv = argv[1:]
+    return env, argv
 
 
 @pytest.mark.parametrize("argv,status,fragment", [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
-def test_cli_bad_input(cli_files, capsys, argv, status, fragment):
-    argv = [a.format(**cli_files) for a in argv]
-    try:
-        rc = cli_main(argv)
-    except SystemExit as exc:  # argparse
-        rc = exc.code
+def test_cli_bad_input(cli_files, capsys, monkeypatch, argv, status, fragment):
+    import os
+    import threading
+
+    env, argv = _env_and_argv([a.format(**cli_files) for a in argv])
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    before = os.path.getsize(cli_files["dump"])
+    outcome = {}
+
+    def run():
+        try:
+            outcome["rc"] = cli_main(argv)
+        except SystemExit as exc:  # argparse
+            outcome["rc"] = exc.code
+
+    worker = threading.Thread(target=run, daemon=True)  # a hang (a reader waiting on a pipe) fails, not blocks
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), f"q12drv {' '.join(argv)} still running after 60 s"
     captured = capsys.readouterr()
     err = captured.err + captured.out
-    assert rc == status
+    assert outcome["rc"] == status, err
     assert fragment in err, err
     assert "Traceback" not in err
+    if status == 2 and "usage:" not in err:
+        assert captured.err.count("\n") == 1, captured.err  # one line
+    assert os.path.getsize(cli_files["dump"]) == before  # the dump read is never overwritten
 
 
 # --- tests/README.md carries this matrix ------------------------------------------------------
@@ -569,7 +741,10 @@ def readme_table() -> str:
         frag = re.sub(r"\[\\d,\]\+|\\d\+", "N", c.match).replace(".*", "...").replace("\\", "")
         rows.append(f"| {c.id} | `{c.input}` | `{_exc_name(c.exc)}` | `{frag}` | `test_bad_input[{c.id}]` |")
     for cid, argv, status, frag in CLI_CASES:
-        rows.append(f"| {cid} | `q12drv {' '.join(argv)}` | exit {status} | `{frag}` | `test_cli_bad_input[{cid}]` |")
+        env, argv = _env_and_argv(list(argv))
+        prefix = "".join(f"{k}={v} " for k, v in env.items())
+        rows.append(f"| {cid} | `{prefix}q12drv {' '.join(argv)}` | exit {status} | `{frag}` | "
+                    f"`test_cli_bad_input[{cid}]` |")
     return "\n".join(rows)
 
 
@@ -604,6 +779,70 @@ def test_a_stale_pass_and_its_slot_refuse_to_write():
             slot.upload(w.state_ptrs())
         with pytest.raises(Q12Error, match="closed"):
             w.run_layers(new)
+
+
+def test_launchers_refuse_stale_and_closed_metadata():
+    # ops.* take metadata from the caller: after arena.reset() its offsets may hold another pass's
+    # bytes, after close() they are freed. Every launcher refuses it before enqueuing anything.
+    with open_device("emu") as dev:
+        w = World.build(dev)
+        old = w.q12.meta
+        _op_kv_write(w)  # current: fine
+        w.new_pass()  # resets the arena and stages again at the same offsets
+        before = snapshot(dev, w.arena)
+        for op in (_op_kv_write, _op_rope, _op_attention, _op_gdn):
+            with pytest.raises(Q12Error, match="this metadata is stale"):
+                op(w, meta=old)
+        assert_same(before, snapshot(dev, w.arena))
+        w.close()
+        for op in (_op_kv_write, _op_rope, _op_attention, _op_gdn):
+            with pytest.raises(Q12Error, match="ScratchArena is closed"):
+                op(w, meta=old)
+
+
+def test_handmade_metadata_without_an_arena_is_not_refused():
+    # A BatchedAttnMetadata built by hand (no arena) cannot be checked for staleness: launchers take it.
+    with open_device("emu") as dev:
+        w = World.build(dev)
+        meta = dataclasses.replace(w.q12.meta, arena=None, generation=None)
+        _op_kv_write(w, meta=meta)
+        w.close()
+
+
+def test_an_arena_is_closed_with_its_device():
+    # Device.close() frees every allocation, the arena's included: the arena then says it is closed and
+    # refuses to hand out addresses in the freed memory; closing it afterwards is harmless.
+    dev = open_device("emu")
+    arena = ScratchArena(dev, 4096)
+    arena.reserve("x", 64)
+    assert not arena.closed
+    dev.close()
+    assert arena.closed and "closed" in repr(arena)
+    for call in (lambda: arena.view(0, np.uint8, 1), lambda: arena.ptr(0), lambda: arena.read(0, 8),
+                 lambda: arena.reserve("y", 8), arena.guard_intact):
+        with pytest.raises(q12drv.Q12Error, match="this ScratchArena is closed"):
+            call()
+    arena.close()
+    assert dev.driver.live_allocations() == {"device": 0, "pinned": 0, "modules": 0}
+
+
+def test_the_emulator_runs_out_of_memory_as_a_gpu_does():
+    # An allocation past what the emulated device holds fails with the real driver's error, before any host
+    # memory is taken; what fits still allocates, and freeing gives the room back.
+    from q12drv.core.driver import EmuDriver
+
+    drv = EmuDriver()
+    drv.memory.limit = 1 << 20
+    with q12drv.Device(drv) as dev:
+        a = dev.alloc(600 << 10)
+        with pytest.raises(CudaError) as info:
+            dev.alloc(600 << 10)
+        assert (info.value.name, info.value.call) == ("CUDA_ERROR_OUT_OF_MEMORY", "cuMemAlloc")
+        with pytest.raises(CudaError, match="cuMemHostAlloc failed: CUDA_ERROR_OUT_OF_MEMORY"):
+            dev.pinned(2 << 20)
+        assert dev.driver.live_allocations()["device"] == 1
+        a.free()
+        dev.alloc(600 << 10).free()
 
 
 def test_extreme_but_valid_numbers_stage_exactly():

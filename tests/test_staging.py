@@ -104,7 +104,7 @@ def test_h_state_slot_upload(emu):
         _, meta = run_pass(emu, arena, streams, mrope=False)
         slot = place_h_state_slot(arena, meta)
         for layer in range(5):
-            ptrs = [0x1000 * (layer + 1) + b for b in range(3)]
+            ptrs = [0x1000 * (layer + 1) + 16 * b for b in range(3)]
             slot.upload(ptrs)
             got = np.frombuffer(arena.read(slot.offset, 24), np.uint64)
             assert list(got) == ptrs
@@ -112,7 +112,7 @@ def test_h_state_slot_upload(emu):
         with pytest.raises(ValueError, match="exactly 3"):
             slot.upload([1, 2])
         with pytest.raises(ValueError, match=r"state_ptrs\[1\]"):
-            slot.upload([1, 0, 3])
+            slot.upload([16, 0, 32])
 
 
 def test_h_state_slot_refuses_a_moved_cursor(emu):
@@ -225,12 +225,12 @@ def test_deferred_back_to_back_passes_are_race_free():
                 _, meta = run_pass(dev, arena, streams, mrope=True)
                 slot = place_h_state_slot(arena, meta)
                 for layer in range(20):
-                    slot.upload([0x10000 + 64 * layer + b for b in range(2)])
+                    slot.upload([0x10000 + 64 * layer + 8 * b for b in range(2)])
                 metas.append((meta, streams))
             dev.synchronize()
             meta, streams = metas[-1]
             assert verify_readback(arena.read(meta.scratch_offset_bytes, meta.staged_bytes), meta, streams) == []
-            assert list(np.frombuffer(arena.read(slot.offset, 16), np.uint64)) == [0x10000 + 64 * 19, 0x10000 + 64 * 19 + 1]
+            assert list(np.frombuffer(arena.read(slot.offset, 16), np.uint64)) == [0x10000 + 64 * 19, 0x10000 + 64 * 19 + 8]
 
 
 def test_deferred_mode_catches_a_rewritten_pinned_slot(monkeypatch):

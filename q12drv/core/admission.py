@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .ints import checked_int
+from .ints import checked_bool, checked_int
 from .layout import POLICIES, ScratchPlan, make_scratch_plan
 
 __all__ = ["Admission", "check_kernel_batched_eligible", "parse_chunks", "decide", "MAX_HEAD_DIM", "RULES"]
@@ -118,7 +118,9 @@ def check_kernel_batched_eligible(
     Raises
     ------
     TypeError, ValueError
-        Malformed arguments (as opposed to a batch that is merely refused).
+        Malformed arguments (as opposed to a batch that is merely refused); a flag (``is_mla``, ``mrope``,
+        ``allow_chunk_zero``, ``varlen``, each stream's ``is_last``) that is not a real bool is a TypeError
+        naming it: ``"False"``, ``"no"``, ``1`` or NaN are not taken for their truth value.
     """
     return decide(parse_chunks(streams, n), arena_cap, is_mla, head_dim, scratch_cap, top_k, mrope, allow_chunk_zero,
                   varlen, policy)
@@ -131,7 +133,8 @@ def parse_chunks(streams: Sequence[tuple], n: int) -> list:
     Raises
     ------
     TypeError, ValueError
-        Not ``n`` tuples of four, a negative or non-int length or start, or ``eff_len > chunk_len``.
+        Not ``n`` tuples of four, a negative or non-int length or start, an ``is_last`` that is not a bool,
+        or ``eff_len > chunk_len``.
     """
     n = checked_int("n", n)
     streams = list(streams)
@@ -148,7 +151,10 @@ def parse_chunks(streams: Sequence[tuple], n: int) -> list:
                                                zip(("chunk_len", "eff_len", "chunk_start"), s[:3]))
         if eff_len > chunk_len:
             raise ValueError(f"streams[{b}]: eff_len {eff_len} exceeds chunk_len {chunk_len}")
-        parsed.append((chunk_len, eff_len, chunk_start, bool(s[3])))
+        is_last = s[3]
+        if is_last is not True and is_last is not False:
+            is_last = checked_bool(f"streams[{b}].is_last", is_last)
+        parsed.append((chunk_len, eff_len, chunk_start, is_last))
     return parsed
 
 
@@ -160,8 +166,13 @@ def decide(parsed: list, arena_cap: int, is_mla: bool, head_dim: int, scratch_ca
     Raises
     ------
     TypeError, ValueError
-        A malformed setting (policy, a negative or non-int capacity, head_dim or top_k).
+        A malformed setting (policy, a negative or non-int capacity, head_dim or top_k, a flag that is not
+        a real bool).
     """
+    is_mla = checked_bool("is_mla", is_mla)
+    mrope = checked_bool("mrope", mrope)
+    allow_chunk_zero = checked_bool("allow_chunk_zero", allow_chunk_zero)
+    varlen = checked_bool("varlen", varlen)
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
     arena_cap = checked_int("arena_cap", arena_cap)

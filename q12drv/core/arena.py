@@ -68,6 +68,7 @@ class ScratchArena:
             raise ValueError(f"arena capacity nbytes must be in [1, {MAX_CAPACITY}], got {int(nbytes)}")
         device._require_open()
         self.device = device
+        device._dependents.add(self)  # closed with the device (_device_closed)
         self.capacity = int(nbytes)
         self.cursor = 0
         #: Bumped by :meth:`reset`: what was placed before is no longer valid
@@ -245,7 +246,8 @@ class ScratchArena:
 
     # access ----------------------------------------------------------------------------
     def ptr(self, offset: int) -> DevicePtr:
-        """The device address of byte ``offset``."""
+        """The device address of byte ``offset`` (:class:`~q12drv.core.errors.Q12Error` once closed)."""
+        self._require_open()
         self.check_range("pointer", offset, 0)
         return DevicePtr(int(self.base) + int(offset))
 
@@ -256,13 +258,16 @@ class ScratchArena:
         return self.device.download(int(self.base) + offset, nbytes, stream)
 
     def view(self, offset: int, dtype, shape) -> DeviceArray:
-        """A zero-copy :class:`~q12drv.core.device.DeviceArray` (``__cuda_array_interface__``) over arena bytes."""
+        """A zero-copy :class:`~q12drv.core.device.DeviceArray` (``__cuda_array_interface__``) over arena bytes
+        (:class:`~q12drv.core.errors.Q12Error` once closed: the memory is freed)."""
+        self._require_open()
         arr = DeviceArray(int(self.base) + int(offset), dtype, shape, owner=self)
         self.check_range("view", offset, arr.nbytes)
         return arr
 
     def guard_intact(self) -> bool:
         """Whether the guard band past the capacity still holds its pattern (synchronizing)."""
+        self._require_open()
         band = self.device.download(int(self.base) + self.capacity, GUARD_BYTES)
         return band == bytes([GUARD_PATTERN]) * GUARD_BYTES
 
@@ -285,7 +290,13 @@ class ScratchArena:
 
     @property
     def closed(self) -> bool:
+        """True after :meth:`close`, or after the device was closed (which frees the arena's memory)."""
         return self._buffer is None
+
+    def _device_closed(self) -> None:
+        # Device.close released the allocation, the pinned rings and their events: nothing is left to free
+        self._buffer = None
+        self._attachments.clear()
 
     def close(self) -> None:
         """Wait for pending work, release attachments and free the allocation. Idempotent.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import weakref
 from typing import Any
 
 import numpy as np
@@ -172,6 +173,7 @@ class Device:
         self.driver = driver
         self.ordinal = checked_int("ordinal", ordinal, 0)
         self._owned: list = []
+        self._dependents: "weakref.WeakSet" = weakref.WeakSet()  # objects told when the device closes (arenas)
         self._keepalive: list = []  # (stream, host array) of copies a failed wait left pending
         self.cache: dict = {}  # per-device memo for higher layers (loaded modules)
         self._ctx = driver.open_context(self.ordinal)
@@ -299,8 +301,17 @@ class Device:
         return np.frombuffer(self.download(src, n, stream), dtype=dtype).reshape(shape).copy()
 
     def memset(self, dst: int, value: int, nbytes: int, stream: Any = None) -> None:
-        """Fill ``nbytes`` at ``dst`` with the byte ``value`` (stream-ordered, not waited for)."""
-        self.driver.memset_d8_async(int(dst), int(value), int(nbytes), self.as_stream(stream))
+        """Fill ``nbytes`` at ``dst`` with the byte ``value`` (stream-ordered, not waited for).
+
+        Raises
+        ------
+        TypeError, ValueError
+            ``value`` not a byte (0..255: 300 would be written as 44), ``nbytes`` negative, ``dst`` not a
+            device address; nothing enqueued.
+        """
+        value = checked_int("memset value (a byte)", value, 0, 255)
+        nbytes = checked_int("memset nbytes", nbytes, 0)
+        self.driver.memset_d8_async(int(DevicePtr(dst)), value, nbytes, self.as_stream(stream))
 
     # lifetime --------------------------------------------------------------------------
     def close(self) -> None:
@@ -334,6 +345,9 @@ class Device:
             except Exception as exc:
                 errors.append(exc)
         self._owned.clear()
+        for dep in list(self._dependents):  # e.g. an arena whose allocation was just freed: it is closed now
+            dep._device_closed()
+        self._dependents.clear()
         ctx, self._ctx = self._ctx, None
         try:
             self.driver.close_context(ctx)
@@ -350,7 +364,9 @@ class Device:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Device({self.name!r}, driver={self.driver.name}, arch={self.arch})"
+        why = getattr(self.driver, "fallback_reason", None)
+        driver = self.driver.name if why is None else f"{self.driver.name} (auto fell back: {why})"
+        return f"Device({self.name!r}, driver={driver}, arch={self.arch})"
 
 
 #: Devices not yet closed; closed at interpreter exit so contexts, modules and pinned memory are

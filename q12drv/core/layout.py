@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .ints import checked_int
+from .ints import checked_bool, checked_int
 
 __all__ = [
     "Q12_SIZING_STREAMS",
@@ -68,10 +68,7 @@ def a64(x: int) -> int:
     return (x + 63) & ~63
 
 
-def _flag(name: str, value) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return bool(value)
+_flag = checked_bool
 
 
 # --- the seed's functions ---------------------------------------------------------------
@@ -87,7 +84,16 @@ def seed_stream_block_stride(max_chunk_len: int) -> int:
 
 
 def staged_bytes(n: int, total_tokens: int, mrope: bool) -> int:
-    """Bytes of the stacked metadata: ``S*a8(4T) + a8(8T) + 2*a8(8n) + a8(4(n+1)) + a8(4n)``."""
+    """Bytes of the stacked metadata: ``S*a8(4T) + a8(8T) + 2*a8(8n) + a8(4(n+1)) + a8(4n)``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``n < 1`` (a pass stages at least one stream), a negative ``total_tokens``, a non-bool ``mrope``.
+    """
+    if not (type(n) is int and type(total_tokens) is int and type(mrope) is bool and n >= 1 and total_tokens >= 0):
+        n, total_tokens = checked_int("n", n, 1), checked_int("total_tokens", total_tokens)
+        mrope = _flag("mrope", mrope)
     s = 3 if mrope else 1
     t = total_tokens
     return s * a8(4 * t) + a8(8 * t) + 2 * a8(8 * n) + a8(4 * (n + 1)) + a8(4 * n)
@@ -99,7 +105,7 @@ def q12_batched_scratch_bytes_varlen(n: int, total_tokens: int, max_chunk_len: i
     Parameters
     ----------
     n : int
-        Streams in the batch.
+        Streams in the batch (>= 1: a batch of no streams has no footprint to size).
     total_tokens : int
         Packed token count, Σ per-stream counts (``cu_seqlens[n]``).
     max_chunk_len : int
@@ -119,7 +125,7 @@ def q12_batched_scratch_bytes_varlen(n: int, total_tokens: int, max_chunk_len: i
     >>> q12_batched_scratch_bytes_varlen(4, 3740, 935, 8, True)
     374392
     """
-    n = checked_int("n", n)
+    n = checked_int("n", n, 1)
     t = checked_int("total_tokens", total_tokens)
     m = checked_int("max_chunk_len", max_chunk_len)
     k = checked_int("top_k", top_k)
@@ -135,7 +141,7 @@ def q12_batched_scratch_bytes(n: int, chunk_len: int, top_k: int, mrope: bool) -
     >>> q12_batched_scratch_bytes(4, 935, 8, True)
     374392
     """
-    n = checked_int("n", n)
+    n = checked_int("n", n, 1)
     chunk_len = checked_int("chunk_len", chunk_len)
     return q12_batched_scratch_bytes_varlen(n, n * chunk_len, chunk_len, top_k, mrope)
 

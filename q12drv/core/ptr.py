@@ -22,6 +22,8 @@ class DevicePtr(int):
     __slots__ = ()
 
     def __new__(cls, value: int = 0):
+        if value is True or value is False:  # an int subclass, but never an address
+            raise TypeError(f"a device pointer must be an int, got bool {value!r}")
         try:
             v = operator.index(value)  # ints, numpy ints, other DevicePtrs; never a float or a string
         except TypeError:

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..core.ints import checked_int
 from ..core.ptr import DevicePtr
+from ..core.staging.validate import STATE_ALIGN
 
 __all__ = ["I32_MAX", "ALIGN", "device_ptr", "count", "head_group", "positive_float"]
 
@@ -23,7 +24,7 @@ _F32_MAX = float(np.finfo(np.float32).max)
 #: that vectorise opportunistically fall back to 2-byte accesses, the others do not).
 ALIGN = {
     "attention": {"q": 16, "k_pool": 16, "v_pool": 16, "o": 16},  # cp.async 16 B loads, uint4 stores
-    "gdn": {"h_state_ptrs": 8, "q": 16, "k": 16, "v": 8, "o": 8, "g": 4, "beta": 4, "state": 4},
+    "gdn": {"h_state_ptrs": 8, "q": 16, "k": 16, "v": 8, "o": 8, "g": 4, "beta": 4, "state": STATE_ALIGN},
     "kv_write": {"k": 2, "v": 2, "k_pool": 2, "v_pool": 2},
     "rope": {"q": 2, "k": 2},
 }

@@ -79,12 +79,15 @@ def _attn_geometry(entry: str, batch_size: int, chunk_len: int, num_q_heads: int
 
 
 def _check(device, meta) -> None:
-    if type(device) is Device and type(meta) is BatchedAttnMetadata:  # the common case
-        return
+    if type(device) is Device and type(meta) is BatchedAttnMetadata:  # the common case: current metadata
+        arena = meta.arena
+        if arena is None or (not arena.closed and arena.generation == meta.generation):
+            return
     if not isinstance(device, Device):
         raise TypeError(f"device must be a q12drv Device, got {type(device).__name__}")
     if not isinstance(meta, BatchedAttnMetadata):
         raise TypeError(f"meta must be a BatchedAttnMetadata (from the stager), got {type(meta).__name__}")
+    meta.require_current()  # staged before the arena's last reset, or in a closed arena: Q12Error
 
 
 def kv_write(device: Device, meta: BatchedAttnMetadata, k: int, v: int, k_pool: int, v_pool: int, *,

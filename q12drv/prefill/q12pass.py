@@ -493,8 +493,8 @@ class Q12Pass:
             rewritten or anything is enqueued.
         """
         ops.check_gdn_algo(algo, self.device.arch)
-        ops.check_gdn_form(algo, form, shape.head_dim)
-        self._check_gdn(state_ptrs, q, k, v, g, beta, o, shape)  # the state pointers included, for this pass
+        ops.check_gdn_form(algo, form, shape.head_dim if isinstance(shape, GdnShape) else None)
+        self._check_gdn(state_ptrs, q, k, v, g, beta, o, shape)  # the shape's type and the state pointers included
         hk, hv, d = shape.num_k_heads, shape.num_v_heads, shape.head_dim
         ws = ops.gdn_workspace(algo, *self._gdn_extent, hk, hv, d, workspace, workspace_bytes)
         self.h_slot._write(state_ptrs, self.stream)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .. import __version__
+
 __all__ = ["main"]
 
 _DRIVER_HELP = ("which driver: 'auto' uses the GPU when there is one and the emulator otherwise, "
@@ -57,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                "kernel's machine code); "
                "'q12drv demo --dump a.npz' then 'q12drv inspect a.npz' to look inside the arena.",
     )
+    p.add_argument("--version", action="version", version=f"q12drv {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     d = sub.add_parser("demo", help="plan, admit, stage and verify one batched pass (and run its kernels)",
                        description="Plan 8 ragged prefill streams (Qwen3-Next-like, MRoPE), decide admission, stage "
@@ -106,24 +109,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except KeyboardInterrupt:
-        return 130
     except BrokenPipeError:  # the reader went away (q12drv sass ... | head): stop quietly
         import os
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except Exception as exc:
-        from ..core.errors import Q12Error
+    except (Exception, KeyboardInterrupt) as exc:  # one line on stderr and exit status 2, never a traceback
+        from .dump_cli import failure_status
 
-        if isinstance(exc, Q12Error):
-            print(f"q12drv {args.command}: {exc}", file=sys.stderr)
-            return 2
-        if isinstance(exc, OSError):  # a file that cannot be read or written: say which, no traceback
-            where = f": {exc.filename}" if exc.filename else ""
-            print(f"q12drv {args.command}: {exc.strerror or exc}{where}", file=sys.stderr)
-            return 2
-        raise
+        return failure_status(f"q12drv {args.command}", exc)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from ..core.admission import check_kernel_batched_eligible
 from ..core.arena import ScratchArena
 from ..core.staging import verify_readback
 from ..core.device import Device
+from ..core.driver import TIMING_NOTE
 from ..core.layout import Q12_SIZING_STREAMS, make_scratch_plan
 from ..core.staging import StreamStageInfo, place_h_state_slot, stage_batched_attn_metadata
 
@@ -73,6 +74,11 @@ def demo_streams(dev: Device, cfg: DemoConfig):
     return streams, tuples, buf
 
 
+def _timing_note(dev: Device) -> str:
+    """What a timing printed for ``dev`` needs said: that it is not a GPU's, on the emulated driver."""
+    return "" if dev.driver.runs_cubins else f" ({TIMING_NOTE})"
+
+
 def _median_us(fn: Callable[[], None], reps: int) -> float:
     times = []
     for _ in range(reps):
@@ -90,6 +96,8 @@ def run_demo(dev: Device, cfg: DemoConfig = DemoConfig(), *, kernels: bool = Tru
     """
     ok = True
     out(f"device: {dev.name} (driver {dev.driver.name}, {dev.arch})")
+    if getattr(dev.driver, "fallback_reason", None):
+        out(f"  driver 'auto' fell back to the emulator: {dev.driver.fallback_reason}")
     streams, tuples, tables = demo_streams(dev, cfg)
     n = len(streams)
     counts = [s.proc_count for s in streams]
@@ -141,7 +149,8 @@ def run_demo(dev: Device, cfg: DemoConfig = DemoConfig(), *, kernels: bool = Tru
 
         host_us = _median_us(stage, 50)
         rt_us = _median_us(lambda: (stage(), dev.synchronize()), 50)
-        out(f"staging time (median of 50): host {host_us:.1f} us (pack + enqueue), round trip {rt_us:.1f} us")
+        out(f"staging time (median of 50): host {host_us:.1f} us (pack + enqueue), round trip {rt_us:.1f} us"
+            + _timing_note(dev))
         if kernels:
             ok &= demo_layers(dev, cfg, streams, tuples, out=out)
     out("demo: " + ("all checks passed" if ok else "CHECKS FAILED"))
@@ -213,7 +222,7 @@ def demo_layers(dev: Device, cfg: DemoConfig, streams, tuples, *, out: Callable[
             results[mode] = {name: dev.download(bufs[name].ptr, bufs[name].nbytes)
                              for name in ("o", "k_pool", "v_pool", "go", "states", "q", "k")}
             out(f"{mode:>10}: {q12.mode}{' (' + q12.reason + ')' if q12.reason else ''}, staging + one attention "
-                f"+ one GDN layer in {times[mode]:.2f} ms")
+                f"+ one GDN layer in {times[mode]:.2f} ms" + _timing_note(dev))
         for b in bufs.values():
             b.free()
         for e in (start, end):
@@ -231,7 +240,7 @@ def demo_layers(dev: Device, cfg: DemoConfig, streams, tuples, *, out: Callable[
     unwritten = int(np.sum(o_bits == 0xFFFF)) + int(np.sum(go_bits == 0xFFFF))
     out(f"batched vs per stream: {'bit-identical' if not differ else 'DIFFER in ' + ', '.join(differ)} "
         f"({', '.join(same)}); batched {times['per_stream'] / max(times['batched'], 1e-9):.2f}x the speed of per stream"
-        + ("" if dev.driver.runs_cubins else " (emulated: numpy references on the host, not GPU time)"))
+        + _timing_note(dev))
     if unwritten:
         out(f"  FAIL {unwritten} output elements were never written")
     return not differ and not unwritten

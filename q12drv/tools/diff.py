@@ -1,9 +1,11 @@
 """Compare two arena dumps: which header entries, fields and regions differ, and where first.
 
 Fields of the metadata blocks are compared element by element (decoded with their dtype); every
-other region, the bytes no region covers, the guard band and the pinned ring byte by byte. Spans
-are matched by name, so two dumps with different layouts still compare what they share. The
-header is compared key by key, except the timestamp.
+other region, the bytes no region covers, the guard band and the pinned ring byte by byte; the
+streams' block tables entry by entry. Spans are matched by name, so two dumps with different layouts
+still compare what they share. The header is compared key by key, except the timestamp. The work is
+bounded by the bytes the dumps hold (:func:`~q12drv.tools.dump.load_dump` bounds what a region map may
+claim).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .dump import ArenaDump, load_dump
+from .dump import DEFAULT_MAX_BYTES, ArenaDump, load_dump
 
 __all__ = ["Difference", "diff_dumps", "format_diff"]
 
@@ -132,12 +134,20 @@ def _compare(where: str, a: np.ndarray, b: np.ndarray, base_offset: int | None, 
     return Difference(where, i, off, va, vb, int(neq.size) + extra, int(a.size), as_hex=a.dtype == np.dtype("<u8"))
 
 
-def diff_dumps(a, b) -> list:
+def _table_owner(d: ArenaDump, i: int) -> str:
+    """``"stream b entry j"`` for entry ``i`` of ``d``'s block_tables member."""
+    owner = d.table_entry_owner(i)
+    return f"entry {i}" if owner is None else f"stream {owner[0]} entry {owner[1]}"
+
+
+def diff_dumps(a, b, *, max_bytes: int = DEFAULT_MAX_BYTES) -> list:
     """Everything that differs between two dumps.
 
     Parameters
     ----------
     a, b : str, os.PathLike or ArenaDump
+    max_bytes : int
+        What loading each path may unpack at most (:func:`~q12drv.tools.dump.load_dump`).
 
     Returns
     -------
@@ -149,8 +159,8 @@ def diff_dumps(a, b) -> list:
     DumpError
         Either file cannot be read (see :func:`~q12drv.tools.dump.load_dump`).
     """
-    da = a if isinstance(a, ArenaDump) else load_dump(a)
-    db = b if isinstance(b, ArenaDump) else load_dump(b)
+    da = a if isinstance(a, ArenaDump) else load_dump(a, max_bytes=max_bytes)
+    db = b if isinstance(b, ArenaDump) else load_dump(b, max_bytes=max_bytes)
     out: list = []
     _json_diff(da.header, db.header, "header", out)
     spans_a, covered_a = _spans(da)
@@ -188,6 +198,13 @@ def diff_dumps(a, b) -> list:
         d = _compare("ring", ra, rb, None, 1)
         if d is not None:
             out.append(d)
+    if da.block_tables is not None or db.block_tables is not None:
+        ta = da.block_tables if da.block_tables is not None else np.zeros(0, np.int32)
+        tb = db.block_tables if db.block_tables is not None else np.zeros(0, np.int32)
+        d = _compare("block_tables", ta, tb, None, 4)
+        if d is not None:
+            out.append(Difference(f"block_tables ({_table_owner(da if d.index < ta.size else db, d.index)})",
+                                  d.index, None, d.value_a, d.value_b, d.count, d.size))
     return out
 
 

@@ -14,11 +14,18 @@ A dump holds, as numpy ``.npz`` members (every one a 1-D ``uint8`` array; nothin
     The guard band past the capacity (:data:`~q12drv.core.arena.GUARD_BYTES` bytes).
 ``ring``
     Optional: the pinned staging ring's slots, concatenated (``header["ring"]`` says where each is).
+``block_tables``
+    Optional (schema 2): the host copies of the streams' block tables, int32, concatenated: stream b's
+    entries for positions ``0 .. kv_len - 1`` at ``header["streams"][b]["block_table"]`` (offset and
+    count, in entries). What inspect checks each KV slot against.
 
 :func:`load_dump` trusts nothing in the file: the archive is read with ``allow_pickle=False``,
 the header is parsed as JSON and validated (types, counts, and every offset and size against the
 bytes actually present) before a single arena byte is looked at. Anything wrong raises
-:class:`~q12drv.core.errors.DumpError` naming the file and the problem.
+:class:`~q12drv.core.errors.DumpError` naming the file and the problem. The work and memory reading takes are
+bounded: at most ``max_bytes`` unpacked (:data:`DEFAULT_MAX_BYTES`), no member unpacking more than
+:data:`MAX_RATIO` times its size, no more streams, metadata blocks, regions or ring slots than the arena (or
+ring) the file holds can hold. Schema version 1 dumps (no block tables) are still read.
 
 What the bytes *mean* (are the sequence lengths monotone, do the slots collide, ...) is checked
 by :mod:`q12drv.tools.inspect`; :mod:`q12drv.tools.diff` compares two dumps; :mod:`q12drv.tools.render` draws one.
@@ -26,10 +33,13 @@ by :mod:`q12drv.tools.inspect`; :mod:`q12drv.tools.diff` compares two dumps; :mo
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
+import stat
 import tempfile
-from dataclasses import dataclass
+import zipfile
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
@@ -44,6 +54,11 @@ from ..core.staging import BatchedAttnMetadata, StreamStageInfo
 __all__ = [
     "SCHEMA",
     "SCHEMA_VERSION",
+    "READ_VERSIONS",
+    "DEFAULT_MAX_BYTES",
+    "MAX_RATIO",
+    "MAX_HEADER_BYTES",
+    "max_streams",
     "Allocation",
     "DumpedStream",
     "DumpedMeta",
@@ -59,12 +74,22 @@ __all__ = [
 
 #: The ``schema`` string every dump header carries.
 SCHEMA = "q12drv.arena-dump"
-#: The header layout version this module writes and reads.
-SCHEMA_VERSION = 1
+#: The header layout version this module writes: 2 adds the streams' block tables (the ``block_tables`` member).
+SCHEMA_VERSION = 2
+#: The versions :func:`load_dump` reads (a version 1 dump has no block tables: the checks that need them skip).
+READ_VERSIONS = (1, 2)
+#: What :func:`load_dump` unpacks at most by default (``max_bytes``; the commands' ``--max-bytes``).
+DEFAULT_MAX_BYTES = 256 << 20
+#: The largest unpacked / packed size ratio a member may claim (deflate's limit is about 1032:1).
+MAX_RATIO = 1100
+#: The largest header member (JSON) read.
+MAX_HEADER_BYTES = 4 << 20
 
 _MEMBERS = ("header", "arena", "guard")
-_OPTIONAL_MEMBERS = ("ring",)
-_MAX_HEADER_BYTES = 64 << 20
+_OPTIONAL_MEMBERS = ("ring", "block_tables")
+_NPY_NAMES = {f"{name}.npy": name for name in _MEMBERS + _OPTIONAL_MEMBERS}
+#: Bytes of stacked metadata every stream takes at least (two u64 pointers, a kv_lens and a cu_seqlens entry).
+_MIN_STREAM_BYTES = 24
 _U64 = 1 << 64
 _FIELD_DTYPES = ("<u4", "<i4", "<u8", "<i8")
 _PTR_FIELDS = ("positions_stacked", "positions_h_stacked", "positions_w_stacked", "slot_stacked",
@@ -92,7 +117,11 @@ class Allocation:
 
 @dataclass(frozen=True)
 class DumpedStream:
-    """One prefill stream's inputs as the stager saw them."""
+    """One prefill stream's inputs as the stager saw them.
+
+    ``block_table``: the host copy's entries for positions ``0 .. kv_len - 1`` (int32, read-only), or None (a
+    version 1 dump, or a writer that was not given the table).
+    """
 
     index: int
     proc_start: int
@@ -100,6 +129,8 @@ class DumpedStream:
     block_table_dev: int
     seq_len_dev: int
     explicit_mrope: bool = False
+    block_table: np.ndarray | None = field(default=None, compare=False, repr=False)
+    table_offset: int = field(default=-1, compare=False, repr=False)  # of block_table in the block_tables member
 
 
 @dataclass(frozen=True)
@@ -201,10 +232,13 @@ class ArenaDump:
     reservations : tuple of Region
         The arena's live reservations (kind ``"reserved"``).
     allocations : tuple of Allocation
+        Sorted by base, none overlapping.
     h_state : HStateInfo or None
     num_blocks : int or None
         KV-cache blocks, when the writer knew it.
     ring_slots : tuple of RingSlotInfo
+    block_tables : numpy.ndarray or None
+        The ``block_tables`` member as int32 (each stream's ``block_table`` is a view of it).
     """
 
     path: str
@@ -221,6 +255,12 @@ class ArenaDump:
     h_state: HStateInfo | None
     num_blocks: int | None
     ring_slots: tuple
+    block_tables: np.ndarray | None = None
+
+    @property
+    def has_block_tables(self) -> bool:
+        """Whether every stream's block table is in the dump (what the slot-ownership checks need)."""
+        return bool(self.streams) and all(s.block_table is not None for s in self.streams)
 
     @property
     def version(self) -> int:
@@ -274,14 +314,45 @@ class ArenaDump:
         return self.read(f.offset + f.nbytes, f.padded - f.nbytes)
 
     def allocation_of(self, addr: int, nbytes: int = 1) -> Allocation | None:
-        """The known allocation holding ``[addr, addr + nbytes)``, or the one holding ``addr``, or None."""
-        hit = None
-        for a in self.allocations:
-            if a.contains(addr, nbytes):
-                return a
-            if hit is None and a.contains(addr, 1):
-                hit = a
-        return hit
+        """The known allocation holding ``addr`` (whether or not ``[addr, addr + nbytes)`` fits in it), or None.
+
+        A binary search: the allocations are sorted and never overlap (:func:`load_dump` checks it)."""
+        i = bisect.bisect_right(self._alloc_bases, addr) - 1
+        if i >= 0 and self.allocations[i].contains(addr, 1):
+            return self.allocations[i]
+        return None
+
+    def allocation_indices(self, addrs: np.ndarray) -> np.ndarray:
+        """:meth:`allocation_of` for many addresses at once: the index into :attr:`allocations` of each
+        address's allocation, -1 where none holds it."""
+        addrs = np.asarray(addrs, np.uint64)
+        if not self.allocations:
+            return np.full(addrs.shape, -1, np.int64)
+        bases = np.array(self._alloc_bases, np.uint64)
+        ends = np.array([a.end for a in self.allocations], np.uint64)
+        i = np.searchsorted(bases, addrs, side="right").astype(np.int64) - 1
+        inside = (i >= 0) & (addrs < ends[np.maximum(i, 0)])
+        return np.where(inside, i, -1)
+
+    @property
+    def _alloc_bases(self) -> list:
+        bases = self.__dict__.get("_bases")
+        if bases is None:
+            bases = [a.base for a in self.allocations]
+            object.__setattr__(self, "_bases", bases)  # a memo of the (immutable) allocations, not state
+        return bases
+
+    def table_entry_owner(self, i: int) -> tuple | None:
+        """``(stream, entry)`` of entry ``i`` of the ``block_tables`` member: whose table it is and where in it
+        (None when no stream's table holds it)."""
+        refs = self.__dict__.get("_table_refs")
+        if refs is None:
+            refs = sorted((s.table_offset, s.index) for s in self.streams if s.block_table is not None)
+            object.__setattr__(self, "_table_refs", refs)  # a memo of the (immutable) streams, not state
+        k = bisect.bisect_right(refs, (i, len(self.streams))) - 1
+        if k < 0 or i - refs[k][0] >= self.streams[refs[k][1]].block_table.size:
+            return None
+        return refs[k][1], i - refs[k][0]
 
     def describe_ptr(self, addr: int) -> str:
         """``"'name'+0x40"`` for an address inside a known allocation, else ``"unknown"``."""
@@ -337,10 +408,42 @@ def _meta_json(name: str, meta: BatchedAttnMetadata, stream_ids: Sequence[int]) 
     }
 
 
-def _stream_json(b: int, s: StreamStageInfo) -> dict:
+def _stream_json(b: int, s: StreamStageInfo, table_ref: dict | None) -> dict:
     return {"index": b, "proc_start": int(s.proc_start), "proc_count": int(s.proc_count),
             "block_table_dev": int(s.block_table_dev), "seq_len_dev": int(s.seq_len_dev),
-            "explicit_mrope": s.mrope_positions is not None}
+            "explicit_mrope": s.mrope_positions is not None, "block_table": table_ref}
+
+
+def _table_entries(s: StreamStageInfo, block_size: int) -> np.ndarray | None:
+    """Stream ``s``'s block-table entries for positions ``0 .. kv_len - 1`` as int32, or None when the host copy
+    is not a 1-D integer table that long with entries within int32 (the stager refuses such a stream anyway)."""
+    table = np.asarray(s.block_table)
+    need = -(-(int(s.proc_start) + int(s.proc_count)) // block_size)
+    if table.ndim != 1 or table.dtype.kind not in "iu" or table.size < need:
+        return None
+    table = table[:need]
+    if table.size and (int(table.min()) < -(1 << 31) or int(table.max()) >= 1 << 31):
+        return None
+    return table.astype("<i4")
+
+
+def _tables(streams: Sequence[StreamStageInfo], block_size: int | None) -> tuple:
+    """``(refs, member)``: each stream's ``{"offset", "count"}`` into the ``block_tables`` member (None where its
+    table cannot be stored, or every one when ``block_size`` is unknown) and the member's bytes (None if empty)."""
+    if block_size is None:
+        return [None] * len(streams), None
+    refs, parts, at = [], [], 0
+    for s in streams:
+        entries = _table_entries(s, block_size)
+        if entries is None:
+            refs.append(None)
+            continue
+        refs.append({"offset": at, "count": int(entries.size)})
+        parts.append(entries)
+        at += entries.size
+    if not parts:
+        return refs, None
+    return refs, np.concatenate(parts).astype("<i4").view(np.uint8)
 
 
 def _ring_bytes(arena: ScratchArena) -> tuple:
@@ -357,8 +460,9 @@ def _ring_bytes(arena: ScratchArena) -> tuple:
     return {"name": "staging", "slots": slots}, np.frombuffer(b"".join(chunks), np.uint8)
 
 
-def write_dump(path, header: dict, arena_bytes, guard_bytes, ring_bytes=None) -> Path:
-    """Write a dump file from its parts (atomically: a temporary file renamed over ``path``).
+def write_dump(path, header: dict, arena_bytes, guard_bytes, ring_bytes=None, block_tables=None) -> Path:
+    """Write a dump file from its parts (atomically: a temporary file renamed over ``path``), readable by its
+    owner's group and others as any file the user writes (mode 0666 less the umask; 0644 under the usual umask).
 
     Parameters
     ----------
@@ -366,8 +470,8 @@ def write_dump(path, header: dict, arena_bytes, guard_bytes, ring_bytes=None) ->
         Written as given (no ``.npz`` suffix is added).
     header : dict
         JSON-serialisable header (see the module docstring); not validated here.
-    arena_bytes, guard_bytes, ring_bytes : bytes or uint8 array
-        The members; ``ring_bytes`` None leaves the ring out.
+    arena_bytes, guard_bytes, ring_bytes, block_tables : bytes or uint8 array
+        The members; ``ring_bytes`` or ``block_tables`` None leaves that member out.
 
     Returns
     -------
@@ -381,8 +485,11 @@ def write_dump(path, header: dict, arena_bytes, guard_bytes, ring_bytes=None) ->
     }
     if ring_bytes is not None:
         members["ring"] = np.frombuffer(bytes(ring_bytes), np.uint8)
+    if block_tables is not None:
+        members["block_tables"] = np.frombuffer(bytes(block_tables), np.uint8)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent.resolve()))
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it 0600: a dump is shared as any file the user writes
         with os.fdopen(fd, "wb") as fh:
             np.savez_compressed(fh, **members)
         os.replace(tmp, path)
@@ -391,6 +498,20 @@ def write_dump(path, header: dict, arena_bytes, guard_bytes, ring_bytes=None) ->
             os.unlink(tmp)
         raise
     return path
+
+
+def _umask() -> int:
+    """The process's umask: from /proc where there is one (reading it with os.umask means setting it)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def dump_arena(arena: ScratchArena, path, *, plan: ScratchPlan | None = None, meta=None,
@@ -411,7 +532,8 @@ def dump_arena(arena: ScratchArena, path, *, plan: ScratchPlan | None = None, me
     meta : BatchedAttnMetadata or sequence of them, optional
         The stacked metadata of a batched pass, or each stream's own metadata (per-stream pass).
     streams : sequence of StreamStageInfo, optional
-        The stager's inputs, in batch order (lets inspect compare pointers and lengths with them).
+        The stager's inputs, in batch order (lets inspect compare pointers and lengths with them, and every
+        KV slot with the stream's block table, whose entries below ``kv_len`` the dump stores).
     num_blocks : int, optional
         Blocks in the KV cache (lets inspect check that every slot lies inside it).
     h_slot : HStateSlot, optional
@@ -466,6 +588,7 @@ def dump_arena(arena: ScratchArena, path, *, plan: ScratchPlan | None = None, me
         r = next((r for r in arena.regions if r.name == "h_state_ptrs"), None)
         h_state = None if r is None else {"offset": r.offset, "n": r.nbytes // 8, "uploads": None}
     first = metas[0][1] if metas else None
+    refs, tables = _tables(streams or (), int(first.block_size) if first is not None else None)
     header = {
         "schema": SCHEMA,
         "version": SCHEMA_VERSION,
@@ -483,7 +606,8 @@ def dump_arena(arena: ScratchArena, path, *, plan: ScratchPlan | None = None, me
         "plan": _plan_json(plan) if plan is not None else None,
         "mode": mode if metas else None,
         "metadata": [_meta_json(name, m, ids) for name, m, ids in metas],
-        "streams": [_stream_json(b, s) for b, s in enumerate(streams)] if streams is not None else None,
+        "streams": [_stream_json(b, s, r) for b, (s, r) in enumerate(zip(streams, refs))] if streams is not None
+        else None,
         "h_state": h_state,
         "block_size": int(first.block_size) if first is not None else None,
         "dummy_kv_block": int(first.dummy_kv_block) if first is not None else None,
@@ -493,7 +617,7 @@ def dump_arena(arena: ScratchArena, path, *, plan: ScratchPlan | None = None, me
     ring = None
     if include_ring:
         header["ring"], ring = _ring_bytes(arena)
-    return write_dump(path, header, raw, guard, ring)
+    return write_dump(path, header, raw, guard, ring, tables)
 
 
 def dump_pass(q12pass, path, *, num_blocks: int | None = None, include_ring: bool = False) -> Path:
@@ -588,17 +712,35 @@ class _Validator:
             raise self.error(f"{what} spans [{offset}, {offset + nbytes}) but the {limit_name} holds only {limit} bytes")
 
 
-def _sniff(v: _Validator, path: str) -> None:
-    """Refuse what is plainly not a zip archive before numpy guesses at it (numpy falls back to pickle)."""
+def _open_regular(v: _Validator, path: str):
+    """A binary file object of ``path``, refused unless it is a regular file (a named pipe, or a symlink to one,
+    would block the reader forever; a device or socket is no dump either). Opened without blocking and checked on
+    the open descriptor, so the file cannot be swapped for a pipe in between."""
     try:
-        with open(path, "rb") as fh:
-            magic = fh.read(6)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise v.error("no such file") from None
     except IsADirectoryError:
         raise v.error("is a directory, not a dump file") from None
     except OSError as exc:
         raise v.error(f"cannot be read ({exc.strerror or exc})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a directory" if stat.S_ISDIR(mode) else "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else
+                    "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                    else "not a regular file")
+            raise v.error(f"is {kind}, not a dump file: a dump is a regular .npz file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _sniff(v: _Validator, fh) -> None:
+    """Refuse what is plainly not a zip archive before reading it as one."""
+    magic = fh.read(6)
+    fh.seek(0)
     if not magic:
         raise v.error("is empty (0 bytes): truncated, not a dump")
     if magic.startswith(b"PK"):
@@ -610,78 +752,90 @@ def _sniff(v: _Validator, path: str) -> None:
     raise v.error(f"not a q12drv arena dump: not an .npz (zip) archive (starts with {magic!r})")
 
 
-def _check_npy_header(v: _Validator, zf, name: str, size: int) -> None:
-    """Read a member's .npy header only: refuse object dtypes and shapes the member's bytes cannot hold."""
+def _read_npy(v: _Validator, zf: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> np.ndarray:
+    """One member: its .npy header read first (an object dtype or a shape its bytes cannot hold is refused before
+    anything is allocated), then exactly the bytes it declares, as a read-only 1-D uint8 array."""
     fmt = np.lib.format
     try:
-        with zf.open(f"{name}.npy") as fh:
-            major, _ = fmt.read_magic(fh)
-            read = fmt.read_array_header_1_0 if major == 1 else fmt.read_array_header_2_0
-            shape, _, dtype = read(fh)
-    except Exception as exc:
-        raise v.error(f"member {name!r} has no readable .npy header ({type(exc).__name__}: {exc})") from None
-    if dtype.hasobject:
-        raise v.error(f"member {name!r} holds pickled Python objects; dumps are read with allow_pickle=False "
-                      f"and never unpickled")
-    nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
-    if nbytes > size:
-        raise v.error(f"member {name!r} claims shape {shape} ({nbytes:,} bytes) but holds only {size:,}")
+        with zf.open(info) as fh:
+            try:
+                major, _ = fmt.read_magic(fh)
+                read = fmt.read_array_header_1_0 if major == 1 else fmt.read_array_header_2_0
+                shape, fortran, dtype = read(fh)
+            except Exception as exc:
+                raise v.error(f"member {name!r} has no readable .npy header ({type(exc).__name__}: {exc})") from None
+            if dtype.hasobject:
+                raise v.error(f"member {name!r} holds pickled Python objects; dumps are read with allow_pickle=False "
+                              f"and never unpickled")
+            nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+            if nbytes > info.file_size:
+                raise v.error(f"member {name!r} claims shape {shape} ({nbytes:,} bytes) but holds only "
+                              f"{info.file_size:,}")
+            if dtype != np.uint8 or len(shape) != 1:
+                raise v.error(f"member {name!r} must be a 1-D uint8 array, got {dtype} {shape}")
+            data = fh.read(nbytes + 1)  # one more: the end of the member is reached and its CRC checked
+    except DumpError:
+        raise
+    except Exception as exc:  # zlib.error, zipfile.BadZipFile (CRC), EOFError, OSError: truncated or corrupted
+        raise v.error(f"member {name!r} is unreadable ({type(exc).__name__}: {exc}); truncated or corrupted file?") \
+            from None
+    if len(data) != nbytes:
+        raise v.error(f"member {name!r} holds {len(data) - nbytes:+,} bytes more than its .npy header says "
+                      f"({nbytes:,}); truncated or not a dump?")
+    arr = np.frombuffer(data, np.uint8)
+    arr.setflags(write=False)  # (frombuffer of bytes is read-only already)
+    return arr
 
 
 def _read_members(path: str, max_bytes: int) -> dict:
     v = _Validator(path)
-    _sniff(v, path)
-    try:
-        npz = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise v.error("no such file") from None
-    except ValueError as exc:
-        if "pickle" in str(exc):
-            raise v.error("holds pickled Python objects; dumps are read with allow_pickle=False and "
-                          "never unpickled") from None
-        raise v.error(f"not a q12drv arena dump ({exc})") from None
-    except Exception as exc:  # OSError, EOFError, zipfile.BadZipFile, ...: a truncated or foreign file
-        raise v.error(f"not a readable .npz archive ({type(exc).__name__}: {exc}); truncated or not a dump?") from None
-    if isinstance(npz, np.ndarray):
-        raise v.error("holds a single .npy array, not a q12drv dump archive (header + arena)")
-    with npz:
-        names = list(npz.files)
-        missing = [m for m in _MEMBERS if m not in names]
-        if missing:
-            raise v.error(f"not a q12drv arena dump: member(s) {', '.join(missing)} missing (found: "
-                          f"{', '.join(names) or 'none'})")
-        extra = [m for m in names if m not in _MEMBERS + _OPTIONAL_MEMBERS]
-        if extra:
-            raise v.error(f"unexpected member(s) {', '.join(extra)} in the dump archive")
-        zf = getattr(npz, "zip", None)
-        if zf is not None:
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, np.integer)) or max_bytes < 1:
+        raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
+    with _open_regular(v, path) as fh:
+        _sniff(v, fh)
+        size_on_disk = os.fstat(fh.fileno()).st_size
+        try:
+            zf = zipfile.ZipFile(fh)
+        except Exception as exc:  # zipfile.BadZipFile, EOFError, OSError...: a truncated or foreign file
+            raise v.error(f"not a readable .npz archive ({type(exc).__name__}: {exc}); truncated or not a "
+                          f"dump?") from None
+        with zf:
+            infos = zf.infolist()
+            if len(infos) > len(_NPY_NAMES):
+                raise v.error(f"holds {len(infos)} members; a dump has at most {len(_NPY_NAMES)} "
+                              f"({', '.join(_NPY_NAMES)})")
+            found = {}
+            for info in infos:
+                name = _NPY_NAMES.get(info.filename)
+                if name is None:
+                    if info.filename in _MEMBERS + _OPTIONAL_MEMBERS:
+                        raise v.error(f"member {info.filename!r} must be named {info.filename + '.npy'!r}: not a "
+                                      f"q12drv dump archive")
+                    raise v.error(f"unexpected member {info.filename!r} in the dump archive")
+                if name in found:
+                    raise v.error(f"member {info.filename!r} appears twice in the archive")
+                found[name] = info
+            missing = [m for m in _MEMBERS if m not in found]
+            if missing:
+                raise v.error(f"not a q12drv arena dump: member(s) {', '.join(missing)} missing (found: "
+                              f"{', '.join(found) or 'none'})")
             total = 0
-            for name in names:
-                size = zf.getinfo(f"{name}.npy").file_size
-                if name == "header" and size > _MAX_HEADER_BYTES:
-                    raise v.error(f"header member is {size:,} bytes (at most {_MAX_HEADER_BYTES:,} allowed)")
-                _check_npy_header(v, zf, name, size)
-                total += size
+            for name, info in found.items():
+                packed = min(info.compress_size, size_on_disk)
+                if info.file_size > MAX_RATIO * packed + 4096:
+                    raise v.error(f"member {name!r} claims to unpack {info.file_size:,} bytes from {packed:,}, more "
+                                  f"than {MAX_RATIO}:1 (deflate cannot do better than about 1032:1): a zip bomb or a "
+                                  f"lying archive")
+                if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                    raise v.error(f"member {name!r} uses zip compression method {info.compress_type}; dumps use "
+                                  f"deflate (or none)")
+                if name == "header" and info.file_size > MAX_HEADER_BYTES:
+                    raise v.error(f"header member is {info.file_size:,} bytes (at most {MAX_HEADER_BYTES:,} allowed)")
+                total += info.file_size
             if total > max_bytes:
-                raise v.error(f"the members unpack to {total:,} bytes, more than the {max_bytes:,} allowed "
-                              f"(pass a larger max_bytes to load it)")
-        out = {}
-        for name in names:
-            try:
-                arr = npz[name]
-            except ValueError as exc:
-                if "pickle" in str(exc) or "object" in str(exc).lower():
-                    raise v.error(f"member {name!r} holds pickled Python objects; dumps are read with "
-                                  f"allow_pickle=False and never unpickled") from None
-                raise v.error(f"member {name!r} is unreadable ({exc})") from None
-            except Exception as exc:
-                raise v.error(f"member {name!r} is unreadable ({type(exc).__name__}: {exc}); truncated "
-                              f"or corrupted file?") from None
-            if arr.dtype != np.uint8 or arr.ndim != 1:
-                raise v.error(f"member {name!r} must be a 1-D uint8 array, got {arr.dtype} {arr.shape}")
-            arr.setflags(write=False)
-            out[name] = arr
-    return out
+                raise v.error(f"the members unpack to {total:,} bytes, more than the {max_bytes:,} allowed: raise the "
+                              f"limit with --max-bytes {total} (load_dump(..., max_bytes=...)) if you trust the file")
+            return {name: _read_npy(v, zf, info, name) for name, info in found.items()}
 
 
 def _parse_header(path: str, raw: np.ndarray) -> dict:
@@ -700,10 +854,26 @@ def _parse_header(path: str, raw: np.ndarray) -> dict:
     if schema != SCHEMA:
         raise v.error(f"not a q12drv arena dump: header schema is {schema!r}, expected {SCHEMA!r}")
     version = header.get("version")
-    if version != SCHEMA_VERSION or isinstance(version, bool):
-        raise v.error(f"dump schema version {version!r} is not supported (this q12drv reads version "
-                      f"{SCHEMA_VERSION})")
+    if version not in READ_VERSIONS or isinstance(version, bool):
+        raise v.error(f"dump schema version {version!r} is not supported (this q12drv reads versions "
+                      f"{', '.join(map(str, READ_VERSIONS))})")
     return header
+
+
+def max_streams(capacity: int) -> int:
+    """The most streams whose stacked metadata an arena of ``capacity`` bytes can hold (each stream takes at least
+    its two u64 pointers, its kv_lens entry and its cu_seqlens entry: 24 bytes). A dump claiming more is refused
+    before any per-stream work: the bound that keeps the reader's work proportional to what the arena holds."""
+    return capacity // _MIN_STREAM_BYTES
+
+
+def _bounded_total(v: _Validator, what: str, sizes, limit: int, limit_name: str) -> None:
+    """Refuse ``sizes`` adding up to more than twice ``limit``: in a consistent dump they do not overlap (at most
+    ``limit``); the slack keeps a slightly corrupted dump inspectable while the work stays bounded by ``limit``."""
+    total = sum(sizes)
+    if total > 2 * limit:
+        raise v.error(f"{what} add up to {total:,} bytes, more than twice the {limit:,}-byte {limit_name}: they "
+                      f"overlap wholesale (not a dump q12drv wrote)")
 
 
 def _parse_field(v: _Validator, d, where: str, capacity: int) -> FieldSpec:
@@ -739,12 +909,22 @@ def _parse_region(v: _Validator, d, where: str, capacity: int) -> Region:
     return Region(name, offset, nbytes, kind, stream)
 
 
+def _parse_regions(v: _Validator, raw: list, where: str, capacity: int) -> tuple:
+    regions = tuple(_parse_region(v, r, f"{where}[{i}]", capacity) for i, r in enumerate(raw))
+    _bounded_total(v, f"the {where} regions", (r.nbytes for r in regions), capacity, "arena")
+    return regions
+
+
 def _parse_plan(v: _Validator, d: dict, capacity: int) -> DumpedPlan:
     policy = v.str_(d, "policy", "plan")
     counts = v.list_(d, "counts", "plan")
+    regions_raw = v.list_(d, "regions", "plan")
+    if len(counts) > max_streams(capacity) or len(regions_raw) != len(counts) + 3:
+        raise v.error(f"header plan lists {len(counts):,} streams and {len(regions_raw):,} regions; a plan of n streams "
+                      f"has n + 3 regions, and a {capacity:,}-byte arena holds at most {max_streams(capacity):,} "
+                      f"streams")
     counts = tuple(v.check_int(c, f"plan.counts[{i}]", 1, (1 << 31) - 1) for i, c in enumerate(counts))
-    regions = tuple(_parse_region(v, r, f"plan.regions[{i}]", capacity)
-                    for i, r in enumerate(v.list_(d, "regions", "plan")))
+    regions = _parse_regions(v, regions_raw, "plan.regions", capacity)
     fields = tuple(_parse_field(v, f, f"plan.fields[{i}]", capacity)
                    for i, f in enumerate(v.list_(d, "fields", "plan")))
     return DumpedPlan(policy, counts, v.int_(d, "top_k", "plan", hi=1 << 20), v.bool_(d, "mrope", "plan"),
@@ -756,7 +936,7 @@ def _parse_meta(v: _Validator, d, i: int, capacity: int, nstreams: int | None) -
     if not isinstance(d, dict):
         raise v.error(f"header {where} must be an object")
     name = v.str_(d, "name", where)
-    n = v.int_(d, "batch_size", where, lo=1, hi=capacity)
+    n = v.int_(d, "batch_size", where, lo=1, hi=max(max_streams(capacity), 1))
     total = v.int_(d, "total_tokens", where, hi=capacity)
     bs = v.int_(d, "block_size", where, lo=1, hi=1 << 30)
     offset = v.int_(d, "scratch_offset_bytes", where, hi=capacity)
@@ -803,26 +983,57 @@ def _parse_meta(v: _Validator, d, i: int, capacity: int, nstreams: int | None) -
     )
 
 
-def _parse_stream(v: _Validator, d, i: int) -> DumpedStream:
+def _parse_stream(v: _Validator, d, i: int, tables: np.ndarray | None) -> DumpedStream:
     where = f"streams[{i}]"
     if not isinstance(d, dict):
         raise v.error(f"header {where} must be an object")
     explicit = d.get("explicit_mrope", False)
     if not isinstance(explicit, bool):
         raise v.error(f"header {where}.explicit_mrope must be true or false")
+    table, at = None, -1
+    ref = v.obj(d, "block_table", where, optional=True)
+    if ref is not None:
+        if tables is None:
+            raise v.error(f"header {where}.block_table refers to a block_tables member the archive lacks")
+        at = v.int_(ref, "offset", f"{where}.block_table", hi=tables.size)
+        count = v.int_(ref, "count", f"{where}.block_table", hi=tables.size - at)
+        table = tables[at:at + count]
     return DumpedStream(i, v.int_(d, "proc_start", where, hi=(1 << 31) - 1),
                         v.int_(d, "proc_count", where, hi=(1 << 31) - 1),
-                        v.int_(d, "block_table_dev", where), v.int_(d, "seq_len_dev", where), explicit)
+                        v.int_(d, "block_table_dev", where), v.int_(d, "seq_len_dev", where), explicit, table, at)
 
 
-def load_dump(path, *, max_bytes: int = 1 << 34) -> ArenaDump:
+def _parse_allocations(v: _Validator, raw: list) -> tuple:
+    """The live allocations, sorted by base; refused when two overlap (the driver never hands out overlapping
+    memory), which makes looking an address up a binary search."""
+    out = []
+    for i, a in enumerate(raw):
+        if not isinstance(a, dict):
+            raise v.error(f"header allocations[{i}] must be an object")
+        alloc = Allocation(v.str_(a, "name", f"allocations[{i}]"), v.int_(a, "base", f"allocations[{i}]"),
+                           v.int_(a, "size", f"allocations[{i}]"))
+        if alloc.end >= _U64:
+            raise v.error(f"header allocations[{i}] ({alloc.name}) ends past a 64-bit address")
+        out.append(alloc)
+    out.sort(key=lambda a: (a.base, a.end))
+    for a, b in zip(out, out[1:]):
+        if b.base < a.end:
+            raise v.error(f"header allocations {a.name!r} [{a.base:#x}, {a.end:#x}) and {b.name!r} [{b.base:#x}, "
+                          f"{b.end:#x}) overlap; device allocations never do")
+    return tuple(out)
+
+
+def load_dump(path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> ArenaDump:
     """Read and validate an arena dump written by :func:`dump_arena` / :func:`dump_pass`.
 
     Parameters
     ----------
     path : str or os.PathLike
+        A regular file (a named pipe, a device or a directory is refused before it is read).
     max_bytes : int
-        Refuse archives whose members unpack to more than this (default 16 GiB).
+        Refuse archives whose members unpack to more than this (default :data:`DEFAULT_MAX_BYTES`, 256 MiB; the
+        commands' ``--max-bytes``). Independently, a member may not claim to unpack more than :data:`MAX_RATIO`
+        times its compressed size, and the header at most :data:`MAX_HEADER_BYTES`.
 
     Returns
     -------
@@ -832,7 +1043,8 @@ def load_dump(path, *, max_bytes: int = 1 << 34) -> ArenaDump:
     ------
     DumpError
         Missing, truncated or foreign file; pickled members; an unsupported schema version; a
-        header of the wrong types or one whose offsets and sizes do not fit the bytes present.
+        header of the wrong types, one whose offsets and sizes do not fit the bytes present, or one
+        that lists more streams, regions or allocations than the arena can hold.
     """
     path = os.fspath(path)
     members = _read_members(path, max_bytes)
@@ -855,21 +1067,31 @@ def load_dump(path, *, max_bytes: int = 1 << 34) -> ArenaDump:
     v.int_(ar, "guard_pattern", "arena", hi=255)
     if members["guard"].size != guard_bytes:
         raise v.error(f"header says the guard band is {guard_bytes} bytes but the file holds {members['guard'].size}")
-    reservations = tuple(_parse_region(v, r, f"arena.reservations[{i}]", capacity)
-                         for i, r in enumerate(v.list_(ar, "reservations", "arena")))
-    allocations = []
-    for i, a in enumerate(v.list_(header, "allocations", "(top level)")):
-        if not isinstance(a, dict):
-            raise v.error(f"header allocations[{i}] must be an object")
-        allocations.append(Allocation(v.str_(a, "name", f"allocations[{i}]"), v.int_(a, "base", f"allocations[{i}]"),
-                                      v.int_(a, "size", f"allocations[{i}]")))
+    reservations = _parse_regions(v, v.list_(ar, "reservations", "arena"), "arena.reservations", capacity)
+    allocations = _parse_allocations(v, v.list_(header, "allocations", "(top level)"))
+    tables = None
+    if "block_tables" in members:
+        raw = members["block_tables"]
+        if header["version"] < 2 or raw.size % 4:
+            raise v.error(f"the block_tables member ({raw.size:,} bytes) must hold int32 entries of a version 2 dump")
+        tables = raw.view("<i4")
     streams_raw = v.list_(header, "streams", "(top level)", optional=True)
-    streams = tuple(_parse_stream(v, s, i) for i, s in enumerate(streams_raw)) if streams_raw is not None else ()
+    if streams_raw is not None and len(streams_raw) > max_streams(capacity):
+        raise v.error(f"header lists {len(streams_raw):,} streams but a {capacity:,}-byte arena holds the metadata of "
+                      f"at most {max_streams(capacity):,}")
+    streams = tuple(_parse_stream(v, s, i, tables) for i, s in enumerate(streams_raw)) if streams_raw is not None else ()
     nstreams = len(streams) if streams_raw is not None else None
     plan_raw = v.obj(header, "plan", "(top level)", optional=True)
     plan = _parse_plan(v, plan_raw, capacity) if plan_raw is not None else None
-    metas = tuple(_parse_meta(v, m, i, capacity, nstreams)
-                  for i, m in enumerate(v.list_(header, "metadata", "(top level)")))
+    metas_raw = v.list_(header, "metadata", "(top level)")
+    if len(metas_raw) > max_streams(capacity):
+        raise v.error(f"header lists {len(metas_raw):,} metadata blocks; a {capacity:,}-byte arena holds at most "
+                      f"{max_streams(capacity):,}")
+    metas = tuple(_parse_meta(v, m, i, capacity, nstreams) for i, m in enumerate(metas_raw))
+    _bounded_total(v, "the metadata blocks", (m.staged_bytes for m in metas), capacity, "arena")
+    if streams_raw is not None and metas and len(streams) != sum(m.batch_size for m in metas):
+        raise v.error(f"header lists {len(streams)} stream inputs but its metadata covers "
+                      f"{sum(m.batch_size for m in metas)} streams")
     mode = header.get("mode")
     if mode not in (None, "batched", "per_stream") or (mode is None) != (not metas):
         raise v.error(f"header mode {mode!r} does not match {len(metas)} metadata block(s)")
@@ -893,8 +1115,9 @@ def load_dump(path, *, max_bytes: int = 1 << 34) -> ArenaDump:
                                 v.int_(s, "nbytes", f"ring.slots[{i}]"), bool(s.get("pending", False)))
             v.span(f"ring slot {info.index}", info.offset, info.nbytes, members["ring"].size, "ring member")
             slots.append(info)
+        _bounded_total(v, "the ring slots", (s.nbytes for s in slots), members["ring"].size, "ring member")
         ring_slots = tuple(slots)
     return ArenaDump(path=path, header=header, arena=members["arena"], guard=members["guard"],
                      ring=members.get("ring"), plan=plan, metas=metas, mode=mode, streams=streams,
-                     reservations=reservations, allocations=tuple(allocations), h_state=h_state,
-                     num_blocks=num_blocks, ring_slots=ring_slots)
+                     reservations=reservations, allocations=allocations, h_state=h_state,
+                     num_blocks=num_blocks, ring_slots=ring_slots, block_tables=tables)

@@ -2,15 +2,20 @@
 
 Shared by ``q12drv`` (:mod:`q12drv.tools.cli`) and the stand-alone ``scripts/*_arena_dump.py`` wrappers,
 so both take the same options. Exit status: ``inspect`` 0 when every check passes, 1 otherwise;
-``diff`` 0 when the dumps are identical, 1 otherwise; ``render`` 0; any of them 2 when a dump
-cannot be read (:class:`~q12drv.core.errors.DumpError`).
+``diff`` 0 when the dumps are identical, 1 otherwise; ``render`` 0; any of them 2, with one line on
+stderr, when a dump cannot be read (:class:`~q12drv.core.errors.DumpError`) or an argument is refused.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import stat
 import sys
+
+from ..core.errors import Q12Error
+from .dump import DEFAULT_MAX_BYTES
 
 __all__ = ["COMMANDS", "script_main"]
 
@@ -22,17 +27,24 @@ def _positive(text: str) -> int:
     return v
 
 
+def _add_max_bytes(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-bytes", type=_positive, default=DEFAULT_MAX_BYTES, metavar="N",
+                   help=f"refuse a dump whose members unpack to more than N bytes (default {DEFAULT_MAX_BYTES:,}: "
+                        f"a small file cannot make the reader allocate gigabytes)")
+
+
 def _add_inspect(p: argparse.ArgumentParser) -> None:
     p.add_argument("dump", metavar="DUMP", help="arena dump (.npz) written by dump_arena / Q12Pass.dump / demo --dump")
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of the report")
     p.add_argument("--num-blocks", type=_positive, default=None,
                    help="KV-cache block count, overriding the dump's (enables the blocks_in_cache check)")
+    _add_max_bytes(p)
 
 
 def _run_inspect(args) -> int:
     from .inspect import inspect_dump
 
-    report = inspect_dump(args.dump, num_blocks=args.num_blocks)
+    report = inspect_dump(args.dump, num_blocks=args.num_blocks, max_bytes=args.max_bytes)
     print(json.dumps(report.to_json(), indent=1) if args.json else report.format())
     return 0 if report.ok else 1
 
@@ -41,12 +53,13 @@ def _add_diff(p: argparse.ArgumentParser) -> None:
     p.add_argument("a", metavar="A", help="first dump")
     p.add_argument("b", metavar="B", help="second dump")
     p.add_argument("--json", action="store_true", help="print the differences as JSON")
+    _add_max_bytes(p)
 
 
 def _run_diff(args) -> int:
     from .diff import diff_dumps, format_diff
 
-    diffs = diff_dumps(args.a, args.b)
+    diffs = diff_dumps(args.a, args.b, max_bytes=args.max_bytes)
     if args.json:
         print(json.dumps({"a": args.a, "b": args.b, "identical": not diffs,
                           "differences": [d.to_json() for d in diffs]}, indent=1, default=str))
@@ -60,14 +73,34 @@ def _add_render(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", required=True, metavar="PNG", help="the picture to write")
     p.add_argument("--num-blocks", type=_positive, default=None, help="KV-cache block count for the checks")
     p.add_argument("--dpi", type=_positive, default=110, help="resolution (default 110)")
+    _add_max_bytes(p)
+
+
+def _check_output(output: str, inputs: tuple) -> None:
+    """Refuse a picture path that is one of the dumps read (it would be overwritten) or an existing file that is
+    not a regular one (writing to a named pipe blocks until someone reads it)."""
+    try:
+        st = os.stat(output)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise Q12Error(f"cannot write {output}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise Q12Error(f"cannot write {output}: it exists and is not a regular file")
+    for path in inputs:
+        try:
+            if os.path.samefile(output, path):
+                raise Q12Error(f"refusing to write {output}: it is the dump being read ({path}); choose another -o")
+        except OSError:
+            pass  # the dump itself cannot be found: reading it says so
 
 
 def _run_render(args) -> int:
-    from ..core.errors import Q12Error
     from .render import render_dump
 
+    _check_output(args.output, (args.dump,))
     try:
-        out = render_dump(args.dump, args.output, num_blocks=args.num_blocks, dpi=args.dpi)
+        out = render_dump(args.dump, args.output, num_blocks=args.num_blocks, dpi=args.dpi, max_bytes=args.max_bytes)
     except OSError as exc:  # the picture cannot be written (no such directory, read-only, disk full)
         raise Q12Error(f"cannot write {args.output}: {exc.strerror or exc}") from None
     print(f"wrote {out}")
@@ -91,22 +124,45 @@ COMMANDS = {
 }
 
 
+def failure_status(prog: str, exc: BaseException) -> int:
+    """Report a command's failure as one line on stderr and return its exit status (2; 130 for Ctrl-C).
+
+    A :class:`~q12drv.core.errors.Q12Error`, an ``OSError`` (a file that cannot be read or written) and a refused
+    argument (``ValueError``/``TypeError``, e.g. an unknown ``Q12DRV_DRIVER``) are the user's to fix: their
+    message. Anything else is q12drv's bug: its type and message, and how to get the traceback
+    (``Q12DRV_TRACEBACK=1``). Never a traceback unless asked for.
+    """
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    if os.environ.get("Q12DRV_TRACEBACK"):
+        raise exc
+    if isinstance(exc, OSError) and not isinstance(exc, Q12Error):
+        where = f": {exc.filename}" if exc.filename else ""
+        msg = f"{exc.strerror or exc}{where}"
+    elif isinstance(exc, (Q12Error, ValueError, TypeError)):
+        msg = str(exc)
+    else:
+        msg = (f"internal error: {type(exc).__name__}: {exc} (run with Q12DRV_TRACEBACK=1 for the traceback, and "
+               f"please report it)")
+    print(f"{prog}: {' '.join(msg.split())}", file=sys.stderr)
+    return 2
+
+
 def script_main(command: str, argv: list | None = None, prog: str | None = None) -> int:
     """Run one of :data:`COMMANDS` as a stand-alone program (what ``scripts/*_arena_dump.py`` call).
 
     Returns
     -------
     int
-        The exit status; a :class:`~q12drv.core.errors.Q12Error` prints ``<prog>: <message>`` and gives 2.
+        The exit status; any failure prints one line ``<prog>: <message>`` and gives 2 (:func:`failure_status`).
     """
-    from ..core.errors import Q12Error
-
     help_, description, add, run = COMMANDS[command]
     p = argparse.ArgumentParser(prog=prog, description=description)
     add(p)
     args = p.parse_args(argv)
     try:
         return run(args)
-    except Q12Error as exc:
-        print(f"{p.prog}: {exc}", file=sys.stderr)
-        return 2
+    except BaseException as exc:  # noqa: BLE001 -- one line and an exit status, whatever it was
+        if isinstance(exc, SystemExit):
+            raise
+        return failure_status(p.prog, exc)

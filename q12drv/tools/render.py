@@ -5,7 +5,10 @@ the capacity). Middle panel: the metadata blocks and the ``h_state_ptrs`` slot e
 per-stream segments of the stacked fields marked. Bottom: the checks, PASS in green, FAIL in red;
 the offending offsets of failing checks are red lines in both panels.
 
-matplotlib is imported only when a picture is drawn, with the Agg canvas (no display, no pyplot).
+matplotlib is imported only when a picture is drawn, with the Agg canvas (no display, no pyplot). Bars are
+drawn as one collection per row and colour, segment ticks as one collection per field (at most
+:data:`MAX_TICKS` of them, evenly spaced, beyond what the picture's pixels can show), so drawing takes
+seconds whatever the number of regions, streams and metadata blocks.
 """
 
 from __future__ import annotations
@@ -14,9 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .dump import ArenaDump, load_dump
+from .dump import DEFAULT_MAX_BYTES, ArenaDump, load_dump
 
-__all__ = ["render_dump"]
+__all__ = ["render_dump", "MAX_TICKS"]
+
+#: The most per-stream segment ticks drawn per field (the enlarged panel is about 1,500 pixels wide).
+MAX_TICKS = 2000
+#: The most labelled bars per panel row (only bars wider than 6% of the panel get a label anyway).
+_MAX_LABELS = 32
 
 _KIND_COLOURS = {"moe": "#8da0cb", "stream_block": "#b3b3b3", "stacked": "#66c2a5", "jit_slot": "#ffd92f",
                  "reserved": "#a6d854"}
@@ -42,7 +50,26 @@ def _bar(ax, x0, x1, y, h, colour, label=None, edge="black", lw=0.5, fontsize=7)
             ax.text((x0 + x1) / 2, y + h / 2, label, ha="center", va="center", fontsize=fontsize, clip_on=True)
 
 
-def render_dump(source, out, *, report=None, num_blocks: int | None = None, dpi: int = 110) -> Path:
+def _bars(ax, spans, y, h, colours, edges=None, labels=None, lw=0.5, fontsize=7):
+    """Many bars in one row as one collection per (colour, edge): ``spans`` of ``(x0, x1)``, a colour (and
+    optionally an edge colour and a label) per bar. Labels only on bars wider than 6% of the panel."""
+    groups: dict = {}
+    for k, (x0, x1) in enumerate(spans):
+        key = (colours[k], "black" if edges is None else edges[k])
+        groups.setdefault(key, []).append((x0, max(x1 - x0, 0)))
+    for (colour, edge), ranges in groups.items():
+        ax.broken_barh(ranges, (y, h), facecolors=colour, edgecolors=edge,
+                       linewidth=1.5 if edge == _RED else lw)
+    if labels:
+        xlim = ax.get_xlim()
+        wide = [k for k, (x0, x1) in enumerate(spans) if labels[k] and (x1 - x0) > 0.06 * (xlim[1] - xlim[0])]
+        for k in wide[:_MAX_LABELS]:
+            x0, x1 = spans[k]
+            ax.text((x0 + x1) / 2, y + h / 2, labels[k], ha="center", va="center", fontsize=fontsize, clip_on=True)
+
+
+def render_dump(source, out, *, report=None, num_blocks: int | None = None, dpi: int = 110,
+                max_bytes: int = DEFAULT_MAX_BYTES) -> Path:
     """Render a dump to a PNG.
 
     Parameters
@@ -55,6 +82,8 @@ def render_dump(source, out, *, report=None, num_blocks: int | None = None, dpi:
     num_blocks : int, optional
         Passed to the checks when ``report`` is not given.
     dpi : int
+    max_bytes : int
+        What loading a path may unpack at most (:func:`~q12drv.tools.dump.load_dump`).
 
     Returns
     -------
@@ -73,7 +102,7 @@ def render_dump(source, out, *, report=None, num_blocks: int | None = None, dpi:
 
     from .inspect import inspect_dump
 
-    d = source if isinstance(source, ArenaDump) else load_dump(source)
+    d = source if isinstance(source, ArenaDump) else load_dump(source, max_bytes=max_bytes)
     report = report if report is not None else inspect_dump(d, num_blocks=num_blocks)
     fig = Figure(figsize=(14, 7.5), dpi=dpi)
     FigureCanvasAgg(fig)
@@ -88,11 +117,11 @@ def render_dump(source, out, *, report=None, num_blocks: int | None = None, dpi:
     total = d.capacity + d.guard.size
     ax_all.set_xlim(0, total)
     ax_all.set_ylim(0, 2.2)
-    for r in d.region_map():
-        _bar(ax_all, r.offset, r.end, 1.15, 0.9, _KIND_COLOURS.get(r.kind, "#e5c494"), r.name)
-    for m in d.metas:
-        for f in m.fields:
-            _bar(ax_all, f.offset, f.end, 0.15, 0.9, colours[f.name], lw=0.2)
+    regions = d.region_map()
+    _bars(ax_all, [(r.offset, r.end) for r in regions], 1.15, 0.9,
+          [_KIND_COLOURS.get(r.kind, "#e5c494") for r in regions], labels=[r.name for r in regions])
+    fields = [f for m in d.metas for f in m.fields]
+    _bars(ax_all, [(f.offset, f.end) for f in fields], 0.15, 0.9, [colours[f.name] for f in fields], lw=0.2)
     guard_bad = "guard" in failing
     _bar(ax_all, d.capacity, total, 0.15, 1.9, _RED if guard_bad else "#d9d9d9", "guard", edge=_RED if guard_bad else "black")
     ax_all.set_yticks([0.6, 1.6], ["fields", "regions"])
@@ -109,21 +138,32 @@ def render_dump(source, out, *, report=None, num_blocks: int | None = None, dpi:
     margin = max(8, (hi - lo) // 40)
     ax_meta.set_xlim(lo - margin, hi + margin)
     ax_meta.set_ylim(0, 2.2)
+    bad_sorted = np.sort(np.array([off for _, off in bad_offsets], np.int64))
+
+    def has_bad(lo: int, hi: int) -> bool:
+        k = np.searchsorted(bad_sorted, lo)
+        return bool(k < bad_sorted.size and bad_sorted[k] < hi)
+
+    _bars(ax_meta, [(f.offset, f.end) for f in fields], 0.15, 0.9, [colours[f.name] for f in fields],
+          edges=[_RED if has_bad(f.offset, f.end) else "black" for f in fields],
+          labels=[f.name.replace("_stacked", "") for f in fields])
+    ticks = []
     for m in d.metas:
         cu = m.cu_seqlens_host
         for f in m.fields:
-            edge = _RED if any(f.offset <= off < f.end for _, off in bad_offsets) else "black"
-            _bar(ax_meta, f.offset, f.end, 0.15, 0.9, colours[f.name], f.name.replace("_stacked", ""), edge=edge,
-                 lw=1.5 if edge == _RED else 0.5)
             size = np.dtype(f.dtype).itemsize
             if f.count == m.total_tokens:
                 bounds = cu[1:-1]  # per-stream segments of a stacked field
             else:
                 bounds = np.arange(1, f.count)  # one entry per stream
-            for k in bounds:
-                x = f.offset + int(k) * size
-                ax_meta.plot([x, x], [0.15, 1.05], color="white", linewidth=0.6)
-        _bar(ax_meta, m.scratch_offset_bytes, m.end, 1.2, 0.35, "#66c2a5", m.name)
+            ticks.append(f.offset + bounds.astype(np.int64) * size)
+    ticks = np.concatenate(ticks) if ticks else np.zeros(0, np.int64)
+    if ticks.size > MAX_TICKS:  # more than the panel's pixels can tell apart: evenly spaced ones
+        ticks = ticks[np.linspace(0, ticks.size - 1, MAX_TICKS).astype(np.int64)]
+    if ticks.size:
+        ax_meta.vlines(ticks, 0.15, 1.05, colors="white", linewidth=0.6)
+    _bars(ax_meta, [(m.scratch_offset_bytes, m.end) for m in d.metas], 1.2, 0.35, ["#66c2a5"] * len(d.metas),
+          labels=[m.name for m in d.metas])
     if d.h_state is not None:
         h_bad = "h_state_slot" in failing
         _bar(ax_meta, d.h_state.offset, d.h_state.end, 1.65 if h_bad else 1.2, 0.35, _RED if h_bad else "#ffd92f",

@@ -28,6 +28,7 @@ import numpy as np
 from ..core.arena import ScratchArena
 from ..core.staging import expected_fields
 from ..core.device import Device
+from ..core.driver import TIMING_NOTE
 from ..core.layout import a8, make_scratch_plan, stacked_layout
 from ..core.staging import StreamStageInfo, place_h_state_slot, stage_batched_attn_metadata, unpack_metadata
 
@@ -67,7 +68,8 @@ class SoakResult:
         status = "PASS" if self.ok else f"FAIL ({len(self.mismatches)} mismatches; first: {self.mismatches[0]})"
         return (f"soak {status}: {self.passes} passes x {self.layers} JIT-slot uploads on {self.driver}, "
                 f"{self.staged_bytes:,} metadata bytes staged, no host sync between passes "
-                f"(ring waits {self.ring_waits}); enqueue {self.stage_seconds:.2f} s, verify {self.verify_seconds:.2f} s")
+                f"(ring waits {self.ring_waits}); enqueue {self.stage_seconds:.2f} s, verify {self.verify_seconds:.2f} s"
+                + (f" ({TIMING_NOTE})" if self.driver.startswith("emu") else ""))
 
 
 def _tables(dev: Device, batches) -> tuple:

@@ -2,19 +2,23 @@
 
 ``open_driver("auto")`` picks the real driver when libcuda loads and a device is present, and
 the emulated one otherwise; ``"cuda"`` insists on the real one (a clear error without it);
-``"emu"`` always emulates. ``Q12DRV_DRIVER`` overrides the default ``"auto"``.
+``"emu"`` always emulates. ``Q12DRV_DRIVER`` overrides the default ``"auto"``. When ``"auto"`` falls back
+to the emulator it says so, once per process, on stderr (a GPU machine whose driver is broken would
+otherwise run quietly on numpy), and the driver carries the reason (``EmuDriver.fallback_reason``).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 from ..errors import DriverUnavailableError
 from .base import Driver
-from .emu import EmuDriver, EmuImage, register_emulator
+from .emu import TIMING_NOTE, EmuDriver, EmuImage, register_emulator
 from .result import check, fail
 
-__all__ = ["Driver", "EmuDriver", "EmuImage", "open_driver", "register_emulator", "check", "fail", "DRIVER_KINDS"]
+__all__ = ["Driver", "EmuDriver", "EmuImage", "open_driver", "register_emulator", "check", "fail", "DRIVER_KINDS",
+           "TIMING_NOTE"]
 
 DRIVER_KINDS = ("auto", "cuda", "emu")
 
@@ -62,6 +66,24 @@ def open_driver(kind: str | None = None, *, deferred: bool = False) -> Driver:
         drv = CudaDriver()
         if drv.device_count() >= 1:
             return drv
-    except DriverUnavailableError:
-        pass  # no libcuda / no device: "auto" means emulate (callers see driver.name == "emu")
-    return EmuDriver(deferred=deferred)
+        reason = "the CUDA driver loaded but reports no device"
+    except DriverUnavailableError as exc:  # no libcuda / no device: "auto" means emulate
+        reason = " ".join(str(exc).split())
+    return _fallback(reason, deferred)
+
+
+_FALLBACK_NOTED = False
+
+
+def _fallback(reason: str, deferred: bool) -> EmuDriver:
+    """The emulated driver ``"auto"`` falls back to, marked with ``reason``; the first fallback of the process
+    says so on stderr."""
+    global _FALLBACK_NOTED
+    drv = EmuDriver(deferred=deferred)
+    drv.fallback_reason = reason
+    if not _FALLBACK_NOTED:
+        _FALLBACK_NOTED = True
+        print(f"q12drv: driver 'auto' found no usable CUDA GPU and runs on the emulated driver (numpy on the host, "
+              f"far slower than a GPU; choose driver='emu' or Q12DRV_DRIVER=emu to silence this note): {reason}",
+              file=sys.stderr)
+    return drv

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -32,10 +33,12 @@ from ..errors import HostRaceError
 from .base import Driver
 from .result import cuda_error, fail
 
-__all__ = ["EmuDriver", "EmuMemory", "register_emulator", "EmuImage", "POISON_BYTE"]
+__all__ = ["EmuDriver", "EmuMemory", "register_emulator", "EmuImage", "POISON_BYTE", "TIMING_NOTE"]
 
 #: What fresh emulated allocations are filled with.
 POISON_BYTE = 0xA5
+#: What a timing measured on the emulated driver is (every printed timing on it says so).
+TIMING_NOTE = "emulated driver: numpy on the host, not GPU time"
 _ALIGN = 256
 _DEFAULT_SMEM = 48 * 1024
 _OPTIN_SMEM = 227 * 1024
@@ -60,16 +63,37 @@ class _IllegalAddress(Exception):
     pass
 
 
-class EmuMemory:
-    """Address-range bookkeeping for emulated device memory and pinned host memory."""
+def _default_memory_bytes() -> int:
+    """What the emulated device (and its pinned memory) may hold: half the host's physical memory."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):  # no sysconf: a fixed bound
+        return 8 << 30
 
-    def __init__(self):
+
+class EmuMemory:
+    """Address-range bookkeeping for emulated device memory and pinned host memory.
+
+    ``limit``: bytes each kind (device, pinned) may hold at once; an allocation past it fails as the real
+    driver's does when the GPU is full (``CUDA_ERROR_OUT_OF_MEMORY``), before any host memory is taken.
+    """
+
+    def __init__(self, limit: int | None = None):
         self._bases: list[int] = []
         self._allocs: dict[int, tuple[np.ndarray, int, str]] = {}
+        self.limit = _default_memory_bytes() if limit is None else int(limit)
+        self._live = {"device": 0, "pinned": 0}
 
-    def add(self, nbytes: int, kind: str) -> int:
-        backing = np.empty(max(int(nbytes), 1) + _ALIGN, dtype=np.uint8)
-        backing.fill(POISON_BYTE)
+    def add(self, nbytes: int, kind: str, call: str = "cuMemAlloc") -> int:
+        nbytes = int(nbytes)
+        if nbytes > self.limit - self._live[kind]:
+            fail(call, "CUDA_ERROR_OUT_OF_MEMORY")
+        try:
+            backing = np.empty(max(nbytes, 1) + _ALIGN, dtype=np.uint8)
+            backing.fill(POISON_BYTE)
+        except MemoryError:  # the host could not back it after all: what the driver says when memory runs out
+            fail(call, "CUDA_ERROR_OUT_OF_MEMORY")
+        self._live[kind] += nbytes
         addr = backing.ctypes.data
         base = (addr + _ALIGN - 1) // _ALIGN * _ALIGN
         view = backing[base - addr: base - addr + max(int(nbytes), 1)]
@@ -83,6 +107,7 @@ class EmuMemory:
             return False
         del self._allocs[int(base)]
         self._bases.remove(int(base))
+        self._live[kind] -= entry[1]
         return True
 
     def count(self, kind: str) -> int:
@@ -166,6 +191,8 @@ class EmuDriver(Driver):
 
     name = "emu"
     runs_cubins = False
+    #: Why ``open_driver("auto")`` fell back to this driver (None: the emulator was asked for).
+    fallback_reason: str | None = None
 
     def __init__(self, deferred: bool = False):
         self.deferred = bool(deferred)
@@ -306,7 +333,7 @@ class EmuDriver(Driver):
         self._fault("cuMemAlloc")
         if int(nbytes) <= 0:
             fail("cuMemAlloc", "CUDA_ERROR_INVALID_VALUE")
-        return self.memory.add(nbytes, "device")
+        return self.memory.add(nbytes, "device", "cuMemAlloc")
 
     def mem_free(self, ptr: int) -> None:
         self._fault("cuMemFree")
@@ -317,7 +344,7 @@ class EmuDriver(Driver):
         self._fault("cuMemHostAlloc")
         if int(nbytes) <= 0:
             fail("cuMemHostAlloc", "CUDA_ERROR_INVALID_VALUE")
-        return self.memory.add(nbytes, "pinned")
+        return self.memory.add(nbytes, "pinned", "cuMemHostAlloc")
 
     def host_free(self, ptr: int) -> None:
         self._fault("cuMemFreeHost")

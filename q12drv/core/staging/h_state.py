@@ -14,7 +14,7 @@ from ..ints import checked_int as _int
 from ..ptr import DevicePtr
 from .metadata import BatchedAttnMetadata
 from .pack import staging_ring
-from .validate import _U64_MAX, plain_pointers, require_arena
+from .validate import STATE_ALIGN, aligned_pointer, plain_pointers, require_arena
 
 class HStateSlot:
     """The per-SSM-layer ``h_state_ptrs`` slot: ``n`` u64 at ``offset`` (= staging offset + staged_bytes).
@@ -52,8 +52,14 @@ class HStateSlot:
 
         Raises
         ------
+        TypeError
+            Not a sequence, or an entry that is not an int.
         ValueError
-            Not exactly n pointers, or a NULL / out-of-range pointer; nothing written.
+            Not exactly n pointers, or a NULL, out-of-range or misaligned pointer (each state is fp32:
+            :data:`~q12drv.core.staging.validate.STATE_ALIGN` bytes, as ``Q12Pass.gdn_layer`` requires);
+            nothing written.
+        Q12Error
+            The arena was reset since the slot was placed (the slot belongs to an earlier pass) or closed.
         """
         self.arena._require_open()
         if self.arena.generation != self._generation:
@@ -64,8 +70,8 @@ class HStateSlot:
         if len(state_ptrs) != self.n:
             raise ValueError(f"h_state_ptrs needs exactly {self.n} pointers (one per stream), got {len(state_ptrs)}")
         values = state_ptrs if type(state_ptrs) is list else list(state_ptrs)
-        if not plain_pointers(values):  # the precise, named checks
-            values = [_int(f"state_ptrs[{b}]", p, 1, _U64_MAX) for b, p in enumerate(values)]
+        if not plain_pointers(values, STATE_ALIGN):  # the precise, named checks
+            values = [aligned_pointer(f"state_ptrs[{b}]", p, STATE_ALIGN, "an fp32 state") for b, p in enumerate(values)]
         self._write(values, stream)
 
     def _write(self, values: Sequence[int], stream: Any) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import Q12Error
 from ..layout import StackedLayout
 from ..ptr import DevicePtr
 
@@ -55,6 +56,11 @@ class BatchedAttnMetadata:
     ``cu_seqlens_host`` and ``kv_lens_host`` are read-only int32 arrays; in an object made by
     :func:`metadata_of_pass` (an :class:`~q12drv.kernels.expand.ExpandPlan` pass) they are made on first
     access, from the integers of that pass the object keeps.
+
+    ``arena`` and ``generation`` say where and when the metadata was staged (the arena's
+    :attr:`~q12drv.core.arena.ScratchArena.generation` then): after ``arena.reset()`` or ``arena.close()``
+    its bytes may belong to another pass, and :meth:`require_current` (which every launcher calls) refuses
+    it. An object made by hand, without an arena, cannot be checked.
     """
 
     positions_stacked: DevicePtr
@@ -77,6 +83,22 @@ class BatchedAttnMetadata:
     block_size: int = 0
     dummy_kv_block: int = 0
     layout: StackedLayout | None = field(default=None, repr=False)
+    arena: Any = field(default=None, repr=False, compare=False)
+    generation: int | None = field(default=None, repr=False, compare=False)
+
+    def require_current(self) -> None:
+        """Raise :class:`~q12drv.core.errors.Q12Error` when the arena this metadata was staged in has been
+        closed, or reset since (its offsets may now hold another pass's bytes); nothing to check without one."""
+        arena = self.arena
+        if arena is None:
+            return
+        if arena.closed:
+            raise Q12Error("this metadata's ScratchArena is closed: its device addresses are freed; stage the "
+                           "pass again in an open arena")
+        if arena.generation != self.generation:
+            raise Q12Error(f"this metadata is stale: its arena was reset since it was staged (generation "
+                           f"{self.generation}, now {arena.generation}), and offset {self.scratch_offset_bytes:,} "
+                           f"may now hold another pass's bytes; launch with the newest pass's metadata")
 
     @property
     def counts(self) -> np.ndarray:
@@ -124,6 +146,8 @@ def metadata_at(arena, offset: int, layout: StackedLayout, cu: np.ndarray, kv: n
     d["kv_lens_host"] = kv
     d["chunk_len"] = int(chunk_len)
     d["max_blocks_per_seq"] = int(max_blocks_per_seq)
+    d["arena"] = arena
+    d["generation"] = arena.generation
     return meta
 
 
@@ -155,14 +179,15 @@ def pass_fields(arena, offset: int, layout: StackedLayout, *, max_blocks_per_seq
     max_blocks_per_seq, block_size, use_mrope, dummy_kv_block
         As :func:`metadata_at` takes them.
     """
-    key = (int(arena.base) + offset, layout.n, layout.total_tokens, layout.mrope, int(max_blocks_per_seq),
+    key = (id(arena), int(arena.base) + offset, layout.n, layout.total_tokens, layout.mrope, int(max_blocks_per_seq),
            block_size, bool(use_mrope), int(dummy_kv_block))
     fields = _PASS_FIELDS.get(key)
-    if fields is None:
+    if fields is None or fields["arena"] is not arena:
         # built compact, with every key metadata_of_pass sets already in: its copy never grows
         fields = {k: v for k, v in _template(arena, offset, layout, block_size, use_mrope, dummy_kv_block).items()
                   if k not in _HOST_COPIES}
         fields["max_blocks_per_seq"] = int(max_blocks_per_seq)
+        fields["arena"] = arena  # held: the key's id(arena) cannot be reused while the entry lives
         fields["_host_ints"] = None
         if len(_PASS_FIELDS) >= _META_CACHE_MAX:
             _PASS_FIELDS.clear()
@@ -195,6 +220,7 @@ def metadata_of_pass(fields: dict, chunk_len: int, cu: list, kv: list) -> Batche
     """
     d = fields.copy()
     d["chunk_len"] = chunk_len
+    d["generation"] = d["arena"].generation
     d["_host_ints"] = (cu, kv)
     meta = _new_object(BatchedAttnMetadata)  # the frozen dataclass without its __init__ and per-field __setattr__
     _set_dict(meta, d)
@@ -237,6 +263,8 @@ def _metadata_template(base: int, offset: int, layout: StackedLayout, block_size
         block_size=block_size,
         dummy_kv_block=int(dummy_kv_block),
         layout=layout,
+        arena=None,
+        generation=None,
     )
     if fields.keys() != BatchedAttnMetadata.__dataclass_fields__.keys():
         raise AssertionError(f"metadata template fields {sorted(fields)} != {sorted(BatchedAttnMetadata.__dataclass_fields__)}")

@@ -24,6 +24,14 @@ _I32_MAX = (1 << 31) - 1
 
 _U64_MAX = (1 << 64) - 1
 
+#: Byte alignment of ``StreamStageInfo.block_table_dev``: the attention kernel reads the int32 table there.
+TABLE_ALIGN = 4
+#: Byte alignment of ``StreamStageInfo.seq_len_dev``: a u32.
+SEQ_LEN_ALIGN = 4
+#: Byte alignment of a Gated DeltaNet state pointer (an ``h_state_ptrs`` entry): the kernels read and write
+#: the fp32 ``[Hv, D, D]`` state one float at a time. ``HStateSlot.upload`` and ``Q12Pass.gdn_layer`` check it.
+STATE_ALIGN = 4
+
 
 class _Batch:
     """Validated, normalised inputs (built by :func:`validate_streams`): Python ints and the tables as given."""
@@ -77,6 +85,28 @@ class _Batch:
         return self._blocks
 
 
+def _int_range(a: np.ndarray) -> tuple:
+    """``(min, max)`` of a non-empty integer array as exact Python ints, taken in the array's own dtype (before
+    any cast could wrap an unsigned 2**64 - 1 to -1)."""
+    return int(a.min()), int(a.max())
+
+
+def aligned_pointer(name: str, value, align: int, what: str) -> int:
+    """``value`` as a device address in ``[1, 2**64)``, a multiple of ``align`` (``what``: why, for the message).
+
+    Raises
+    ------
+    TypeError
+        Not an int (or numpy integer, or DevicePtr).
+    ValueError
+        NULL, out of range or misaligned; the message names ``name``, the bound and the value.
+    """
+    v = _int(name, value, 1, _U64_MAX)
+    if v % align:
+        raise ValueError(f"{name} must be {align}-byte aligned ({what}), got {v:#x}")
+    return v
+
+
 def _checked_table(b: int, table, block_size: int, kv_len: int) -> np.ndarray:
     table = np.asarray(table)
     if table.ndim != 1 or not (np.issubdtype(table.dtype, np.integer) or table.size == 0):
@@ -85,10 +115,11 @@ def _checked_table(b: int, table, block_size: int, kv_len: int) -> np.ndarray:
     if table.size < needed:
         raise ValueError(f"streams[{b}].block_table has {table.size} entries but kv_len {kv_len} at block_size "
                          f"{block_size} needs {needed}")
-    table = table.astype(np.int64, copy=False)
-    if table.size and (table.max() > _I32_MAX or table.min() < -_I32_MAX - 1):
-        raise ValueError(f"streams[{b}].block_table has entries outside int32 (min {table.min()}, max {table.max()})")
-    return table
+    if table.size:
+        lo, hi = _int_range(table)  # in the table's own dtype: a uint64 near 2**64 must not become -1
+        if hi > _I32_MAX or lo < -_I32_MAX - 1:
+            raise ValueError(f"streams[{b}].block_table has entries outside int32 (min {lo}, max {hi})")
+    return table.astype(np.int64, copy=False)  # every entry is within int32 now: the cast is exact
 
 
 def validate_streams(streams: Sequence[StreamStageInfo], block_size, use_mrope, dummy_kv_block) -> _Batch:
@@ -131,8 +162,10 @@ def _validate_checked(streams: Sequence[StreamStageInfo], block_size, use_mrope,
             raise ValueError(f"streams[{b}]: proc_start + proc_count = {kv_len} overflows the i32 kv_lens entry")
         starts.append(start)
         counts.append(count)
-        table_ptrs.append(_int(f"streams[{b}].block_table_dev", s.block_table_dev, 1, _U64_MAX))
-        seq_len_ptrs.append(_int(f"streams[{b}].seq_len_dev", s.seq_len_dev, 1, _U64_MAX))
+        table_ptrs.append(aligned_pointer(f"streams[{b}].block_table_dev", s.block_table_dev, TABLE_ALIGN,
+                                          "the attention kernel reads the int32 block table there"))
+        seq_len_ptrs.append(aligned_pointer(f"streams[{b}].seq_len_dev", s.seq_len_dev, SEQ_LEN_ALIGN,
+                                            "a u32 seq_len"))
         tables.append(_checked_table(b, s.block_table, block_size, kv_len))
         mp = s.mrope_positions
         if mp is not None:
@@ -142,9 +175,10 @@ def _validate_checked(streams: Sequence[StreamStageInfo], block_size, use_mrope,
             if mp.shape != (3, count) or not np.issubdtype(mp.dtype, np.integer):
                 raise ValueError(f"streams[{b}].mrope_positions must be an integer array of shape (3, {count}), "
                                  f"got {mp.dtype} {mp.shape}")
-            if mp.size and (mp.min() < 0 or mp.max() > _U32_MAX):
-                raise ValueError(f"streams[{b}].mrope_positions must be in [0, {_U32_MAX}] (u32), got "
-                                 f"[{mp.min()}, {mp.max()}]")
+            if mp.size:
+                lo, hi = _int_range(mp)  # in the array's own dtype, before the copy into u32 rows
+                if lo < 0 or hi > _U32_MAX:
+                    raise ValueError(f"streams[{b}].mrope_positions must be in [0, {_U32_MAX}] (u32), got [{lo}, {hi}]")
         mrope.append(mp)
     total = sum(counts)
     if total > _I32_MAX:
@@ -161,6 +195,12 @@ _WIDE_TABLE_DTYPES = frozenset(np.dtype(t) for t in (np.int64, np.uint32))
 
 
 _I32 = np.dtype(np.int32)
+
+
+_TABLE_MASK = TABLE_ALIGN - 1
+
+
+_SEQ_LEN_MASK = SEQ_LEN_ALIGN - 1
 
 
 def _validate_fast(streams, block_size, use_mrope, dummy_kv_block) -> _Batch | None:
@@ -182,8 +222,8 @@ def _validate_fast(streams, block_size, use_mrope, dummy_kv_block) -> _Batch | N
             return None
         p0, c, tp, sp, table = s.proc_start, s.proc_count, s.block_table_dev, s.seq_len_dev, s.block_table
         if not (type(p0) is int and type(c) is int and 0 <= p0 and 0 < c and p0 + c <= _I32_MAX
-                and (type(tp) is int or type(tp) is DevicePtr) and 0 < tp <= _U64_MAX
-                and (type(sp) is int or type(sp) is DevicePtr) and 0 < sp <= _U64_MAX
+                and (type(tp) is int or type(tp) is DevicePtr) and 0 < tp <= _U64_MAX and not tp & _TABLE_MASK
+                and (type(sp) is int or type(sp) is DevicePtr) and 0 < sp <= _U64_MAX and not sp & _SEQ_LEN_MASK
                 and type(table) is np.ndarray and table.ndim == 1 and table.size << shift >= p0 + c):
             return None
         dt = table.dtype
