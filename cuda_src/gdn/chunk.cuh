@@ -7,21 +7,6 @@
 
 #define GDN_C 64      // tokens per chunk
 #define GDN_BV 64     // dv columns per CTA: 4 warps of 16 (the host's gdn_chunk.BV)
-#ifndef GDN_S_HILO
-#define GDN_S_HILO 0
-#endif
-#ifndef GDN_UPD_SPLIT
-#define GDN_UPD_SPLIT 1
-#endif
-#ifndef GDN_PREFETCH   // 1: cp.async of chunk c+1 while chunk c computes; 0: load each chunk when it starts
-#define GDN_PREFETCH 0
-#endif
-#ifndef GDN_WARP_INV   // 1: each warp inverts the diagonal blocks it computed, no extra barrier; 0: separate phase
-#define GDN_WARP_INV 0
-#endif
-#ifndef GDN_NORM_UNROLL  // unroll of the normalisation passes
-#define GDN_NORM_UNROLL 2
-#endif
 
 namespace gdnc {
 
@@ -201,23 +186,14 @@ __device__ __forceinline__ void st_times_xt(float (*acc)[4], const float (*St)[4
     for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < DK / 16; ++ks) {
-#if GDN_S_HILO
-        unsigned a[4], alo[4];
-        a_from_c_hilo(St[2 * ks], St[2 * ks + 1], a, alo);
-#else
         unsigned a[4];
         a_from_c(St[2 * ks], St[2 * ks + 1], a);
-#endif
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
             unsigned b0, b1, b2, b3;
             ldsm_x4(b0, b1, b2, b3, x + (16 * np + (mat >> 1) * 8 + r) * LDK + 16 * ks + (mat & 1) * 8);
             mma(acc[2 * np], a, b0, b1);
             mma(acc[2 * np + 1], a, b2, b3);
-#if GDN_S_HILO
-            mma(acc[2 * np], alo, b0, b1);
-            mma(acc[2 * np + 1], alo, b2, b3);
-#endif
         }
     }
 }
@@ -319,7 +295,7 @@ template <int DK, bool NORMS = false, bool SW = false, typename S, class KloAt>
 __device__ __forceinline__ void normalise(S& s, KloAt&& klo_at, int tid, int seg, float qscale) {
     constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8, RPP = THREADS / SEGS, LDK = DK + 8;
     static_assert(!SW || NORMS, "SW: the rows' scales only");
-#pragma unroll GDN_NORM_UNROLL
+#pragma unroll 2
     for (int p = 0; p < C / RPP; ++p) {
         const int row = tid / SEGS + p * RPP;
 #pragma unroll
@@ -466,13 +442,6 @@ __device__ __forceinline__ void products_epilogue(S& s, const float (*acc)[4], i
             }
         }
     }
-#if GDN_WARP_INV
-    if (KK) {
-        __syncwarp();
-        invert_block(s, mt, lane);
-        __syncwarp();
-    }
-#endif
 }
 
 // K K^T (rows of the warp's blocks) -> -A blocks and the fp32 diagonal blocks; Q K^T -> P.
@@ -631,11 +600,9 @@ __device__ __forceinline__ void state_step(const ChunkOps& c, float (*St)[4], bf
                 mma(St[2 * np + 1], ahi, b2, b3);
                 mma(St[2 * np], alo, b0, b1);
                 mma(St[2 * np + 1], alo, b2, b3);
-#if GDN_UPD_SPLIT
                 ldsm_x4_t(b0, b1, b2, b3, &c.klo[off]);
                 mma(St[2 * np], ahi, b0, b1);
                 mma(St[2 * np + 1], ahi, b2, b3);
-#endif
             }
         }
     }
@@ -1076,10 +1043,8 @@ __device__ __forceinline__ void prep_item(const Q12Meta& m, const bf16* __restri
         products_epilogue<true, TILES>(s, acck, warp, lane);
         products_epilogue<false, TILES>(s, accq, 3 - warp, lane);
         sync();
-#if !GDN_WARP_INV
         invert_diagonal<DK>(s, tid);
         sync();
-#endif
         using VR = typename RecV<TILES>::type;
         unsigned char* vrec = TILES ? tile_vrec_at(ws, m, b, ci, h, num_v_heads)
                                     : vrec_at<DK, VR>(ws, m, b, ci, h, num_k_heads, num_v_heads);

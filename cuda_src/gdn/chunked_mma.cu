@@ -130,37 +130,23 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
     const int seg = tid % SEGS;
     int buf = 0;
     for (int c0 = 0; c0 < len; c0 += C, buf ^= 1) {
-#if !GDN_PREFETCH
         if (c0 > 0) {
             issue_kvgb<DK, DV, true, true, true>(s, s.v[buf], cu + b, len, c0, buf, k, v, g, beta, num_k_heads, num_v_heads, h, col0,
                                      tid);
             issue_q<DK>(s, cu + b, len, c0, q, num_k_heads, num_v_heads, h, tid);
             cp_async_commit();
         }
-#endif
         cp_async_wait_all();
         __syncthreads();   // B1: chunk c0's raw rows, V, g, beta in shared memory
         normalise<DK>(s, [&](int row, int sg) { return &s.klo[row * SM::LDK + sg * 8]; }, tid, seg, qscale);
         if (warp == 0) chunk_gamma(s, buf, lane);
         __syncthreads();   // B2: K, Q, gamma ready; kraw free
-#if GDN_PREFETCH
-        if (c0 + C < len)
-            issue_kvgb<DK, DV, true, true, true>(s, s.v[buf ^ 1], cu + b, len, c0 + C, buf ^ 1, k, v, g, beta, num_k_heads,
-                                     num_v_heads, h, col0, tid);
-        cp_async_commit();
-#endif
         local_products<DK, NW>(s, warp, lane);
         __syncthreads();   // B3: -A, P (and the diagonal inverses) complete
-#if !GDN_WARP_INV
         invert_diagonal<DK>(s, tid);
         __syncthreads();
-#endif
         state_step<DK>(ChunkOps{s.k, s.klo, s.q, s.a, s.p, s.dinv, s.beta, s.eg, s.wd}, St, s.v[buf], warp, lane);
         __syncthreads();   // B4: O slice complete in s.v[buf]; s.q, s.k, s.a, s.p free
-#if GDN_PREFETCH
-        if (c0 + C < len) issue_q<DK>(s, cu + b, len, c0 + C, q, num_k_heads, num_v_heads, h, tid);
-        cp_async_commit();
-#endif
         // No barrier after the o store: s.v[buf] is next written by the load two chunks on, behind the next B1.
         store_o<DV>(o, s.v[buf], cu + b, len, c0, num_v_heads, h, col0, tid);
     }

@@ -62,32 +62,8 @@
 #include "gdn/chunk.cuh"
 #include "common/wgmma.cuh"
 
-#ifndef GDN_WG_XY     // 1: X committed alone, R computed while Y's wgmma run; 0: X and Y waited together
-#define GDN_WG_XY 1
-#endif
-#ifndef GDN_WG_EARLY  // 1 (one stage): the next chunk's records copied once the last wgmma is done; 0: at its top
-#define GDN_WG_EARLY 1
-#endif
-#ifndef GDN_WG_AHEAD  // (two stages) 1: the next chunk's copies issued while X and Y run; 0: before X. (Under the
-#define GDN_WG_AHEAD 1  // last products instead, session 10's AHEAD 2: the flow form 0.384 -> 0.431 ms at 1 x 8192, the
-#endif                  // two-stage pair 0.479 -> 0.559 at 8 x 2048, H200 run BB; removed)
-#ifndef GDN_WG_FLOW_AHEAD  // GDN_WG_AHEAD of the flow form's UWS sequential kernel: 0 (H200 run BC, 1 x 8192: 0.366 ms
-#define GDN_WG_FLOW_AHEAD 0  // against 0.408 with 1: its chain is short enough that the copies outlast X' and Y)
-#endif
-#ifndef GDN_WG_PREP_WG  // the UWS flow precompute's products: 1 on warpgroup MMA (prep_item_wg; session 12, run BI: the
-#define GDN_WG_PREP_WG 1  // flow form 0.363 -> 0.358 ms, within the runs' spread); 0 on mma.sync (gdnc::prep_item<UWS>)
-#endif
-#ifndef GDN_WG_UWS    // the flow form: 1: fla's order, V_new = U - W S (UwsRec: the chain without R's epilogue and the T
-#define GDN_WG_UWS 1  // product; session 11); 0: the pair's records and sequential arithmetic (its bits)
-#endif
-#ifndef GDN_WG_KQREC  // the UWS flow form (session 12): 1: the precompute stores each item's k and q tiles (swizzled,
-#define GDN_WG_KQREC 1  // as the stage holds them) and the sequential kernel copies them with the record, one bulk copy
-#endif                  // from thread 0 (gdnc::kqrec_at) instead of 2 x 8 cp.async a thread (run BL: the flow form
                         // 0.368 -> 0.344 ms at 1 x 8192, the same bits); 0: from k and q. (U in bf16, as fla-core's u,
                         // was measured too and dropped: 0.368 -> 0.355 ms, the state's error 5.5e-5 -> 5.3e-4.)
-#ifndef GDN_WG_FLOW_VH  // the UWS flow precompute's items (session 12; run BN): 1: one per (stream, chunk, value
-#define GDN_WG_FLOW_VH 1  // head) in each stream's first GDN_WG_FLOW_VH_FIRST chunks, the key head's flag counting its
-#endif                    // value heads' items (the first chunks' wait and the claims' grain halved at Hv = 2 Hk,
                           // but the scales, Q K^T and the k and q stores twice), one per (stream, chunk, key head)
                           // after them; 0: one per (stream, chunk, key head) throughout, its value heads one after
                           // the other. Measured at 1 x 8192: run BN (the precompute then paced the flow form):
@@ -96,48 +72,18 @@
                           // gpu_compare (run BW), as without; session 15, with GDN_WG_FLOW_FLAGS 16, bench/gdn_ab.py
                           // (one process a build, the rounds interleaved, run BY): without 307.3 us, every chunk's
                           // 305.0, the first 8 chunks' 301.1 (the same bits: the items' arithmetic is the same)
-#ifndef GDN_WG_FLOW_VH_FIRST  // (GDN_WG_FLOW_VH 1) the chunks from 0 whose items are per value head; the later
-#define GDN_WG_FLOW_VH_FIRST 8  // chunks' items per key head: the fine grain where the sequential kernel waits for
-#endif                          // the first records, the coarse one where the precompute is ahead of it
                                 // (gdn_wgmma.FLOW_VH_CHUNKS: the host's count of the items)
-#ifndef GDN_WG_USEQ  // the UWS flow form (session 13): 1: U's product in the sequential kernel: the record carries
-#define GDN_WG_USEQ 1  // T diag(beta) as bf16 hi + lo tiles and -W (UseqRec), the sequential kernel copies its V
-#endif                 // slice from v, and the chain's X' accumulator starts as V^T (T diag(beta))^T (8 wgmma
                        // independent of S; run BQ: the flow form 0.341 -> 0.317 ms at 1 x 8192); 0: U in fp32 from
                        // the precompute (UwsRec)
-#ifndef GDN_WG_WFRAG  // the UWS flow precompute's W product (session 13): 1: the four k-steps' A fragments loaded
-#define GDN_WG_WFRAG GDN_WG_USEQ  // once for both 64-column halves, one wait a half (its registers: with GDN_WG_USEQ 0
-#endif                            // the d128 precompute spilled 28 B); 0: two k-steps at a time, reloaded each half
-#ifndef GDN_WG_TKEEP  // (GDN_WG_USEQ) 1: T diag(beta EK)'s tiles from T's fp32 columns, held; 0: t_cols_rescale of T
-#define GDN_WG_TKEEP 1  // diag(beta)'s hi + lo tiles
-#endif
-#ifndef GDN_WG_DIAGNORM  // the wgmma flow precompute's rows' scales (session 13): 1: rk, rq from the diagonals of
-#define GDN_WG_DIAGNORM 1  // K K^T and Q Q^T (16 wgmma an item; run BO: the flow form 0.360 -> 0.346 ms at 1 x 8192);
-#endif                     // 0: normalise's sums of squares over the swizzled rows (12.5% of the precompute's stall
                            // samples in run BN)
-#ifndef GDN_WG_PBAL  // the wgmma flow precompute's epilogues (session 14): 1: P from K Q^T's accumulator (warp w
-#define GDN_WG_PBAL 1  // holds P^T's rows 16 w .., its n-tiles nt >= 2 w: with K K^T's nt <= 2 w + 1 every warp
-#endif                 // takes 10 n-tiles, where Q K^T's rows gave warp 3 16 and warp 0 4) and each warp inverts its
                        // own diagonal block (no barrier and no idle half of the group around invert_diagonal); 0:
                        // P from Q K^T's rows, invert_diagonal by threads 0..63 between two barriers. With
                        // KKEARLY and PUBFENCE 0 the precompute alone took 247 us under ncu at 1 x 8192 (run BU;
                        // 266 before them, run BT), its barrier stalls 1.73 -> 0.99 an issue; the flow form did not
                        // move (the sequential kernel, 0.263 ms alone, now paces it): run BV's gdn_debug at 1 x
                        // 8192, default 0.317 ms, PBAL 0 0.316, KKEARLY 0 0.319, PUBFENCE 1 0.317 (the same bits)
-#ifndef GDN_WG_KKEARLY  // the wgmma flow precompute (session 14): 1: each value head's K K^T issued before the
-#define GDN_WG_KKEARLY 1  // head's zero_ap and chunk_gamma (warp 0's scan, the others waiting at the barrier), so
-#endif                    // that its wgmma run under them; 0: after their barrier
-#ifndef GDN_WG_FLOW_TOK0  // the USEQ flow sequential kernel (session 14): 1: the stream's first token read once,
-#define GDN_WG_FLOW_TOK0 1  // before the chunk loop (one register), for the V slice's and the o rows' addresses; 0:
-#endif                      // re-read from cu_seqlens every chunk (an L2 round trip before the V slice's copies)
-#ifndef GDN_WG_CVT_FIRST  // the USEQ flow sequential kernel (session 14): 1: S's bf16 A fragments converted before
-#define GDN_WG_CVT_FIRST 1  // U's wgmma, so that U's and S's products are one group behind one wgmma.fence; 0: under
-#endif                      // U's wgmma (ptxas 13.0 then waits for them before S's). Run BV: 0.317 against 0.319
                             // ms (TOK0 0: 0.316): within the spread, as U's and S's products into one accumulator
                             // run one after the other anyway
-#ifndef GDN_WG_FLOW_FLAGS  // the flow sequential kernel's ready flags read together at a poll (4, 8, 16 or 32):
-#define GDN_WG_FLOW_FLAGS 32  // the chunks it may copy before it polls again, each poll one L2 round trip and two
-#endif                        // fences by thread 0 while the CTA waits at the chunk's barrier. Session 15 at 1 x 8192
                               // (bench/gdn_ab.py, runs BX and BY): 4 317.6 / 315.7 us, 16 306.8 / 307.3, 32 305.4
                               // (run BY; the same bits). Tried with it and dropped (run BX): U's 8 wgmma issued
                               // first, right after the chunk's barrier, with the next chunk's copies and S's
@@ -145,13 +91,7 @@
                               // 323.9 us, and 317.6 -> 334.6 with 4 flags; why it is slower is not known
 #define Q12_STR_(x) #x
 #define Q12_STR(x) Q12_STR_(x)
-#ifndef GDN_WG_PUBFENCE  // the flow precompute's ready flags (session 14): 0: st.release.gpu alone after the item's
-#define GDN_WG_PUBFENCE 0  // last barrier (its release fence is cumulative over the group's stores, ordered by
-#endif                     // that barrier: CUTLASS's semaphore pattern); 1: __threadfence() first (a fence.sc, and
                            // an L1 invalidation, more: 1.5% of the precompute's stall samples in run BT)
-#ifndef GDN_WG_OLO    // 1: O's product takes V_new as bf16 hi + lo; 0 (default since run AT): hi only, as fla-core (4 wgmma
-#define GDN_WG_OLO 0  // fewer; H200 run AT: 2-4% faster, o error 3.3e-3 -> 3.6e-3 against the fused kernel's 3.5e-3;
-#endif                // the state does not depend on it)
 
 
 namespace gdnw {
@@ -169,7 +109,7 @@ struct UseqRec : UwsRec<DK, DV> {
 template <bool B, class T, class F> struct pick { using type = T; };
 template <class T, class F> struct pick<false, T, F> { using type = F; };
 template <int DK, int DV>
-using FlowRec = typename pick<GDN_WG_USEQ != 0, UseqRec<DK, DV>, UwsRec<DK, DV>>::type;
+using FlowRec = typename pick<1 != 0, UseqRec<DK, DV>, UwsRec<DK, DV>>::type;
 
 // Byte offsets inside one stage (from its 1024-byte aligned start); BYTES is a multiple of 1024. WGS: warpgroups
 // of the CTA, each with its own V and O slices (slice w at V + w * SLICE, O + w * SLICE); the tiles and the V
@@ -179,7 +119,7 @@ using FlowRec = typename pick<GDN_WG_USEQ != 0, UseqRec<DK, DV>, UwsRec<DK, DV>>
 template <int DK, int WGS = 1, bool UWS = false>
 struct Stage {
     using UR = FlowRec<DK, DK>;
-    static constexpr bool USEQ = UWS && GDN_WG_USEQ;             // (the flow form's GDN_WG_USEQ)
+    static constexpr bool USEQ = UWS && 1;             // (the flow form's GDN_WG_USEQ)
     static constexpr int KT = GDN_C * DK * 2;                    // one [64 x DK] bf16 tile
     static constexpr int K = 0, Q = KT;                          // raw k and q rows, swizzled (cp.async)
     static constexpr int VREC = 2 * KT;                          // TileVRec or UwsRec's common part (one bulk copy)
@@ -289,7 +229,7 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
     // USEQ: U^T = V^T (T diag(beta))^T first (it needs no S), then S^T (-W)^T onto it. GDN_WG_CVT_FIRST 1: S's
     // bf16 fragments before both, one wgmma.fence; 0: converted while U's wgmma run, a second fence before S's
     // products, where ptxas 13.0 waits for U's (nvdisasm: WARPGROUP.DEPBAR between the two groups)
-    constexpr bool CVT_FIRST = !L::USEQ || GDN_WG_CVT_FIRST;
+    constexpr bool CVT_FIRST = !L::USEQ || 1;
     if constexpr (CVT_FIRST) {
 #pragma unroll
         for (int ks = 0; ks < NK; ++ks) a_from_c(S4[2 * ks], S4[2 * ks + 1], sa[ks]);
@@ -310,14 +250,12 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
 #pragma unroll   // (USEQ: X = U^T + S^T (-W)^T, V_new^T itself)
     for (int ks = 0; ks < NK; ++ks)
         wg::mma_rs<64, 0>(X, sa[ks], kmajor(sb + (UWS ? L::W : L::K), ks), L::USEQ || ks > 0);
-#if GDN_WG_XY
     wg::commit();
-#endif
 #pragma unroll
     for (int ks = 0; ks < NK; ++ks) wg::mma_rs<64, 0>(Ot, sa[ks], kmajor(sb + L::Q, ks), ks > 0);
     wg::commit();
     meanwhile();
-    wg::wait<GDN_WG_XY>();   // X complete (XY 1: Y may still run)
+    wg::wait<1>();   // X complete (XY 1: Y may still run)
     wg::pin(X);
     if constexpr (L::USEQ) {   // X is V_new^T
         wg::wait<0>();   // Y
@@ -392,7 +330,7 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
         wg::mma_rs<64, 0>(Ot, vh[kk], kmajor(sb + L::P, kk), 1);
-        if (GDN_WG_OLO) wg::mma_rs<64, 0>(Ot, vl[kk], kmajor(sb + L::P, kk), 1);
+        if (0) wg::mma_rs<64, 0>(Ot, vl[kk], kmajor(sb + L::P, kk), 1);
     }
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
@@ -419,22 +357,12 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
 #define Q12_FLAGS_16(M) Q12_FLAGS_8(M) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15)
 #define Q12_FLAGS_32(M) Q12_FLAGS_16(M) M(16) M(17) M(18) M(19) M(20) M(21) M(22) M(23) M(24) M(25) M(26) M(27) \
     M(28) M(29) M(30) M(31)
-#if GDN_WG_FLOW_FLAGS == 4
-#define Q12_FLAGS(M) Q12_FLAGS_4(M)
-#elif GDN_WG_FLOW_FLAGS == 8
-#define Q12_FLAGS(M) Q12_FLAGS_8(M)
-#elif GDN_WG_FLOW_FLAGS == 16
-#define Q12_FLAGS(M) Q12_FLAGS_16(M)
-#elif GDN_WG_FLOW_FLAGS == 32
 #define Q12_FLAGS(M) Q12_FLAGS_32(M)
-#else
-#error "GDN_WG_FLOW_FLAGS: 4, 8, 16 or 32"
-#endif
 __device__ __forceinline__ int wait_ready(const unsigned* flag_lo, int n, unsigned long long stride,
                                           unsigned need = 1) {
     int count;
     asm volatile(
-        "{\n.reg .pred p, w;\n.reg .u32 f<" Q12_STR(GDN_WG_FLOW_FLAGS) ">;\n.reg .u64 a;\n"
+        "{\n.reg .pred p, w;\n.reg .u32 f<" "32" ">;\n.reg .u64 a;\n"
         Q12_FLAGS(Q12_FLAG_ZERO)
         "ld.relaxed.gpu.global.u32 f0, [%1];\nmov.u64 a, %1;\n"
         Q12_FLAGS(Q12_FLAG_LOAD)
@@ -561,9 +489,9 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
     // thread's proxy fence after its wait); the UWS flow form's (KQREC) come with the record instead, the
     // precompute's copy of them. The V record: thread 0, one bulk copy on the stage's mbarrier. The V
     // slice (issue_v): every thread, one cp.async group, once the stage's O rows are stored.
-    constexpr bool KQREC = UWS && GDN_WG_KQREC;   // (the k and q tiles come with the record)
+    constexpr bool KQREC = UWS && 1;   // (the k and q tiles come with the record)
     // (FLOW) a ready flag's value once every item of its key head is stored (GDN_WG_FLOW_VH: one item a value head)
-    const unsigned FLOW_NEED = GDN_WG_FLOW_VH ? (unsigned)(num_v_heads / num_k_heads) : 1u;
+    const unsigned FLOW_NEED = 1 ? (unsigned)(num_v_heads / num_k_heads) : 1u;
     auto issue_kq = [&](int ci, int st) {   // the raw k and q rows from k and q (KQREC: none, the record brings them)
         if (KQREC) return;
         unsigned char* sp = basep + st * L::BYTES;
@@ -604,7 +532,7 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
         issue_vrec(ci, st);
     };
     // (USEQ, GDN_WG_FLOW_TOK0) the stream's first token, held across the chunk loop
-    constexpr bool TOK0 = L::USEQ && GDN_WG_FLOW_TOK0;
+    constexpr bool TOK0 = L::USEQ && 1;
     const int tok0 = TOK0 ? ld_volatile(cu + b) : 0;
     auto first_tok = [&] { return TOK0 ? tok0 : ld_volatile(cu + b); };
     auto issue_v = [&](int ci, int st) {   // (UWS: none, U comes in the record; USEQ: the slice, swizzled)
@@ -638,7 +566,7 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
     for (int ci = 0; ci < nch; ++ci) {
         const int st = STAGES == 2 ? (ci & 1) : 0;
         if (STAGES == 1 && ci > 0) {   // every thread is past chunk ci - 1's products: this chunk's V slice
-            if (!GDN_WG_EARLY) issue_records(ci, 0);
+            if (!1) issue_records(ci, 0);
             issue_v(ci, 0);
         }
         wg::mbar_wait(bars + 8 * st, (ci / STAGES) & 1);   // the stage's (ci / STAGES)-th fill
@@ -658,7 +586,7 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
                 issue_v(ci + 1, st ^ 1);
             }
         };
-        constexpr int AHEAD = UWS ? GDN_WG_FLOW_AHEAD : GDN_WG_AHEAD;
+        constexpr int AHEAD = UWS ? 0 : 1;
         if (AHEAD == 0) issue_next();
         float Ot[32];
         gdnw::chunk_mma<DK, UWS>(St, Ot, base + st * L::BYTES, basep + st * L::BYTES, base + st * L::BYTES + L::V + wgi * L::SLICE,
@@ -668,7 +596,7 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
         });
         if (STAGES == 1) {
             __syncthreads();   // every warp is done with the stage's tiles, scalars, V slice and O slice
-            if (GDN_WG_EARLY && ci + 1 < nch) issue_records(ci + 1, 0);
+            if (1 && ci + 1 < nch) issue_records(ci + 1, 0);
         }
         float (*O4)[4] = reinterpret_cast<float (*)[4]>(Ot);
 #pragma unroll
@@ -821,7 +749,6 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
     cp_async_wait_all();
     wg::fence_proxy_async();   // the tiles visible to the wgmma (the barrier below: everyone's)
     sync();
-#if GDN_WG_DIAGNORM
     {   // the rows' scales from the diagonals of K K^T and Q Q^T (fp32 sums of the raw rows' exact products)
         float kk[32], qq[32];
         wg::fence();
@@ -846,33 +773,26 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
                     }
         }
     }
-#else
-    normalise<DK, true, true>(s, [](int, int) { return static_cast<bf16*>(nullptr); }, tid, tid % (DK / 8),
-                              1.0f / sqrtf((float)DK));
-    zero_ap(s, tid);   // -A and P: every byte of the records defined
-#endif
     // Q K^T (GDN_WG_PBAL: K Q^T, P^T's rows) once for the key head (each value head scales it by its own beta and
     // gamma in the epilogue)
     float accq[32];
     wg::fence();
 #pragma unroll
     for (int ks = 0; ks < NK; ++ks)
-        wg::mma_ss<64>(accq, kmajor(GDN_WG_PBAL ? sk : sq, ks), kmajor(GDN_WG_PBAL ? sq : sk, ks), ks > 0);
+        wg::mma_ss<64>(accq, kmajor(1 ? sk : sq, ks), kmajor(1 ? sq : sk, ks), ks > 0);
     wg::commit();
-#if GDN_WG_KQREC
     if (j0 == 0) {   // the k and q tiles (adjacent here and in the stage) for the sequential kernel, before V takes q's bytes
         uint4* dst = reinterpret_cast<uint4*>(kqrec_at<UR::BYTES, DK>(ws, m, b, ci, kh, num_k_heads, num_v_heads));
         const uint4* src = reinterpret_cast<const uint4*>(s.k);
 #pragma unroll 4
         for (int i = tid; i < 2 * C * DK * 2 / 16; i += THREADS) dst[i] = src[i];
     }
-#endif
     wg::wait<0>();
     for (int j = j0; j < j1; ++j) {
         const int h = kh * group + j;
         if (j > j0) cp_async_wait_all();   // this value head's g, beta and V, copied while the previous head computed
         sync();   // (j j0: the scales and the zeroed -A and P stored; every thread's Q K^T complete: q is read out)
-        if (!GDN_WG_USEQ && j == j0) {   // (USEQ: the sequential kernel copies V itself)
+        if (!1 && j == j0) {   // (USEQ: the sequential kernel copies V itself)
             issue_v_sw128<DV>(qt, v, nv, ld_volatile(cu + b) + c0, num_v_heads, h, tid);
             cp_async_commit();
         }
@@ -884,7 +804,7 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
                 for (int ks = 0; ks < NK; ++ks) wg::mma_ss<64>(acck, kmajor(sk, ks), kmajor(sk, ks), ks > 0);
                 wg::commit();
             };
-            if (GDN_WG_KKEARLY) kk();   // (it reads the k tile only) under zero_ap, chunk_gamma and their barrier
+            if (1) kk();   // (it reads the k tile only) under zero_ap, chunk_gamma and their barrier
             if (j > j0) zero_ap(s, tid);   // the previous head's T tiles out of -A's and P's upper blocks
             if (warp == 0) chunk_gamma<true>(s, 0, lane);
             sync();
@@ -893,22 +813,15 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
                                                        num_k_heads, num_v_heads, h + 1, 0, tid);
                 cp_async_commit();
             }
-            if (!GDN_WG_KKEARLY) kk();
+            if (!1) kk();
             wg::wait<0>();
             wg::pin(acck);
             products_epilogue<true, true>(s, reinterpret_cast<const float (*)[4]>(acck), warp, lane);
         }
-#if GDN_WG_PBAL
         pt_epilogue(s, reinterpret_cast<const float (*)[4]>(accq), warp, lane);
         __syncwarp();   // the warp's diagonal block of K K^T (s.d) stored by its lanes
         invert_block(s, warp, lane);   // (on all 32 lanes, both halves the same column: 4 B spilled at d128)
         sync();
-#else
-        products_epilogue<false, true>(s, reinterpret_cast<const float (*)[4]>(accq), warp, lane);
-        sync();
-        invert_diagonal<DK>(s, tid);
-        sync();
-#endif
         // T's columns 16 warp .. + 15 (each_slice_elem: the identity's, solved)
         float Rt[8][4], X[8][4];
         each_slice_elem<LDP>(warp, lane, [&](int nt, int e, int cc, int at) {
@@ -922,7 +835,6 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
         cp_async_wait_all();       // this value head's V rows (USEQ: none; the next head's g and beta)
         wg::fence_proxy_async();   // T diag(beta)'s tiles and V visible to the wgmma
         sync();
-#if GDN_WG_USEQ
         {   // T diag(beta)'s hi and lo tiles (the first 8 KiB of s.a and s.p) to the record, for the sequential
             // kernel's U product
             uint4* dst = reinterpret_cast<uint4*>(urec + UR::TB);
@@ -932,45 +844,16 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
                 dst[i] = i < T16 ? reinterpret_cast<const uint4*>(s.a)[i]
                                  : reinterpret_cast<const uint4*>(s.p)[i - T16];
         }
-#else
-        // U^T = V^T (T diag(beta))^T, one 64-row dv m-tile at a time (the sequential kernel's slice mi)
-#pragma unroll 1
-        for (int mi = 0; mi < DV / 64; ++mi) {
-            unsigned av[4][4];
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks)
-                ldsm_x4_t(av[ks][0], av[ks][1], av[ks][2], av[ks][3],
-                          sq + sw128_off(16 * ks + (mat >> 1) * 8 + r8, 8 * mi + 2 * warp + (mat & 1)));
-            float acc[32];
-            wg::fence();
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks) {
-                wg::mma_rs<64, 1>(acc, av[ks], mnmajor(sa, ks), ks > 0);
-                wg::mma_rs<64, 1>(acc, av[ks], mnmajor(sp, ks), 1);
-            }
-            wg::commit();
-            wg::wait<0>();
-            float4* dst = reinterpret_cast<float4*>(urec + UR::U + mi * UR::USLICE) + 32 * warp + lane;
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-                dst[nt * 128] = make_float4(acc[4 * nt], acc[4 * nt + 1], acc[4 * nt + 2], acc[4 * nt + 3]);
-        }
-#endif
         sync();   // V and T diag(beta)'s tiles read out (every thread waited for its wgmma)
-        if (!GDN_WG_USEQ && j + 1 < j1) {   // the next value head's V rows, while this one's W is computed
+        if (!1 && j + 1 < j1) {   // the next value head's V rows, while this one's W is computed
             issue_v_sw128<DV>(qt, v, nv, ld_volatile(cu + b) + c0, num_v_heads, h + 1, tid);
             cp_async_commit();
         }
-#if GDN_WG_USEQ && GDN_WG_TKEEP   // T diag(beta EK) from T's fp32 columns, still held (no U product beside them here)
         t_cols_hilo<true>(X, s.a, s.p, [&](int c) { return s.beta[c] * (s.eg[c] * s.rk[c]); }, warp, lane);
-#else
-        t_cols_rescale<true>(s.a, s.p, [&](int c) { return s.eg[c] * s.rk[c]; }, warp, lane);   // T diag(beta EK)
-#endif
         wg::fence_proxy_async();
         sync();
         // W = T diag(beta EK) k per 64-column half: A = the tiles' fragments of this warp's token rows, two k-steps
         // (16 registers) in flight at a time (all four with the accumulator and Q K^T's spilled the d128 build)
-#if GDN_WG_WFRAG
         unsigned ah[4][4], al[4][4];   // the tiles' A fragments of all four k-steps, once for both halves
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
@@ -978,11 +861,9 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
             ldsm_x4_t(ah[ks][0], ah[ks][1], ah[ks][2], ah[ks][3], sa + off);
             ldsm_x4_t(al[ks][0], al[ks][1], al[ks][2], al[ks][3], sp + off);
         }
-#endif
 #pragma unroll 1
         for (int half = 0; half < DK / 64; ++half) {
             float acc[32];
-#if GDN_WG_WFRAG
             wg::fence();
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks) {
@@ -992,34 +873,13 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
             wg::commit();
             wg::wait<0>();
             wg::pins(ah, al);
-#else
-#pragma unroll
-            for (int kp = 0; kp < 2; ++kp) {
-                unsigned ah[2][4], al[2][4];
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    const int off = sw128_off(16 * (2 * kp + i) + (mat >> 1) * 8 + r8, 2 * warp + (mat & 1));
-                    ldsm_x4_t(ah[i][0], ah[i][1], ah[i][2], ah[i][3], sa + off);
-                    ldsm_x4_t(al[i][0], al[i][1], al[i][2], al[i][3], sp + off);
-                }
-                wg::fence();
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    const int ks = 2 * kp + i;
-                    wg::mma_rs<64, 1>(acc, ah[i], mnmajor(sk + half * (GDN_C * 128), ks), ks > 0);
-                    wg::mma_rs<64, 1>(acc, al[i], mnmajor(sk + half * (GDN_C * 128), ks), 1);
-                }
-                wg::commit();
-                wg::wait<0>();
-            }
-#endif
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
                 for (int hh = 0; hh < 2; ++hh) {
                     const int t = 16 * warp + gq + 8 * hh, d = 64 * half + 8 * nt + 2 * tq;
                     *reinterpret_cast<unsigned*>(urec + UR::W + sw128_off(t, d >> 3) + (d & 7) * 2) =
-                        GDN_WG_USEQ ? pack(-acc[4 * nt + 2 * hh], -acc[4 * nt + 2 * hh + 1])   // -W
+                        1 ? pack(-acc[4 * nt + 2 * hh], -acc[4 * nt + 2 * hh + 1])   // -W
                                     : pack(acc[4 * nt + 2 * hh], acc[4 * nt + 2 * hh + 1]);
                 }
         }
@@ -1047,10 +907,10 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
     extern __shared__ __align__(128) unsigned char gdn_smem_raw[];
     if ((int)blockDim.x != 3 * 128) return;
     constexpr int groups = 3;
-    constexpr bool WG = GDN_WG_PREP_WG && GDN_WG_UWS;
-    static_assert(WG || !GDN_WG_KQREC || !GDN_WG_UWS, "GDN_WG_KQREC: the wgmma precompute's tiles (prep_item_wg)");
-    static_assert(WG || !GDN_WG_FLOW_VH, "GDN_WG_FLOW_VH: the wgmma precompute's items (prep_item_wg)");
-    static_assert(WG || !GDN_WG_UWS || !GDN_WG_USEQ, "GDN_WG_USEQ: the wgmma precompute's records (prep_item_wg)");
+    constexpr bool WG = 1 && 1;
+    static_assert(WG || !1 || !1, "1: the wgmma precompute's tiles (prep_item_wg)");
+    static_assert(WG || !1, "1: the wgmma precompute's items (prep_item_wg)");
+    static_assert(WG || !1 || !1, "1: the wgmma precompute's records (prep_item_wg)");
     const int grp = threadIdx.x >> 7, tid = threadIdx.x & 127;
     static_assert(3 * wg_prep_group_bytes<DK>() + 1024 <= 3 * (int)sizeof(PrepSmem<DK>),
                   "the wgmma groups fit in the host's 3 x PrepSmem");
@@ -1066,7 +926,7 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
     // an item: (chunk, stream, key head), or (GDN_WG_FLOW_VH, the first GDN_WG_FLOW_VH_FIRST chunks) (chunk, stream,
     // value head)
     const int group = num_v_heads / num_k_heads, nch = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
-    const int vh_chunks = GDN_WG_FLOW_VH ? min(nch, GDN_WG_FLOW_VH_FIRST) : 0;
+    const int vh_chunks = 1 ? min(nch, 8) : 0;
     const int per_vh_chunk = (int)m.batch_size * num_v_heads, per_chunk = (int)m.batch_size * num_k_heads;
     const int vh_items = vh_chunks * per_vh_chunk, items = vh_items + (nch - vh_chunks) * per_chunk;
     unsigned* counter = item_counter_at<UR::BYTES>(ws, m, num_k_heads, num_v_heads);
@@ -1099,13 +959,13 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
                                  claim, j0, j1);
         } else {
             claim();
-            prep_item<DK, DV, true, GDN_WG_UWS>(m, q, k, g, beta, num_k_heads, num_v_heads, ws, s, b, kh, ci, len, tid,
+            prep_item<DK, DV, true, 1>(m, q, k, g, beta, num_k_heads, num_v_heads, ws, s, b, kh, ci, len, tid,
                                                 sync, v);
         }
         if (tid == 0) {   // the group's record stores are issued (the item's last barrier): publish them
-            if (GDN_WG_PUBFENCE) __threadfence();
+            if (0) __threadfence();
             unsigned* flag = ready_flag_at<UR::BYTES>(ws, m, b, ci, kh, num_k_heads, num_v_heads);
-            if (GDN_WG_FLOW_VH)   // the key head's flag counts its value heads' items
+            if (1)   // the key head's flag counts its value heads' items
                 asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(flag), "r"(j1 - j0) : "memory");
             else asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(flag), "r"(1u) : "memory");
         }
@@ -1140,10 +1000,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) q12_gdn_wgmma_prep_flow_d64
     gdnw::gdn_prep_flow_body<64, 64>(m, q, k, v, g, beta, num_k_heads, num_v_heads, workspace);
 }
 extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_seq_flow_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 128 / GDN_BV) gdn_wg_seq_body<128, 128, 2, true, 1, GDN_WG_UWS>(m, h_state_ptrs, q, k, v, o, num_k_heads, num_v_heads, workspace);
+    if (gridDim.x == 128 / GDN_BV) gdn_wg_seq_body<128, 128, 2, true, 1, 1>(m, h_state_ptrs, q, k, v, o, num_k_heads, num_v_heads, workspace);
 }
 extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_seq_flow_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 64 / GDN_BV) gdn_wg_seq_body<64, 64, 2, true, 1, GDN_WG_UWS>(m, h_state_ptrs, q, k, v, o, num_k_heads, num_v_heads, workspace);
+    if (gridDim.x == 64 / GDN_BV) gdn_wg_seq_body<64, 64, 2, true, 1, 1>(m, h_state_ptrs, q, k, v, o, num_k_heads, num_v_heads, workspace);
 }
 
 // gdn_wgmma.py's stage_bytes(d) must give these numbers.
@@ -1151,17 +1011,11 @@ static_assert(gdnw::Stage<128>::BYTES == 69632 && gdnw::Stage<64>::BYTES == 5324
               "Stage size differs from q12drv.kernels.gdn_wgmma.stage_bytes");
 static_assert(gdnw::Stage<128>::RAW == 68624 && gdnw::Stage<64>::RAW == 52240 && gdnw::Stage<128, 2>::RAW == 87056,
               "Stage extent differs from q12drv.kernels.gdn_wgmma._stage_raw (seq_smem_bytes)");
-#if GDN_WG_USEQ   // (gdn_wgmma.stage_bytes(d, uws=True, useq=True), flow_record_bytes(d, useq=True))
 static_assert(gdnw::FlowRec<128, 128>::BYTES == 41488 && gdnw::FlowRec<64, 64>::BYTES == 33296,
               "UseqRec differs from q12drv.kernels.gdn_wgmma.flow_record_bytes(useq=True)");
 static_assert(gdnw::Stage<128, 1, true>::BYTES == 92160 && gdnw::Stage<64, 1, true>::BYTES == 67584 &&
               gdnw::Stage<128, 1, true>::RAW == 92160 && gdnw::Stage<64, 1, true>::RAW == 67584,
               "the USEQ flow stage differs from q12drv.kernels.gdn_wgmma.stage_bytes(useq=True)");
-#else
-static_assert(gdnw::Stage<128, 1, true>::BYTES == 83968 && gdnw::Stage<64, 1, true>::BYTES == 59392 &&
-              gdnw::Stage<128, 1, true>::RAW == 83472 && gdnw::Stage<64, 1, true>::RAW == 58896,
-              "the flow stage differs from q12drv.kernels.gdn_wgmma.stage_bytes(uws=True) and _stage_raw");
-#endif
 static_assert(gdnc::UwsRec<128, 128>::BYTES == 57872 && gdnc::UwsRec<64, 64>::BYTES == 33296,
               "UwsRec size differs from q12drv.kernels.gdn_wgmma.flow_record_bytes");
 static_assert(gdnc::UwsRec<128, 128>::P == 16384 && gdnc::UwsRec<128, 128>::EQ == 24576 &&

@@ -27,12 +27,6 @@
 
 #define GDN_THREADS 128
 #define GDN_CT 16     // tokens per chunk
-#ifndef GDN_CPT
-#define GDN_CPT 2     // dv columns per thread
-#endif
-#ifndef GDN_LPC
-#define GDN_LPC 8     // lanes per dv column (they split dk)
-#endif
 
 template <int DK, int DV, int LPC, int CPT>
 __device__ __forceinline__ void gdn_prefill_body(const Q12Meta& m, const unsigned long long* __restrict__ h_state_ptrs,
@@ -243,9 +237,9 @@ __device__ __forceinline__ void gdn_prefill_body(const Q12Meta& m, const unsigne
 }
 
 extern "C" __global__ void q12_gdn_prefill_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads) {
-    gdn_prefill_body<128, 128, GDN_LPC, GDN_CPT>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
+    gdn_prefill_body<128, 128, 8, 2>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
 }
 
 extern "C" __global__ void q12_gdn_prefill_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads) {
-    gdn_prefill_body<64, 64, GDN_LPC, GDN_CPT>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
+    gdn_prefill_body<64, 64, 8, 2>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
 }
