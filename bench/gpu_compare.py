@@ -765,8 +765,7 @@ def _attention_torch(q_lens, kv_lens, hq, hkv, d, n_reps, warmup=3):
 def gdn_inputs(dev, counts, hk, hv, d, ws_bytes, bufs) -> dict:
     """The GDN section's inputs for streams of ``counts`` tokens (bf16 q, k, v from fixed seeds, fp32 log-space g
     and beta, fp32 states and their pointers, o, a ``ws_bytes`` workspace) as device buffers by ``ops.gdn``'s
-    argument names (``"state"``: the states themselves), appended to ``bufs``; ``bench/gdn_ab.py`` times on them
-    too."""
+    argument names (``"state"``: the states themselves), appended to ``bufs``."""
     n, total = len(counts), sum(counts)
     q, _ = _rand_bf16(dev, (total, hk, d), 11)
     k, _ = _rand_bf16(dev, (total, hk, d), 12)

@@ -10,7 +10,8 @@ import pytest
 from tests.helpers import FakeMem, rel_err, spill_free
 from q12drv.core.bf16 import from_bf16_bits, to_bf16_bits
 from q12drv.kernels import gdn
-from q12drv.kernels.meta import Q12MetaC, meta_defines
+from q12drv.kernels.meta import Q12MetaC
+from q12drv.kernels.registry import compile_defines
 
 RAGGED = [1, 15, 16, 17, 63, 64, 65]
 
@@ -96,26 +97,42 @@ def assert_bf16_close(bits, want, ulps=1.0):
 def test_entries_compile_without_spills():
     from q12drv.core.nvrtc import compile_source
 
-    img = compile_source(gdn.SOURCE, defines=meta_defines(), use_cache=False, verbose_resources=True)
+    img = compile_source(gdn.SOURCE, defines=compile_defines(gdn.SOURCE), use_cache=False, verbose_resources=True)
     assert img.image
     for name, r in spill_free(img, gdn.ENTRIES).items():
         assert r.registers <= 128, f"{name}: more than 128 registers (< 4 CTAs/SM)"
 
 
-def test_entry_declarations_are_parseable():
-    from q12drv.core.nvrtc import cuda_src_dir
+def test_every_entry_takes_the_one_parameter_list():
+    """Every GDN entry is declared ``void name(GDN_PARAMS)``: the host reads one parameter list, written once in
+    gdn/common.cuh, for all of them."""
+    from q12drv.core.launch import parse_signatures
+    from q12drv.core.nvrtc import cuda_src_dir, local_headers
+    from q12drv.kernels.registry import struct_types
 
-    src = (cuda_src_dir() / gdn.SOURCE).read_text()
-    decls = re.findall(r'^extern "C" __global__ void (\w+)\((.*)\) \{$', src, re.M)
-    assert sorted(n for n, _ in decls) == sorted(gdn.ENTRIES)
-    type_re = re.compile(r"^(Q12Meta|int|unsigned int|long long|unsigned long long|float|(const )?[\w ]+\*( __restrict__)?) \w+$")
-    for name, params in decls:
-        ps = [p.strip() for p in params.split(",")]
-        assert [p.split()[-1] for p in ps] == [
-            "m", "h_state_ptrs", "q", "k", "v", "g", "beta", "o", "num_k_heads", "num_v_heads"
-        ], name
-        for p in ps:
-            assert type_re.match(p), f"{name}: parameter {p!r}"
+    for mod in (gdn, gdn_chunk, gdn_wgmma):
+        src = (cuda_src_dir() / mod.SOURCE).read_text()
+        assert sorted(re.findall(r"(\w+)\(GDN_PARAMS\)", src)) == sorted(mod.ENTRIES), mod.SOURCE
+        sigs = parse_signatures(src, struct_types(), local_headers(src))
+        assert sorted(sigs) == sorted(mod.ENTRIES)
+        for name, params in sigs.items():
+            assert [p for p, _ in params] == ["m", "h_state_ptrs", "q", "k", "v", "g", "beta", "o", "num_k_heads",
+                                              "num_v_heads", "workspace"], name
+
+
+def contract_refused(source, name, bad):
+    """A build of ``source`` whose contract define ``name`` is ``bad`` fails to compile (its static_assert)."""
+    from q12drv.core.errors import NvrtcError
+    from q12drv.core.nvrtc import compile_source
+
+    good = compile_defines(source)
+    defines = [d if d.split("=")[0] != name else f"{name}={bad}" for d in good]
+    assert defines != list(good), name
+    with pytest.raises(NvrtcError, match="differ from the host|differs from the host|do not fit"):
+        compile_source(source, defines=defines, use_cache=False)
+    missing = [d for d in good if d.split("=")[0] != name]
+    with pytest.raises(NvrtcError, match="compile through q12drv"):
+        compile_source(source, defines=missing, use_cache=False)
 
 
 # --------------------------------------------------------------------------- reference
@@ -233,17 +250,12 @@ def test_emulator_rejects_short_grid_and_bad_block():
 
 
 def test_geometry():
-    from q12drv.core.nvrtc import cuda_src_dir
-
-    src = (cuda_src_dir() / gdn.SOURCE).read_text()
-    assert int(re.search(r"#define GDN_LPC (\d+)", src).group(1)) == gdn.LANES_PER_COLUMN
-    assert int(re.search(r"#define GDN_CPT (\d+)", src).group(1)) == gdn.COLS_PER_THREAD
-    assert int(re.search(r"#define GDN_THREADS (\d+)", src).group(1)) == gdn.THREADS
     assert gdn.COLS_PER_CTA == 32
     assert gdn.geometry(8, 32, 128) == ((128, 8, 1), (128, 1, 1), 0)
     assert gdn.geometry(1, 6, 64) == ((12, 1, 1), (128, 1, 1), 0)
     with pytest.raises(ValueError):
         gdn.geometry(1, 32, 256)
+    contract_refused(gdn.SOURCE, "Q12_GDN_RECURRENT_COLUMNS", 64)
 
 
 # --------------------------------------------------------------------------- chunked (WY) kernel
@@ -275,17 +287,16 @@ def test_chunked_model_matches_reference_on_ragged_streams(d, hk, hv, lens):
         assert es < CHUNK_STATE_REL, f"stream {b} (len {e - s}): state rel err {es:.2e}"
 
 
-def test_chunked_model_long_stream_and_the_update_split_matters():
+@pytest.mark.parametrize("path", ["mma", "wgmma", "overlapped"])
+def test_chunked_model_long_stream(path):
     rng = np.random.default_rng()
     inputs = make_inputs(rng, [1100], 1, 1, 64, 64, state_scale=1.0)
     o_ref, fin_ref = gdn.reference(*inputs)
-    o, fin = gdn_chunk.chunked_reference(*inputs)
+    o, fin = gdn_chunk.chunked_reference(*inputs, path=path)
     assert rel_err(from_bf16_bits(o), from_bf16_bits(o_ref)) < CHUNK_O_REL
-    es = rel_err(fin, fin_ref)
-    assert es < CHUNK_STATE_REL
-    # bf16 K in the state update (no hi/lo split) costs several times the state error
-    _, fin_bf16 = gdn_chunk.chunked_reference(*inputs, update_split=False)
-    assert rel_err(fin_bf16, fin_ref) > 2 * es
+    assert rel_err(fin, fin_ref) < CHUNK_STATE_REL
+    with pytest.raises(ValueError, match="path must be one of 'mma', 'wgmma', 'overlapped'"):
+        gdn_chunk.chunked_reference(*inputs, path="flow")
 
 
 def test_chunked_model_chunk_size_independent_of_stream_splits():
@@ -303,42 +314,15 @@ def test_chunked_model_chunk_size_independent_of_stream_splits():
 def test_chunk_entries_compile_without_spills():
     from q12drv.core.nvrtc import compile_source
 
-    img = compile_source(gdn_chunk.SOURCE, defines=meta_defines(), use_cache=False, verbose_resources=True)
+    img = compile_source(gdn_chunk.SOURCE, defines=compile_defines(gdn_chunk.SOURCE), use_cache=False,
+                         verbose_resources=True)
     assert img.image
     spill_free(img, gdn_chunk.ENTRIES)
 
 
-def test_chunk_entry_declarations_match_the_recurrent_ones():
-    from q12drv.core.nvrtc import cuda_src_dir
-
-    def decls(source):
-        src = (cuda_src_dir() / source).read_text()
-        return re.findall(r'^extern "C" __global__ void (?:__launch_bounds__\([\w, ]+\) )?(\w+)\((.*)\) \{$', src, re.M)
-
-    rec = {n[len("q12_gdn_prefill"):]: p for n, p in decls(gdn.SOURCE)}
-    chk = {n[len("q12_gdn_chunk"):]: p for n, p in decls(gdn_chunk.SOURCE)}
-    assert sorted("q12_gdn_chunk" + s for s in chk) == sorted(gdn_chunk.ENTRIES)
-    assert {s: p for s, p in chk.items() if s in rec} == rec
-    # the pairs: the fused kernel's parameters, then the workspace
-    wg = dict(decls(gdn_wgmma.SOURCE))
-    assert sorted(wg) == sorted(gdn_wgmma.ENTRIES)
-    for d in (128, 64):
-        split = rec[f"_d{d}"] + ", unsigned char* __restrict__ workspace"
-        for entry in (*gdn_chunk.split_entries(d), gdn_chunk.tile_prep_entry(d)):
-            assert chk[entry[len("q12_gdn_chunk"):]] == split
-        for st in gdn_wgmma.STAGES:
-            assert wg[gdn_wgmma.entries(d, st)[1]] == split
-
-
-def test_chunk_smem_matches_the_source():
-    from q12drv.core.nvrtc import cuda_src_dir
-
-    src = (cuda_src_dir() / gdn_chunk.SOURCE).read_text()
-    for d in (64, 128):
-        m = re.search(rf"sizeof\(gdnc::Smem<{d}>\) == (\d+)", src)
-        assert m and int(m.group(1)) == gdn_chunk.smem_bytes(d), d
-    header = (cuda_src_dir() / "gdn/chunk.cuh").read_text()  # the phases both pairs share
-    assert re.search(r"#define GDN_BV 64\b", header) and gdn_chunk.BV == 64
+def test_chunk_smem_and_geometry():
+    """The fused kernel's geometry; its shared memory is the source's (gdnc::Smem, a contract define)."""
+    assert gdn_chunk.BV == 64
     assert gdn_chunk.geometry(8, 32, 128) == ((2, 32, 8), (128, 1, 1), gdn_chunk.smem_bytes(128))
     assert gdn_chunk.geometry(1, 32, 128) == ((2, 32, 1), (128, 1, 1), gdn_chunk.smem_bytes(128))
     assert gdn_chunk.geometry(1, 6, 64) == ((1, 6, 1), (128, 1, 1), gdn_chunk.smem_bytes(64))
@@ -347,25 +331,17 @@ def test_chunk_smem_matches_the_source():
         gdn_chunk.geometry(1, 32, 256)
     with pytest.raises(ValueError):
         gdn_chunk.geometry(0, 32, 128)
+    for name, bad in (("Q12_GDN_MMA_FUSED_SMEM_D128", 114944 + 16), ("Q12_GDN_SLICE", 32),
+                      ("Q12_GDN_MMA_SEQUENTIAL_SMEM_1STAGE_D64", 1), ("Q12_GDN_TREC", 17440)):
+        contract_refused(gdn_chunk.SOURCE, name, bad)
 
 
 def test_split_pair_sizes_match_the_source():
     """The split pair's shared memory, record sizes and geometry: the host's numbers are the ones the
     source's static_asserts pin, so the launches ask for what the kernels lay out."""
-    from q12drv.core.nvrtc import cuda_src_dir
-
-    src = (cuda_src_dir() / gdn_chunk.SOURCE).read_text()
     for d in (64, 128):
-        m = re.search(rf"sizeof\(gdnc::PrepSmem<{d}>\) == (\d+)", src)
-        assert m and int(m.group(1)) == gdn_chunk.prep_smem_bytes(d), d
-        m = re.search(rf"sizeof\(gdnc::SeqSmem<{d}, 2>\) == (\d+)", src)
-        assert m and int(m.group(1)) == gdn_chunk.seq_smem_bytes(d, 2) == 2 * gdn_chunk.seq_smem_bytes(d, 1), d
-        m = re.search(rf"gdnc::KRec<{d}>::BYTES == (\d+)", src)
-        assert m and int(m.group(1)) == gdn_chunk.k_record_bytes(d), d
-    m = re.search(r"gdnc::VRec::BYTES == (\d+)", src)
-    assert m and int(m.group(1)) == gdn_chunk.v_record_bytes()
-    m = re.search(r"gdnc::TileVRec::BYTES == (\d+)", src)
-    assert m and int(m.group(1)) == gdn_chunk.tile_v_record_bytes() == 17424
+        assert gdn_chunk.seq_smem_bytes(d, 2) == 2 * gdn_chunk.seq_smem_bytes(d, 1), d
+    assert gdn_chunk.tile_v_record_bytes() == 17424
     # occupancy the design relies on (227 KiB of shared memory per SM, 1 KiB reserved per CTA)
     assert 3 * (gdn_chunk.prep_smem_bytes(128) + 1024) <= 227 * 1024
     assert 2 * (gdn_chunk.seq_smem_bytes(128, 1) + 1024) <= 227 * 1024 < 2 * (gdn_chunk.seq_smem_bytes(128, 2) + 1024)
@@ -379,13 +355,13 @@ def test_split_pair_sizes_match_the_source():
     # the sequential build: one buffer once the fused grid holds two CTAs per SM
     assert gdn_chunk.split_stages(8, 32, 128, 132) == 1 and gdn_chunk.split_stages(5, 32, 128, 132) == 1
     assert gdn_chunk.split_stages(1, 32, 128, 132) == 2 and gdn_chunk.split_stages(4, 32, 128, 132) == 2
-    assert gdn_chunk.split_entries(128, 1) == ("q12_gdn_chunk_prep_d128", "q12_gdn_chunk_seq1_d128")
+    assert gdn_chunk.split_entries(128, 1) == ("q12_gdn_mma_precompute_d128", "q12_gdn_mma_sequential_1stage_d128")
     for entry in gdn_chunk.ENTRIES:
         assert gdn_chunk.entry_smem_bytes(entry) > 0
     with pytest.raises(ValueError, match="stages"):
         gdn_chunk.split_entries(128, 3)
     with pytest.raises(KeyError, match="not a gdn/chunked_mma.cu entry"):
-        gdn_chunk.entry_smem_bytes("q12_gdn_prefill_d128")
+        gdn_chunk.entry_smem_bytes("q12_gdn_recurrent_d128")
     with pytest.raises(ValueError):
         gdn_chunk.workspace_bytes(0, 64, 16, 32, 128)
 
@@ -491,9 +467,9 @@ def test_ops_gdn_algo_keyword(monkeypatch):
     from q12drv.kernels import ops
 
     assert ops.GDN_ALGOS == ("chunked", "recurrent", "split", "wgmma")
-    assert "gdn/chunked_mma.cu" in ops.SOURCES and ops.ENTRIES["q12_gdn_chunk_d128"] == "gdn/chunked_mma.cu"
-    assert ops.ENTRIES["q12_gdn_wgmma_seq1_d128"] == "gdn/chunked_wgmma.cu"
-    assert ops.ENTRIES["q12_gdn_chunk_prep_tiles_d128"] == "gdn/chunked_mma.cu"
+    assert "gdn/chunked_mma.cu" in ops.SOURCES and ops.ENTRIES["q12_gdn_mma_fused_d128"] == "gdn/chunked_mma.cu"
+    assert ops.ENTRIES["q12_gdn_wgmma_sequential_1stage_d128"] == "gdn/chunked_wgmma.cu"
+    assert ops.ENTRIES["q12_gdn_wgmma_precompute_d128"] == "gdn/chunked_mma.cu"
     monkeypatch.setattr(ops, "_check", lambda device, meta: None)
     hopper = SimpleNamespace(arch="sm_90")
     with pytest.raises(ValueError, match="algo must be one of 'chunked', 'recurrent', 'split', 'wgmma', got 'fast'"):
@@ -506,27 +482,20 @@ def test_ops_gdn_algo_keyword(monkeypatch):
 
 
 def test_wgmma_pair_sizes_match_the_source():
-    """The wgmma pair's stages, records and geometry: the host's numbers are the ones gdn/chunked_wgmma.cu's
-    static_asserts pin; one stage fits two CTAs per SM, two stages one."""
-    from q12drv.core.nvrtc import cuda_src_dir
-
-    src = (cuda_src_dir() / gdn_wgmma.SOURCE).read_text()
-    m = re.search(r"gdnw::Stage<128>::BYTES == (\d+) && gdnw::Stage<64>::BYTES == (\d+)", src)
-    assert m and (int(m.group(1)), int(m.group(2))) == (gdn_wgmma.stage_bytes(128), gdn_wgmma.stage_bytes(64))
+    """The wgmma pair's stages, records and geometry: the host's numbers are the ones gdn/chunked_wgmma.cu
+    checks (contract defines); one stage fits two CTAs per SM, two stages one."""
     assert gdn_wgmma.stage_bytes(128) % 1024 == 0 and gdn_wgmma.stage_bytes(128) >= 32768 + 17424 + 2 * 64 * 72 * 2
     assert (gdn_wgmma.stage_bytes(128), gdn_wgmma.stage_bytes(64)) == (69632, 53248)
-    m = re.search(r"gdnw::Stage<128, 2>::BYTES == (\d+)", src)
-    assert m and int(m.group(1)) == gdn_wgmma.stage_bytes(128, 2) == 88064   # the wide form: two V and two O slices
+    assert gdn_wgmma.stage_bytes(128, 2) == 88064   # the wide form: two V and two O slices
     # the wide form: two stages, one CTA of 256 threads a SM (both slices' warpgroups)
     assert gdn_wgmma.seq_smem_bytes(128, 2, 2) == gdn_wgmma.entry_smem_bytes(gdn_wgmma.WIDE_ENTRY) <= 227 * 1024
     assert gdn_wgmma.wide_geometry(8, 2048, 16, 32, 128)[1] == ((1, 32, 8), (256, 1, 1), 176032)
-    m = re.search(r"gdnw::Stage<128>::RAW == (\d+) && gdnw::Stage<64>::RAW == (\d+) && "
-                  r"gdnw::Stage<128, 2>::RAW == (\d+),", src)
-    assert m and [int(x) for x in m.groups()] == [gdn_wgmma._stage_raw(d, w, False) for d, w in
-                                                  ((128, 1), (64, 1), (128, 2))]
+    for name, bad in (("Q12_GDN_WGMMA_SEQUENTIAL_SMEM_2STAGE_D128", 1), ("Q12_GDN_WGMMA_SEQUENTIAL_SMEM_WIDE_D128", 1),
+                      ("Q12_GDN_OVERLAP_REC_D64", 57872), ("Q12_GDN_OVERLAP_VH_CHUNKS", 0),
+                      ("Q12_GDN_OVERLAP_PRECOMPUTE_SMEM_D128", 150000)):
+        contract_refused(gdn_wgmma.SOURCE, name, bad)
     with pytest.raises(ValueError, match="head_dim 128 only"):
         gdn_wgmma.wide_entries(64)
-    assert "__launch_bounds__(256, 1) q12_gdn_wgmma_seqw_d128(" in src
     sm = 228 * 1024  # shared memory per SM (227 KiB for blocks + 1 KiB reserved per CTA)
     assert 2 * (gdn_wgmma.seq_smem_bytes(128, 1) + 1024) <= sm < 2 * (gdn_wgmma.seq_smem_bytes(128, 2) + 1024)
     assert gdn_wgmma.seq_smem_bytes(128, 2) <= 227 * 1024
@@ -538,46 +507,18 @@ def test_wgmma_pair_sizes_match_the_source():
     # fp32 per 64-column slice), then one flag per (chunk, key head); "any" (the default) is the largest
     assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128, "pair") == 128 * 32 * 17424
     assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128, "wide") == 128 * 32 * 17424
-    assert gdn_wgmma.FLOW_USEQ is True and "#define GDN_WG_USEQ 1 " in src
     # the flow precompute's items: a value head's in the first 8 chunks, a key head's after them
-    assert gdn_wgmma.FLOW_VH_CHUNKS == 8 and "#define GDN_WG_FLOW_VH 1 " in src
-    assert "#define GDN_WG_FLOW_VH_FIRST 8 " in src
+    assert gdn_wgmma.FLOW_VH_CHUNKS == 8
     assert gdn_wgmma.flow_items(1, 8192, 16, 32) == 8 * 32 + 120 * 16
     assert gdn_wgmma.flow_items(2, 300, 16, 32) == 2 * 5 * 32   # every chunk in the first 8
-    assert gdn_wgmma.flow_items(1, 8192, 16, 32, vh_chunks=0) == 128 * 16
-    assert gdn_wgmma.flow_ready_value(16, 32) == 2 and gdn_wgmma.flow_ready_value(16, 32, vh_chunks=0) == 1
-    with pytest.raises(ValueError, match="vh_chunks must be >= 0"):
-        gdn_wgmma.flow_items(1, 64, 16, 32, vh_chunks=-1)
-    assert gdn_wgmma.flow_record_bytes(128, useq=False) == 16384 + 8192 + 512 + 16 + 2 * 16384 == 57872
-    assert gdn_wgmma.flow_record_bytes(64, useq=False) == 8192 + 8192 + 512 + 16 + 16384 == 33296
+    assert gdn_wgmma.flow_ready_value(16, 32) == 2
     assert gdn_wgmma.flow_record_bytes(128) == 16384 + 8192 + 512 + 16 + 2 * 8192 == 41488
     assert gdn_wgmma.flow_record_bytes(64) == 8192 + 8192 + 512 + 16 + 2 * 8192 == 33296
-    m = re.search(r"UwsRec<128, 128>::BYTES == (\d+) && gdnc::UwsRec<64, 64>::BYTES == (\d+)", src)
-    assert m and (int(m.group(1)), int(m.group(2))) == (gdn_wgmma.flow_record_bytes(128, useq=False),
-                                                        gdn_wgmma.flow_record_bytes(64, useq=False))
-    m = re.search(r"FlowRec<128, 128>::BYTES == (\d+) && gdnw::FlowRec<64, 64>::BYTES == (\d+)", src)
-    assert m and (int(m.group(1)), int(m.group(2))) == (gdn_wgmma.flow_record_bytes(128), gdn_wgmma.flow_record_bytes(64))
-    for d in (128, 64):   # the fields the GPU tests read back from the workspace (gdn/chunked_wgmma.cu's static_assert)
-        off = gdn_wgmma.flow_record_offsets(d, useq=False)
-        for field in ("P", "EQ", "U"):
-            assert f"UwsRec<{d}, {d}>::{field} == {off[field]}" in src, (d, field, off[field])
-        assert gdn_wgmma.flow_record_offsets(d)["P"] == off["P"]   # the USEQ record: the same common part
-    assert gdn_wgmma.flow_record_offsets(64, useq=False) == {"W": 0, "P": 8192, "EQ": 16384, "WK": 16640,
-                                                             "EGC": 16896, "U": 16912, "END": 33296}
     assert gdn_wgmma.flow_record_offsets(128) == {"W": 0, "P": 16384, "EQ": 24576, "WK": 24832, "EGC": 25088,
                                                   "TB": 25104, "END": 41488}
-    # the flow stage's static_asserts: GDN_WG_USEQ's (the first) and the default's
-    found = re.findall(r"Stage<128, 1, true>::BYTES == (\d+) && gdnw::Stage<64, 1, true>::BYTES == (\d+) &&\s*"
-                       r"gdnw::Stage<128, 1, true>::RAW == (\d+) && gdnw::Stage<64, 1, true>::RAW == (\d+)", src)
-    assert [tuple(map(int, f)) for f in found] == [
-        (gdn_wgmma.stage_bytes(128, uws=True, useq=True), gdn_wgmma.stage_bytes(64, uws=True, useq=True),
-         gdn_wgmma._stage_raw(128, 1, True, True), gdn_wgmma._stage_raw(64, 1, True, True)),
-        (gdn_wgmma.stage_bytes(128, uws=True, useq=False), gdn_wgmma.stage_bytes(64, uws=True, useq=False),
-         gdn_wgmma._stage_raw(128, 1, True, False), gdn_wgmma._stage_raw(64, 1, True, False))], found
-    assert gdn_wgmma.stage_bytes(128, uws=True, useq=False) == 83968
-    assert gdn_wgmma.stage_bytes(64, uws=True, useq=False) == 59392
     assert gdn_wgmma.stage_bytes(128, uws=True) == 92160 and gdn_wgmma.stage_bytes(64, uws=True) == 67584
-    assert gdn_wgmma.entry_smem_bytes("q12_gdn_wgmma_seq_flow_d128") == gdn_wgmma.seq_smem_bytes(128, 2, uws=True) \
+    assert gdn_wgmma.entry_smem_bytes("q12_gdn_wgmma_overlapped_sequential_d128") == \
+        gdn_wgmma.seq_smem_bytes(128, 2, uws=True) \
         <= 227 * 1024
     flow = 128 * 32 * 41488 + 4 * 128 * 16 + 16   # the records, the ready flags, the item counter
     assert gdn_wgmma.kq_offset(1, 8192, 16, 32, 128) == -(-flow // 128) * 128
@@ -590,7 +531,7 @@ def test_wgmma_pair_sizes_match_the_source():
     assert [gdn_wgmma.resolve_form("auto", n, t, 32, 128, 132) for n, t in ((1, 8192), (8, 2048), (1, 2048))] == \
         ["flow", "wide", "pair"]
     assert gdn_wgmma.resolve_form("pair", 1, 8192, 32, 128, 132) == "pair"
-    assert gdn_wgmma.entries(128, 1) == ("q12_gdn_chunk_prep_tiles_d128", "q12_gdn_wgmma_seq1_d128")
+    assert gdn_wgmma.entries(128, 1) == ("q12_gdn_wgmma_precompute_d128", "q12_gdn_wgmma_sequential_1stage_d128")
     assert gdn_wgmma.stages(8, 32, 128, 132) == 1 and gdn_wgmma.stages(1, 32, 128, 132) == 2
     for entry in gdn_wgmma.ENTRIES:
         assert gdn_wgmma.entry_smem_bytes(entry) > 0
@@ -599,7 +540,7 @@ def test_wgmma_pair_sizes_match_the_source():
     with pytest.raises(ValueError, match="stages"):
         gdn_wgmma.entries(128, 3)
     with pytest.raises(KeyError, match="not a gdn/chunked_wgmma.cu entry"):
-        gdn_wgmma.entry_smem_bytes("q12_gdn_chunk_seq_d128")
+        gdn_wgmma.entry_smem_bytes("q12_gdn_mma_sequential_2stage_d128")
 
 
 def test_wgmma_entries_compile_for_sm90a_without_spills():
@@ -609,25 +550,12 @@ def test_wgmma_entries_compile_for_sm90a_without_spills():
     assert target_arch(gdn_wgmma.SOURCE, "sm_90") == "sm_90a"
     with pytest.raises(ValueError, match="sm_90a"):
         target_arch(gdn_wgmma.SOURCE, "sm_80")
-    img = compile_source(gdn_wgmma.SOURCE, defines=meta_defines(), use_cache=False, verbose_resources=True)
+    img = compile_source(gdn_wgmma.SOURCE, defines=compile_defines(gdn_wgmma.SOURCE), use_cache=False,
+                         verbose_resources=True)
     assert img.arch == "sm_90a"
     spill_free(img, gdn_wgmma.ENTRIES)
-    spill_free(compile_source(gdn_chunk.SOURCE, defines=meta_defines(), verbose_resources=True),
+    spill_free(compile_source(gdn_chunk.SOURCE, defines=compile_defines(gdn_chunk.SOURCE), verbose_resources=True),
                [gdn_chunk.tile_prep_entry(d) for d in (64, 128)])
-
-
-def test_wgmma_variant_builds_compile_without_spills():
-    """The gdn/chunked_wgmma.cu builds tests/gpu/gdn_debug.py measures (its knobs) compile with no spills and no local
-    memory, as the default build does (the test above)."""
-    from q12drv.core.nvrtc import compile_source
-    from tests.gpu.gdn_debug import WGMMA_VARIANTS
-
-    for name, defines in WGMMA_VARIANTS:
-        if not defines:
-            continue
-        img = compile_source(gdn_wgmma.SOURCE, defines=tuple(meta_defines()) + tuple(defines), use_cache=False,
-                             verbose_resources=True)
-        spill_free(img, gdn_wgmma.ENTRIES)
 
 
 def test_wgmma_model_matches_reference_and_the_block_solve():
@@ -637,7 +565,7 @@ def test_wgmma_model_matches_reference_and_the_block_solve():
     inputs = make_inputs(rng, [1, 63, 130, 300], 2, 4, 64, 64, state_scale=1.0)
     o_ref, fin_ref = gdn.reference(*inputs)
     o_b, fin_b = gdn_chunk.chunked_reference(*inputs)
-    o_t, fin_t = gdn_chunk.chunked_reference(*inputs, t_product=True)
+    o_t, fin_t = gdn_chunk.chunked_reference(*inputs, path="wgmma")
     assert rel_err(from_bf16_bits(o_t), from_bf16_bits(o_ref)) < CHUNK_O_REL
     assert rel_err(fin_t, fin_ref) < CHUNK_STATE_REL
     assert rel_err(fin_t, fin_b) < 5e-4
@@ -655,26 +583,18 @@ def test_wgmma_model_matches_reference_and_the_block_solve():
     np.testing.assert_allclose(T[0] @ (np.eye(C) + A[0]), np.eye(C), atol=1e-5)
 
 
-def test_u_minus_ws_model_keeps_the_wgmma_error_only_with_u_as_a_pair():
-    """fla's order V_new = U - W S (the flow form's records, GDN_WG_UWS 1) in the numpy model: with U stored in
-    fp32 (the kernel) or as a bf16 hi + lo pair and W as bf16 the state's error stays the wgmma pair's (session
-    10, six random cases: 0.8-1.5x its error); U as one bf16 costs 10-21x. o's error is o's rounding either way."""
+def test_overlapped_model_keeps_the_wgmma_error():
+    """fla's order V_new = U - W S (the flow form's records: T diag(beta) and T diag(beta EK) as hi + lo pairs from
+    the fp32 T, U in fp32, W in bf16) keeps the state's error within 2x of the wgmma pair's; o's error is o's
+    rounding either way."""
     rng = np.random.default_rng(5)
     inputs = make_inputs(rng, [256, 129], 2, 4, 128, 128)
     o_ref, fin_ref = gdn.reference(*inputs)
-    _, fin_t = gdn_chunk.chunked_reference(*inputs, t_product=True)
-    o_p, fin_p = gdn_chunk.chunked_reference(*inputs, t_product=True, u_minus_ws="hilo")
-    _, fin_b = gdn_chunk.chunked_reference(*inputs, t_product=True, u_minus_ws="bf16")
-    o_f, fin_f = gdn_chunk.chunked_reference(*inputs, t_product=True, u_minus_ws="fp32")
-    err_t, err_p, err_b, err_f = (float(np.max(np.abs(f - fin_ref))) for f in (fin_t, fin_p, fin_b, fin_f))
-    assert err_p < 2 * err_t and err_f < 2 * err_t
-    assert err_b > 4 * err_t
-    assert rel_err(from_bf16_bits(o_p), from_bf16_bits(o_ref)) < CHUNK_O_REL
+    _, fin_t = gdn_chunk.chunked_reference(*inputs, path="wgmma")
+    o_f, fin_f = gdn_chunk.chunked_reference(*inputs, path="overlapped")
+    err_t, err_f = (float(np.max(np.abs(f - fin_ref))) for f in (fin_t, fin_f))
+    assert err_f < 2 * err_t
     assert rel_err(from_bf16_bits(o_f), from_bf16_bits(o_ref)) < CHUNK_O_REL
-    with pytest.raises(ValueError, match="t_product"):
-        gdn_chunk.chunked_reference(*inputs, u_minus_ws="hilo")
-    with pytest.raises(ValueError, match="u_minus_ws"):
-        gdn_chunk.chunked_reference(*inputs, t_product=True, u_minus_ws="fp8")
 
 
 def test_wgmma_emulators_check_the_launch_and_need_the_whole_workspace():
@@ -700,14 +620,11 @@ def test_wgmma_flow_form_sizes_rule_and_launches():
     sequential CTAs leave half of the SMs, the precompute gets the SMs they leave, and ops clears the flags and
     the item counter (after the records) before two launches, the second with programmatic stream serialization."""
     from q12drv.kernels import ops
-    from q12drv.core.nvrtc import cuda_src_dir
 
     sm = 228 * 1024
     assert gdn_wgmma.prep_flow_smem_bytes(128) == 3 * 64000 <= 227 * 1024
     assert gdn_wgmma.prep_flow_smem_bytes(128) + 1024 + gdn_wgmma.seq_smem_bytes(128, 2, uws=True) + 1024 > sm
-    # the last stage unrounded: GDN_WG_USEQ's stage (the default), UwsRec's
     assert gdn_wgmma.seq_smem_bytes(128, 2, uws=True) == 92160 + 92160 + 16 + 896 == 185232 <= 227 * 1024
-    assert gdn_wgmma.seq_smem_bytes(128, 2, uws=True, useq=False) == 83968 + 83472 + 16 + 896
     assert gdn_wgmma.uses_flow(1, 8192, 32, 128, 132) and not gdn_wgmma.uses_flow(2, 8192, 32, 128, 132)
     assert gdn_wgmma.uses_flow(2, 9000, 32, 64, 132) and not gdn_wgmma.uses_flow(1, 8192, 32, 128, 127)
     assert not gdn_wgmma.uses_flow(1, 8191, 32, 128, 132)  # 1 x 2048 measured slower in the flow form
@@ -718,8 +635,8 @@ def test_wgmma_flow_form_sizes_rule_and_launches():
     zero, launches = ops._gdn_launches("wgmma", 1, 8192, 16, 32, 128, 132)
     assert zero == (gdn_wgmma.flags_offset(1, 8192, 16, 32, 128), 4 * 128 * 16 + 16)   # the flags, the counter
     assert launches == gdn_wgmma.flow_launches(1, 8192, 16, 32, 128, 132) == (
-        ("q12_gdn_wgmma_prep_flow_d128", (68, 1, 1), (384, 1, 1), 192000, False),
-        ("q12_gdn_wgmma_seq_flow_d128", (2, 32, 1), (128, 1, 1), 185232, True))
+        ("q12_gdn_wgmma_overlapped_precompute_d128", (68, 1, 1), (384, 1, 1), 192000, False),
+        ("q12_gdn_wgmma_overlapped_sequential_d128", (2, 32, 1), (128, 1, 1), 185232, True))
     assert gdn_wgmma.flag_count(1, 8192, 16) == 128 * 16 and gdn_wgmma.flags_bytes(1, 64, 1) == 4 + 16
     for n, chunk_len, form in ((8, 2048, "wide"), (1, 2048, "pair"), (8, 2048, "pair")):
         # the rules: a full device at d 128 takes the wide form, few CTAs the pair; form= overrides them every way
@@ -730,8 +647,8 @@ def test_wgmma_flow_form_sizes_rule_and_launches():
         assert (launches[1][0] == gdn_wgmma.WIDE_ENTRY) == (form == "wide")
         zero, launches = ops._gdn_launches("wgmma", n, chunk_len, 16, 32, 128, 132, "flow")
         assert zero == (gdn_wgmma.flags_offset(n, chunk_len, 16, 32, 128), gdn_wgmma.flags_bytes(n, chunk_len, 16))
-        assert [(e, dep) for e, *_, dep in launches] == [("q12_gdn_wgmma_prep_flow_d128", False),
-                                                         ("q12_gdn_wgmma_seq_flow_d128", True)]
+        assert [(e, dep) for e, *_, dep in launches] == [("q12_gdn_wgmma_overlapped_precompute_d128", False),
+                                                         ("q12_gdn_wgmma_overlapped_sequential_d128", True)]
     assert gdn_wgmma.uses_wide(8, 32, 128, 132) and gdn_wgmma.uses_wide(5, 32, 128, 132)
     assert not gdn_wgmma.uses_wide(4, 32, 128, 132) and not gdn_wgmma.uses_wide(8, 32, 64, 132)
     assert [e for e, *_ in ops._gdn_launches("wgmma", 16, 2048, 16, 32, 64, 132)[1]] == list(gdn_wgmma.entries(64, 1))
@@ -739,7 +656,8 @@ def test_wgmma_flow_form_sizes_rule_and_launches():
     assert zero is None and [e for e, *_ in launches] == list(gdn_wgmma.entries(128, 2))
     zero, launches = ops._gdn_launches("wgmma", 8, 2048, 16, 32, 128, 132, "wide")
     assert zero is None and [(e, g, b) for e, g, b, *_ in launches] == [
-        ("q12_gdn_chunk_prep_tiles_d128", (32, 16, 8), (128, 1, 1)), ("q12_gdn_wgmma_seqw_d128", (1, 32, 8), (256, 1, 1))]
+        ("q12_gdn_wgmma_precompute_d128", (32, 16, 8), (128, 1, 1)),
+        ("q12_gdn_wgmma_sequential_wide_d128", (1, 32, 8), (256, 1, 1))]
     with pytest.raises(ValueError, match="head_dim 128 only"):
         ops.check_gdn_form("wgmma", "wide", 64)
     for algo, form, msg in (("wgmma", "fast", "form must be one of 'auto', 'pair', 'flow', 'wide'"),
@@ -750,11 +668,7 @@ def test_wgmma_flow_form_sizes_rule_and_launches():
             ops.check_gdn_form(algo, form)
     for algo in ops.GDN_ALGOS:
         ops.check_gdn_form(algo, "auto")
-    assert gdn_wgmma.entry_smem_bytes("q12_gdn_wgmma_prep_flow_d64") == 3 * gdn_chunk.prep_smem_bytes(64)
-    src = (cuda_src_dir() / gdn_wgmma.SOURCE).read_text()
-    for entry in gdn_wgmma.FLOW_ENTRIES:
-        assert f"q12_gdn_wgmma_{entry.split('_wgmma_')[1]}(" in src
-    assert "__launch_bounds__(384, 1) q12_gdn_wgmma_prep_flow_d128" in src
+    assert gdn_wgmma.entry_smem_bytes("q12_gdn_wgmma_overlapped_precompute_d64") == 3 * gdn_chunk.prep_smem_bytes(64)
 
 
 @pytest.mark.parametrize("pair,d", [("flow", 64), ("wide", 128)])

@@ -42,17 +42,17 @@ __all__ = [
 #: Kernel source file in ``cuda_src/``.
 SOURCE = "gdn/recurrent.cu"
 #: Entry points: dk = dv = 128 and dk = dv = 64.
-ENTRIES = ("q12_gdn_prefill_d128", "q12_gdn_prefill_d64")
+ENTRIES = ("q12_gdn_recurrent_d128", "q12_gdn_recurrent_d64")
 #: Threads per CTA (fixed by the kernel).
 THREADS = 128
-#: Lanes that split dk for one dv column (``GDN_LPC`` in the source).
+#: Lanes that split dk for one dv column (``recurrent_config`` in the source).
 LANES_PER_COLUMN = 8
-#: dv columns one thread owns (``GDN_CPT`` in the source).
+#: dv columns one thread owns (``recurrent_config`` in the source).
 COLS_PER_THREAD = 2
 #: dv columns one CTA owns.
 COLS_PER_CTA = THREADS // LANES_PER_COLUMN * COLS_PER_THREAD
 
-_HEAD_DIMS = {"q12_gdn_prefill_d128": 128, "q12_gdn_prefill_d64": 64}
+_HEAD_DIMS = {"q12_gdn_recurrent_d128": 128, "q12_gdn_recurrent_d64": 64}
 _L2_EPS = 1e-6
 
 
@@ -246,6 +246,7 @@ def emulate_d64(args: dict, mem, grid, block) -> None:
 
 
 #: What the emulated driver runs instead of each entry point.
-EMULATORS = {"q12_gdn_prefill_d128": emulate_d128, "q12_gdn_prefill_d64": emulate_d64}
+EMULATORS = {"q12_gdn_recurrent_d128": emulate_d128, "q12_gdn_recurrent_d64": emulate_d64}
 
-registry.register(SOURCE, ENTRIES, EMULATORS)
+registry.register(SOURCE, ENTRIES, EMULATORS,
+                  defines={"Q12_GDN_RECURRENT_THREADS": THREADS, "Q12_GDN_RECURRENT_COLUMNS": COLS_PER_CTA})

@@ -56,6 +56,7 @@ __all__ = [
     "split_stages",
     "entry_smem_bytes",
     "chunked_reference",
+    "REFERENCE_PATHS",
     "emulate_chunked",
     "touch_workspace",
     "EMULATORS",
@@ -65,9 +66,10 @@ __all__ = [
 SOURCE = "gdn/chunked_mma.cu"
 #: Entry points: the fused kernel for dk = dv = 128 and 64, then the split pair's (:func:`split_entries`), then
 #: the precompute kernels of the "wgmma" pair (:mod:`q12drv.kernels.gdn_wgmma`), records as tiles.
-ENTRIES = ("q12_gdn_chunk_d128", "q12_gdn_chunk_d64", "q12_gdn_chunk_prep_d128", "q12_gdn_chunk_prep_d64",
-           "q12_gdn_chunk_seq_d128", "q12_gdn_chunk_seq_d64", "q12_gdn_chunk_seq1_d128", "q12_gdn_chunk_seq1_d64",
-           "q12_gdn_chunk_prep_tiles_d128", "q12_gdn_chunk_prep_tiles_d64")
+ENTRIES = ("q12_gdn_mma_fused_d128", "q12_gdn_mma_fused_d64", "q12_gdn_mma_precompute_d128",
+           "q12_gdn_mma_precompute_d64", "q12_gdn_mma_sequential_2stage_d128", "q12_gdn_mma_sequential_2stage_d64",
+           "q12_gdn_mma_sequential_1stage_d128", "q12_gdn_mma_sequential_1stage_d64", "q12_gdn_wgmma_precompute_d128",
+           "q12_gdn_wgmma_precompute_d64")
 #: Record buffers of the split pair's sequential kernel: 2 (the next chunk loads while this one computes,
 #: 1 CTA/SM) or 1 (2 CTAs/SM). See :func:`split_stages`.
 SEQ_STAGES = (2, 1)
@@ -75,11 +77,11 @@ SEQ_STAGES = (2, 1)
 THREADS = 128
 #: Tokens per chunk.
 CHUNK = 64
-#: dv columns per CTA (``GDN_BV`` in the source): grid.x = dv / BV. (Narrower slices, BV 32 and 16, were
+#: dv columns per CTA (``chunked_config().slice`` in the source): grid.x = dv / BV. (Narrower slices, BV 32 and 16, were
 #: measured 2.3x and 10x slower on the H200 and removed.)
 BV = 64
 
-_HEAD_DIMS = {"q12_gdn_chunk_d128": 128, "q12_gdn_chunk_d64": 64}  # the fused entries
+_HEAD_DIMS = {"q12_gdn_mma_fused_d128": 128, "q12_gdn_mma_fused_d64": 64}  # the fused entries
 
 
 def entry_name(head_dim: int) -> str:
@@ -96,7 +98,7 @@ def split_entries(head_dim: int, stages: int = 2) -> tuple[str, str]:
     entry_name(head_dim)
     if stages not in SEQ_STAGES:
         raise ValueError(f"stages must be one of {SEQ_STAGES}, got {stages!r}")
-    return f"q12_gdn_chunk_prep_d{head_dim}", f"q12_gdn_chunk_seq{'' if stages == 2 else stages}_d{head_dim}"
+    return f"q12_gdn_mma_precompute_d{head_dim}", f"q12_gdn_mma_sequential_{stages}stage_d{head_dim}"
 
 
 def k_record_bytes(head_dim: int) -> int:
@@ -156,7 +158,7 @@ def tile_prep_entry(head_dim: int) -> str:
     """The precompute entry of the "wgmma" pair for ``dk = dv = head_dim``: the split pair's kernel writing the
     "wgmma" pair's records (``gdnc::TileVRec``, swizzled tiles; no K records)."""
     entry_name(head_dim)
-    return f"q12_gdn_chunk_prep_tiles_d{head_dim}"
+    return f"q12_gdn_wgmma_precompute_d{head_dim}"
 
 
 def split_stages(n: int, num_v_heads: int, head_dim: int, num_sms: int) -> int:
@@ -232,44 +234,36 @@ def _block_solve(R, Aoff, Dinv):
     return X
 
 
-def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int = CHUNK, s_hilo: bool = False,
-                      update_split: bool = True, t_product: bool = False, o_lo: bool | None = None,
-                      u_minus_ws: str | None = None):
-    """The kernel's algorithm in numpy, with its rounding points (bf16 casts where it casts).
+#: The numerics of the shipped chunked paths (:func:`chunked_reference`'s ``path``): ``"mma"`` (the fused kernel and
+#: the split pair: one set of bits), ``"wgmma"`` (the wgmma pair's T product) and ``"overlapped"`` (the wgmma pair's
+#: flow form, fla-core's order ``V_new = U - W S``).
+REFERENCE_PATHS = ("mma", "wgmma", "overlapped")
 
-    Arguments and results as :func:`q12drv.kernels.gdn.reference`. Products of bf16 operands are
-    summed in float64 then rounded to fp32 (the tensor cores accumulate in fp32; the order
-    differs, which is below the bf16 rounding this model is about). The solve's intermediates and
-    V_new always enter the mma as bf16 hi + lo pairs (``x = bf16(x) + bf16(x - bf16(x))``).
-    ``s_hilo`` models ``GDN_S_HILO`` (default 0): S enters ``K S`` and ``Q S`` as a hi + lo pair
-    instead of one bf16. ``update_split`` models ``GDN_UPD_SPLIT`` (default 1): the state update
-    ``K^T V_new`` uses hi + lo pairs of both K (the fp32 normalised rows) and V_new, three
-    products (hi hi, lo hi, hi lo); without it, bf16 K and a hi + lo V_new.
-    ``t_product`` models the "wgmma" pair (:mod:`q12drv.kernels.gdn_wgmma`): T = (I + A)^-1 is the block solve
-    applied to the identity, rounded to bf16 once, and ``V_new = T_hi (R_hi + R_lo)`` (the kernel; a T lo
-    product, the former ``GDN_WG_TLO 1``, measured no more accurate on the H200 and was removed with its 8 KiB a
-    record); and the state's products take the raw bf16 k and q rows, each product's token scaled after it by the
-    row's fp32 scale (``1 / |k|``, ``dk^-1/2 / |q|``, folded with exp(gamma) or exp(gamma_C - gamma)), so the
-    update is ``k^T (Vd_hi + Vd_lo)`` with an exact k (``update_split`` does not apply); A and P come from the
-    products of the raw rows as well, each element scaled by its rows' scales (the other kernels: from the rounded
-    normalised rows).
-    ``o_lo`` models ``GDN_WG_OLO``: O's product ``P V_new`` takes V_new as a hi + lo pair (True) or its bf16 hi
-    alone (False); default: hi + lo for the block-solve kernels, hi alone with ``t_product`` (the wgmma pair's
-    default build, ``GDN_WG_OLO 0``).
-    ``u_minus_ws`` (with ``t_product``) models fla-core's order of the same algebra, ``V_new = U - W S`` with
-    ``U = T diag(beta) V`` and ``W = T diag(beta EK) k`` kept as records: each product takes its scaled T, formed
-    from the fp32 T, as a bf16 hi + lo pair and the exact bf16 V or raw k rows, fp32 sums (in numpy, session 10:
-    the one bf16 T with the scaled operand as a pair is as accurate; a scaled T or a scaled operand rounded to one
-    bf16 gave 8-24x the state error, the two products' roundings no longer cancelling in U - W S). ``"hilo"``
-    stores U as a bf16 hi + lo pair, ``"bf16"`` as one bf16, ``"fp32"`` in fp32 with ``T diag(beta EK)``'s pair
-    formed from ``T diag(beta)``'s pair times EK: the wgmma pair's flow form (``GDN_WG_UWS 1``,
-    :mod:`q12drv.kernels.gdn_wgmma`); W is bf16 and S enters ``W S`` as bf16 every way. A sequential kernel in
-    this order has one product group fewer on its chain.
+
+def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, path: str = "mma", chunk: int = CHUNK):
+    """The chunked kernels' algorithm in numpy, with their rounding points (bf16 casts where they cast).
+
+    Arguments and results as :func:`q12drv.kernels.gdn.reference`. Products of bf16 operands are summed in float64
+    then rounded to fp32 (the tensor cores accumulate in fp32; the order differs, which is below the bf16 rounding
+    this model is about). ``path`` (:data:`REFERENCE_PATHS`) names the shipped numerics:
+
+    * ``"mma"``: the solve's intermediates and V_new enter the mma as bf16 hi + lo pairs
+      (``x = bf16(x) + bf16(x - bf16(x))``), S enters ``K S`` and ``Q S`` as one bf16, and the state update
+      ``K^T V_new`` takes hi + lo pairs of both K (the fp32 normalised rows) and V_new (three products);
+    * ``"wgmma"``: T = (I + A)^-1 is the block solve applied to the identity, rounded to bf16 once, and
+      ``V_new = T_hi (R_hi + R_lo)``; the state's products take the raw bf16 k and q rows, each product's token
+      scaled after it by the row's fp32 scale (``1 / |k|``, ``dk^-1/2 / |q|``, folded with exp(gamma) or
+      exp(gamma_C - gamma)), so the update is ``k^T (Vd_hi + Vd_lo)`` with an exact k; A and P come from the
+      products of the raw rows as well, each element scaled by its rows' scales; O's product takes V_new's bf16 hi;
+    * ``"overlapped"``: ``"wgmma"``'s operands in fla-core's order ``V_new = U - W S`` with ``U = T diag(beta) V``
+      and ``W = T diag(beta EK) k``: each product takes its scaled T, formed from the fp32 T, as a bf16 hi + lo
+      pair and the exact bf16 V or raw k rows, fp32 sums; U stays fp32, W is rounded to bf16, S enters ``W S`` as
+      bf16.
     """
-    if u_minus_ws not in (None, "hilo", "bf16", "fp32"):
-        raise ValueError(f"u_minus_ws must be None, 'hilo', 'bf16' or 'fp32', got {u_minus_ws!r}")
-    if u_minus_ws and not t_product:
-        raise ValueError("u_minus_ws models the wgmma pair's records: it needs t_product=True")
+    if path not in REFERENCE_PATHS:
+        raise ValueError(f"path must be one of {', '.join(map(repr, REFERENCE_PATHS))}, got {path!r}")
+    t_product = path != "mma"
+    o_lo = not t_product
     T, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
     if hv % hk:
@@ -280,8 +274,6 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
     n = cu.shape[0] - 1
     if initial_state.shape != (n, hv, dk, dv):
         raise ValueError(f"initial_state must be {(n, hv, dk, dv)}, got {initial_state.shape}")
-    if o_lo is None:
-        o_lo = not t_product
     kmap = np.arange(hv) // (hv // hk)
     qscale = np.float32(1.0 / np.sqrt(np.float32(dk)))
     o = np.zeros((T, hv, dv), np.float32)
@@ -335,7 +327,7 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
                 sl = slice(16 * i, 16 * i + 16)
                 D = Afull[:, sl, sl].astype(np.float32) + np.eye(16, dtype=np.float32)
                 Dinv[:, sl, sl] = round_to_bf16(_f32(np.linalg.inv(D.astype(np.float64))))
-            Ssplit = _split(S, s_hilo)
+            Ssplit = _split(S, False)
             eg = np.exp(gam).astype(np.float32)
             egC = np.exp(gam[:, -1]).astype(np.float32)
             wdec = np.exp(_f32(gam[:, -1:] - gam)).astype(np.float32)  # [Hv, C]
@@ -351,15 +343,10 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
             if t_product:
                 Tm = _block_solve(np.broadcast_to(np.eye(C, dtype=np.float32), (hv, C, C)), Aoff, Dinv)
                 Thi = round_to_bf16(Tm).astype(np.float64)
-                if u_minus_ws:  # the records U, W from the precompute; the chain's product is W S alone
-                    # T diag(beta) and T diag(beta EK) from the fp32 T as hi + lo pairs; V and the raw k exact
+                if path == "overlapped":  # U, W from T's scaled columns; the chain's product is W S alone
                     Tu = _split(_f32(Tm * bt[:, None, :]), True)
-                    if u_minus_ws == "fp32":  # the flow precompute: T diag(beta)'s pair rescaled in place by EK
-                        Tw = _split(_f32(_f32(Tu) * ek[:, None, :]), True)
-                        U = _f32(Tu @ V).astype(np.float64)
-                    else:
-                        Tw = _split(_f32(Tm * _f32(bt * ek)[:, None, :]), True)
-                        U = _split(_f32(Tu @ V), u_minus_ws == "hilo")
+                    Tw = _split(_f32(Tm * _f32(bt * ek)[:, None, :]), True)
+                    U = _f32(Tu @ V).astype(np.float64)
                     W = round_to_bf16(_f32(Tw @ Kraw)).astype(np.float64)
                     X = _f32(U - _f32(W @ Ssplit))
                 else:
@@ -369,7 +356,7 @@ def chunked_reference(q, k, v, g, beta, cu_seqlens, initial_state, *, chunk: int
             Xs = _split(X, o_lo)
             O = _f32(eq[:, :, None] * QS + _f32(P @ Xs))
             Xd = _split(_f32(X * wk[:, :, None]), True)
-            Ku = Kraw if t_product else Kx if update_split else K
+            Ku = Kraw if t_product else Kx
             S = _f32(egC[:, None, None] * S + _f32(Ku.transpose(0, 2, 1) @ Xd))
             o[c0:c0 + L] = O[:, :L].transpose(1, 0, 2)
         final[b] = S
@@ -433,9 +420,20 @@ def _emulate_seq(head_dim: int):
 
 
 #: What the emulated driver runs instead of each entry point.
-EMULATORS = {"q12_gdn_chunk_d128": emulate_d128, "q12_gdn_chunk_d64": emulate_d64,
+EMULATORS = {"q12_gdn_mma_fused_d128": emulate_d128, "q12_gdn_mma_fused_d64": emulate_d64,
              **{split_entries(d)[0]: _emulate_prep(d) for d in (128, 64)},
              **{tile_prep_entry(d): _emulate_prep(d, tiles=True) for d in (128, 64)},
              **{split_entries(d, st)[1]: _emulate_seq(d) for d in (128, 64) for st in SEQ_STAGES}}
 
-registry.register(SOURCE, ENTRIES, EMULATORS)
+def contract_defines() -> tuple[str, ...]:
+    """The host's numbers ``gdn/chunked_mma.cu`` checks at compile time."""
+    return (f"Q12_GDN_CHUNK={CHUNK}", f"Q12_GDN_SLICE={BV}", f"Q12_GDN_THREADS={THREADS}",
+            *(f"Q12_GDN_MMA_FUSED_SMEM_D{d}={smem_bytes(d)}" for d in (128, 64)),
+            *(f"Q12_GDN_PRECOMPUTE_SMEM_D{d}={prep_smem_bytes(d)}" for d in (128, 64)),
+            *(f"Q12_GDN_MMA_SEQUENTIAL_SMEM_{st}STAGE_D{d}={seq_smem_bytes(d, st)}" for st in (2, 1) for d in (128, 64)),
+            *(f"Q12_GDN_MMA_KREC_D{d}={k_record_bytes(d)}" for d in (128, 64)),
+            f"Q12_GDN_MMA_VREC={v_record_bytes()}", f"Q12_GDN_TREC={tile_v_record_bytes()}")
+
+
+registry.register(SOURCE, ENTRIES, EMULATORS,
+                  defines={k: int(v) for k, v in (d.split("=") for d in contract_defines())})

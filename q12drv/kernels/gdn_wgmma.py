@@ -21,8 +21,8 @@ free, each group claiming the next item, chunk-major, from the counter) and ``q1
 launched with programmatic stream serialization, so that the precompute runs beside the sequential kernel; a
 chunk's records, and the chunk's k and q tiles the precompute stored beside them, are copied once their item's
 ready flag is set (``cuda_src/gdn_wgmma.cu``, "the flow form"). Its records are fla-core's order of the same algebra
-(``GDN_WG_UWS 1``, :func:`flow_record_bytes`): ``T diag(beta)`` and ``-W = -T diag(beta EK) k`` from the
-precompute (:data:`FLOW_USEQ`), so that the sequential kernel's chain per chunk is ``V_new^T = V^T (T
+(:func:`flow_record_bytes`): ``T diag(beta)`` and ``-W = -T diag(beta EK) k`` from the
+precompute, so that the sequential kernel's chain per chunk is ``V_new^T = V^T (T
 diag(beta))^T + S^T (-W)^T`` in one accumulator, its first product independent of the state (R's epilogue and
 a product group fewer than the two-launch pair's chain); its results are not the two-launch pair's bits
 (``chunked_reference(t_product=True, u_minus_ws="fp32")`` models them), and batched == alone holds.
@@ -36,7 +36,7 @@ longest streams start first (``gdnw::longest_first``): the order changes no resu
 
 Numerics are the split pair's up to the solve and the raw rows: :func:`q12drv.kernels.gdn_chunk.chunked_reference`
 with ``t_product=True`` models the pair (its error against the float64 reference is at or below the split pair's,
-measured in numpy: output ~3.6e-3 (3.4e-3 with O's product from V_new hi + lo, ``GDN_WG_OLO 1``), final state
+measured in numpy: output ~3.6e-3, final state
 ~1.2e-4 at d 128). The results are not the fused kernel's bits;
 batched == alone holds bit for bit (a CTA never mixes streams).
 """
@@ -67,7 +67,6 @@ __all__ = [
     "flow_record_offsets",
     "sw128_offset",
     "sw128_unswizzle",
-    "FLOW_USEQ",
     "FLOW_VH_CHUNKS",
     "flow_items",
     "flow_ready_value",
@@ -102,16 +101,16 @@ HEAD_DIMS = (128, 64)
 #: Stages of the sequential kernel: 2 (the next chunk loads while this one computes, 1 CTA/SM) or 1 (2 CTAs/SM).
 STAGES = (2, 1)
 #: Sequential entries of the two-launch pair, by head dim then stages.
-SEQ_ENTRIES = tuple(f"q12_gdn_wgmma_seq{'' if st == 2 else st}_d{d}" for d in HEAD_DIMS for st in STAGES)
+SEQ_ENTRIES = tuple(f"q12_gdn_wgmma_sequential_{st}stage_d{d}" for d in HEAD_DIMS for st in STAGES)
 #: Threads per CTA of both kernels (one warpgroup).
 THREADS = 128
 #: The flow form's entries (:func:`flow_entries`), by head dim: precompute, then sequential.
-FLOW_ENTRIES = tuple(f"q12_gdn_wgmma_{k}_flow_d{d}" for d in HEAD_DIMS for k in ("prep", "seq"))
+FLOW_ENTRIES = tuple(f"q12_gdn_wgmma_overlapped_{k}_d{d}" for d in HEAD_DIMS for k in ("precompute", "sequential"))
 #: Threads of a flow precompute CTA: three groups of 128, each working one item at a time.
 PREP_FLOW_THREADS = 3 * THREADS
 #: The wide form's sequential entry (``ops.gdn(..., form="wide")``, d 128 only): one CTA of two warpgroups per
 #: (stream, value head), each warpgroup one 64-column dv slice, the chunk's k and q tiles and V record shared.
-WIDE_ENTRY = "q12_gdn_wgmma_seqw_d128"
+WIDE_ENTRY = "q12_gdn_wgmma_sequential_wide_d128"
 #: Threads of a wide CTA.
 WIDE_THREADS = 2 * THREADS
 #: Every entry of ``gdn/chunked_wgmma.cu``: the two-launch pair's sequential kernels, the flow form's two, the wide one.
@@ -122,7 +121,7 @@ def entry_name(head_dim: int) -> str:
     """The sequential entry (two stages) for ``dk = dv = head_dim``; raises ValueError for other head dims."""
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"the wgmma Gated DeltaNet pair has kernels for head_dim 64 and 128, not {head_dim}")
-    return f"q12_gdn_wgmma_seq_d{head_dim}"
+    return f"q12_gdn_wgmma_sequential_2stage_d{head_dim}"
 
 
 def entries(head_dim: int, stages: int = 2) -> tuple[str, str]:
@@ -130,69 +129,45 @@ def entries(head_dim: int, stages: int = 2) -> tuple[str, str]:
     entry_name(head_dim)
     if stages not in STAGES:
         raise ValueError(f"stages must be one of {STAGES}, got {stages!r}")
-    return _gdnc.tile_prep_entry(head_dim), f"q12_gdn_wgmma_seq{'' if stages == 2 else stages}_d{head_dim}"
+    return _gdnc.tile_prep_entry(head_dim), f"q12_gdn_wgmma_sequential_{stages}stage_d{head_dim}"
 
 
 _SLICE = 2 * _gdnc.CHUNK * (_gdnc.BV + 8)   # a [64][72] bf16 V or O slice
-_U_SLICE = 4 * _gdnc.CHUNK * _gdnc.BV       # a 64-column slice of U^T, fp32
 
 
-#: The flow form's U product: True (``GDN_WG_USEQ 1``, gdn/chunked_wgmma.cu's default) in the sequential kernel, the record
-#: carrying T diag(beta); False (a ``GDN_WG_USEQ=0`` build) in the precompute, U in the record. The ``useq``
-#: parameters below default to it (``None``).
-FLOW_USEQ = True
-
-#: The flow precompute's items (``GDN_WG_FLOW_VH 1``, ``GDN_WG_FLOW_VH_FIRST 8``, gdn/chunked_wgmma.cu's defaults): one per
-#: (stream, chunk, value head) in the first ``FLOW_VH_CHUNKS`` chunks, where the sequential kernel waits for the
-#: first records, one per (stream, chunk, key head) after them. 0: key-head items throughout (a
-#: ``GDN_WG_FLOW_VH=0`` build). The ``vh_chunks`` parameters below default to it (``None``).
+#: The flow precompute's items: one per (stream, chunk, value head) in each stream's first ``FLOW_VH_CHUNKS``
+#: chunks, where the sequential kernel waits for the first records, one per (stream, chunk, key head) after them.
 FLOW_VH_CHUNKS = 8
 
 
-def _vh_chunks(vh_chunks) -> int:
-    v = FLOW_VH_CHUNKS if vh_chunks is None else int(vh_chunks)
-    if v < 0:
-        raise ValueError(f"vh_chunks must be >= 0 (the chunks with value-head items), got {vh_chunks!r}")
-    return v
-
-
-def flow_items(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, vh_chunks: int | None = None) -> int:
+def flow_items(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int) -> int:
     """Items the flow precompute's groups claim for ``n`` streams of at most ``chunk_len`` tokens
-    (:data:`FLOW_VH_CHUNKS`): ``n * num_v_heads`` a chunk in the first ``vh_chunks`` chunks, ``n * num_k_heads`` a
+    (:data:`FLOW_VH_CHUNKS`): ``n * num_v_heads`` a chunk in the first ``FLOW_VH_CHUNKS`` chunks, ``n * num_k_heads`` a
     chunk after them; the items past a stream's end are claimed and skipped. Its item counter ends at this plus
     one claim a group (each group claims until it gets none)."""
     chunks = -(-chunk_len // _gdnc.CHUNK)
-    first = min(chunks, _vh_chunks(vh_chunks))
+    first = min(chunks, FLOW_VH_CHUNKS)
     return n * (first * num_v_heads + (chunks - first) * num_k_heads)
 
 
-def flow_ready_value(num_k_heads: int, num_v_heads: int, vh_chunks: int | None = None) -> int:
-    """A flow ready flag's value once every record of its (stream, chunk, key head) is stored: with value-head
-    items (:data:`FLOW_VH_CHUNKS` > 0) each item adds 1 and a later chunk's key-head item adds its
-    ``num_v_heads // num_k_heads`` value heads at once, so every flag ends at that count; else 1."""
-    return num_v_heads // num_k_heads if _vh_chunks(vh_chunks) > 0 else 1
+def flow_ready_value(num_k_heads: int, num_v_heads: int) -> int:
+    """A flow ready flag's value once every record of its (stream, chunk, key head) is stored: each value-head item
+    adds 1 and a later chunk's key-head item adds its ``num_v_heads // num_k_heads`` value heads at once."""
+    return num_v_heads // num_k_heads
 
 
-def _useq(useq) -> bool:
-    return FLOW_USEQ if useq is None else bool(useq)
-
-
-def flow_record_offsets(head_dim: int, useq: bool | None = None) -> dict:
-    """Byte offsets of a flow record's fields (``gdnc::UwsRec<dk, dv>``, dk = dv = ``head_dim``): ``"W"`` (a
+def flow_record_offsets(head_dim: int) -> dict:
+    """Byte offsets of a flow record's fields (``gdnw::OverlapRec<dk>``, dk = dv = ``head_dim``): ``"W"`` (-W, a
     ``[64][dk]`` bf16 tile), ``"P"`` (``[64 t][64 j]`` bf16, both tiles 128-byte swizzled as the sequential
     kernel's stage holds them: row r's 16-byte piece c at ``r * 128 + ((c ^ r % 8) << 4)`` within each 64-column
-    atom of 8 KiB), ``"EQ"`` and ``"WK"`` (``[64]`` fp32), ``"EGC"`` (exp(gamma_C), then 12 zero bytes),
-    ``"U"`` (U^T's 64-column dv slices, fp32) and ``"END"`` (:func:`flow_record_bytes`). ``useq``: ``"TB"``
-    (T diag(beta) as bf16 hi and lo ``[64 j][64 t]`` swizzled tiles) in place of ``"U"``, W stored negated."""
+    atom of 8 KiB), ``"EQ"`` and ``"WK"`` (``[64]`` fp32), ``"EGC"`` (exp(gamma_C), then 12 zero bytes), ``"TB"``
+    (T diag(beta) as bf16 hi and lo ``[64 j][64 t]`` swizzled tiles) and ``"END"`` (:func:`flow_record_bytes`)."""
     entry_name(head_dim)
     c = _gdnc.CHUNK
     p = 2 * c * head_dim
     eq = p + 2 * c * c
-    u = eq + 2 * 4 * c + 16
-    out = {"W": 0, "P": p, "EQ": eq, "WK": eq + 4 * c, "EGC": eq + 8 * c}
-    if _useq(useq):
-        return {**out, "TB": u, "END": u + 2 * 2 * c * c}
-    return {**out, "U": u, "END": u + head_dim // _gdnc.BV * _U_SLICE}
+    tb = eq + 2 * 4 * c + 16
+    return {"W": 0, "P": p, "EQ": eq, "WK": eq + 4 * c, "EGC": eq + 8 * c, "TB": tb, "END": tb + 2 * 2 * c * c}
 
 
 def sw128_offset(row, piece):
@@ -216,39 +191,33 @@ def sw128_unswizzle(raw, cols: int):
 
 
 def _flow_record_common(head_dim: int) -> int:
-    """``gdnc::UwsRec::COMMON``: W, P, EQ, WK, exp(gamma_C) and 12 zero bytes (:func:`flow_record_offsets`)."""
-    return flow_record_offsets(head_dim, False)["U"]
+    """``gdnw::OverlapRec::COMMON``: -W, P, EQ, WK, exp(gamma_C) and 12 zero bytes (:func:`flow_record_offsets`)."""
+    return flow_record_offsets(head_dim)["TB"]
 
 
-def flow_record_bytes(head_dim: int, useq: bool | None = None) -> int:
-    """Bytes of one flow-form record per (stream, value head, 64-token chunk) (``gdnw::FlowRec<dk, dv>``, dk = dv
-    = ``head_dim``): W, P, EQ, WK, exp(gamma_C) (one bulk copy), then (``useq``, the default: :data:`FLOW_USEQ`)
-    T diag(beta) as bf16 hi and lo tiles (a second bulk copy): 41,488 B at 128, 2.4x the two-launch pair's
-    record; or (``useq=False``, ``gdnc::UwsRec``) U^T per 64-column dv slice in fp32, in the sequential kernel's
-    accumulator order (the CTA's slice): 57,872 B at 128."""
-    return flow_record_offsets(head_dim, useq)["END"]
+def flow_record_bytes(head_dim: int) -> int:
+    """Bytes of one flow-form record per (stream, value head, 64-token chunk) (``gdnw::OverlapRec<dk>``, dk = dv =
+    ``head_dim``): -W, P, EQ, WK, exp(gamma_C) (one bulk copy), then T diag(beta) as bf16 hi and lo tiles (a second
+    bulk copy): 41,488 B at 128, 2.4x the two-launch pair's record."""
+    return flow_record_offsets(head_dim)["END"]
 
 
-def stage_bytes(head_dim: int, wgs: int = 1, uws: bool = False, useq: bool | None = None) -> int:
+def stage_bytes(head_dim: int, wgs: int = 1, uws: bool = False) -> int:
     """Bytes of one stage of the sequential kernel (``gdnw::Stage<dk, wgs, uws>``): the chunk's raw k and q rows
     (two ``[64][dk]`` bf16 swizzled tiles), the V record (:func:`q12drv.kernels.gdn_chunk.tile_v_record_bytes`),
     then per warpgroup (``wgs``: 2 for the wide form) a V slice and an O slice, each ``[64][72]`` bf16 (chunk c's o
     rows leave from the O slice during chunk c + 1's first products), rounded up to 1 KiB (the tiles' alignment).
-    ``uws`` (the flow form): the flow record's common part and the CTA's U slice (:func:`flow_record_bytes`) in
-    place of the V record and the V slice; ``useq`` (with ``uws``: a ``GDN_WG_USEQ=1`` build) T diag(beta)'s hi
-    and lo tiles and the CTA's V slice (swizzled, 8 KiB each, from the next 1 KiB) in place of the U slice (default:
-    :data:`FLOW_USEQ`)."""
-    return -(-_stage_raw(head_dim, wgs, uws, useq) // 1024) * 1024
+    ``uws`` (the flow form): the flow record's common part, then (from the next 1 KiB) T diag(beta)'s hi and lo tiles
+    and the CTA's V slice (swizzled, 8 KiB each) and its O slice."""
+    return -(-_stage_raw(head_dim, wgs, uws) // 1024) * 1024
 
 
-def _stage_raw(head_dim: int, wgs: int, uws: bool, useq: bool | None = None) -> int:
+def _stage_raw(head_dim: int, wgs: int, uws: bool) -> int:
     """``gdnw::Stage::RAW``: a stage's bytes before :func:`stage_bytes` rounds them up to the next stage's 1 KiB."""
     tiles = 2 * 2 * _gdnc.CHUNK * head_dim
-    if uws and _useq(useq):
+    if uws:
         tile = 2 * _gdnc.CHUNK * _gdnc.BV
         return -(-(tiles + _flow_record_common(head_dim)) // 1024) * 1024 + 3 * tile + _SLICE
-    if uws:
-        return tiles + _flow_record_common(head_dim) + _U_SLICE + _SLICE
     return tiles + _gdnc.tile_v_record_bytes() + wgs * 2 * _SLICE
 
 
@@ -256,13 +225,11 @@ def _stage_raw(head_dim: int, wgs: int, uws: bool, useq: bool | None = None) -> 
 _ALIGN_SLACK = 1024 - 128
 
 
-def seq_smem_bytes(head_dim: int, stages: int = 2, wgs: int = 1, uws: bool = False,
-                   useq: bool | None = None) -> int:
+def seq_smem_bytes(head_dim: int, stages: int = 2, wgs: int = 1, uws: bool = False) -> int:
     """Dynamic shared memory of the sequential kernel: ``stages - 1`` stages at their 1 KiB stride, the last one's
     own bytes, one 8-byte mbarrier a stage (padded to 16 bytes), and the slack that puts the first stage on 1024
-    bytes (the flow form's kernel checks it and traps where it falls short; d 128: 185,232 B, 168,352 with
-    ``useq=False``)."""
-    return ((stages - 1) * stage_bytes(head_dim, wgs, uws, useq) + _stage_raw(head_dim, wgs, uws, useq)
+    bytes (the flow form's kernel checks it and traps where it falls short; d 128: 185,232 B)."""
+    return ((stages - 1) * stage_bytes(head_dim, wgs, uws) + _stage_raw(head_dim, wgs, uws)
             + 16 * (-(-stages // 2)) + _ALIGN_SLACK)
 
 
@@ -328,7 +295,7 @@ def flags_bytes(n: int, chunk_len: int, num_k_heads: int) -> int:
 
 
 def kq_offset(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_dim: int) -> int:
-    """Byte offset of the flow form's k and q tiles (``gdnc::kqrec_at``; ``GDN_WG_KQREC 1``, the default): the first
+    """Byte offset of the flow form's k and q tiles (``gdnw::kq_at``): the first
     128-byte boundary after the flags and the item counter (:func:`flags_bytes`)."""
     end = flags_offset(n, chunk_len, num_k_heads, num_v_heads, head_dim) + flags_bytes(n, chunk_len, num_k_heads)
     return -(-end // 128) * 128
@@ -356,7 +323,7 @@ def geometry(n: int, chunk_len: int, num_k_heads: int, num_v_heads: int, head_di
 def flow_entries(head_dim: int) -> tuple[str, str]:
     """``(precompute entry, sequential entry)`` of the flow form for ``dk = dv = head_dim``."""
     entry_name(head_dim)
-    return f"q12_gdn_wgmma_prep_flow_d{head_dim}", f"q12_gdn_wgmma_seq_flow_d{head_dim}"
+    return f"q12_gdn_wgmma_overlapped_precompute_d{head_dim}", f"q12_gdn_wgmma_overlapped_sequential_d{head_dim}"
 
 
 def prep_flow_smem_bytes(head_dim: int) -> int:
@@ -499,4 +466,17 @@ EMULATORS = {**{entries(d, st)[1]: _emulate_seq(d) for d in HEAD_DIMS for st in 
              **{flow_entries(d)[1]: _emulate_seq_flow(d) for d in HEAD_DIMS},
              WIDE_ENTRY: _emulate_wide}
 
-registry.register(SOURCE, ENTRIES, EMULATORS)
+def contract_defines() -> tuple[str, ...]:
+    """The host's numbers ``gdn/chunked_wgmma.cu`` checks at compile time."""
+    return (f"Q12_GDN_CHUNK={_gdnc.CHUNK}", f"Q12_GDN_SLICE={_gdnc.BV}", f"Q12_GDN_THREADS={THREADS}",
+            *(f"Q12_GDN_WGMMA_SEQUENTIAL_SMEM_{st}STAGE_D{d}={seq_smem_bytes(d, st)}" for st in (2, 1) for d in (128, 64)),
+            f"Q12_GDN_WGMMA_SEQUENTIAL_SMEM_WIDE_D128={seq_smem_bytes(128, 2, 2)}",
+            *(f"Q12_GDN_OVERLAP_SEQUENTIAL_SMEM_D{d}={seq_smem_bytes(d, 2, uws=True)}" for d in (128, 64)),
+            *(f"Q12_GDN_OVERLAP_PRECOMPUTE_SMEM_D{d}={prep_flow_smem_bytes(d)}" for d in (128, 64)),
+            *(f"Q12_GDN_OVERLAP_REC_D{d}={flow_record_bytes(d)}" for d in (128, 64)),
+            f"Q12_GDN_TREC={_gdnc.tile_v_record_bytes()}", f"Q12_GDN_OVERLAP_GROUPS={PREP_FLOW_THREADS // THREADS}",
+            f"Q12_GDN_OVERLAP_VH_CHUNKS={FLOW_VH_CHUNKS}", f"Q12_GDN_WIDE_WARPGROUPS={WIDE_THREADS // THREADS}")
+
+
+registry.register(SOURCE, ENTRIES, EMULATORS,
+                  defines={k: int(v) for k, v in (d.split("=") for d in contract_defines())})

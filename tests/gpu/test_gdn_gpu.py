@@ -16,7 +16,8 @@ import pytest
 
 from q12drv.core.bf16 import from_bf16_bits, to_bf16_bits
 from q12drv.kernels import gdn
-from q12drv.kernels.meta import Q12MetaC, meta_defines
+from q12drv.kernels.meta import Q12MetaC
+from q12drv.kernels.registry import compile_defines
 from tests.helpers import rel_err, shuffled_tables
 
 pytestmark = pytest.mark.gpu
@@ -83,7 +84,7 @@ def kernels():
     dev = _check(cu.cuDeviceGet(torch.cuda.current_device()))
     ctx = _check(cu.cuDevicePrimaryCtxRetain(dev))
     _check(cu.cuCtxSetCurrent(ctx))
-    img = compile_source(gdn.SOURCE, defines=meta_defines())
+    img = compile_source(gdn.SOURCE, defines=compile_defines(gdn.SOURCE))
     mod = _check(cu.cuModuleLoadData(img.image))
     funcs = {name: _check(cu.cuModuleGetFunction(mod, name.encode())) for name in gdn.ENTRIES}
     yield torch, funcs
@@ -172,7 +173,7 @@ def run_gpu(torch, funcs, inputs, hk, hv, d, rng):
     grid, block, smem = gdn.geometry(n, hv, d)
     values = [meta, ctypes.c_uint64(ptrs.ptr)]
     values += [ctypes.c_uint64(b.ptr) for b in bufs] + [ctypes.c_uint64(o.ptr)]
-    values += [ctypes.c_int(hk), ctypes.c_int(hv)]
+    values += [ctypes.c_int(hk), ctypes.c_int(hv), ctypes.c_uint64(0)]   # no workspace
     torch.cuda.synchronize()
     launch(funcs, gdn.entry_name(d), grid, block, smem, values)
     torch.cuda.synchronize()
@@ -227,15 +228,15 @@ from q12drv.kernels import gdn_chunk, gdn_wgmma  # noqa: E402
 CHUNK_O_REL, CHUNK_STATE_REL = 1e-2, 1e-3   # numpy model of the kernel: ~3.7e-3 and ~3e-4
 
 
-def load_chunk_module(defines=(), source=gdn_chunk.SOURCE):
-    """Compile gdn/chunked_mma.cu (or gdn/chunked_wgmma.cu; extra ``defines``: their GDN_* variant macros), load it, opt in
-    to its entries' dynamic shared memory; returns (module, {entry: CUfunction})."""
+def load_chunk_module(source=gdn_chunk.SOURCE):
+    """Compile gdn/chunked_mma.cu (or gdn/chunked_wgmma.cu), load it, opt in to its entries' dynamic shared memory;
+    returns (module, {entry: CUfunction})."""
     from cuda.bindings import driver as cu
 
     from q12drv.core.nvrtc import compile_source
 
     mod_info = gdn_chunk if source == gdn_chunk.SOURCE else gdn_wgmma
-    img = compile_source(source, defines=[*meta_defines(), *defines])
+    img = compile_source(source, defines=compile_defines(source))
     mod = _check(cu.cuModuleLoadData(img.image))
     funcs = {}
     attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -322,7 +323,7 @@ def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=0, pair="split", p
             launch(funcs, entry, grid, block, smem, values, dependent=i == 1 and (pair != "split" and pdl))
     else:
         grid, block, smem = gdn_chunk.geometry(n, hv, d)
-        launch(funcs, gdn_chunk.entry_name(d), grid, block, smem, values)
+        launch(funcs, gdn_chunk.entry_name(d), grid, block, smem, values + [ctypes.c_uint64(0)])   # no workspace
     torch.cuda.synchronize()
     out = o.read(np.uint16, (max(T, 1), hv, d))[:T]
     fin = np.stack([s.read(np.float32, (hv, d, d)) for s in states])
@@ -607,12 +608,8 @@ def test_gdn_chunk_agrees_with_recurrent(chunk_kernels, d):
     assert rel_err(fin_c, fin_r) < CHUNK_STATE_REL
 
 
-def _bench(lpc=gdn.LANES_PER_COLUMN, cpt=gdn.COLS_PER_THREAD):
-    """Rough timings (CUDA events), printed; Qwen3-Next heads (Hk 16, Hv 32, d 128).
-
-    ``lpc`` / ``cpt`` recompile with other ``GDN_LPC`` (lanes per dv column) and ``GDN_CPT``
-    (dv columns per thread) to compare variants.
-    """
+def _bench():
+    """Rough timings of the recurrent kernel (CUDA events), printed; Qwen3-Next heads (Hk 16, Hv 32, d 128)."""
     import torch
     from cuda.bindings import driver as cu
 
@@ -622,7 +619,7 @@ def _bench(lpc=gdn.LANES_PER_COLUMN, cpt=gdn.COLS_PER_THREAD):
     _check(cu.cuInit(0))
     ctx = _check(cu.cuDevicePrimaryCtxRetain(_check(cu.cuDeviceGet(0))))
     _check(cu.cuCtxSetCurrent(ctx))
-    mod = _check(cu.cuModuleLoadData(compile_source(gdn.SOURCE, defines=[*meta_defines(), f"GDN_LPC={lpc}", f"GDN_CPT={cpt}"]).image))
+    mod = _check(cu.cuModuleLoadData(compile_source(gdn.SOURCE, defines=compile_defines(gdn.SOURCE)).image))
     funcs = {nm: _check(cu.cuModuleGetFunction(mod, nm.encode())) for nm in gdn.ENTRIES}
     hk, hv, d = 16, 32, 128
     import os
@@ -645,7 +642,8 @@ def _bench(lpc=gdn.LANES_PER_COLUMN, cpt=gdn.COLS_PER_THREAD):
         meta = Q12MetaC(cu_seqlens=cu_t.data_ptr(), batch_size=n, chunk_len=L, total_tokens=T)
         vals = [meta, ctypes.c_uint64(ptrs.data_ptr())]
         vals += [ctypes.c_uint64(x.data_ptr()) for x in (q, k, v, g, beta, o)] + [ctypes.c_int(hk), ctypes.c_int(hv)]
-        grid, block, smem = (hv * d // (gdn.THREADS // lpc * cpt), n, 1), (gdn.THREADS, 1, 1), 0
+        vals.append(ctypes.c_uint64(0))   # no workspace
+        grid, block, smem = gdn.geometry(n, hv, d)
         for _ in range(2):
             launch(funcs, gdn.entry_name(d), grid, block, smem, vals)
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -657,10 +655,8 @@ def _bench(lpc=gdn.LANES_PER_COLUMN, cpt=gdn.COLS_PER_THREAD):
         torch.cuda.synchronize()
         ms = e0.elapsed_time(e1) / reps
         tflops = 4 * T * hv * d * d / (ms * 1e-3) / 1e12
-        print(f"lpc={lpc} cpt={cpt} n={n:2d} L={L:5d}: {ms:.3f} ms  {T / ms / 1e3:.2f} M tok/s  {tflops:.1f} metric-TFLOPS")
+        print(f"n={n:2d} L={L:5d}: {ms:.3f} ms  {T / ms / 1e3:.2f} M tok/s  {tflops:.1f} metric-TFLOPS")
 
 
 if __name__ == "__main__":
-    import sys
-
-    _bench(*(int(a) for a in sys.argv[1:3]))
+    _bench()
