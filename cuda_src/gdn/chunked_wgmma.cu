@@ -28,12 +28,12 @@
 // stage's swizzled tiles (gdn/chunk.cuh's issue_kq_sw128), the V slice (strided in v) the same way, and the T
 // record, a byte image of the stage's TRec bytes, by one bulk copy from thread 0 (cp.async.bulk, completing on the
 // stage's mbarrier). Two stages (1 CTA/SM), for grids of few CTAs: chunk c + 1 loads while c computes, its copies
-// issued while c's X and Y run, off the chain. One stage (2 CTAs/SM), for grids of two CTAs an SM or more: chunk
-// c + 1's rows and record are copied as soon as c's last wgmma is done, its V slice once c's o rows are stored,
-// while the other CTA computes. The wide CTA (q12_gdn_wgmma_sequential_wide_d128): two warpgroups per (stream,
-// value head), each one 64-column dv slice with its own V and O slices, the chunk's k tile (copied by warpgroup 0),
-// q tile (warpgroup 1) and T record shared, so that each comes to shared memory once for both slices; two stages,
-// 1 CTA/SM. These kernels give grid row z the z-th longest stream (longest_first), so that a ragged pass's longest
+// issued while c's X and Y run, off the chain. For grids of two CTAs an SM or more: at d64 one stage (2 CTAs/SM):
+// chunk c + 1's rows and record are copied as soon as c's last wgmma is done, its V slice once c's o rows are
+// stored, while the other CTA computes; at d128 the wide CTA (q12_gdn_wgmma_sequential_wide_d128): two warpgroups
+// per (stream, value head), each one 64-column dv slice with its own V and O slices, the chunk's k tile (copied by
+// warpgroup 0), q tile (warpgroup 1) and T record shared, so that each comes to shared memory once for both slices;
+// two stages, 1 CTA/SM. These kernels give grid row z the z-th longest stream (longest_first), so that a ragged pass's longest
 // streams start in the first wave: the order changes no result (a CTA never mixes streams).
 // Numerics: the mma schedules' operands and roundings (bf16 S into the products, hi + lo pairs for R and the
 // update's left operand) with T rounded to bf16 once, O's product from V_new's bf16 hi, and the raw rows with fp32
@@ -929,7 +929,7 @@ __device__ __forceinline__ void overlapped_precompute_body(GDN_BODY_PARAMS) {
 // ================================================================ entries
 // The host plans their grids (q12drv.kernels.gdn) and passes its sizes as contract defines, checked here.
 #if !defined(Q12_GDN_WGMMA_SEQUENTIAL_SMEM_2STAGE_D128) || !defined(Q12_GDN_WGMMA_SEQUENTIAL_SMEM_2STAGE_D64) ||  \
-    !defined(Q12_GDN_WGMMA_SEQUENTIAL_SMEM_1STAGE_D128) || !defined(Q12_GDN_WGMMA_SEQUENTIAL_SMEM_1STAGE_D64) ||  \
+    !defined(Q12_GDN_WGMMA_SEQUENTIAL_SMEM_1STAGE_D64) ||                                                        \
     !defined(Q12_GDN_WGMMA_SEQUENTIAL_SMEM_WIDE_D128) || !defined(Q12_GDN_OVERLAP_SEQUENTIAL_SMEM_D128) ||        \
     !defined(Q12_GDN_OVERLAP_SEQUENTIAL_SMEM_D64) || !defined(Q12_GDN_OVERLAP_PRECOMPUTE_SMEM_D128) ||            \
     !defined(Q12_GDN_OVERLAP_PRECOMPUTE_SMEM_D64) || !defined(Q12_GDN_OVERLAP_REC_D128) ||                         \
@@ -939,7 +939,6 @@ __device__ __forceinline__ void overlapped_precompute_body(GDN_BODY_PARAMS) {
 #endif
 static_assert(gdnw::sequential_smem<128, 1, false, 2>() == Q12_GDN_WGMMA_SEQUENTIAL_SMEM_2STAGE_D128 &&
                   gdnw::sequential_smem<64, 1, false, 2>() == Q12_GDN_WGMMA_SEQUENTIAL_SMEM_2STAGE_D64 &&
-                  gdnw::sequential_smem<128, 1, false, 1>() == Q12_GDN_WGMMA_SEQUENTIAL_SMEM_1STAGE_D128 &&
                   gdnw::sequential_smem<64, 1, false, 1>() == Q12_GDN_WGMMA_SEQUENTIAL_SMEM_1STAGE_D64 &&
                   gdnw::sequential_smem<128, 2, false, 2>() == Q12_GDN_WGMMA_SEQUENTIAL_SMEM_WIDE_D128 &&
                   gdnw::sequential_smem<128, 1, true, 2>() == Q12_GDN_OVERLAP_SEQUENTIAL_SMEM_D128 &&
@@ -958,10 +957,10 @@ static_assert(wgmma_config().overlap_groups == Q12_GDN_OVERLAP_GROUPS &&
                   wgmma_config().wide_warpgroups == Q12_GDN_WIDE_WARPGROUPS,
               "the overlapped precompute's groups or items, or the wide CTA's warpgroups differ from the host's");
 
-// The two-stage and overlapped kernels: 1 CTA/SM; the one-stage kernels: 2 CTAs/SM.
+// The two-stage, wide and overlapped kernels: 1 CTA/SM; the one-stage kernel: 2 CTAs/SM (d64: at d128 the wide CTA
+// runs where the grid fills two CTAs an SM).
 constexpr int GDN_WIDE = wgmma_config().wide_warpgroups, GDN_GROUPS = wgmma_config().overlap_groups;
 extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_sequential_2stage_d128(GDN_PARAMS) { wgmma_sequential_body<128, 2>(GDN_ARGS); }
-extern "C" __global__ void __launch_bounds__(128, 2) q12_gdn_wgmma_sequential_1stage_d128(GDN_PARAMS) { wgmma_sequential_body<128, 1>(GDN_ARGS); }
 extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_sequential_2stage_d64(GDN_PARAMS) { wgmma_sequential_body<64, 2>(GDN_ARGS); }
 extern "C" __global__ void __launch_bounds__(128, 2) q12_gdn_wgmma_sequential_1stage_d64(GDN_PARAMS) { wgmma_sequential_body<64, 1>(GDN_ARGS); }
 extern "C" __global__ void __launch_bounds__(128 * GDN_WIDE, 1) q12_gdn_wgmma_sequential_wide_d128(GDN_PARAMS) { wgmma_sequential_body<128, 2, GDN_WIDE>(GDN_ARGS); }
