@@ -147,32 +147,14 @@ def test_chunked_wgmma_entries_compile_for_sm90a_without_spills():
     spill_free(img, chunked_wgmma.ENTRIES)
 
 
-def contract_refused(source, name, bad):
-    """A build of ``source`` whose contract define ``name`` is ``bad`` fails to compile (its static_assert), and one
-    without it says how to compile."""
-    from q12drv.core.errors import NvrtcError
-    from q12drv.core.nvrtc import compile_source
+def test_the_modules_declare_their_contracts():
+    """Each GDN module registers its host numbers for every build of its source (test_registry compiles each with
+    a drifted and a missing value)."""
+    from q12drv.kernels import registry
 
-    good = compile_defines(source)
-    defines = [d if d.split("=")[0] != name else f"{name}={bad}" for d in good]
-    assert defines != list(good), name
-    with pytest.raises(NvrtcError, match="differ from the host|differs from the host|do not fit"):
-        compile_source(source, defines=defines, use_cache=False)
-    missing = [d for d in good if d.split("=")[0] != name]
-    with pytest.raises(NvrtcError, match="compile through q12drv"):
-        compile_source(source, defines=missing, use_cache=False)
-
-
-@pytest.mark.parametrize("mod,name,bad", [
-    (recurrent, "Q12_GDN_RECURRENT_COLUMNS", 64), (chunked_mma, "Q12_GDN_MMA_FUSED_SMEM_D128", 114944 + 16),
-    (chunked_mma, "Q12_GDN_SLICE", 32), (chunked_mma, "Q12_GDN_MMA_SEQUENTIAL_SMEM_1STAGE_D64", 1),
-    (chunked_mma, "Q12_GDN_TREC", 17440), (chunked_wgmma, "Q12_GDN_WGMMA_SEQUENTIAL_SMEM_2STAGE_D128", 1),
-    (chunked_wgmma, "Q12_GDN_WGMMA_SEQUENTIAL_SMEM_WIDE_D128", 1), (chunked_wgmma, "Q12_GDN_OVERLAP_REC_D64", 57872),
-    (chunked_wgmma, "Q12_GDN_OVERLAP_VH_CHUNKS", 0), (chunked_wgmma, "Q12_GDN_OVERLAP_PRECOMPUTE_SMEM_D128", 150000)],
-    ids=lambda x: x if isinstance(x, str) else str(x) if isinstance(x, int) else x.__name__.rsplit(".", 1)[-1])
-def test_the_sources_check_the_hosts_numbers(mod, name, bad):
-    """The host's sizes are the sources' (contract defines): a drifted number fails to compile."""
-    contract_refused(mod.SOURCE, name, bad)
+    for mod in MODULES:
+        assert registry.CONTRACTS[mod.SOURCE] == tuple(f"{k}={v}" for k, v in mod.contracts().items())
+        assert compile_defines(mod.SOURCE)[-len(mod.contracts()):] == registry.CONTRACTS[mod.SOURCE]
 
 
 def test_recurrent_geometry():

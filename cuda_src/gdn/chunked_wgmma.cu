@@ -629,6 +629,15 @@ struct OverlapSmem {
 };
 template <int DK>
 __host__ __device__ constexpr int overlap_group_bytes() { return (int)(sizeof(OverlapSmem<DK>) + 1023) / 1024 * 1024; }
+// An overlapped precompute CTA's dynamic shared memory: overlap_groups mma precompute CTAs' worth, so that at d128
+// the CTA fills an SM and no sequential CTA shares it; its groups fit from the first 1024-byte boundary.
+template <int DK>
+__host__ __device__ constexpr int overlapped_precompute_smem() {
+    return wgmma_config().overlap_groups * (int)sizeof(gdnc::PrepSmem<DK>);
+}
+static_assert(wgmma_config().overlap_groups * overlap_group_bytes<128>() + 1024 <= overlapped_precompute_smem<128>() &&
+                  wgmma_config().overlap_groups * overlap_group_bytes<64>() + 1024 <= overlapped_precompute_smem<64>(),
+              "the overlapped precompute's groups do not fit in its shared memory");
 
 // After the block solve each warp holds T's columns 16 warp .. 16 warp + 15 in fp32 (X[nt][e] = T[8 nt + 2 tq +
 // (e & 1)][16 warp + gq + 8 (e >> 1)]). This thread's pairs of them, scaled by f(column), as transposed swizzled
@@ -862,8 +871,8 @@ __device__ __forceinline__ void overlapped_item(const Q12Meta& m, const bf16* __
     }
 }
 
-// grid (P), 128 overlap_groups threads, dynamic smem: the host's size (3 x PrepSmem<D>), in which overlap_groups x
-// overlap_group_bytes from the first 1024-byte boundary fit: one CTA fills an SM. Each group (128 threads, one item
+// grid (P), 128 overlap_groups threads, dynamic smem overlapped_precompute_smem<D>() (overlap_groups x
+// overlap_group_bytes from the first 1024-byte boundary fit): one CTA fills an SM. Each group (128 threads, one item
 // at a time) claims the next item, chunk-major, from a counter in the workspace (an atomic per item, issued under
 // the item's first copies), and adds the item's value heads to its key head's ready flag once its records are
 // stored (red.release after the item's last barrier: its release is cumulative over the group's stores, which that
@@ -944,11 +953,9 @@ static_assert(gdnw::sequential_smem<128, 1, false, 2>() == Q12_GDN_WGMMA_SEQUENT
                   gdnw::sequential_smem<128, 1, true, 2>() == Q12_GDN_OVERLAP_SEQUENTIAL_SMEM_D128 &&
                   gdnw::sequential_smem<64, 1, true, 2>() == Q12_GDN_OVERLAP_SEQUENTIAL_SMEM_D64,
               "the wgmma sequential kernels' shared memory differs from the host's");
-static_assert(wgmma_config().overlap_groups * gdnw::overlap_group_bytes<128>() + 1024 <=
-                      Q12_GDN_OVERLAP_PRECOMPUTE_SMEM_D128 &&
-                  wgmma_config().overlap_groups * gdnw::overlap_group_bytes<64>() + 1024 <=
-                      Q12_GDN_OVERLAP_PRECOMPUTE_SMEM_D64,
-              "the overlapped precompute's groups do not fit in the host's shared memory");
+static_assert(gdnw::overlapped_precompute_smem<128>() == Q12_GDN_OVERLAP_PRECOMPUTE_SMEM_D128 &&
+                  gdnw::overlapped_precompute_smem<64>() == Q12_GDN_OVERLAP_PRECOMPUTE_SMEM_D64,
+              "the overlapped precompute's shared memory differs from the host's");
 static_assert(gdnw::OverlapRec<128>::BYTES == Q12_GDN_OVERLAP_REC_D128 &&
                   gdnw::OverlapRec<64>::BYTES == Q12_GDN_OVERLAP_REC_D64 && gdnc::TRec::BYTES == Q12_GDN_TREC,
               "the record sizes differ from the host's");
