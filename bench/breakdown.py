@@ -206,7 +206,7 @@ HOOKS = [
     (ops, "enqueue_attention", "attention: attention enqueue"),
     (Q12Pass, "_check_gdn", "gdn: checks"),
     (staging.HStateSlot, "_write", "gdn: h_state_ptrs upload"),
-    (ops, "enqueue_gdn", "gdn: enqueue"),
+    (prefill, "enqueue_gdn", "gdn: enqueue"),
 ]
 PHASE_ORDER = ["init", "attention", "gdn"]
 
@@ -255,8 +255,7 @@ def split_run(step, mode):
     t1 = pc()
     q12.attention_layer(p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], step.att, num_blocks=step.num_blocks)
     t2 = pc()
-    q12.gdn_layer(step.state_ptrs, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], step.gdn,
-                  **step.gdn_kwargs())
+    q12.gdn_layer(step.state_ptrs, step.gdn_tensors, step.gdn, **step.gdn_kwargs())
     t3 = pc()
     return q12, (t1 - t0, t2 - t1, t3 - t2)
 

@@ -20,6 +20,7 @@ from q12drv import ScratchArena, StreamStageInfo, make_scratch_plan, stage_batch
 from q12drv.core.bf16 import to_bf16_bits
 from q12drv.core.driver import register_emulator
 from q12drv.kernels.expand import ExpandPlan, stage_on_device
+from q12drv.kernels.gdn import GdnConfig, GdnTensors, plan_gdn
 from q12drv.kernels.meta import TAIL_STREAMS, Q12MetaC, meta_defines
 from q12drv.core.launch import load_module
 from q12drv.core.layout import stacked_layout
@@ -277,19 +278,16 @@ class StepCase:
     """Buffers for one attention layer and one GDN layer over ``counts`` streams (random inputs).
 
     ``run(mode)`` builds a :class:`~q12drv.prefill.Q12Pass` (admission, plan, staging) and runs
-    both layers, ``mode`` ``"batched"`` or ``"per_stream"``; it does not wait. The GDN layer runs
-    ``gdn_algo`` (default: the fastest on the device, ``"wgmma"`` on Hopper, else ``"split"``) in both modes,
-    through one workspace sized for the batched pass (which covers each stream's).
+    both layers, ``mode`` ``"batched"`` or ``"per_stream"``; it does not wait. The GDN layer runs one plan of
+    ``gdn_config`` (default: the device's fastest path) for the whole batch in both modes and in the captured
+    graph, through one workspace sized for the batched pass (which covers each stream's).
     """
 
-    def __init__(self, dev, counts, *, shapes=QWEN3_NEXT, seed=0, gdn_algo=None):
-        from q12drv.kernels import ops
-
+    def __init__(self, dev, counts, *, shapes=QWEN3_NEXT, seed=0, gdn_config=GdnConfig()):
         self.dev, self.counts = dev, list(counts)
         att, gdn, bs = shapes["attention"], shapes["gdn"], shapes["block_size"]
         self.att, self.gdn, self.bs = att, gdn, bs
-        self.gdn_algo = gdn_algo or ("wgmma" if dev.arch in ("sm_90", "sm_90a") else "split")
-        ops.check_gdn_algo(self.gdn_algo, dev.arch)
+        self.gdn_plan = plan_gdn(gdn_config, gdn, len(counts), max(counts), dev)
         n, total = len(counts), sum(counts)
         self.streams, self.num_blocks, self._tables = make_streams(dev, counts, block_size=bs, seed=seed)
         rng = np.random.default_rng(seed)
@@ -309,7 +307,7 @@ class StepCase:
         }
         sizes = {"o": total * hq * d * 2, "k_pool": self.num_blocks * bs * hkv * d * 2,
                  "v_pool": self.num_blocks * bs * hkv * d * 2, "go": total * hv * dg * 2,
-                 "workspace": max(16, ops.gdn_workspace_bytes(self.gdn_algo, n, max(counts), hk, hv, dg))}
+                 "workspace": max(16, self.gdn_plan.workspace_bytes)}
         host["workspace"] = None
         self.host, self.sizes = host, sizes
         self.ptrs, self._owned = {}, []
@@ -319,6 +317,7 @@ class StepCase:
             self.ptrs[name] = int(buf.ptr)
         self.reset()
         self.state_ptrs = [self.ptrs["states"] + b * hv * dg * dg * 4 for b in range(n)]
+        self.gdn_tensors = GdnTensors(*(self.ptrs[k] for k in ("gq", "gk", "gv", "g", "beta", "go")))
         self.plan = make_scratch_plan(self.counts, 0, False, "exact")
         self.arena = ScratchArena(dev, self.plan.total_bytes + 4096)
         dev.synchronize()
@@ -340,7 +339,7 @@ class StepCase:
         """The same two layers inside a :class:`~q12drv.prefill.graphs.PassGraph` (what gets captured)."""
         p = self.ptrs
         gp.attention_layer(p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], self.att, num_blocks=self.num_blocks)
-        gp.gdn_layer(0, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], self.gdn, **self.gdn_kwargs())
+        gp.gdn_layer(0, self.gdn_tensors, self.gdn, **self.gdn_kwargs())
 
     def pass_graph(self, expand: str = "host"):
         """A :class:`~q12drv.prefill.graphs.PassGraph` sized exactly for these streams, captured (its eager run included)."""
@@ -363,8 +362,8 @@ class StepCase:
         gp.replay()
 
     def gdn_kwargs(self) -> dict:
-        """``algo``, ``workspace`` and ``workspace_bytes`` of every GDN layer of the case."""
-        return {"algo": self.gdn_algo, "workspace": self.ptrs["workspace"], "workspace_bytes": self.sizes["workspace"]}
+        """``config`` (the case's plan), ``workspace`` and ``workspace_bytes`` of every GDN layer of the case."""
+        return {"config": self.gdn_plan, "workspace": self.ptrs["workspace"], "workspace_bytes": self.sizes["workspace"]}
 
     def run(self, mode: str, blocks: int = 0) -> Q12Pass:
         """One pass: one attention layer and one GDN layer; ``blocks`` > 0: instead that many of
@@ -372,7 +371,7 @@ class StepCase:
         p = self.ptrs
         q12 = Q12Pass(self.arena, self.streams, block_size=self.bs, use_mrope=False, dummy_kv_block=0,
                       head_dim=self.att.head_dim, policy="exact", mode=mode)
-        gdn = (self.state_ptrs, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], self.gdn)
+        gdn = (self.state_ptrs, self.gdn_tensors, self.gdn)
         att = (p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], self.att)
         kw = self.gdn_kwargs()
         if not blocks:

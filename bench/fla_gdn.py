@@ -4,7 +4,7 @@
     PYTHONPATH=/tmp/site python3 bench/fla_gdn.py [--cases 8x2048,1x8192,ragged8] [--reps 30]
 
 A case is ``NxL`` (N streams of L tokens) or a name of RAGGED (``ragged8``: 8 streams of 256..2048
-tokens, the same lengths as bench/gpu_compare.py section_gdn and tests/gpu/gdn_debug.py).
+tokens, the same lengths as bench/gpu_compare.py section_gdn and tools/ncu_gdn.py).
 
 Same problem as q12drv's chunked kernel: varlen streams through ``cu_seqlens`` (batch dim 1),
 Hk 16 / Hv 32 / d 128, bf16 q/k/v, fp32 log-space g, bf16 beta, an fp32 initial state

@@ -60,6 +60,7 @@ import numpy as np  # noqa: E402
 import q12drv  # noqa: E402
 from bench import common  # noqa: E402
 from bench.timing import cold_sets, host_and_round_trip, q12_events_us, torch_events_us  # noqa: E402
+from q12drv.kernels.gdn import GdnConfig  # noqa: E402
 
 RESULTS: dict = {"meta": {}, "sections": {}, "errors": {}, "table": []}
 ARGS = None
@@ -764,9 +765,8 @@ def _attention_torch(q_lens, kv_lens, hq, hkv, d, n_reps, warmup=3):
 
 def gdn_inputs(dev, counts, hk, hv, d, ws_bytes, bufs) -> dict:
     """The GDN section's inputs for streams of ``counts`` tokens (bf16 q, k, v from fixed seeds, fp32 log-space g
-    and beta, fp32 states and their pointers, o, a ``ws_bytes`` workspace) as device buffers by ``ops.gdn``'s
-    argument names (``"state"``: the states themselves), appended to ``bufs``; ``bench/gdn_ab.py`` times on them
-    too."""
+    and beta, fp32 states and their pointers, o, a ``ws_bytes`` workspace) as device buffers by ``gdn.gdn``'s
+    argument names (``"state"``: the states themselves), appended to ``bufs``."""
     n, total = len(counts), sum(counts)
     q, _ = _rand_bf16(dev, (total, hk, d), 11)
     k, _ = _rand_bf16(dev, (total, hk, d), 12)
@@ -788,14 +788,21 @@ def gdn_inputs(dev, counts, hk, hv, d, ws_bytes, bufs) -> dict:
     return x
 
 
+#: The GDN section's configs (``gdn.gdn``'s plans for each case): the device's default, the mma.sync schedules, the
+#: fp32 recurrent kernel.
+GDN_CONFIGS = {"default": GdnConfig(), "mma_two_pass": GdnConfig(schedule="two_pass", isa="mma"),
+               "mma_fused": GdnConfig(schedule="fused"), "recurrent": GdnConfig(math="recurrent")}
+
+
 def section_gdn():
-    """ops.gdn chunked (the default kernel), split (the precompute + sequential pair), wgmma (the tile
-    precompute + the warpgroup-MMA sequential kernel) and recurrent (Hk 16, Hv 32, d 128) vs fla-core's
-    chunk_gated_delta_rule (own process): 8 x 2048, 1 x 8192 and ragged 8 streams of 256..2048."""
-    from q12drv.kernels import ops
+    """q12drv's GDN plans (:data:`GDN_CONFIGS`: the default, the device's fastest path; the mma.sync two-pass
+    schedule; the fused kernel; the recurrent kernel; Hk 16, Hv 32, d 128) vs fla-core's chunk_gated_delta_rule
+    (own process): 8 x 2048, 1 x 8192 and ragged 8 streams of 256..2048."""
+    from q12drv.kernels.gdn import GdnShape, GdnTensors, gdn, plan_gdn
 
     dev = DEV
     hk, hv, d = 16, 32, 128
+    shape = GdnShape(hk, hv, d)
     ragged = [256, 2048, 512, 1792, 768, 1536, 1024, 1280]   # bench/fla_gdn.py RAGGED["ragged8"]
     cases = [("8x2048", [2048] * 8), ("1x8192", [8192]), ("ragged8", ragged)] if gpu() else \
         [("2x16", [16, 16]), ("ragged8", [3, 16, 1, 7, 2, 9, 5, 4])]
@@ -804,22 +811,24 @@ def section_gdn():
     for key, counts in cases:
         n = len(counts)
         with _staged_pass(dev, counts) as (meta, streams, num_blocks, arena, bufs):
-            ws_bytes = max(ops.gdn_workspace_bytes(a, n, max(counts), hk, hv, d) for a in ops.GDN_WORKSPACE_ALGOS)
+            plans = {name: plan_gdn(cfg, shape, n, max(counts), dev) for name, cfg in GDN_CONFIGS.items()}
+            ws_bytes = max(16, *(p.workspace_bytes for p in plans.values()))
             x = gdn_inputs(dev, counts, hk, hv, d, ws_bytes, bufs)
-            out = res["cases"][key] = {}
-            for algo in ops.GDN_ALGOS:
-                def run(algo=algo):
-                    ops.gdn(dev, meta, x["h_state_ptrs"].ptr, x["q"].ptr, x["k"].ptr, x["v"].ptr, x["g"].ptr,
-                            x["beta"].ptr, x["o"].ptr, num_k_heads=hk, num_v_heads=hv, head_dim=d, algo=algo,
-                            workspace=x["workspace"].ptr, workspace_bytes=ws_bytes)
+            tensors = GdnTensors(*(int(x[k].ptr) for k in ("q", "k", "v", "g", "beta", "o")))
+            out = res["cases"][key] = {"paths": {name: f"{p.math} {p.schedule} {p.isa} {p.sequential}".strip()
+                                                 for name, p in plans.items()}}
+            for name, plan in plans.items():
+                def run(plan=plan):
+                    gdn(dev, meta, x["h_state_ptrs"].ptr, tensors, shape, plan, workspace=x["workspace"].ptr,
+                        workspace_bytes=ws_bytes)
 
-                out[f"{algo}_us"] = q12_events_us(dev, run, reps(30, 1))
-            row(f"gdn {key} Hk{hk} Hv{hv} d{d}: chunked", out["chunked_us"], "q12drv recurrent kernel",
+                out[f"{name}_us"] = q12_events_us(dev, run, reps(30, 1))
+            row(f"gdn {key} Hk{hk} Hv{hv} d{d}: mma_fused", out["mma_fused_us"], "q12drv recurrent kernel",
                 out["recurrent_us"], note="info: device time")
-            row(f"gdn {key} Hk{hk} Hv{hv} d{d}: split pair", out["split_us"], "q12drv chunked (fused) kernel",
-                out["chunked_us"], note="info: device time; bit-identical results")
-            row(f"gdn {key} Hk{hk} Hv{hv} d{d}: wgmma pair", out["wgmma_us"], "q12drv split pair",
-                out["split_us"], note="info: device time; the split pair's numerics up to the solve")
+            row(f"gdn {key} Hk{hk} Hv{hv} d{d}: mma_two_pass", out["mma_two_pass_us"], "q12drv fused kernel",
+                out["mma_fused_us"], note="info: device time; bit-identical results")
+            row(f"gdn {key} Hk{hk} Hv{hv} d{d}: default ({out['paths']['default']})", out["default_us"],
+                "q12drv mma two-pass schedule", out["mma_two_pass_us"], note="info: device time")
     if gpu():
         _comparator("gdn/fla", lambda: _gdn_fla(res, [key for key, _ in cases]))
 
@@ -837,17 +846,17 @@ def _gdn_fla(res, keys):
         return
     for key in keys:
         theirs = fla["cases"][key]["ms"] * 1e3
-        for algo in ("chunked", "split", "wgmma", "recurrent"):
-            ours = res["cases"][key][f"{algo}_us"]
+        for name in GDN_CONFIGS:
+            ours = res["cases"][key][f"{name}_us"]
             note = "device time; fla in its own process"
-            if algo != "recurrent":   # goal: >= 1.0x fla (ratio ours/theirs <= 1.0), then >= 2x (<= 0.5)
+            if name != "recurrent":   # goal: >= 1.0x fla (ratio ours/theirs <= 1.0), then >= 2x (<= 0.5)
                 ratio = ours / theirs
-                res["cases"][key][f"{algo}_over_fla"] = ratio
+                res["cases"][key][f"{name}_over_fla"] = ratio
                 note += (f"; goal >= 1.0x fla: {'met' if ratio <= 1.0 else 'NOT met'} (ratio {ratio:.2f})"
                          f"; 2x: {'met' if ratio <= 0.5 else 'not yet'}")
-            goal = None if algo == "recurrent" else faster(2) if algo == "wgmma" else faster(1)
+            goal = None if name == "recurrent" else faster(2) if name == "default" else faster(1)
             how = fla["cases"][key].get("how", "eager")   # graph: replayed, device time alone (bench/fla_gdn.py)
-            row(f"gdn {key} Hk16 Hv32 d128: {algo}", ours, f"fla-core {fla.get('fla_version')} chunk GDN ({how})",
+            row(f"gdn {key} Hk16 Hv32 d128: {name}", ours, f"fla-core {fla.get('fla_version')} chunk GDN ({how})",
                 theirs, goal, note=note)
 
 

@@ -1,7 +1,7 @@
 """Device time of a call from events recorded around it: the one timing loop the GPU scripts share.
 
 Used by ``bench/gpu_compare.py`` (q12drv and the torch comparators), ``bench/fla_gdn.py`` (fla-core, in its own
-process) and ``tests/gpu/gdn_debug.py``. torch is passed in, so importing this module needs
+process) and the GPU tests. torch is passed in, so importing this module needs
 neither torch nor a GPU.
 """
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from types import SimpleNamespace
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -30,6 +31,7 @@ from q12drv import ScratchArena, StreamStageInfo, make_scratch_plan, open_device
 from q12drv.core.staging import verify_readback  # noqa: E402
 from q12drv.tools.demo import layer_inputs  # noqa: E402
 from q12drv.kernels import ops  # noqa: E402
+from q12drv.kernels.gdn import GdnConfig, GdnTensors, plan_gdn  # noqa: E402
 from q12drv.prefill import AttentionShape, GdnShape, Q12Pass  # noqa: E402
 
 GUARD = 256
@@ -108,12 +110,12 @@ def step(dev, name: str, problems: list) -> None:
             q12.attention_layer(p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], attn, num_blocks=num_blocks)
             if gdn is not None:
                 states = [p["states"] + b * host["states"][0].nbytes for b in range(n)]
-                ws_bytes = max(q12.gdn_workspace_bytes(gdn, algo) for algo in ops.GDN_WORKSPACE_ALGOS)
+                plans = gdn_plans(dev, gdn, n, max(COUNTS))
+                ws_bytes = max(16, *(q12.gdn_workspace_bytes(gdn, plan) for _, plan in plans))
                 ws = dev.alloc(ws_bytes, "gdn workspace")
-                for algo in gdn_algos(dev, gdn.head_dim):  # every kernel, each on the previous one's states
-                    q12.gdn_layer(states, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], gdn,
-                                  algo=algo.split("-")[0], form=algo.split("-")[1] if "-" in algo else "auto",
-                                  workspace=int(ws.ptr), workspace_bytes=ws_bytes)
+                tensors = GdnTensors(p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"])
+                for _, plan in plans:  # every kernel, each on the previous one's states
+                    q12.gdn_layer(states, tensors, gdn, config=plan, workspace=int(ws.ptr), workspace_bytes=ws_bytes)
             dev.synchronize()
             if gdn is not None:
                 ws.free()
@@ -138,14 +140,21 @@ def step(dev, name: str, problems: list) -> None:
         b.buf.free()
 
 
-def gdn_algos(dev, head_dim: int) -> tuple:
-    """The GDN algorithms the step runs: all, on Hopper the wgmma pair in each of its forms ("wgmma-pair": its two
-    launches; "wgmma-flow": the flow form, which ops takes for streams of 8192 tokens and more; "wgmma-wide": one
-    CTA of two warpgroups per value head, head_dim 128 only)."""
-    base = ("chunked", "split", "recurrent")
-    if dev.arch not in ("sm_90", "sm_90a"):
-        return base
-    return base + ("wgmma-pair", "wgmma-flow") + (("wgmma-wide",) if head_dim == 128 else ())
+def gdn_plans(dev, shape: GdnShape, n: int, longest: int) -> list:
+    """``[(label, plan), ...]``: a plan for every GDN kernel the step can run, the same in both modes: the recurrent
+    and fused kernels, the mma two-pass schedule planned for this device and for a device of one SM (the stage rule
+    then takes the other sequential build), and on Hopper the wgmma two-pass schedule the same two ways (the one-SM
+    plan takes the wide CTA at d128, one stage at d64) and the overlapped schedule, which the rules take for streams
+    of 8192 tokens and more."""
+    one_sm = SimpleNamespace(arch=dev.arch, sm_count=1)
+    wanted = [("recurrent", GdnConfig(math="recurrent"), dev), ("fused", GdnConfig(schedule="fused"), dev),
+              ("mma two-pass", GdnConfig(schedule="two_pass", isa="mma"), dev),
+              ("mma two-pass, one SM", GdnConfig(schedule="two_pass", isa="mma"), one_sm)]
+    if dev.arch in ("sm_90", "sm_90a"):
+        wanted += [("wgmma two-pass", GdnConfig(schedule="two_pass", isa="wgmma"), dev),
+                   ("wgmma two-pass, one SM", GdnConfig(schedule="two_pass", isa="wgmma"), one_sm),
+                   ("overlapped", GdnConfig(schedule="overlapped"), dev)]
+    return [(label, plan_gdn(config, shape, n, longest, where)) for label, config, where in wanted]
 
 
 def expand_matches_host(dev, arena, streams, problems: list) -> None:
@@ -174,7 +183,7 @@ def main(argv=None) -> int:
     problems: list = []
     with open_device(args.driver) as dev:
         if args.compile_only:
-            for entry in ops.ENTRIES:  # every kernel the step can launch (the GDN split pair included)
+            for entry in ops.ENTRIES:  # every kernel the step can launch (every GDN kernel included)
                 ops.prepared(dev, entry)
             print(f"sanitize_step: kernels compiled and cached on {dev.name}")
             return 0

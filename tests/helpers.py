@@ -104,9 +104,15 @@ class LayerBuffers:
         """q, k, v, k_pool, v_pool, o: the pointer arguments of ``Q12Pass.attention_layer``."""
         return tuple(self.p(k) for k in ("q", "k", "v", "k_pool", "v_pool", "o"))
 
+    def gdn_tensors(self):
+        """gq, gk, gv, g, beta, go as a :class:`~q12drv.kernels.gdn.GdnTensors`."""
+        from q12drv.kernels.gdn import GdnTensors
+
+        return GdnTensors(*(self.p(k) for k in ("gq", "gk", "gv", "g", "beta", "go")))
+
     def gdn_args(self, n: int) -> tuple:
-        """states, gq, gk, gv, g, beta, go: the pointer arguments of ``Q12Pass.gdn_layer`` for ``n`` streams."""
-        return (self.states(n), *(self.p(k) for k in ("gq", "gk", "gv", "g", "beta", "go")))
+        """states, tensors: the pointer arguments of ``Q12Pass.gdn_layer`` for ``n`` streams."""
+        return self.states(n), self.gdn_tensors()
 
     def get(self, k: str) -> np.ndarray:
         """Input ``k`` read back as its host array; asserts its guard band is intact."""

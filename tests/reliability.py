@@ -9,7 +9,7 @@ import numpy as np
 
 from q12drv import ScratchArena, make_scratch_plan
 from q12drv.tools.demo import layer_inputs
-from q12drv.prefill import AttentionShape, GdnShape, Q12Pass
+from q12drv.prefill import AttentionShape, GdnConfig, GdnShape, Q12Pass
 from tests.helpers import LayerBuffers, make_streams
 
 COUNTS = (37, 5, 64)
@@ -18,6 +18,8 @@ BLOCK = 16
 ATTN = AttentionShape(num_q_heads=4, num_kv_heads=2, head_dim=64, rotary_dim=32, rope_theta=1e6, mrope_mode=2,
                       mrope_section=(6, 5, 5))
 GDN = GdnShape(num_k_heads=2, num_v_heads=4, head_dim=64)
+#: The world's GDN layer: the fused kernel (no workspace to own).
+FUSED = GdnConfig(schedule="fused")
 
 
 def host_inputs(rng, total: int, n: int, num_blocks: int, attn: AttentionShape = ATTN, gdn: GdnShape = GDN) -> dict:
@@ -80,7 +82,7 @@ class World:
     def run_layers(self, q12: Q12Pass | None = None) -> None:
         q12 = q12 or self.q12
         q12.attention_layer(*self.attention_args(), ATTN, num_blocks=self.num_blocks)
-        q12.gdn_layer(*self.gdn_args(), GDN)
+        q12.gdn_layer(*self.gdn_args(), GDN, config=FUSED)
 
     def outputs(self) -> dict:
         self.dev.synchronize()

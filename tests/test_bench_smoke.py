@@ -38,38 +38,6 @@ def test_gpu_compare_and_plot_plumbing(tmp_path):
     assert r.returncode == 0 and png.stat().st_size > 1000, r.stderr
 
 
-def test_gdn_ab_interleaves_builds_and_compares_their_bits(tmp_path):
-    out = tmp_path / "ab.json"
-    r = _run(["bench/gdn_ab.py", "--driver", "emu", "--rounds", "2", "--reps", "1", "--build", "base",
-              "--build", "flags4=GDN_WG_FLOW_FLAGS=4", "--out", str(out)], tmp_path)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    data = json.loads(out.read_text())
-    assert {k: len(v) for k, v in data["times_us"].items()} == {"base": 2, "flags4": 2}
-    assert data["builds"] == {"base": [], "flags4": ["GDN_WG_FLOW_FLAGS=4"]}
-    assert data["bits"]["base"] == data["bits"]["flags4"]   # the emulator runs the same reference for both
-    order = [ln.split()[2].rstrip(":") for ln in r.stdout.splitlines() if ln.startswith("round ")]
-    assert order == ["base", "flags4", "base", "flags4"], r.stdout   # interleaved rounds
-    table = r.stdout.splitlines()[-2:]
-    assert table[0].startswith("base ") and " 1.000 " in table[0] and table[1].startswith("flags4 "), r.stdout
-    for bad, msg in ((["--case", "8192"], "expected NxT"), (["--build", "x=1bad"], "expected NAME"),
-                     (["--build", "a", "--build", "a"], "its own name"), (["--rounds", "0"], "at least 1")):
-        r = _run(["bench/gdn_ab.py", "--driver", "emu", *bad], tmp_path)
-        assert r.returncode == 2 and msg in r.stderr, (bad, r.stderr)
-
-
-def test_gdn_ab_source_copy_puts_the_defines_first(tmp_path):
-    sys.path.insert(0, str(ROOT))
-    from bench.gdn_ab import PATCHED, make_source_dir
-
-    src = ROOT / "cuda_src"
-    out = make_source_dir(src, ["GDN_WG_FLOW_FLAGS=8", "GDN_X"], tmp_path / "v")
-    for name in PATCHED:
-        text = (out / name).read_text()
-        assert text.startswith("#define GDN_WG_FLOW_FLAGS 8\n#define GDN_X 1\n")
-        assert text.endswith((src / name).read_text())
-    assert (out / "common/q12_meta.cuh").read_text() == (src / "common/q12_meta.cuh").read_text()
-
-
 def test_host_profile_runs_and_names_the_hot_functions(tmp_path):
     r = _run(["bench/profile_host.py", "--stub", "--reps", "3", "--top", "5"], tmp_path)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]

@@ -36,13 +36,14 @@ def test_doctor_compiles_every_kernel_for_sm90(capsys):
     assert main(["doctor", "--driver", "emu"]) == 0
     out = capsys.readouterr().out
     for entry in ("q12_kv_write", "q12_rope", "q12_attn_prefill_d64", "q12_attn_prefill_d128",
-                  "q12_attn_prefill_d256", "q12_gdn_prefill_d64", "q12_gdn_prefill_d128"):
+                  "q12_attn_prefill_d256", "q12_gdn_recurrent_d64", "q12_gdn_recurrent_d128"):
         assert entry in out
     assert "target sm_90" in out and out.strip().endswith("doctor: ok")
 
 
 def test_doctor_reports_a_variant_build_with_its_dynamic_shared_memory(capsys):
-    from q12drv.kernels import attention, gdn_chunk
+    from q12drv.kernels import attention
+    from q12drv.kernels.gdn import chunked_mma
 
     defines = ("Q12_PROBE=1", "Q12_FLAG")  # macros no source reads: the shipped build, reported as a variant
     assert main(["doctor", "--driver", "emu", "-D", defines[0], "--define", defines[1]]) == 0
@@ -51,7 +52,7 @@ def test_doctor_reports_a_variant_build_with_its_dynamic_shared_memory(capsys):
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("q12_")}
     assert int(rows["q12_attn_prefill_d256"][6]) == attention.smem_bytes(256)
     assert int(rows["q12_attn_prefill_d128"][6]) == attention.smem_bytes(128)
-    assert int(rows["q12_gdn_chunk_d128"][6]) == gdn_chunk.smem_bytes(128) and int(rows["q12_kv_write"][6]) == 0
+    assert int(rows["q12_gdn_mma_fused_d128"][6]) == chunked_mma.fused_smem(128) and int(rows["q12_kv_write"][6]) == 0
     for bad in ("X Y", "-O3", "A=1;B"):
         assert main(["doctor", "--driver", "emu", f"--define={bad}"]) == 2
         assert "a define is NAME or NAME=VALUE" in capsys.readouterr().err

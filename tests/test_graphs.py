@@ -8,14 +8,15 @@ import pytest
 from q12drv import CapacityError, HostRaceError, Q12Error, ScratchArena, make_scratch_plan, open_device
 from q12drv.core.bf16 import to_bf16_bits
 from q12drv.prefill.graphs import PassGraph, capture
-from q12drv.kernels import ops
-from q12drv.prefill import AttentionShape, GdnShape, Q12Pass
+from q12drv.kernels.gdn import plan_gdn
+from q12drv.prefill import AttentionShape, GdnConfig, GdnShape, Q12Pass
 from q12drv.core.staging import unpack_metadata
 from tests.helpers import LayerBuffers, make_streams
 
 BS = 16
 ATT = AttentionShape(4, 2, 64, 32, 1e4)
 GDN = GdnShape(2, 4, 64)
+FUSED = GdnConfig(schedule="fused")
 MAX_STREAMS, MAX_TOKENS = 4, 96
 BATCH_A = ([20, 7, 33], [0, 16, 5])
 BATCH_B = ([10, 30, 1, 40], [3, 0, 64, 17])
@@ -67,6 +68,7 @@ class World(LayerBuffers):
             streams, tables = make_streams(dev, counts, starts, block_size=BS, num_blocks=40, rng=rng)
             self.batches[name] = (streams, tables)
         self.num_blocks = 40
+        self.ws, self.ws_bytes = None, 0   # a GDN workspace, where a test gives one
         t, hq, hkv, d = MAX_TOKENS, ATT.num_q_heads, ATT.num_kv_heads, ATT.head_dim
         hk, hv, dg = GDN.num_k_heads, GDN.num_v_heads, GDN.head_dim
         host = {
@@ -106,17 +108,15 @@ class World(LayerBuffers):
             q12 = Q12Pass(arena, streams, block_size=BS, use_mrope=False, dummy_kv_block=0, head_dim=ATT.head_dim,
                           chunks=chunks, policy="exact", mode="batched")
             q12.attention_layer(*self.attention_args(), ATT, num_blocks=self.num_blocks)
-            q12.gdn_layer(*self.gdn_args(len(streams)), GDN)
+            q12.gdn_layer(*self.gdn_args(len(streams)), GDN, config=FUSED)
             self.dev.synchronize()
         return self.read(sum(counts), len(streams))
 
-    def body(self, gp, algo="chunked"):
+    def body(self, gp, config=FUSED):
         gp.attention_layer(*self.attention_args(), ATT, num_blocks=self.num_blocks)
-        ws = {}
-        if algo in ("split", "wgmma"):  # sized for the graph's maxima, allocated before the capture
-            ws = dict(workspace=int(self.ws.ptr), workspace_bytes=self.ws_bytes)
-        gp.gdn_layer(0, self.p("gq"), self.p("gk"), self.p("gv"), self.p("g"), self.p("beta"), self.p("go"), GDN,
-                     algo=algo, **ws)
+        # (a plan that needs one) the workspace sized for the graph's maxima (gp.gdn_plan), allocated before the capture
+        ws = {} if self.ws is None else dict(workspace=int(self.ws.ptr), workspace_bytes=self.ws_bytes)
+        gp.gdn_layer(0, self.gdn_tensors(), GDN, config=config, **ws)
 
 
 def _assert_same(got, want):
@@ -124,16 +124,22 @@ def _assert_same(got, want):
         assert np.array_equal(got[k], want[k]), f"{k}: replay != eager"
 
 
-# split-gdn-capture / wgmma-gdn-capture: a pair's two launches and its workspace inside the capture (on the
-# emulator its result is the fused one by construction; the GPU tests check the kernels)
-@pytest.mark.parametrize("deferred,algo", [(False, "chunked"), (True, "chunked"), (False, "split"), (False, "wgmma")],
-                         ids=["immediate", "deferred", "split-gdn-capture", "wgmma-gdn-capture"])
+# the two-pass and overlapped schedules: their launches (and the overlapped flags' memset) and their workspace
+# inside the capture (on the emulator their result is the fused one by construction; the GPU tests check the kernels)
+CONFIGS = {"fused": FUSED, "mma-two-pass": GdnConfig(schedule="two_pass", isa="mma"),
+           "wgmma-two-pass": GdnConfig(schedule="two_pass", isa="wgmma"), "overlapped": GdnConfig(schedule="overlapped")}
+
+
+@pytest.mark.parametrize("deferred,config", [(False, "fused"), (True, "fused"), (False, "mma-two-pass"),
+                                             (False, "wgmma-two-pass"), (False, "overlapped")],
+                         ids=["immediate", "deferred", "mma-two-pass-capture", "wgmma-two-pass-capture",
+                              "overlapped-capture"])
 @pytest.mark.parametrize("expand", ["host", "device"])
-def test_pass_graph_replay_with_new_metadata_equals_eager(expand, deferred, algo):
+def test_pass_graph_replay_with_new_metadata_equals_eager(expand, deferred, config):
+    config = CONFIGS[config]
     with open_device("emu", deferred=deferred) as dev:
         w = World(dev, np.random.default_rng(7))
-        w.ws_bytes = ops.gdn_workspace_bytes("wgmma" if algo == "wgmma" else "split", MAX_STREAMS, 48, GDN.num_k_heads,
-                                             GDN.num_v_heads, GDN.head_dim)
+        w.ws_bytes = max(16, plan_gdn(config, GDN, MAX_STREAMS, 48, dev).workspace_bytes)
         w.ws = dev.alloc(w.ws_bytes, "gdn workspace")
         want = {name: w.eager(name) for name in ("A", "B")}
         arena = ScratchArena(dev, 1 << 20)
@@ -143,7 +149,8 @@ def test_pass_graph_replay_with_new_metadata_equals_eager(expand, deferred, algo
         streams_a = w.batches["A"][0]
         gp.set_streams(streams_a)
         gp.set_states(0, w.states(len(streams_a)))
-        gp.capture(lambda g: w.body(g, algo))  # runs once eagerly, then records
+        assert gp.gdn_plan(GDN, config).workspace_bytes <= w.ws_bytes
+        gp.capture(lambda g: w.body(g, config))  # runs once eagerly, then records
         dev.synchronize()
         _assert_same(w.read(60, 3), want["A"])  # the capture's eager run
         meta_bytes = {}

@@ -437,7 +437,7 @@ def test_plan_reuses_its_region_and_still_refuses_a_cursor_past_it(emu):
 
 
 def _layers(dev, q12, host, num_blocks) -> dict:
-    from tests.test_prefill import GSHAPE, SHAPE
+    from tests.test_prefill import FUSED, GSHAPE, SHAPE, gdn_tensors
 
     bufs = {k: dev.alloc(v.nbytes, k) for k, v in host.items()}
     try:
@@ -445,8 +445,8 @@ def _layers(dev, q12, host, num_blocks) -> dict:
             dev.upload(bufs[k].ptr, v)
         p = {k: int(b.ptr) for k, b in bufs.items()}
         q12.attention_layer(p["q"], p["k"], p["v"], p["kp"], p["vp"], p["o"], SHAPE, num_blocks=num_blocks)
-        q12.gdn_layer([p["st"] + b * host["st"][0].nbytes for b in range(len(q12.streams))], p["gq"], p["gk"], p["gv"],
-                      p["g"], p["beta"], p["go"], GSHAPE)
+        q12.gdn_layer([p["st"] + b * host["st"][0].nbytes for b in range(len(q12.streams))], gdn_tensors(p), GSHAPE,
+                      config=FUSED)
         return {k: dev.download(bufs[k].ptr, bufs[k].nbytes) for k in ("o", "kp", "vp", "go", "st")}
     finally:
         for b in bufs.values():

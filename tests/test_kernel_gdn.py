@@ -1,18 +1,23 @@
-"""CPU tests of the Gated DeltaNet prefill kernels: compile report, numpy reference, emulator."""
+"""CPU tests of the Gated DeltaNet kernels (q12drv.kernels.gdn): their declarations and compile report, the host
+numbers the sources check, the numpy reference and the chunked kernels' model, the emulators."""
 
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from tests.helpers import FakeMem, rel_err, spill_free
 from q12drv.core.bf16 import from_bf16_bits, to_bf16_bits
-from q12drv.kernels import gdn
-from q12drv.kernels.meta import Q12MetaC, meta_defines
+from q12drv.kernels.gdn import GdnConfig, GdnShape, chunked_mma, chunked_wgmma, plan_gdn, recurrent
+from q12drv.kernels.gdn import reference as ref
+from q12drv.kernels.meta import Q12MetaC
+from q12drv.kernels.registry import compile_defines
 
 RAGGED = [1, 15, 16, 17, 63, 64, 65]
+MODULES = (recurrent, chunked_mma, chunked_wgmma)
 
 
 def make_inputs(rng, lens, hk, hv, dk, dv, state_scale=0.5):
@@ -90,32 +95,191 @@ def assert_bf16_close(bits, want, ulps=1.0):
     assert not bad.any(), f"{bad.sum()} of {bad.size} outputs off, worst {np.max(np.abs(got - want) - tol)}"
 
 
-# --------------------------------------------------------------------------- compile
+# --------------------------------------------------------------------------- declarations, compile, contracts
 
 
-def test_entries_compile_without_spills():
+def test_every_entry_takes_the_one_parameter_list():
+    """Every GDN entry is declared ``void name(GDN_PARAMS)``: the host reads one parameter list, written once in
+    gdn/common.cuh, for all of them; the registry knows each entry's source and emulator."""
+    from q12drv.core.launch import parse_signatures
+    from q12drv.core.nvrtc import cuda_src_dir, local_headers
+    from q12drv.kernels.registry import ENTRIES, struct_types
+
+    for mod in MODULES:
+        src = (cuda_src_dir() / mod.SOURCE).read_text()
+        assert sorted(re.findall(r"(\w+)\(GDN_PARAMS\)", src)) == sorted(mod.ENTRIES), mod.SOURCE
+        sigs = parse_signatures(src, struct_types(), local_headers(src))
+        assert sorted(sigs) == sorted(mod.ENTRIES)
+        for name, params in sigs.items():
+            assert [p for p, _ in params] == ["m", "h_state_ptrs", "q", "k", "v", "g", "beta", "o", "num_k_heads",
+                                              "num_v_heads", "workspace"], name
+            assert ENTRIES[name] == mod.SOURCE
+        assert set(mod.EMULATORS) == set(mod.ENTRIES)
+
+
+def test_recurrent_entries_compile_without_spills():
     from q12drv.core.nvrtc import compile_source
 
-    img = compile_source(gdn.SOURCE, defines=meta_defines(), use_cache=False, verbose_resources=True)
-    assert img.image
-    for name, r in spill_free(img, gdn.ENTRIES).items():
+    img = compile_source(recurrent.SOURCE, defines=compile_defines(recurrent.SOURCE), use_cache=False,
+                         verbose_resources=True)
+    for name, r in spill_free(img, recurrent.ENTRIES).items():
         assert r.registers <= 128, f"{name}: more than 128 registers (< 4 CTAs/SM)"
 
 
-def test_entry_declarations_are_parseable():
-    from q12drv.core.nvrtc import cuda_src_dir
+def test_chunked_mma_entries_compile_without_spills():
+    from q12drv.core.nvrtc import compile_source
 
-    src = (cuda_src_dir() / gdn.SOURCE).read_text()
-    decls = re.findall(r'^extern "C" __global__ void (\w+)\((.*)\) \{$', src, re.M)
-    assert sorted(n for n, _ in decls) == sorted(gdn.ENTRIES)
-    type_re = re.compile(r"^(Q12Meta|int|unsigned int|long long|unsigned long long|float|(const )?[\w ]+\*( __restrict__)?) \w+$")
-    for name, params in decls:
-        ps = [p.strip() for p in params.split(",")]
-        assert [p.split()[-1] for p in ps] == [
-            "m", "h_state_ptrs", "q", "k", "v", "g", "beta", "o", "num_k_heads", "num_v_heads"
-        ], name
-        for p in ps:
-            assert type_re.match(p), f"{name}: parameter {p!r}"
+    img = compile_source(chunked_mma.SOURCE, defines=compile_defines(chunked_mma.SOURCE), use_cache=False,
+                         verbose_resources=True)
+    spill_free(img, chunked_mma.ENTRIES)
+
+
+def test_chunked_wgmma_entries_compile_for_sm90a_without_spills():
+    """gdn/chunked_wgmma.cu compiles for sm_90a only (wgmma), every entry without spills or local memory."""
+    from q12drv.core.nvrtc import compile_source, target_arch
+
+    assert target_arch(chunked_wgmma.SOURCE, "sm_90") == "sm_90a"
+    with pytest.raises(ValueError, match="sm_90a"):
+        target_arch(chunked_wgmma.SOURCE, "sm_80")
+    img = compile_source(chunked_wgmma.SOURCE, defines=compile_defines(chunked_wgmma.SOURCE), use_cache=False,
+                         verbose_resources=True)
+    assert img.arch == "sm_90a"
+    spill_free(img, chunked_wgmma.ENTRIES)
+
+
+def test_the_modules_declare_their_contracts():
+    """Each GDN module registers its host numbers for every build of its source (test_registry compiles each with
+    a drifted and a missing value)."""
+    from q12drv.kernels import registry
+
+    for mod in MODULES:
+        assert registry.CONTRACTS[mod.SOURCE] == tuple(f"{k}={v}" for k, v in mod.contracts().items())
+        assert compile_defines(mod.SOURCE)[-len(mod.contracts()):] == registry.CONTRACTS[mod.SOURCE]
+
+
+def test_recurrent_geometry():
+    assert recurrent.COLS_PER_CTA == 32
+    assert recurrent.geometry(8, 32, 128) == ((128, 8, 1), (128, 1, 1), 0)
+    assert recurrent.geometry(1, 6, 64) == ((12, 1, 1), (128, 1, 1), 0)
+    with pytest.raises(ValueError, match="head_dim 64 and 128, not 256"):
+        recurrent.geometry(1, 32, 256)
+
+
+def test_chunked_mma_sizes_and_geometry():
+    """The fused kernel, the precompute and the mma sequential kernel: sizes, records, geometry, occupancy."""
+    assert chunked_mma.SLICE == 64
+    assert chunked_mma.fused_geometry(8, 32, 128) == ((2, 32, 8), (128, 1, 1), chunked_mma.fused_smem(128))
+    assert chunked_mma.fused_geometry(1, 6, 64) == ((1, 6, 1), (128, 1, 1), chunked_mma.fused_smem(64))
+    assert (chunked_mma.fused_smem(128), chunked_mma.fused_smem(64)) == (114944, 82176)
+    assert chunked_mma.fused_smem(128) <= 227 * 1024 // 2  # two CTAs per SM
+    with pytest.raises(ValueError):
+        chunked_mma.fused_geometry(0, 32, 128)
+    for d in (64, 128):
+        assert chunked_mma.sequential_smem(d, 2) == 2 * chunked_mma.sequential_smem(d, 1), d
+    assert chunked_mma.precompute_smem(128) == 64000 and chunked_mma.t_record_bytes() == 17424
+    # occupancy the design relies on (227 KiB of shared memory per SM, 1 KiB reserved per CTA)
+    assert 3 * (chunked_mma.precompute_smem(128) + 1024) <= 227 * 1024
+    assert 2 * (chunked_mma.sequential_smem(128, 1) + 1024) <= 227 * 1024 < 2 * (chunked_mma.sequential_smem(128, 2)
+                                                                                + 1024)
+    assert chunked_mma.precompute_geometry(8, 2048, 16, 128) == ((32, 16, 8), (128, 1, 1), 64000)
+    assert chunked_mma.precompute_geometry(1, 1, 16, 64)[0] == (1, 16, 1)
+    assert chunked_mma.sequential_geometry(8, 32, 128, 1) == ((2, 32, 8), (128, 1, 1),
+                                                              chunked_mma.sequential_smem(128, 1))
+    assert chunked_mma.mma_workspace_bytes(1, 8192, 16, 32, 128) == 128 * (16 * 49152 + 32 * 19200)
+    assert chunked_mma.mma_workspace_bytes(3, 65, 2, 6, 64) == 3 * 2 * (2 * 24576 + 6 * 19200)
+    assert chunked_mma.t_workspace_bytes(1, 8192, 16, 32) == 128 * 32 * 17424
+    # the sequential build: one buffer once the fused grid holds two CTAs per SM
+    assert chunked_mma.sequential_stages(8, 32, 128, 132) == 1 and chunked_mma.sequential_stages(5, 32, 128, 132) == 1
+    assert chunked_mma.sequential_stages(1, 32, 128, 132) == 2 and chunked_mma.sequential_stages(4, 32, 128, 132) == 2
+    assert chunked_mma.sequential_entry(128, 1) == "q12_gdn_mma_sequential_1stage_d128"
+    assert chunked_mma.precompute_entry(64, "wgmma") == "q12_gdn_wgmma_precompute_d64"
+    for entry in chunked_mma.ENTRIES:
+        assert chunked_mma.entry_smem(entry) > 0
+    with pytest.raises(ValueError, match="stages"):
+        chunked_mma.sequential_entry(128, 3)
+    with pytest.raises(KeyError, match="not a gdn/chunked_mma.cu entry"):
+        chunked_mma.entry_smem("q12_gdn_recurrent_d128")
+    with pytest.raises(ValueError):
+        chunked_mma.mma_workspace_bytes(0, 64, 16, 32, 128)
+
+
+def test_chunked_wgmma_sizes_and_geometry():
+    """The wgmma sequential kernels' stages, the overlapped records and workspace, geometry and occupancy: one stage
+    fits two CTAs per SM, two stages one; an overlapped precompute CTA fills an SM."""
+    assert chunked_wgmma.stage_bytes(128) % 1024 == 0
+    assert (chunked_wgmma.stage_bytes(128), chunked_wgmma.stage_bytes(64)) == (69632, 53248)
+    assert chunked_wgmma.stage_bytes(128, 2) == 88064   # the wide CTA: two V and two O slices
+    assert chunked_wgmma.sequential_smem(128, 2, 2) == chunked_wgmma.entry_smem(chunked_wgmma.WIDE_ENTRY) <= 227 * 1024
+    assert chunked_wgmma.wide_geometry(8, 32) == ((1, 32, 8), (256, 1, 1), 176032)
+    sm = 228 * 1024  # shared memory per SM (227 KiB for blocks + 1 KiB reserved per CTA)
+    assert 2 * (chunked_wgmma.sequential_smem(64, 1) + 1024) <= sm
+    assert chunked_wgmma.sequential_smem(128, 2) <= 227 * 1024 < 2 * (chunked_wgmma.sequential_smem(128, 2) + 1024)
+    assert chunked_wgmma.sequential_geometry(8, 32, 64, 1) == ((1, 32, 8), (128, 1, 1),
+                                                               chunked_wgmma.sequential_smem(64, 1))
+    with pytest.raises(ValueError, match="at 128 the wide CTA"):
+        chunked_wgmma.sequential_entry(128, 1)
+    # the overlapped precompute's items: a value head's in the first 8 chunks, a key head's after them
+    assert chunked_wgmma.OVERLAP_VH_CHUNKS == 8
+    assert chunked_wgmma.overlap_items(1, 8192, 16, 32) == 8 * 32 + 120 * 16
+    assert chunked_wgmma.overlap_items(2, 300, 16, 32) == 2 * 5 * 32   # every chunk in the first 8
+    assert chunked_wgmma.overlap_ready_value(16, 32) == 2
+    assert chunked_wgmma.overlap_record_bytes(128) == 16384 + 8192 + 512 + 16 + 2 * 8192 == 41488
+    assert chunked_wgmma.overlap_record_bytes(64) == 8192 + 8192 + 512 + 16 + 2 * 8192 == 33296
+    assert chunked_wgmma.overlap_record_offsets(128) == {"W": 0, "P": 16384, "EQ": 24576, "WK": 24832, "EGC": 25088,
+                                                         "TB": 25104, "END": 41488}
+    assert chunked_wgmma.stage_bytes(128, overlapped=True) == 92160
+    assert chunked_wgmma.stage_bytes(64, overlapped=True) == 67584
+    assert chunked_wgmma.sequential_smem(128, 2, overlapped=True) == 92160 + 92160 + 16 + 896 == 185232
+    assert chunked_wgmma.overlapped_precompute_smem(128) == 3 * 64000 <= 227 * 1024
+    assert chunked_wgmma.overlapped_precompute_smem(128) + 1024 + chunked_wgmma.sequential_smem(
+        128, 2, overlapped=True) + 1024 > sm   # no sequential CTA beside a precompute CTA
+    flow = 128 * 32 * 41488 + 4 * 128 * 16 + 16   # the records, the ready flags, the item counter
+    assert chunked_wgmma.flags_offset(1, 8192, 16, 32, 128) == 128 * 32 * 41488
+    assert chunked_wgmma.kq_offset(1, 8192, 16, 32, 128) == -(-flow // 128) * 128
+    flow = -(-flow // 128) * 128 + 128 * 16 * 2 * 64 * 128 * 2   # then each (stream, chunk, key head)'s k and q tiles
+    assert chunked_wgmma.overlapped_workspace_bytes(1, 8192, 16, 32, 128) == flow
+    assert chunked_wgmma.flag_count(1, 8192, 16) == 128 * 16 and chunked_wgmma.flags_bytes(1, 64, 1) == 4 + 16
+    prep, seq = chunked_wgmma.overlapped_geometry(1, 32, 128, 132)
+    assert prep == ((68, 1, 1), (384, 1, 1), 192000)
+    assert seq == ((2, 32, 1), (128, 1, 1), 185232)
+    assert chunked_wgmma.overlapped_geometry(4, 32, 128, 132)[0][0] == (1, 1, 1)  # never an empty grid
+    # the rules' building blocks
+    assert chunked_wgmma.uses_overlapped(1, 8192, 32, 128, 132)
+    assert not chunked_wgmma.uses_overlapped(2, 8192, 32, 128, 132)
+    assert chunked_wgmma.uses_overlapped(2, 9000, 32, 64, 132)
+    assert not chunked_wgmma.uses_overlapped(1, 8192, 32, 128, 127)
+    assert not chunked_wgmma.uses_overlapped(1, 8191, 32, 128, 132)
+    assert chunked_wgmma.uses_wide(8, 32, 128, 132) and chunked_wgmma.uses_wide(5, 32, 128, 132)
+    assert not chunked_wgmma.uses_wide(4, 32, 128, 132) and not chunked_wgmma.uses_wide(8, 32, 64, 132)
+    for entry in chunked_wgmma.ENTRIES:
+        assert chunked_wgmma.entry_smem(entry) > 0
+    with pytest.raises(ValueError, match="head_dim 64 and 128, not 256"):
+        chunked_wgmma.overlap_record_bytes(256)
+    with pytest.raises(KeyError, match="not a gdn/chunked_wgmma.cu entry"):
+        chunked_wgmma.entry_smem("q12_gdn_mma_sequential_2stage_d128")
+
+
+def test_sw128_unswizzle_inverts_the_kernels_swizzle():
+    """chunked_wgmma.sw128_offset is gdn/chunk.cuh's sw128_off (the formula in the source), and sw128_unswizzle reads
+    a tile written through it back in row order, for 64 and 128 columns; wrong sizes are refused."""
+    from q12drv.core.nvrtc import cuda_src_dir
+    src = (cuda_src_dir() / "gdn/chunk.cuh").read_text()
+    assert "return (cg >> 3) * (GDN_C * 128) + r * 128 + (((cg & 7) ^ (r & 7)) << 4);" in src
+    assert chunked_wgmma.sw128_offset(0, 0) == 0 and chunked_wgmma.sw128_offset(1, 0) == 128 + 16
+    assert chunked_wgmma.sw128_offset(9, 8) == 8192 + 9 * 128 + 16
+    rng = np.random.default_rng(3)
+    for cols in (64, 128):
+        tile = rng.integers(0, 1 << 16, (64, cols), dtype=np.uint16)
+        raw = np.zeros(64 * cols, np.uint16)
+        for r in range(64):
+            for c in range(cols // 8):
+                at = chunked_wgmma.sw128_offset(r, c) // 2
+                raw[at: at + 8] = tile[r, 8 * c: 8 * c + 8]
+        assert np.array_equal(chunked_wgmma.sw128_unswizzle(raw.view(np.uint8), cols), tile)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        chunked_wgmma.sw128_unswizzle(np.zeros(64 * 32, np.uint16), 32)
+    with pytest.raises(ValueError, match="is 16384 bytes, got 8192"):
+        chunked_wgmma.sw128_unswizzle(np.zeros(64 * 64, np.uint16), 128)
 
 
 # --------------------------------------------------------------------------- reference
@@ -125,7 +289,7 @@ def test_entry_declarations_are_parseable():
 def test_reference_matches_textbook(hk, hv):
     rng = np.random.default_rng()
     inputs = make_inputs(rng, RAGGED, hk, hv, 16, 8)
-    o_bits, fin = gdn.reference(*inputs)
+    o_bits, fin = ref.reference(*inputs)
     o_tb, fin_tb = textbook(*inputs)
     assert_bf16_close(o_bits, o_tb)
     np.testing.assert_allclose(fin, fin_tb, rtol=1e-6, atol=1e-7)
@@ -134,21 +298,21 @@ def test_reference_matches_textbook(hk, hv):
 def test_reference_matches_chunked_wy_with_initial_state():
     rng = np.random.default_rng()
     inputs = make_inputs(rng, [1, 17, 40, 16], 1, 2, 32, 16, state_scale=1.0)
-    o_bits, fin = gdn.reference(*inputs)
+    o_bits, fin = ref.reference(*inputs)
     o_wy, fin_wy = chunked_wy(*inputs, C=16)
     assert_bf16_close(o_bits, o_wy)
     np.testing.assert_allclose(fin, fin_wy, rtol=1e-6, atol=1e-6)
     # the initial state matters: a zero one gives a different answer
     zero = list(inputs)
     zero[-1] = np.zeros_like(inputs[-1])
-    assert not np.allclose(gdn.reference(*zero)[1], fin, atol=1e-3)
+    assert not np.allclose(ref.reference(*zero)[1], fin, atol=1e-3)
 
 
 def test_reference_float32_close_to_float64():
     rng = np.random.default_rng()
     inputs = make_inputs(rng, [70, 3], 1, 2, 64, 64)
-    o64, f64 = gdn.reference(*inputs)
-    o32, f32 = gdn.reference(*inputs, dtype=np.float32)
+    o64, f64 = ref.reference(*inputs)
+    o32, f32 = ref.reference(*inputs, dtype=np.float32)
     a, b = from_bf16_bits(o64), from_bf16_bits(o32)
     assert np.linalg.norm(a - b) / np.linalg.norm(a) < 5e-3
     assert np.linalg.norm(f64 - f32) / np.linalg.norm(f64) < 1e-5
@@ -158,39 +322,155 @@ def test_reference_rejects_bad_shapes():
     rng = np.random.default_rng(0)
     q, k, v, g, beta, cu, s0 = make_inputs(rng, [3], 2, 3, 8, 8)
     with pytest.raises(ValueError, match="multiple"):
-        gdn.reference(q, k, v, g, beta, cu, s0)
+        ref.reference(q, k, v, g, beta, cu, s0)
 
 
-# --------------------------------------------------------------------------- emulator
+# numpy model of the chunked kernels vs the float64 token-by-token reference (measured: o ~3.7e-3, the
+# bf16 rounding of o alone is ~2.5e-3; state 1e-4..3e-4). Bounds with margin:
+CHUNK_O_REL, CHUNK_STATE_REL = 8e-3, 1e-3
+
+
+@pytest.mark.parametrize("d,hk,hv,lens", [(64, 2, 4, RAGGED + [130, 0, 3]), (128, 1, 2, [1, 65, 200]),
+                                          (32, 3, 3, [16, 17, 1])])
+def test_chunked_model_matches_reference_on_ragged_streams(d, hk, hv, lens):
+    rng = np.random.default_rng()
+    inputs = make_inputs(rng, lens, hk, hv, d, d, state_scale=1.0)
+    o_ref, fin_ref = ref.reference(*inputs)
+    o, fin = ref.chunked_reference(*inputs)
+    cu = inputs[5]
+    for b in range(len(lens)):
+        s, e = cu[b], cu[b + 1]
+        if e == s:
+            np.testing.assert_array_equal(fin[b], inputs[-1][b])
+            continue
+        eo = rel_err(from_bf16_bits(o[s:e]), from_bf16_bits(o_ref[s:e]))
+        es = rel_err(fin[b], fin_ref[b])
+        assert eo < CHUNK_O_REL, f"stream {b} (len {e - s}): o rel err {eo:.2e}"
+        assert es < CHUNK_STATE_REL, f"stream {b} (len {e - s}): state rel err {es:.2e}"
+
+
+@pytest.mark.parametrize("path", ["mma", "wgmma", "overlapped"])
+def test_chunked_model_long_stream(path):
+    rng = np.random.default_rng()
+    inputs = make_inputs(rng, [1100], 1, 1, 64, 64, state_scale=1.0)
+    o_ref, fin_ref = ref.reference(*inputs)
+    o, fin = ref.chunked_reference(*inputs, path=path)
+    assert rel_err(from_bf16_bits(o), from_bf16_bits(o_ref)) < CHUNK_O_REL
+    assert rel_err(fin, fin_ref) < CHUNK_STATE_REL
+    with pytest.raises(ValueError, match="path must be one of 'mma', 'wgmma', 'overlapped'"):
+        ref.chunked_reference(*inputs, path="flow")
+
+
+def test_chunked_model_chunk_size_independent_of_stream_splits():
+    """A chunk never crosses a stream: batched model == each stream alone, bit for bit."""
+    rng = np.random.default_rng()
+    inputs = make_inputs(rng, [17, 64, 65], 1, 2, 32, 32)
+    o, fin = ref.chunked_reference(*inputs)
+    q, k, v, g, beta, cu, s0 = inputs
+    for b in range(3):
+        s, e = cu[b], cu[b + 1]
+        o1, f1 = ref.chunked_reference(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], np.array([0, e - s]), s0[b:b + 1])
+        assert np.array_equal(o[s:e], o1) and np.array_equal(fin[b], f1[0])
+
+
+def test_wgmma_model_matches_reference_and_the_block_solve():
+    """The wgmma path's numpy model (T = (I + A)^-1 rounded to bf16, one product) stays within the chunked
+    kernels' error budget and within a few bf16 roundings of the block-solve model."""
+    rng = np.random.default_rng()
+    inputs = make_inputs(rng, [1, 63, 130, 300], 2, 4, 64, 64, state_scale=1.0)
+    o_ref, fin_ref = ref.reference(*inputs)
+    o_b, fin_b = ref.chunked_reference(*inputs)
+    o_t, fin_t = ref.chunked_reference(*inputs, path="wgmma")
+    assert rel_err(from_bf16_bits(o_t), from_bf16_bits(o_ref)) < CHUNK_O_REL
+    assert rel_err(fin_t, fin_ref) < CHUNK_STATE_REL
+    assert rel_err(fin_t, fin_b) < 5e-4
+    assert rel_err(from_bf16_bits(o_t), from_bf16_bits(o_b)) < 4e-3
+    # the identity solve is T itself: T (I + A) = I to the solve's precision on a random chunk
+    C = 64
+    A = np.tril(rng.normal(0, 0.1, size=(1, C, C)), -1).astype(np.float32)
+    Dinv = np.zeros_like(A, dtype=np.float64)
+    for i in range(4):
+        sl = slice(16 * i, 16 * i + 16)
+        Dinv[:, sl, sl] = np.linalg.inv(np.eye(16) + A[:, sl, sl].astype(np.float64))
+    blk = np.arange(C) // 16
+    Aoff = A * (blk[:, None] != blk[None, :])
+    T = ref._block_solve(np.broadcast_to(np.eye(C, dtype=np.float32), (1, C, C)), Aoff, Dinv)
+    np.testing.assert_allclose(T[0] @ (np.eye(C) + A[0]), np.eye(C), atol=1e-5)
+
+
+def test_overlapped_model_keeps_the_wgmma_error():
+    """fla's order V_new = U - W S (the overlapped schedule's records: T diag(beta) and T diag(beta EK) as hi + lo
+    pairs from the fp32 T, U in fp32, W in bf16) keeps the state's error within 2x of the wgmma two-pass schedule's;
+    o's error is o's rounding either way."""
+    rng = np.random.default_rng(5)
+    inputs = make_inputs(rng, [256, 129], 2, 4, 128, 128)
+    o_ref, fin_ref = ref.reference(*inputs)
+    _, fin_t = ref.chunked_reference(*inputs, path="wgmma")
+    o_f, fin_f = ref.chunked_reference(*inputs, path="overlapped")
+    err_t, err_f = (float(np.max(np.abs(f - fin_ref))) for f in (fin_t, fin_f))
+    assert err_f < 2 * err_t
+    assert rel_err(from_bf16_bits(o_f), from_bf16_bits(o_ref)) < CHUNK_O_REL
+
+
+# --------------------------------------------------------------------------- emulators
 
 
 GUARD = 64  # elements of guard around the output
 
 
+class Launch:
+    """One GDN launch's arguments in fake device memory: inputs, o with a guard, the states, the metadata."""
+
+    def __init__(self, inputs, hk, hv, d):
+        q, k, v, g, beta, cu, s0 = inputs
+        self.n, self.T, self.hv, self.d = len(cu) - 1, int(cu[-1]), hv, d
+        self.mem = mem = FakeMem()
+        ptrs = [mem.hold(x)[1] for x in (q, k, v, g, beta)]
+        self.obuf, po = mem.hold(np.full(self.T * hv * d + 2 * GUARD, 0xFFFF, np.uint16))
+        self.states = [mem.hold(s0[b].copy()) for b in range(self.n)]
+        _, pptrs = mem.hold(np.array([p for _, p in self.states], np.uint64))
+        _, pcu = mem.hold(cu.astype(np.int32))
+        self.meta = Q12MetaC(cu_seqlens=pcu, batch_size=self.n, chunk_len=int(np.diff(cu).max()), total_tokens=self.T)
+        self.args = dict(m=self.meta, h_state_ptrs=pptrs, q=ptrs[0], k=ptrs[1], v=ptrs[2], g=ptrs[3], beta=ptrs[4],
+                         o=po + GUARD * 2, num_k_heads=hk, num_v_heads=hv, workspace=0)
+
+    def result(self):
+        """(o bits, final states, the guards around o intact)."""
+        guards_ok = bool((self.obuf[:GUARD] == 0xFFFF).all() and (self.obuf[-GUARD:] == 0xFFFF).all())
+        o = self.obuf[GUARD:-GUARD].reshape(self.T, self.hv, self.d).copy()
+        return o, np.stack([s for s, _ in self.states]), guards_ok
+
+
+EMULATORS = {**recurrent.EMULATORS, **chunked_mma.EMULATORS, **chunked_wgmma.EMULATORS}
+HOPPER = SimpleNamespace(arch="sm_90", sm_count=132)
+ONE_SM = SimpleNamespace(arch="sm_90", sm_count=1)   # a device where every grid is full: the other builds
+
+
 def run_emulated(inputs, hk, hv, d, grid=None, block=None):
-    """Emulate one launch over all streams of `inputs`; returns (o bits, states, guard-ok)."""
-    q, k, v, g, beta, cu, s0 = inputs
-    n = len(cu) - 1
-    mem = FakeMem()
-    T = int(cu[-1])
-    _, pq = mem.hold(q)
-    _, pk = mem.hold(k)
-    _, pv = mem.hold(v)
-    _, pg = mem.hold(g)
-    _, pb = mem.hold(beta)
-    obuf, po = mem.hold(np.full(T * hv * d + 2 * GUARD, 0xFFFF, np.uint16))
-    po += GUARD * 2
-    states = [mem.hold(s0[b].copy()) for b in range(n)]
-    _, pptrs = mem.hold(np.array([p for _, p in states], np.uint64))
-    _, pcu = mem.hold(cu.astype(np.int32))
-    meta = Q12MetaC(cu_seqlens=pcu, batch_size=n, chunk_len=int(np.diff(cu).max()), total_tokens=T)
-    args = dict(m=meta, h_state_ptrs=pptrs, q=pq, k=pk, v=pv, g=pg, beta=pb, o=po, num_k_heads=hk, num_v_heads=hv)
-    ggrid, gblock, smem = gdn.geometry(n, hv, d)
+    """Emulate the recurrent entry over all streams of ``inputs``; returns (o bits, states, guard-ok)."""
+    L = Launch(inputs, hk, hv, d)
+    ggrid, gblock, smem = recurrent.geometry(L.n, hv, d)
     assert smem == 0
-    gdn.EMULATORS[gdn.entry_name(d)](args, mem, grid or ggrid, block or gblock)
-    guards_ok = bool((obuf[:GUARD] == 0xFFFF).all() and (obuf[-GUARD:] == 0xFFFF).all())
-    o = obuf[GUARD:-GUARD].reshape(T, hv, d).copy()
-    return o, np.stack([s for s, _ in states]), guards_ok
+    recurrent.EMULATORS[recurrent.entry(d)](L.args, L.mem, grid or ggrid, block or gblock)
+    return L.result()
+
+
+def run_plan_emulated(inputs, hk, hv, d, config=GdnConfig(schedule="fused"), device=HOPPER, grid=None, block=None,
+                      ws_short=0, ws_fill=0, skip=0):
+    """Emulate the launches of ``config``'s plan for ``inputs`` on ``device`` (its flags zeroed first, as the
+    launcher does) through exactly the workspace they need (``ws_short`` bytes less), filled with ``ws_fill``;
+    ``skip``: leave out that many first launches; ``grid``/``block``: instead of the plan's."""
+    L = Launch(inputs, hk, hv, d)
+    plan = plan_gdn(config, GdnShape(hk, hv, d), L.n, int(L.meta.chunk_len), device)
+    zero, kernels = plan.launches(L.n, int(L.meta.chunk_len))
+    need = plan.workspace_bytes_for(L.n, int(L.meta.chunk_len))
+    if need:
+        ws, L.args["workspace"] = L.mem.hold(np.full(need - ws_short, ws_fill, np.uint8))
+        if zero is not None:
+            ws[zero[0]: zero[0] + zero[1]] = 0
+    for kern in kernels[skip:]:
+        EMULATORS[kern.entry](L.args, L.mem, grid or kern.grid, block or kern.block)
+    return L.result()
 
 
 @pytest.mark.parametrize("d,hk,hv", [(64, 2, 4), (128, 1, 2)])
@@ -200,7 +480,7 @@ def test_emulator_matches_reference_and_updates_state_in_place(d, hk, hv):
     inputs = make_inputs(rng, lens, hk, hv, d, d)
     o, fin, guards_ok = run_emulated(inputs, hk, hv, d)
     assert guards_ok
-    o_ref, fin_ref = gdn.reference(*inputs)
+    o_ref, fin_ref = ref.reference(*inputs)
     np.testing.assert_array_equal(o, o_ref)
     np.testing.assert_array_equal(fin, fin_ref)
     assert not np.array_equal(fin, inputs[-1])
@@ -225,583 +505,71 @@ def test_emulator_rejects_short_grid_and_bad_block():
     hk, hv, d = 1, 2, 64
     inputs = make_inputs(rng, [3, 5], hk, hv, d, d)
     with pytest.raises(ValueError, match="grid"):
-        run_emulated(inputs, hk, hv, d, grid=(hv * d // gdn.COLS_PER_CTA - 1, 2, 1))
+        run_emulated(inputs, hk, hv, d, grid=(hv * d // recurrent.COLS_PER_CTA - 1, 2, 1))
     with pytest.raises(ValueError, match="grid"):
-        run_emulated(inputs, hk, hv, d, grid=(hv * d // gdn.COLS_PER_CTA, 1, 1))
+        run_emulated(inputs, hk, hv, d, grid=(hv * d // recurrent.COLS_PER_CTA, 1, 1))
     with pytest.raises(ValueError, match="block"):
         run_emulated(inputs, hk, hv, d, block=(256, 1, 1))
 
 
-def test_geometry():
-    from q12drv.core.nvrtc import cuda_src_dir
-
-    src = (cuda_src_dir() / gdn.SOURCE).read_text()
-    assert int(re.search(r"#define GDN_LPC (\d+)", src).group(1)) == gdn.LANES_PER_COLUMN
-    assert int(re.search(r"#define GDN_CPT (\d+)", src).group(1)) == gdn.COLS_PER_THREAD
-    assert int(re.search(r"#define GDN_THREADS (\d+)", src).group(1)) == gdn.THREADS
-    assert gdn.COLS_PER_CTA == 32
-    assert gdn.geometry(8, 32, 128) == ((128, 8, 1), (128, 1, 1), 0)
-    assert gdn.geometry(1, 6, 64) == ((12, 1, 1), (128, 1, 1), 0)
-    with pytest.raises(ValueError):
-        gdn.geometry(1, 32, 256)
-
-
-# --------------------------------------------------------------------------- chunked (WY) kernel
-
-
-from q12drv.kernels import gdn_chunk, gdn_wgmma  # noqa: E402
-
-
-# numpy model of gdn/chunked_mma.cu vs the float64 token-by-token reference (measured: o ~3.7e-3, the
-# bf16 rounding of o alone is ~2.5e-3; state 1e-4..3e-4). Bounds with margin:
-CHUNK_O_REL, CHUNK_STATE_REL = 8e-3, 1e-3
-
-
-@pytest.mark.parametrize("d,hk,hv,lens", [(64, 2, 4, RAGGED + [130, 0, 3]), (128, 1, 2, [1, 65, 200]), (32, 3, 3, [16, 17, 1])])
-def test_chunked_model_matches_reference_on_ragged_streams(d, hk, hv, lens):
-    rng = np.random.default_rng()
-    inputs = make_inputs(rng, lens, hk, hv, d, d, state_scale=1.0)
-    o_ref, fin_ref = gdn.reference(*inputs)
-    o, fin = gdn_chunk.chunked_reference(*inputs)
-    cu = inputs[5]
-    for b in range(len(lens)):
-        s, e = cu[b], cu[b + 1]
-        if e == s:
-            np.testing.assert_array_equal(fin[b], inputs[-1][b])
-            continue
-        eo = rel_err(from_bf16_bits(o[s:e]), from_bf16_bits(o_ref[s:e]))
-        es = rel_err(fin[b], fin_ref[b])
-        assert eo < CHUNK_O_REL, f"stream {b} (len {e - s}): o rel err {eo:.2e}"
-        assert es < CHUNK_STATE_REL, f"stream {b} (len {e - s}): state rel err {es:.2e}"
-
-
-def test_chunked_model_long_stream_and_the_update_split_matters():
-    rng = np.random.default_rng()
-    inputs = make_inputs(rng, [1100], 1, 1, 64, 64, state_scale=1.0)
-    o_ref, fin_ref = gdn.reference(*inputs)
-    o, fin = gdn_chunk.chunked_reference(*inputs)
-    assert rel_err(from_bf16_bits(o), from_bf16_bits(o_ref)) < CHUNK_O_REL
-    es = rel_err(fin, fin_ref)
-    assert es < CHUNK_STATE_REL
-    # bf16 K in the state update (no hi/lo split) costs several times the state error
-    _, fin_bf16 = gdn_chunk.chunked_reference(*inputs, update_split=False)
-    assert rel_err(fin_bf16, fin_ref) > 2 * es
-
-
-def test_chunked_model_chunk_size_independent_of_stream_splits():
-    """A chunk never crosses a stream: batched model == each stream alone, bit for bit."""
-    rng = np.random.default_rng()
-    inputs = make_inputs(rng, [17, 64, 65], 1, 2, 32, 32)
-    o, fin = gdn_chunk.chunked_reference(*inputs)
-    q, k, v, g, beta, cu, s0 = inputs
-    for b in range(3):
-        s, e = cu[b], cu[b + 1]
-        o1, f1 = gdn_chunk.chunked_reference(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], np.array([0, e - s]), s0[b:b + 1])
-        assert np.array_equal(o[s:e], o1) and np.array_equal(fin[b], f1[0])
-
-
-def test_chunk_entries_compile_without_spills():
-    from q12drv.core.nvrtc import compile_source
-
-    img = compile_source(gdn_chunk.SOURCE, defines=meta_defines(), use_cache=False, verbose_resources=True)
-    assert img.image
-    spill_free(img, gdn_chunk.ENTRIES)
-
-
-def test_chunk_entry_declarations_match_the_recurrent_ones():
-    from q12drv.core.nvrtc import cuda_src_dir
-
-    def decls(source):
-        src = (cuda_src_dir() / source).read_text()
-        return re.findall(r'^extern "C" __global__ void (?:__launch_bounds__\([\w, ]+\) )?(\w+)\((.*)\) \{$', src, re.M)
-
-    rec = {n[len("q12_gdn_prefill"):]: p for n, p in decls(gdn.SOURCE)}
-    chk = {n[len("q12_gdn_chunk"):]: p for n, p in decls(gdn_chunk.SOURCE)}
-    assert sorted("q12_gdn_chunk" + s for s in chk) == sorted(gdn_chunk.ENTRIES)
-    assert {s: p for s, p in chk.items() if s in rec} == rec
-    # the pairs: the fused kernel's parameters, then the workspace
-    wg = dict(decls(gdn_wgmma.SOURCE))
-    assert sorted(wg) == sorted(gdn_wgmma.ENTRIES)
-    for d in (128, 64):
-        split = rec[f"_d{d}"] + ", unsigned char* __restrict__ workspace"
-        for entry in (*gdn_chunk.split_entries(d), gdn_chunk.tile_prep_entry(d)):
-            assert chk[entry[len("q12_gdn_chunk"):]] == split
-        for st in gdn_wgmma.STAGES:
-            assert wg[gdn_wgmma.entries(d, st)[1]] == split
-
-
-def test_chunk_smem_matches_the_source():
-    from q12drv.core.nvrtc import cuda_src_dir
-
-    src = (cuda_src_dir() / gdn_chunk.SOURCE).read_text()
-    for d in (64, 128):
-        m = re.search(rf"sizeof\(gdnc::Smem<{d}>\) == (\d+)", src)
-        assert m and int(m.group(1)) == gdn_chunk.smem_bytes(d), d
-    header = (cuda_src_dir() / "gdn/chunk.cuh").read_text()  # the phases both pairs share
-    assert re.search(r"#define GDN_BV 64\b", header) and gdn_chunk.BV == 64
-    assert gdn_chunk.geometry(8, 32, 128) == ((2, 32, 8), (128, 1, 1), gdn_chunk.smem_bytes(128))
-    assert gdn_chunk.geometry(1, 32, 128) == ((2, 32, 1), (128, 1, 1), gdn_chunk.smem_bytes(128))
-    assert gdn_chunk.geometry(1, 6, 64) == ((1, 6, 1), (128, 1, 1), gdn_chunk.smem_bytes(64))
-    assert gdn_chunk.smem_bytes(128) <= 227 * 1024 // 2  # two CTAs per SM
-    with pytest.raises(ValueError):
-        gdn_chunk.geometry(1, 32, 256)
-    with pytest.raises(ValueError):
-        gdn_chunk.geometry(0, 32, 128)
-
-
-def test_split_pair_sizes_match_the_source():
-    """The split pair's shared memory, record sizes and geometry: the host's numbers are the ones the
-    source's static_asserts pin, so the launches ask for what the kernels lay out."""
-    from q12drv.core.nvrtc import cuda_src_dir
-
-    src = (cuda_src_dir() / gdn_chunk.SOURCE).read_text()
-    for d in (64, 128):
-        m = re.search(rf"sizeof\(gdnc::PrepSmem<{d}>\) == (\d+)", src)
-        assert m and int(m.group(1)) == gdn_chunk.prep_smem_bytes(d), d
-        m = re.search(rf"sizeof\(gdnc::SeqSmem<{d}, 2>\) == (\d+)", src)
-        assert m and int(m.group(1)) == gdn_chunk.seq_smem_bytes(d, 2) == 2 * gdn_chunk.seq_smem_bytes(d, 1), d
-        m = re.search(rf"gdnc::KRec<{d}>::BYTES == (\d+)", src)
-        assert m and int(m.group(1)) == gdn_chunk.k_record_bytes(d), d
-    m = re.search(r"gdnc::VRec::BYTES == (\d+)", src)
-    assert m and int(m.group(1)) == gdn_chunk.v_record_bytes()
-    m = re.search(r"gdnc::TileVRec::BYTES == (\d+)", src)
-    assert m and int(m.group(1)) == gdn_chunk.tile_v_record_bytes() == 17424
-    # occupancy the design relies on (227 KiB of shared memory per SM, 1 KiB reserved per CTA)
-    assert 3 * (gdn_chunk.prep_smem_bytes(128) + 1024) <= 227 * 1024
-    assert 2 * (gdn_chunk.seq_smem_bytes(128, 1) + 1024) <= 227 * 1024 < 2 * (gdn_chunk.seq_smem_bytes(128, 2) + 1024)
-    # geometry: one precompute CTA per (chunk, key head, stream); the sequential grid is the fused one
-    prep, seq = gdn_chunk.split_geometry(8, 2048, 16, 32, 128, 1)
-    assert prep == ((32, 16, 8), (128, 1, 1), gdn_chunk.prep_smem_bytes(128))
-    assert seq == ((2, 32, 8), (128, 1, 1), gdn_chunk.seq_smem_bytes(128, 1))
-    assert gdn_chunk.split_geometry(1, 1, 16, 32, 64)[0][0] == (1, 16, 1)
-    assert gdn_chunk.workspace_bytes(1, 8192, 16, 32, 128) == 128 * (16 * 49152 + 32 * 19200)
-    assert gdn_chunk.workspace_bytes(3, 65, 2, 6, 64) == 3 * 2 * (2 * 24576 + 6 * 19200)
-    # the sequential build: one buffer once the fused grid holds two CTAs per SM
-    assert gdn_chunk.split_stages(8, 32, 128, 132) == 1 and gdn_chunk.split_stages(5, 32, 128, 132) == 1
-    assert gdn_chunk.split_stages(1, 32, 128, 132) == 2 and gdn_chunk.split_stages(4, 32, 128, 132) == 2
-    assert gdn_chunk.split_entries(128, 1) == ("q12_gdn_chunk_prep_d128", "q12_gdn_chunk_seq1_d128")
-    for entry in gdn_chunk.ENTRIES:
-        assert gdn_chunk.entry_smem_bytes(entry) > 0
-    with pytest.raises(ValueError, match="stages"):
-        gdn_chunk.split_entries(128, 3)
-    with pytest.raises(KeyError, match="not a gdn/chunked_mma.cu entry"):
-        gdn_chunk.entry_smem_bytes("q12_gdn_prefill_d128")
-    with pytest.raises(ValueError):
-        gdn_chunk.workspace_bytes(0, 64, 16, 32, 128)
-
-
-def test_split_emulators_check_the_launch_and_need_the_whole_workspace():
-    """The split pair's emulators: the precompute entry checks its grid and that the workspace is mapped,
-    the sequential entries run the fused emulator (the same float64 reference, so equal by construction
-    here; the GPU test test_gdn_split_pair_equals_the_fused_kernel checks the kernels' bits); a workspace
-    one byte short is refused as the GPU would fault on it."""
-    rng = np.random.default_rng(5)
-    hk, hv, d, lens = 2, 4, 64, [1, 70, 130]
-    inputs = make_inputs(rng, lens, hk, hv, d, d)
-    o_f, fin_f, _ = _run_chunk_emulated(inputs, hk, hv, d)
-    for stages in gdn_chunk.SEQ_STAGES:
-        o_s, fin_s, guards = _run_chunk_emulated(inputs, hk, hv, d, split=stages)
-        assert guards
-        np.testing.assert_array_equal(o_s, o_f)
-        np.testing.assert_array_equal(fin_s, fin_f)
-    with pytest.raises(IndexError, match="outside every allocation"):
-        _run_chunk_emulated(inputs, hk, hv, d, split=2, ws_short=1)
-
-
-def _run_chunk_emulated(inputs, hk, hv, d, grid=None, block=None, split=0, ws_short=0, pair="split", ws_fill=0,
-                        skip_prep=False):
-    """Run a GDN entry (``split`` 0: the fused kernel) or a pair (``pair`` "split", "wgmma" or "flow", the wgmma
-    pair's flow form on 132 SMs, its flags cleared first as ops clears them; ``split``: the stages) on the
-    emulated kernels; the workspace is exactly what the launches read and write (``ws_short`` bytes less),
-    filled with ``ws_fill``; ``skip_prep``: the pair's second launch alone. Returns (o, final states, guards
-    intact)."""
-    q, k, v, g, beta, cu, s0 = inputs
-    n = len(cu) - 1
-    mem = FakeMem()
-    T = int(cu[-1])
-    ptrs = [mem.hold(x)[1] for x in (q, k, v, g, beta)]
-    obuf, po = mem.hold(np.full(T * hv * d + 2 * GUARD, 0xFFFF, np.uint16))
-    po += GUARD * 2
-    states = [mem.hold(s0[b].copy()) for b in range(n)]
-    _, pptrs = mem.hold(np.array([p for _, p in states], np.uint64))
-    _, pcu = mem.hold(cu.astype(np.int32))
-    meta = Q12MetaC(cu_seqlens=pcu, batch_size=n, chunk_len=int(np.diff(cu).max()), total_tokens=T)
-    args = dict(m=meta, h_state_ptrs=pptrs, q=ptrs[0], k=ptrs[1], v=ptrs[2], g=ptrs[3], beta=ptrs[4], o=po,
-                num_k_heads=hk, num_v_heads=hv)
-    if split:  # a pair: "split", "wgmma" (two launches: the records, not the flags) or "flow"
-        if pair == "split":
-            nbytes = gdn_chunk.workspace_bytes(n, meta.chunk_len, hk, hv, d)
-            geos = gdn_chunk.split_geometry(n, meta.chunk_len, hk, hv, d, split)
-            names = gdn_chunk.split_entries(d, split)
-        elif pair == "wgmma":
-            nbytes = gdn_wgmma.workspace_bytes(n, meta.chunk_len, hk, hv, d, "pair")
-            geos = gdn_wgmma.geometry(n, meta.chunk_len, hk, hv, d, split)
-            names = gdn_wgmma.entries(d, split)
-        elif pair == "wide":
-            nbytes = gdn_wgmma.workspace_bytes(n, meta.chunk_len, hk, hv, d, "wide")
-            geos = gdn_wgmma.wide_geometry(n, meta.chunk_len, hk, hv, d)
-            names = gdn_wgmma.wide_entries(d)
-        else:
-            nbytes = gdn_wgmma.workspace_bytes(n, meta.chunk_len, hk, hv, d, "flow")
-            flow = gdn_wgmma.flow_launches(n, meta.chunk_len, hk, hv, d, 132)
-            names, geos = [e for e, *_ in flow], [(g, b, sm) for _, g, b, sm, _ in flow]
-        ws, args["workspace"] = mem.hold(np.full(nbytes - ws_short, ws_fill, np.uint8))
-        if pair == "flow":  # ops: the flags (and the item counter) cleared, then the launches
-            ws[gdn_wgmma.flags_offset(n, meta.chunk_len, hk, hv, d):] = 0
-        emulators = {**gdn_chunk.EMULATORS, **gdn_wgmma.EMULATORS}
-        for entry, (ggrid, gblock, _) in list(zip(names, geos))[int(skip_prep):]:
-            emulators[entry](args, mem, ggrid, gblock)
-    else:
-        ggrid, gblock, _ = gdn_chunk.geometry(n, hv, d)
-        gdn_chunk.EMULATORS[gdn_chunk.entry_name(d)](args, mem, grid or ggrid, block or gblock)
-    guards_ok = bool((obuf[:GUARD] == 0xFFFF).all() and (obuf[-GUARD:] == 0xFFFF).all())
-    return obuf[GUARD:-GUARD].reshape(T, hv, d).copy(), np.stack([s for s, _ in states]), guards_ok
-
-
-def test_chunk_emulator_runs_the_reference_in_place_and_checks_geometry():
+def test_fused_emulator_runs_the_reference_in_place_and_checks_geometry():
     rng = np.random.default_rng()
     hk, hv, d = 2, 4, 64
     inputs = make_inputs(rng, [5, 0, 70], hk, hv, d, d)
-    o, fin, guards_ok = _run_chunk_emulated(inputs, hk, hv, d)
+    o, fin, guards_ok = run_plan_emulated(inputs, hk, hv, d)
     assert guards_ok
-    o_ref, fin_ref = gdn.reference(*inputs)
+    o_ref, fin_ref = ref.reference(*inputs)
     np.testing.assert_array_equal(o, o_ref)
     np.testing.assert_array_equal(fin, fin_ref)
     np.testing.assert_array_equal(fin[1], inputs[-1][1])  # a stream of length 0 keeps its state
     # a grid larger than n x Hv is accepted (the extra CTAs return); grid.x and the block are exact
-    o1, fin1, _ = _run_chunk_emulated(inputs, hk, hv, d, grid=(1, hv + 1, 4))
+    o1, fin1, _ = run_plan_emulated(inputs, hk, hv, d, grid=(1, hv + 1, 4))
     np.testing.assert_array_equal(o1, o_ref)
     np.testing.assert_array_equal(fin1, fin_ref)
-    with pytest.raises(ValueError, match="grid"):
-        _run_chunk_emulated(inputs, hk, hv, d, grid=(1, hv - 1, 3))
-    with pytest.raises(ValueError, match="grid"):
-        _run_chunk_emulated(inputs, hk, hv, d, grid=(1, hv, 2))
-    with pytest.raises(ValueError, match="grid"):
-        _run_chunk_emulated(inputs, hk, hv, d, grid=(2, hv, 3))
-    with pytest.raises(ValueError, match="grid"):  # the removed bv 16 geometry
-        _run_chunk_emulated(inputs, hk, hv, d, grid=(4, hv, 3), block=(32, 1, 1))
-    with pytest.raises(ValueError, match="block"):
-        _run_chunk_emulated(inputs, hk, hv, d, block=(256, 1, 1))
-    with pytest.raises(ValueError, match="block"):
-        _run_chunk_emulated(inputs, hk, hv, d, block=(64, 1, 1))
-
-def test_ops_gdn_algo_keyword(monkeypatch):
-    from types import SimpleNamespace
-
-    from q12drv.kernels import ops
-
-    assert ops.GDN_ALGOS == ("chunked", "recurrent", "split", "wgmma")
-    assert "gdn/chunked_mma.cu" in ops.SOURCES and ops.ENTRIES["q12_gdn_chunk_d128"] == "gdn/chunked_mma.cu"
-    assert ops.ENTRIES["q12_gdn_wgmma_seq1_d128"] == "gdn/chunked_wgmma.cu"
-    assert ops.ENTRIES["q12_gdn_chunk_prep_tiles_d128"] == "gdn/chunked_mma.cu"
-    monkeypatch.setattr(ops, "_check", lambda device, meta: None)
-    hopper = SimpleNamespace(arch="sm_90")
-    with pytest.raises(ValueError, match="algo must be one of 'chunked', 'recurrent', 'split', 'wgmma', got 'fast'"):
-        ops.gdn(hopper, None, 8, 16, 16, 8, 4, 4, 8, num_k_heads=1, num_v_heads=1, head_dim=64, algo="fast")
-    with pytest.raises(ValueError, match="Hopper .* this device is sm_100"):
-        ops.gdn(SimpleNamespace(arch="sm_100"), None, 8, 16, 16, 8, 4, 4, 8, num_k_heads=1, num_v_heads=1,
-                head_dim=64, algo="wgmma")
-    ops.check_gdn_algo("wgmma", "sm_90a")
-    ops.check_gdn_algo("split", "sm_80")  # the mma.sync pairs run anywhere
+    for grid, block, what in (((1, hv - 1, 3), None, "grid"), ((1, hv, 2), None, "grid"), ((2, hv, 3), None, "grid"),
+                              ((4, hv, 3), (32, 1, 1), "grid"), (None, (256, 1, 1), "block"),
+                              (None, (64, 1, 1), "block")):
+        with pytest.raises(ValueError, match=what):
+            run_plan_emulated(inputs, hk, hv, d, grid=grid, block=block)
 
 
-def test_wgmma_pair_sizes_match_the_source():
-    """The wgmma pair's stages, records and geometry: the host's numbers are the ones gdn/chunked_wgmma.cu's
-    static_asserts pin; one stage fits two CTAs per SM, two stages one."""
-    from q12drv.core.nvrtc import cuda_src_dir
-
-    src = (cuda_src_dir() / gdn_wgmma.SOURCE).read_text()
-    m = re.search(r"gdnw::Stage<128>::BYTES == (\d+) && gdnw::Stage<64>::BYTES == (\d+)", src)
-    assert m and (int(m.group(1)), int(m.group(2))) == (gdn_wgmma.stage_bytes(128), gdn_wgmma.stage_bytes(64))
-    assert gdn_wgmma.stage_bytes(128) % 1024 == 0 and gdn_wgmma.stage_bytes(128) >= 32768 + 17424 + 2 * 64 * 72 * 2
-    assert (gdn_wgmma.stage_bytes(128), gdn_wgmma.stage_bytes(64)) == (69632, 53248)
-    m = re.search(r"gdnw::Stage<128, 2>::BYTES == (\d+)", src)
-    assert m and int(m.group(1)) == gdn_wgmma.stage_bytes(128, 2) == 88064   # the wide form: two V and two O slices
-    # the wide form: two stages, one CTA of 256 threads a SM (both slices' warpgroups)
-    assert gdn_wgmma.seq_smem_bytes(128, 2, 2) == gdn_wgmma.entry_smem_bytes(gdn_wgmma.WIDE_ENTRY) <= 227 * 1024
-    assert gdn_wgmma.wide_geometry(8, 2048, 16, 32, 128)[1] == ((1, 32, 8), (256, 1, 1), 176032)
-    m = re.search(r"gdnw::Stage<128>::RAW == (\d+) && gdnw::Stage<64>::RAW == (\d+) && "
-                  r"gdnw::Stage<128, 2>::RAW == (\d+),", src)
-    assert m and [int(x) for x in m.groups()] == [gdn_wgmma._stage_raw(d, w, False) for d, w in
-                                                  ((128, 1), (64, 1), (128, 2))]
-    with pytest.raises(ValueError, match="head_dim 128 only"):
-        gdn_wgmma.wide_entries(64)
-    assert "__launch_bounds__(256, 1) q12_gdn_wgmma_seqw_d128(" in src
-    sm = 228 * 1024  # shared memory per SM (227 KiB for blocks + 1 KiB reserved per CTA)
-    assert 2 * (gdn_wgmma.seq_smem_bytes(128, 1) + 1024) <= sm < 2 * (gdn_wgmma.seq_smem_bytes(128, 2) + 1024)
-    assert gdn_wgmma.seq_smem_bytes(128, 2) <= 227 * 1024
-    prep, seq = gdn_wgmma.geometry(8, 2048, 16, 32, 128, 1)
-    assert prep == ((32, 16, 8), (128, 1, 1), gdn_chunk.prep_smem_bytes(128))
-    assert seq == ((2, 32, 8), (128, 1, 1), gdn_wgmma.seq_smem_bytes(128, 1))
-    # no K records: one tile V record per (chunk, value head) for the two-launch and wide forms; the flow form's
-    # larger records (W, P, EQ, WK, exp(gamma_C), then T diag(beta) hi + lo: GDN_WG_USEQ 1, the default; or U^T in
-    # fp32 per 64-column slice), then one flag per (chunk, key head); "any" (the default) is the largest
-    assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128, "pair") == 128 * 32 * 17424
-    assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128, "wide") == 128 * 32 * 17424
-    assert gdn_wgmma.FLOW_USEQ is True and "#define GDN_WG_USEQ 1 " in src
-    # the flow precompute's items: a value head's in the first 8 chunks, a key head's after them
-    assert gdn_wgmma.FLOW_VH_CHUNKS == 8 and "#define GDN_WG_FLOW_VH 1 " in src
-    assert "#define GDN_WG_FLOW_VH_FIRST 8 " in src
-    assert gdn_wgmma.flow_items(1, 8192, 16, 32) == 8 * 32 + 120 * 16
-    assert gdn_wgmma.flow_items(2, 300, 16, 32) == 2 * 5 * 32   # every chunk in the first 8
-    assert gdn_wgmma.flow_items(1, 8192, 16, 32, vh_chunks=0) == 128 * 16
-    assert gdn_wgmma.flow_ready_value(16, 32) == 2 and gdn_wgmma.flow_ready_value(16, 32, vh_chunks=0) == 1
-    with pytest.raises(ValueError, match="vh_chunks must be >= 0"):
-        gdn_wgmma.flow_items(1, 64, 16, 32, vh_chunks=-1)
-    assert gdn_wgmma.flow_record_bytes(128, useq=False) == 16384 + 8192 + 512 + 16 + 2 * 16384 == 57872
-    assert gdn_wgmma.flow_record_bytes(64, useq=False) == 8192 + 8192 + 512 + 16 + 16384 == 33296
-    assert gdn_wgmma.flow_record_bytes(128) == 16384 + 8192 + 512 + 16 + 2 * 8192 == 41488
-    assert gdn_wgmma.flow_record_bytes(64) == 8192 + 8192 + 512 + 16 + 2 * 8192 == 33296
-    m = re.search(r"UwsRec<128, 128>::BYTES == (\d+) && gdnc::UwsRec<64, 64>::BYTES == (\d+)", src)
-    assert m and (int(m.group(1)), int(m.group(2))) == (gdn_wgmma.flow_record_bytes(128, useq=False),
-                                                        gdn_wgmma.flow_record_bytes(64, useq=False))
-    m = re.search(r"FlowRec<128, 128>::BYTES == (\d+) && gdnw::FlowRec<64, 64>::BYTES == (\d+)", src)
-    assert m and (int(m.group(1)), int(m.group(2))) == (gdn_wgmma.flow_record_bytes(128), gdn_wgmma.flow_record_bytes(64))
-    for d in (128, 64):   # the fields the GPU tests read back from the workspace (gdn/chunked_wgmma.cu's static_assert)
-        off = gdn_wgmma.flow_record_offsets(d, useq=False)
-        for field in ("P", "EQ", "U"):
-            assert f"UwsRec<{d}, {d}>::{field} == {off[field]}" in src, (d, field, off[field])
-        assert gdn_wgmma.flow_record_offsets(d)["P"] == off["P"]   # the USEQ record: the same common part
-    assert gdn_wgmma.flow_record_offsets(64, useq=False) == {"W": 0, "P": 8192, "EQ": 16384, "WK": 16640,
-                                                             "EGC": 16896, "U": 16912, "END": 33296}
-    assert gdn_wgmma.flow_record_offsets(128) == {"W": 0, "P": 16384, "EQ": 24576, "WK": 24832, "EGC": 25088,
-                                                  "TB": 25104, "END": 41488}
-    # the flow stage's static_asserts: GDN_WG_USEQ's (the first) and the default's
-    found = re.findall(r"Stage<128, 1, true>::BYTES == (\d+) && gdnw::Stage<64, 1, true>::BYTES == (\d+) &&\s*"
-                       r"gdnw::Stage<128, 1, true>::RAW == (\d+) && gdnw::Stage<64, 1, true>::RAW == (\d+)", src)
-    assert [tuple(map(int, f)) for f in found] == [
-        (gdn_wgmma.stage_bytes(128, uws=True, useq=True), gdn_wgmma.stage_bytes(64, uws=True, useq=True),
-         gdn_wgmma._stage_raw(128, 1, True, True), gdn_wgmma._stage_raw(64, 1, True, True)),
-        (gdn_wgmma.stage_bytes(128, uws=True, useq=False), gdn_wgmma.stage_bytes(64, uws=True, useq=False),
-         gdn_wgmma._stage_raw(128, 1, True, False), gdn_wgmma._stage_raw(64, 1, True, False))], found
-    assert gdn_wgmma.stage_bytes(128, uws=True, useq=False) == 83968
-    assert gdn_wgmma.stage_bytes(64, uws=True, useq=False) == 59392
-    assert gdn_wgmma.stage_bytes(128, uws=True) == 92160 and gdn_wgmma.stage_bytes(64, uws=True) == 67584
-    assert gdn_wgmma.entry_smem_bytes("q12_gdn_wgmma_seq_flow_d128") == gdn_wgmma.seq_smem_bytes(128, 2, uws=True) \
-        <= 227 * 1024
-    flow = 128 * 32 * 41488 + 4 * 128 * 16 + 16   # the records, the ready flags, the item counter
-    assert gdn_wgmma.kq_offset(1, 8192, 16, 32, 128) == -(-flow // 128) * 128
-    flow = -(-flow // 128) * 128 + 128 * 16 * 2 * 64 * 128 * 2   # then each item's k and q tiles
-    assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128, "flow") == flow
-    assert gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128) == flow
-    assert gdn_wgmma.flags_offset(1, 8192, 16, 32, 128) == 128 * 32 * 41488
-    with pytest.raises(ValueError, match="form must be one of 'any', 'pair', 'flow', 'wide', got 'auto'"):
-        gdn_wgmma.workspace_bytes(1, 8192, 16, 32, 128, "auto")
-    assert [gdn_wgmma.resolve_form("auto", n, t, 32, 128, 132) for n, t in ((1, 8192), (8, 2048), (1, 2048))] == \
-        ["flow", "wide", "pair"]
-    assert gdn_wgmma.resolve_form("pair", 1, 8192, 32, 128, 132) == "pair"
-    assert gdn_wgmma.entries(128, 1) == ("q12_gdn_chunk_prep_tiles_d128", "q12_gdn_wgmma_seq1_d128")
-    assert gdn_wgmma.stages(8, 32, 128, 132) == 1 and gdn_wgmma.stages(1, 32, 128, 132) == 2
-    for entry in gdn_wgmma.ENTRIES:
-        assert gdn_wgmma.entry_smem_bytes(entry) > 0
-    with pytest.raises(ValueError, match="head_dim 64 and 128, not 256"):
-        gdn_wgmma.workspace_bytes(1, 64, 1, 1, 256)
-    with pytest.raises(ValueError, match="stages"):
-        gdn_wgmma.entries(128, 3)
-    with pytest.raises(KeyError, match="not a gdn/chunked_wgmma.cu entry"):
-        gdn_wgmma.entry_smem_bytes("q12_gdn_chunk_seq_d128")
+#: name -> (config, the device planned for, head dim): every kernel the plans can launch.
+SCHEDULES = {"recurrent": (GdnConfig(math="recurrent"), HOPPER, 64),
+             "mma two-pass, 2 stages": (GdnConfig(schedule="two_pass", isa="mma"), HOPPER, 64),
+             "mma two-pass, 1 stage": (GdnConfig(schedule="two_pass", isa="mma"), ONE_SM, 128),
+             "wgmma two-pass, 2 stages": (GdnConfig(schedule="two_pass", isa="wgmma"), HOPPER, 128),
+             "wgmma two-pass, 1 stage": (GdnConfig(schedule="two_pass", isa="wgmma"), ONE_SM, 64),
+             "wgmma two-pass, wide": (GdnConfig(schedule="two_pass", isa="wgmma"), ONE_SM, 128),
+             "overlapped": (GdnConfig(schedule="overlapped"), HOPPER, 64)}
 
 
-def test_wgmma_entries_compile_for_sm90a_without_spills():
-    """gdn/chunked_wgmma.cu compiles for sm_90a only (wgmma), every entry without spills or local memory."""
-    from q12drv.core.nvrtc import compile_source, target_arch
-
-    assert target_arch(gdn_wgmma.SOURCE, "sm_90") == "sm_90a"
-    with pytest.raises(ValueError, match="sm_90a"):
-        target_arch(gdn_wgmma.SOURCE, "sm_80")
-    img = compile_source(gdn_wgmma.SOURCE, defines=meta_defines(), use_cache=False, verbose_resources=True)
-    assert img.arch == "sm_90a"
-    spill_free(img, gdn_wgmma.ENTRIES)
-    spill_free(compile_source(gdn_chunk.SOURCE, defines=meta_defines(), verbose_resources=True),
-               [gdn_chunk.tile_prep_entry(d) for d in (64, 128)])
-
-
-def test_wgmma_variant_builds_compile_without_spills():
-    """The gdn/chunked_wgmma.cu builds tests/gpu/gdn_debug.py measures (its knobs) compile with no spills and no local
-    memory, as the default build does (the test above)."""
-    from q12drv.core.nvrtc import compile_source
-    from tests.gpu.gdn_debug import WGMMA_VARIANTS
-
-    for name, defines in WGMMA_VARIANTS:
-        if not defines:
-            continue
-        img = compile_source(gdn_wgmma.SOURCE, defines=tuple(meta_defines()) + tuple(defines), use_cache=False,
-                             verbose_resources=True)
-        spill_free(img, gdn_wgmma.ENTRIES)
-
-
-def test_wgmma_model_matches_reference_and_the_block_solve():
-    """The wgmma pair's numpy model (T = (I + A)^-1 rounded to bf16, one product) stays within the chunked
-    kernels' error budget and within a few bf16 roundings of the block-solve model."""
-    rng = np.random.default_rng()
-    inputs = make_inputs(rng, [1, 63, 130, 300], 2, 4, 64, 64, state_scale=1.0)
-    o_ref, fin_ref = gdn.reference(*inputs)
-    o_b, fin_b = gdn_chunk.chunked_reference(*inputs)
-    o_t, fin_t = gdn_chunk.chunked_reference(*inputs, t_product=True)
-    assert rel_err(from_bf16_bits(o_t), from_bf16_bits(o_ref)) < CHUNK_O_REL
-    assert rel_err(fin_t, fin_ref) < CHUNK_STATE_REL
-    assert rel_err(fin_t, fin_b) < 5e-4
-    assert rel_err(from_bf16_bits(o_t), from_bf16_bits(o_b)) < 4e-3
-    # the identity solve is T itself: T (I + A) = I to the solve's precision on a random chunk
-    C = 64
-    A = np.tril(rng.normal(0, 0.1, size=(1, C, C)), -1).astype(np.float32)
-    Dinv = np.zeros_like(A, dtype=np.float64)
-    for i in range(4):
-        sl = slice(16 * i, 16 * i + 16)
-        Dinv[:, sl, sl] = np.linalg.inv(np.eye(16) + A[:, sl, sl].astype(np.float64))
-    blk = np.arange(C) // 16
-    Aoff = A * (blk[:, None] != blk[None, :])
-    T = gdn_chunk._block_solve(np.broadcast_to(np.eye(C, dtype=np.float32), (1, C, C)), Aoff, Dinv)
-    np.testing.assert_allclose(T[0] @ (np.eye(C) + A[0]), np.eye(C), atol=1e-5)
-
-
-def test_u_minus_ws_model_keeps_the_wgmma_error_only_with_u_as_a_pair():
-    """fla's order V_new = U - W S (the flow form's records, GDN_WG_UWS 1) in the numpy model: with U stored in
-    fp32 (the kernel) or as a bf16 hi + lo pair and W as bf16 the state's error stays the wgmma pair's (session
-    10, six random cases: 0.8-1.5x its error); U as one bf16 costs 10-21x. o's error is o's rounding either way."""
-    rng = np.random.default_rng(5)
-    inputs = make_inputs(rng, [256, 129], 2, 4, 128, 128)
-    o_ref, fin_ref = gdn.reference(*inputs)
-    _, fin_t = gdn_chunk.chunked_reference(*inputs, t_product=True)
-    o_p, fin_p = gdn_chunk.chunked_reference(*inputs, t_product=True, u_minus_ws="hilo")
-    _, fin_b = gdn_chunk.chunked_reference(*inputs, t_product=True, u_minus_ws="bf16")
-    o_f, fin_f = gdn_chunk.chunked_reference(*inputs, t_product=True, u_minus_ws="fp32")
-    err_t, err_p, err_b, err_f = (float(np.max(np.abs(f - fin_ref))) for f in (fin_t, fin_p, fin_b, fin_f))
-    assert err_p < 2 * err_t and err_f < 2 * err_t
-    assert err_b > 4 * err_t
-    assert rel_err(from_bf16_bits(o_p), from_bf16_bits(o_ref)) < CHUNK_O_REL
-    assert rel_err(from_bf16_bits(o_f), from_bf16_bits(o_ref)) < CHUNK_O_REL
-    with pytest.raises(ValueError, match="t_product"):
-        gdn_chunk.chunked_reference(*inputs, u_minus_ws="hilo")
-    with pytest.raises(ValueError, match="u_minus_ws"):
-        gdn_chunk.chunked_reference(*inputs, t_product=True, u_minus_ws="fp8")
-
-
-def test_wgmma_emulators_check_the_launch_and_need_the_whole_workspace():
-    """The wgmma pair on the emulated driver: its precompute entry checks its grid and maps the tile-format
-    workspace, its sequential entries run the float64 reference (so the fused result, by construction); a
-    workspace one byte short is refused as the GPU would fault on it."""
-    rng = np.random.default_rng(6)
-    hk, hv, d, lens = 2, 4, 64, [1, 70, 130]
-    inputs = make_inputs(rng, lens, hk, hv, d, d)
-    o_f, fin_f, _ = _run_chunk_emulated(inputs, hk, hv, d)
-    for stages in gdn_wgmma.STAGES:
-        o_s, fin_s, guards = _run_chunk_emulated(inputs, hk, hv, d, split=stages, pair="wgmma")
-        assert guards
-        np.testing.assert_array_equal(o_s, o_f)
-        np.testing.assert_array_equal(fin_s, fin_f)
-    # the split pair's (smaller) workspace is too small for the tile format
-    with pytest.raises(IndexError, match="outside every allocation"):
-        _run_chunk_emulated(inputs, hk, hv, d, split=1, pair="wgmma", ws_short=1)
-
-
-def test_wgmma_flow_form_sizes_rule_and_launches():
-    """The flow form: a precompute CTA fills an SM (no sequential CTA beside it), the rule takes it while the
-    sequential CTAs leave half of the SMs, the precompute gets the SMs they leave, and ops clears the flags and
-    the item counter (after the records) before two launches, the second with programmatic stream serialization."""
-    from q12drv.kernels import ops
-    from q12drv.core.nvrtc import cuda_src_dir
-
-    sm = 228 * 1024
-    assert gdn_wgmma.prep_flow_smem_bytes(128) == 3 * 64000 <= 227 * 1024
-    assert gdn_wgmma.prep_flow_smem_bytes(128) + 1024 + gdn_wgmma.seq_smem_bytes(128, 2, uws=True) + 1024 > sm
-    # the last stage unrounded: GDN_WG_USEQ's stage (the default), UwsRec's
-    assert gdn_wgmma.seq_smem_bytes(128, 2, uws=True) == 92160 + 92160 + 16 + 896 == 185232 <= 227 * 1024
-    assert gdn_wgmma.seq_smem_bytes(128, 2, uws=True, useq=False) == 83968 + 83472 + 16 + 896
-    assert gdn_wgmma.uses_flow(1, 8192, 32, 128, 132) and not gdn_wgmma.uses_flow(2, 8192, 32, 128, 132)
-    assert gdn_wgmma.uses_flow(2, 9000, 32, 64, 132) and not gdn_wgmma.uses_flow(1, 8192, 32, 128, 127)
-    assert not gdn_wgmma.uses_flow(1, 8191, 32, 128, 132)  # 1 x 2048 measured slower in the flow form
-    prep, seq = gdn_wgmma.flow_geometry(1, 8192, 16, 32, 128, 132)
-    assert prep == ((68, 1, 1), (384, 1, 1), 192000)
-    assert seq == ((2, 32, 1), (128, 1, 1), gdn_wgmma.seq_smem_bytes(128, 2, uws=True))   # the flow stages
-    assert gdn_wgmma.flow_geometry(4, 64, 1, 32, 128, 132)[0][0] == (1, 1, 1)  # never an empty grid
-    zero, launches = ops._gdn_launches("wgmma", 1, 8192, 16, 32, 128, 132)
-    assert zero == (gdn_wgmma.flags_offset(1, 8192, 16, 32, 128), 4 * 128 * 16 + 16)   # the flags, the counter
-    assert launches == gdn_wgmma.flow_launches(1, 8192, 16, 32, 128, 132) == (
-        ("q12_gdn_wgmma_prep_flow_d128", (68, 1, 1), (384, 1, 1), 192000, False),
-        ("q12_gdn_wgmma_seq_flow_d128", (2, 32, 1), (128, 1, 1), 185232, True))
-    assert gdn_wgmma.flag_count(1, 8192, 16) == 128 * 16 and gdn_wgmma.flags_bytes(1, 64, 1) == 4 + 16
-    for n, chunk_len, form in ((8, 2048, "wide"), (1, 2048, "pair"), (8, 2048, "pair")):
-        # the rules: a full device at d 128 takes the wide form, few CTAs the pair; form= overrides them every way
-        zero, launches = ops._gdn_launches("wgmma", n, chunk_len, 16, 32, 128, 132, form)
-        assert zero is None and [dep for *_, dep in launches] == [False, True]   # the sequential kernel by PDL
-        assert (ops._gdn_launches("wgmma", n, chunk_len, 16, 32, 128, 132) == (zero, launches)) == (n == 1 or
-                                                                                                   form == "wide")
-        assert (launches[1][0] == gdn_wgmma.WIDE_ENTRY) == (form == "wide")
-        zero, launches = ops._gdn_launches("wgmma", n, chunk_len, 16, 32, 128, 132, "flow")
-        assert zero == (gdn_wgmma.flags_offset(n, chunk_len, 16, 32, 128), gdn_wgmma.flags_bytes(n, chunk_len, 16))
-        assert [(e, dep) for e, *_, dep in launches] == [("q12_gdn_wgmma_prep_flow_d128", False),
-                                                         ("q12_gdn_wgmma_seq_flow_d128", True)]
-    assert gdn_wgmma.uses_wide(8, 32, 128, 132) and gdn_wgmma.uses_wide(5, 32, 128, 132)
-    assert not gdn_wgmma.uses_wide(4, 32, 128, 132) and not gdn_wgmma.uses_wide(8, 32, 64, 132)
-    assert [e for e, *_ in ops._gdn_launches("wgmma", 16, 2048, 16, 32, 64, 132)[1]] == list(gdn_wgmma.entries(64, 1))
-    zero, launches = ops._gdn_launches("wgmma", 1, 8192, 16, 32, 128, 132, "pair")
-    assert zero is None and [e for e, *_ in launches] == list(gdn_wgmma.entries(128, 2))
-    zero, launches = ops._gdn_launches("wgmma", 8, 2048, 16, 32, 128, 132, "wide")
-    assert zero is None and [(e, g, b) for e, g, b, *_ in launches] == [
-        ("q12_gdn_chunk_prep_tiles_d128", (32, 16, 8), (128, 1, 1)), ("q12_gdn_wgmma_seqw_d128", (1, 32, 8), (256, 1, 1))]
-    with pytest.raises(ValueError, match="head_dim 128 only"):
-        ops.check_gdn_form("wgmma", "wide", 64)
-    for algo, form, msg in (("wgmma", "fast", "form must be one of 'auto', 'pair', 'flow', 'wide'"),
-                            ("wgmma", None, "form must be one of"),
-                            ("split", "flow", "algo='split' has one form: leave form='auto'"),
-                            ("chunked", "pair", "algo='chunked' has one form")):
-        with pytest.raises(ValueError, match=msg):
-            ops.check_gdn_form(algo, form)
-    for algo in ops.GDN_ALGOS:
-        ops.check_gdn_form(algo, "auto")
-    assert gdn_wgmma.entry_smem_bytes("q12_gdn_wgmma_prep_flow_d64") == 3 * gdn_chunk.prep_smem_bytes(64)
-    src = (cuda_src_dir() / gdn_wgmma.SOURCE).read_text()
-    for entry in gdn_wgmma.FLOW_ENTRIES:
-        assert f"q12_gdn_wgmma_{entry.split('_wgmma_')[1]}(" in src
-    assert "__launch_bounds__(384, 1) q12_gdn_wgmma_prep_flow_d128" in src
-
-
-@pytest.mark.parametrize("pair,d", [("flow", 64), ("wide", 128)])
-def test_wgmma_form_emulators_give_the_fused_result_through_their_workspace(pair, d):
-    """The flow and wide forms on the emulated driver: the fused kernel's result through exactly their workspace,
-    filled with garbage (the flow form's flags cleared first, as ops clears them); one byte short faults."""
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_every_schedule_gives_the_reference_through_exactly_its_workspace(name):
+    """Every plan on the emulated kernels: the float64 reference's result (the GPU tests check the kernels' bits)
+    through exactly its workspace, filled with garbage (the overlapped flags zeroed first, as the launcher does);
+    one byte short faults."""
+    config, device, d = SCHEDULES[name]
     rng = np.random.default_rng(16)
     hk, hv, lens = 2, 4, [1, 0, 130]
     inputs = make_inputs(rng, lens, hk, hv, d, d)
-    o_f, fin_f, _ = _run_chunk_emulated(inputs, hk, hv, d)
-    o_s, fin_s, guards = _run_chunk_emulated(inputs, hk, hv, d, split=2, pair=pair, ws_fill=0xFF)
+    o_ref, fin_ref = ref.reference(*inputs)
+    o, fin, guards = run_plan_emulated(inputs, hk, hv, d, config, device, ws_fill=0xFF)
     assert guards
-    np.testing.assert_array_equal(o_s, o_f)
-    np.testing.assert_array_equal(fin_s, fin_f)
-    with pytest.raises(IndexError, match="outside every allocation"):
-        _run_chunk_emulated(inputs, hk, hv, d, split=2, pair=pair, ws_short=1)
+    np.testing.assert_array_equal(o, o_ref)
+    np.testing.assert_array_equal(fin, fin_ref)
+    if plan_gdn(config, GdnShape(hk, hv, d), 3, 130, device).workspace_bytes:
+        with pytest.raises(IndexError, match="outside every allocation"):
+            run_plan_emulated(inputs, hk, hv, d, config, device, ws_short=1)
 
 
-def test_wgmma_flow_emulator_needs_the_precompute_and_the_wide_one_its_launch():
-    """The flow form's sequential kernel without the precompute (flags 0, as after the clear) is refused, as the GPU
+def test_overlapped_sequential_emulator_needs_the_precompute_and_the_wide_one_its_launch():
+    """The overlapped sequential kernel without its precompute (flags 0, as after the clear) is refused, as the GPU
     would wait forever; the wide kernel refuses a one-warpgroup launch shape."""
     rng = np.random.default_rng(16)
     inputs = make_inputs(rng, [1, 0, 130], 2, 4, 64, 64)
     with pytest.raises(RuntimeError, match="would wait forever: 8 ready flags"):
-        _run_chunk_emulated(inputs, 2, 4, 64, split=2, pair="flow", skip_prep=True)
-    with pytest.raises(ValueError, match=r"needs grid \(1, Hv, n\) and block \(256, 1, 1\)"):
-        gdn_wgmma.EMULATORS[gdn_wgmma.WIDE_ENTRY]({}, None, (2, 4, 3), (128, 1, 1))
-
-
-def test_sw128_unswizzle_inverts_the_kernels_swizzle():
-    """gdn_wgmma.sw128_offset is gdn/chunk.cuh's sw128_off (the formula in the source), and sw128_unswizzle reads a
-    tile written through it back in row order, for 64 and 128 columns; wrong sizes are refused."""
-    from q12drv.core.nvrtc import cuda_src_dir
-    src = (cuda_src_dir() / "gdn/chunk.cuh").read_text()
-    assert "return (cg >> 3) * (GDN_C * 128) + r * 128 + (((cg & 7) ^ (r & 7)) << 4);" in src
-    assert gdn_wgmma.sw128_offset(0, 0) == 0 and gdn_wgmma.sw128_offset(1, 0) == 128 + 16
-    assert gdn_wgmma.sw128_offset(9, 8) == 8192 + 9 * 128 + 16
-    rng = np.random.default_rng(3)
-    for cols in (64, 128):
-        tile = rng.integers(0, 1 << 16, (64, cols), dtype=np.uint16)
-        raw = np.zeros(64 * cols, np.uint16)
-        for r in range(64):
-            for c in range(cols // 8):
-                at = gdn_wgmma.sw128_offset(r, c) // 2
-                raw[at: at + 8] = tile[r, 8 * c: 8 * c + 8]
-        assert np.array_equal(gdn_wgmma.sw128_unswizzle(raw.view(np.uint8), cols), tile)
-    with pytest.raises(ValueError, match="multiple of 64"):
-        gdn_wgmma.sw128_unswizzle(np.zeros(64 * 32, np.uint16), 32)
-    with pytest.raises(ValueError, match="is 16384 bytes, got 8192"):
-        gdn_wgmma.sw128_unswizzle(np.zeros(64 * 64, np.uint16), 128)
+        run_plan_emulated(inputs, 2, 4, 64, GdnConfig(schedule="overlapped"), skip=1)
+    inputs = make_inputs(rng, [5, 9], 1, 2, 128, 128)
+    with pytest.raises(ValueError, match=r"needs grid.x = 1"):
+        run_plan_emulated(inputs, 1, 2, 128, GdnConfig(schedule="two_pass", isa="wgmma"), ONE_SM, skip=1,
+                          grid=(2, 2, 2), block=(128, 1, 1))

@@ -7,12 +7,17 @@ import pytest
 
 from q12drv import CapacityError, ScratchArena, make_scratch_plan
 from q12drv.core.bf16 import to_bf16_bits
-from q12drv.kernels import gdn_chunk, gdn_wgmma
-from q12drv.prefill import AttentionShape, GdnShape, Q12Pass
+from q12drv.kernels.gdn import GdnPlan, chunked_mma, chunked_wgmma
+from q12drv.prefill import AttentionShape, GdnConfig, GdnShape, GdnTensors, Q12Pass
 from tests.helpers import make_streams
 
 SHAPE = AttentionShape(num_q_heads=4, num_kv_heads=2, head_dim=64, rotary_dim=32, rope_theta=1e4)
 GSHAPE = GdnShape(num_k_heads=2, num_v_heads=4, head_dim=64)
+FUSED = GdnConfig(schedule="fused")
+
+
+def gdn_tensors(p) -> GdnTensors:
+    return GdnTensors(p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"])
 
 
 def run(dev, arena, streams, host, mode, chunks=None, num_blocks=None):
@@ -24,10 +29,12 @@ def run(dev, arena, streams, host, mode, chunks=None, num_blocks=None):
                   chunks=chunks, mode=mode)
     q12.attention_layer(p["q"], p["k"], p["v"], p["kp"], p["vp"], p["o"], SHAPE, num_blocks=num_blocks)
     n = len(streams)
-    q12.gdn_layer([p["st"] + b * host["st"][0].nbytes for b in range(n)], p["gq"], p["gk"], p["gv"], p["g"],
-                  p["beta"], p["go"], GSHAPE)
+    need = q12.gdn_workspace_bytes(GSHAPE)  # the default config: the device's fastest path, with its workspace
+    ws = dev.alloc(max(need, 16), "gdn workspace")
+    q12.gdn_layer([p["st"] + b * host["st"][0].nbytes for b in range(n)], gdn_tensors(p), GSHAPE,
+                  workspace=int(ws.ptr), workspace_bytes=need)
     out = {k: dev.download(bufs[k].ptr, bufs[k].nbytes) for k in ("o", "kp", "vp", "go", "st", "q", "k")}
-    for b in bufs.values():
+    for b in (*bufs.values(), ws):
         b.free()
     return q12, out
 
@@ -160,100 +167,137 @@ def test_layer_shape_checks_are_remembered_only_for_immutable_shapes_that_passed
         assert any(v is SHAPE for v in prefill._SHAPES_OK.values()) and any(v is GSHAPE for v in prefill._SHAPES_OK.values())
 
 
-@pytest.mark.parametrize("ws_algo", ["split", "wgmma"])
-def test_gdn_layer_algo_is_checked_before_anything_is_enqueued(emu, ws_algo):
+WORKSPACE_CONFIGS = {"mma two_pass": GdnConfig(schedule="two_pass", isa="mma"), "default": GdnConfig(),
+                     "overlapped": GdnConfig(schedule="overlapped")}
+
+
+@pytest.mark.parametrize("name", list(WORKSPACE_CONFIGS))
+def test_gdn_layer_config_and_workspace_are_checked_before_anything_is_enqueued(emu, name):
+    config = WORKSPACE_CONFIGS[name]
     with two_streams(emu, 5) as (arena, streams, host, p, num_blocks):
         q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4)
         states = [p["st"] + b * host["st"][0].nbytes for b in range(2)]
-        args = (states, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], GSHAPE)
-        with pytest.raises(ValueError, match="algo must be one of"):
-            q12.gdn_layer(*args, algo="wy")
+        args = (states, gdn_tensors(p), GSHAPE)
+        for bad, exc, msg in (("wy", TypeError, "expected a GdnConfig or a GdnPlan"),
+                              (GdnConfig(math="recurrent", isa="mma"), ValueError, "has no kernel")):
+            with pytest.raises(exc, match=msg):
+                q12.gdn_layer(*args, config=bad)
         assert q12.h_slot.uploads == 0  # refused before the slot was rewritten
-        for algo in ("chunked", "recurrent"):
-            q12.gdn_layer(*args, algo=algo)
+        for cfg in (FUSED, GdnConfig(math="recurrent")):
+            q12.gdn_layer(*args, config=cfg)
+            assert q12.gdn_workspace_bytes(GSHAPE, cfg) == 0
         assert q12.h_slot.uploads == 2
-        need = q12.gdn_workspace_bytes(GSHAPE, ws_algo)
-        sizer = gdn_chunk.workspace_bytes if ws_algo == "split" else gdn_wgmma.workspace_bytes
-        assert need == sizer(2, q12.meta.chunk_len, GSHAPE.num_k_heads, GSHAPE.num_v_heads, GSHAPE.head_dim) > 0
-        assert q12.gdn_workspace_bytes(GSHAPE, "chunked") == 0
+        need = q12.gdn_workspace_bytes(GSHAPE, config)
+        plan = q12.gdn_plan(GSHAPE, config)
+        sizer = {("two_pass", "mma"): lambda: chunked_mma.mma_workspace_bytes(2, 9, 2, 4, 64),
+                 ("two_pass", "wgmma"): lambda: chunked_mma.t_workspace_bytes(2, 9, 2, 4),
+                 ("overlapped", "wgmma"): lambda: chunked_wgmma.overlapped_workspace_bytes(2, 9, 2, 4, 64)}
+        assert need == plan.workspace_bytes == sizer[(plan.schedule, plan.isa)]() > 0
         ws = emu.alloc(need, "gdn workspace")
         try:
-            for kw, msg in (({}, f"needs workspace= .* {need:,} bytes"),
+            for kw, msg in (({}, f"needs workspace= .* of {need:,} bytes .* GdnConfig\\(schedule='fused'\\) runs "
+                                 f"without one"),
                             (dict(workspace=int(ws.ptr), workspace_bytes=need - 1), f"too small: .* needs {need:,}"),
                             (dict(workspace=int(ws.ptr) + 8, workspace_bytes=need), "workspace must be 16-byte aligned"),
                             (dict(workspace=0, workspace_bytes=need), "workspace must be a non-NULL")):
                 with pytest.raises(ValueError, match=msg):
-                    q12.gdn_layer(*args, algo=ws_algo, **kw)
+                    q12.gdn_layer(*args, config=config, **kw)
             assert q12.h_slot.uploads == 2  # every refusal before the slot was rewritten
-            q12.gdn_layer(*args, algo=ws_algo, workspace=int(ws.ptr), workspace_bytes=need)
+            q12.gdn_layer(*args, config=config, workspace=int(ws.ptr), workspace_bytes=need)
             assert q12.h_slot.uploads == 3
         finally:
             emu.synchronize()
             ws.free()
 
 
-def test_gdn_layer_form_is_checked_and_every_form_gives_the_same_result(emu):
-    """form= of the wgmma pair: a bad form, or a form for an algorithm with one, is refused before the slot is
-    rewritten; "pair", "flow" and "auto" all give the reference's result (the emulators check the flow form's
-    flags: its sequential kernel refuses to run before its precompute released them)."""
+def _launched(emu, run) -> list:
+    """The entries ``run()`` launches on the emulated driver, in order (a dependent launch is a launch there)."""
+    launched = []
+    drv = emu.driver
+    real_launch = drv.launch
+    drv.launch = lambda func, *a: (launched.append(func.name), real_launch(func, *a))[1]
+    try:
+        run()
+        emu.synchronize()
+    finally:
+        drv.launch = real_launch
+    return launched
+
+
+def test_gdn_layer_every_config_gives_the_same_result_and_runs_its_plan(emu):
+    """Every config with a kernel gives the reference's result on the emulator (the overlapped schedule's emulators
+    check its flags: its sequential kernel refuses to run before its precompute completed them), and a pass launches
+    exactly its plan's kernels, batched and per stream."""
+    configs = [FUSED, GdnConfig(math="recurrent"), GdnConfig(schedule="two_pass", isa="mma"),
+               GdnConfig(schedule="two_pass", isa="wgmma"), GdnConfig(schedule="overlapped"), GdnConfig()]
     with two_streams(emu, 7) as (arena, streams, host, p, num_blocks):
-        q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4)
         states = [p["st"] + b * host["st"][0].nbytes for b in range(2)]
-        args = (states, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], GSHAPE)
-        need = q12.gdn_workspace_bytes(GSHAPE, "wgmma")
+        need = max(Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0,
+                           top_k=4).gdn_workspace_bytes(GSHAPE, c) for c in configs)
         ws = emu.alloc(need, "gdn workspace")
+        results = []
         try:
-            kw = dict(workspace=int(ws.ptr), workspace_bytes=need)
-            for algo, form, msg in (("wgmma", "fused", "form must be one of"), ("split", "flow", "has one form"),
-                                    ("wgmma", "wide", "head_dim 128 only")):
-                with pytest.raises(ValueError, match=msg):
-                    q12.gdn_layer(*args, algo=algo, form=form, **kw)
-            assert q12.h_slot.uploads == 0
-            results, launched = [], []
-            drv = emu.driver
-            real_launch = drv.launch
-            drv.launch = lambda func, *a: (launched.append(func.name), real_launch(func, *a))[1]
-            try:
-                for form in ("auto", "pair", "flow"):
-                    for b, s0 in enumerate(host["st"]):  # every form from the same initial states
+            for mode in ("batched", "per_stream"):
+                for config in configs:
+                    q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4,
+                                  mode=mode)
+                    for b, s0 in enumerate(host["st"]):  # every config from the same initial states
                         emu.upload(states[b], s0)
-                    launched.clear()
-                    q12.gdn_layer(*args, algo="wgmma", form=form, **kw)
-                    emu.synchronize()
+                    launched = _launched(emu, lambda: q12.gdn_layer(states, gdn_tensors(p), GSHAPE, config=config,
+                                                                    workspace=int(ws.ptr), workspace_bytes=need))
+                    plan = q12.gdn_plan(GSHAPE, config)
+                    assert launched == [k.entry for k in plan.kernels] * (1 if mode == "batched" else 2), (mode, config)
                     results.append((emu.download(p["go"], host["go"].nbytes),
-                                    [emu.download(st, host["st"][0].nbytes) for st in states],
-                                    tuple(launched)))
-            finally:
-                drv.launch = real_launch
-            pair = tuple(gdn_wgmma.entries(GSHAPE.head_dim, 2))
-            assert [r[2] for r in results] == [pair, pair, gdn_wgmma.flow_entries(GSHAPE.head_dim)]  # short streams
-            assert results[0][:2] == results[1][:2] == results[2][:2]
+                                    [emu.download(st, host["st"][0].nbytes) for st in states]))
+            assert all(r == results[0] for r in results)
         finally:
             emu.synchronize()
             ws.free()
 
 
 def test_gdn_layer_refuses_wgmma_off_hopper(emu, monkeypatch):
-    """algo='wgmma' needs sm_90: elsewhere it is refused, naming the device's architecture, before the slot is
-    rewritten."""
+    """isa='wgmma' needs sm_90: elsewhere it is refused, naming the device's architecture, before the slot is
+    rewritten; the default there is the mma two-pass schedule."""
     with two_streams(emu, 5) as (arena, streams, host, p, num_blocks):
+        monkeypatch.setattr(emu, "arch", "sm_80")
         q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4)
         states = [p["st"] + b * host["st"][0].nbytes for b in range(2)]
-        monkeypatch.setattr(emu, "arch", "sm_80")
-        need = q12.gdn_workspace_bytes(GSHAPE, "wgmma")
-        with pytest.raises(ValueError, match="Hopper .* this device is sm_80: use algo='split'"):
-            q12.gdn_layer(states, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], GSHAPE, algo="wgmma",
-                          workspace=int(p["st"]), workspace_bytes=need)
+        for config in (GdnConfig(isa="wgmma"), GdnConfig(schedule="overlapped")):
+            with pytest.raises(ValueError, match=r"needs warpgroup MMA \(Hopper, sm_90\), this device is sm_80: use "
+                                                 r"isa='mma'"):
+                q12.gdn_layer(states, gdn_tensors(p), GSHAPE, config=config, workspace=int(p["st"]),
+                              workspace_bytes=1 << 20)
         assert q12.h_slot.uploads == 0
+        plan = q12.gdn_plan(GSHAPE)
+        assert (plan.schedule, plan.isa) == ("two_pass", "mma")
+
+
+def test_gdn_layer_takes_a_plan_that_covers_the_pass(emu):
+    """A plan made for at least the pass (its streams, its longest stream, this shape, this architecture) runs as
+    is; a smaller one, or one of another shape, is refused before the slot is rewritten."""
+    with two_streams(emu, 8) as (arena, streams, host, p, num_blocks):
+        q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4)
+        states = [p["st"] + b * host["st"][0].nbytes for b in range(2)]
+        from q12drv.kernels.gdn import plan_gdn
+
+        big = plan_gdn(FUSED, GSHAPE, 4, 64, emu)
+        assert isinstance(big, GdnPlan) and q12.gdn_workspace_bytes(GSHAPE, big) == 0
+        for plan, msg in ((plan_gdn(FUSED, GSHAPE, 1, 64, emu), r"covers 1 stream\(s\) of at most 64 tokens"),
+                          (plan_gdn(FUSED, GSHAPE, 2, 8, emu), r"at most 8 tokens, this launch has 2 of up to 9"),
+                          (plan_gdn(FUSED, GdnShape(1, 4, 64), 2, 9, emu), "the plan was made for")):
+            with pytest.raises(ValueError, match=msg):
+                q12.gdn_layer(states, gdn_tensors(p), GSHAPE, config=plan)
+        assert q12.h_slot.uploads == 0
+        q12.gdn_layer(states, gdn_tensors(p), GSHAPE, config=big)
+        assert q12.h_slot.uploads == 1
 
 
 def test_gdn_layer_takes_state_pointers_as_a_numpy_array_too(emu):
     with two_streams(emu, 6) as (arena, streams, host, p, num_blocks):
         q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4)
         states = [p["st"] + b * host["st"][0].nbytes for b in range(2)]
-        rest = (p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], GSHAPE)
         for ptrs in (states, np.array(states, np.uint64)):  # the bulk path and the per-entry path
-            q12.gdn_layer(ptrs, *rest)
+            q12.gdn_layer(ptrs, gdn_tensors(p), GSHAPE, config=FUSED)
             emu.synchronize()
             assert np.frombuffer(arena.read(q12.h_slot.offset, 16), np.uint64).tolist() == states
 

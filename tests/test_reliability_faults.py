@@ -26,7 +26,7 @@ from q12drv.core.driver import EmuDriver
 from q12drv.tools.inspect import inspect_dump
 from q12drv.core.pinned import PinnedRing
 from q12drv.core.staging import staging_ring
-from tests.reliability import GDN, World
+from tests.reliability import FUSED, GDN, World
 
 #: The CUresult each call fails with (the most plausible real one; CUDA_ERROR_UNKNOWN otherwise).
 FAULT_NAMES = {
@@ -347,7 +347,7 @@ def test_a_failed_layer_launch_changes_nothing_it_did_not_launch():
     w.dev.driver.inject_fault("cuLaunchKernel", "CUDA_ERROR_LAUNCH_FAILED")
     gargs = w.gdn_args()
     with pytest.raises(CudaError) as info:
-        w.q12.gdn_layer(*gargs, GDN)
+        w.q12.gdn_layer(*gargs, GDN, config=FUSED)
     assert info.value.name == "CUDA_ERROR_LAUNCH_FAILED"
     assert w.outputs()["states"] == before["states"]
     w.arena.close()

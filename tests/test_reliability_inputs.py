@@ -39,9 +39,11 @@ from q12drv import (
 )
 from q12drv.core.admission import decide
 from q12drv.tools.cli import main as cli_main
-from q12drv.kernels import gdn_wgmma, ops
+from q12drv.kernels import ops
+from q12drv.kernels.gdn import GdnConfig, chunked_mma, plan_gdn
+from q12drv.kernels.gdn import gdn as gdn_launch
 from q12drv.prefill import GdnShape, Q12Pass
-from tests.reliability import ATTN, BLOCK, GDN, World, assert_same, snapshot
+from tests.reliability import ATTN, BLOCK, FUSED, GDN, World, assert_same, snapshot
 
 
 @dataclass(frozen=True)
@@ -85,11 +87,10 @@ def _attn(w, shape=ATTN, num_blocks=None, **ptrs):
     w.q12.attention_layer(*args.values(), shape, num_blocks=w.num_blocks if num_blocks is None else num_blocks)
 
 
-def _gdn(w, shape=GDN, state_ptrs=None, algo="chunked", **ptrs):
-    states, *rest = w.gdn_args()
-    args = dict(zip(("q", "k", "v", "g", "beta", "o"), rest))
-    args.update(ptrs)
-    w.q12.gdn_layer(states if state_ptrs is None else state_ptrs, *args.values(), shape, algo=algo)
+def _gdn(w, shape=GDN, state_ptrs=None, config=FUSED, tensors=None, **ptrs):
+    states, default = w.gdn_args()
+    tensors = dataclasses.replace(default, **ptrs) if tensors is None else tensors
+    w.q12.gdn_layer(states if state_ptrs is None else state_ptrs, tensors, shape, config=config)
 
 
 def _op_kv_write(w, **kw):
@@ -114,10 +115,10 @@ def _op_attention(w, **kw):
 
 
 def _op_gdn(w, **kw):
-    args = dict(device=w.dev, meta=w.q12.meta, h_state_ptrs=int(w.q12.h_slot.ptr), q=w.p("gq"), k=w.p("gk"),
-                v=w.p("gv"), g=w.p("g"), beta=w.p("beta"), o=w.p("go"), num_k_heads=2, num_v_heads=4, head_dim=64)
+    args = dict(device=w.dev, meta=w.q12.meta, h_state_ptrs=int(w.q12.h_slot.ptr), tensors=w.layer.gdn_tensors(),
+                shape=GDN, plan_or_config=FUSED)
     args.update(kw)
-    ops.gdn(**args)
+    gdn_launch(**args)
 
 
 def _admit(**kw):
@@ -482,12 +483,21 @@ CASES = [
     Case("gdn misaligned q", "q=ptr+8", lambda w: _gdn(w, q=w.p("gq") + 8), ValueError, "q must be 16-byte aligned"),
     Case("gdn misaligned g", "g=ptr+2", lambda w: _gdn(w, g=w.p("g") + 2), ValueError, "g must be 4-byte aligned"),
     Case("gdn shape None", "shape=None", lambda w: _gdn(w, None), TypeError, "shape must be a GdnShape, got NoneType"),
-    Case("gdn shape None wgmma wide", "shape=None, algo='wgmma', form='wide'",
-         lambda w: w.q12.gdn_layer(*w.gdn_args(), None, algo="wgmma", form="wide"), TypeError,
-         "shape must be a GdnShape"),
-    Case("gdn algo", "algo='wy'", lambda w: _gdn(w, algo="wy"), ValueError, "algo must be one of"),
+    Case("gdn shape None overlapped", "shape=None, GdnConfig(schedule='overlapped')",
+         lambda w: _gdn(w, None, config=GdnConfig(schedule="overlapped")), TypeError, "shape must be a GdnShape"),
+    Case("gdn config type", "config='wy'", lambda w: _gdn(w, config="wy"), TypeError,
+         "expected a GdnConfig or a GdnPlan, got str"),
+    Case("gdn config value", "GdnConfig(schedule='flow')", lambda w: _gdn(w, config=GdnConfig(schedule="flow")),
+         ValueError, "GdnConfig.schedule must be one of 'auto', 'fused', 'two_pass', 'overlapped', got 'flow'"),
+    Case("gdn no kernel", "GdnConfig(schedule='overlapped', isa='mma')",
+         lambda w: _gdn(w, config=GdnConfig(schedule="overlapped", isa="mma")), ValueError,
+         "has no kernel .* the paths with kernels: chunked fused on mma, chunked two_pass on mma"),
+    Case("gdn default without workspace", "GdnConfig(), no workspace", lambda w: _gdn(w, config=GdnConfig()),
+         ValueError, r"needs workspace= .* of [\d,]+ bytes .*GdnConfig\(schedule='fused'\) runs without one"),
+    Case("gdn tensors type", "tensors=(q, k, v, g, beta, o)", lambda w: _gdn(w, tensors=tuple(range(1, 7))),
+         TypeError, "tensors must be a GdnTensors"),
     Case("gdn head_dim 96", "head_dim=96", lambda w: _gdn(w, GdnShape(2, 4, 96)), ValueError,
-         "GDN prefill has kernels for head_dim 64 and 128, not 96"),
+         "the GDN kernels have head_dim 64 and 128, not 96"),
     Case("gdn heads", "Hk=3, Hv=4", lambda w: _gdn(w, GdnShape(3, 4, 64)), ValueError,
          "num_v_heads 4 must be a multiple of shape.num_k_heads 3"),
     Case("gdn heads zero", "Hk=0", lambda w: _gdn(w, GdnShape(0, 4, 64)), ValueError,
@@ -521,8 +531,8 @@ CASES = [
          ValueError, "fit an int32"),
     Case("rope heads numpy", "num_q_heads=np.int64(2**40)",
          lambda w: _op_rope(w, num_q_heads=np.int64(1 << 40)), ValueError, "num_q_heads"),
-    Case("gdn op heads numpy float", "num_v_heads=32.0", lambda w: _op_gdn(w, num_v_heads=32.0), TypeError,
-         "num_v_heads must be an int"),
+    Case("gdn op heads float", "num_v_heads=4.0", lambda w: _op_gdn(w, shape=GdnShape(2, 4.0, 64)), TypeError,
+         "shape.num_v_heads must be an int"),
     Case("rope theta zero", "theta=0", lambda w: _op_rope(w, theta=0.0), ValueError, "theta must be a positive finite"),
     Case("rope pointer float", "q=float", lambda w: _op_rope(w, q=float(w.p("q"))), TypeError,
          "q must be a device pointer"),
@@ -538,23 +548,31 @@ CASES = [
          r"o must be a non-NULL device pointer in \(0, 2\*\*64\)"),
     Case("gdn op misaligned h_state_ptrs", "h_state_ptrs=ptr+4",
          lambda w: _op_gdn(w, h_state_ptrs=int(w.q12.h_slot.ptr) + 4), ValueError, "h_state_ptrs must be 8-byte aligned"),
-    Case("gdn op algo", "algo='fast'", lambda w: _op_gdn(w, algo="fast"), ValueError, "algo must be one of"),
-    Case("gdn op head_dim 256", "head_dim=256", lambda w: _op_gdn(w, head_dim=256), ValueError,
-         "GDN prefill has kernels for head_dim 64 and 128"),
-    Case("gdn op wgmma no workspace", "algo='wgmma'", lambda w: _op_gdn(w, algo="wgmma"), ValueError,
-         r"algo='wgmma' needs workspace= .* bytes \(q12drv.kernels.gdn_wgmma.workspace_bytes\)"),
-    Case("gdn op wgmma workspace short", "algo='wgmma', workspace_bytes=16",
-         lambda w: _op_gdn(w, algo="wgmma", workspace=w.p("go"), workspace_bytes=16), ValueError,
-         r"workspace_bytes 16 is too small: algo='wgmma' in its pair form needs [\d,]+ bytes"),
-    # the pair's size is not enough for the flow form's records (3 streams of 64 tokens, 4 value heads, d 64)
-    Case("gdn op wgmma flow workspace short", "algo='wgmma', form='flow', the pair form's workspace",
-         lambda w: _op_gdn(w, algo="wgmma", form="flow", workspace=w.p("go"),
-                           workspace_bytes=gdn_wgmma.workspace_bytes(3, 64, 2, 4, 64, "pair")), ValueError,
-         r"workspace_bytes 209,088 is too small: algo='wgmma' in its flow form needs 497,920 bytes"),
-    Case("gdn op form", "algo='wgmma', form='fused'", lambda w: _op_gdn(w, algo="wgmma", form="fused"), ValueError,
-         "form must be one of 'auto', 'pair', 'flow'"),
-    Case("gdn op form of split", "algo='split', form='flow'", lambda w: _op_gdn(w, algo="split", form="flow"),
-         ValueError, "algo='split' has one form: leave form='auto'"),
+    Case("gdn op config", "plan_or_config='fast'", lambda w: _op_gdn(w, plan_or_config="fast"), TypeError,
+         "expected a GdnConfig or a GdnPlan"),
+    Case("gdn op head_dim 256", "head_dim=256", lambda w: _op_gdn(w, shape=GdnShape(2, 4, 256)), ValueError,
+         "the GDN kernels have head_dim 64 and 128"),
+    Case("gdn op two_pass no workspace", "GdnConfig(schedule='two_pass')",
+         lambda w: _op_gdn(w, plan_or_config=GdnConfig(schedule="two_pass")), ValueError,
+         r"schedule 'two_pass' on wgmma\) needs workspace= .* of [\d,]+ bytes"),
+    Case("gdn op workspace short", "two_pass, workspace_bytes=16",
+         lambda w: _op_gdn(w, plan_or_config=GdnConfig(schedule="two_pass"), workspace=w.p("go"), workspace_bytes=16),
+         ValueError, r"workspace_bytes 16 is too small: the GDN plan \(schedule 'two_pass' on wgmma\) needs [\d,]+ bytes"),
+    # the two-pass schedule's size is not enough for the overlapped schedule's records (3 streams of 64 tokens,
+    # 4 value heads, d 64)
+    Case("gdn op overlapped workspace short", "overlapped, the two-pass schedule's workspace",
+         lambda w: _op_gdn(w, plan_or_config=GdnConfig(schedule="overlapped"), workspace=w.p("go"),
+                           workspace_bytes=chunked_mma.t_workspace_bytes(3, 64, 2, 4)), ValueError,
+         r"workspace_bytes 209,088 is too small: the GDN plan \(schedule 'overlapped' on wgmma\) needs 497,920 bytes"),
+    Case("gdn op recurrent two_pass", "GdnConfig(math='recurrent', schedule='two_pass')",
+         lambda w: _op_gdn(w, plan_or_config=GdnConfig(math="recurrent", schedule="two_pass")), ValueError,
+         "math='recurrent' is one launch on fp32 CUDA cores"),
+    Case("gdn op plan too small", "a plan for 1 stream of 64 tokens on 3 streams",
+         lambda w: _op_gdn(w, plan_or_config=plan_gdn(FUSED, GDN, 1, 64, w.dev)), ValueError,
+         r"the plan covers 1 stream\(s\) of at most 64 tokens, this launch has 3"),
+    Case("gdn op plan of another shape", "a plan for GdnShape(2, 4, 128)",
+         lambda w: _op_gdn(w, plan_or_config=plan_gdn(FUSED, GdnShape(2, 4, 128), 3, 64, w.dev)), ValueError,
+         "the plan was made for GdnShape"),
 ]
 
 

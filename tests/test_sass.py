@@ -6,7 +6,8 @@ import pytest
 from q12drv.tools import sass
 from q12drv.tools.cli import main
 from q12drv.core.errors import Q12Error
-from q12drv.kernels import attention_wgmma, gdn_wgmma
+from q12drv.kernels import attention_wgmma
+from q12drv.kernels.gdn import chunked_wgmma
 from q12drv.kernels.meta import meta_defines
 from q12drv.kernels.registry import compile_defines
 from q12drv.core.nvrtc import compile_source
@@ -58,8 +59,8 @@ def test_find_nvdisasm_looks_on_path_then_cuda_home(monkeypatch, tmp_path):
     assert sass.find_nvdisasm() == "/opt/x/nvdisasm"
 
 
-@pytest.mark.parametrize("source,entries", [(gdn_wgmma.SOURCE, gdn_wgmma.SEQ_ENTRIES + gdn_wgmma.FLOW_ENTRIES[1::2]
-                                             + (gdn_wgmma.WIDE_ENTRY,)),
+@pytest.mark.parametrize("source,entries", [(chunked_wgmma.SOURCE, [e for e in chunked_wgmma.ENTRIES
+                                                                     if "precompute" not in e]),
                                             (attention_wgmma.SOURCE, attention_wgmma.ENTRIES)])
 def test_shipped_wgmma_kernels_keep_their_mma_pipelined(source, entries):
     """Every warpgroup-MMA kernel as shipped: its MMAs grouped (ptxas did not fall back to one wait per MMA). A

@@ -1,27 +1,26 @@
-// gdn_chunk.cuh: the phases of the chunked (WY) Gated DeltaNet kernels, shared by gdn_chunk.cu (the fused
-// kernel, the split pairs' precompute and mma.sync sequential kernels) and gdn_wgmma.cu (the sequential kernel
-// on warpgroup MMA). The algebra, the knobs and the measurements are in gdn_chunk.cu's header.
+// gdn/chunk.cuh: the phases of the chunked (WY) Gated DeltaNet kernels and the records their precompute kernels
+// write, shared by gdn/chunked_mma.cu (the fused kernel, the mma.sync two-pass kernels and the wgmma path's
+// precompute) and gdn/chunked_wgmma.cu (the sequential kernels on warpgroup MMA). The algebra is in
+// gdn/chunked_mma.cu's header.
 #pragma once
-#include "common/q12_meta.cuh"
-#include "gdn/norm.cuh"
+#include "gdn/common.cuh"
 
-#define GDN_C 64      // tokens per chunk
-#define GDN_BV 64     // dv columns per CTA: 4 warps of 16 (the host's gdn_chunk.BV)
-#ifndef GDN_S_HILO
-#define GDN_S_HILO 0
+// The chunked kernels' configuration: tokens a chunk, dv columns a CTA of one warpgroup owns (4 warps of 16), threads
+// a warpgroup, precompute CTAs an SM (their __launch_bounds__). The host's geometry and sizes take the first three
+// (q12drv.kernels.gdn: the contract defines Q12_GDN_CHUNK, Q12_GDN_SLICE, Q12_GDN_THREADS, checked below).
+struct ChunkedConfig {
+    int chunk, slice, threads, precompute_ctas;
+};
+__host__ __device__ constexpr ChunkedConfig chunked_config() { return {64, 64, 128, 3}; }
+constexpr int GDN_C = chunked_config().chunk;    // tokens per chunk
+constexpr int GDN_BV = chunked_config().slice;   // dv columns per CTA (a warpgroup)
+
+#if !defined(Q12_GDN_CHUNK) || !defined(Q12_GDN_SLICE) || !defined(Q12_GDN_THREADS)
+#error "compile through q12drv: it passes the host's chunk geometry (-DQ12_GDN_CHUNK=... -DQ12_GDN_SLICE=... -DQ12_GDN_THREADS=...)"
 #endif
-#ifndef GDN_UPD_SPLIT
-#define GDN_UPD_SPLIT 1
-#endif
-#ifndef GDN_PREFETCH   // 1: cp.async of chunk c+1 while chunk c computes; 0: load each chunk when it starts
-#define GDN_PREFETCH 0
-#endif
-#ifndef GDN_WARP_INV   // 1: each warp inverts the diagonal blocks it computed, no extra barrier; 0: separate phase
-#define GDN_WARP_INV 0
-#endif
-#ifndef GDN_NORM_UNROLL  // unroll of the normalisation passes
-#define GDN_NORM_UNROLL 2
-#endif
+static_assert(chunked_config().chunk == Q12_GDN_CHUNK && chunked_config().slice == Q12_GDN_SLICE &&
+                  chunked_config().threads == Q12_GDN_THREADS,
+              "the chunk, the dv slice or the threads a CTA differ from the host's");
 
 namespace gdnc {
 
@@ -62,7 +61,7 @@ __device__ __forceinline__ unsigned long long ld_volatile(const unsigned long lo
     asm volatile("ld.global.u64 %0, [%1];\n" : "=l"(r) : "l"(p));
     return r;
 }
-// Programmatic dependent launch (Hopper; no-ops before sm_90): the wgmma pair's precompute lets its sequential
+// Programmatic dependent launch (Hopper; no-ops before sm_90): the wgmma path's precompute lets its sequential
 // kernel launch early (pdl_launch_dependents, first thing in each CTA), and the sequential kernel waits for the
 // precompute grid's completion and its memory (pdl_wait; then fence.proxy.async.global: the records are read by
 // bulk copies, the async proxy) before it copies a record. A kernel launched without the attribute never waits.
@@ -99,8 +98,8 @@ __device__ __forceinline__ unsigned pack(float lo, float hi) {
 
 // hi = bf16(x), lo = bf16(x - hi), for a pair of values. BITS: hi's two values back as fp32 straight from its bits
 // (x0's in the low half), a shift and a mask, where through __bfloat1622float2 the pair takes two more byte
-// permutes (the same values; the wgmma sequential kernels' chain takes it: 96 instructions a chunk fewer there. In
-// the precompute it cost the d64 flow form's 168-register build a spill under NVRTC 13.0, so the rest keep it off.)
+// permutes (the same values: the wgmma sequential kernels' chain takes it; the other phases do not, see
+// docs/kernels/gdn.md).
 template <bool BITS = false>
 __device__ __forceinline__ void pack_hilo(float x0, float x1, unsigned& hi, unsigned& lo) {
     if constexpr (BITS) {
@@ -140,8 +139,8 @@ struct Smem {
     bf16 k[GDN_C * LDK];
     bf16 klo[GDN_C * LDK];
     bf16 q[GDN_C * LDK];      // raw q rows (cp.async), normalised in place
-    bf16 kraw[GDN_C * DK];    // raw k rows (cp.async; the next chunk's while this one computes)
-    bf16 v[2][GDN_C * LDV];   // V slice, then O slice (each warp reuses its own 16 columns); double buffer
+    bf16 kraw[GDN_C * DK];    // raw k rows (cp.async), normalised into k and klo
+    bf16 v[2][GDN_C * LDV];   // V slice, then O slice (each warp reuses its own 16 columns); two, alternating
     bf16 a[GDN_C * LDP];      // -A, off-diagonal 16 x 16 blocks (strictly lower)
     bf16 p[GDN_C * LDP];      // P = Q K^T exp(gamma_i - gamma_j) [j <= i]
     bf16 dinv[GDN_C * LDD];   // block b: rows 16b..16b+15, columns 0..15 = (I + A_bb)^-1
@@ -184,14 +183,6 @@ __device__ __forceinline__ void causal_rows_kt(float (*acc)[4], const bf16* x, c
     else rows_times_kt<DK, 8>(acc, x, k, mt, lane);
 }
 
-// Which warp computes K rows of 16-token block mt (Q rows of block mq: owner(3 - mq)); balanced causal work.
-template <int NW>
-__device__ __forceinline__ int owner(int mt) {
-    if (NW == 4) return mt;
-    if (NW == 2) return mt < 2 ? mt : 3 - mt;
-    return 0;
-}
-
 // acc[8] (this warp's 16 dv rows x 64 tokens) = S^T X^T, X = K or Q rows in smem (k-step ks: St[2 ks], St[2 ks + 1]).
 template <int DK>
 __device__ __forceinline__ void st_times_xt(float (*acc)[4], const float (*St)[4], const bf16* x, int lane) {
@@ -201,23 +192,14 @@ __device__ __forceinline__ void st_times_xt(float (*acc)[4], const float (*St)[4
     for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < DK / 16; ++ks) {
-#if GDN_S_HILO
-        unsigned a[4], alo[4];
-        a_from_c_hilo(St[2 * ks], St[2 * ks + 1], a, alo);
-#else
         unsigned a[4];
         a_from_c(St[2 * ks], St[2 * ks + 1], a);
-#endif
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
             unsigned b0, b1, b2, b3;
             ldsm_x4(b0, b1, b2, b3, x + (16 * np + (mat >> 1) * 8 + r) * LDK + 16 * ks + (mat & 1) * 8);
             mma(acc[2 * np], a, b0, b1);
             mma(acc[2 * np + 1], a, b2, b3);
-#if GDN_S_HILO
-            mma(acc[2 * np], alo, b0, b1);
-            mma(acc[2 * np + 1], alo, b2, b3);
-#endif
         }
     }
 }
@@ -236,8 +218,8 @@ __device__ __forceinline__ void invert_column(const float* D, bf16* dinv, int j)
     for (int i = 0; i < 16; ++i) dinv[i * 24 + j] = __float2bfloat16_rn(x[i]);
 }
 
-// ---- the per-chunk phases, shared by the fused kernel, the split pair's precompute kernel (chunk-local
-//      work) and its sequential kernel (the state work)
+// ---- the per-chunk phases, shared by the fused kernel, the precompute kernels (the chunk-local work) and the
+//      mma.sync sequential kernel (the state work)
 
 // cp.async of 64 rows of key head kh from x ([T, num_k_heads, DK] bf16) from packed token tok, into dst
 // (row stride ld elements); rows >= nv read nothing and land as zeros.
@@ -309,23 +291,20 @@ __device__ __forceinline__ void issue_q(S& s, const int* cub, int len, int c, co
 }
 
 // K (kraw -> k hi, klo) and Q (in place) l2-normalised, Q scaled by dk^-1/2: SEGS lanes per row, shuffles.
-// K lo's 16-byte segment `seg` of row `row` goes to klo_at(row, seg). NORMS (the "wgmma" pair's precompute, whose
+// K lo's 16-byte segment `seg` of row `row` goes to klo_at(row, seg). NORMS (the wgmma path's precompute, whose
 // products take the raw rows, k copied straight to s.k): only each row's scales, to s.rk (1 / |k|) and s.rq
 // (dk^-1/2 / |q|), the rows left raw (chunk_gamma<true> folds the scales into the epilogues' exponents; the
 // sequential kernel multiplies its products of the raw rows by them).
-// Partly unrolled: a full unroll hoists every row's loads and spills next to S^T.
-// SW (NORMS only: the wgmma flow precompute): s.k and s.q are 128-byte swizzled tiles (sw128_off).
-template <int DK, bool NORMS = false, bool SW = false, typename S, class KloAt>
+// Two passes unrolled at a time: a full unroll hoists every row's loads and spills next to S^T.
+template <int DK, bool NORMS = false, typename S, class KloAt>
 __device__ __forceinline__ void normalise(S& s, KloAt&& klo_at, int tid, int seg, float qscale) {
     constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8, RPP = THREADS / SEGS, LDK = DK + 8;
-    static_assert(!SW || NORMS, "SW: the rows' scales only");
-#pragma unroll GDN_NORM_UNROLL
+#pragma unroll 2
     for (int p = 0; p < C / RPP; ++p) {
         const int row = tid / SEGS + p * RPP;
 #pragma unroll
         for (int which = 0; which < 2; ++which) {  // 0: k, 1: q
-            const uint4 raw = SW ? *reinterpret_cast<const uint4*>(&(which ? s.q : s.k)[sw128_off(row, seg) / 2])
-                            : which ? *reinterpret_cast<const uint4*>(&s.q[row * LDK + seg * 8])
+            const uint4 raw = which ? *reinterpret_cast<const uint4*>(&s.q[row * LDK + seg * 8])
                             : NORMS ? *reinterpret_cast<const uint4*>(&s.k[row * LDK + seg * 8])
                                     : *reinterpret_cast<const uint4*>(&s.kraw[row * DK + seg * 8]);
             float x[8];
@@ -367,7 +346,7 @@ __device__ __forceinline__ float lg2(float x) {
 }
 
 // gamma = inclusive cumsum of g (one warp, two tokens per lane), exp(gamma), exp(gamma_C - gamma); beta copied.
-// RAW (the "wgmma" pair's precompute, whose products take the raw rows): instead of gamma, the products' epilogue
+// RAW (the wgmma path's precompute, whose products take the raw rows): instead of gamma, the products' epilogue
 // exponents, base 2, with the rows' scales folded in (s.rk, s.rq: normalise<NORMS>'s, written before the caller's
 // barrier): erk_i = gamma_i log2(e) + log2(beta_i rk_i), erq_i = gamma_i log2(e) + log2(rq_i), ec_j = log2(rk_j) -
 // gamma_j log2(e), so that exp2(erk_i + ec_j) = beta_i exp(gamma_i - gamma_j) rk_i rk_j (beta 0 gives -inf: a zero
@@ -405,7 +384,7 @@ __device__ __forceinline__ void chunk_gamma(S& s, int buf, int lane) {
 }
 
 // (I + D_mt)^-1 of diagonal block mt (s.d's fp32 block, into its dinv rows) by lanes 0..15 of one warp, a column
-// each: the warp that wrote the block (GDN_WARP_INV; the wgmma flow precompute's GDN_WG_PBAL), after a __syncwarp.
+// each: the warp that wrote the block (the overlapped precompute), after a __syncwarp.
 template <typename S>
 __device__ __forceinline__ void invert_block(S& s, int mt, int lane) {
     constexpr int LDD = 24;
@@ -413,13 +392,12 @@ __device__ __forceinline__ void invert_block(S& s, int mt, int lane) {
 }
 
 // The products' epilogue for block row mt, with beta and gamma of the chunk's value head: KK: acc = K K^T
-// rows -> -A (strictly lower, off the diagonal block) and the fp32 diagonal block (GDN_WARP_INV: inverted by
-// this warp); else acc = Q K^T rows -> P (lower, diagonal included). RAW (the "wgmma" pair's precompute: acc of
-// the raw rows): each element is acc times exp2 of its row's exponent plus its column's (chunk_gamma<true>: beta,
-// the decay and the rows' scales in one ex2.approx, where the others take beta * expf(gamma_i - gamma_j), about 8
-// instructions more an element; H200 run AX's source counters: these epilogues took a third of that precompute's
-// time); masked elements are selected away (their exponent may overflow), -A and P leave as bf16 pairs. (The fused
-// kernel keeps expf: with ex2 its 255-register d128 build spilled 16-24 bytes under NVRTC 13.0.)
+// rows -> -A (strictly lower, off the diagonal block) and the fp32 diagonal block; else acc = Q K^T rows -> P
+// (lower, diagonal included). RAW (the wgmma path's precompute: acc of the raw rows): each element is acc times
+// exp2 of its row's exponent plus its column's (chunk_gamma<true>: beta, the decay and the rows' scales in one
+// ex2.approx, where the others take beta * expf(gamma_i - gamma_j), about 8 instructions more an element); masked
+// elements are selected away (their exponent may overflow), -A and P leave as bf16 pairs. The fused kernel and the
+// mma two-pass schedule keep expf and the normalised rows (docs/kernels/gdn.md).
 template <bool KK, bool RAW = false, typename S>
 __device__ __forceinline__ void products_epilogue(S& s, const float (*acc)[4], int mt, int lane) {
     constexpr int LDP = GDN_C + 8;
@@ -466,28 +444,22 @@ __device__ __forceinline__ void products_epilogue(S& s, const float (*acc)[4], i
             }
         }
     }
-#if GDN_WARP_INV
-    if (KK) {
-        __syncwarp();
-        invert_block(s, mt, lane);
-        __syncwarp();
-    }
-#endif
 }
 
-// K K^T (rows of the warp's blocks) -> -A blocks and the fp32 diagonal blocks; Q K^T -> P.
-template <int DK, int NW, typename S>
+// K K^T (rows of the warp's blocks) -> -A blocks and the fp32 diagonal blocks; Q K^T -> P. Warp w takes the K
+// rows of 16-token block w and the Q rows of block 3 - w: the causal work balanced over the four warps.
+template <int DK, typename S>
 __device__ __forceinline__ void local_products(S& s, int warp, int lane) {
     float acc[8][4];
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt) {
-        if (owner<NW>(mt) != warp) continue;
+        if (mt != warp) continue;
         causal_rows_kt<DK>(acc, s.k, s.k, mt, lane);
         products_epilogue<true>(s, acc, mt, lane);
     }
 #pragma unroll
     for (int mq = 0; mq < 4; ++mq) {
-        if (owner<NW>(3 - mq) != warp) continue;
+        if (3 - mq != warp) continue;
         causal_rows_kt<DK>(acc, s.q, s.k, mq, lane);
         products_epilogue<false>(s, acc, mq, lane);
     }
@@ -631,11 +603,9 @@ __device__ __forceinline__ void state_step(const ChunkOps& c, float (*St)[4], bf
                 mma(St[2 * np + 1], ahi, b2, b3);
                 mma(St[2 * np], alo, b0, b1);
                 mma(St[2 * np + 1], alo, b2, b3);
-#if GDN_UPD_SPLIT
                 ldsm_x4_t(b0, b1, b2, b3, &c.klo[off]);
                 mma(St[2 * np], ahi, b0, b1);
                 mma(St[2 * np + 1], ahi, b2, b3);
-#endif
             }
         }
     }
@@ -688,51 +658,34 @@ __device__ __forceinline__ void store_o(bf16* __restrict__ o, const bf16* ob, co
     store_o_at<DV>(o, ob, ld_volatile(cub), len, c0, num_v_heads, h, col0, tid);
 }
 
-// ---- the split pairs' workspace (gdn_chunk.py's workspace_bytes): n x ceil(chunk_len / 64) x Hk K records, then
-//      n x ceil(chunk_len / 64) x Hv V records, in one of two formats (byte offsets, records 16-byte aligned):
+// ---- the precompute kernels' records, in the workspace (q12drv.kernels.gdn sizes it; byte offsets, every record
+//      16-byte aligned).
+// The mma two-pass schedule: n x ceil(chunk_len / 64) x Hk K records, then n x ceil(chunk_len / 64) x Hv V records.
 // K record of one (stream, key head, chunk), shared by the value heads of that key head: normalised K hi, K lo,
-// Q [64][DK] bf16: row-major (the "split" pair), or 128-byte swizzled tiles (sw128_off; the "wgmma" pair).
+// Q [64][DK] bf16, row-major.
 template <int DK>
 struct KRec {
     static constexpr int K = 0, KLO = GDN_C * DK * 2, Q = 2 * GDN_C * DK * 2, BYTES = 3 * GDN_C * DK * 2;
 };
-// V record of one (stream, value head, chunk) of the "split" pair: -A, P [64][64] bf16, the diagonal inverses
-// [64][16] bf16, beta, exp(gamma), exp(gamma_C - gamma) [64] fp32.
+// V record of one (stream, value head, chunk): -A, P [64][64] bf16, the diagonal inverses [64][16] bf16, beta,
+// exp(gamma), exp(gamma_C - gamma) [64] fp32.
 struct VRec {
     static constexpr int A = 0, P = GDN_C * GDN_C * 2, DINV = 2 * GDN_C * GDN_C * 2, BETA = DINV + GDN_C * 16 * 2,
                          EG = BETA + GDN_C * 4, WD = EG + GDN_C * 4, BYTES = WD + GDN_C * 4;
 };
-// The "wgmma" pair's only record, one per (stream, value head, chunk): T = (I + A)^-1 and P, each a [64][64] bf16
+// The wgmma two-pass schedule: n x ceil(chunk_len / 64) x Hv T records (no K record: its sequential kernel reads the
+// raw k and q rows from the inputs), one per (stream, value head, chunk): T = (I + A)^-1 and P, each a [64][64] bf16
 // swizzled tile, then [64] fp32 beta, EK = exp(gamma) rk, EQ = exp(gamma) rq and WK = exp(gamma_C - gamma) rk (rk,
-// rq: the rows' scales of normalise<NORMS>; the sequential kernel multiplies the products of the raw k and q
-// rows by them), then exp(gamma_C) and 12 zero bytes. A byte image of gdn_wgmma.cu's stage from its T tile on.
-// The pair has no K record: its sequential kernel reads raw k and q from the inputs.
-struct TileVRec {
+// rq: the rows' scales of normalise<NORMS>; the sequential kernel multiplies the products of the raw k and q rows by
+// them), then exp(gamma_C) and 12 zero bytes: a byte image of the wgmma sequential kernel's stage from its T tile on.
+struct TRec {
     static constexpr int T = 0, P = GDN_C * GDN_C * 2, BETA = 2 * GDN_C * GDN_C * 2, EK = BETA + GDN_C * 4,
                          EQ = EK + GDN_C * 4, WK = EQ + GDN_C * 4, EGC = WK + GDN_C * 4, BYTES = EGC + 16;
 };
 
-// The flow form's record (gdn_wgmma.cu, GDN_WG_UWS 1), one per (stream, value head, chunk): fla-core's order of the
-// same algebra, V_new = U - W S, with U = T diag(beta) V and W = T diag(beta EK) k (k the raw rows) from the
-// precompute. W as a [64][DK] bf16 tile (the k tile's 128-byte swizzle: the sequential kernel's X' = S^T W^T takes
-// it where X takes k), P (swizzled), [64] fp32 EQ and WK, exp(gamma_C) and 12 zero bytes (COMMON bytes: one bulk
-// copy); then U^T per 64-column dv slice in fp32, in the order of the sequential kernel's m64n64 accumulator: slice
-// float4 number nt * 128 + thread holds that thread's n-tile nt (dv rows 16 warp + gq, + 8 of the slice, tokens
-// 8 nt + 2 tq, + 1), so the CTA's own slice is a second bulk copy and each thread reads it by 8 conflict-free
-// 16-byte loads. fp32 for U: its rounding does not cancel in U - W S (numpy, session 10: U as one bf16 gave 10-21x
-// the state's error; chunked_reference(u_minus_ws=)).
-template <int DK, int DV>
-struct UwsRec {
-    static constexpr int W = 0, P = GDN_C * DK * 2, EQ = P + GDN_C * GDN_C * 2, WK = EQ + GDN_C * 4,
-                         EGC = WK + GDN_C * 4, COMMON = EGC + 16;
-    static constexpr int U = COMMON, USLICE = GDN_C * GDN_BV * 4, BYTES = U + DV / GDN_BV * USLICE;
-    static_assert(COMMON % 16 == 0 && P % 1024 == 0, "bulk copies of 16-byte multiples; P on a 1024-byte atom");
-};
-
-
 // cp.async of 64 rows of key head kh from k and from q ([T, num_k_heads, DK] bf16) from packed token tok into two
-// [64 x DK] tiles in the 128-byte swizzle (sw128_off); TILES: bit 0 k's, bit 1 q's (a CTA of two warpgroups gives
-// each one tile). Thread tid (0..127) copies segment tid % SEGS of rows
+// [64 x DK] tiles in the 128-byte swizzle (sw128_off); TILES: bit 0 k's, bit 1 q's (the wide CTA of two warpgroups
+// gives each one tile). Thread tid (0..127) copies segment tid % SEGS of rows
 // tid / SEGS + p * 128 / SEGS, so its destinations step by a fixed number of bytes (row % 8 is the same for all);
 // a rolled loop (unrolled, its 2 x 64 / (128 / SEGS) addresses stay live beside S^T and spill). Rows >= nv read
 // nothing and land as zeros.
@@ -761,59 +714,29 @@ __device__ __forceinline__ unsigned char* krec_at(unsigned char* ws, const Q12Me
     const int nchunks = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
     return ws + (((long long)b * nchunks + ci) * num_k_heads + kh) * KRec<DK>::BYTES;
 }
-template <int DK, class VR = VRec>
+template <int DK>
 __device__ __forceinline__ unsigned char* vrec_at(unsigned char* ws, const Q12Meta& m, int b, int ci, int h,
                                                   int num_k_heads, int num_v_heads) {
     const int nchunks = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
     const long long kblock = (long long)m.batch_size * nchunks * num_k_heads * KRec<DK>::BYTES;
-    return ws + kblock + (((long long)b * nchunks + ci) * num_v_heads + h) * VR::BYTES;
+    return ws + kblock + (((long long)b * nchunks + ci) * num_v_heads + h) * VRec::BYTES;
 }
-// The "wgmma" pair's workspace (gdn_wgmma.py's workspace_bytes): n x ceil(chunk_len / 64) x Hv records of RB
-// bytes each (the two-launch and wide forms: TileVRec; the flow form: UwsRec, whose RB every flow build uses for
-// the flags' offset, whichever record it writes), then (the flow form) one u32 ready flag per precompute item
-// (stream b, chunk ci, key head kh), set to 1 by the flow precompute once the item's records are stored, then the
-// item counter (item_counter_at).
+// Record (stream b, chunk ci, value head h) of a workspace of n x ceil(chunk_len / 64) x Hv records of RB bytes (the
+// wgmma path's: TRec, or the overlapped schedule's, gdn/chunked_wgmma.cu).
 template <int RB>
 __device__ __forceinline__ unsigned char* rec_at(unsigned char* ws, const Q12Meta& m, int b, int ci, int h,
                                                  int num_v_heads) {
     const int nchunks = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
     return ws + (((long long)b * nchunks + ci) * num_v_heads + h) * RB;
 }
-__device__ __forceinline__ unsigned char* tile_vrec_at(unsigned char* ws, const Q12Meta& m, int b, int ci, int h,
-                                                       int num_v_heads) {
-    return rec_at<TileVRec::BYTES>(ws, m, b, ci, h, num_v_heads);
+__device__ __forceinline__ unsigned char* trec_at(unsigned char* ws, const Q12Meta& m, int b, int ci, int h,
+                                                  int num_v_heads) {
+    return rec_at<TRec::BYTES>(ws, m, b, ci, h, num_v_heads);
 }
-template <int RB>
-__device__ __forceinline__ unsigned* ready_flag_at(unsigned char* ws, const Q12Meta& m, int b, int ci, int kh,
-                                                   int num_k_heads, int num_v_heads) {
-    const int nchunks = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
-    const long long recs = (long long)m.batch_size * nchunks * num_v_heads * RB;
-    return reinterpret_cast<unsigned*>(ws + recs) + ((long long)b * nchunks + ci) * num_k_heads + kh;
-}
-// The flow form's item counter (its precompute groups claim items from it: gdn_wgmma.cu's gdn_prep_flow_body): the
-// u32 after the last ready flag (gdn_wgmma.py's flags_bytes: the flags, then 16 bytes for it, zeroed before the
-// launches).
-template <int RB>
-__device__ __forceinline__ unsigned* item_counter_at(unsigned char* ws, const Q12Meta& m, int num_k_heads,
-                                                     int num_v_heads) {
-    return ready_flag_at<RB>(ws, m, (int)m.batch_size, 0, 0, num_k_heads, num_v_heads);
-}
-// The flow form's k and q tiles (gdn_wgmma.cu's GDN_WG_KQREC): per item (stream b, chunk ci, key head kh), the k and
-// then the q tile ([64][DK] bf16 each, 128-byte swizzled), from the first 128-byte boundary after the item counter's
-// 16 bytes (gdn_wgmma.py's kq_offset).
-template <int RB, int DK>
-__device__ __forceinline__ unsigned char* kqrec_at(unsigned char* ws, const Q12Meta& m, int b, int ci, int kh,
-                                                   int num_k_heads, int num_v_heads) {
-    const int nchunks = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
-    const unsigned long long end = reinterpret_cast<unsigned long long>(
-        item_counter_at<RB>(ws, m, num_k_heads, num_v_heads)) + 16 - reinterpret_cast<unsigned long long>(ws);
-    return ws + ((end + 127) & ~127ull) + (((long long)b * nchunks + ci) * num_k_heads + kh) * (4 * GDN_C * DK);
-}
-
-// The precompute kernel's shared memory: Smem<DK> without what it does not need (V/O slices; K lo goes
+// The precompute kernels' shared memory: Smem<DK> without what they do not need (V/O slices; K lo goes
 // straight to the K record) and with raw K sharing its bytes with -A and P (raw K is read by the
-// normalisation, -A and P are first written after it; the "wgmma" pair's raw k rows land in k itself), plus the
-// rows' scales of normalise<NORMS> and the epilogue exponents of chunk_gamma<true> (both the "wgmma" pair's):
+// normalisation, -A and P are first written after it; the wgmma path's raw k rows land in k itself), plus the
+// rows' scales of normalise<NORMS> and the epilogue exponents of chunk_gamma<true> (both the wgmma path's):
 // 64,000 B at d128, 3 CTAs/SM.
 template <int DK>
 struct PrepSmem {
@@ -832,7 +755,7 @@ struct PrepSmem {
     float graw[2][GDN_C];
     float braw[2][GDN_C];
     float gam[GDN_C];
-    float erk[GDN_C];         // RAW (the wgmma pair's): the products' epilogue exponents (chunk_gamma<true>)
+    float erk[GDN_C];         // (the wgmma path's) the products' epilogue exponents (chunk_gamma<true>)
     float erq[GDN_C];
     float ec[GDN_C];
     float beta[GDN_C];
@@ -842,161 +765,10 @@ struct PrepSmem {
     float rq[GDN_C];
 };
 
-// ---- the flow form's precompute in fla's order (UWS, prep_item): after the block solve, each warp holds T's
-//      columns 16 warp .. 16 warp + 15 in fp32 (X[nt][e] = T[8 nt + 2 tq + (e & 1)][16 warp + gq + 8 (e >> 1)])
-
-// This thread's pairs of T's columns as transposed tiles th, tl ([64 columns j][LDP]: row j holds T[t][j] over the
-// tokens t; the thread's columns j0 = 16 warp + gq, + 8, its tokens 8 nt + 2 tq, + 1): x(nt, hh, at, x0, x1) gives
-// the pair of column j0 + 8 hh at element at, which is stored scaled by f(column) as bf16 hi into th, lo into tl.
-// SW: the tiles 128-byte swizzled ([64 j][64 t], sw128_off) instead of padded.
-template <bool SW = false, class F, class G>
-__device__ __forceinline__ void t_cols_pairs(bf16* th, bf16* tl, F&& f, G&& x, int warp, int lane) {
-    constexpr int LDP = GDN_C + 8;
-    const int gq = lane >> 2, tq = lane & 3, j0 = 16 * warp + gq;
-    const float f0 = f(j0), f1 = f(j0 + 8);
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            const float fj = hh ? f1 : f0;
-            const int at = SW ? (sw128_off(j0 + 8 * hh, nt) + 4 * tq) / 2 : (j0 + 8 * hh) * LDP + 8 * nt + 2 * tq;
-            float x0, x1;
-            x(nt, hh, at, x0, x1);
-            unsigned hi, lo;
-            pack_hilo(x0 * fj, x1 * fj, hi, lo);
-            *reinterpret_cast<unsigned*>(&th[at]) = hi;
-            *reinterpret_cast<unsigned*>(&tl[at]) = lo;
-        }
-}
-
-// T's columns (X, the solve's fp32 result) scaled by f(column) into the tiles (numpy, session 10: a scaled T
-// rounded to one bf16 gave 8-24x the state's error; as a hi + lo pair the error stays the pair's).
-template <bool SW = false, class F>
-__device__ __forceinline__ void t_cols_hilo(const float (*X)[4], bf16* th, bf16* tl, F&& f, int warp, int lane) {
-    t_cols_pairs<SW>(th, tl, f, [&](int nt, int hh, int, float& x0, float& x1) {
-        x0 = X[nt][2 * hh];
-        x1 = X[nt][2 * hh + 1];
-    }, warp, lane);
-}
-
-// The tiles of t_cols_hilo rescaled in place by f(column): each thread rewrites the pairs it wrote, as bf16 hi + lo
-// of (hi + lo) f (T's fp32 columns are not held across U's product: with them the flow precompute spilled).
-template <bool SW = false, class F>
-__device__ __forceinline__ void t_cols_rescale(bf16* th, bf16* tl, F&& f, int warp, int lane) {
-    t_cols_pairs<SW>(th, tl, f, [&](int, int, int at, float& x0, float& x1) {
-        const unsigned h = *reinterpret_cast<const unsigned*>(&th[at]), l = *reinterpret_cast<const unsigned*>(&tl[at]);
-        x0 = __uint_as_float(h << 16) + __uint_as_float(l << 16);
-        x1 = __uint_as_float(h & 0xffff0000u) + __uint_as_float(l & 0xffff0000u);
-    }, warp, lane);
-}
-
-// U^T = V^T (T diag(beta))^T for dv rows 16 m .. 16 m + 15, m = warp, warp + 4, ... (the sequential kernel's warp
-// m % 4 of dv slice m / 4): V the value head's raw rows ([64][ldv] bf16, exact), (T diag(beta))^T as the hi + lo
-// tiles of t_cols_hilo (zero below the diagonal: token pairs np >= ks only); fp32 into the record's U slices (u:
-// UwsRec::U) in the sequential kernel's accumulator order, one 16-byte store an n-tile.
-template <int DV>
-__device__ __forceinline__ void uws_u(const bf16* vr, int ldv, const bf16* th, const bf16* tl, unsigned char* u,
-                                      int warp, int lane) {
-    constexpr int LDP = GDN_C + 8, USLICE = GDN_C * GDN_BV * 4;
-    const int mat = lane >> 3, r8 = lane & 7;
-#pragma unroll 1   // one m-tile's accumulators at a time (unrolled, the two were interleaved and spilled)
-    for (int m = warp; m < DV / 16; m += 4) {
-        float acc[8][4];
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-            unsigned a[4];   // V^T [dv rows 16 m ..][tokens 16 ks ..]: V's rows transposed
-            ldsm_x4_t(a[0], a[1], a[2], a[3], &vr[(16 * ks + (mat >> 1) * 8 + r8) * ldv + 16 * m + (mat & 1) * 8]);
-#pragma unroll
-            for (int np = ks; np < 4; ++np) {
-                const int off = (16 * ks + (mat & 1) * 8 + r8) * LDP + 16 * np + (mat >> 1) * 8;
-                unsigned b0, b1, b2, b3;
-                ldsm_x4_t(b0, b1, b2, b3, &th[off]);
-                mma(acc[2 * np], a, b0, b1);
-                mma(acc[2 * np + 1], a, b2, b3);
-                ldsm_x4_t(b0, b1, b2, b3, &tl[off]);
-                mma(acc[2 * np], a, b0, b1);
-                mma(acc[2 * np + 1], a, b2, b3);
-            }
-        }
-        float4* dst = reinterpret_cast<float4*>(u + (m / 4) * USLICE) + 32 * (m % 4) + lane;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) dst[nt * 128] = make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
-    }
-}
-
-// W = T diag(beta EK) k for the tokens of block mt and DK / 2 columns: warp w takes block w's first half and block
-// 3 - w's second (the causal k-steps balanced, 5 a warp); (T diag(beta EK))^T as the hi + lo tiles of t_cols_hilo,
-// k the raw rows ([64][DK + 8] bf16, exact); rounded to bf16 into the record's W tile (w: UwsRec::W, sw128_off).
-template <int DK>
-__device__ __forceinline__ void uws_w(const bf16* kr, const bf16* th, const bf16* tl, unsigned char* w, int warp,
-                                      int lane) {
-    constexpr int LDK = DK + 8, LDP = GDN_C + 8, NT = DK / 16;
-    const int gq = lane >> 2, tq = lane & 3, mat = lane >> 3, r8 = lane & 7;
-#pragma unroll 1   // one half's accumulators at a time
-    for (int half = 0; half < 2; ++half) {
-        const int mt = half ? 3 - warp : warp, col0 = half * (DK / 2);
-        float acc[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-            if (ks > mt) break;
-            const int a_off = (16 * ks + (mat >> 1) * 8 + r8) * LDP + 16 * mt + (mat & 1) * 8;
-            unsigned ah[4], al[4];
-            ldsm_x4_t(ah[0], ah[1], ah[2], ah[3], &th[a_off]);
-            ldsm_x4_t(al[0], al[1], al[2], al[3], &tl[a_off]);
-#pragma unroll
-            for (int np = 0; np < NT / 2; ++np) {
-                unsigned b0, b1, b2, b3;
-                ldsm_x4_t(b0, b1, b2, b3, &kr[(16 * ks + (mat & 1) * 8 + r8) * LDK + col0 + 16 * np + (mat >> 1) * 8]);
-                mma(acc[2 * np], ah, b0, b1);
-                mma(acc[2 * np + 1], ah, b2, b3);
-                mma(acc[2 * np], al, b0, b1);
-                mma(acc[2 * np + 1], al, b2, b3);
-            }
-        }
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                const int t = 16 * mt + gq + 8 * hh, d = col0 + 8 * nt + 2 * tq;
-                *reinterpret_cast<unsigned*>(w + sw128_off(t, d >> 3) + (d & 7) * 2) =
-                    pack(acc[nt][2 * hh], acc[nt][2 * hh + 1]);
-            }
-    }
-}
-
-template <bool TILES> struct RecV { using type = VRec; };
-template <> struct RecV<true> { using type = TileVRec; };
-
-// The flow record's scalars and P (UwsRec's common part but W): P as a swizzled tile from the group's padded
-// s.p, EQ and WK (16 bytes a thread), exp(gamma_C); both flow precompute items (prep_item<UWS>, gdn_wgmma.cu's
-// prep_item_wg) store them once the block solve is done.
-template <int DK, int DV, class S>
-__device__ __forceinline__ void store_uws_scalars(unsigned char* urec, const S& s, int tid) {
-    using UR = UwsRec<DK, DV>;
-    constexpr int C = GDN_C, LDP = GDN_C + 8;
-    for (int idx = tid; idx < C * 8; idx += 128)   // P as a swizzled tile
-        *reinterpret_cast<uint4*>(urec + UR::P + sw128_off(idx / 8, idx % 8)) =
-            *reinterpret_cast<const uint4*>(s.p + (idx / 8) * LDP + (idx % 8) * 8);
-    if (tid < 2 * 16) {   // EQ, WK (16 B a thread), then exp(gamma_C)
-        const int i = (tid & 15) * 4;
-        const float* x = tid < 16 ? s.eg : s.wd;
-        const float* r = tid < 16 ? s.rq : s.rk;
-        *reinterpret_cast<float4*>(urec + UR::EQ + tid * 16) =
-            make_float4(x[i] * r[i], x[i + 1] * r[i + 1], x[i + 2] * r[i + 2], x[i + 3] * r[i + 3]);
-    } else if (tid == 2 * 16) {
-        *reinterpret_cast<float4*>(urec + UR::EGC) = make_float4(s.eg[C - 1], 0.f, 0.f, 0.f);
-    }
-}
-
-// -A and P (s.a, s.p: [64][LDP] bf16 each) zeroed by the group, so that every byte of the records is
-// defined: the products' epilogues write only the blocks on and below the diagonal (the solve's, P's causal ones).
-// At an item's start, and (UWS) again before each later value head's epilogues: the flow items' T tiles take
-// s.a's and s.p's bytes after the solve, and left in P's upper blocks they were the next value head's P record
-// (run BN, session 13: the odd value heads' o off by the even head's T diag(beta EK) lo parts, about 1e-4 of P).
+// -A and P (s.a, s.p: [64][LDP] bf16 each) zeroed by the group, so that every byte of the records is defined: the
+// products' epilogues write only the blocks on and below the diagonal (the solve's, P's causal ones). At an item's
+// start; the overlapped precompute again before each later value head (its T tiles take s.a's and s.p's bytes after
+// the solve, and left in P's upper blocks they would be the next value head's P record).
 template <typename S>
 __device__ __forceinline__ void zero_ap(S& s, int tid) {
     constexpr int LDP = GDN_C + 8;
@@ -1005,23 +777,17 @@ __device__ __forceinline__ void zero_ap(S& s, int tid) {
     for (int i = tid; i < GDN_C * LDP / 8; i += 128) a[i] = p[i] = make_uint4(0, 0, 0, 0);
 }
 
-// One precompute item, by one group of 128 threads (tid 0..127) on its own PrepSmem<DK>: chunk ci of (stream b,
-// key head kh), which has len tokens: (TILES 0) its K record, K K^T and Q K^T once, then each value head's V record
-// (its beta and gamma scale the products in the epilogues). TILES 0: the "split" pair's records (KRec, VRec);
-// TILES 1: the "wgmma" pair's (no K record; TileVRec: T = (I + A)^-1 from the block solve applied to the identity,
-// the rows' scales folded into its per-token factors); UWS (with TILES: the flow form's, GDN_WG_UWS 1): UwsRec
-// instead, U and W by four more products a value head (each warp's T columns scaled, as hi + lo tiles in s.a and
-// s.p once the solve has read -A and P is stored; the value head's raw V rows in s.q, copied once Q K^T has read
-// q; the raw k rows stay in s.k), from v. sync(): the group's barrier (__syncthreads for a CTA of one group). It
-// returns after the group's last barrier: every record store of the item is issued, and the group's shared memory
-// is free again.
-template <int DK, int DV, bool TILES, bool UWS = false, class Sync>
+// One precompute item, by a CTA of 128 threads on its PrepSmem<DK>: chunk ci of (stream b, key head kh), which has
+// len tokens: (WG false) its K record, K K^T and Q K^T once, then each value head's V record (its beta and gamma
+// scale the products in the epilogues): the mma two-pass schedule's records (KRec, VRec). WG: the wgmma two-pass
+// schedule's (no K record; TRec: T = (I + A)^-1 from the block solve applied to the identity, the rows' scales
+// folded into its per-token factors). It returns after the CTA's last barrier: every record store of the item is
+// issued.
+template <int DK, int DV, bool WG>
 __device__ __forceinline__ void prep_item(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
                                           const float* __restrict__ g, const float* __restrict__ beta, int num_k_heads,
                                           int num_v_heads, unsigned char* __restrict__ ws, PrepSmem<DK>& s, int b,
-                                          int kh, int ci, int len, int tid, Sync sync,
-                                          const bf16* __restrict__ v = nullptr) {
-    static_assert(!UWS || (TILES && DV == DK), "UWS: the wgmma pair's flow records, V rows in s.q (dv = dk)");
+                                          int kh, int ci, int len, int tid) {
     using SM = PrepSmem<DK>;
     constexpr int C = GDN_C, THREADS = 128, SEGS = DK / 8, LDK = SM::LDK, LDP = SM::LDP, LDD = SM::LDD;
     const int lane = tid & 31, warp = tid >> 5;
@@ -1029,21 +795,21 @@ __device__ __forceinline__ void prep_item(const Q12Meta& m, const bf16* __restri
     const int c0 = ci * C;
     const int group = num_v_heads / num_k_heads;
 
-    // raw K to kraw (TILES: straight to s.k, the products take the raw rows), g and beta, raw Q to s.q
-    issue_kvgb<DK, DV, !TILES, false, true>(s, nullptr, cu + b, len, c0, 0, k, nullptr, g, beta, num_k_heads,
-                                            num_v_heads, kh * group, 0, tid);
-    if constexpr (TILES) issue_rows<DK>(s.k, LDK, k, min(C, len - c0), ld_volatile(cu + b) + c0, num_k_heads, kh, tid);
+    // raw K to kraw (WG: straight to s.k, the products take the raw rows), g and beta, raw Q to s.q
+    issue_kvgb<DK, DV, !WG, false, true>(s, nullptr, cu + b, len, c0, 0, k, nullptr, g, beta, num_k_heads,
+                                         num_v_heads, kh * group, 0, tid);
+    if constexpr (WG) issue_rows<DK>(s.k, LDK, k, min(C, len - c0), ld_volatile(cu + b) + c0, num_k_heads, kh, tid);
     issue_q<DK>(s, cu + b, len, c0, q, num_k_heads, num_v_heads, kh * group, tid);
     cp_async_commit();
     cp_async_wait_all();
-    sync();
+    __syncthreads();
     unsigned char* krec = krec_at<DK>(ws, m, b, ci, kh, num_k_heads);
     bf16* klo = reinterpret_cast<bf16*>(krec + KRec<DK>::KLO);
-    normalise<DK, TILES>(s, [&](int row, int sg) { return &klo[row * DK + sg * 8]; }, tid, tid % SEGS,
-                         1.0f / sqrtf((float)DK));
-    sync();   // raw K read out: its bytes become -A and P
+    normalise<DK, WG>(s, [&](int row, int sg) { return &klo[row * DK + sg * 8]; }, tid, tid % SEGS,
+                      1.0f / sqrtf((float)DK));
+    __syncthreads();   // raw K read out: its bytes become -A and P
     zero_ap(s, tid);
-    if constexpr (!TILES)
+    if constexpr (!WG)
         for (int idx = tid; idx < 2 * C * SEGS; idx += THREADS) {   // K hi and Q rows to the K record
             const int which = idx / (C * SEGS), rest = idx % (C * SEGS), row = rest / SEGS, sg = rest % SEGS;
             *reinterpret_cast<uint4*>(krec + (which ? KRec<DK>::Q : KRec<DK>::K) + row * (DK * 2) + sg * 16) =
@@ -1051,39 +817,28 @@ __device__ __forceinline__ void prep_item(const Q12Meta& m, const bf16* __restri
         }
     // K K^T and Q K^T once for the key head (4 warps: warp w owns K rows of block w, Q rows of block 3 - w);
     // each value head scales them by its own beta and gamma in the epilogues
-    // (UWS: K K^T again for each value head, from the raw k rows that stay in s.k; holding it spilled the d128 flow
-    // precompute beside T's columns and U's accumulators under NVRTC 13.0)
     float acck[8][4], accq[8][4];
-    if (!UWS) causal_rows_kt<DK>(acck, s.k, s.k, warp, lane);
+    causal_rows_kt<DK>(acck, s.k, s.k, warp, lane);
     causal_rows_kt<DK>(accq, s.q, s.k, 3 - warp, lane);
     for (int j = 0; j < group; ++j) {
         const int h = kh * group + j;
-        if (j > 0) cp_async_wait_all();   // this value head's g and beta (UWS: and V), copied while the previous head computed
-        sync();
-        if (UWS && j == 0) {   // (UWS) the first value head's V rows: q is read out (Q K^T, before the barrier above)
-            issue_v_slice<DV, DV, LDK>(s.q, v, min(C, len - c0), ld_volatile(cu + b) + c0, num_v_heads, h, 0, tid);
-            cp_async_commit();
-        }
-        if (UWS && j > 0) zero_ap(s, tid);   // the previous head's T tiles out of -A's and P's upper blocks
-        if (warp == 0) chunk_gamma<TILES>(s, j & 1, lane);
-        sync();
+        if (j > 0) cp_async_wait_all();   // this value head's g and beta, copied while the previous head computed
+        __syncthreads();
+        if (warp == 0) chunk_gamma<WG>(s, j & 1, lane);
+        __syncthreads();
         if (j + 1 < group) {   // the next value head's g and beta into the other buffer (chunk_gamma read this one out)
             issue_kvgb<DK, DV, false, false, true>(s, nullptr, cu + b, len, c0, (j + 1) & 1, k, nullptr, g, beta,
                                                    num_k_heads, num_v_heads, h + 1, 0, tid);
             cp_async_commit();
         }
-        if (UWS) causal_rows_kt<DK>(acck, s.k, s.k, warp, lane);
-        products_epilogue<true, TILES>(s, acck, warp, lane);
-        products_epilogue<false, TILES>(s, accq, 3 - warp, lane);
-        sync();
-#if !GDN_WARP_INV
+        products_epilogue<true, WG>(s, acck, warp, lane);
+        products_epilogue<false, WG>(s, accq, 3 - warp, lane);
+        __syncthreads();
         invert_diagonal<DK>(s, tid);
-        sync();
-#endif
-        using VR = typename RecV<TILES>::type;
-        unsigned char* vrec = TILES ? tile_vrec_at(ws, m, b, ci, h, num_v_heads)
-                                    : vrec_at<DK, VR>(ws, m, b, ci, h, num_k_heads, num_v_heads);
-        if constexpr (TILES) {
+        __syncthreads();
+        unsigned char* vrec = WG ? trec_at(ws, m, b, ci, h, num_v_heads)
+                                 : vrec_at<DK>(ws, m, b, ci, h, num_k_heads, num_v_heads);
+        if constexpr (WG) {
             // T^T = I (I + A)^-T, this warp's 16 rows: T's columns 16w .. 16w + 15, rounded to bf16 into s.k as
             // [64][LDP] rows (s.k is free: the products above were the last to read it)
             float Rt[8][4], X[8][4];
@@ -1091,32 +846,12 @@ __device__ __forceinline__ void prep_item(const Q12Meta& m, const bf16* __restri
                 Rt[nt][e] = at == cc * (LDP + 1) ? 1.f : 0.f;
             });
             block_solve(s.a, s.dinv, Rt, X, lane);
-            if constexpr (UWS) {
-                using UR = UwsRec<DK, DV>;
-                unsigned char* urec = rec_at<UR::BYTES>(ws, m, b, ci, h, num_v_heads);
-                store_uws_scalars<DK, DV>(urec, s, tid);
-                sync();   // -A read by every warp's solve, P stored: s.a, s.p take T's scaled columns
-                t_cols_hilo(X, s.a, s.p, [&](int c) { return s.beta[c]; }, warp, lane);
-                cp_async_wait_all();   // this value head's V rows
-                sync();
-                uws_u<DV>(s.q, LDK, s.a, s.p, urec + UR::U, warp, lane);
-                sync();   // V and T diag(beta) read out
-                if (j + 1 < group) {   // the next value head's V rows, while this one's W is computed
-                    issue_v_slice<DV, DV, LDK>(s.q, v, min(C, len - c0), ld_volatile(cu + b) + c0, num_v_heads, h + 1,
-                                               0, tid);
-                    cp_async_commit();
-                }
-                t_cols_rescale(s.a, s.p, [&](int c) { return s.eg[c] * s.rk[c]; }, warp, lane);   // T diag(beta EK)
-                sync();
-                uws_w<DK>(s.k, s.a, s.p, urec + UR::W, warp, lane);
-            } else {
-                each_slice_elem<LDP>(warp, lane, [&](int nt, int e, int, int at) { s.k[at] = __float2bfloat16_rn(X[nt][e]); });
-                sync();
-                for (int idx = tid; idx < 2 * C * 8; idx += THREADS) {   // T, P as swizzled tiles
-                    const int which = idx / (C * 8), rest = idx % (C * 8), row = rest / 8, sg = rest % 8;
-                    *reinterpret_cast<uint4*>(vrec + (which ? TileVRec::P : TileVRec::T) + sw128_off(row, sg)) =
-                        *reinterpret_cast<const uint4*>((which ? s.p : s.k) + row * LDP + sg * 8);
-                }
+            each_slice_elem<LDP>(warp, lane, [&](int nt, int e, int, int at) { s.k[at] = __float2bfloat16_rn(X[nt][e]); });
+            __syncthreads();
+            for (int idx = tid; idx < 2 * C * 8; idx += THREADS) {   // T, P as swizzled tiles
+                const int which = idx / (C * 8), rest = idx % (C * 8), row = rest / 8, sg = rest % 8;
+                *reinterpret_cast<uint4*>(vrec + (which ? TRec::P : TRec::T) + sw128_off(row, sg)) =
+                    *reinterpret_cast<const uint4*>((which ? s.p : s.k) + row * LDP + sg * 8);
             }
         } else {
             for (int idx = tid; idx < 2 * C * 8; idx += THREADS) {
@@ -1128,7 +863,7 @@ __device__ __forceinline__ void prep_item(const Q12Meta& m, const bf16* __restri
                 *reinterpret_cast<uint4*>(vrec + VRec::DINV + tid * 16) =
                     *reinterpret_cast<const uint4*>(s.dinv + (tid >> 1) * LDD + (tid & 1) * 8);
         }
-        if constexpr (TILES && !UWS) {   // beta, EK, EQ, WK (16 B a thread), then exp(gamma_C)
+        if constexpr (WG) {   // beta, EK, EQ, WK (16 B a thread), then exp(gamma_C)
             if (tid < 4 * 16) {
                 const int i = (tid & 15) * 4, a = tid >> 4;
                 const float* x = a == 0 ? s.beta : a == 3 ? s.wd : s.eg;
@@ -1138,17 +873,16 @@ __device__ __forceinline__ void prep_item(const Q12Meta& m, const bf16* __restri
                 f.y = a ? x[i + 1] * r[i + 1] : x[i + 1];
                 f.z = a ? x[i + 2] * r[i + 2] : x[i + 2];
                 f.w = a ? x[i + 3] * r[i + 3] : x[i + 3];
-                *reinterpret_cast<float4*>(vrec + TileVRec::BETA + tid * 16) = f;
+                *reinterpret_cast<float4*>(vrec + TRec::BETA + tid * 16) = f;
             } else if (tid == 4 * 16) {
-                *reinterpret_cast<float4*>(vrec + TileVRec::EGC) = make_float4(s.eg[C - 1], 0.f, 0.f, 0.f);
+                *reinterpret_cast<float4*>(vrec + TRec::EGC) = make_float4(s.eg[C - 1], 0.f, 0.f, 0.f);
             }
-        } else if (!TILES && tid < 3 * 16) {
+        } else if (tid < 3 * 16) {
             const float* src = tid < 16 ? s.beta : tid < 32 ? s.eg : s.wd;
-            *reinterpret_cast<uint4*>(vrec + VR::BETA + tid * 16) = *reinterpret_cast<const uint4*>(src + (tid & 15) * 4);
+            *reinterpret_cast<uint4*>(vrec + VRec::BETA + tid * 16) = *reinterpret_cast<const uint4*>(src + (tid & 15) * 4);
         }
-        sync();   // s.a, s.p, s.dinv, s.beta, s.eg, s.wd read out before the next head rewrites them
+        __syncthreads();   // s.a, s.p, s.dinv, s.beta, s.eg, s.wd read out before the next head rewrites them
     }
 }
 
 }  // namespace gdnc
-

@@ -1,6 +1,7 @@
-// gdn_chunk.cu: Gated DeltaNet (Qwen3-Next) prefill over varlen streams, chunked (WY) form on
-// bf16 tensor cores (mma.sync m16n8k16, fp32 accumulate). Same math, arguments and in-place
-// state contract as gdn_prefill.cu (the recurrent form, see its header):
+// gdn/chunked_mma.cu: Gated DeltaNet (Qwen3-Next) prefill over varlen streams, chunked (WY) form on bf16 tensor
+// cores (mma.sync m16n8k16, fp32 accumulate): the fused kernel, the two kernels of the mma two-pass schedule, and
+// the precompute kernel of the wgmma two-pass schedule (gdn/chunked_wgmma.cu has its sequential kernels). Same math,
+// arguments and in-place state contract as gdn/recurrent.cu:
 //     k^ = k / sqrt(sum k^2 + 1e-6),  q~ = q / sqrt(sum q^2 + 1e-6) * dk^-1/2   (fp32)
 //     S <- exp(g_t) S;  S <- S + k^ (beta_t (v_t - S^T k^))^T;  o_t = S^T q~
 //
@@ -18,81 +19,62 @@
 // are directly A fragments of the next products (S^T K^T, R^T, V_new^T P^T, V_new^T K), so the
 // state never leaves registers and the four warps never exchange state data.
 //
-// Geometry: grid (dv/64, Hv, n), block 128 (4 warps); warp w owns dv columns 16w..16w+15 of the CTA's
-// 64-column slice (BV = 64; a launch with any other grid.x or block does nothing). A CTA never mixes
-// streams (batched == alone, bit for bit); the dv columns of S evolve independently, so slices never
-// talk. Streams of length 0 are skipped (state untouched). The last chunk is partial: rows >= len load
-// as zero (k, q, v, beta, g), so they change nothing, and their o is never written.
-// Pipeline (GDN_PREFETCH 1): cp.async (zero-fill past the stream) brings raw K, the V slice, g and beta
-// of chunk c+1 into a second buffer while chunk c computes (issued after c's normalisation), and raw Q
-// into s.q once c's Q reads are done; four barriers per chunk. GDN_WARP_INV 1: the warp that computes
-// a diagonal block of K K^T inverts it (16 lanes, fp32 substitution) right away, no barrier of its own.
+// The fused kernel (q12_gdn_mma_fused_d*): grid (dv/64, Hv, n), block 128 (4 warps); warp w owns dv columns
+// 16w..16w+15 of the CTA's 64-column slice (a launch with any other grid.x or block does nothing). A CTA never
+// mixes streams (batched == alone, bit for bit); the dv columns of S evolve independently, so slices never talk.
+// Streams of length 0 are skipped (state untouched). The last chunk is partial: rows >= len load as zero (k, q,
+// v, beta, g), so they change nothing, and their o is never written.
+// Per chunk: cp.async (zero-fill past the stream) brings raw K, Q, the V slice, g and beta (the V slice, g and beta
+// into one of two alternating buffers, so that chunk c's o rows leave without a barrier before chunk c + 1's
+// loads); five barriers: the loads, the normalisation and gamma, the products, the diagonal inverses, the state
+// step.
 // Shared memory (dynamic, gdnc::Smem<dk>): bf16 K hi, K lo, Q [64][dk+8]; raw K [64][dk]; two bf16
 // V/O slices [64][72]; -A (off-diagonal blocks), P [64][72]; bf16 diagonal inverses [64][24]; fp32
 // diagonal blocks [4][16][17]; g, beta [2][64]; gamma, beta, exp(gamma), exp(gamma_C - gamma) [64]:
-// 114,944 B (d128), 82,176 B (d64): 2 CTAs/SM at d128. Registers: S^T slice 64 fp32 (d128)
-// + two 32-float accumulators; 255 with NVRTC 13.5, no spills (scalars the loop does not need in
-// registers are re-read: ld_volatile).
+// 114,944 B (d128), 82,176 B (d64): 2 CTAs/SM at d128. Registers: the S^T slice, 64 fp32 (d128), and two
+// 32-float accumulators, no spills (scalars the loop does not need in registers are re-read: ld_volatile).
 // Per warp and chunk (d128): 80 mma for K K^T / Q K^T (warp w: K rows of block w, Q rows of
 // block 3-w, causal tiles only), 64 K S, 40 solve, 64 Q S, 40 P V_new, 192 state update.
 //
-// Precision (measured with q12drv.kernels.gdn_chunk.chunked_reference, the numpy model of this
-// kernel, against the float64 reference; random inputs, non-zero initial state, up to 1100
-// tokens): o relative error ~3.7e-3 (the bf16 rounding of o itself is ~2.5e-3), final state
-// ~1e-4..3e-4. The state error is dominated by the update K^T V_new: with bf16 K and bf16 V_new
-// it is ~1.7e-3, so that product uses hi + lo bf16 pairs of both (three mma: hi hi, lo hi, hi lo;
-// GDN_UPD_SPLIT 1). V_new and the solve's intermediates always enter as hi + lo pairs (cheap).
-// S enters K S and Q S as one bf16 (GDN_S_HILO 0): a hi + lo pair changed the error by < 1%.
-// The split pair (ops.gdn(algo="split")): the chunk-local work (normalisation, gamma, K K^T, Q K^T, -A, P,
-// the diagonal inverses) does not depend on the state, so q12_gdn_chunk_prep_d* does it for every (stream,
-// key head, chunk) in parallel, grid (chunks, Hk, n), into a caller-provided workspace: a K record per
-// (stream, key head, chunk) (K hi, K lo, Q: 48 KiB at d128), K K^T and Q K^T computed once per key head, and
-// a V record per (stream, value head, chunk) (-A, P, inverses, beta, exp(gamma), exp(gamma_C - gamma):
-// 18.75 KiB), each value head's beta and gamma applied in the epilogues (gdnc::PrepSmem: 62,720 B, 3 CTAs/SM).
-// q12_gdn_chunk_seq*_d* is the fused kernel's loop with only the state step on each chunk's serial path.
-// seq (two record buffers, 167,424 B, 1 CTA/SM) loads the next chunk's records while this one computes: for
-// grids of few CTAs; seq1 (one buffer, 83,712 B, 2 CTAs/SM) loads at the top of each chunk while the other
-// CTA computes: for grids of >= 2 CTAs per SM (gdn_chunk.split_stages). The same phase functions run on the
-// same values: o and the final states are bit-identical to the fused kernel (tests/gpu/test_gdn_gpu.py).
-// Costs: the workspace (gdn_chunk.workspace_bytes: n x ceil(chunk_len / 64) x (Hk x 48 KiB + Hv x 18.75 KiB) at
-// d128; 1 x 8192 Qwen3-Next heads: 171 MiB) and one more launch.
-// The split pair, H200, CUDA events, medians (tests/GPU.md session 3, run L, commit 3e0ccea), ms, fused in
-// brackets: 8 x 2048 0.696 (1.066), 1 x 8192 0.720 (1.465), ragged 8 x 256..2048 0.481 (0.732), 8 x 128 0.079
-// (0.088), 1 x 2048 0.205 (0.393); the precompute kernel alone 0.228 / 0.129 / 0.139 / 0.032 / 0.053. The way
-// there (runs H-L): one record per value head, 1 CTA/SM for both kernels: 1.06 / 0.83 / 0.65; K records per
-// key head: 0.92-0.95 / 0.76-0.78 / 0.57-0.59; the one-buffer sequential kernel for many CTAs: 0.81 / 0.78 /
-// 0.55 (the two-buffer one was 0.94 / 0.78 / 0.58 there: the rule in split_stages picks the faster on all five
-// cases); the precompute kernel's own smem layout (3 CTAs/SM): 0.72 / 0.75 / 0.52; its products once per
-// key head: the numbers above. fla-core 0.6.0 in run K: 1.49 / 1.33 / 1.43 ms.
-// A bf16 state update (GDN_UPD_SPLIT 0, fla's precision) measured 8% faster at 8 x 2048 (fused) with a 7x
-// larger state error (5.4e-4 vs 7.9e-5; run G): kept off.
-// Tried and kept off (every variant bit-identical or within the model's error): GDN_PREFETCH 1 (+3..7% at
-// 8 x 2048, -4% at 1 x 8192, and 16 B of local memory on NVRTC 13.0), GDN_WARP_INV 1 (+10%). Tried and removed:
-// GDN_KSPLIT 2 (two warps per 16 dv columns, each holding half of S^T's dk columns; +40% at 8 x 2048, +3% at
-// 1 x 8192: the pair's partial sums and the redundant solve cost more than the halved chains save); narrower
-// dv slices BV 32 (64 threads, 2.3x slower on every case: the chunk-local work is repeated per slice) and
-// BV 16 (32 threads, 10x slower), removed after measuring (they had filled the grid when dv/64 * Hv * n
-// CTAs were fewer than the SMs).
-// The "wgmma" pair (ops.gdn(algo="wgmma"), gdn_wgmma.cu's header) shares the precompute kernel (TILES 1:
-// q12_gdn_chunk_prep_tiles_d*): it also applies the block solve to the identity, so its V record carries
-// T = (I + A)^-1 instead of -A and the inverses, and it lays both records out as the wgmma kernel's shared memory.
-// Since session 10 its products take the raw k and q rows (normalise<NORMS> computes only their scales) and its
-// epilogues take one ex2.approx an element, with beta, the decay and the scales folded into per-row and per-column
-// exponents (chunk_gamma<true>); H200 runs AY and AZ: the precompute 0.223 -> 0.170 ms at 8 x 2048 (0.123 -> 0.094
-// at 1 x 8192), the state's error 7.5e-5 -> 5.0e-5. The fused kernel and the split pair keep expf and the
-// normalised rows (their bits; with ex2 the fused d128 build spilled 16-24 bytes under NVRTC 13.0).
-// The phases every kernel here shares (and the records) are in gdn_chunk.cuh.
+// Precision (q12drv.kernels.gdn.reference.chunked_reference, the numpy model of these kernels, against the float64
+// reference; random inputs, non-zero initial state, up to 1100 tokens): o relative error ~3.7e-3 (the bf16
+// rounding of o itself is ~2.5e-3), final state ~1e-4..3e-4. The state error is dominated by the update
+// K^T V_new: with bf16 K and bf16 V_new it is ~1.7e-3, so that product uses hi + lo bf16 pairs of both (three
+// mma: hi hi, lo hi, hi lo). V_new and the solve's intermediates always enter as hi + lo pairs; S enters K S and
+// Q S as one bf16.
+//
+// The mma two-pass schedule: the chunk-local work (normalisation, gamma, K K^T, Q K^T, -A, P, the diagonal
+// inverses) does not depend on the state, so q12_gdn_mma_precompute_d* does it for every (stream, key head, chunk)
+// in parallel, grid (chunks, Hk, n), into a caller-provided workspace: a K record per (stream, key head, chunk)
+// (K hi, K lo, Q: 48 KiB at d128), K K^T and Q K^T computed once per key head, and a V record per (stream, value
+// head, chunk) (-A, P, inverses, beta, exp(gamma), exp(gamma_C - gamma): 18.75 KiB), each value head's beta and
+// gamma applied in the epilogues (gdnc::PrepSmem: 64,000 B, 3 CTAs/SM). q12_gdn_mma_sequential_{2,1}stage_d* is
+// the fused kernel's loop with only the state step on each chunk's serial path. Two stages (two record buffers,
+// 167,424 B, 1 CTA/SM) load the next chunk's records while this one computes: for grids of few CTAs; one stage
+// (83,712 B, 2 CTAs/SM) loads at the top of each chunk while the other CTA computes: for grids of >= 2 CTAs per
+// SM. The same phase functions run on the same values: o and the final states are bit-identical to the fused
+// kernel's. The workspace: n x ceil(chunk_len / 64) x (Hk x 48 KiB + Hv x 18.75 KiB) at d128.
+//
+// The wgmma two-pass schedule's precompute (q12_gdn_wgmma_precompute_d*): the same work, and the block solve
+// applied to the identity, so its record (gdnc::TRec, one per (stream, value head, chunk), no K record) carries
+// T = (I + A)^-1 instead of -A and the inverses, laid out as the wgmma sequential kernel's shared memory. Its
+// products take the raw k and q rows (normalise<NORMS> computes only their scales) and its epilogues one
+// ex2.approx an element, with beta, the decay and the scales folded into per-row and per-column exponents
+// (chunk_gamma<true>). Each CTA first lets the sequential kernel launch (the host launches it with programmatic
+// stream serialization): its CTAs may then start once every precompute CTA has started, copy their raw inputs and
+// load their states on the SMs the precompute's last wave leaves free, and wait for this grid's completion
+// (gdnc::pdl_wait) before the first record.
+// The phases every kernel here shares, and the records, are in gdn/chunk.cuh.
 // Requirements: q, k 16-byte aligned, v, o 8-byte aligned (as the recurrent kernel); dv a multiple of 64.
 #include "gdn/chunk.cuh"
 
-// ================================================================ the fused kernel (the default)
-template <int DK, int DV>
-__device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned long long* __restrict__ h_state_ptrs,
-                                               const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                               const bf16* __restrict__ v, const float* __restrict__ g,
-                                               const float* __restrict__ beta, bf16* __restrict__ o,
-                                               int num_k_heads, int num_v_heads) {
+// ================================================================ the fused kernel
+// grid (D / 64, Hv, n), 128 threads, dynamic smem Smem<D>.
+template <int D>
+__device__ __forceinline__ void fused_body(GDN_BODY_PARAMS) {
     using namespace gdnc;
+    constexpr int DK = D, DV = D;
+    if (gridDim.x != D / GDN_BV) return;
     using SM = Smem<DK>;
     constexpr int C = GDN_C;
     constexpr int BV = GDN_BV;
@@ -130,53 +112,31 @@ __device__ __forceinline__ void gdn_chunk_body(const Q12Meta& m, const unsigned 
     const int seg = tid % SEGS;
     int buf = 0;
     for (int c0 = 0; c0 < len; c0 += C, buf ^= 1) {
-#if !GDN_PREFETCH
         if (c0 > 0) {
             issue_kvgb<DK, DV, true, true, true>(s, s.v[buf], cu + b, len, c0, buf, k, v, g, beta, num_k_heads, num_v_heads, h, col0,
                                      tid);
             issue_q<DK>(s, cu + b, len, c0, q, num_k_heads, num_v_heads, h, tid);
             cp_async_commit();
         }
-#endif
         cp_async_wait_all();
         __syncthreads();   // B1: chunk c0's raw rows, V, g, beta in shared memory
         normalise<DK>(s, [&](int row, int sg) { return &s.klo[row * SM::LDK + sg * 8]; }, tid, seg, qscale);
         if (warp == 0) chunk_gamma(s, buf, lane);
         __syncthreads();   // B2: K, Q, gamma ready; kraw free
-#if GDN_PREFETCH
-        if (c0 + C < len)
-            issue_kvgb<DK, DV, true, true, true>(s, s.v[buf ^ 1], cu + b, len, c0 + C, buf ^ 1, k, v, g, beta, num_k_heads,
-                                     num_v_heads, h, col0, tid);
-        cp_async_commit();
-#endif
-        local_products<DK, NW>(s, warp, lane);
+        local_products<DK>(s, warp, lane);
         __syncthreads();   // B3: -A, P (and the diagonal inverses) complete
-#if !GDN_WARP_INV
         invert_diagonal<DK>(s, tid);
         __syncthreads();
-#endif
         state_step<DK>(ChunkOps{s.k, s.klo, s.q, s.a, s.p, s.dinv, s.beta, s.eg, s.wd}, St, s.v[buf], warp, lane);
         __syncthreads();   // B4: O slice complete in s.v[buf]; s.q, s.k, s.a, s.p free
-#if GDN_PREFETCH
-        if (c0 + C < len) issue_q<DK>(s, cu + b, len, c0 + C, q, num_k_heads, num_v_heads, h, tid);
-        cp_async_commit();
-#endif
         // No barrier after the o store: s.v[buf] is next written by the load two chunks on, behind the next B1.
         store_o<DV>(o, s.v[buf], cu + b, len, c0, num_v_heads, h, col0, tid);
     }
     store_state<DK, DV>(St, reinterpret_cast<float*>(ld_volatile(h_state_ptrs + b)) + (long long)h * DK * DV, bv0, tq);
 }
 
-// ================================================================ the split pair
-// The chunk-local work (normalisation, gamma, K K^T, Q K^T, the diagonal inverses) does not depend on the
-// state: q12_gdn_chunk_prep computes it for every (stream, chunk) in parallel into a workspace, and
-// q12_gdn_chunk_seq walks the chunks with only the state step on its serial path, the next chunk's records
-// arriving by cp.async while this one computes. The same instructions on the same values as the fused
-// kernel: the results are bit-identical to it.
-
+// ================================================================ the mma two-pass schedule
 namespace gdnc {
-
-
 
 // One chunk's records (rows padded as in Smem<DK>) and V/O slice in the sequential kernel's shared memory.
 template <int DK>
@@ -197,7 +157,6 @@ template <int DK, int STAGES>
 struct SeqSmem {
     SeqBuf<DK> buf[STAGES];
 };
-
 
 // cp.async of chunk c's records and V slice into one buffer of the sequential kernel.
 template <int DK, int DV>
@@ -228,32 +187,33 @@ __device__ __forceinline__ void issue_record(SeqBuf<DK>& sb, const unsigned char
 
 }  // namespace gdnc
 
-// grid (ceil(chunk_len / 64), Hk, n), 128 threads, dynamic smem PrepSmem<DK>: one CTA per precompute item
-// (gdn_chunk.cuh's prep_item).
-template <int DK, int DV, bool TILES>
-__device__ __forceinline__ void gdn_prep_body(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                              const float* __restrict__ g, const float* __restrict__ beta,
-                                              int num_k_heads, int num_v_heads, unsigned char* __restrict__ ws) {
+// grid (ceil(chunk_len / 64), Hk, n), 128 threads, dynamic smem PrepSmem<D>: one CTA per precompute item
+// (gdn/chunk.cuh's prep_item). WG: the wgmma two-pass schedule's records (TRec), its sequential kernel launched
+// early (programmatic dependent launch).
+template <int D, bool WG>
+__device__ __forceinline__ void precompute_body(GDN_BODY_PARAMS) {
     using namespace gdnc;
+    if constexpr (WG) pdl_launch_dependents();
     extern __shared__ __align__(16) unsigned char gdn_smem_raw[];
     const int b = blockIdx.z, kh = blockIdx.y, ci = blockIdx.x;
     if ((int)blockDim.x != 128 || b >= (int)m.batch_size || kh >= num_k_heads) return;
     const int* cu = q12_cu_seqlens(m);
     const int len = cu[b + 1] - cu[b];
     if (ci * GDN_C >= len) return;
-    prep_item<DK, DV, TILES>(m, q, k, g, beta, num_k_heads, num_v_heads, ws, *reinterpret_cast<PrepSmem<DK>*>(gdn_smem_raw),
-                             b, kh, ci, len, threadIdx.x, [] { __syncthreads(); });
+    prep_item<D, D, WG>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace, *reinterpret_cast<PrepSmem<D>*>(gdn_smem_raw),
+                        b, kh, ci, len, threadIdx.x);
 }
 
-// grid (DV / 64, Hv, n), 128 threads, dynamic smem SeqSmem<DK, STAGES>: the fused kernel's chunk loop with the
+// grid (D / 64, Hv, n), 128 threads, dynamic smem SeqSmem<D, STAGES>: the fused kernel's chunk loop with the
 // chunk-local work read from the records. STAGES 2: the next chunk's records load while this one computes
 // (1 CTA/SM: for grids of few CTAs, where nothing else would hide the loads); STAGES 1: one buffer, loaded
 // at the top of each chunk (2 CTAs/SM: for grids of several waves, where the other CTA computes meanwhile).
-template <int DK, int DV, int STAGES>
-__device__ __forceinline__ void gdn_seq_body(const Q12Meta& m, const unsigned long long* __restrict__ h_state_ptrs,
-                                             const bf16* __restrict__ v, bf16* __restrict__ o, int num_k_heads,
-                                             int num_v_heads, unsigned char* __restrict__ ws) {
+template <int D, int STAGES>
+__device__ __forceinline__ void mma_sequential_body(GDN_BODY_PARAMS) {
     using namespace gdnc;
+    constexpr int DK = D, DV = D;
+    if (gridDim.x != D / GDN_BV) return;
+    unsigned char* __restrict__ const ws = workspace;
     constexpr int C = GDN_C, BV = GDN_BV, THREADS = 128;
     extern __shared__ __align__(16) unsigned char gdn_smem_raw[];
     SeqSmem<DK, STAGES>& ss = *reinterpret_cast<SeqSmem<DK, STAGES>*>(gdn_smem_raw);
@@ -303,64 +263,39 @@ __device__ __forceinline__ void gdn_seq_body(const Q12Meta& m, const unsigned lo
     store_state<DK, DV>(St, reinterpret_cast<float*>(ld_volatile(h_state_ptrs + b)) + (long long)h * DK * DV, bv0, tq);
 }
 
-#define GDN_MAX_THREADS 128
-// One dv slice width: grid.x must be D / 64 (and the block 128 threads, checked in the body).
-template <int D>
-__device__ __forceinline__ void gdn_chunk_dispatch(const Q12Meta& m, const unsigned long long* __restrict__ h_state_ptrs,
-                                                   const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                                   const bf16* __restrict__ v, const float* __restrict__ g,
-                                                   const float* __restrict__ beta, bf16* __restrict__ o,
-                                                   int num_k_heads, int num_v_heads) {
-    if (gridDim.x == D / GDN_BV) gdn_chunk_body<D, D>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
-}
+// ================================================================ entries
+// The host plans their grids (q12drv.kernels.gdn) and passes its sizes as contract defines, checked here.
+#if !defined(Q12_GDN_MMA_FUSED_SMEM_D128) || !defined(Q12_GDN_MMA_FUSED_SMEM_D64) ||                            \
+    !defined(Q12_GDN_PRECOMPUTE_SMEM_D128) || !defined(Q12_GDN_PRECOMPUTE_SMEM_D64) ||                           \
+    !defined(Q12_GDN_MMA_SEQUENTIAL_SMEM_2STAGE_D128) || !defined(Q12_GDN_MMA_SEQUENTIAL_SMEM_2STAGE_D64) ||     \
+    !defined(Q12_GDN_MMA_SEQUENTIAL_SMEM_1STAGE_D128) || !defined(Q12_GDN_MMA_SEQUENTIAL_SMEM_1STAGE_D64) ||     \
+    !defined(Q12_GDN_MMA_KREC_D128) || !defined(Q12_GDN_MMA_KREC_D64) || !defined(Q12_GDN_MMA_VREC) ||           \
+    !defined(Q12_GDN_TREC)
+#error "compile through q12drv: it passes the host's shared memory and record sizes (-DQ12_GDN_MMA_*, -DQ12_GDN_PRECOMPUTE_SMEM_*, -DQ12_GDN_TREC)"
+#endif
+static_assert(sizeof(gdnc::Smem<128>) == Q12_GDN_MMA_FUSED_SMEM_D128 && sizeof(gdnc::Smem<64>) == Q12_GDN_MMA_FUSED_SMEM_D64,
+              "the fused kernel's shared memory differs from the host's");
+static_assert(sizeof(gdnc::PrepSmem<128>) == Q12_GDN_PRECOMPUTE_SMEM_D128 &&
+                  sizeof(gdnc::PrepSmem<64>) == Q12_GDN_PRECOMPUTE_SMEM_D64,
+              "the precompute kernels' shared memory differs from the host's");
+static_assert(sizeof(gdnc::SeqSmem<128, 2>) == Q12_GDN_MMA_SEQUENTIAL_SMEM_2STAGE_D128 &&
+                  sizeof(gdnc::SeqSmem<64, 2>) == Q12_GDN_MMA_SEQUENTIAL_SMEM_2STAGE_D64 &&
+                  sizeof(gdnc::SeqSmem<128, 1>) == Q12_GDN_MMA_SEQUENTIAL_SMEM_1STAGE_D128 &&
+                  sizeof(gdnc::SeqSmem<64, 1>) == Q12_GDN_MMA_SEQUENTIAL_SMEM_1STAGE_D64,
+              "the mma sequential kernel's shared memory differs from the host's");
+static_assert(gdnc::KRec<128>::BYTES == Q12_GDN_MMA_KREC_D128 && gdnc::KRec<64>::BYTES == Q12_GDN_MMA_KREC_D64 &&
+                  gdnc::VRec::BYTES == Q12_GDN_MMA_VREC && gdnc::TRec::BYTES == Q12_GDN_TREC,
+              "the record sizes differ from the host's");
 
-extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads) {
-    gdn_chunk_dispatch<128>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
-}
-
-extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads) {
-    gdn_chunk_dispatch<64>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
-}
-
-// The split pair takes the fused kernel's arguments and the workspace (see q12drv.kernels.gdn_chunk).
-extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS, 3) q12_gdn_chunk_prep_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    gdn_prep_body<128, 128, false>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
-}
-extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS, 3) q12_gdn_chunk_prep_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    gdn_prep_body<64, 64, false>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
-}
-// The "wgmma" pair's precompute kernels: the same work, records in gdn_wgmma.cu's tile format. Each CTA first lets
-// the sequential kernel launch (ops launches it with programmatic stream serialization): its CTAs may then start
-// once every precompute CTA has started, copy their raw inputs and load their states on the SMs the precompute's
-// last wave leaves free, and wait for this grid's completion (gdnc::pdl_wait) before the first V record.
-extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS, 3) q12_gdn_chunk_prep_tiles_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    gdnc::pdl_launch_dependents();
-    gdn_prep_body<128, 128, true>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
-}
-extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS, 3) q12_gdn_chunk_prep_tiles_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    gdnc::pdl_launch_dependents();
-    gdn_prep_body<64, 64, true>(m, q, k, g, beta, num_k_heads, num_v_heads, workspace);
-}
-extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_seq_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 128 / GDN_BV) gdn_seq_body<128, 128, 2>(m, h_state_ptrs, v, o, num_k_heads, num_v_heads, workspace);
-}
-extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_seq_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 64 / GDN_BV) gdn_seq_body<64, 64, 2>(m, h_state_ptrs, v, o, num_k_heads, num_v_heads, workspace);
-}
-extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_seq1_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 128 / GDN_BV) gdn_seq_body<128, 128, 1>(m, h_state_ptrs, v, o, num_k_heads, num_v_heads, workspace);
-}
-extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS) q12_gdn_chunk_seq1_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 64 / GDN_BV) gdn_seq_body<64, 64, 1>(m, h_state_ptrs, v, o, num_k_heads, num_v_heads, workspace);
-}
-
-// The host's q12drv.kernels.gdn_chunk.smem_bytes(d) must give these numbers.
-static_assert(sizeof(gdnc::Smem<128>) == 114944, "Smem<128> size differs from gdn_chunk.smem_bytes(128)");
-static_assert(sizeof(gdnc::Smem<64>) == 82176, "Smem<64> size differs from gdn_chunk.smem_bytes(64)");
-static_assert(gdnc::KRec<128>::BYTES == 49152 && gdnc::KRec<64>::BYTES == 24576 && gdnc::VRec::BYTES == 19200 &&
-                  gdnc::TileVRec::BYTES == 17424,
-              "record sizes differ from gdn_chunk.k_record_bytes / v_record_bytes / tile_v_record_bytes");
-static_assert(sizeof(gdnc::PrepSmem<128>) == 64000 && sizeof(gdnc::PrepSmem<64>) == 47616,
-              "PrepSmem size differs from gdn_chunk.prep_smem_bytes");
-static_assert(sizeof(gdnc::SeqSmem<128, 2>) == 167424 && sizeof(gdnc::SeqSmem<64, 2>) == 118272,
-              "SeqSmem size differs from gdn_chunk.seq_smem_bytes");
+constexpr int GDN_THREADS = chunked_config().threads;
+constexpr int GDN_PRECOMPUTE_CTAS = chunked_config().precompute_ctas;
+extern "C" __global__ void __launch_bounds__(GDN_THREADS) q12_gdn_mma_fused_d128(GDN_PARAMS) { fused_body<128>(GDN_ARGS); }
+extern "C" __global__ void __launch_bounds__(GDN_THREADS) q12_gdn_mma_fused_d64(GDN_PARAMS) { fused_body<64>(GDN_ARGS); }
+extern "C" __global__ void __launch_bounds__(GDN_THREADS, GDN_PRECOMPUTE_CTAS) q12_gdn_mma_precompute_d128(GDN_PARAMS) { precompute_body<128, false>(GDN_ARGS); }
+extern "C" __global__ void __launch_bounds__(GDN_THREADS, GDN_PRECOMPUTE_CTAS) q12_gdn_mma_precompute_d64(GDN_PARAMS) { precompute_body<64, false>(GDN_ARGS); }
+extern "C" __global__ void __launch_bounds__(GDN_THREADS, GDN_PRECOMPUTE_CTAS) q12_gdn_wgmma_precompute_d128(GDN_PARAMS) { precompute_body<128, true>(GDN_ARGS); }
+extern "C" __global__ void __launch_bounds__(GDN_THREADS, GDN_PRECOMPUTE_CTAS) q12_gdn_wgmma_precompute_d64(GDN_PARAMS) { precompute_body<64, true>(GDN_ARGS); }
+extern "C" __global__ void __launch_bounds__(GDN_THREADS) q12_gdn_mma_sequential_2stage_d128(GDN_PARAMS) { mma_sequential_body<128, 2>(GDN_ARGS); }
+extern "C" __global__ void __launch_bounds__(GDN_THREADS) q12_gdn_mma_sequential_2stage_d64(GDN_PARAMS) { mma_sequential_body<64, 2>(GDN_ARGS); }
+extern "C" __global__ void __launch_bounds__(GDN_THREADS) q12_gdn_mma_sequential_1stage_d128(GDN_PARAMS) { mma_sequential_body<128, 1>(GDN_ARGS); }
+extern "C" __global__ void __launch_bounds__(GDN_THREADS) q12_gdn_mma_sequential_1stage_d64(GDN_PARAMS) { mma_sequential_body<64, 1>(GDN_ARGS); }

@@ -1,11 +1,12 @@
-// gdn_wgmma.cu: the sequential kernel of the "wgmma" Gated DeltaNet pair (ops.gdn(algo="wgmma")), on Hopper's
-// warpgroup MMA (compiled for sm_90a), and the pair's flow form for grids of few CTAs ("the flow form", below
-// the sequential kernel). The pair's first launch is gdn_chunk.cu's q12_gdn_chunk_prep_tiles_d*:
-// the chunk-local work of every (stream, chunk) in parallel, into one record per (stream, value head, chunk) in
-// the workspace (gdn_chunk.cuh: TileVRec, 128-byte swizzled tiles; no K record). Same math, arguments and
-// in-place state contract as gdn_chunk.cu (its header has the algebra); what differs is the solve, the rows the
-// state's products take and the instructions. With k, q the raw bf16 rows, rk = 1 / |k| and rq = dk^-1/2 / |q|
-// per token (K = rk k, Q = rq q are the normalised rows):
+// gdn/chunked_wgmma.cu: the sequential kernels of the chunked Gated DeltaNet's wgmma schedules, on Hopper's
+// warpgroup MMA (compiled for sm_90a), and the overlapped schedule's precompute.
+//
+// The two-pass schedule: its first launch is gdn/chunked_mma.cu's q12_gdn_wgmma_precompute_d*, the chunk-local work
+// of every (stream, chunk) in parallel, into one T record per (stream, value head, chunk) in the workspace
+// (gdn/chunk.cuh: TRec, 128-byte swizzled tiles; no K record). Same math, arguments and in-place state contract as
+// gdn/chunked_mma.cu (its header has the algebra); what differs is the solve, the rows the state's products take
+// and the instructions. With k, q the raw bf16 rows, rk = 1 / |k| and rq = dk^-1/2 / |q| per token (K = rk k,
+// Q = rq q are the normalised rows):
 //     T       = (I + A)^-1                     (the precompute: the block solve applied to the identity, bf16)
 //     R^T     = beta (V^T - exp(gamma) rk (S^T k^T))
 //     V_new^T = R^T T^T                        (one product instead of four dependent block steps)
@@ -16,191 +17,103 @@
 // the accumulator of m64n{dk}k16 (64 fp32 registers a thread at dk 128), grid (dv / 64, Hv, n). S^T's bf16 A
 // fragments come straight from that accumulator (wgmma.cuh), so the state never leaves registers. Per chunk:
 //   X, Y = S^T k^T, S^T q^T:  2 dk/16 wgmma m64n64k16, A = bf16(S^T) from registers, B = k, q (K-major tiles);
-//                             (XY 1) X is committed alone, so R is computed while Y's wgmma run;
+//                             X is committed alone, so R is computed while Y's wgmma run;
 //   V_new^T:                  8 m64n64k16, A = R^T as bf16 hi + lo, B = T (K-major);
-//   O^T += V_new^T P^T:       8 m64n64k16, A = V_new^T hi + lo, B = P (K-major);
+//   O^T += V_new^T P^T:       4 m64n64k16, A = V_new^T's bf16 hi, B = P (K-major);
 //   S^T += Vd^T k:            8 m64n{dk}k16, A = Vd^T hi + lo, B = k (the same tile, MN-major; k is exact in bf16,
-//                             so two products carry what took three with the normalised K's hi + lo).
-// The epilogues move the V slice in and the O slice out by 8 x 8 matrices, transposed (ldmatrix / stmatrix .trans:
-// four instructions each way where there were 32 scalar loads and 32 scalar stores), read the per-token factors
-// as float2 pairs and split the hi + lo pairs from hi's bits (pack_hilo<true>).
+//                             so two products carry what takes three with the normalised K's hi + lo).
+// The epilogues move the V slice in and the O slice out by 8 x 8 matrices, transposed (ldmatrix / stmatrix .trans),
+// read the per-token factors as float2 pairs and split the hi + lo pairs from hi's bits (pack_hilo<true>).
 // Loads: the raw k and q rows of the chunk's key head come by cp.async from every thread straight into the
-// stage's swizzled tiles (gdn_chunk.cuh's issue_kq_sw128), the V slice (strided in v) the same way, and the V
-// record, a byte image of the stage's TileVRec bytes, by one bulk copy from thread 0 (cp.async.bulk, completing
-// on the stage's mbarrier). STAGES 2 (1 CTA/SM): chunk c + 1 loads while c computes, for grids of few CTAs, its
-// copies issued (AHEAD 1) while c's X and Y run, off the chain; STAGES 1 (2 CTAs/SM): (EARLY 1) chunk c + 1's rows
-// and record are copied as soon as c's last wgmma is done, its V slice once c's o rows are stored, while the other
-// CTA computes (the rule: gdn_wgmma.stages).
-// Numerics: the "split" pair's operands and roundings (bf16 S into the products, hi + lo pairs for R, V_new and
-// the update's left operand) with T rounded to bf16 once (a T lo product measured no more accurate on the H200:
-// it was removed with its 8 KiB a record), and the raw rows with fp32 scales where the split pair takes the
-// rounded normalised rows, in the precompute's A and P too since session 10 (H200 run AY: the state's error
-// 7.5e-5 -> 5.0e-5, o's 3.6e-3 -> 3.0e-3); gdn_chunk.chunked_reference(t_product=True) models them. The results
-// are not the fused kernel's bits; batched == alone holds (a CTA never mixes streams).
+// stage's swizzled tiles (gdn/chunk.cuh's issue_kq_sw128), the V slice (strided in v) the same way, and the T
+// record, a byte image of the stage's TRec bytes, by one bulk copy from thread 0 (cp.async.bulk, completing on the
+// stage's mbarrier). Two stages (1 CTA/SM), for grids of few CTAs: chunk c + 1 loads while c computes, its copies
+// issued while c's X and Y run, off the chain. For grids of two CTAs an SM or more: at d64 one stage (2 CTAs/SM):
+// chunk c + 1's rows and record are copied as soon as c's last wgmma is done, its V slice once c's o rows are
+// stored, while the other CTA computes; at d128 the wide CTA (q12_gdn_wgmma_sequential_wide_d128): two warpgroups
+// per (stream, value head), each one 64-column dv slice with its own V and O slices, the chunk's k tile (copied by
+// warpgroup 0), q tile (warpgroup 1) and T record shared, so that each comes to shared memory once for both slices;
+// two stages, 1 CTA/SM. These kernels give grid row z the z-th longest stream (longest_first), so that a ragged pass's longest
+// streams start in the first wave: the order changes no result (a CTA never mixes streams).
+// Numerics: the mma schedules' operands and roundings (bf16 S into the products, hi + lo pairs for R and the
+// update's left operand) with T rounded to bf16 once, O's product from V_new's bf16 hi, and the raw rows with fp32
+// scales where the mma schedules take the rounded normalised rows (in the precompute's A and P too):
+// q12drv.kernels.gdn.reference.chunked_reference(path="wgmma") models them. Not the fused kernel's bits; the one-
+// stage, two-stage and wide kernels give the same bits, and batched == alone holds.
 // Shared memory (dynamic, 1 KiB slack for the tiles' 1024-byte alignment) per stage: k, q tiles (2 x 64 x dk
 // bf16), T and P tiles (2 x 8 KiB), beta / EK / EQ / WK (1 KiB) and exp(gamma_C) (16 B), the V and O slices
 // [64][72] bf16, rounded up to 1 KiB (68 KiB at d128); then one mbarrier per stage.
-// Requirements: as gdn_chunk.cu (q, k 16-byte aligned, v, o 8-byte aligned; dv a multiple of 64), and the
+// Requirements: as gdn/chunked_mma.cu (q, k 16-byte aligned, v, o 8-byte aligned; dv a multiple of 64), and the
 // workspace 16-byte aligned (the bulk copies).
-// Measured on the H200 before the raw rows (tests/GPU.md session 7, runs AQ and AS; Hk 16, Hv 32, d 128; ms,
-// both launches; STAGES 2 / 1; the K record of K hi, K lo and Q then came by bulk copy and the update took
-// three products): 8 x 2048 0.567 / 0.526, 1 x 8192 0.443 / 0.541, ragged 8 x 256..2048 0.353 / 0.337, 8 x 128
-// 0.065 / 0.058, 1 x 2048 0.128 / 0.153 (session 6, before the trims: 0.603 / 0.561, 0.475 / 0.582, 0.372 /
-// 0.366, 0.068 / 0.061, 0.135 / 0.165); XY 0 and EARLY 0 within 1%; the flow form 0.430 at 1 x 8192, 0.134 at
-// 1 x 2048; fla-core 0.6.0 replayed from a CUDA graph 0.946 / 0.637 / 0.572 (8 x 2048 / 1 x 8192 / ragged).
-// Session 8 (no GPU was lent: none of it has run on one yet, checked by NVRTC 13.0 and nvdisasm only): the raw
-// rows (no K record of 48 KiB per (stream, key head, chunk) written and read; the update 8 wgmma instead of 12),
-// AHEAD, the matrix moves and the bit split: the d128 two-stage kernel's SASS 2396 -> 2136 instructions, its loop
-// about 250 of them fewer on the chain and 250 moved under X and Y; 0 spills, no wgmma serialised.
-// The wide form (q12_gdn_wgmma_seqw_d128, ops.gdn(form="wide"), session 8, not run on a GPU yet either): one CTA of
-// two warpgroups per (stream, value head), each warpgroup one dv slice with its own V and O slices, the chunk's k
-// tile (copied by warpgroup 0), q tile (warpgroup 1) and V record shared: each comes to shared memory once for the
-// two slices (8 x 2048: 33 KB a warpgroup-chunk from L2 instead of 58); two stages, 1 CTA/SM.
-// Tried by SASS and dropped: the O product left in flight into the next chunk (ptxas 13.0 then serialises all 40
-// wgmma of the loop, chunk_mma's note); O^T and S^T scaled under V_new's wgmma (ptxas moved the multiplies below
-// the wait).
+//
+// The overlapped schedule (its section below): the precompute runs beside the sequential kernel.
 #include "gdn/chunk.cuh"
 #include "common/wgmma.cuh"
 
-#ifndef GDN_WG_XY     // 1: X committed alone, R computed while Y's wgmma run; 0: X and Y waited together
-#define GDN_WG_XY 1
-#endif
-#ifndef GDN_WG_EARLY  // 1 (one stage): the next chunk's records copied once the last wgmma is done; 0: at its top
-#define GDN_WG_EARLY 1
-#endif
-#ifndef GDN_WG_AHEAD  // (two stages) 1: the next chunk's copies issued while X and Y run; 0: before X. (Under the
-#define GDN_WG_AHEAD 1  // last products instead, session 10's AHEAD 2: the flow form 0.384 -> 0.431 ms at 1 x 8192, the
-#endif                  // two-stage pair 0.479 -> 0.559 at 8 x 2048, H200 run BB; removed)
-#ifndef GDN_WG_FLOW_AHEAD  // GDN_WG_AHEAD of the flow form's UWS sequential kernel: 0 (H200 run BC, 1 x 8192: 0.366 ms
-#define GDN_WG_FLOW_AHEAD 0  // against 0.408 with 1: its chain is short enough that the copies outlast X' and Y)
-#endif
-#ifndef GDN_WG_PREP_WG  // the UWS flow precompute's products: 1 on warpgroup MMA (prep_item_wg; session 12, run BI: the
-#define GDN_WG_PREP_WG 1  // flow form 0.363 -> 0.358 ms, within the runs' spread); 0 on mma.sync (gdnc::prep_item<UWS>)
-#endif
-#ifndef GDN_WG_UWS    // the flow form: 1: fla's order, V_new = U - W S (UwsRec: the chain without R's epilogue and the T
-#define GDN_WG_UWS 1  // product; session 11); 0: the pair's records and sequential arithmetic (its bits)
-#endif
-#ifndef GDN_WG_KQREC  // the UWS flow form (session 12): 1: the precompute stores each item's k and q tiles (swizzled,
-#define GDN_WG_KQREC 1  // as the stage holds them) and the sequential kernel copies them with the record, one bulk copy
-#endif                  // from thread 0 (gdnc::kqrec_at) instead of 2 x 8 cp.async a thread (run BL: the flow form
-                        // 0.368 -> 0.344 ms at 1 x 8192, the same bits); 0: from k and q. (U in bf16, as fla-core's u,
-                        // was measured too and dropped: 0.368 -> 0.355 ms, the state's error 5.5e-5 -> 5.3e-4.)
-#ifndef GDN_WG_FLOW_VH  // the UWS flow precompute's items (session 12; run BN): 1: one per (stream, chunk, value
-#define GDN_WG_FLOW_VH 1  // head) in each stream's first GDN_WG_FLOW_VH_FIRST chunks, the key head's flag counting its
-#endif                    // value heads' items (the first chunks' wait and the claims' grain halved at Hv = 2 Hk,
-                          // but the scales, Q K^T and the k and q stores twice), one per (stream, chunk, key head)
-                          // after them; 0: one per (stream, chunk, key head) throughout, its value heads one after
-                          // the other. Measured at 1 x 8192: run BN (the precompute then paced the flow form):
-                          // every chunk's items a value head 0.344 -> 0.388 ms, the first 8 0.357; session 14 (the
-                          // sequential kernel 0.263 ms alone, the precompute 0.251): every chunk's 316.2 us in
-                          // gpu_compare (run BW), as without; session 15, with GDN_WG_FLOW_FLAGS 16, bench/gdn_ab.py
-                          // (one process a build, the rounds interleaved, run BY): without 307.3 us, every chunk's
-                          // 305.0, the first 8 chunks' 301.1 (the same bits: the items' arithmetic is the same)
-#ifndef GDN_WG_FLOW_VH_FIRST  // (GDN_WG_FLOW_VH 1) the chunks from 0 whose items are per value head; the later
-#define GDN_WG_FLOW_VH_FIRST 8  // chunks' items per key head: the fine grain where the sequential kernel waits for
-#endif                          // the first records, the coarse one where the precompute is ahead of it
-                                // (gdn_wgmma.FLOW_VH_CHUNKS: the host's count of the items)
-#ifndef GDN_WG_USEQ  // the UWS flow form (session 13): 1: U's product in the sequential kernel: the record carries
-#define GDN_WG_USEQ 1  // T diag(beta) as bf16 hi + lo tiles and -W (UseqRec), the sequential kernel copies its V
-#endif                 // slice from v, and the chain's X' accumulator starts as V^T (T diag(beta))^T (8 wgmma
-                       // independent of S; run BQ: the flow form 0.341 -> 0.317 ms at 1 x 8192); 0: U in fp32 from
-                       // the precompute (UwsRec)
-#ifndef GDN_WG_WFRAG  // the UWS flow precompute's W product (session 13): 1: the four k-steps' A fragments loaded
-#define GDN_WG_WFRAG GDN_WG_USEQ  // once for both 64-column halves, one wait a half (its registers: with GDN_WG_USEQ 0
-#endif                            // the d128 precompute spilled 28 B); 0: two k-steps at a time, reloaded each half
-#ifndef GDN_WG_TKEEP  // (GDN_WG_USEQ) 1: T diag(beta EK)'s tiles from T's fp32 columns, held; 0: t_cols_rescale of T
-#define GDN_WG_TKEEP 1  // diag(beta)'s hi + lo tiles
-#endif
-#ifndef GDN_WG_DIAGNORM  // the wgmma flow precompute's rows' scales (session 13): 1: rk, rq from the diagonals of
-#define GDN_WG_DIAGNORM 1  // K K^T and Q Q^T (16 wgmma an item; run BO: the flow form 0.360 -> 0.346 ms at 1 x 8192);
-#endif                     // 0: normalise's sums of squares over the swizzled rows (12.5% of the precompute's stall
-                           // samples in run BN)
-#ifndef GDN_WG_PBAL  // the wgmma flow precompute's epilogues (session 14): 1: P from K Q^T's accumulator (warp w
-#define GDN_WG_PBAL 1  // holds P^T's rows 16 w .., its n-tiles nt >= 2 w: with K K^T's nt <= 2 w + 1 every warp
-#endif                 // takes 10 n-tiles, where Q K^T's rows gave warp 3 16 and warp 0 4) and each warp inverts its
-                       // own diagonal block (no barrier and no idle half of the group around invert_diagonal); 0:
-                       // P from Q K^T's rows, invert_diagonal by threads 0..63 between two barriers. With
-                       // KKEARLY and PUBFENCE 0 the precompute alone took 247 us under ncu at 1 x 8192 (run BU;
-                       // 266 before them, run BT), its barrier stalls 1.73 -> 0.99 an issue; the flow form did not
-                       // move (the sequential kernel, 0.263 ms alone, now paces it): run BV's gdn_debug at 1 x
-                       // 8192, default 0.317 ms, PBAL 0 0.316, KKEARLY 0 0.319, PUBFENCE 1 0.317 (the same bits)
-#ifndef GDN_WG_KKEARLY  // the wgmma flow precompute (session 14): 1: each value head's K K^T issued before the
-#define GDN_WG_KKEARLY 1  // head's zero_ap and chunk_gamma (warp 0's scan, the others waiting at the barrier), so
-#endif                    // that its wgmma run under them; 0: after their barrier
-#ifndef GDN_WG_FLOW_TOK0  // the USEQ flow sequential kernel (session 14): 1: the stream's first token read once,
-#define GDN_WG_FLOW_TOK0 1  // before the chunk loop (one register), for the V slice's and the o rows' addresses; 0:
-#endif                      // re-read from cu_seqlens every chunk (an L2 round trip before the V slice's copies)
-#ifndef GDN_WG_CVT_FIRST  // the USEQ flow sequential kernel (session 14): 1: S's bf16 A fragments converted before
-#define GDN_WG_CVT_FIRST 1  // U's wgmma, so that U's and S's products are one group behind one wgmma.fence; 0: under
-#endif                      // U's wgmma (ptxas 13.0 then waits for them before S's). Run BV: 0.317 against 0.319
-                            // ms (TOK0 0: 0.316): within the spread, as U's and S's products into one accumulator
-                            // run one after the other anyway
-#ifndef GDN_WG_FLOW_FLAGS  // the flow sequential kernel's ready flags read together at a poll (4, 8, 16 or 32):
-#define GDN_WG_FLOW_FLAGS 32  // the chunks it may copy before it polls again, each poll one L2 round trip and two
-#endif                        // fences by thread 0 while the CTA waits at the chunk's barrier. Session 15 at 1 x 8192
-                              // (bench/gdn_ab.py, runs BX and BY): 4 317.6 / 315.7 us, 16 306.8 / 307.3, 32 305.4
-                              // (run BY; the same bits). Tried with it and dropped (run BX): U's 8 wgmma issued
-                              // first, right after the chunk's barrier, with the next chunk's copies and S's
-                              // conversions under them (nvdisasm: U's wait after the copies, as meant): 306.8 ->
-                              // 323.9 us, and 317.6 -> 334.6 with 4 flags; why it is slower is not known
-#define Q12_STR_(x) #x
-#define Q12_STR(x) Q12_STR_(x)
-#ifndef GDN_WG_PUBFENCE  // the flow precompute's ready flags (session 14): 0: st.release.gpu alone after the item's
-#define GDN_WG_PUBFENCE 0  // last barrier (its release fence is cumulative over the group's stores, ordered by
-#endif                     // that barrier: CUTLASS's semaphore pattern); 1: __threadfence() first (a fence.sc, and
-                           // an L1 invalidation, more: 1.5% of the precompute's stall samples in run BT)
-#ifndef GDN_WG_OLO    // 1: O's product takes V_new as bf16 hi + lo; 0 (default since run AT): hi only, as fla-core (4 wgmma
-#define GDN_WG_OLO 0  // fewer; H200 run AT: 2-4% faster, o error 3.3e-3 -> 3.6e-3 against the fused kernel's 3.5e-3;
-#endif                // the state does not depend on it)
-
+// The wgmma kernels' configuration: the overlapped precompute's 128-thread groups a CTA, the ready flags its
+// sequential kernel reads at one poll, the chunks from each stream's first whose precompute items are per value head
+// (later chunks': per key head), and the warpgroups of the wide CTA. The host sizes and counts by the first, third
+// and fourth (the contract defines Q12_GDN_OVERLAP_GROUPS, Q12_GDN_OVERLAP_VH_CHUNKS, Q12_GDN_WIDE_WARPGROUPS).
+struct WgmmaConfig {
+    int overlap_groups, flags_per_poll, value_head_chunks, wide_warpgroups;
+};
+__host__ __device__ constexpr WgmmaConfig wgmma_config() { return {3, 32, 8, 2}; }
 
 namespace gdnw {
 
 using namespace gdnc;
 
-// The flow record (GDN_WG_USEQ 1): UwsRec's common part (W stored as -W), then T diag(beta) hi and lo (two
-// [64 j][64 t] swizzled tiles, 8 KiB each) in place of U; the sequential kernel copies its V slice from v.
 enum : int { TILE64 = GDN_C * GDN_C * 2 };   // one [64][64] bf16 tile (T diag(beta) hi or lo, a V slice)
-template <int DK, int DV>
-struct UseqRec : UwsRec<DK, DV> {
-    static constexpr int TB = UwsRec<DK, DV>::COMMON, BYTES = TB + 2 * TILE64;
-    static_assert(TB % 16 == 0, "bulk copies from 16-byte aligned addresses");
+
+// The overlapped schedule's record, one per (stream, value head, chunk): -W = -T diag(beta EK) k as a [64][DK] bf16
+// tile (the k tile's 128-byte swizzle: the sequential kernel's S^T (-W)^T takes it where X takes k), P (swizzled),
+// [64] fp32 EQ and WK, exp(gamma_C) and 12 zero bytes (COMMON bytes: one bulk copy); then T diag(beta) as bf16 hi
+// and lo [64 j][64 t] swizzled tiles (TB: a second bulk copy).
+template <int DK>
+struct OverlapRec {
+    static constexpr int W = 0, P = GDN_C * DK * 2, EQ = P + GDN_C * GDN_C * 2, WK = EQ + GDN_C * 4,
+                         EGC = WK + GDN_C * 4, COMMON = EGC + 16;
+    static constexpr int TB = COMMON, BYTES = TB + 2 * TILE64;
+    static_assert(COMMON % 16 == 0 && P % 1024 == 0, "bulk copies of 16-byte multiples; P on a 1024-byte atom");
 };
-template <bool B, class T, class F> struct pick { using type = T; };
-template <class T, class F> struct pick<false, T, F> { using type = F; };
-template <int DK, int DV>
-using FlowRec = typename pick<GDN_WG_USEQ != 0, UseqRec<DK, DV>, UwsRec<DK, DV>>::type;
 
 // Byte offsets inside one stage (from its 1024-byte aligned start); BYTES is a multiple of 1024. WGS: warpgroups
-// of the CTA, each with its own V and O slices (slice w at V + w * SLICE, O + w * SLICE); the tiles and the V
-// record are shared.
-// UWS (the flow form's GDN_WG_UWS 1): the record is UwsRec's common part (W, P, EQ, WK, exp(gamma_C); one bulk
-// copy) and the CTA's U slice (a second one), no V slice.
-template <int DK, int WGS = 1, bool UWS = false>
+// of the CTA, each with its own V and O slices (slice w at V + w * SLICE, O + w * SLICE); the tiles and the T
+// record are shared. OVERLAP (the overlapped schedule): the record is OverlapRec's common part (W, P, EQ, WK,
+// exp(gamma_C)), then T diag(beta)'s hi and lo tiles and the CTA's V slice (swizzled, 8 KiB each, from the next
+// 1 KiB).
+template <int DK, int WGS = 1, bool OVERLAP = false>
 struct Stage {
-    using UR = FlowRec<DK, DK>;
-    static constexpr bool USEQ = UWS && GDN_WG_USEQ;             // (the flow form's GDN_WG_USEQ)
+    using OR = OverlapRec<DK>;
     static constexpr int KT = GDN_C * DK * 2;                    // one [64 x DK] bf16 tile
-    static constexpr int K = 0, Q = KT;                          // raw k and q rows, swizzled (cp.async)
-    static constexpr int VREC = 2 * KT;                          // TileVRec or UwsRec's common part (one bulk copy)
-    static constexpr int REC = UWS ? UR::COMMON : TileVRec::BYTES;
-    static constexpr int T = VREC + TileVRec::T, W = VREC + UR::W;   // T (the pair's), W (UWS)
-    static constexpr int P = VREC + (UWS ? UR::P : TileVRec::P);
-    static constexpr int BETA = VREC + TileVRec::BETA, EK = VREC + TileVRec::EK;   // not UWS
-    static constexpr int EQ = VREC + (UWS ? UR::EQ : TileVRec::EQ), WK = VREC + (UWS ? UR::WK : TileVRec::WK);
-    static constexpr int EGC = VREC + (UWS ? UR::EGC : TileVRec::EGC);
+    static constexpr int K = 0, Q = KT;                          // raw k and q rows, swizzled
+    static constexpr int VREC = 2 * KT;                          // TRec or OverlapRec's common part (one bulk copy)
+    static constexpr int REC = OVERLAP ? OR::COMMON : TRec::BYTES;
+    static constexpr int T = VREC + TRec::T, W = VREC + OR::W;   // T (two-pass), -W (overlapped)
+    static constexpr int P = VREC + (OVERLAP ? OR::P : TRec::P);
+    static constexpr int BETA = VREC + TRec::BETA, EK = VREC + TRec::EK;   // (two-pass)
+    static constexpr int EQ = VREC + (OVERLAP ? OR::EQ : TRec::EQ), WK = VREC + (OVERLAP ? OR::WK : TRec::WK);
+    static constexpr int EGC = VREC + (OVERLAP ? OR::EGC : TRec::EGC);
     static constexpr int LDV = GDN_BV + 8, SLICE = GDN_C * LDV * 2;
-    static constexpr int U = VREC + REC;                         // (UWS) the U slice, UR::USLICE bytes
-    static constexpr int TB = (VREC + REC + 1023) / 1024 * 1024;  // (USEQ) T diag(beta) hi, lo: 2 x 8 KiB tiles
-    static constexpr int VS = TB + 2 * TILE64;                   // (USEQ) the V slice: a swizzled [64][64] tile
-    static constexpr int V = VREC + REC;                         // (not UWS) the V slices [64][LDV] bf16
-    static constexpr int O = USEQ ? VS + TILE64 : UWS ? U + UR::USLICE : V + WGS * SLICE;   // the O slices
+    static constexpr int TB = (VREC + REC + 1023) / 1024 * 1024;  // (overlapped) T diag(beta) hi, lo: 2 x 8 KiB tiles
+    static constexpr int VS = TB + 2 * TILE64;                   // (overlapped) the V slice: a swizzled [64][64] tile
+    static constexpr int V = VREC + REC;                         // (two-pass) the V slices [64][LDV] bf16
+    static constexpr int O = OVERLAP ? VS + TILE64 : V + WGS * SLICE;   // the O slices
     static constexpr int RAW = O + WGS * SLICE;                 // the last stage's extent (the mbarriers follow it)
     static constexpr int BYTES = (RAW + 1023) / 1024 * 1024;    // a stage's stride (the next on 1024 bytes)
     static_assert(VREC % 1024 == 0 && P % 1024 == 0 && V % 16 == 0 && RAW % 16 == 0, "stage layout: the tiles on "
                   "1024-byte atoms, the slices and the mbarriers 16-byte aligned");
-    static_assert(!UWS || WGS == 1, "UWS: one warpgroup a CTA (the flow form)");
+    static_assert(!OVERLAP || WGS == 1, "the overlapped sequential kernel: one warpgroup a CTA");
 };
+
+// Dynamic shared memory of a sequential kernel: STAGES - 1 stages at their stride, the last one's own bytes, one
+// 8-byte mbarrier a stage (16 bytes a pair), and the slack that puts the first stage on 1024 bytes (the dynamic
+// shared memory is 128-byte aligned: 896 bytes).
+template <int DK, int WGS, bool OVERLAP, int STAGES>
+__host__ __device__ constexpr int sequential_smem() {
+    using L = Stage<DK, WGS, OVERLAP>;
+    return (STAGES - 1) * L::BYTES + L::RAW + 16 * ((STAGES + 1) / 2) + (1024 - 128);
+}
 
 // Descriptors of the stage's tiles (wgmma.cuh, 128-byte swizzle): k-step ks of a K-major [64 x D] tile (atom
 // ks / 4, 32 bytes a step inside it), and 16-row k-step ks of a tile read MN-major (N = D, the next 64 columns
@@ -258,19 +171,48 @@ __device__ __forceinline__ void issue_v_sw128(unsigned char* tile, const bf16* _
     }
 }
 
-// One chunk's products for this warpgroup (gdn_chunk.cuh's state_step with the solve as one product): St is
+// ---- the overlapped schedule's workspace (q12drv.kernels.gdn sizes it): n x ceil(chunk_len / 64) x Hv OverlapRec
+//      records (rec_at), then one u32 ready flag per precompute unit (stream b, chunk ci, key head kh), counting the
+//      unit's value heads whose records are stored, then the item counter, then per (stream, chunk, key head) its k
+//      and q tiles.
+template <int DK>
+__device__ __forceinline__ unsigned* ready_flag_at(unsigned char* ws, const Q12Meta& m, int b, int ci, int kh,
+                                                   int num_k_heads, int num_v_heads) {
+    const int nchunks = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
+    const long long recs = (long long)m.batch_size * nchunks * num_v_heads * OverlapRec<DK>::BYTES;
+    return reinterpret_cast<unsigned*>(ws + recs) + ((long long)b * nchunks + ci) * num_k_heads + kh;
+}
+// The item counter the precompute's groups claim items from: the u32 after the last ready flag (the host zeroes the
+// flags and 16 bytes for it before the launches).
+template <int DK>
+__device__ __forceinline__ unsigned* item_counter_at(unsigned char* ws, const Q12Meta& m, int num_k_heads,
+                                                     int num_v_heads) {
+    return ready_flag_at<DK>(ws, m, (int)m.batch_size, 0, 0, num_k_heads, num_v_heads);
+}
+// The k and then the q tile ([64][DK] bf16 each, 128-byte swizzled, as the stage holds them) of (stream b, chunk ci,
+// key head kh), from the first 128-byte boundary after the item counter's 16 bytes.
+template <int DK>
+__device__ __forceinline__ unsigned char* kq_at(unsigned char* ws, const Q12Meta& m, int b, int ci, int kh,
+                                                int num_k_heads, int num_v_heads) {
+    const int nchunks = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
+    const unsigned long long end = reinterpret_cast<unsigned long long>(
+        item_counter_at<DK>(ws, m, num_k_heads, num_v_heads)) + 16 - reinterpret_cast<unsigned long long>(ws);
+    return ws + ((end + 127) & ~127ull) + (((long long)b * nchunks + ci) * num_k_heads + kh) * (4 * GDN_C * DK);
+}
+
+// One chunk's products for this warpgroup (gdn/chunk.cuh's state_step with the solve as one product): St is
 // S^T (m64n{DK} accumulator), updated; Ot gets O^T [64 dv x 64 tokens] (m64n64 accumulator). sb / sp: the
-// stage (shared address, pointer); vs: this warpgroup's V slice (shared address), read here; warp: 0..3 in the
-// warpgroup. meanwhile() runs while the first products are in flight.
-// Every wgmma is complete on return. (Leaving the O product in flight into the next chunk, issued
-// after the update, made ptxas 13.0 serialize all 40 wgmma of the loop, each waited alone: nvdisasm, session 8;
-// it does so as soon as any wgmma is in flight across the loop's back edge, even with the wait at the loop's top.)
-// UWS (the flow form, GDN_WG_UWS 1): X' = S^T W^T takes the W tile where X takes k, and V_new^T = U^T - X' (the
-// stage's U slice; vs unused) replaces R's epilogue and the T product.
-template <int DK, bool UWS, class F>
+// stage (shared address, pointer); vs: this warpgroup's V slice (shared address), read here (two-pass); warp: 0..3
+// in the warpgroup. meanwhile() runs while the first products are in flight.
+// Every wgmma is complete on return: ptxas 13.0 serialises every wgmma of the loop (each waited alone) as soon as
+// one is in flight across the loop's back edge.
+// OVERLAP: X's accumulator starts as U^T = V^T (T diag(beta))^T (the stage's V slice and T diag(beta) tiles; it needs
+// no S), then takes S^T (-W)^T (the -W tile where the two-pass X takes k): X is V_new^T, with no R epilogue and no
+// T product.
+template <int DK, bool OVERLAP, class F>
 __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], unsigned sb, const unsigned char* sp,
                                           unsigned vs, int warp, int lane, F&& meanwhile) {
-    using L = Stage<DK, 1, UWS>;
+    using L = Stage<DK, 1, OVERLAP>;
     constexpr int NK = DK / 16;
     const int tq = lane & 3;
     const float* bet = reinterpret_cast<const float*>(sp + L::BETA);
@@ -280,21 +222,16 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
     float (*S4)[4] = reinterpret_cast<float (*)[4]>(St);
     float (*O4)[4] = reinterpret_cast<float (*)[4]>(Ot);
 
-    // ---- X = S^T K^T (UWS: X' = S^T W^T), Y = S^T Q^T (into Ot); then R^T = beta (V^T - exp(gamma) X) and
-    // V_new^T = R^T T^T (UWS: V_new^T = U^T - X')
+    // ---- X = S^T K^T (OVERLAP: X = U^T + S^T (-W)^T), Y = S^T Q^T (into Ot); then (two-pass) R^T = beta (V^T -
+    // exp(gamma) X) and V_new^T = R^T T^T
     float X[32], N[32];
     float (*X4)[4] = reinterpret_cast<float (*)[4]>(X);
     float (*N4)[4] = reinterpret_cast<float (*)[4]>(N);
     unsigned sa[NK][4], rh[4][4], rl[4][4];
-    // USEQ: U^T = V^T (T diag(beta))^T first (it needs no S), then S^T (-W)^T onto it. GDN_WG_CVT_FIRST 1: S's
-    // bf16 fragments before both, one wgmma.fence; 0: converted while U's wgmma run, a second fence before S's
-    // products, where ptxas 13.0 waits for U's (nvdisasm: WARPGROUP.DEPBAR between the two groups)
-    constexpr bool CVT_FIRST = !L::USEQ || GDN_WG_CVT_FIRST;
-    if constexpr (CVT_FIRST) {
+    // S's bf16 fragments first: (OVERLAP) U's and S's products then follow one wgmma.fence as one group
 #pragma unroll
-        for (int ks = 0; ks < NK; ++ks) a_from_c(S4[2 * ks], S4[2 * ks + 1], sa[ks]);
-    }
-    if constexpr (L::USEQ) {
+    for (int ks = 0; ks < NK; ++ks) a_from_c(S4[2 * ks], S4[2 * ks + 1], sa[ks]);
+    if constexpr (OVERLAP) {
         wg::fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
@@ -302,36 +239,18 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
             wg::wgmma_ss_n64<1, 1>(X, mnmajor(sb + L::VS, kk), mnmajor(sb + L::TB + TILE64, kk), 1);
         }
     }
-    if constexpr (!CVT_FIRST) {
+    if (!OVERLAP) wg::fence();
 #pragma unroll
-        for (int ks = 0; ks < NK; ++ks) a_from_c(S4[2 * ks], S4[2 * ks + 1], sa[ks]);
-    }
-    if (!L::USEQ || !CVT_FIRST) wg::fence();
-#pragma unroll   // (USEQ: X = U^T + S^T (-W)^T, V_new^T itself)
     for (int ks = 0; ks < NK; ++ks)
-        wg::mma_rs<64, 0>(X, sa[ks], kmajor(sb + (UWS ? L::W : L::K), ks), L::USEQ || ks > 0);
-#if GDN_WG_XY
+        wg::mma_rs<64, 0>(X, sa[ks], kmajor(sb + (OVERLAP ? L::W : L::K), ks), OVERLAP || ks > 0);
     wg::commit();
-#endif
 #pragma unroll
     for (int ks = 0; ks < NK; ++ks) wg::mma_rs<64, 0>(Ot, sa[ks], kmajor(sb + L::Q, ks), ks > 0);
     wg::commit();
     meanwhile();
-    wg::wait<GDN_WG_XY>();   // X complete (XY 1: Y may still run)
+    wg::wait<1>();   // X complete (Y may still run)
     wg::pin(X);
-    if constexpr (L::USEQ) {   // X is V_new^T
-        wg::wait<0>();   // Y
-        wg::pins(Ot, X, sa);
-    } else if constexpr (UWS) {   // V_new^T = U^T - X': this thread's 8 n-tiles of the U slice (UwsRec's order)
-        const float4* u = reinterpret_cast<const float4*>(sp + L::U) + 32 * warp + lane;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-            const float4 x = u[nt * 128];
-            X4[nt][0] = x.x - X4[nt][0];
-            X4[nt][1] = x.y - X4[nt][1];
-            X4[nt][2] = x.z - X4[nt][2];
-            X4[nt][3] = x.w - X4[nt][3];
-        }
+    if constexpr (OVERLAP) {   // X is V_new^T
         wg::wait<0>();   // Y
         wg::pins(Ot, X, sa);
     } else {
@@ -362,8 +281,9 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
         wg::wait<0>();
         wg::pins(Ot, N, rh, rl, sa);
     }
-    float (*V4)[4] = UWS ? X4 : N4;   // V_new^T
+    float (*V4)[4] = OVERLAP ? X4 : N4;   // V_new^T
     // ---- O^T = exp(gamma) Y + V_new^T P^T;  S^T = exp(gamma_C) S^T + (V_new^T exp(gamma_C - gamma)) K
+    // (vl, V_new^T's lo parts, comes with the split and is held to the end beside vh: O's product takes vh alone)
     unsigned vh[4][4], vl[4][4], dh[4][4], dl[4][4];
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
@@ -377,8 +297,6 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
         }
         a_from_c_hilo<true>(x0, x1, dh[kk], dl[kk]);
     }
-    // (O^T and S^T scaled under V_new's wgmma instead, between a wait for Y and one for V_new: ptxas 13.0 moved
-    // every multiply below the second wait, session 8's nvdisasm)
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
         const float2 f = ld2(eq + 8 * nt + 2 * tq);
@@ -390,10 +308,7 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
     for (int i = 0; i < DK / 2; ++i) St[i] *= egC;
     wg::fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-        wg::mma_rs<64, 0>(Ot, vh[kk], kmajor(sb + L::P, kk), 1);
-        if (GDN_WG_OLO) wg::mma_rs<64, 0>(Ot, vl[kk], kmajor(sb + L::P, kk), 1);
-    }
+    for (int kk = 0; kk < 4; ++kk) wg::mma_rs<64, 0>(Ot, vh[kk], kmajor(sb + L::P, kk), 1);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
         wg::mma_rs<DK, 1>(St, dh[kk], mnmajor(sb + L::K, kk), 1);
@@ -404,37 +319,22 @@ __device__ __forceinline__ void chunk_mma(float (&St)[DK / 2], float (&Ot)[32], 
     wg::pins(Ot, St, vh, vl, dh, dl);
 }
 
-// The flow form (below), thread 0 of a sequential CTA: how many chunks from lo on have their records ready (1 to
-// GDN_WG_FLOW_FLAGS, at most n: the flags of lo .. lo + n - 1, stride bytes apart, each ready at need or more: 1, or
-// GDN_WG_FLOW_VH's count of the key head's value-head items), waiting for lo's if needed. The flags are read
-// together (relaxed, one round trip), then one acquire fence and one proxy fence order the bulk copies that read
-// those records (async proxy) after them: per batch, not per chunk (run 3: an acquire load and a proxy fence at
-// every chunk made the sequential kernel 35% slower, 0.8 us a chunk). One asm block: as C++ loops the wait cost
-// the d128 kernel a spill under NVRTC 13.0.
+// (The overlapped schedule) thread 0 of a sequential CTA: how many chunks from lo on have their records ready (1 to
+// flags_per_poll, at most n: the flags of lo .. lo + n - 1, stride bytes apart, each ready at `need`, its key head's
+// count of value heads), waiting for lo's if needed. The flags are read together (relaxed, one round trip), then one
+// acquire fence and one proxy fence order the bulk copies that read those records (async proxy) after them: per
+// batch, not per chunk. One asm block: as C++ loops the wait cost the d128 kernel a spill under NVRTC 13.0.
 #define Q12_FLAG_ZERO(i) "mov.u32 f" #i ", 0;\n"
 #define Q12_FLAG_LOAD(i) "add.s64 a, a, %3;\nsetp.gt.s32 p, %2, " #i ";\n@p ld.relaxed.gpu.global.u32 f" #i ", [a];\n"
 #define Q12_FLAG_COUNT(i) "setp.lt.u32 w, f" #i ", %4;\n@w bra Q12_COUNTED_%=;\nadd.s32 %0, %0, 1;\n"
-#define Q12_FLAGS_4(M) M(1) M(2) M(3)
-#define Q12_FLAGS_8(M) Q12_FLAGS_4(M) M(4) M(5) M(6) M(7)
-#define Q12_FLAGS_16(M) Q12_FLAGS_8(M) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15)
-#define Q12_FLAGS_32(M) Q12_FLAGS_16(M) M(16) M(17) M(18) M(19) M(20) M(21) M(22) M(23) M(24) M(25) M(26) M(27) \
-    M(28) M(29) M(30) M(31)
-#if GDN_WG_FLOW_FLAGS == 4
-#define Q12_FLAGS(M) Q12_FLAGS_4(M)
-#elif GDN_WG_FLOW_FLAGS == 8
-#define Q12_FLAGS(M) Q12_FLAGS_8(M)
-#elif GDN_WG_FLOW_FLAGS == 16
-#define Q12_FLAGS(M) Q12_FLAGS_16(M)
-#elif GDN_WG_FLOW_FLAGS == 32
-#define Q12_FLAGS(M) Q12_FLAGS_32(M)
-#else
-#error "GDN_WG_FLOW_FLAGS: 4, 8, 16 or 32"
-#endif
+#define Q12_FLAGS(M) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15) M(16) M(17) \
+    M(18) M(19) M(20) M(21) M(22) M(23) M(24) M(25) M(26) M(27) M(28) M(29) M(30) M(31)
+static_assert(wgmma_config().flags_per_poll == 32, "wait_ready reads flags f0 .. f31");
 __device__ __forceinline__ int wait_ready(const unsigned* flag_lo, int n, unsigned long long stride,
                                           unsigned need = 1) {
     int count;
     asm volatile(
-        "{\n.reg .pred p, w;\n.reg .u32 f<" Q12_STR(GDN_WG_FLOW_FLAGS) ">;\n.reg .u64 a;\n"
+        "{\n.reg .pred p, w;\n.reg .u32 f<" "32" ">;\n.reg .u64 a;\n"
         Q12_FLAGS(Q12_FLAG_ZERO)
         "ld.relaxed.gpu.global.u32 f0, [%1];\nmov.u64 a, %1;\n"
         Q12_FLAGS(Q12_FLAG_LOAD)
@@ -448,18 +348,13 @@ __device__ __forceinline__ int wait_ready(const unsigned* flag_lo, int n, unsign
     return count;
 }
 #undef Q12_FLAGS
-#undef Q12_FLAGS_4
-#undef Q12_FLAGS_8
-#undef Q12_FLAGS_16
-#undef Q12_FLAGS_32
 #undef Q12_FLAG_ZERO
 #undef Q12_FLAG_LOAD
 #undef Q12_FLAG_COUNT
 
 // The stream a sequential CTA of grid row r takes: the r-th longest (ties: the lower index first), so that a
 // ragged pass's longest streams start in the first wave and the short ones fill in behind them (longest
-// processing time first: H200 run AU, 8 streams of 256..2048 tokens, the wide form's sequential kernel took 188 us
-// in grid order, against about 125 us for its longest stream alone). Every thread of the CTA calls it; scratch:
+// processing time first). Every thread of the CTA calls it; scratch:
 // THREADS + 1 ints of shared memory nothing else uses until the CTA's next barrier. Each thread ranks the streams
 // tid, tid + THREADS, ... against all n lengths (THREADS of them at a time in scratch); the ranks are a
 // permutation of 0 .. n - 1, so exactly one stream has rank r. Uniform lengths give b = r.
@@ -488,36 +383,35 @@ __device__ __forceinline__ int longest_first(const int* cu, int n, int r, int* s
 
 }  // namespace gdnw
 
-// grid (DV / 64 / WGS, Hv, n), 128 WGS threads (WGS warpgroups), dynamic smem gdn_wgmma.seq_smem_bytes(DK, STAGES,
-// WGS). FLOW: the flow form's sequential kernel (below): a chunk's records are copied once their precompute item's
-// ready flag is set, and the CTA ends with griddepcontrol.wait (the precompute grid complete). WGS 2 (the wide
-// form, ops.gdn(form="wide")): warpgroup w owns dv slice 2 blockIdx.x + w; the chunk's k and q tiles (one each
-// warpgroup copies) and V record are the two's, so each comes to shared memory once for both.
-template <int DK, int DV, int STAGES, bool FLOW = false, int WGS = 1, bool UWS = false>
-__device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned long long* __restrict__ h_state_ptrs,
-                                                const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                                const bf16* __restrict__ v, bf16* __restrict__ o, int num_k_heads,
-                                                int num_v_heads, unsigned char* __restrict__ ws) {
+// grid (D / 64 / WGS, Hv, n), 128 WGS threads (WGS warpgroups), dynamic smem sequential_smem<D, WGS, OVERLAP,
+// STAGES>. WGS 2 (the wide CTA): warpgroup w owns dv slice 2 blockIdx.x + w; the chunk's k and q tiles (one each
+// warpgroup copies) and T record are the two's, so each comes to shared memory once for both. OVERLAP: the
+// overlapped schedule's sequential kernel: a chunk's records (and its k and q tiles) are copied once their precompute
+// items' ready flag is set, and the CTA ends with griddepcontrol.wait (the precompute grid complete).
+template <int D, int STAGES, int WGS = 1, bool OVERLAP = false>
+__device__ __forceinline__ void wgmma_sequential_body(GDN_BODY_PARAMS) {
     using namespace gdnc;
-    using L = gdnw::Stage<DK, WGS, UWS>;
-    using UR = gdnw::FlowRec<DK, DV>;
+    constexpr int DK = D, DV = D;
+    if (gridDim.x != D / (GDN_BV * WGS)) return;
+    unsigned char* __restrict__ const ws = workspace;
+    using L = gdnw::Stage<DK, WGS, OVERLAP>;
+    using OR = gdnw::OverlapRec<DK>;
     constexpr int C = GDN_C, BV = GDN_BV, THREADS = 128 * WGS;
-    static_assert(!FLOW || STAGES == 2, "the flow form's sequential kernel has two stages");
-    static_assert(!UWS || FLOW, "UWS: the flow form's records");
-    static_assert(WGS == 1 || (WGS == 2 && !FLOW && STAGES == 2), "the wide form: two stages, no flags");
+    static_assert(!OVERLAP || STAGES == 2, "the overlapped sequential kernel has two stages");
+    static_assert(WGS == 1 || (WGS == 2 && !OVERLAP && STAGES == 2), "the wide CTA: two stages, no flags");
     extern __shared__ __align__(128) unsigned char gdn_smem_raw[];
     const unsigned raw = smem_u32(gdn_smem_raw);
     const unsigned base = (raw + 1023u) & ~1023u;                  // the tiles' 1024-byte alignment
     unsigned char* basep = gdn_smem_raw + (base - raw);
     const unsigned bars = base + (STAGES - 1) * L::BYTES + L::RAW;   // one mbarrier per stage
-    if constexpr (FLOW) {   // gdn_wgmma.py's seq_smem_bytes (896 bytes of alignment slack: __align__(128))
+    if constexpr (OVERLAP) {   // the host's size (sequential_smem, 896 bytes of alignment slack: __align__(128))
         unsigned dyn;
         asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dyn));
         if (bars + 8 * STAGES - raw > dyn) __trap();
     }
 
     // Every CTA waits for the precompute grid before it ends (pdl_wait; at once where it has nothing to do), so the
-    // stream's next operation finds both grids complete, whichever way the pair was launched.
+    // stream's next operation finds both grids complete, whichever way the two were launched.
     const int h = blockIdx.y;
     if ((int)blockDim.x != THREADS || (int)blockIdx.z >= (int)m.batch_size || h >= num_v_heads ||
         (int)blockIdx.x * BV * WGS >= DV) {
@@ -529,11 +423,11 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
     const int col0 = (blockIdx.x * WGS + wgi) * BV;
     const int gq = lane >> 2, tq = lane & 3;
     const int* cu = q12_cu_seqlens(m);
-    // grid row z takes the z-th longest stream (the flow form: stream z; its CTAs are all resident at once). The
+    // grid row z takes the z-th longest stream (OVERLAP: stream z; its CTAs are all resident at once). The
     // scratch is stage 0's first bytes, free until the copies below, which come after the barrier below.
-    const int b = FLOW ? (int)blockIdx.z
-                       : gdnw::longest_first(cu, (int)m.batch_size, (int)blockIdx.z,
-                                             reinterpret_cast<int*>(basep), tid, THREADS);
+    const int b = OVERLAP ? (int)blockIdx.z
+                          : gdnw::longest_first(cu, (int)m.batch_size, (int)blockIdx.z,
+                                                reinterpret_cast<int*>(basep), tid, THREADS);
     const int len = cu[b + 1] - cu[b];
     if (len <= 0) {
         pdl_wait();
@@ -542,7 +436,7 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
     const int kh = h / (num_v_heads / num_k_heads);
     const int nch = (len + C - 1) / C;
 
-    // FLOW: chunk 0's ready flag and the last chunk known ready, in shared memory (thread 0's; no register held
+    // OVERLAP: chunk 0's ready flag and the last chunk known ready, in shared memory (thread 0's; no register held
     // across the chunk loop for them), written before the prologue's barrier
     __shared__ const unsigned* flags;
     __shared__ int ready_to;
@@ -550,22 +444,22 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
 #pragma unroll
         for (int i = 0; i < STAGES; ++i) wg::mbar_init(bars + 8 * i, 1);
         wg::fence_mbarrier_init();
-        if (FLOW) {
-            flags = ready_flag_at<UR::BYTES>(ws, m, b, 0, kh, num_k_heads, num_v_heads);
+        if (OVERLAP) {
+            flags = gdnw::ready_flag_at<DK>(ws, m, b, 0, kh, num_k_heads, num_v_heads);
             ready_to = -1;
         }
     }
     __syncthreads();
     // Chunk ci into stage st, once every wgmma and generic read of the stage's tiles and scalars is done (the
-    // caller's barrier). The raw k and q rows: every thread, one cp.async group (made visible to the wgmma by each
-    // thread's proxy fence after its wait); the UWS flow form's (KQREC) come with the record instead, the
-    // precompute's copy of them. The V record: thread 0, one bulk copy on the stage's mbarrier. The V
-    // slice (issue_v): every thread, one cp.async group, once the stage's O rows are stored.
-    constexpr bool KQREC = UWS && GDN_WG_KQREC;   // (the k and q tiles come with the record)
-    // (FLOW) a ready flag's value once every item of its key head is stored (GDN_WG_FLOW_VH: one item a value head)
-    const unsigned FLOW_NEED = GDN_WG_FLOW_VH ? (unsigned)(num_v_heads / num_k_heads) : 1u;
-    auto issue_kq = [&](int ci, int st) {   // the raw k and q rows from k and q (KQREC: none, the record brings them)
-        if (KQREC) return;
+    // caller's barrier). (Two-pass) the raw k and q rows: every thread, one cp.async group (made visible to the
+    // wgmma by each thread's proxy fence after its wait); the T record: thread 0, one bulk copy on the stage's
+    // mbarrier. (OVERLAP) the record's two parts and the chunk's k and q tiles, the precompute's: thread 0, three
+    // bulk copies on the stage's mbarrier. The V slice (issue_v): every thread, one cp.async group, once the stage's
+    // O rows are stored.
+    // (OVERLAP) a ready flag's value once every value head of its key head is stored
+    const unsigned need = (unsigned)(num_v_heads / num_k_heads);
+    auto issue_kq = [&](int ci, int st) {   // (two-pass) the raw k and q rows from k and q
+        if (OVERLAP) return;
         unsigned char* sp = basep + st * L::BYTES;
         const int nv = min(C, len - ci * C), tok = ld_volatile(cu + b) + ci * C;
         if (WGS == 1) issue_kq_sw128<DK>(sp + L::K, sp + L::Q, k, q, nv, tok, num_k_heads, kh, wtid);
@@ -573,29 +467,24 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
         else issue_kq_sw128<DK, 2>(sp + L::K, sp + L::Q, k, q, nv, tok, num_k_heads, kh, wtid);
         cp_async_commit();
     };
-    auto issue_vrec = [&](int ci, int st) {   // the V record: the precompute's
+    auto issue_vrec = [&](int ci, int st) {   // the precompute's record
         if (tid == 0) {
             const unsigned sb = base + st * L::BYTES;
-            if (ci == 0) {   // later chunks: (FLOW) at the loop's top; else the precompute is complete
-                if constexpr (FLOW) ready_to = gdnw::wait_ready(flags, nch, 4ull * num_k_heads, FLOW_NEED) - 1;
+            if (ci == 0) {   // later chunks: (OVERLAP) at the loop's top; else the precompute is complete
+                if constexpr (OVERLAP) ready_to = gdnw::wait_ready(flags, nch, 4ull * num_k_heads, need) - 1;
                 else pdl_wait();
             }
             wg::fence_proxy_async();   // the stage's generic reads (beta, EK, ...) before the copy's writes
-            if constexpr (UWS) {   // the record's common part, then this CTA's U slice (USEQ: T diag(beta), V slice)
-                const unsigned char* rec = rec_at<UR::BYTES>(ws, m, b, ci, h, num_v_heads);
-                constexpr unsigned TAIL = L::USEQ ? 2 * gdnw::TILE64 : UR::USLICE;
-                wg::mbar_arrive_expect_tx(bars + 8 * st, UR::COMMON + TAIL + (KQREC ? 2 * L::KT : 0));
-                if (KQREC) wg::bulk_g2s(sb + L::K, kqrec_at<UR::BYTES, DK>(ws, m, b, ci, kh, num_k_heads, num_v_heads),
-                                        2 * L::KT, bars + 8 * st);
-                wg::bulk_g2s(sb + L::VREC, rec, UR::COMMON, bars + 8 * st);
-                if constexpr (L::USEQ) {
-                    wg::bulk_g2s(sb + L::TB, rec + UR::TB, 2 * gdnw::TILE64, bars + 8 * st);
-                } else {
-                    wg::bulk_g2s(sb + L::U, rec + UR::U + (col0 / BV) * UR::USLICE, UR::USLICE, bars + 8 * st);
-                }
+            if constexpr (OVERLAP) {   // the k and q tiles, the record's common part, T diag(beta)'s tiles
+                const unsigned char* rec = rec_at<OR::BYTES>(ws, m, b, ci, h, num_v_heads);
+                wg::mbar_arrive_expect_tx(bars + 8 * st, OR::COMMON + 2 * gdnw::TILE64 + 2 * L::KT);
+                wg::bulk_g2s(sb + L::K, gdnw::kq_at<DK>(ws, m, b, ci, kh, num_k_heads, num_v_heads), 2 * L::KT,
+                             bars + 8 * st);
+                wg::bulk_g2s(sb + L::VREC, rec, OR::COMMON, bars + 8 * st);
+                wg::bulk_g2s(sb + L::TB, rec + OR::TB, 2 * gdnw::TILE64, bars + 8 * st);
             } else {
-                wg::mbar_arrive_expect_tx(bars + 8 * st, TileVRec::BYTES);
-                wg::bulk_g2s(sb + L::VREC, tile_vrec_at(ws, m, b, ci, h, num_v_heads), TileVRec::BYTES, bars + 8 * st);
+                wg::mbar_arrive_expect_tx(bars + 8 * st, TRec::BYTES);
+                wg::bulk_g2s(sb + L::VREC, trec_at(ws, m, b, ci, h, num_v_heads), TRec::BYTES, bars + 8 * st);
             }
         }
     };
@@ -603,23 +492,20 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
         issue_kq(ci, st);
         issue_vrec(ci, st);
     };
-    // (USEQ, GDN_WG_FLOW_TOK0) the stream's first token, held across the chunk loop
-    constexpr bool TOK0 = L::USEQ && GDN_WG_FLOW_TOK0;
-    const int tok0 = TOK0 ? ld_volatile(cu + b) : 0;
-    auto first_tok = [&] { return TOK0 ? tok0 : ld_volatile(cu + b); };
-    auto issue_v = [&](int ci, int st) {   // (UWS: none, U comes in the record; USEQ: the slice, swizzled)
-        if constexpr (L::USEQ) {
+    // (OVERLAP) the stream's first token, held across the chunk loop
+    const int tok0 = OVERLAP ? ld_volatile(cu + b) : 0;
+    auto first_tok = [&] { return OVERLAP ? tok0 : ld_volatile(cu + b); };
+    auto issue_v = [&](int ci, int st) {   // the V slice (OVERLAP: swizzled, for U's product)
+        if constexpr (OVERLAP) {
             gdnw::issue_v_sw128<DV, BV>(basep + st * L::BYTES + L::VS, v, min(C, len - ci * C),
                                          first_tok() + ci * C, num_v_heads, h, wtid, col0);
-            cp_async_commit();
-            return;
+        } else {
+            issue_v_slice<DV>(reinterpret_cast<bf16*>(basep + st * L::BYTES + L::V + wgi * L::SLICE), v,
+                              min(C, len - ci * C), ld_volatile(cu + b) + ci * C, num_v_heads, h, col0, wtid);
         }
-        if (UWS) return;
-        issue_v_slice<DV>(reinterpret_cast<bf16*>(basep + st * L::BYTES + L::V + wgi * L::SLICE), v, min(C, len - ci * C),
-                          ld_volatile(cu + b) + ci * C, num_v_heads, h, col0, wtid);
         cp_async_commit();
     };
-    // chunk 0's inputs and the state first: with the pair launched by PDL they load while the precompute finishes
+    // chunk 0's inputs and the state first: launched by PDL they load while the precompute finishes
     issue_kq(0, 0);
     issue_v(0, 0);
     const float* state = reinterpret_cast<const float*>(h_state_ptrs[b]) + (long long)h * DK * DV;
@@ -637,19 +523,15 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
     };
     for (int ci = 0; ci < nch; ++ci) {
         const int st = STAGES == 2 ? (ci & 1) : 0;
-        if (STAGES == 1 && ci > 0) {   // every thread is past chunk ci - 1's products: this chunk's V slice
-            if (!GDN_WG_EARLY) issue_records(ci, 0);
-            issue_v(ci, 0);
-        }
+        if (STAGES == 1 && ci > 0) issue_v(ci, 0);   // every thread is past chunk ci - 1's products: its V slice
         wg::mbar_wait(bars + 8 * st, (ci / STAGES) & 1);   // the stage's (ci / STAGES)-th fill
         cp_async_wait_all();
         wg::fence_proxy_async();   // this thread's k and q rows visible to the wgmma (the barrier below: everyone's)
-        // FLOW: the next chunk's records are ready before its copies are issued below. Polled here, once this
-        // chunk's copy and V slice have landed and before the next one is issued: the fence then waits for no bulk copy in
-        // flight (polled before mbar_wait it did, about 1.8 us a fence, run AR)
-        if (FLOW && tid == 0 && ci + 1 < nch && ci + 1 > ready_to)
-            ready_to = ci + gdnw::wait_ready(flags + (ci + 1) * num_k_heads, nch - ci - 1, 4ull * num_k_heads,
-                                             FLOW_NEED);
+        // OVERLAP: the next chunk's records are ready before its copies are issued below. Polled here, once this
+        // chunk's copy and V slice have landed and before the next one is issued: the fence then waits for no bulk
+        // copy in flight.
+        if (OVERLAP && tid == 0 && ci + 1 < nch && ci + 1 > ready_to)
+            ready_to = ci + gdnw::wait_ready(flags + (ci + 1) * num_k_heads, nch - ci - 1, 4ull * num_k_heads, need);
         __syncthreads();   // chunk ci's V slice from every thread and chunk ci - 1's O slice; (STAGES 2) chunk ci - 1
                            // is done with its stage
         auto issue_next = [&] {   // (STAGES 2) chunk ci + 1 into the other stage, which chunk ci - 1 is done with
@@ -658,17 +540,18 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
                 issue_v(ci + 1, st ^ 1);
             }
         };
-        constexpr int AHEAD = UWS ? GDN_WG_FLOW_AHEAD : GDN_WG_AHEAD;
-        if (AHEAD == 0) issue_next();
+        // The next chunk's copies: (two-pass) issued while X and Y run, off the chain; (OVERLAP) before them, its
+        // chain being short enough that the copies outlast X and Y
+        if (OVERLAP) issue_next();
         float Ot[32];
-        gdnw::chunk_mma<DK, UWS>(St, Ot, base + st * L::BYTES, basep + st * L::BYTES, base + st * L::BYTES + L::V + wgi * L::SLICE,
-                            warp, lane, [&] {
+        gdnw::chunk_mma<DK, OVERLAP>(St, Ot, base + st * L::BYTES, basep + st * L::BYTES,
+                                     base + st * L::BYTES + L::V + wgi * L::SLICE, warp, lane, [&] {
             if (ci > 0) o_rows(ci - 1);
-            if (AHEAD == 1) issue_next();   // its 2 x 64 + 64 / 2 copies off the chain, under X and Y
+            if (!OVERLAP) issue_next();
         });
         if (STAGES == 1) {
             __syncthreads();   // every warp is done with the stage's tiles, scalars, V slice and O slice
-            if (GDN_WG_EARLY && ci + 1 < nch) issue_records(ci + 1, 0);
+            if (ci + 1 < nch) issue_records(ci + 1, 0);
         }
         float (*O4)[4] = reinterpret_cast<float (*)[4]>(Ot);
 #pragma unroll
@@ -680,68 +563,54 @@ __device__ __forceinline__ void gdn_wg_seq_body(const Q12Meta& m, const unsigned
     __syncthreads();   // the last O slice complete
     o_rows(nch - 1);
     store_state<DK, DV>(S4, reinterpret_cast<float*>(ld_volatile(h_state_ptrs + b)) + (long long)h * DK * DV, bv0, tq);
-    if constexpr (FLOW) pdl_wait();
+    if constexpr (OVERLAP) pdl_wait();
 }
 
-// ================================================================ the flow form
+// ================================================================ the overlapped schedule
 // For grids of few sequential CTAs (one long stream: 64 CTAs at Hv 32, d 128 leave half of an H200 idle), the
 // precompute runs beside the sequential kernel instead of before it. Three launches on one stream:
-//   1. the ready flags and the item counter zeroed (ops: one memset of gdn_wgmma.flags_bytes);
-//   2. q12_gdn_wgmma_prep_flow_d*: P persistent CTAs of three 128-thread groups (each group a prep_item_wg at a
-//      time on its own WgPrepSmem, 60 KB at d128: one CTA fills an SM), each claiming items in chunk-major order
-//      from the counter, each item's ready flag released once its records are stored; every CTA first executes
-//      griddepcontrol.launch_dependents;
-//   3. q12_gdn_wgmma_seq_flow_d*, launched with programmatic stream serialization: it may start once every
-//      precompute CTA has started, lands on the SMs the precompute left free (P = SMs - its CTAs), and copies
-//      a chunk's records once their flag is set.
+//   1. the ready flags and the item counter zeroed (the host: one memset);
+//   2. q12_gdn_wgmma_overlapped_precompute_d*: P persistent CTAs of overlap_groups (3) 128-thread groups, each group
+//      one overlapped_item at a time on its own OverlapSmem (60 KB at d128: one CTA fills an SM), claiming items in
+//      chunk-major order from the counter, and adding the item's value heads to its key head's ready flag once its
+//      records are stored; every CTA first executes griddepcontrol.launch_dependents;
+//   3. q12_gdn_wgmma_overlapped_sequential_d*, launched with programmatic stream serialization: it may start once
+//      every precompute CTA has started, lands on the SMs the precompute left free (P = SMs - its CTAs), and copies
+//      a chunk's records once their flag is complete.
 // No cycle: the precompute never waits, and every CTA of it is running or done before a sequential CTA starts
 // (without programmatic launch the sequential kernel starts after the precompute: the same result, serially).
 // The sequential CTAs end with griddepcontrol.wait, so the stream's next operation finds both grids complete.
-// Records and chain (GDN_WG_UWS 1, session 11): fla-core's order of the same algebra, V_new = U - W S. The
-// precompute (gdn_chunk.cuh's prep_item<UWS>) stores, per (stream, value head, chunk), UwsRec: W = T diag(beta EK) k
-// (bf16, the k tile's layout), P, EQ, WK, exp(gamma_C), and U = T diag(beta) V in fp32 in the sequential kernel's
-// accumulator order (T diag(beta) and T diag(beta EK) as bf16 hi + lo pairs from the fp32 T, V and k exact). Per
-// chunk the sequential kernel then runs [X' = S^T W^T, Y] -> V_new^T = U^T - X' (eight 16-byte loads and 32
-// subtractions a thread) -> [O, S update]: R's epilogue, its hi + lo split and the 8 wgmma of the T product leave
-// the chain. Not the pair's bits (chunked_reference(t_product=True, u_minus_ws="fp32") models it: the state's
-// error as the pair's in numpy); batched == alone. The records are 3.3x the pair's (57.9 KB a value head and chunk
-// at d128; GDN_WG_USEQ 1: 2.4x), fine here: they are read soon after they are written. GDN_WG_KQREC 1 (session
-// 12): the precompute also
-// stores each item's k and q tiles (kqrec_at), which it holds anyway, and the sequential kernel copies them with
-// the record (one more bulk copy from thread 0 on the stage's mbarrier) instead of 2 x 8 cp.async a thread from k
-// and q (24% of its stall samples in run BG). GDN_WG_USEQ 1 (session 13, the default): U's product moves to the
-// sequential kernel, which takes V^T (T diag(beta))^T (8 wgmma, both operands MN-major in shared memory, issued
-// before S's conversion: they need no S) as the start of X's accumulator, then S^T (-W)^T onto it: X is V_new^T,
-// with no U loads or subtractions. The record (UseqRec, 41.5 KB at d128, 2.4x the pair's) carries T diag(beta)
-// as bf16 hi + lo tiles instead of U in fp32, W negated; the sequential kernel copies its V slice from v itself
-// (issue_v_sw128, 4 cp.async a thread), so the precompute loads no V at all, and, with no U product beside them,
-// keeps T's fp32 columns for T diag(beta EK) (GDN_WG_TKEEP) and W's A fragments for both halves (GDN_WG_WFRAG).
-// H200, 1 x 8192: the flow form 0.341 -> 0.317 ms (run BQ, gdn_debug), 315.2 us with TKEEP and WFRAG against
-// fla-core's 626.8 (run BS, gpu_compare: 0.503). With V carried in the record as well (run BP) it was 0.338
-// against 0.331: the precompute's V loads and stores cost what U's product saved. GDN_WG_UWS 0: the pair's
-// records and sequential arithmetic (its bits; the flags stay where FlowRec puts them).
+// Records and chain: fla-core's order of the same algebra, V_new = U - W S with U = T diag(beta) V and
+// W = T diag(beta EK) k (k the raw rows). The precompute stores, per (stream, value head, chunk), OverlapRec: -W
+// (bf16), P, EQ, WK, exp(gamma_C), and T diag(beta) as bf16 hi + lo tiles (T diag(beta) and T diag(beta EK) are
+// formed as hi + lo pairs from the fp32 T), and per (stream, chunk, key head) the k and q tiles it holds anyway
+// (kq_at), which the sequential kernel copies with the record. Per chunk the sequential kernel then takes V^T (T
+// diag(beta))^T (8 wgmma, both operands MN-major in shared memory, issued before S's conversion: they need no S)
+// as the start of X's accumulator and S^T (-W)^T onto it: X is V_new^T, R's epilogue and the T product are off the
+// chain; it copies its own V slice from v (issue_v_sw128). Not the two-pass schedule's bits
+// (chunked_reference(path="overlapped") models it, the state's error as the two-pass schedule's); batched == alone.
+// The record is 41.5 KB a value head and chunk at d128 (2.4x the T record): it is read soon after it is written.
+// Items: in each stream's first value_head_chunks (8) chunks, one per (stream, chunk, value head), so that the
+// first records come sooner; after them one per (stream, chunk, key head), its value heads one after the other.
+// A key head's flag is complete at Hv / Hk.
 namespace gdnw {
 
-// ---- the UWS flow precompute's item on warpgroup MMA (GDN_WG_PREP_WG 1; session 11, first run in session 12)
-// (GDN_WG_USEQ 0) The same records and numerics as gdnc::prep_item<DK, DV, true, true> (K K^T, Q K^T of the raw
-// rows in fp32; T's scaled columns as bf16 hi + lo; U in fp32, W rounded to bf16); GDN_WG_USEQ 1: T diag(beta)'s
-// tiles stored in place of U (no V, no U product), -W. Its kinds of product by wgmma: K K^T and Q K^T
-// as m64n64k16 with both operands the swizzled k and q tiles (the full 64 x 64: the accumulator is the mma.sync C
-// layout of each warp's 16 rows, so products_epilogue takes it, warp w on block w for both), U^T per 64-row dv
-// m-tile (A: V^T's fragments by ldmatrix.trans of the swizzled V rows, B: T diag(beta)'s swizzled [64 j][64 t] hi
-// and lo tiles, MN-major), W per 64-column half (A: T diag(beta EK)'s fragments, B: the k tile MN-major).
+// The overlapped precompute's item on warpgroup MMA. Its products: K K^T and Q K^T (as K Q^T, P^T's rows) as
+// m64n64k16 with both operands the swizzled k and q tiles (the full 64 x 64: the accumulator is the mma.sync C
+// layout of each warp's 16 rows, so products_epilogue takes it, warp w on block w), the diagonals of K K^T and
+// Q Q^T for the rows' scales, and W per 64-column half (A: T diag(beta EK)'s fragments, B: the k tile MN-major).
 
-// A flow precompute group's shared memory: PrepSmem's members with k and q as 128-byte swizzled tiles (the group's
-// base on 1024 bytes), -A and P padded on 1024-byte boundaries (after the solve their bytes take T's scaled columns
-// as two swizzled tiles); kraw is k (normalise's raw-row branch names it; the rows' scales only read k and q).
+// An overlapped precompute group's shared memory: PrepSmem's members with k and q as 128-byte swizzled tiles (the
+// group's base on 1024 bytes), -A and P padded on 1024-byte boundaries (after the solve their bytes take T's scaled
+// columns as two swizzled tiles); kraw names k (issue_kvgb's raw-K branch, not taken here, names it).
 template <int DK>
-struct WgPrepSmem {
+struct OverlapSmem {
     static constexpr int LDK = DK + 8, LDP = GDN_C + 8, LDD = 24;
     union {
         bf16 k[GDN_C * DK];
         bf16 kraw[GDN_C * DK];
     };
-    bf16 q[GDN_C * DK];   // q's tile, then (its products done) the value head's V rows, swizzled [64][DV]
+    bf16 q[GDN_C * DK];   // q's tile
     bf16 a[GDN_C * LDP];
     bf16 p[GDN_C * LDP];
     bf16 dinv[GDN_C * LDD];
@@ -759,14 +628,67 @@ struct WgPrepSmem {
     float rq[GDN_C];
 };
 template <int DK>
-__host__ __device__ constexpr int wg_prep_group_bytes() { return (int)(sizeof(WgPrepSmem<DK>) + 1023) / 1024 * 1024; }
+__host__ __device__ constexpr int overlap_group_bytes() { return (int)(sizeof(OverlapSmem<DK>) + 1023) / 1024 * 1024; }
+// An overlapped precompute CTA's dynamic shared memory: overlap_groups mma precompute CTAs' worth, so that at d128
+// the CTA fills an SM and no sequential CTA shares it; its groups fit from the first 1024-byte boundary.
+template <int DK>
+__host__ __device__ constexpr int overlapped_precompute_smem() {
+    return wgmma_config().overlap_groups * (int)sizeof(gdnc::PrepSmem<DK>);
+}
+static_assert(wgmma_config().overlap_groups * overlap_group_bytes<128>() + 1024 <= overlapped_precompute_smem<128>() &&
+                  wgmma_config().overlap_groups * overlap_group_bytes<64>() + 1024 <= overlapped_precompute_smem<64>(),
+              "the overlapped precompute's groups do not fit in its shared memory");
 
-// (GDN_WG_PBAL) P from K Q^T's accumulator (the mma C layout of each warp's 16 rows, as products_epilogue takes
-// it): warp w holds P^T's rows j = 16 w .. + 15 (k tokens), and its n-tiles nt >= 2 w are the q tokens i >= 16 w
-// that P's causal part needs of them (the n-tiles before lie above P's diagonal: zero_ap's zeros). Each element is
-// ex2(erq_i + ec_j) (K Q^T)_ji where i >= j (masked ones are selected away: their exponent may overflow), stored
-// transposed into P's rows as bf16 by one stmatrix .trans a pair of n-tiles (matrix mm = lane / 8: n-tile 2 pr +
-// mm / 2, P^T's rows 16 w + 8 (mm % 2) ..; in P rows 8 nt + lane % 8, columns 16 w + 8 (mm % 2) ..).
+// After the block solve each warp holds T's columns 16 warp .. 16 warp + 15 in fp32 (X[nt][e] = T[8 nt + 2 tq +
+// (e & 1)][16 warp + gq + 8 (e >> 1)]). This thread's pairs of them, scaled by f(column), as transposed swizzled
+// tiles th (bf16 hi), tl (lo) ([64 columns j][64 tokens t], sw128_off: row j holds T[t][j] f(j) over the tokens;
+// the thread's columns j0 = 16 warp + gq, + 8, its tokens 8 nt + 2 tq, + 1). The pair keeps the error of the fp32 T
+// where one bf16 would not (docs/kernels/gdn.md).
+template <class F>
+__device__ __forceinline__ void t_cols_hilo(const float (*X)[4], bf16* th, bf16* tl, F&& f, int warp, int lane) {
+    const int gq = lane >> 2, tq = lane & 3, j0 = 16 * warp + gq;
+    const float f0 = f(j0), f1 = f(j0 + 8);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const float fj = hh ? f1 : f0;
+            const int at = (sw128_off(j0 + 8 * hh, nt) + 4 * tq) / 2;
+            const float x0 = X[nt][2 * hh], x1 = X[nt][2 * hh + 1];
+            unsigned hi, lo;
+            pack_hilo(x0 * fj, x1 * fj, hi, lo);
+            *reinterpret_cast<unsigned*>(&th[at]) = hi;
+            *reinterpret_cast<unsigned*>(&tl[at]) = lo;
+        }
+}
+
+// The record's scalars and P (OverlapRec's common part but W): P as a swizzled tile from the group's padded s.p, EQ
+// and WK (16 bytes a thread), exp(gamma_C); stored once the block solve is done.
+template <int DK, class S>
+__device__ __forceinline__ void store_overlap_scalars(unsigned char* rec, const S& s, int tid) {
+    using OR = OverlapRec<DK>;
+    constexpr int C = GDN_C, LDP = GDN_C + 8;
+    for (int idx = tid; idx < C * 8; idx += 128)   // P as a swizzled tile
+        *reinterpret_cast<uint4*>(rec + OR::P + sw128_off(idx / 8, idx % 8)) =
+            *reinterpret_cast<const uint4*>(s.p + (idx / 8) * LDP + (idx % 8) * 8);
+    if (tid < 2 * 16) {   // EQ, WK (16 B a thread), then exp(gamma_C)
+        const int i = (tid & 15) * 4;
+        const float* x = tid < 16 ? s.eg : s.wd;
+        const float* r = tid < 16 ? s.rq : s.rk;
+        *reinterpret_cast<float4*>(rec + OR::EQ + tid * 16) =
+            make_float4(x[i] * r[i], x[i + 1] * r[i + 1], x[i + 2] * r[i + 2], x[i + 3] * r[i + 3]);
+    } else if (tid == 2 * 16) {
+        *reinterpret_cast<float4*>(rec + OR::EGC) = make_float4(s.eg[C - 1], 0.f, 0.f, 0.f);
+    }
+}
+
+// P from K Q^T's accumulator (the mma C layout of each warp's 16 rows, as products_epilogue takes it): warp w holds
+// P^T's rows j = 16 w .. + 15 (k tokens), and its n-tiles nt >= 2 w are the q tokens i >= 16 w that P's causal part
+// needs of them (the n-tiles before lie above P's diagonal: zero_ap's zeros), so that with K K^T's nt <= 2 w + 1
+// every warp takes 10 n-tiles. Each element is ex2(erq_i + ec_j) (K Q^T)_ji where i >= j (masked ones are selected
+// away: their exponent may overflow), stored transposed into P's rows as bf16 by one stmatrix .trans a pair of
+// n-tiles (matrix mm = lane / 8: n-tile 2 pr + mm / 2, P^T's rows 16 w + 8 (mm % 2) ..; in P rows 8 nt + lane % 8,
+// columns 16 w + 8 (mm % 2) ..).
 template <class S>
 __device__ __forceinline__ void pt_epilogue(S& s, const float (*acc)[4], int warp, int lane) {
     constexpr int LDP = GDN_C + 8;
@@ -795,14 +717,19 @@ __device__ __forceinline__ void pt_epilogue(S& s, const float (*acc)[4], int war
     }
 }
 
-template <int DK, int DV, class Sync, class Claim>
-__device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                             const bf16* __restrict__ v, const float* __restrict__ g,
-                                             const float* __restrict__ beta, int num_k_heads, int num_v_heads,
-                                             unsigned char* __restrict__ ws, WgPrepSmem<DK>& s, int b, int kh, int ci,
-                                             int len, int tid, Sync sync, Claim claim, int j0, int j1) {
-    using UR = FlowRec<DK, DV>;
-    static_assert(DV == DK, "V rows in q's tile (dv = dk)");
+
+// One item, by one group of 128 threads (tid 0..127, sync() its barrier) on its OverlapSmem: chunk ci of (stream b,
+// key head kh), which has len tokens, for the key head's value heads kh group + j0 .. + j1 - 1 (one, or all).
+// claim() (the group's next item: an atomic) is called under the item's first copies. It returns after the group's
+// last barrier: every record store of the item is issued, and the group's shared memory is free again.
+template <int DK, class Sync, class Claim>
+__device__ __forceinline__ void overlapped_item(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                                const float* __restrict__ g, const float* __restrict__ beta,
+                                                int num_k_heads, int num_v_heads, unsigned char* __restrict__ ws,
+                                                OverlapSmem<DK>& s, int b, int kh, int ci, int len, int tid, Sync sync,
+                                                Claim claim, int j0, int j1) {
+    using OR = OverlapRec<DK>;
+    constexpr int DV = DK;
     constexpr int C = GDN_C, THREADS = 128, LDP = GDN_C + 8, NK = DK / 16;
     const int lane = tid & 31, warp = tid >> 5, mat = lane >> 3, r8 = lane & 7, gq = lane >> 2, tq = lane & 3;
     const int* cu = q12_cu_seqlens(m);
@@ -811,7 +738,6 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
     unsigned char* qt = reinterpret_cast<unsigned char*>(s.q);
     const unsigned sk = smem_u32(s.k), sq = smem_u32(s.q), sa = smem_u32(s.a), sp = smem_u32(s.p);
 
-    // the item's value heads kh group + j0 .. + j1 - 1 (all of the key head's, or one: GDN_WG_FLOW_VH)
     // g and beta of the first value head, the raw k and q rows as swizzled tiles
     issue_kvgb<DK, DV, false, false, true>(s, nullptr, cu + b, len, c0, 0, k, nullptr, g, beta, num_k_heads,
                                            num_v_heads, kh * group + j0, 0, tid);
@@ -821,7 +747,6 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
     cp_async_wait_all();
     wg::fence_proxy_async();   // the tiles visible to the wgmma (the barrier below: everyone's)
     sync();
-#if GDN_WG_DIAGNORM
     {   // the rows' scales from the diagonals of K K^T and Q Q^T (fp32 sums of the raw rows' exact products)
         float kk[32], qq[32];
         wg::fence();
@@ -846,45 +771,29 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
                     }
         }
     }
-#else
-    normalise<DK, true, true>(s, [](int, int) { return static_cast<bf16*>(nullptr); }, tid, tid % (DK / 8),
-                              1.0f / sqrtf((float)DK));
-    zero_ap(s, tid);   // -A and P: every byte of the records defined
-#endif
-    // Q K^T (GDN_WG_PBAL: K Q^T, P^T's rows) once for the key head (each value head scales it by its own beta and
-    // gamma in the epilogue)
+    // K Q^T (P^T's rows) once for the key head (each value head scales it by its own beta and gamma in the epilogue)
     float accq[32];
     wg::fence();
 #pragma unroll
-    for (int ks = 0; ks < NK; ++ks)
-        wg::mma_ss<64>(accq, kmajor(GDN_WG_PBAL ? sk : sq, ks), kmajor(GDN_WG_PBAL ? sq : sk, ks), ks > 0);
+    for (int ks = 0; ks < NK; ++ks) wg::mma_ss<64>(accq, kmajor(sk, ks), kmajor(sq, ks), ks > 0);
     wg::commit();
-#if GDN_WG_KQREC
-    if (j0 == 0) {   // the k and q tiles (adjacent here and in the stage) for the sequential kernel, before V takes q's bytes
-        uint4* dst = reinterpret_cast<uint4*>(kqrec_at<UR::BYTES, DK>(ws, m, b, ci, kh, num_k_heads, num_v_heads));
+    if (j0 == 0) {   // the k and q tiles (adjacent here and in the stage) for the sequential kernel
+        uint4* dst = reinterpret_cast<uint4*>(kq_at<DK>(ws, m, b, ci, kh, num_k_heads, num_v_heads));
         const uint4* src = reinterpret_cast<const uint4*>(s.k);
 #pragma unroll 4
         for (int i = tid; i < 2 * C * DK * 2 / 16; i += THREADS) dst[i] = src[i];
     }
-#endif
     wg::wait<0>();
     for (int j = j0; j < j1; ++j) {
         const int h = kh * group + j;
-        if (j > j0) cp_async_wait_all();   // this value head's g, beta and V, copied while the previous head computed
-        sync();   // (j j0: the scales and the zeroed -A and P stored; every thread's Q K^T complete: q is read out)
-        if (!GDN_WG_USEQ && j == j0) {   // (USEQ: the sequential kernel copies V itself)
-            issue_v_sw128<DV>(qt, v, nv, ld_volatile(cu + b) + c0, num_v_heads, h, tid);
-            cp_async_commit();
-        }
+        if (j > j0) cp_async_wait_all();   // this value head's g and beta, copied while the previous head computed
+        sync();   // (j j0: the scales and the zeroed -A and P stored; every thread's K Q^T complete)
         {
-            float acck[32];   // K K^T again for each value head (a few wgmma; holding it costs registers)
-            auto kk = [&] {
-                wg::fence();
+            float acck[32];   // K K^T again for each value head (a few wgmma; holding it costs registers), issued
+            wg::fence();      // before zero_ap, chunk_gamma and their barrier, so that it runs under them
 #pragma unroll
-                for (int ks = 0; ks < NK; ++ks) wg::mma_ss<64>(acck, kmajor(sk, ks), kmajor(sk, ks), ks > 0);
-                wg::commit();
-            };
-            if (GDN_WG_KKEARLY) kk();   // (it reads the k tile only) under zero_ap, chunk_gamma and their barrier
+            for (int ks = 0; ks < NK; ++ks) wg::mma_ss<64>(acck, kmajor(sk, ks), kmajor(sk, ks), ks > 0);
+            wg::commit();
             if (j > j0) zero_ap(s, tid);   // the previous head's T tiles out of -A's and P's upper blocks
             if (warp == 0) chunk_gamma<true>(s, 0, lane);
             sync();
@@ -893,96 +802,53 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
                                                        num_k_heads, num_v_heads, h + 1, 0, tid);
                 cp_async_commit();
             }
-            if (!GDN_WG_KKEARLY) kk();
             wg::wait<0>();
             wg::pin(acck);
             products_epilogue<true, true>(s, reinterpret_cast<const float (*)[4]>(acck), warp, lane);
         }
-#if GDN_WG_PBAL
         pt_epilogue(s, reinterpret_cast<const float (*)[4]>(accq), warp, lane);
         __syncwarp();   // the warp's diagonal block of K K^T (s.d) stored by its lanes
         invert_block(s, warp, lane);   // (on all 32 lanes, both halves the same column: 4 B spilled at d128)
         sync();
-#else
-        products_epilogue<false, true>(s, reinterpret_cast<const float (*)[4]>(accq), warp, lane);
-        sync();
-        invert_diagonal<DK>(s, tid);
-        sync();
-#endif
         // T's columns 16 warp .. + 15 (each_slice_elem: the identity's, solved)
         float Rt[8][4], X[8][4];
         each_slice_elem<LDP>(warp, lane, [&](int nt, int e, int cc, int at) {
             Rt[nt][e] = at == cc * (LDP + 1) ? 1.f : 0.f;
         });
         block_solve(s.a, s.dinv, Rt, X, lane);
-        unsigned char* urec = rec_at<UR::BYTES>(ws, m, b, ci, h, num_v_heads);
-        store_uws_scalars<DK, DV>(urec, s, tid);
+        unsigned char* rec = rec_at<OR::BYTES>(ws, m, b, ci, h, num_v_heads);
+        store_overlap_scalars<DK>(rec, s, tid);
         sync();   // -A read by every warp's solve, P stored: their bytes take T's scaled columns (swizzled tiles)
-        t_cols_hilo<true>(X, s.a, s.p, [&](int c) { return s.beta[c]; }, warp, lane);
-        cp_async_wait_all();       // this value head's V rows (USEQ: none; the next head's g and beta)
-        wg::fence_proxy_async();   // T diag(beta)'s tiles and V visible to the wgmma
+        t_cols_hilo(X, s.a, s.p, [&](int c) { return s.beta[c]; }, warp, lane);
+        cp_async_wait_all();       // the next head's g and beta
+        wg::fence_proxy_async();   // T diag(beta)'s tiles visible to the wgmma
         sync();
-#if GDN_WG_USEQ
         {   // T diag(beta)'s hi and lo tiles (the first 8 KiB of s.a and s.p) to the record, for the sequential
             // kernel's U product
-            uint4* dst = reinterpret_cast<uint4*>(urec + UR::TB);
+            uint4* dst = reinterpret_cast<uint4*>(rec + OR::TB);
             constexpr int T16 = TILE64 / 16;
 #pragma unroll 4
             for (int i = tid; i < 2 * T16; i += THREADS)
                 dst[i] = i < T16 ? reinterpret_cast<const uint4*>(s.a)[i]
                                  : reinterpret_cast<const uint4*>(s.p)[i - T16];
         }
-#else
-        // U^T = V^T (T diag(beta))^T, one 64-row dv m-tile at a time (the sequential kernel's slice mi)
-#pragma unroll 1
-        for (int mi = 0; mi < DV / 64; ++mi) {
-            unsigned av[4][4];
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks)
-                ldsm_x4_t(av[ks][0], av[ks][1], av[ks][2], av[ks][3],
-                          sq + sw128_off(16 * ks + (mat >> 1) * 8 + r8, 8 * mi + 2 * warp + (mat & 1)));
-            float acc[32];
-            wg::fence();
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks) {
-                wg::mma_rs<64, 1>(acc, av[ks], mnmajor(sa, ks), ks > 0);
-                wg::mma_rs<64, 1>(acc, av[ks], mnmajor(sp, ks), 1);
-            }
-            wg::commit();
-            wg::wait<0>();
-            float4* dst = reinterpret_cast<float4*>(urec + UR::U + mi * UR::USLICE) + 32 * warp + lane;
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-                dst[nt * 128] = make_float4(acc[4 * nt], acc[4 * nt + 1], acc[4 * nt + 2], acc[4 * nt + 3]);
-        }
-#endif
-        sync();   // V and T diag(beta)'s tiles read out (every thread waited for its wgmma)
-        if (!GDN_WG_USEQ && j + 1 < j1) {   // the next value head's V rows, while this one's W is computed
-            issue_v_sw128<DV>(qt, v, nv, ld_volatile(cu + b) + c0, num_v_heads, h + 1, tid);
-            cp_async_commit();
-        }
-#if GDN_WG_USEQ && GDN_WG_TKEEP   // T diag(beta EK) from T's fp32 columns, still held (no U product beside them here)
-        t_cols_hilo<true>(X, s.a, s.p, [&](int c) { return s.beta[c] * (s.eg[c] * s.rk[c]); }, warp, lane);
-#else
-        t_cols_rescale<true>(s.a, s.p, [&](int c) { return s.eg[c] * s.rk[c]; }, warp, lane);   // T diag(beta EK)
-#endif
+        sync();   // T diag(beta)'s tiles read out
+        // T diag(beta EK) from T's fp32 columns, still held
+        t_cols_hilo(X, s.a, s.p, [&](int c) { return s.beta[c] * (s.eg[c] * s.rk[c]); }, warp, lane);
         wg::fence_proxy_async();
         sync();
-        // W = T diag(beta EK) k per 64-column half: A = the tiles' fragments of this warp's token rows, two k-steps
-        // (16 registers) in flight at a time (all four with the accumulator and Q K^T's spilled the d128 build)
-#if GDN_WG_WFRAG
-        unsigned ah[4][4], al[4][4];   // the tiles' A fragments of all four k-steps, once for both halves
+        // W = T diag(beta EK) k per 64-column half: A = the tiles' fragments of this warp's token rows (all four
+        // k-steps, loaded once for both halves), B = the k tile MN-major; stored negated
+        unsigned ah[4][4], al[4][4];
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
             const int off = sw128_off(16 * ks + (mat >> 1) * 8 + r8, 2 * warp + (mat & 1));
             ldsm_x4_t(ah[ks][0], ah[ks][1], ah[ks][2], ah[ks][3], sa + off);
             ldsm_x4_t(al[ks][0], al[ks][1], al[ks][2], al[ks][3], sp + off);
         }
-#endif
 #pragma unroll 1
         for (int half = 0; half < DK / 64; ++half) {
             float acc[32];
-#if GDN_WG_WFRAG
             wg::fence();
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks) {
@@ -992,90 +858,54 @@ __device__ __forceinline__ void prep_item_wg(const Q12Meta& m, const bf16* __res
             wg::commit();
             wg::wait<0>();
             wg::pins(ah, al);
-#else
-#pragma unroll
-            for (int kp = 0; kp < 2; ++kp) {
-                unsigned ah[2][4], al[2][4];
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    const int off = sw128_off(16 * (2 * kp + i) + (mat >> 1) * 8 + r8, 2 * warp + (mat & 1));
-                    ldsm_x4_t(ah[i][0], ah[i][1], ah[i][2], ah[i][3], sa + off);
-                    ldsm_x4_t(al[i][0], al[i][1], al[i][2], al[i][3], sp + off);
-                }
-                wg::fence();
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    const int ks = 2 * kp + i;
-                    wg::mma_rs<64, 1>(acc, ah[i], mnmajor(sk + half * (GDN_C * 128), ks), ks > 0);
-                    wg::mma_rs<64, 1>(acc, al[i], mnmajor(sk + half * (GDN_C * 128), ks), 1);
-                }
-                wg::commit();
-                wg::wait<0>();
-            }
-#endif
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
                 for (int hh = 0; hh < 2; ++hh) {
                     const int t = 16 * warp + gq + 8 * hh, d = 64 * half + 8 * nt + 2 * tq;
-                    *reinterpret_cast<unsigned*>(urec + UR::W + sw128_off(t, d >> 3) + (d & 7) * 2) =
-                        GDN_WG_USEQ ? pack(-acc[4 * nt + 2 * hh], -acc[4 * nt + 2 * hh + 1])   // -W
-                                    : pack(acc[4 * nt + 2 * hh], acc[4 * nt + 2 * hh + 1]);
+                    *reinterpret_cast<unsigned*>(rec + OR::W + sw128_off(t, d >> 3) + (d & 7) * 2) =
+                        pack(-acc[4 * nt + 2 * hh], -acc[4 * nt + 2 * hh + 1]);
                 }
         }
         sync();   // s.a, s.p, s.dinv, s.beta, ... read out before the next head rewrites them
     }
 }
 
-// grid (P), 384 threads (three groups), dynamic smem 3 x PrepSmem<DK> (GDN_WG_PREP_WG: 3 x wg_prep_group_bytes from
-// the first 1024-byte boundary, which fits in it): one CTA fills an SM. Each group (128 threads, one item at a time)
-// claims the next item of (chunk, stream, key head), chunk-major, from a counter in the workspace (an atomic per
-// item, issued under the item's first copies), and releases the item's ready flag once its records are stored. The
-// claims replaced a static walk (worker w: items w, w + 3P, ...): at 1 x 8192 (2048 items on 204 groups) its
-// eleventh round held 8 items; the claims end within an item of each other (precompute alone 0.346 -> 0.316 ms,
-// runs BI and BK; the flow form 0.358 -> 0.356, as it waits for the sequential kernel too). Tried and removed (runs
-// BJ, BK): a second, co-resident grid of one group a CTA beside each sequential CTA (268 groups instead of 204),
-// which slowed the sequential kernel sharing its SM: the flow form 0.356 -> 0.393 ms.
-template <int DK, int DV>
-__device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                                   const bf16* __restrict__ v, const float* __restrict__ g,
-                                                   const float* __restrict__ beta,
-                                                   int num_k_heads, int num_v_heads, unsigned char* __restrict__ ws) {
+// grid (P), 128 overlap_groups threads, dynamic smem overlapped_precompute_smem<D>() (overlap_groups x
+// overlap_group_bytes from the first 1024-byte boundary fit): one CTA fills an SM. Each group (128 threads, one item
+// at a time) claims the next item, chunk-major, from a counter in the workspace (an atomic per item, issued under
+// the item's first copies), and adds the item's value heads to its key head's ready flag once its records are
+// stored (red.release after the item's last barrier: its release is cumulative over the group's stores, which that
+// barrier ordered).
+template <int D>
+__device__ __forceinline__ void overlapped_precompute_body(GDN_BODY_PARAMS) {
     using namespace gdnc;
-    using UR = FlowRec<DK, DV>;
+    constexpr int DK = D;
+    unsigned char* __restrict__ const ws = workspace;
     pdl_launch_dependents();
     extern __shared__ __align__(128) unsigned char gdn_smem_raw[];
-    if ((int)blockDim.x != 3 * 128) return;
-    constexpr int groups = 3;
-    constexpr bool WG = GDN_WG_PREP_WG && GDN_WG_UWS;
-    static_assert(WG || !GDN_WG_KQREC || !GDN_WG_UWS, "GDN_WG_KQREC: the wgmma precompute's tiles (prep_item_wg)");
-    static_assert(WG || !GDN_WG_FLOW_VH, "GDN_WG_FLOW_VH: the wgmma precompute's items (prep_item_wg)");
-    static_assert(WG || !GDN_WG_UWS || !GDN_WG_USEQ, "GDN_WG_USEQ: the wgmma precompute's records (prep_item_wg)");
+    constexpr int groups = wgmma_config().overlap_groups;
+    if ((int)blockDim.x != groups * 128) return;
     const int grp = threadIdx.x >> 7, tid = threadIdx.x & 127;
-    static_assert(3 * wg_prep_group_bytes<DK>() + 1024 <= 3 * (int)sizeof(PrepSmem<DK>),
-                  "the wgmma groups fit in the host's 3 x PrepSmem");
     const unsigned raw = smem_u32(gdn_smem_raw), pad = ((raw + 1023u) & ~1023u) - raw;
     unsigned dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dyn));
-    // the host's size (gdn_wgmma.prep_flow_smem_bytes): a shorter one would overlap the groups
-    if ((WG ? pad + groups * wg_prep_group_bytes<DK>() : groups * (int)sizeof(PrepSmem<DK>)) > dyn) __trap();
-    unsigned char* wbase = gdn_smem_raw + pad;
-    PrepSmem<DK>& s = reinterpret_cast<PrepSmem<DK>*>(gdn_smem_raw)[grp];
-    WgPrepSmem<DK>& sw = *reinterpret_cast<WgPrepSmem<DK>*>(wbase + grp * wg_prep_group_bytes<DK>());
+    // the host's size: a shorter one would overlap the groups
+    if (pad + groups * overlap_group_bytes<DK>() > dyn) __trap();
+    OverlapSmem<DK>& sw = *reinterpret_cast<OverlapSmem<DK>*>(gdn_smem_raw + pad + grp * overlap_group_bytes<DK>());
     const int* cu = q12_cu_seqlens(m);
-    // an item: (chunk, stream, key head), or (GDN_WG_FLOW_VH, the first GDN_WG_FLOW_VH_FIRST chunks) (chunk, stream,
-    // value head)
+    // an item: (chunk, stream, value head) in the first value_head_chunks chunks, (chunk, stream, key head) after
     const int group = num_v_heads / num_k_heads, nch = ((int)m.chunk_len + GDN_C - 1) / GDN_C;
-    const int vh_chunks = GDN_WG_FLOW_VH ? min(nch, GDN_WG_FLOW_VH_FIRST) : 0;
+    const int vh_chunks = min(nch, wgmma_config().value_head_chunks);
     const int per_vh_chunk = (int)m.batch_size * num_v_heads, per_chunk = (int)m.batch_size * num_k_heads;
     const int vh_items = vh_chunks * per_vh_chunk, items = vh_items + (nch - vh_chunks) * per_chunk;
-    unsigned* counter = item_counter_at<UR::BYTES>(ws, m, num_k_heads, num_v_heads);
+    unsigned* counter = item_counter_at<DK>(ws, m, num_k_heads, num_v_heads);
     auto next_item = [&]() -> int {   // (thread 0) this group's next item (items or more: none left)
         return (int)min(atomicAdd(counter, 1u), (unsigned)items);
     };
     // claimed[grp][i & 1]: item i's index, written by thread 0 before item i - 1's first barrier and read by
     // everyone after its last (the other slot is item i + 1's)
-    __shared__ int claimed[3][2];
+    __shared__ int claimed[groups][2];
     auto sync = [grp] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + grp) : "memory"); };
     if (tid == 0) claimed[grp][0] = next_item();
     sync();
@@ -1094,77 +924,54 @@ __device__ __forceinline__ void gdn_prep_flow_body(const Q12Meta& m, const bf16*
             sync();
             continue;
         }
-        if constexpr (WG) {
-            prep_item_wg<DK, DV>(m, q, k, v, g, beta, num_k_heads, num_v_heads, ws, sw, b, kh, ci, len, tid, sync,
-                                 claim, j0, j1);
-        } else {
-            claim();
-            prep_item<DK, DV, true, GDN_WG_UWS>(m, q, k, g, beta, num_k_heads, num_v_heads, ws, s, b, kh, ci, len, tid,
-                                                sync, v);
-        }
+        overlapped_item<DK>(m, q, k, g, beta, num_k_heads, num_v_heads, ws, sw, b, kh, ci, len, tid, sync, claim, j0,
+                            j1);
         if (tid == 0) {   // the group's record stores are issued (the item's last barrier): publish them
-            if (GDN_WG_PUBFENCE) __threadfence();
-            unsigned* flag = ready_flag_at<UR::BYTES>(ws, m, b, ci, kh, num_k_heads, num_v_heads);
-            if (GDN_WG_FLOW_VH)   // the key head's flag counts its value heads' items
-                asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(flag), "r"(j1 - j0) : "memory");
-            else asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(flag), "r"(1u) : "memory");
+            unsigned* flag = ready_flag_at<DK>(ws, m, b, ci, kh, num_k_heads, num_v_heads);
+            asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(flag), "r"(j1 - j0) : "memory");
         }
     }
 }
 
 }  // namespace gdnw
 
-// Entry parameters: gdn_chunk.cu's split pair's. STAGES 2: __launch_bounds__(128, 1); STAGES 1: 2 CTAs/SM.
-extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_seq_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 128 / GDN_BV) gdn_wg_seq_body<128, 128, 2>(m, h_state_ptrs, q, k, v, o, num_k_heads, num_v_heads, workspace);
-}
-extern "C" __global__ void __launch_bounds__(128, 2) q12_gdn_wgmma_seq1_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 128 / GDN_BV) gdn_wg_seq_body<128, 128, 1>(m, h_state_ptrs, q, k, v, o, num_k_heads, num_v_heads, workspace);
-}
-extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_seq_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 64 / GDN_BV) gdn_wg_seq_body<64, 64, 2>(m, h_state_ptrs, q, k, v, o, num_k_heads, num_v_heads, workspace);
-}
-extern "C" __global__ void __launch_bounds__(128, 2) q12_gdn_wgmma_seq1_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 64 / GDN_BV) gdn_wg_seq_body<64, 64, 1>(m, h_state_ptrs, q, k, v, o, num_k_heads, num_v_heads, workspace);
-}
-
-// The wide form (two warpgroups a CTA, both dv slices of a value head; d128 only): grid (1, Hv, n), 256 threads.
-extern "C" __global__ void __launch_bounds__(256, 1) q12_gdn_wgmma_seqw_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 128 / (2 * GDN_BV)) gdn_wg_seq_body<128, 128, 2, false, 2>(m, h_state_ptrs, q, k, v, o, num_k_heads, num_v_heads, workspace);
-}
-
-extern "C" __global__ void __launch_bounds__(384, 1) q12_gdn_wgmma_prep_flow_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    gdnw::gdn_prep_flow_body<128, 128>(m, q, k, v, g, beta, num_k_heads, num_v_heads, workspace);
-}
-extern "C" __global__ void __launch_bounds__(384, 1) q12_gdn_wgmma_prep_flow_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    gdnw::gdn_prep_flow_body<64, 64>(m, q, k, v, g, beta, num_k_heads, num_v_heads, workspace);
-}
-extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_seq_flow_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 128 / GDN_BV) gdn_wg_seq_body<128, 128, 2, true, 1, GDN_WG_UWS>(m, h_state_ptrs, q, k, v, o, num_k_heads, num_v_heads, workspace);
-}
-extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_seq_flow_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads, unsigned char* __restrict__ workspace) {
-    if (gridDim.x == 64 / GDN_BV) gdn_wg_seq_body<64, 64, 2, true, 1, GDN_WG_UWS>(m, h_state_ptrs, q, k, v, o, num_k_heads, num_v_heads, workspace);
-}
-
-// gdn_wgmma.py's stage_bytes(d) must give these numbers.
-static_assert(gdnw::Stage<128>::BYTES == 69632 && gdnw::Stage<64>::BYTES == 53248 && gdnw::Stage<128, 2>::BYTES == 88064,
-              "Stage size differs from q12drv.kernels.gdn_wgmma.stage_bytes");
-static_assert(gdnw::Stage<128>::RAW == 68624 && gdnw::Stage<64>::RAW == 52240 && gdnw::Stage<128, 2>::RAW == 87056,
-              "Stage extent differs from q12drv.kernels.gdn_wgmma._stage_raw (seq_smem_bytes)");
-#if GDN_WG_USEQ   // (gdn_wgmma.stage_bytes(d, uws=True, useq=True), flow_record_bytes(d, useq=True))
-static_assert(gdnw::FlowRec<128, 128>::BYTES == 41488 && gdnw::FlowRec<64, 64>::BYTES == 33296,
-              "UseqRec differs from q12drv.kernels.gdn_wgmma.flow_record_bytes(useq=True)");
-static_assert(gdnw::Stage<128, 1, true>::BYTES == 92160 && gdnw::Stage<64, 1, true>::BYTES == 67584 &&
-              gdnw::Stage<128, 1, true>::RAW == 92160 && gdnw::Stage<64, 1, true>::RAW == 67584,
-              "the USEQ flow stage differs from q12drv.kernels.gdn_wgmma.stage_bytes(useq=True)");
-#else
-static_assert(gdnw::Stage<128, 1, true>::BYTES == 83968 && gdnw::Stage<64, 1, true>::BYTES == 59392 &&
-              gdnw::Stage<128, 1, true>::RAW == 83472 && gdnw::Stage<64, 1, true>::RAW == 58896,
-              "the flow stage differs from q12drv.kernels.gdn_wgmma.stage_bytes(uws=True) and _stage_raw");
+// ================================================================ entries
+// The host plans their grids (q12drv.kernels.gdn) and passes its sizes as contract defines, checked here.
+#if !defined(Q12_GDN_WGMMA_SEQUENTIAL_SMEM_2STAGE_D128) || !defined(Q12_GDN_WGMMA_SEQUENTIAL_SMEM_2STAGE_D64) ||  \
+    !defined(Q12_GDN_WGMMA_SEQUENTIAL_SMEM_1STAGE_D64) ||                                                        \
+    !defined(Q12_GDN_WGMMA_SEQUENTIAL_SMEM_WIDE_D128) || !defined(Q12_GDN_OVERLAP_SEQUENTIAL_SMEM_D128) ||        \
+    !defined(Q12_GDN_OVERLAP_SEQUENTIAL_SMEM_D64) || !defined(Q12_GDN_OVERLAP_PRECOMPUTE_SMEM_D128) ||            \
+    !defined(Q12_GDN_OVERLAP_PRECOMPUTE_SMEM_D64) || !defined(Q12_GDN_OVERLAP_REC_D128) ||                         \
+    !defined(Q12_GDN_OVERLAP_REC_D64) || !defined(Q12_GDN_TREC) || !defined(Q12_GDN_OVERLAP_GROUPS) ||            \
+    !defined(Q12_GDN_OVERLAP_VH_CHUNKS) || !defined(Q12_GDN_WIDE_WARPGROUPS)
+#error "compile through q12drv: it passes the host's shared memory and record sizes (-DQ12_GDN_WGMMA_*, -DQ12_GDN_OVERLAP_*, -DQ12_GDN_TREC, -DQ12_GDN_WIDE_WARPGROUPS)"
 #endif
-static_assert(gdnc::UwsRec<128, 128>::BYTES == 57872 && gdnc::UwsRec<64, 64>::BYTES == 33296,
-              "UwsRec size differs from q12drv.kernels.gdn_wgmma.flow_record_bytes");
-static_assert(gdnc::UwsRec<128, 128>::P == 16384 && gdnc::UwsRec<128, 128>::EQ == 24576 &&
-              gdnc::UwsRec<128, 128>::U == 25104 && gdnc::UwsRec<64, 64>::P == 8192 &&
-              gdnc::UwsRec<64, 64>::EQ == 16384 && gdnc::UwsRec<64, 64>::U == 16912,
-              "UwsRec offsets differ from q12drv.kernels.gdn_wgmma.flow_record_offsets");
+static_assert(gdnw::sequential_smem<128, 1, false, 2>() == Q12_GDN_WGMMA_SEQUENTIAL_SMEM_2STAGE_D128 &&
+                  gdnw::sequential_smem<64, 1, false, 2>() == Q12_GDN_WGMMA_SEQUENTIAL_SMEM_2STAGE_D64 &&
+                  gdnw::sequential_smem<64, 1, false, 1>() == Q12_GDN_WGMMA_SEQUENTIAL_SMEM_1STAGE_D64 &&
+                  gdnw::sequential_smem<128, 2, false, 2>() == Q12_GDN_WGMMA_SEQUENTIAL_SMEM_WIDE_D128 &&
+                  gdnw::sequential_smem<128, 1, true, 2>() == Q12_GDN_OVERLAP_SEQUENTIAL_SMEM_D128 &&
+                  gdnw::sequential_smem<64, 1, true, 2>() == Q12_GDN_OVERLAP_SEQUENTIAL_SMEM_D64,
+              "the wgmma sequential kernels' shared memory differs from the host's");
+static_assert(gdnw::overlapped_precompute_smem<128>() == Q12_GDN_OVERLAP_PRECOMPUTE_SMEM_D128 &&
+                  gdnw::overlapped_precompute_smem<64>() == Q12_GDN_OVERLAP_PRECOMPUTE_SMEM_D64,
+              "the overlapped precompute's shared memory differs from the host's");
+static_assert(gdnw::OverlapRec<128>::BYTES == Q12_GDN_OVERLAP_REC_D128 &&
+                  gdnw::OverlapRec<64>::BYTES == Q12_GDN_OVERLAP_REC_D64 && gdnc::TRec::BYTES == Q12_GDN_TREC,
+              "the record sizes differ from the host's");
+static_assert(wgmma_config().overlap_groups == Q12_GDN_OVERLAP_GROUPS &&
+                  wgmma_config().value_head_chunks == Q12_GDN_OVERLAP_VH_CHUNKS &&
+                  wgmma_config().wide_warpgroups == Q12_GDN_WIDE_WARPGROUPS,
+              "the overlapped precompute's groups or items, or the wide CTA's warpgroups differ from the host's");
+
+// The two-stage, wide and overlapped kernels: 1 CTA/SM; the one-stage kernel: 2 CTAs/SM (d64: at d128 the wide CTA
+// runs where the grid fills two CTAs an SM).
+constexpr int GDN_WIDE = wgmma_config().wide_warpgroups, GDN_GROUPS = wgmma_config().overlap_groups;
+extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_sequential_2stage_d128(GDN_PARAMS) { wgmma_sequential_body<128, 2>(GDN_ARGS); }
+extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_sequential_2stage_d64(GDN_PARAMS) { wgmma_sequential_body<64, 2>(GDN_ARGS); }
+extern "C" __global__ void __launch_bounds__(128, 2) q12_gdn_wgmma_sequential_1stage_d64(GDN_PARAMS) { wgmma_sequential_body<64, 1>(GDN_ARGS); }
+extern "C" __global__ void __launch_bounds__(128 * GDN_WIDE, 1) q12_gdn_wgmma_sequential_wide_d128(GDN_PARAMS) { wgmma_sequential_body<128, 2, GDN_WIDE>(GDN_ARGS); }
+extern "C" __global__ void __launch_bounds__(128 * GDN_GROUPS, 1) q12_gdn_wgmma_overlapped_precompute_d128(GDN_PARAMS) { gdnw::overlapped_precompute_body<128>(GDN_ARGS); }
+extern "C" __global__ void __launch_bounds__(128 * GDN_GROUPS, 1) q12_gdn_wgmma_overlapped_precompute_d64(GDN_PARAMS) { gdnw::overlapped_precompute_body<64>(GDN_ARGS); }
+extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_overlapped_sequential_d128(GDN_PARAMS) { wgmma_sequential_body<128, 2, 1, true>(GDN_ARGS); }
+extern "C" __global__ void __launch_bounds__(128, 1) q12_gdn_wgmma_overlapped_sequential_d64(GDN_PARAMS) { wgmma_sequential_body<64, 2, 1, true>(GDN_ARGS); }

@@ -1,4 +1,5 @@
-// gdn_prefill.cu: Gated DeltaNet (Qwen3-Next) prefill over varlen streams, recurrent form.
+// gdn/recurrent.cu: Gated DeltaNet (Qwen3-Next) prefill over varlen streams, token by token in fp32 (the
+// recurrent form: the reference the chunked kernels are checked against).
 //
 // Per stream b (packed rows cu_seqlens[b] .. cu_seqlens[b+1]), per value head h (key head
 // h / (Hv/Hk)), with the fp32 state S [dk, dv] of (b, h) at h_state_ptrs[b] + h*dk*dv:
@@ -6,64 +7,63 @@
 //     S <- exp(g_t) * S;  m = S^T k^;  delta = beta_t * (v_t - m);  S <- S + k^ delta^T;  o_t = S^T q~
 // The final state overwrites the initial one in place.
 //
-// Geometry: grid (Hv * dv / 32, n, 1), block (128, 1, 1), static shared memory only.
-// A CTA owns 32 dv columns of one (stream, value head); the dv columns of S evolve independently,
+// Geometry (recurrent_config): grid (Hv * dv / columns, n, 1), block (threads, 1, 1), static shared memory only.
+// A CTA owns `columns` (32) dv columns of one (stream, value head); the dv columns of S evolve independently,
 // so CTAs never talk to each other and never mix streams (batched == alone, bit for bit).
-// Register layout (GDN_LPC = 8 lanes per column group, GDN_CPT = 2 columns per thread): lane =
-// LPC*group + sub; the thread owns columns cc .. cc+CPT-1 and, of each, the rows
-// {4*LPC*c + 4*sub + e : c < dk/(4*LPC), e < 4} (16 rows x 2 columns = 32 fp32 for dk = 128).
-// Every k/q read from shared memory is a float4 broadcast: the 8 lanes of a quarter warp read 8
-// distinct consecutive float4 (one wavefront). Column dot products are reduced over the LPC lanes
-// with xor shuffles (commutative adds: every lane of the group gets the same bits).
-// Measured on the H200 (Hk 16, Hv 32, d 128): 1 x 2048 tokens 0.67 ms, 8 x 2048 2.85 ms; the
-// (LPC, CPT) = (4,1), (4,2), (8,4), (2,1) variants land within +-20% (ncu: (4,1) is L1/shared
-// bound at 91%; halving the wavefronts did not help much, so the serial per-token chain of
-// shared loads, FMAs and shuffles at 4 warps per scheduler appears to be the next limit).
-// Tokens go in chunks of CT: the next chunk's raw q/k/v/g/beta are loaded into registers before the
+// Register layout (LPC = 8 lanes per column group, CPT = 2 columns per thread): lane = LPC*group + sub; the
+// thread owns columns cc .. cc+CPT-1 and, of each, the rows {4*LPC*c + 4*sub + e : c < dk/(4*LPC), e < 4}
+// (16 rows x 2 columns = 32 fp32 for dk = 128). Every k/q read from shared memory is a float4 broadcast: the 8
+// lanes of a quarter warp read 8 distinct consecutive float4 (one wavefront). Column dot products are reduced
+// over the LPC lanes with xor shuffles (commutative adds: every lane of the group gets the same bits).
+// Tokens go in chunks of `tokens` (16): the next chunk's raw q/k/v/g/beta are loaded into registers before the
 // current chunk's serial loop runs, then l2-normalised into shared memory after it.
 // Requirements: q, k 16-byte aligned (dk a multiple of 8), v, o 8-byte aligned.
-#include "common/q12_meta.cuh"
-#include "gdn/norm.cuh"
+#include "gdn/common.cuh"
 
-#define GDN_THREADS 128
-#define GDN_CT 16     // tokens per chunk
-#ifndef GDN_CPT
-#define GDN_CPT 2     // dv columns per thread
-#endif
-#ifndef GDN_LPC
-#define GDN_LPC 8     // lanes per dv column (they split dk)
-#endif
+// The kernel's configuration: threads a CTA, tokens staged a chunk, lanes that split dk for one dv column,
+// dv columns a thread owns; `columns` (dv columns a CTA) follows. The host's grid takes threads and columns
+// (q12drv.kernels.gdn.recurrent: the contract defines Q12_GDN_RECURRENT_*).
+struct RecurrentConfig {
+    int threads, tokens, lanes_per_column, columns_per_thread;
+    __host__ __device__ constexpr int columns() const { return threads / lanes_per_column * columns_per_thread; }
+};
+__host__ __device__ constexpr RecurrentConfig recurrent_config() { return {128, 16, 8, 2}; }
 
-template <int DK, int DV, int LPC, int CPT>
-__device__ __forceinline__ void gdn_prefill_body(const Q12Meta& m, const unsigned long long* __restrict__ h_state_ptrs,
-                                                 const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                                 const bf16* __restrict__ v, const float* __restrict__ g,
-                                                 const float* __restrict__ beta, bf16* __restrict__ o,
-                                                 int num_k_heads, int num_v_heads) {
-    constexpr int GDN_COLS = (GDN_THREADS / LPC) * CPT;  // dv columns per CTA
+#if !defined(Q12_GDN_RECURRENT_THREADS) || !defined(Q12_GDN_RECURRENT_COLUMNS)
+#error "compile through q12drv: it passes the host's geometry (-DQ12_GDN_RECURRENT_THREADS=... -DQ12_GDN_RECURRENT_COLUMNS=...)"
+#endif
+static_assert(recurrent_config().threads == Q12_GDN_RECURRENT_THREADS, "threads a CTA differ from the host's");
+static_assert(recurrent_config().columns() == Q12_GDN_RECURRENT_COLUMNS, "dv columns a CTA differ from the host's");
+
+template <int DK, int DV>
+__device__ __forceinline__ void recurrent_body(GDN_BODY_PARAMS) {
+    constexpr RecurrentConfig CFG = recurrent_config();
+    constexpr int THREADS = CFG.threads, CT = CFG.tokens, LPC = CFG.lanes_per_column;
+    constexpr int CPT = CFG.columns_per_thread;
+    constexpr int COLS = CFG.columns();   // dv columns per CTA
     static_assert(LPC == 2 || LPC == 4 || LPC == 8, "lanes per column");
-    static_assert(DK % (4 * LPC) == 0 && DV % GDN_COLS == 0, "dk must be a multiple of 4*LPC, dv of the CTA's columns");
+    static_assert(DK % (4 * LPC) == 0 && DV % COLS == 0, "dk must be a multiple of 4*LPC, dv of the CTA's columns");
     constexpr int NC = DK / (4 * LPC);          // float4 groups per lane
     constexpr int R = NC * 4;                   // state rows per lane
-    constexpr int V_PASSES = GDN_CT * GDN_COLS / (4 * GDN_THREADS);
+    constexpr int V_PASSES = CT * COLS / (4 * THREADS);
     constexpr int SEGS = DK / 8;                // 16-byte segments per q/k row
-    constexpr int ROWS_PER_PASS = GDN_THREADS / SEGS;
-    constexpr int QK_PASSES = (2 * GDN_CT) / ROWS_PER_PASS;
-    static_assert((2 * GDN_CT) % ROWS_PER_PASS == 0 && 32 % SEGS == 0, "q/k staging layout");
-    static_assert(GDN_CT * GDN_COLS % (4 * GDN_THREADS) == 0, "v staging: whole 4-wide loads per thread");
-    constexpr int SLICES = DV / GDN_COLS;
+    constexpr int ROWS_PER_PASS = THREADS / SEGS;
+    constexpr int QK_PASSES = (2 * CT) / ROWS_PER_PASS;
+    static_assert((2 * CT) % ROWS_PER_PASS == 0 && 32 % SEGS == 0, "q/k staging layout");
+    static_assert(CT * COLS % (4 * THREADS) == 0, "v staging: whole 4-wide loads per thread");
+    constexpr int SLICES = DV / COLS;
 
-    __shared__ __align__(16) float s_q[GDN_CT][DK];
-    __shared__ __align__(16) float s_k[GDN_CT][DK];
-    __shared__ __align__(16) float s_v[GDN_CT][GDN_COLS];
-    __shared__ float s_alpha[GDN_CT];
-    __shared__ float s_beta[GDN_CT];
-    __shared__ __align__(16) bf16 s_o[GDN_CT][GDN_COLS];
+    __shared__ __align__(16) float s_q[CT][DK];
+    __shared__ __align__(16) float s_k[CT][DK];
+    __shared__ __align__(16) float s_v[CT][COLS];
+    __shared__ float s_alpha[CT];
+    __shared__ float s_beta[CT];
+    __shared__ __align__(16) bf16 s_o[CT][COLS];
 
     const int b = blockIdx.y;
     if (b >= (int)m.batch_size || (int)blockIdx.x >= num_v_heads * SLICES) return;
     const int h = blockIdx.x / SLICES;
-    const int col0 = (blockIdx.x % SLICES) * GDN_COLS;   // first dv column of this CTA
+    const int col0 = (blockIdx.x % SLICES) * COLS;   // first dv column of this CTA
     const int kh = h / (num_v_heads / num_k_heads);
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -99,18 +99,18 @@ __device__ __forceinline__ void gdn_prefill_body(const Q12Meta& m, const unsigne
         }
 #pragma unroll
         for (int p = 0; p < V_PASSES; ++p) {
-            const int idx = tid + p * GDN_THREADS;
-            const int t = c0 + idx / (GDN_COLS / 4);
+            const int idx = tid + p * THREADS;
+            const int t = c0 + idx / (COLS / 4);
             st_v[p] = make_uint2(0u, 0u);
             if (t < len)
-                st_v[p] = *reinterpret_cast<const uint2*>(v + ((long long)(tok0 + t) * num_v_heads + h) * DV + col0 + (idx % (GDN_COLS / 4)) * 4);
+                st_v[p] = *reinterpret_cast<const uint2*>(v + ((long long)(tok0 + t) * num_v_heads + h) * DV + col0 + (idx % (COLS / 4)) * 4);
         }
         st_gb = 0.f;
-        if (tid < 2 * GDN_CT) {
-            const int t = c0 + (tid % GDN_CT);
+        if (tid < 2 * CT) {
+            const int t = c0 + (tid % CT);
             if (t < len) {
                 const long long idx = (long long)(tok0 + t) * num_v_heads + h;
-                st_gb = (tid < GDN_CT) ? g[idx] : beta[idx];
+                st_gb = (tid < CT) ? g[idx] : beta[idx];
             }
         }
     };
@@ -136,14 +136,14 @@ __device__ __forceinline__ void gdn_prefill_body(const Q12Meta& m, const unsigne
         }
 #pragma unroll
         for (int p = 0; p < V_PASSES; ++p) {
-            const int idx = tid + p * GDN_THREADS;
+            const int idx = tid + p * THREADS;
             const __nv_bfloat162* pv = reinterpret_cast<const __nv_bfloat162*>(&st_v[p]);
             const float2 a = __bfloat1622float2(pv[0]);
             const float2 c = __bfloat1622float2(pv[1]);
-            reinterpret_cast<float4*>(&s_v[idx / (GDN_COLS / 4)][(idx % (GDN_COLS / 4)) * 4])[0] = make_float4(a.x, a.y, c.x, c.y);
+            reinterpret_cast<float4*>(&s_v[idx / (COLS / 4)][(idx % (COLS / 4)) * 4])[0] = make_float4(a.x, a.y, c.x, c.y);
         }
-        if (tid < GDN_CT) s_alpha[tid] = expf(st_gb);
-        else if (tid < 2 * GDN_CT) s_beta[tid - GDN_CT] = st_gb;
+        if (tid < CT) s_alpha[tid] = expf(st_gb);
+        else if (tid < 2 * CT) s_beta[tid - CT] = st_gb;
     };
 
     // This lane's slice of column `col` of S: S[r] = state[row(r)][col], row(4c+e) = 16c + 4sub + e.
@@ -159,10 +159,10 @@ __device__ __forceinline__ void gdn_prefill_body(const Q12Meta& m, const unsigne
     store_chunk();
     __syncthreads();
 
-    for (int c0 = 0; c0 < len; c0 += GDN_CT) {
-        const bool more = c0 + GDN_CT < len;
-        if (more) load_chunk(c0 + GDN_CT);      // in flight during the serial loop below
-        const int nt = min(GDN_CT, len - c0);
+    for (int c0 = 0; c0 < len; c0 += CT) {
+        const bool more = c0 + CT < len;
+        if (more) load_chunk(c0 + CT);      // in flight during the serial loop below
+        const int nt = min(CT, len - c0);
 
         for (int t = 0; t < nt; ++t) {
             const float a = s_alpha[t];
@@ -223,9 +223,9 @@ __device__ __forceinline__ void gdn_prefill_body(const Q12Meta& m, const unsigne
         __syncthreads();                        // s_o complete; s_q/s_k/s_v/s_alpha/s_beta free
 
 #pragma unroll
-        for (int p = 0; p < V_PASSES; ++p) {    // 8-byte stores (GDN_CT x GDN_COLS bf16)
-            const int idx = tid + p * GDN_THREADS;
-            const int t = idx / (GDN_COLS / 4), part = idx % (GDN_COLS / 4);
+        for (int p = 0; p < V_PASSES; ++p) {    // 8-byte stores (CT x COLS bf16)
+            const int idx = tid + p * THREADS;
+            const int t = idx / (COLS / 4), part = idx % (COLS / 4);
             if (t < nt)
                 *reinterpret_cast<uint2*>(o + ((long long)(tok0 + c0 + t) * num_v_heads + h) * DV + col0 + part * 4) =
                     *reinterpret_cast<const uint2*>(&s_o[t][part * 4]);
@@ -242,10 +242,6 @@ __device__ __forceinline__ void gdn_prefill_body(const Q12Meta& m, const unsigne
             for (int j = 0; j < CPT; ++j) state[(4 * LPC * c + 4 * sub + e) * DV + col + j] = S[j][4 * c + e];
 }
 
-extern "C" __global__ void q12_gdn_prefill_d128(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads) {
-    gdn_prefill_body<128, 128, GDN_LPC, GDN_CPT>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
-}
-
-extern "C" __global__ void q12_gdn_prefill_d64(Q12Meta m, const unsigned long long* __restrict__ h_state_ptrs, const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, bf16* __restrict__ o, int num_k_heads, int num_v_heads) {
-    gdn_prefill_body<64, 64, GDN_LPC, GDN_CPT>(m, h_state_ptrs, q, k, v, g, beta, o, num_k_heads, num_v_heads);
-}
+// dk = dv = 128 and 64.
+extern "C" __global__ void q12_gdn_recurrent_d128(GDN_PARAMS) { recurrent_body<128, 128>(GDN_ARGS); }
+extern "C" __global__ void q12_gdn_recurrent_d64(GDN_PARAMS) { recurrent_body<64, 64>(GDN_ARGS); }

@@ -10,11 +10,13 @@ import math
 
 import numpy as np
 
+from ..core.device import Device
 from ..core.ints import checked_int
 from ..core.ptr import DevicePtr
+from ..core.staging import BatchedAttnMetadata
 from ..core.staging.validate import STATE_ALIGN
 
-__all__ = ["I32_MAX", "ALIGN", "device_ptr", "count", "head_group", "positive_float"]
+__all__ = ["I32_MAX", "ALIGN", "check_launch", "device_ptr", "count", "head_group", "positive_float"]
 
 I32_MAX = (1 << 31) - 1
 _U64_MAX = (1 << 64) - 1
@@ -28,6 +30,20 @@ ALIGN = {
     "kv_write": {"k": 2, "v": 2, "k_pool": 2, "v_pool": 2},
     "rope": {"q": 2, "k": 2},
 }
+
+
+def check_launch(device, meta) -> None:
+    """Raise unless ``device`` is a q12drv :class:`~q12drv.core.device.Device` and ``meta`` current staged
+    metadata (TypeError; :class:`~q12drv.core.errors.Q12Error` when its arena was reset since or is closed)."""
+    if type(device) is Device and type(meta) is BatchedAttnMetadata:  # the common case: current metadata
+        arena = meta.arena
+        if arena is None or (not arena.closed and arena.generation == meta.generation):
+            return
+    if not isinstance(device, Device):
+        raise TypeError(f"device must be a q12drv Device, got {type(device).__name__}")
+    if not isinstance(meta, BatchedAttnMetadata):
+        raise TypeError(f"meta must be a BatchedAttnMetadata (from the stager), got {type(meta).__name__}")
+    meta.require_current()  # staged before the arena's last reset, or in a closed arena: Q12Error
 
 
 def device_ptr(name: str, value, align: int = 1) -> int:

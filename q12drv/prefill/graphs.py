@@ -30,6 +30,7 @@ from ..core.errors import CapacityError, Q12Error
 from ..kernels import ops
 from ..kernels.expand import MAX_STREAMS as _EXPAND_MAX_STREAMS, enqueue_expand
 from ..core.layout import stacked_layout
+from ..kernels.gdn import GdnConfig, GdnPlan, GdnTensors, gdn, plan_gdn
 from .q12pass import AttentionShape, GdnShape
 from ..core.staging import BatchedAttnMetadata, StreamStageInfo, validate_streams, metadata_at, pack_padded
 
@@ -268,16 +269,19 @@ class PassGraph:
         ops.attention(dev, m, q, k_pool, v_pool, o, num_q_heads=shape.num_q_heads, num_kv_heads=shape.num_kv_heads,
                       head_dim=shape.head_dim, scale=shape.scale, algo=algo, stream=st)
 
-    def gdn_layer(self, layer: int, q: int, k: int, v: int, g: int, beta: int, o: int, shape: GdnShape, *,
-                  algo: str = "chunked", workspace: int | None = None, workspace_bytes: int | None = None) -> None:
+    def gdn_plan(self, shape: GdnShape, config: GdnConfig = GdnConfig()) -> GdnPlan:
+        """The plan of ``config`` for the graph's maxima (``max_streams`` streams of ``max_chunk`` tokens) on its
+        device: what :meth:`gdn_layer` launches, and ``workspace_bytes`` the workspace it needs."""
+        return plan_gdn(config, shape, self.max_streams, self.max_chunk, self.device)
+
+    def gdn_layer(self, layer: int, tensors: GdnTensors, shape: GdnShape, *, config: GdnConfig | GdnPlan = GdnConfig(),
+                  workspace: int | None = None, workspace_bytes: int | None = None) -> None:
         """Upload SSM layer ``layer``'s state table into the slot, then Gated DeltaNet over the padded pass
-        (``algo``, ``workspace`` and ``workspace_bytes`` as for :func:`q12drv.kernels.ops.gdn`; the split
-        pair's workspace is sized for the graph's maxima, ``max_streams`` streams of ``max_chunk`` tokens)."""
-        ops.check_gdn_algo(algo, self.device.arch)
-        slot = self.h_state_upload(layer)
-        ops.gdn(self.device, self.meta, slot, q, k, v, g, beta, o, num_k_heads=shape.num_k_heads,
-                num_v_heads=shape.num_v_heads, head_dim=shape.head_dim, algo=algo, workspace=workspace,
-                workspace_bytes=workspace_bytes, stream=self.stream)
+        (``config``, ``workspace`` and ``workspace_bytes`` as for :func:`q12drv.kernels.gdn.gdn`; the plan is made
+        for the graph's maxima, :meth:`gdn_plan`, so is the workspace)."""
+        plan = self.gdn_plan(shape, config) if isinstance(config, GdnConfig) else config
+        gdn(self.device, self.meta, self.h_state_upload(layer), tensors, shape, plan, workspace=workspace,
+            workspace_bytes=workspace_bytes, stream=self.stream)
 
     def _enqueue_metadata(self) -> None:
         dst = int(self.region.ptr) + self._upload_from

@@ -5,7 +5,8 @@ whether the batch runs batched, lays out the arena from the plan, stages the met
 then runs any number of layers:
 
 * :meth:`Q12Pass.attention_layer`: RoPE/MRoPE on Q and K, KV-cache write, paged attention;
-* :meth:`Q12Pass.gdn_layer`: upload this layer's ``h_state_ptrs``, then Gated DeltaNet.
+* :meth:`Q12Pass.gdn_layer`: upload this layer's ``h_state_ptrs``, then Gated DeltaNet (one plan for the pass,
+  :meth:`Q12Pass.gdn_plan`).
 
 Batched, each kernel is one launch for all streams. Per stream (a refused batch, or
 ``mode="per_stream"``), each stream's own n = 1 metadata sits in its per-stream block and the
@@ -28,8 +29,10 @@ from ..core.errors import CapacityError, Q12Error
 from ..kernels import ops
 from ..kernels.expand import ExpandPlan, stage_on_device
 from ..kernels import attention as _attn
-from ..kernels import gdn as _gdn
 from ..kernels import rope as _rope
+from ..kernels.gdn import GdnConfig, GdnPlan, GdnShape, GdnTensors, enqueue_gdn
+from ..kernels.gdn.launch import check_workspace, resolve_plan
+from ..kernels.gdn.plan import check_shape
 from ..kernels.args import ALIGN, I32_MAX, count, device_ptr, head_group, positive_float
 from ..core.layout import make_scratch_plan
 from ..core.ptr import DevicePtr
@@ -44,7 +47,7 @@ from ..core.staging import (
     stage_stream_metadata,
 )
 
-__all__ = ["AttentionShape", "GdnShape", "Q12Pass", "MODES", "EXPANDS"]
+__all__ = ["AttentionShape", "GdnShape", "GdnConfig", "GdnTensors", "Q12Pass", "MODES", "EXPANDS"]
 
 MODES = ("auto", "batched", "per_stream")
 #: Where a batched pass writes its per-token metadata (positions, slots): see ``Q12Pass(expand=...)``.
@@ -73,15 +76,6 @@ class AttentionShape:
     mrope_section: tuple = (0, 0, 0)
     scale: float | None = None
     rope_scaling: _rope.RopeScaling | None = None
-
-
-@dataclass(frozen=True)
-class GdnShape:
-    """Shape of a Gated DeltaNet layer: key heads, value heads, head dim (dk = dv)."""
-
-    num_k_heads: int
-    num_v_heads: int
-    head_dim: int
 
 
 #: (id(plan), arena base) -> (plan, the regions its MoE area and per-stream blocks got there).
@@ -277,6 +271,8 @@ class Q12Pass:
         self.meta: BatchedAttnMetadata | None = None
         self.stream_meta: list = []
         self._checked: dict = {}  # id(shape) -> (shape, {num_blocks}) already validated for this pass
+        self._gdn_plans: dict = {}  # (GdnShape, GdnConfig) -> this pass's plan
+        self._longest = max(counts)  # tokens of the longest stream: a GDN plan's extent, batched or per stream
         plan = self.admission.plan
         if not self.batched:
             if plan is None or plan.first_unfit_stream() is not None or plan.total_bytes > arena.capacity:
@@ -389,26 +385,26 @@ class Q12Pass:
                                  f"keys 0..{s.proc_start + s.proc_count - 1}; every block below kv_len must exist")
         self._checked.setdefault(id(shape), (shape, set()))[1].add(nb)
 
-    def _check_gdn(self, state_ptrs, q, k, v, g, beta, o, shape) -> None:
+    def _check_gdn(self, state_ptrs, tensors, shape) -> tuple:
+        """The layer's checked pointers ``(q, k, v, g, beta, o)``; the shape and this pass's state pointers checked."""
         self._require_current()
-        if not isinstance(shape, GdnShape):
-            raise TypeError(f"shape must be a GdnShape, got {type(shape).__name__}")
+        if not isinstance(tensors, GdnTensors):
+            raise TypeError(f"tensors must be a GdnTensors, got {type(tensors).__name__}")
         if _SHAPES_OK.get((id(shape), None)) is not shape:
-            head_group("shape.num_v_heads", shape.num_v_heads, "shape.num_k_heads", shape.num_k_heads)
-            _gdn.entry_name(count("shape.head_dim", shape.head_dim))
+            check_shape(shape)
             _remember_shape(shape, None)
-        if not _plain_aligned((q, k, v, g, beta, o), _GDN_MASKS):  # else: the named checks
-            for name, p in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("o", o)):
-                device_ptr(name, p, ALIGN["gdn"][name])
+        ptrs = (tensors.q, tensors.k, tensors.v, tensors.g, tensors.beta, tensors.o)
+        ptrs = tuple(map(int, ptrs)) if _plain_aligned(ptrs, _GDN_MASKS) else tensors.checked()
         n = len(self.streams)
         if plain_pointers(state_ptrs, _STATE_ALIGN) and len(state_ptrs) == n:  # the common case, in bulk
-            return
+            return ptrs
         if isinstance(state_ptrs, (str, bytes)) or not isinstance(state_ptrs, (Sequence, np.ndarray)):
             raise TypeError(f"state_ptrs must be a sequence of {n} device pointers, got {type(state_ptrs).__name__}")
         if len(state_ptrs) != n:
             raise ValueError(f"state_ptrs needs exactly {n} pointers (one per stream), got {len(state_ptrs)}")
         for b, p in enumerate(state_ptrs):
             device_ptr(f"state_ptrs[{b}]", p, _STATE_ALIGN)
+        return ptrs
 
     def _reserve_prefix(self, plan) -> None:
         # The MoE area and the per-stream blocks, as the plan lays them out. A plan (memoised per
@@ -471,50 +467,55 @@ class Q12Pass:
         else:
             self._per_stream(lambda meta, b, row: run(meta, row * hq * d * _BF16, row * hkv * d * _BF16))
 
-    def gdn_layer(self, state_ptrs: Sequence[int], q: int, k: int, v: int, g: int, beta: int, o: int,
-                  shape: GdnShape, *, algo: str = "chunked", workspace: int | None = None,
-                  workspace_bytes: int | None = None, form: str = "auto") -> None:
+    def gdn_plan(self, shape: GdnShape, config: GdnConfig = GdnConfig()) -> GdnPlan:
+        """The plan of ``config`` for this pass: made once from the whole batch (its streams, its longest stream's
+        tokens) on this pass's device, and run as is whether the pass runs batched or stream by stream, so both give
+        the same bits (:func:`~q12drv.kernels.gdn.plan_gdn`)."""
+        key = (shape, config)
+        plan = self._gdn_plans.get(key)
+        if plan is None:
+            plan = self._gdn_plans[key] = resolve_plan(config, shape, len(self.streams), self._longest, self.device)
+        return plan
+
+    def gdn_workspace_bytes(self, shape: GdnShape, config: GdnConfig | GdnPlan = GdnConfig()) -> int:
+        """Workspace ``gdn_layer(..., config=config)`` needs for this pass and ``shape`` (0: none): the plan's for
+        the launches this pass makes (per stream: one stream of the longest)."""
+        plan = config if isinstance(config, GdnPlan) else self.gdn_plan(shape, config)
+        return plan.workspace_bytes_for(*self._gdn_extent)
+
+    def gdn_layer(self, state_ptrs: Sequence[int], tensors: GdnTensors, shape: GdnShape, *,
+                  config: GdnConfig | GdnPlan = GdnConfig(), workspace: int | None = None,
+                  workspace_bytes: int | None = None) -> None:
         """Upload this layer's per-stream state pointers into the JIT slot, then run Gated DeltaNet.
 
-        ``q``, ``k``: ``[T, Hk, D]`` bf16; ``v``, ``o``: ``[T, Hv, D]`` bf16; ``g``, ``beta``: ``[T, Hv]``
-        fp32; ``state_ptrs[b]``: stream b's fp32 ``[Hv, D, D]`` state, updated in place. ``algo``:
-        ``"chunked"`` (tensor cores, the default), ``"split"`` (the same bits in two launches, faster
-        on every pass measured, 2x for one long stream), ``"wgmma"`` (Hopper: the split pair's precompute,
-        then warpgroup MMA; faster still) or ``"recurrent"`` (token by token in fp32), see
-        :func:`q12drv.kernels.ops.gdn`. ``"split"`` and ``"wgmma"`` need ``workspace`` and
-        ``workspace_bytes`` >= :meth:`gdn_workspace_bytes` for that algorithm. ``form`` (``"wgmma"`` only):
-        ``"auto"``, ``"pair"``, ``"flow"`` or ``"wide"``, as :func:`~q12drv.kernels.ops.gdn` takes it (per stream,
-        each stream's launch decides ``"auto"`` for itself).
+        ``tensors``: q, k ``[T, Hk, D]`` bf16; v, o ``[T, Hv, D]`` bf16; g, beta ``[T, Hv]`` fp32
+        (:class:`~q12drv.kernels.gdn.GdnTensors`); ``state_ptrs[b]``: stream b's fp32 ``[Hv, D, D]`` state, updated
+        in place. ``config`` (:class:`~q12drv.kernels.gdn.GdnConfig`, default the fastest path on this device, or a
+        :class:`~q12drv.kernels.gdn.GdnPlan` made for at least this pass) is planned once for the pass
+        (:meth:`gdn_plan`) and the same kernels run batched or per stream. The two-pass and overlapped schedules
+        need ``workspace`` and ``workspace_bytes`` >= :meth:`gdn_workspace_bytes`; ``GdnConfig(schedule="fused")``
+        runs without one.
 
         Raises
         ------
         TypeError, ValueError
-            A bad pointer, shape, state pointer list or workspace: raised before the slot is
-            rewritten or anything is enqueued.
+            A bad pointer, shape, config, state pointer list or workspace: raised before the slot is rewritten or
+            anything is enqueued.
         """
-        ops.check_gdn_algo(algo, self.device.arch)
-        ops.check_gdn_form(algo, form, shape.head_dim if isinstance(shape, GdnShape) else None)
-        self._check_gdn(state_ptrs, q, k, v, g, beta, o, shape)  # the shape's type and the state pointers included
-        hk, hv, d = shape.num_k_heads, shape.num_v_heads, shape.head_dim
-        ws = ops.gdn_workspace(algo, *self._gdn_extent, hk, hv, d, workspace, workspace_bytes)
+        q, k, v, g, beta, o = self._check_gdn(state_ptrs, tensors, shape)  # the state pointers included
+        plan = self.gdn_plan(shape, config) if isinstance(config, GdnConfig) else \
+            resolve_plan(config, shape, len(self.streams), self._longest, self.device)
+        ws = check_workspace(plan, plan.workspace_bytes_for(*self._gdn_extent), workspace, workspace_bytes)
         self.h_slot._write(state_ptrs, self.stream)
         dev, st = self.device, self.stream
-        q, k, v, g, beta, o = int(q), int(k), int(v), int(g), int(beta), int(o)
+        hk, hv, d = plan.shape.num_k_heads, plan.shape.num_v_heads, plan.shape.head_dim
 
         def run(meta, slot_ptr, row):
-            ops.enqueue_gdn(dev, meta, algo, slot_ptr, q + row * hk * d * _BF16, k + row * hk * d * _BF16,
-                            v + row * hv * d * _BF16, g + row * hv * _F32, beta + row * hv * _F32,
-                            o + row * hv * d * _BF16, hk, hv, d, ws, st, form=form)
+            enqueue_gdn(dev, meta, plan, slot_ptr, q + row * hk * d * _BF16, k + row * hk * d * _BF16,
+                        v + row * hv * d * _BF16, g + row * hv * _F32, beta + row * hv * _F32,
+                        o + row * hv * d * _BF16, ws, st)
 
         if self.batched:
             run(self.meta, int(self.h_slot.ptr), 0)
         else:
             self._per_stream(lambda meta, b, row: run(meta, int(self.h_slot.entry(b)), row))
-
-    def gdn_workspace_bytes(self, shape: GdnShape, algo: str = "split") -> int:
-        """Workspace ``gdn_layer(..., algo=algo)`` needs for this pass and ``shape`` (``"split"`` or
-        ``"wgmma"``; 0 for the algorithms that need none)."""
-        if not isinstance(shape, GdnShape):
-            raise TypeError(f"shape must be a GdnShape, got {type(shape).__name__}")
-        ops.check_gdn_algo(algo)
-        return ops.gdn_workspace_bytes(algo, *self._gdn_extent, shape.num_k_heads, shape.num_v_heads, shape.head_dim)

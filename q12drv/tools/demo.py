@@ -191,6 +191,7 @@ def layer_inputs(rng: np.random.Generator, total: int, n: int, num_blocks: int, 
 
 def demo_layers(dev: Device, cfg: DemoConfig, streams, tuples, *, out: Callable[[str], None] = print) -> bool:
     """Run one attention and one GDN layer batched and per stream; compare bit for bit; time both."""
+    from ..kernels.gdn import GdnConfig, GdnTensors, plan_gdn
     from ..prefill.q12pass import AttentionShape, GdnShape, Q12Pass
 
     n = len(streams)
@@ -201,12 +202,15 @@ def demo_layers(dev: Device, cfg: DemoConfig, streams, tuples, *, out: Callable[
     gshape = GdnShape(cfg.gdn_k_heads, cfg.gdn_v_heads, cfg.gdn_head_dim)
     host = layer_inputs(np.random.default_rng(cfg.seed + 1), total, n, num_blocks, cfg.block_size, attn, gshape)
     plan = make_scratch_plan([s.proc_count for s in streams], cfg.top_k, cfg.use_mrope, "exact")
+    # the GDN layer's plan, the same in both modes: the device's fastest path for the whole batch
+    gplan = plan_gdn(GdnConfig(), gshape, n, max(s.proc_count for s in streams), dev)
     results, times = {}, {}
 
     def run(mode: str, timed: bool) -> None:
         bufs = {name: dev.alloc(a.nbytes, f"demo {name} ({mode})") for name, a in host.items()}
         for name, a in host.items():
             dev.upload(bufs[name].ptr, a)
+        bufs["workspace"] = dev.alloc(max(16, gplan.workspace_bytes), f"demo GDN workspace ({mode})")
         p = {name: int(b.ptr) for name, b in bufs.items()}
         states = [p["states"] + b * host["states"][0].nbytes for b in range(n)]
         start, end = dev.event(timing=True), dev.event(timing=True)
@@ -214,7 +218,8 @@ def demo_layers(dev: Device, cfg: DemoConfig, streams, tuples, *, out: Callable[
         q12 = Q12Pass(arena, streams, block_size=cfg.block_size, use_mrope=cfg.use_mrope, dummy_kv_block=0,
                       top_k=cfg.top_k, head_dim=cfg.head_dim, chunks=tuples, policy="exact", mode=mode)
         q12.attention_layer(p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], attn, num_blocks=num_blocks)
-        q12.gdn_layer(states, p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"], gshape)
+        q12.gdn_layer(states, GdnTensors(p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"]), gshape, config=gplan,
+                      workspace=p["workspace"], workspace_bytes=bufs["workspace"].nbytes)
         end.record()
         end.synchronize()
         if timed:

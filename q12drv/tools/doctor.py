@@ -11,8 +11,7 @@ from ..core.driver import open_driver
 from ..core.errors import NvrtcError, Q12Error
 from ..kernels import attention as _attn
 from ..kernels import attention_wgmma as _attnw
-from ..kernels import gdn_chunk as _gdnc
-from ..kernels import gdn_wgmma as _gdnw
+from ..kernels import gdn as _gdn
 from ..kernels.ops import SOURCES
 from ..kernels.registry import compile_defines
 from ..core.nvrtc import compile_source, cuda_header_dir, cuda_src_dir, nvrtc_version
@@ -60,10 +59,8 @@ def dynamic_smem(entry: str) -> int:
         return _attn.smem_bytes(int(entry.rsplit("_d", 1)[1]))
     if entry in _attnw.ENTRIES:
         return _attnw.smem_bytes(int(entry.rsplit("_d", 1)[1]))
-    if entry in _gdnc.ENTRIES:
-        return _gdnc.entry_smem_bytes(entry)
-    if entry in _gdnw.ENTRIES:
-        return _gdnw.entry_smem_bytes(entry)
+    if entry.startswith("q12_gdn_"):
+        return _gdn.entry_smem(entry)
     return 0
 
 

@@ -1,4 +1,5 @@
-"""GPU tests of the Gated DeltaNet prefill kernels (H200): launched through cuda.bindings directly.
+"""GPU tests of the Gated DeltaNet kernels (H200): each plan's launches (q12drv.kernels.gdn.plan_gdn) made through
+cuda.bindings directly, so that the records and flags in the workspace can be read back.
 
 torch is used only to allocate device memory and copy bytes through raw pointers. Every run draws
 fresh random inputs; outputs are poisoned (0xFFFF bf16 NaN) before a launch and every written
@@ -10,13 +11,17 @@ Run ``python tests/gpu/test_gdn_gpu.py`` for a rough timing print (not a test).
 from __future__ import annotations
 
 import ctypes
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from q12drv.core.bf16 import from_bf16_bits, to_bf16_bits
-from q12drv.kernels import gdn
-from q12drv.kernels.meta import Q12MetaC, meta_defines
+from q12drv.kernels.gdn import GdnConfig, GdnShape, chunked_mma, chunked_wgmma, plan_gdn
+from q12drv.kernels.gdn import recurrent as gdn
+from q12drv.kernels.gdn.reference import reference
+from q12drv.kernels.meta import Q12MetaC
+from q12drv.kernels.registry import compile_defines
 from tests.helpers import rel_err, shuffled_tables
 
 pytestmark = pytest.mark.gpu
@@ -83,7 +88,7 @@ def kernels():
     dev = _check(cu.cuDeviceGet(torch.cuda.current_device()))
     ctx = _check(cu.cuDevicePrimaryCtxRetain(dev))
     _check(cu.cuCtxSetCurrent(ctx))
-    img = compile_source(gdn.SOURCE, defines=meta_defines())
+    img = compile_source(gdn.SOURCE, defines=compile_defines(gdn.SOURCE))
     mod = _check(cu.cuModuleLoadData(img.image))
     funcs = {name: _check(cu.cuModuleGetFunction(mod, name.encode())) for name in gdn.ENTRIES}
     yield torch, funcs
@@ -147,7 +152,7 @@ def build_meta(torch, lens, rng):
 
 def launch(funcs, name, grid, block, smem, values, dependent=False):
     """Launch ``name`` on the legacy stream; ``dependent``: with programmatic stream serialization (PDL),
-    through q12drv's own driver call (``CudaDriver.launch_dependent``, what ``ops.gdn`` uses)."""
+    through q12drv's own driver call (``CudaDriver.launch_dependent``, what ``q12drv.kernels.gdn.gdn`` uses)."""
     from cuda.bindings import driver as cu
 
     arr = (ctypes.c_void_p * len(values))(*[ctypes.addressof(x) for x in values])
@@ -172,9 +177,9 @@ def run_gpu(torch, funcs, inputs, hk, hv, d, rng):
     grid, block, smem = gdn.geometry(n, hv, d)
     values = [meta, ctypes.c_uint64(ptrs.ptr)]
     values += [ctypes.c_uint64(b.ptr) for b in bufs] + [ctypes.c_uint64(o.ptr)]
-    values += [ctypes.c_int(hk), ctypes.c_int(hv)]
+    values += [ctypes.c_int(hk), ctypes.c_int(hv), ctypes.c_uint64(0)]   # no workspace
     torch.cuda.synchronize()
-    launch(funcs, gdn.entry_name(d), grid, block, smem, values)
+    launch(funcs, gdn.entry(d), grid, block, smem, values)
     torch.cuda.synchronize()
     out = o.read(np.uint16, (T, hv, d))
     fin = np.stack([s.read(np.float32, (hv, d, d)) for s in states])
@@ -200,7 +205,7 @@ def test_gdn_prefill_matches_reference_and_is_batch_invariant(kernels, d, hk, hv
     assert guards, "a guard byte around a written buffer changed"
     of = from_bf16_bits(o)
     assert np.isfinite(of).all(), "output rows left unwritten (NaN poison) or non-finite"
-    o_ref, fin_ref = gdn.reference(*inputs)
+    o_ref, fin_ref = reference(*inputs)
     cu = inputs[5]
     for b in range(len(lens)):
         s, e = cu[b], cu[b + 1]
@@ -220,28 +225,26 @@ def test_gdn_prefill_matches_reference_and_is_batch_invariant(kernels, d, hk, hv
         assert np.array_equal(fin[b], fin1[0]), f"stream {b}: final state differs batched vs alone"
 
 
-# --------------------------------------------------------------------------- chunked (WY) kernel
+# --------------------------------------------------------------------------- chunked (WY) kernels
 
-from q12drv.kernels import gdn_chunk, gdn_wgmma  # noqa: E402
-
-CHUNK_O_REL, CHUNK_STATE_REL = 1e-2, 1e-3   # numpy model of the kernel: ~3.7e-3 and ~3e-4
+CHUNK_O_REL, CHUNK_STATE_REL = 1e-2, 1e-3   # numpy model of the kernels: ~3.7e-3 and ~3e-4
 
 
-def load_chunk_module(defines=(), source=gdn_chunk.SOURCE):
-    """Compile gdn/chunked_mma.cu (or gdn/chunked_wgmma.cu; extra ``defines``: their GDN_* variant macros), load it, opt in
-    to its entries' dynamic shared memory; returns (module, {entry: CUfunction})."""
+def load_chunk_module(source=chunked_mma.SOURCE):
+    """Compile gdn/chunked_mma.cu (or gdn/chunked_wgmma.cu), load it, opt in to its entries' dynamic shared memory;
+    returns (module, {entry: CUfunction})."""
     from cuda.bindings import driver as cu
 
     from q12drv.core.nvrtc import compile_source
 
-    mod_info = gdn_chunk if source == gdn_chunk.SOURCE else gdn_wgmma
-    img = compile_source(source, defines=[*meta_defines(), *defines])
+    mod_info = chunked_mma if source == chunked_mma.SOURCE else chunked_wgmma
+    img = compile_source(source, defines=compile_defines(source))
     mod = _check(cu.cuModuleLoadData(img.image))
     funcs = {}
     attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     for name in mod_info.ENTRIES:
         f = _check(cu.cuModuleGetFunction(mod, name.encode()))
-        _check(cu.cuFuncSetAttribute(f, attr, mod_info.entry_smem_bytes(name)))
+        _check(cu.cuFuncSetAttribute(f, attr, mod_info.entry_smem(name)))
         funcs[name] = f
     return mod, funcs
 
@@ -252,21 +255,43 @@ def chunk_kernels(kernels):
 
     torch, rec_funcs = kernels
     mod, funcs = load_chunk_module()
-    wmod, wfuncs = load_chunk_module(source=gdn_wgmma.SOURCE)
+    wmod, wfuncs = load_chunk_module(source=chunked_wgmma.SOURCE)
     yield torch, {**funcs, **wfuncs}, rec_funcs
     _check(cu.cuModuleUnload(mod))
     _check(cu.cuModuleUnload(wmod))
 
 
-def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=0, pair="split", pdl=True, flags_out=None,
-                  records_out=None, v_shift=0):
-    """One chunked launch over all streams of `inputs` (``split`` 1 or 2: a pair, ``pair`` "split" or "wgmma",
-    its sequential kernel with that many stages, "flow", the wgmma pair's flow form (its flags cleared), or "wide",
-    its wide form (d 128), through a guarded workspace instead of the fused kernel): (o bits, final states, guards
-    intact). The wgmma pair's sequential kernel is launched with PDL in every form, as ops launches it (``pdl``
-    False: without, for "wgmma" and "wide"). "flow": ``flags_out``, a list, gets the ready flags and the item
-    counter after the pass (u32); ``records_out``, a list, the flow records ([stream, chunk, value head, bytes]
-    uint8). ``v_shift``: v that many bytes past a 256-byte boundary (8: the 8-byte alignment v needs at least)."""
+#: Each kernel build a plan can take -> (config, the SM count planned for: the rules then take that build; None:
+#: the device's). One SM makes every grid "full" (one stage, the wide CTA); a million none.
+KINDS = {"fused": (GdnConfig(schedule="fused"), None),
+         "mma-2stage": (GdnConfig(schedule="two_pass", isa="mma"), 10 ** 6),
+         "mma-1stage": (GdnConfig(schedule="two_pass", isa="mma"), 1),
+         "wgmma-2stage": (GdnConfig(schedule="two_pass", isa="wgmma"), 10 ** 6),
+         "wgmma-1stage": (GdnConfig(schedule="two_pass", isa="wgmma"), 1),   # d64; at d128 the wide CTA
+         "wide": (GdnConfig(schedule="two_pass", isa="wgmma"), 1),
+         "overlapped": (GdnConfig(schedule="overlapped"), None)}
+
+
+def kind_plan(torch, kind, hk, hv, d, n, chunk_len):
+    """The plan of build ``kind`` (:data:`KINDS`) for ``n`` streams of at most ``chunk_len`` tokens."""
+    config, sms = KINDS[kind]
+    sms = sms or torch.cuda.get_device_properties(0).multi_processor_count
+    plan = plan_gdn(config, GdnShape(hk, hv, d), n, chunk_len, SimpleNamespace(arch="sm_90", sm_count=sms))
+    want = {"mma-2stage": "2stage", "mma-1stage": "1stage", "wgmma-2stage": "2stage", "wide": "wide"}.get(kind)
+    if kind == "wgmma-1stage":
+        want = "wide" if d == 128 else "1stage"
+    assert want is None or plan.sequential == want, (kind, plan.sequential)
+    return plan
+
+
+def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, kind="fused", pdl=True, flags_out=None, records_out=None,
+                  v_shift=0):
+    """One chunked pass over all streams of ``inputs`` by the plan of ``kind`` (:func:`kind_plan`): its launches in
+    order, a guarded workspace of the size it needs (0xFF bytes; the overlapped schedule's flags cleared first, as the
+    launcher clears them), the sequential kernels launched with PDL as the launcher does (``pdl`` False: without).
+    Returns (o bits, final states, guards intact). The overlapped schedule: ``flags_out``, a list, gets the ready
+    flags and the item counter after the pass (u32); ``records_out``, a list, its records ([stream, chunk, value
+    head, bytes] uint8). ``v_shift``: v that many bytes past a 256-byte boundary (8: the alignment v needs)."""
     q, k, v, g, beta, cu, s0 = inputs
     lens = np.diff(cu).tolist()
     n, T = len(lens), int(cu[-1])
@@ -287,43 +312,29 @@ def run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=0, pair="split", p
     values = [meta, ctypes.c_uint64(ptrs.ptr)]
     values += [ctypes.c_uint64(b.ptr + (v_shift if b is vbuf else 0)) for b in bufs] + [ctypes.c_uint64(o.ptr)]
     values += [ctypes.c_int(hk), ctypes.c_int(hv)]
-    torch.cuda.synchronize()
-    if split:
-        mod = gdn_chunk if pair == "split" else gdn_wgmma
-        ws = Guarded(torch, mod.workspace_bytes(n, int(meta.chunk_len), hk, hv, d), fill=0xFF)
+    chunk_len = int(meta.chunk_len)
+    plan = kind_plan(torch, kind, hk, hv, d, n, chunk_len)
+    zero, kernels = plan.launches(n, chunk_len)
+    need = plan.workspace_bytes_for(n, chunk_len)
+    ws = None
+    if need:
+        ws = Guarded(torch, need, fill=0xFF)
         keep.append(ws)
-        values.append(ctypes.c_uint64(ws.ptr))
-        if pair == "split":
-            names = gdn_chunk.split_entries(d, split)
-            geos = gdn_chunk.split_geometry(n, int(meta.chunk_len), hk, hv, d, split)
-        elif pair == "wgmma":
-            names = gdn_wgmma.entries(d, split)
-            geos = gdn_wgmma.geometry(n, int(meta.chunk_len), hk, hv, d, split)
-        elif pair == "wide":
-            names = gdn_wgmma.wide_entries(d)
-            geos = gdn_wgmma.wide_geometry(n, int(meta.chunk_len), hk, hv, d)
-        else:
-            sms = torch.cuda.get_device_properties(0).multi_processor_count
-            off = GUARD + gdn_wgmma.flags_offset(n, int(meta.chunk_len), hk, hv, d)
-            ws.buf[off: off + gdn_wgmma.flags_bytes(n, int(meta.chunk_len), hk)] = 0
-            for entry, grid, block, smem, dep in gdn_wgmma.flow_launches(n, int(meta.chunk_len), hk, hv, d, sms):
-                launch(funcs, entry, grid, block, smem, values, dependent=dep)
-            names, geos = (), ()
-            if flags_out is not None:
-                torch.cuda.synchronize()
-                count = gdn_wgmma.flag_count(n, int(meta.chunk_len), hk)
-                flags_out.append(ws.buf[off: off + 4 * count + 4].cpu().numpy().view(np.uint32).copy())
-            if records_out is not None:
-                torch.cuda.synchronize()
-                nch = -(-int(meta.chunk_len) // gdn_chunk.CHUNK)
-                rec = ws.buf[GUARD: off].cpu().numpy()
-                records_out.append(rec.reshape(n, nch, hv, gdn_wgmma.flow_record_bytes(d)).copy())
-        for i, (entry, (grid, block, smem)) in enumerate(zip(names, geos)):
-            launch(funcs, entry, grid, block, smem, values, dependent=i == 1 and (pair != "split" and pdl))
-    else:
-        grid, block, smem = gdn_chunk.geometry(n, hv, d)
-        launch(funcs, gdn_chunk.entry_name(d), grid, block, smem, values)
+        if zero is not None:
+            ws.buf[GUARD + zero[0]: GUARD + zero[0] + zero[1]] = 0
+    values.append(ctypes.c_uint64(0 if ws is None else ws.ptr))
     torch.cuda.synchronize()
+    for kern in kernels:
+        launch(funcs, kern.entry, kern.grid, kern.block, kern.smem, values, dependent=kern.dependent and pdl)
+    torch.cuda.synchronize()
+    if plan.schedule == "overlapped" and flags_out is not None:
+        count = chunked_wgmma.flag_count(n, chunk_len, hk)
+        at = GUARD + zero[0]
+        flags_out.append(ws.buf[at: at + 4 * count + 4].cpu().numpy().view(np.uint32).copy())
+    if plan.schedule == "overlapped" and records_out is not None:
+        rec = ws.buf[GUARD: GUARD + zero[0]].cpu().numpy()
+        records_out.append(rec.reshape(n, chunked_mma.chunks(chunk_len), hv,
+                                       chunked_wgmma.overlap_record_bytes(d)).copy())
     out = o.read(np.uint16, (max(T, 1), hv, d))[:T]
     fin = np.stack([s.read(np.float32, (hv, d, d)) for s in states])
     guards = all(b.guards_ok() for b in [o, ptrs, *states, *bufs, *keep])
@@ -335,7 +346,7 @@ def check_chunked_result(o, fin, inputs):
     and finite, o and the final state within the chunked bounds, a stream of length 0 left untouched."""
     of = from_bf16_bits(o)
     assert np.isfinite(of).all(), "output rows left unwritten (NaN poison) or non-finite"
-    o_ref, fin_ref = gdn.reference(*inputs)
+    o_ref, fin_ref = reference(*inputs)
     cu, s0 = inputs[5], inputs[6]
     for b in range(len(cu) - 1):
         s, e = cu[b], cu[b + 1]
@@ -381,9 +392,10 @@ def test_gdn_chunk_matches_reference_and_is_batch_invariant(chunk_kernels, d, hk
 
 
 @pytest.mark.parametrize("d,hk,hv,lens", CHUNK_CASES, ids=[f"d{c[0]}-hk{c[1]}-hv{c[2]}-n{len(c[3])}" for c in CHUNK_CASES])
-def test_gdn_split_pair_equals_the_fused_kernel(chunk_kernels, d, hk, hv, lens):
-    """algo="split": the precompute + sequential pair gives the fused kernel's bits (o and every final
-    state), batched and for one stream alone, and writes nothing outside its workspace and outputs."""
+def test_gdn_mma_two_pass_equals_the_fused_kernel(chunk_kernels, d, hk, hv, lens):
+    """The mma two-pass schedule (precompute, then the sequential kernel), both sequential builds: the fused
+    kernel's bits (o and every final state), batched and for one stream alone, nothing written outside its
+    workspace and outputs."""
     torch, funcs, _ = chunk_kernels
     rng = np.random.default_rng()
     inputs = make_inputs(rng, lens, hk, hv, d)
@@ -392,107 +404,107 @@ def test_gdn_split_pair_equals_the_fused_kernel(chunk_kernels, d, hk, hv, lens):
     b = int(np.argmax(np.diff(cu)))  # the longest stream alone
     s, e = cu[b], cu[b + 1]
     one = (q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], np.array([0, e - s], np.int32), s0[b : b + 1])
-    for stages in gdn_chunk.SEQ_STAGES:
-        o_s, fin_s, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=stages)
-        assert guards, f"stages {stages}: a guard byte around a written buffer (the workspace included) changed"
-        assert np.array_equal(o_s, o_f), f"stages {stages}: split pair output differs from the fused kernel's"
-        assert np.array_equal(fin_s, fin_f), f"stages {stages}: split pair final states differ from the fused kernel's"
-        o1, fin1, guards1 = run_chunk_gpu(torch, funcs, one, hk, hv, d, rng, split=stages)
+    for kind in ("mma-2stage", "mma-1stage"):
+        o_s, fin_s, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, kind)
+        assert guards, f"{kind}: a guard byte around a written buffer (the workspace included) changed"
+        assert np.array_equal(o_s, o_f), f"{kind}: output differs from the fused kernel's"
+        assert np.array_equal(fin_s, fin_f), f"{kind}: final states differ from the fused kernel's"
+        o1, fin1, guards1 = run_chunk_gpu(torch, funcs, one, hk, hv, d, rng, kind)
         assert guards1
-        assert np.array_equal(o1, o_f[s:e]) and np.array_equal(fin1[0], fin_f[b]), f"stages {stages}: alone != fused"
+        assert np.array_equal(o1, o_f[s:e]) and np.array_equal(fin1[0], fin_f[b]), f"{kind}: alone != fused"
 
 
-@pytest.mark.parametrize("stages", gdn_wgmma.STAGES)
+@pytest.mark.parametrize("kind", ["wgmma-2stage", "wgmma-1stage"])
 @pytest.mark.parametrize("d,hk,hv,lens", CHUNK_CASES, ids=[f"d{c[0]}-hk{c[1]}-hv{c[2]}-n{len(c[3])}" for c in CHUNK_CASES])
-def test_gdn_wgmma_pair_matches_reference_and_is_batch_invariant(chunk_kernels, d, hk, hv, lens, stages):
-    """algo="wgmma" (the tile precompute + the warpgroup-MMA sequential kernel), both stage builds: the float64
-    reference within the chunked kernels' bounds, every output row written, guards (the workspace's
-    included) intact, a stream of length 0 untouched, each stream alone == batched bit for bit, and the
-    split pair's results to within the two solves' rounding."""
+def test_gdn_wgmma_two_pass_matches_reference_and_is_batch_invariant(chunk_kernels, d, hk, hv, lens, kind):
+    """The wgmma two-pass schedule (the T precompute, then the warpgroup-MMA sequential kernel), both builds (two
+    stages; one stage at d64, the wide CTA at d128): the float64 reference within the chunked kernels' bounds,
+    every output row written, guards (the workspace's included) intact, a stream of length 0 untouched, each stream
+    alone == batched bit for bit, and the mma two-pass schedule's results to within the two solves' rounding."""
     torch, funcs, _ = chunk_kernels
     rng = np.random.default_rng()
     inputs = make_inputs(rng, lens, hk, hv, d)
-    o, fin, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=stages, pair="wgmma")
+    o, fin, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, kind)
     assert guards, "a guard byte around a written buffer (the workspace included) changed"
     check_chunked_result(o, fin, inputs)
-    o_split, fin_split, _ = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=stages)
+    o_split, fin_split, _ = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, "mma-2stage")
     of = from_bf16_bits(o)
     q, k, v, g, beta, cu, s0 = inputs
     for b in range(len(lens)):
         s, e = cu[b], cu[b + 1]
         if e == s:
             continue
-        assert rel_err(fin[b], fin_split[b]) < 5e-4, f"stream {b}: state far from the split pair's"
-        assert rel_err(of[s:e], from_bf16_bits(o_split[s:e])) < 1e-2, f"stream {b}: output far from the split pair's"
+        assert rel_err(fin[b], fin_split[b]) < 5e-4, f"stream {b}: state far from the mma schedule's"
+        assert rel_err(of[s:e], from_bf16_bits(o_split[s:e])) < 1e-2, f"stream {b}: output far from the mma schedule's"
         one = (q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], np.array([0, e - s], np.int32), s0[b : b + 1])
-        o1, fin1, guards1 = run_chunk_gpu(torch, funcs, one, hk, hv, d, rng, split=stages, pair="wgmma")
+        o1, fin1, guards1 = run_chunk_gpu(torch, funcs, one, hk, hv, d, rng, kind)
         assert guards1
         assert np.array_equal(o[s:e], o1), f"stream {b}: output differs batched vs alone"
         assert np.array_equal(fin[b], fin1[0]), f"stream {b}: final state differs batched vs alone"
 
 
-FORM_CASES = [(form, *c) for form in ("flow", "wide") for c in CHUNK_CASES if form == "flow" or c[0] == 128]
+FORM_CASES = [(form, *c) for form in ("overlapped", "wide") for c in CHUNK_CASES if form == "overlapped" or c[0] == 128]
 
 
 @pytest.mark.parametrize("form,d,hk,hv,lens", FORM_CASES,
                          ids=[f"{c[0]}-d{c[1]}-hk{c[2]}-hv{c[3]}-n{len(c[4])}" for c in FORM_CASES])
-def test_gdn_wgmma_forms_against_the_pair(chunk_kernels, form, d, hk, hv, lens):
-    """The pair's other forms, batched and for the longest stream alone, guards intact, twice in a row (the same
-    bits both times): the wide form (one CTA of two warpgroups per value head, the chunk's tiles shared; d 128)
-    gives the two-launch pair's bits (the same sequential arithmetic); the flow form (precompute beside the
+def test_gdn_wgmma_forms_against_the_two_stage_build(chunk_kernels, form, d, hk, hv, lens):
+    """The wgmma schedules' other builds, batched and for the longest stream alone, guards intact, twice in a row
+    (the same bits both times): the wide CTA (two warpgroups per value head, the chunk's tiles shared; d 128) gives
+    the two-stage kernel's bits (the same sequential arithmetic); the overlapped schedule (precompute beside the
     sequential kernel, records released by ready flags, the second launch with PDL, its flags cleared again) takes
-    fla's order V_new = U - W S (GDN_WG_UWS 1): not the pair's bits, so the float64 reference's bounds and the
-    pair's results within the pair-vs-split margins; alone == batched bit for bit either way."""
+    fla's order V_new = U - W S: not the two-pass bits, so the float64 reference's bounds and the two-pass results
+    within the mma-vs-wgmma margins; alone == batched bit for bit either way."""
     torch, funcs, _ = chunk_kernels
     rng = np.random.default_rng()
     inputs = make_inputs(rng, lens, hk, hv, d)
-    o_p, fin_p, _ = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=2, pair="wgmma")
+    o_p, fin_p, _ = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, "wgmma-2stage")
     q, k, v, g, beta, cu, s0 = inputs
     runs = []
     for rep in range(2):
-        o_f, fin_f, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=2, pair=form)
+        o_f, fin_f, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, form)
         assert guards, "a guard byte around a written buffer (the workspace included) changed"
         runs.append((o_f, fin_f))
         if form == "wide":
-            assert np.array_equal(o_f, o_p), f"run {rep}: {form} form output differs from the pair's"
-            assert np.array_equal(fin_f, fin_p), f"run {rep}: {form} form final states differ from the pair's"
+            assert np.array_equal(o_f, o_p), f"run {rep}: the wide CTA's output differs from the two-stage kernel's"
+            assert np.array_equal(fin_f, fin_p), f"run {rep}: the wide CTA's states differ from the two-stage kernel's"
             continue
         check_chunked_result(o_f, fin_f, inputs)
         of, op = from_bf16_bits(o_f), from_bf16_bits(o_p)
         for b in range(len(cu) - 1):
             s, e = cu[b], cu[b + 1]
             if e > s:
-                assert rel_err(fin_f[b], fin_p[b]) < 5e-4, f"stream {b}: flow form's state far from the pair's"
-                assert rel_err(of[s:e], op[s:e]) < 1e-2, f"stream {b}: flow form's output far from the pair's"
+                assert rel_err(fin_f[b], fin_p[b]) < 5e-4, f"stream {b}: overlapped state far from the two-pass one"
+                assert rel_err(of[s:e], op[s:e]) < 1e-2, f"stream {b}: overlapped output far from the two-pass one"
     assert np.array_equal(runs[0][0], runs[1][0]) and np.array_equal(runs[0][1], runs[1][1]), \
-        f"the {form} form's two runs differ"
+        f"the {form} build's two runs differ"
     b = int(np.argmax(np.diff(cu)))
     s, e = cu[b], cu[b + 1]
     one = (q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], np.array([0, e - s], np.int32), s0[b : b + 1])
-    o1, fin1, guards1 = run_chunk_gpu(torch, funcs, one, hk, hv, d, rng, split=2, pair=form)
+    o1, fin1, guards1 = run_chunk_gpu(torch, funcs, one, hk, hv, d, rng, form)
     assert guards1
     assert np.array_equal(o1, runs[0][0][s:e]) and np.array_equal(fin1[0], runs[0][1][b]), \
         f"alone ({form}) != batched ({form})"
 
 
 @pytest.mark.parametrize("d", [128, 64])
-def test_gdn_flow_claims_every_item_once(chunk_kernels, d):
-    """The flow form at 1 x 8192 (Hk 16, Hv 32: where ops takes it; 2176 items on the precompute's groups, about
-    ten claims each: gdn_wgmma.flow_items): twice, the same bits, guards intact, every flag at
-    gdn_wgmma.flow_ready_value, and the item counter at the item count plus one overshooting claim per group
+def test_gdn_overlapped_claims_every_item_once(chunk_kernels, d):
+    """The overlapped schedule at 1 x 8192 (Hk 16, Hv 32: where the rules take it; 2176 items on the precompute's
+    groups, about ten claims each: chunked_wgmma.overlap_items): twice, the same bits, guards intact, every flag at
+    chunked_wgmma.overlap_ready_value, and the item counter at the item count plus one overshooting claim per group
     (each group claims until it gets none)."""
     torch, funcs, _ = chunk_kernels
     rng = np.random.default_rng(5)
     inputs = make_inputs(rng, [8192], 16, 32, d)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    groups = 3 * gdn_wgmma.flow_geometry(1, 8192, 16, 32, d, sms)[0][0][0]
+    groups = chunked_wgmma.OVERLAP_GROUPS * chunked_wgmma.overlapped_geometry(1, 32, d, sms)[0][0][0]
     got = []
     for _ in range(2):
         flags = []
-        o, fin, guards = run_chunk_gpu(torch, funcs, inputs, 16, 32, d, rng, split=2, pair="flow", flags_out=flags)
+        o, fin, guards = run_chunk_gpu(torch, funcs, inputs, 16, 32, d, rng, "overlapped", flags_out=flags)
         assert guards, "a guard byte around a written buffer (the workspace included) changed"
         got.append((o, fin))
-        items, ready = gdn_wgmma.flow_items(1, 8192, 16, 32), gdn_wgmma.flow_ready_value(16, 32)
+        items, ready = chunked_wgmma.overlap_items(1, 8192, 16, 32), chunked_wgmma.overlap_ready_value(16, 32)
         assert flags[0].size == 128 * 16 + 1
         assert (flags[0][:-1] == ready).all(), \
             f"ready flags (expected {ready}) {np.unique(flags[0][:-1], return_counts=True)}"
@@ -501,8 +513,8 @@ def test_gdn_flow_claims_every_item_once(chunk_kernels, d):
 
 
 @pytest.mark.parametrize("case", [0, 3], ids=["d128-hv32", "d64-hv6"])
-def test_gdn_flow_p_records_are_causal(chunk_kernels, case):
-    """Every flow record's P tile (P[t][j] = exp(gamma_t - gamma_j) (rq q_t . rk k_j) for j <= t) is exactly zero above
+def test_gdn_overlapped_p_records_are_causal(chunk_kernels, case):
+    """Every overlapped record's P tile (P[t][j] = exp(gamma_t - gamma_j) (rq q_t . rk k_j) for j <= t) is exactly zero above
     the diagonal, for every value head of every key head: the precompute's items do a key head's value heads one
     after the other in the same shared memory, where the previous head's T tiles once took P's upper blocks (their
     bf16 lo parts, about 1e-4 of P: within the float64 check's tolerance, so only this test sees them)."""
@@ -512,17 +524,17 @@ def test_gdn_flow_p_records_are_causal(chunk_kernels, case):
     assert hv > hk, "the case needs several value heads a key head"
     inputs = make_inputs(rng, lens, hk, hv, d)
     records = []
-    o, fin, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=2, pair="flow", records_out=records)
+    o, fin, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, "overlapped", records_out=records)
     assert guards
     check_chunked_result(o, fin, inputs)
-    p0 = gdn_wgmma.flow_record_offsets(d)["P"]
-    C = gdn_chunk.CHUNK
+    p0 = chunked_wgmma.overlap_record_offsets(d)["P"]
+    C = chunked_mma.CHUNK
     upper = np.triu(np.ones((C, C), bool), 1)
     bad = []
     for b, L in enumerate(lens):
         for ci in range(-(-L // C)):
             for h in range(hv):
-                p = gdn_wgmma.sw128_unswizzle(records[0][b, ci, h, p0: p0 + 2 * C * C], C)
+                p = chunked_wgmma.sw128_unswizzle(records[0][b, ci, h, p0: p0 + 2 * C * C], C)
                 if (p[upper] != 0).any():
                     bad.append((b, ci, h, int((p[upper] != 0).sum())))
     assert not bad, (f"{len(bad)} P records with nonzero entries above the diagonal (stream, chunk, value head, "
@@ -530,45 +542,46 @@ def test_gdn_flow_p_records_are_causal(chunk_kernels, case):
 
 
 @pytest.mark.parametrize("case", [0, 3], ids=["d128-hv32", "d64-hv6"])
-def test_gdn_flow_v_8_byte_aligned_gives_the_same_bits(chunk_kernels, case):
-    """v 8 bytes past a 16-byte boundary (the alignment v needs): the flow precompute copies its rows by 8-byte
-    pieces instead of 16-byte ones (issue_v_sw128), and the pass gives the aligned v's bits, guards intact."""
+def test_gdn_overlapped_v_8_byte_aligned_gives_the_same_bits(chunk_kernels, case):
+    """v 8 bytes past a 16-byte boundary (the alignment v needs): the overlapped sequential kernel copies its V slice
+    by 8-byte pieces instead of 16-byte ones (issue_v_sw128), and the pass gives the aligned v's bits, guards
+    intact."""
     torch, funcs, _ = chunk_kernels
     rng = np.random.default_rng(23)
     d, hk, hv, lens = CHUNK_CASES[case]
     inputs = make_inputs(rng, lens, hk, hv, d)
-    o16, fin16, guards16 = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=2, pair="flow")
-    o8, fin8, guards8 = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=2, pair="flow", v_shift=8)
+    o16, fin16, guards16 = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, "overlapped")
+    o8, fin8, guards8 = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, "overlapped", v_shift=8)
     assert guards16 and guards8
     check_chunked_result(o16, fin16, inputs)
     assert np.array_equal(o8, o16) and np.array_equal(fin8, fin16), "v 8-byte aligned: not the aligned v's bits"
 
 
-@pytest.mark.parametrize("pair,stages", [("wgmma", 1), ("wgmma", 2), ("wide", 2)])
-def test_gdn_wgmma_pdl_launch_equals_the_plain_one(chunk_kernels, pair, stages):
-    """The wgmma pair's sequential kernel launched with PDL (as ops launches it: it loads its inputs and state while
-    the precompute finishes, then waits for it) gives the bits of the same kernel launched after the precompute,
-    twice, guards intact. Each run's workspace starts as 0xFF bytes: a record copied before the precompute stored it
-    would show as different bits (or NaN)."""
+@pytest.mark.parametrize("kind,case", [("wgmma-1stage", 3), ("wgmma-2stage", 0), ("wide", 0)])
+def test_gdn_wgmma_pdl_launch_equals_the_plain_one(chunk_kernels, kind, case):
+    """The wgmma two-pass sequential kernel launched with PDL (as the launcher launches it: it loads its inputs and
+    state while the precompute finishes, then waits for it) gives the bits of the same kernel launched after the
+    precompute, twice, guards intact. Each run's workspace starts as 0xFF bytes: a record copied before the
+    precompute stored it would show as different bits (or NaN)."""
     torch, funcs, _ = chunk_kernels
     rng = np.random.default_rng()
-    d, hk, hv, lens = CHUNK_CASES[0]
+    d, hk, hv, lens = CHUNK_CASES[case]
     inputs = make_inputs(rng, lens, hk, hv, d)
-    o_p, fin_p, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=stages, pair=pair, pdl=False)
+    o_p, fin_p, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, kind, pdl=False)
     assert guards
     for rep in range(2):
-        o, fin, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, split=stages, pair=pair)
+        o, fin, guards = run_chunk_gpu(torch, funcs, inputs, hk, hv, d, rng, kind)
         assert guards, "a guard byte around a written buffer (the workspace included) changed"
         assert np.array_equal(o, o_p) and np.array_equal(fin, fin_p), f"run {rep}: the PDL launch's bits differ"
 
 
 @pytest.mark.parametrize("d", [64, 128])
 def test_gdn_wgmma_takes_streams_longest_first_over_many(chunk_kernels, d):
-    """The wgmma sequential kernels give grid row z the z-th longest stream (gdnw::longest_first). With more
-    streams than a CTA has threads (300 against 128 and 256: the ranking's tiled loop), lengths 0..139 with ties
-    and zeros: every stream computed exactly once (every row written, the float64 reference's bounds, states of
-    length-0 streams untouched, guards), both stage builds; the wide form (d 128) == the two-stage pair's bits;
-    the longest stream and two tied ones alone == batched."""
+    """The wgmma two-pass sequential kernels give grid row z the z-th longest stream (gdnw::longest_first). With
+    more streams than a CTA has threads (300 against 128 and 256: the ranking's tiled loop), lengths 0..139 with
+    ties and zeros: every stream computed exactly once (every row written, the float64 reference's bounds, states of
+    length-0 streams untouched, guards), both builds (two stages; one stage at d64, the wide CTA at d128, the
+    two-stage kernel's bits); the longest stream and two tied ones alone == batched."""
     torch, funcs, _ = chunk_kernels
     rng = np.random.default_rng()
     lens = rng.integers(0, 140, 300)
@@ -576,22 +589,21 @@ def test_gdn_wgmma_takes_streams_longest_first_over_many(chunk_kernels, d):
     lens[[0, 7, 298]] = 0
     inputs = make_inputs(rng, lens.tolist(), 1, 2, d)
     results = {}
-    for st in gdn_wgmma.STAGES:
-        o, fin, guards = run_chunk_gpu(torch, funcs, inputs, 1, 2, d, rng, split=st, pair="wgmma")
-        assert guards, f"stages {st}: a guard byte around a written buffer (the workspace included) changed"
+    for kind in ("wgmma-2stage", "wgmma-1stage"):
+        o, fin, guards = run_chunk_gpu(torch, funcs, inputs, 1, 2, d, rng, kind)
+        assert guards, f"{kind}: a guard byte around a written buffer (the workspace included) changed"
         check_chunked_result(o, fin, inputs)
-        results[st] = o, fin
-    if d == 128:
-        o_w, fin_w, guards = run_chunk_gpu(torch, funcs, inputs, 1, 2, d, rng, split=2, pair="wide")
-        assert guards and np.array_equal(o_w, results[2][0]) and np.array_equal(fin_w, results[2][1]), \
-            "the wide form differs from the two-stage pair over 300 streams"
+        results[kind] = o, fin
+    assert np.array_equal(results["wgmma-1stage"][0], results["wgmma-2stage"][0]) and \
+        np.array_equal(results["wgmma-1stage"][1], results["wgmma-2stage"][1]), "the two builds differ over 300 streams"
     q, k, v, g, beta, cu, s0 = inputs
     for b in (3, 150, 299, int(np.argmin(np.where(lens > 0, lens, 10**9)))):
         s, e = cu[b], cu[b + 1]
         one = (q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], np.array([0, e - s], np.int32), s0[b: b + 1])
-        o1, fin1, guards1 = run_chunk_gpu(torch, funcs, one, 1, 2, d, rng, split=1, pair="wgmma")
+        o1, fin1, guards1 = run_chunk_gpu(torch, funcs, one, 1, 2, d, rng, "wgmma-1stage")
         assert guards1
-        assert np.array_equal(o1, results[1][0][s:e]) and np.array_equal(fin1[0], results[1][1][b]), \
+        assert np.array_equal(o1, results["wgmma-1stage"][0][s:e]) and \
+            np.array_equal(fin1[0], results["wgmma-1stage"][1][b]), \
             f"stream {b} (len {e - s}) alone != batched"
 
 
@@ -607,12 +619,8 @@ def test_gdn_chunk_agrees_with_recurrent(chunk_kernels, d):
     assert rel_err(fin_c, fin_r) < CHUNK_STATE_REL
 
 
-def _bench(lpc=gdn.LANES_PER_COLUMN, cpt=gdn.COLS_PER_THREAD):
-    """Rough timings (CUDA events), printed; Qwen3-Next heads (Hk 16, Hv 32, d 128).
-
-    ``lpc`` / ``cpt`` recompile with other ``GDN_LPC`` (lanes per dv column) and ``GDN_CPT``
-    (dv columns per thread) to compare variants.
-    """
+def _bench():
+    """Rough timings of the recurrent kernel (CUDA events), printed; Qwen3-Next heads (Hk 16, Hv 32, d 128)."""
     import torch
     from cuda.bindings import driver as cu
 
@@ -622,7 +630,7 @@ def _bench(lpc=gdn.LANES_PER_COLUMN, cpt=gdn.COLS_PER_THREAD):
     _check(cu.cuInit(0))
     ctx = _check(cu.cuDevicePrimaryCtxRetain(_check(cu.cuDeviceGet(0))))
     _check(cu.cuCtxSetCurrent(ctx))
-    mod = _check(cu.cuModuleLoadData(compile_source(gdn.SOURCE, defines=[*meta_defines(), f"GDN_LPC={lpc}", f"GDN_CPT={cpt}"]).image))
+    mod = _check(cu.cuModuleLoadData(compile_source(gdn.SOURCE, defines=compile_defines(gdn.SOURCE)).image))
     funcs = {nm: _check(cu.cuModuleGetFunction(mod, nm.encode())) for nm in gdn.ENTRIES}
     hk, hv, d = 16, 32, 128
     import os
@@ -645,22 +653,21 @@ def _bench(lpc=gdn.LANES_PER_COLUMN, cpt=gdn.COLS_PER_THREAD):
         meta = Q12MetaC(cu_seqlens=cu_t.data_ptr(), batch_size=n, chunk_len=L, total_tokens=T)
         vals = [meta, ctypes.c_uint64(ptrs.data_ptr())]
         vals += [ctypes.c_uint64(x.data_ptr()) for x in (q, k, v, g, beta, o)] + [ctypes.c_int(hk), ctypes.c_int(hv)]
-        grid, block, smem = (hv * d // (gdn.THREADS // lpc * cpt), n, 1), (gdn.THREADS, 1, 1), 0
+        vals.append(ctypes.c_uint64(0))   # no workspace
+        grid, block, smem = gdn.geometry(n, hv, d)
         for _ in range(2):
-            launch(funcs, gdn.entry_name(d), grid, block, smem, vals)
+            launch(funcs, gdn.entry(d), grid, block, smem, vals)
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         reps = 5
         e0.record()
         for _ in range(reps):
-            launch(funcs, gdn.entry_name(d), grid, block, smem, vals)
+            launch(funcs, gdn.entry(d), grid, block, smem, vals)
         e1.record()
         torch.cuda.synchronize()
         ms = e0.elapsed_time(e1) / reps
         tflops = 4 * T * hv * d * d / (ms * 1e-3) / 1e12
-        print(f"lpc={lpc} cpt={cpt} n={n:2d} L={L:5d}: {ms:.3f} ms  {T / ms / 1e3:.2f} M tok/s  {tflops:.1f} metric-TFLOPS")
+        print(f"n={n:2d} L={L:5d}: {ms:.3f} ms  {T / ms / 1e3:.2f} M tok/s  {tflops:.1f} metric-TFLOPS")
 
 
 if __name__ == "__main__":
-    import sys
-
-    _bench(*(int(a) for a in sys.argv[1:3]))
+    _bench()

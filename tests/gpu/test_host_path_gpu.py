@@ -9,7 +9,8 @@ import pytest
 
 from q12drv import ScratchArena, StreamStageInfo, open_device, stage_batched_attn_metadata
 from q12drv.prefill.graphs import PassGraph, capture
-from q12drv.kernels import expand, ops
+from q12drv.kernels import expand
+from q12drv.kernels.gdn import GdnConfig, plan_gdn
 from q12drv.kernels.meta import TAIL_STREAMS
 from q12drv.kernels.ops import prepared
 from tests.helpers import make_streams
@@ -98,13 +99,14 @@ def test_pass_graph_replay_equals_eager(gpu, expand_mode):
             gp.close()
 
 
-def test_pass_graph_with_the_wgmma_pair_replays_its_eager_bits(gpu):
-    """A captured pass whose GDN layer is the wgmma pair (its sequential kernel launched with PDL: a programmatic
-    edge in the graph), replayed with new metadata, equals the same pass run eagerly, bit for bit."""
+def test_pass_graph_with_the_wgmma_two_pass_schedule_replays_its_eager_bits(gpu):
+    """A captured pass whose GDN layer is the wgmma two-pass schedule (its sequential kernel launched with PDL: a
+    programmatic edge in the graph), replayed with new metadata, equals the same pass run eagerly, bit for bit."""
     w = World(gpu, np.random.default_rng(12))
-    w.ws_bytes = ops.gdn_workspace_bytes("wgmma", MAX_STREAMS, 48, GDN.num_k_heads, GDN.num_v_heads, GDN.head_dim)
+    config = GdnConfig(schedule="two_pass", isa="wgmma")
+    w.ws_bytes = plan_gdn(config, GDN, MAX_STREAMS, 48, gpu).workspace_bytes
     w.ws = gpu.alloc(w.ws_bytes, "gdn workspace")
-    body = functools.partial(w.body, algo="wgmma")
+    body = functools.partial(w.body, config=config)
     with ScratchArena(gpu, 1 << 20) as arena:
         gp = PassGraph(arena, max_streams=MAX_STREAMS, max_tokens=MAX_TOKENS, max_chunk=48, block_size=BS,
                        use_mrope=False, dummy_kv_block=0, num_ssm_layers=1, state_bytes=w.state_bytes, expand="device")

@@ -1,5 +1,6 @@
 """On the GPU through q12drv's own API: staging read-back, the prefill step against fp32 references,
-batched == per stream bit for bit, perturbation locality, and the JIT-slot misplacement guard."""
+batched == per stream bit for bit (every GDN config with a kernel, long and short streams together), perturbation
+locality, and the JIT-slot misplacement guard."""
 
 import dataclasses
 
@@ -10,7 +11,8 @@ from q12drv import ScratchArena, make_scratch_plan, open_device, place_h_state_s
 from q12drv.core.staging import verify_readback
 from q12drv.tools.demo import layer_inputs
 from q12drv.kernels import attention as attn_ref
-from q12drv.kernels import gdn as gdn_ref
+from q12drv.kernels.gdn import GdnConfig
+from q12drv.kernels.gdn.reference import reference as gdn_reference
 from q12drv.kernels import rope as rope_ref
 from q12drv.prefill import AttentionShape, GdnShape, Q12Pass
 from tests.helpers import LayerBuffers, make_streams, rel_err, rel_err_bf16
@@ -60,7 +62,7 @@ def test_misplaced_jit_slot_is_refused(gpu):
             place_h_state_slot(arena, wrong)
 
 
-def run_pass(dev, arena, streams, host, mode, shape, gshape, num_blocks, mrope, bs, algo="chunked"):
+def run_pass(dev, arena, streams, host, mode, shape, gshape, num_blocks, mrope, bs, config=GdnConfig()):
     L = LayerBuffers(dev, host, guard=512)  # a 0xA5 guard band after each buffer
     L.upload()
     # the scheduler's view: one first chunk per stream, its head already in the prefix cache
@@ -68,15 +70,11 @@ def run_pass(dev, arena, streams, host, mode, shape, gshape, num_blocks, mrope, 
     q12 = Q12Pass(arena, streams, block_size=bs, use_mrope=mrope, dummy_kv_block=0, top_k=8, chunks=chunks,
                   head_dim=shape.head_dim, policy="exact", mode=mode)
     q12.attention_layer(*L.attention_args(), shape, num_blocks=num_blocks)
-    ws = None
-    if algo == "split":
-        nbytes = q12.gdn_workspace_bytes(gshape)
-        ws = dev.alloc(nbytes, "gdn workspace")
-    q12.gdn_layer(*L.gdn_args(len(streams)), gshape, algo=algo,
-                  workspace=None if ws is None else int(ws.ptr), workspace_bytes=None if ws is None else nbytes)
+    nbytes = q12.gdn_workspace_bytes(gshape, config)
+    ws = dev.alloc(max(16, nbytes), "gdn workspace")
+    q12.gdn_layer(*L.gdn_args(len(streams)), gshape, config=config, workspace=int(ws.ptr), workspace_bytes=nbytes)
     dev.synchronize()
-    if ws is not None:
-        ws.free()
+    ws.free()
     return {k: L.get(k) for k in ("o", "k_pool", "v_pool", "go", "states", "q", "k")}, q12
 
 
@@ -102,10 +100,13 @@ def test_prefill_step_against_references_and_batched_equals_per_stream(gpu, d, b
         for k in batched:
             assert np.array_equal(batched[k], per_stream[k]), f"{k}: batched != per stream"
         assert not np.any(batched["o"] == 0xFFFF) and not np.any(batched["go"] == 0xFFFF)
-        for mode in ("batched", "per_stream"):  # the split GDN pair: the fused kernel's bits, both ways
-            split, _ = run_pass(gpu, arena, streams, host, mode, shape, gshape, num_blocks, mrope, bs, algo="split")
-            for k in batched:
-                assert np.array_equal(split[k], batched[k]), f"{k}: algo='split' ({mode}) != chunked"
+        fused = {}
+        for mode in ("batched", "per_stream"):  # the mma two-pass schedule: the fused kernel's bits, both ways
+            for config in (GdnConfig(schedule="fused"), GdnConfig(schedule="two_pass", isa="mma")):
+                got, _ = run_pass(gpu, arena, streams, host, mode, shape, gshape, num_blocks, mrope, bs, config)
+                fused.setdefault("want", got)
+                for k in batched:
+                    assert np.array_equal(got[k], fused["want"][k]), f"{k}: {config} ({mode}) != the fused kernel"
 
         # references (fp32) from the host inputs
         cu = np.concatenate([[0], np.cumsum(counts)])
@@ -122,7 +123,7 @@ def test_prefill_step_against_references_and_batched_equals_per_stream(gpu, d, b
         kv_lens = np.array([s.proc_start + s.proc_count for s in streams])
         o_ref = attn_ref.reference(batched["q"], kp, vp, cu, kv_lens, [s.block_table for s in streams], hq, hkv, bs, d ** -0.5)
         assert rel_err_bf16(batched["o"], o_ref) < 1e-2
-        go_ref, st_ref = gdn_ref.reference(host["gq"], host["gk"], host["gv"], host["g"], host["beta"], cu, host["states"])
+        go_ref, st_ref = gdn_reference(host["gq"], host["gk"], host["gv"], host["g"], host["beta"], cu, host["states"])
         assert rel_err_bf16(batched["go"], go_ref) < 1e-2
         assert rel_err(batched["states"], st_ref) < 1e-3
 
@@ -139,3 +140,33 @@ def test_prefill_step_against_references_and_batched_equals_per_stream(gpu, d, b
         others = [b for b in range(n) if b != victim]
         assert np.array_equal(perturbed["states"][others], batched["states"][others])
         assert not np.array_equal(perturbed["states"][victim], batched["states"][victim])
+
+
+#: Every GDN config with a kernel on the H200 (the default last: the rules' choice for each batch).
+GDN_CONFIGS = [GdnConfig(math="recurrent"), GdnConfig(schedule="fused"), GdnConfig(schedule="two_pass", isa="mma"),
+               GdnConfig(schedule="two_pass", isa="wgmma"), GdnConfig(schedule="overlapped"), GdnConfig()]
+
+
+@pytest.mark.parametrize("counts", [[8192, 64], [8192, 64, 1, 700, 2048, 65, 3, 129]], ids=["long+short", "ragged"])
+@pytest.mark.parametrize("config", GDN_CONFIGS, ids=lambda c: f"{c.math}-{c.schedule}-{c.isa}")
+def test_gdn_batched_equals_per_stream_for_every_config(gpu, counts, config):
+    """One long stream beside short ones, Qwen3-Next's GDN heads: the pass plans once from its whole batch and runs
+    that plan batched and per stream, so o and every final state are the same bits both ways, for every config
+    (alone, the 8192-token stream would take the overlapped schedule, the batch does not: planning per launch gave
+    outputs a bf16 ulp apart)."""
+    rng = np.random.default_rng()
+    n, total = len(counts), sum(counts)
+    streams, _ = make_streams(gpu, counts, [0] * n, block_size=64, rng=rng)
+    shape = AttentionShape(16, 2, 128, 64, 1e6)
+    gshape = GdnShape(16, 32, 128)
+    num_blocks = int(max(int(s.block_table.max()) for s in streams)) + 1
+    host = layer_inputs(rng, total, n, num_blocks, 64, shape, gshape)
+    plan = make_scratch_plan(counts, 8, False, "exact")
+    with ScratchArena(gpu, plan.total_bytes + 4096) as arena:
+        batched, p1 = run_pass(gpu, arena, streams, host, "batched", shape, gshape, num_blocks, False, 64, config)
+        per_stream, p2 = run_pass(gpu, arena, streams, host, "per_stream", shape, gshape, num_blocks, False, 64, config)
+        assert p1.mode == "batched" and p2.mode == "per_stream"
+        assert p1.gdn_plan(gshape, config) == p2.gdn_plan(gshape, config)
+        assert not np.any(batched["go"] == 0xFFFF), "GDN output rows left unwritten"
+        for k in ("go", "states"):
+            assert np.array_equal(batched[k], per_stream[k]), f"{k}: batched != per stream ({config})"

@@ -1,22 +1,22 @@
 #!/usr/bin/env python3
-"""Nsight Compute's view of the wgmma Gated DeltaNet pair: where its kernels' warps stall.
+"""Nsight Compute's view of the Gated DeltaNet kernels: where their warps stall.
 
-    PYTHONPATH=. python3 tests/gpu/gdn_ncu.py                       # 8x2048 and 1x8192, every kernel of the pair
-    PYTHONPATH=. python3 tests/gpu/gdn_ncu.py --cases 8x2048 --kernels 'prep_tiles|seqw' --out /tmp/ncu.txt
-    PYTHONPATH=. python3 tests/gpu/gdn_ncu.py --cases 8x2048 --kernels prep_tiles --source /tmp/ncu-src   # per instruction
-    python3 tests/gpu/gdn_ncu.py --phases /tmp/ncu-src/source.csv   # its phases again, on any machine
+    PYTHONPATH=. python3 tools/ncu_gdn.py                       # 8x2048 and 1x8192, the wgmma builds
+    PYTHONPATH=. python3 tools/ncu_gdn.py --cases 8x2048 --kernels 'wgmma_precompute|wide' --out /tmp/ncu.txt
+    PYTHONPATH=. python3 tools/ncu_gdn.py --cases 8x2048 --kernels wgmma_precompute --source /tmp/ncu-src   # per instruction
+    python3 tools/ncu_gdn.py --phases /tmp/ncu-src/source.csv   # its phases again, on any machine
 
-It runs itself under ``ncu`` (``--clock-control none``: the clocks are left as the machine sets them; see the
-device notes) with ``--inner``: the inner process builds each case of ``gdn_debug.TIMING_CASES`` asked for (Hk 16,
-Hv 32, d 128, random inputs) and launches, once each, the precompute, both sequential kernels (one and two
-stages), the wide form and the flow form, the ones whose entry names match ``--kernels`` (a regular expression).
-ncu profiles each matching launch with the sections of ``--sections`` (speed of light, occupancy, launch
-statistics, warp states, scheduler statistics, memory workload by default) and the per-reason stall metrics
-(``STALL_METRICS``; ``--no-stalls`` leaves them out) and prints them: the stall metrics say what the kernel's warps
-wait on (a barrier, a long scoreboard (global or local memory), a short one (shared memory), the tensor cores
-(``wait``, ``math_pipe_throttle``), ...), the scheduler table how often an issue slot had no eligible warp.
-Nothing here checks results (``gdn_debug.py`` and the GPU tests do): it is a diagnostic, and nothing is timed
-(ncu serialises and replays every profiled kernel).
+It runs itself under ``ncu`` (``--clock-control none``: the clocks are left as the machine sets them) with
+``--inner``: the inner process stages each case of :data:`CASES` asked for (Hk 16, Hv 32, d 128, random inputs) and
+runs, once each, the plan of every build of :data:`FORMS` asked for (:func:`form_plan`: its precompute writes the
+records its sequential kernel reads) whose kernels' entry names match ``--kernels`` (a regular expression), through
+q12drv's launcher (``q12drv.kernels.gdn.gdn``). ncu profiles each matching launch with the sections of
+``--sections`` (speed of light, occupancy, launch statistics, warp states, scheduler statistics, memory workload by
+default) and the per-reason stall metrics (``STALL_METRICS``; ``--no-stalls`` leaves them out) and prints them: the
+stall metrics say what the kernel's warps wait on (a barrier, a long scoreboard (global or local memory), a short
+one (shared memory), the tensor cores (``wait``, ``math_pipe_throttle``), ...), the scheduler table how often an
+issue slot had no eligible warp. Nothing here checks results (the GPU tests do): it is a diagnostic, and nothing is
+timed (ncu serialises and replays every profiled kernel).
 
 ``--source DIR`` adds ncu's SourceCounters section and keeps the report (``DIR/gdn.ncu-rep``); the report's
 source page (every SASS instruction of each profiled kernel with how often it executed and the warp-stall samples
@@ -40,12 +40,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 SECTIONS = "SpeedOfLight,Occupancy,LaunchStats,WarpStateStats,SchedulerStats,MemoryWorkloadAnalysis"
-#: The warp-state breakdown the WarpStateStats section's text leaves out (run AU printed only its summary): cycles a
+#: The warp-state breakdown the WarpStateStats section's text leaves out (it prints only its summary): cycles a
 #: warp spends stalled for each reason per issued instruction (barrier, long_scoreboard, short_scoreboard, wait,
 #: math_pipe_throttle, mio_throttle, not_selected, ...); their sum is "Warp Cycles Per Issued Instruction".
 STALL_METRICS = r"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
@@ -122,50 +122,90 @@ def find_ncu() -> str | None:
     return cands[-1] if cands else None
 
 
-FORMS = ("seq1", "seq2", "wide", "flow")
+#: The cases: streams of these token counts at Qwen3-Next's GDN heads (Hk 16, Hv 32, d 128).
+CASES = {"8x2048": [2048] * 8, "1x8192": [8192], "ragged8": [256, 2048, 512, 1792, 768, 1536, 1024, 1280]}
+#: The builds: a config and the SM count it is planned for (the rules then take that build; None: the device's).
+FORMS = {"fused": ("fused", "auto", None), "mma": ("two_pass", "mma", None),
+         "wgmma-2stage": ("two_pass", "wgmma", 10 ** 6), "wide": ("two_pass", "wgmma", 1),
+         "overlapped": ("overlapped", "wgmma", None), "default": ("auto", "auto", None)}
+DEFAULT_FORMS = ("wgmma-2stage", "wide", "overlapped")
 
 
-def inner(cases: list, kernels: str, forms: tuple = FORMS) -> int:
-    """Launch each form in ``forms`` of the pair with a kernel whose entry name matches ``kernels`` once on each
-    case (the whole form: its precompute writes the records its sequential kernel reads)."""
-    from tests.gpu import gdn_debug as D
-    from tests.gpu import test_gdn_gpu as T
-    from q12drv.kernels import gdn_wgmma
+def form_plan(form: str, shape, n: int, max_tokens: int, device):
+    """The plan of build ``form`` (:data:`FORMS`) for ``n`` streams of at most ``max_tokens`` tokens on ``device``
+    (planned as for its SM count, or for the form's)."""
+    from types import SimpleNamespace
+
+    from q12drv.kernels.gdn import GdnConfig, plan_gdn
+
+    schedule, isa, sms = FORMS[form]
+    where = device if sms is None else SimpleNamespace(arch=device.arch, sm_count=sms)
+    return plan_gdn(GdnConfig(schedule=schedule, isa=isa), shape, n, max_tokens, where)
+
+
+def inner(cases: list, kernels: str, forms: tuple = DEFAULT_FORMS) -> int:
+    """Run the plan of each form in ``forms`` with a kernel whose entry name matches ``kernels`` once on each case
+    (the whole plan: its precompute writes the records its sequential kernel reads)."""
+    import numpy as np
+
+    from bench.common import make_streams
+    from q12drv import ScratchArena, make_scratch_plan, open_device, stage_batched_attn_metadata
+    from q12drv.core.bf16 import to_bf16_bits
+    from q12drv.kernels.gdn import GdnShape, GdnTensors, gdn
 
     pattern = re.compile(kernels)
-    torch, _rec, funcs = D.setup()   # gdn/chunked_mma.cu's entries and gdn/chunked_wgmma.cu's, default builds
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for key, n, _tokens, hv, d, vals, tensors in D.timing_cases(torch, cases):
-        hk, chunk_len = vals[8].value, int(vals[0].chunk_len)
-        seqs = {f"seq{st}": [(e, *geo) for e, geo in zip(gdn_wgmma.entries(d, st),
-                                                          gdn_wgmma.geometry(n, chunk_len, hk, hv, d, st))]
-                for st in gdn_wgmma.STAGES}
-        seqs["wide"] = [(e, *geo) for e, geo in zip(gdn_wgmma.wide_entries(d),
-                                                    gdn_wgmma.wide_geometry(n, chunk_len, hk, hv, d))]
-        for form, launches in seqs.items():   # each form's precompute writes the records its sequential kernel reads
-            if form not in forms or not any(pattern.search(e) for e, *_ in launches):
+    shape = GdnShape(16, 32, 128)
+    hk, hv, d = shape.num_k_heads, shape.num_v_heads, shape.head_dim
+    rng = np.random.default_rng(0)
+    with open_device("cuda") as dev:
+        for key in cases:
+            counts = CASES[key]
+            n, total = len(counts), sum(counts)
+            plans = {form: form_plan(form, shape, n, max(counts), dev) for form in forms}
+            plans = {f: p for f, p in plans.items() if any(pattern.search(k.entry) for k in p.kernels)}
+            if not plans:
                 continue
-            print(f"== {key}: {form}: {', '.join(e for e, *_ in launches)}", flush=True)
-            for item in launches:
-                T.launch(funcs, *item, vals)
-            torch.cuda.synchronize()
-        if "flow" in forms and gdn_wgmma.uses_flow(n, chunk_len, hv, d, sms) and any(pattern.search(e) for e in gdn_wgmma.flow_entries(d)):
-            flow = D.flow_launches(torch, n, hv, d, vals, tensors)
-            print(f"== {key}: flow: {', '.join(item[0] for item in flow[1:])}", flush=True)
-            flow[0]()
-            for item in flow[1:]:
-                T.launch(funcs, *item[:4], vals, dependent=item[4])
-            torch.cuda.synchronize()
-        del tensors
+            streams, _, tables = make_streams(dev, counts)
+            arena = ScratchArena(dev, make_scratch_plan(counts, 0, False, "exact").total_bytes + 4096)
+            host = {"q": to_bf16_bits(rng.standard_normal((total, hk, d))),
+                    "k": to_bf16_bits(rng.standard_normal((total, hk, d))),
+                    "v": to_bf16_bits(rng.standard_normal((total, hv, d))),
+                    "g": (-rng.random((total, hv)) * 0.3).astype(np.float32),
+                    "beta": rng.random((total, hv)).astype(np.float32),
+                    "o": np.zeros((total, hv, d), np.uint16),
+                    "states": (rng.standard_normal((n, hv, d, d)) * 0.1).astype(np.float32)}
+            bufs = {name: dev.alloc(a.nbytes, f"ncu {name}") for name, a in host.items()}
+            ws_bytes = max([16] + [p.workspace_bytes for p in plans.values()])
+            bufs["workspace"] = dev.alloc(ws_bytes, "ncu workspace")
+            bufs["h_state_ptrs"] = dev.alloc(8 * n, "ncu state pointers")
+            try:
+                for name, a in host.items():
+                    dev.upload(int(bufs[name].ptr), a)
+                dev.upload(int(bufs["h_state_ptrs"].ptr),
+                           np.array([int(bufs["states"].ptr) + b * hv * d * d * 4 for b in range(n)], np.uint64))
+                meta = stage_batched_attn_metadata(arena, streams, block_size=16, use_mrope=False,
+                                                   scratch_offset_bytes=0, dummy_kv_block=0)
+                tensors = GdnTensors(*(int(bufs[k].ptr) for k in ("q", "k", "v", "g", "beta", "o")))
+                for form, plan in plans.items():
+                    print(f"== {key}: {form}: {', '.join(k.entry for k in plan.kernels)}", flush=True)
+                    gdn(dev, meta, int(bufs["h_state_ptrs"].ptr), tensors, shape, plan,
+                        workspace=int(bufs["workspace"].ptr), workspace_bytes=ws_bytes)
+                    dev.synchronize()
+            finally:
+                dev.synchronize()
+                for buf in bufs.values():
+                    buf.free()
+                arena.close()
+                tables.free()
     return 0
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default="8x2048,1x8192", help="comma-separated keys of gdn_debug.TIMING_CASES")
-    ap.add_argument("--kernels", default="gdn_", help="regular expression on the entry names to profile")
-    ap.add_argument("--forms", default=",".join(FORMS), help=f"comma-separated forms to launch, of {', '.join(FORMS)} "
-                    "(a precompute is profiled once for each form launched)")
+    ap.add_argument("--cases", default="8x2048,1x8192", help=f"comma-separated cases, of {', '.join(CASES)}")
+    ap.add_argument("--kernels", default="q12_gdn_", help="regular expression on the entry names to profile")
+    ap.add_argument("--forms", default=",".join(DEFAULT_FORMS), help=f"comma-separated builds to launch, of "
+                    f"{', '.join(FORMS)} (a precompute is profiled once for each build launched)")
     ap.add_argument("--sections", default=SECTIONS, help="comma-separated ncu sections")
     ap.add_argument("--no-stalls", action="store_true", help="leave out the per-reason stall metrics (STALL_METRICS)")
     ap.add_argument("--out", help="also write ncu's report text here")
@@ -180,11 +220,9 @@ def main(argv=None) -> int:
         print_phases(args.phases)
         return 0
     cases = [c for c in args.cases.split(",") if c]
-    from tests.gpu.gdn_debug import TIMING_CASES
-
-    unknown = sorted(set(cases) - {k for k, _ in TIMING_CASES})
+    unknown = sorted(set(cases) - set(CASES))
     if unknown:
-        ap.error(f"unknown case(s) {unknown}; the cases are {[k for k, _ in TIMING_CASES]}")
+        ap.error(f"unknown case(s) {unknown}; the cases are {list(CASES)}")
     try:
         re.compile(args.kernels)
     except re.error as exc:
@@ -196,7 +234,7 @@ def main(argv=None) -> int:
         return inner(cases, args.kernels, forms)
     ncu = find_ncu()
     if ncu is None:
-        print("gdn_ncu: no ncu on PATH, under /usr/local/cuda*/bin or /opt/nvidia/nsight-compute/; install Nsight "
+        print("ncu_gdn: no ncu on PATH, under /usr/local/cuda*/bin or /opt/nvidia/nsight-compute/; install Nsight "
               "Compute or put its ncu on PATH", file=sys.stderr)
         return 2
     cmd = [ncu, "--clock-control", "none", "--kernel-name", f"regex:{args.kernels}", "--print-units", "base"]
@@ -217,7 +255,7 @@ def main(argv=None) -> int:
         text += text2
         page, rc2 = run([ncu, "--import", rep, "--page", "source", "--csv", "--print-source", "sass"], echo=False)
         Path(args.source, "source.csv").write_text(page)
-        print(f"gdn_ncu: the source page ({len(page.splitlines())} lines, rc {rc2}) in {args.source}/source.csv")
+        print(f"ncu_gdn: the source page ({len(page.splitlines())} lines, rc {rc2}) in {args.source}/source.csv")
         if rc2 == 0:
             print_phases(os.path.join(args.source, "source.csv"))
         rc = rc or rc2

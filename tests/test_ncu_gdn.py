@@ -1,4 +1,5 @@
-"""tests/gpu/gdn_ncu.py's reading of ncu's source page (no GPU, no ncu: a small page written here)."""
+"""tools/ncu_gdn.py without a GPU: its reading of ncu's source page (a small page written here) and the plans of
+the builds it profiles."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import csv
 
 import pytest
 
-from tests.gpu import gdn_ncu
+from tools import ncu_gdn as gdn_ncu
 
 COLUMNS = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", "stall_wait"]
 
@@ -52,3 +53,19 @@ def test_phases_flag_reads_a_kept_page_and_refuses_a_missing_one(tmp_path, capsy
     with pytest.raises(SystemExit):
         gdn_ncu.main(["--phases", str(tmp_path / "missing.csv")])
     assert "no such file" in capsys.readouterr().err
+
+
+def test_each_build_is_the_plan_of_its_kernels():
+    from types import SimpleNamespace
+
+    from q12drv.kernels.gdn import GdnShape
+
+    h200, shape = SimpleNamespace(arch="sm_90", sm_count=132), GdnShape(16, 32, 128)
+    seq = {form: gdn_ncu.form_plan(form, shape, 8, 2048, h200).kernels[-1].entry for form in gdn_ncu.FORMS}
+    assert seq == {"fused": "q12_gdn_mma_fused_d128", "mma": "q12_gdn_mma_sequential_1stage_d128",
+                   "wgmma-2stage": "q12_gdn_wgmma_sequential_2stage_d128", "wide": "q12_gdn_wgmma_sequential_wide_d128",
+                   "overlapped": "q12_gdn_wgmma_overlapped_sequential_d128",
+                   "default": "q12_gdn_wgmma_sequential_wide_d128"}
+    assert set(gdn_ncu.DEFAULT_FORMS) <= set(gdn_ncu.FORMS)
+    with pytest.raises(SystemExit):
+        gdn_ncu.main(["--cases", "4x4096"])

@@ -1,0 +1,136 @@
+"""Launching a GDN layer: the tensors it reads and writes (:class:`GdnTensors`), the checked launcher
+(:func:`gdn`) and the launch of already checked arguments (:func:`enqueue_gdn`, what :class:`~q12drv.prefill.Q12Pass`
+calls per batch or per stream)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ...core.device import Device
+from ...core.staging import BatchedAttnMetadata
+from ..args import ALIGN, check_launch, count, device_ptr
+from ..meta import meta_struct
+from ..registry import prepared
+from .plan import GdnConfig, GdnPlan, GdnShape, check_shape, plan_gdn
+
+__all__ = ["GdnTensors", "gdn", "enqueue_gdn", "check_workspace", "resolve_plan"]
+
+_ALIGN = ALIGN["gdn"]
+
+
+@dataclass(frozen=True)
+class GdnTensors:
+    """Device pointers to a GDN layer's packed rows: q, k ``[T, Hk, d]`` bf16 (16-byte aligned), v ``[T, Hv, d]``
+    bf16 (8), g, beta ``[T, Hv]`` fp32 (4; g the log-space gate, beta sigmoided), o ``[T, Hv, d]`` bf16 (8,
+    written). Stream b's rows start at ``cu_seqlens[b]``."""
+
+    q: int
+    k: int
+    v: int
+    g: int
+    beta: int
+    o: int
+
+    def checked(self) -> tuple[int, int, int, int, int, int]:
+        """``(q, k, v, g, beta, o)`` as ints, each a non-NULL device pointer aligned as the kernels need
+        (TypeError/ValueError naming it)."""
+        return tuple(device_ptr(name, getattr(self, name), _ALIGN[name]) for name in ("q", "k", "v", "g", "beta", "o"))
+
+
+def resolve_plan(plan_or_config, shape: GdnShape, n_streams: int, max_tokens: int, device) -> GdnPlan:
+    """``plan_or_config`` as a plan for ``n_streams`` streams of at most ``max_tokens`` tokens of ``shape`` on
+    ``device``: a :class:`GdnConfig` is planned (:func:`~.plan.plan_gdn`); a :class:`GdnPlan` is checked to cover them."""
+    if isinstance(plan_or_config, GdnConfig):
+        return plan_gdn(plan_or_config, shape, n_streams, max_tokens, device)
+    if not isinstance(plan_or_config, GdnPlan):
+        raise TypeError(f"expected a GdnConfig or a GdnPlan, got {type(plan_or_config).__name__}")
+    check_shape(shape)
+    plan_or_config.check_covers(shape, n_streams, max_tokens, device.arch)
+    return plan_or_config
+
+
+def check_workspace(plan: GdnPlan, need: int, workspace, workspace_bytes) -> int:
+    """The checked workspace pointer for a launch of ``plan`` that needs ``need`` bytes (0 when it needs none).
+
+    Raises
+    ------
+    TypeError, ValueError
+        A plan that needs a workspace without one (the message names the bytes, and ``schedule="fused"`` as the
+        way to run without one), a NULL or misaligned workspace, or one smaller than ``need``.
+    """
+    if not need:
+        return 0
+    if workspace is None or workspace_bytes is None:
+        raise ValueError(f"the GDN plan (schedule {plan.schedule!r} on {plan.isa}) needs workspace= (a device "
+                         f"pointer) and workspace_bytes= (its size) of {need:,} bytes (GdnPlan.workspace_bytes); "
+                         f"GdnConfig(schedule='fused') runs without one")
+    have = count("workspace_bytes", workspace_bytes, 0, None)
+    if have < need:
+        raise ValueError(f"workspace_bytes {have:,} is too small: the GDN plan (schedule {plan.schedule!r} on "
+                         f"{plan.isa}) needs {need:,} bytes for this launch (GdnPlan.workspace_bytes_for)")
+    return device_ptr("workspace", workspace, 16)
+
+
+def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, tensors: GdnTensors, shape: GdnShape,
+        plan_or_config: GdnConfig | GdnPlan = GdnConfig(), *, workspace: int | None = None,
+        workspace_bytes: int | None = None, stream: Any = None) -> GdnPlan:
+    """Gated DeltaNet over the packed streams of ``meta``; stream b's fp32 state ``[Hv, d, d]`` at
+    ``h_state_ptrs[b]`` is updated in place.
+
+    Parameters
+    ----------
+    device : Device
+    meta : BatchedAttnMetadata
+        The staged pass (its ``cu_seqlens``; ``batch_size`` streams of at most ``chunk_len`` tokens).
+    h_state_ptrs : int
+        Device pointer (8-byte aligned) to ``batch_size`` state pointers (each 4-byte aligned).
+    tensors : GdnTensors
+    shape : GdnShape
+    plan_or_config : GdnConfig or GdnPlan
+        What to run: a config is planned for this launch (:func:`~.plan.plan_gdn`; default: the fastest path on this
+        device, which needs a workspace); a plan (made for at least this launch's streams and tokens) is run as is.
+    workspace, workspace_bytes : int, optional
+        Device memory (16-byte aligned) for the plan's two-pass or overlapped schedule and its size, at least
+        :meth:`GdnPlan.workspace_bytes_for` this launch; ignored by the fused and recurrent kernels.
+    stream : optional
+
+    Returns
+    -------
+    GdnPlan
+        The plan launched.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A bad argument, before anything is enqueued.
+    Q12Error
+        ``meta`` is stale (its arena was reset since it was staged) or its arena is closed.
+    """
+    check_launch(device, meta)
+    if not isinstance(tensors, GdnTensors):
+        raise TypeError(f"tensors must be a GdnTensors, got {type(tensors).__name__}")
+    plan = resolve_plan(plan_or_config, shape, meta.batch_size, meta.chunk_len, device)
+    ptrs = tensors.checked()
+    states = device_ptr("h_state_ptrs", h_state_ptrs, _ALIGN["h_state_ptrs"])
+    ws = check_workspace(plan, plan.workspace_bytes_for(meta.batch_size, meta.chunk_len), workspace, workspace_bytes)
+    enqueue_gdn(device, meta, plan, states, *ptrs, ws, stream)
+    return plan
+
+
+def enqueue_gdn(device: Device, meta: BatchedAttnMetadata, plan: GdnPlan, h_state_ptrs: int, q: int, k: int, v: int,
+                g: int, beta: int, o: int, workspace: int, stream: Any) -> None:
+    """:func:`gdn` with every argument already checked (ints; ``plan`` covering ``meta``; ``workspace`` from
+    :func:`check_workspace`): the launches of ``plan`` for ``meta``'s streams."""
+    zero, kernels = plan.launches(meta.batch_size, meta.chunk_len)
+    if zero is not None:
+        device.memset(workspace + zero[0], 0, zero[1], stream)
+    mc = meta_struct(meta)
+    hk, hv = plan.shape.num_k_heads, plan.shape.num_v_heads
+    for kern in kernels:
+        launch = prepared(device, kern.entry)
+        a = launch.args
+        a.h_state_ptrs, a.q, a.k, a.v, a.g, a.beta, a.o = h_state_ptrs, q, k, v, g, beta, o
+        a.num_k_heads, a.num_v_heads, a.workspace = hk, hv, workspace
+        a.m = mc
+        (launch.launch_dependent if kern.dependent else launch.launch)(kern.grid, kern.block, kern.smem, stream)
