@@ -113,3 +113,43 @@ def test_malformed_arguments_raise():
         admit([(16, 17, 0, False)] * 2)
     with pytest.raises(ValueError):
         admit(uniform(2, 16), policy="loose")
+
+
+# --- the exact policy: decode steps and mixed batches; the kernel set --------------------------------
+
+def test_exact_policy_admits_a_decode_step_and_a_mixed_batch():
+    decode = [(1, 1, start, False) for start in (8191, 311, 40000, 7)]   # every stream one token past its cache
+    mixed = [(2048, 2048, 4096, False), (1, 1, 311, True), (1, 1, 9000, False), (300, 300, 0, True)]
+    for batch in (decode, mixed):
+        assert admit(batch, policy="exact", varlen=True, zero=True)
+        refused = admit(batch, policy="seed", varlen=True, zero=True)  # upstream's rule stays the seed policy's
+        assert not refused and refused.rule in ("chunk_start_mismatch", "is_last_mismatch")
+        assert "policy 'exact' admits" in refused.reason or refused.rule == "is_last_mismatch"
+
+
+def test_chunk_zero_names_the_first_stream_at_zero():
+    d = admit([(8, 8, 100, False), (8, 8, 0, False)], policy="exact", varlen=True, zero=False)
+    assert not d and d.rule == "chunk_zero" and "stream 1" in d.reason
+    assert admit([(8, 8, 100, False), (8, 8, 200, False)], policy="exact", varlen=True, zero=False)
+
+
+def test_a_head_dim_without_a_kernel_is_refused_naming_the_kernels():
+    batch = uniform(2, 16)
+    d = check_kernel_batched_eligible(batch, 2, 16388, False, 96, BIG, 8, False, False, False,
+                                      head_dims=frozenset({64, 128, 256}))
+    assert not d and d.rule == "head_dim" and "96 has no attention kernel" in d.reason and "64, 128, 256" in d.reason
+    assert check_kernel_batched_eligible(batch, 2, 16388, False, 128, BIG, 8, False, False, False,
+                                         head_dims=frozenset({64, 128, 256}))
+
+
+def test_a_pass_checks_the_devices_kernel_set(emu):
+    from q12drv import ScratchArena
+    from q12drv.prefill import Q12Pass
+    from tests.helpers import make_streams
+
+    streams, _keep = make_streams(emu, [20, 30], [0, 64])
+    with ScratchArena(emu, 1 << 18) as arena:
+        q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, head_dim=96)
+        assert not q12.batched and "96 has no attention kernel" in q12.reason
+        q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, head_dim=128)
+        assert q12.batched  # streams at different starts: one batch under the pass's default policy

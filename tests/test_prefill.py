@@ -20,13 +20,13 @@ def gdn_tensors(p) -> GdnTensors:
     return GdnTensors(p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"])
 
 
-def run(dev, arena, streams, host, mode, chunks=None, num_blocks=None):
+def run(dev, arena, streams, host, mode, chunks=None, num_blocks=None, policy="exact"):
     bufs = {k: dev.alloc(v.nbytes, k) for k, v in host.items()}
     for k, v in host.items():
         dev.upload(bufs[k].ptr, v)
     p = {k: int(b.ptr) for k, b in bufs.items()}
     q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4, head_dim=64,
-                  chunks=chunks, mode=mode)
+                  chunks=chunks, mode=mode, policy=policy)
     q12.attention_layer(p["q"], p["k"], p["v"], p["kp"], p["vp"], p["o"], SHAPE, num_blocks=num_blocks)
     n = len(streams)
     need = q12.gdn_workspace_bytes(GSHAPE)  # the default config: the device's fastest path, with its workspace
@@ -57,15 +57,18 @@ def test_batched_equals_per_stream_and_refusal_falls_back(emu):
     host = inputs(rng, counts, num_blocks)
     chunks = [(s + c, c, 0, False) for s, c in zip(starts, counts)]
     with ScratchArena(emu, make_scratch_plan(counts, 4, False).total_bytes) as arena:
-        batched, a = run(emu, arena, streams, host, "auto", chunks, num_blocks)
+        batched, a = run(emu, arena, streams, host, "auto", chunks, num_blocks, policy="seed")
         assert batched.mode == "batched" and batched.reason == ""
-        # the same batch refused (chunk starts differ) runs per stream and says why
-        refused, b = run(emu, arena, streams, host, "auto", None, num_blocks)
+        # the same batch under the seed policy (chunk starts differ) runs per stream and says why
+        refused, b = run(emu, arena, streams, host, "auto", None, num_blocks, policy="seed")
         assert refused.mode == "per_stream" and "chunk_start_mismatch" in refused.reason
         assert a == b
         assert not np.any(np.frombuffer(a["o"], np.uint16) == 0xFFFF)
         with pytest.raises(ValueError, match="refused"):
-            run(emu, arena, streams, host, "batched", None, num_blocks)
+            run(emu, arena, streams, host, "batched", None, num_blocks, policy="seed")
+        # the exact policy (the pass's default) batches the streams at their own offsets: the same bits
+        mixed, c = run(emu, arena, streams, host, "auto", None, num_blocks)
+        assert mixed.mode == "batched" and c == a
 
 
 def test_per_stream_path_uses_each_streams_own_block(emu):

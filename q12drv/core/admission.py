@@ -3,6 +3,12 @@
 Upstream's rules in upstream's order, then the per-stream block fit. The scratch rules read the
 same :class:`~q12drv.core.layout.ScratchPlan` the stager fills, so admission and staging cannot
 disagree about whether a batch fits. A refusal is not an error: the pass runs per stream.
+
+Two policies. ``"seed"`` is upstream exactly: the seed's per-stream block stride, and every stream must
+start its chunk where stream 0 does and agree on ``is_last``. ``"exact"`` sizes each stream's block for
+what it holds and admits streams at any offsets: q12drv's metadata is per stream (``cu_seqlens``,
+``kv_lens``, positions, slots), so a decode step (every stream one token after its own cache) or a mixed
+batch (prefill chunks beside decode tokens) runs as one batch.
 """
 
 from __future__ import annotations
@@ -81,6 +87,8 @@ def check_kernel_batched_eligible(
     allow_chunk_zero: bool,
     varlen: bool,
     policy: str = "seed",
+    *,
+    head_dims: frozenset | None = None,
 ) -> Admission:
     """Decide whether ``n`` streams may run as one batched pass.
 
@@ -108,7 +116,11 @@ def check_kernel_batched_eligible(
     varlen : bool
         Admit ragged chunk lengths.
     policy : {"seed", "exact"}
-        Per-stream block sizing (see :mod:`q12drv.core.layout`).
+        ``"seed"``: upstream's rules and the seed's per-stream block stride; ``"exact"``: blocks sized for what
+        they hold, and streams at any offsets admitted (decode steps and mixed batches; see the module).
+    head_dims : frozenset of int, optional
+        The head dims the attention kernels exist for on the device (``q12drv.kernels.ops.attention_head_dims``):
+        another head dim is refused, naming them. Without it only ``head_dim <= 256`` is checked.
 
     Returns
     -------
@@ -123,7 +135,7 @@ def check_kernel_batched_eligible(
         naming it: ``"False"``, ``"no"``, ``1`` or NaN are not taken for their truth value.
     """
     return decide(parse_chunks(streams, n), arena_cap, is_mla, head_dim, scratch_cap, top_k, mrope, allow_chunk_zero,
-                  varlen, policy)
+                  varlen, policy, head_dims=head_dims)
 
 
 def parse_chunks(streams: Sequence[tuple], n: int) -> list:
@@ -159,7 +171,8 @@ def parse_chunks(streams: Sequence[tuple], n: int) -> list:
 
 
 def decide(parsed: list, arena_cap: int, is_mla: bool, head_dim: int, scratch_cap: int, top_k: int, mrope: bool,
-           allow_chunk_zero: bool, varlen: bool, policy: str = "seed") -> Admission:
+           allow_chunk_zero: bool, varlen: bool, policy: str = "seed", *, head_dims: frozenset | None = None
+           ) -> Admission:
     """:func:`check_kernel_batched_eligible` over streams already checked by :func:`parse_chunks` (or
     built from validated staging input): the settings' checks, then the rules.
 
@@ -187,13 +200,18 @@ def decide(parsed: list, arena_cap: int, is_mla: bool, head_dim: int, scratch_ca
         return _refuse("mla", "MLA attention (kv_lora_rank > 0) has no batched kernel")
     if head_dim > MAX_HEAD_DIM:
         return _refuse("head_dim", f"head_dim {head_dim} > {MAX_HEAD_DIM}")
-    # 4-6: per stream against stream 0, accumulate
+    if head_dims is not None and head_dim not in head_dims:
+        return _refuse("head_dim", f"head_dim {head_dim} has no attention kernel (kernels exist for head dims "
+                                   f"{', '.join(map(str, sorted(head_dims)))})")
+    # 4-6: per stream against stream 0, accumulate (the seed policy: one chunk start and one is_last for all)
     c0, _, s0, last0 = parsed[0]
+    same_start = policy == "seed"
     total, max_len = 0, 0
     for b, (chunk_len, eff_len, chunk_start, is_last) in enumerate(parsed):
-        if chunk_start != s0:
-            return _refuse("chunk_start_mismatch", f"stream {b} starts at {chunk_start}, stream 0 at {s0}")
-        if is_last != last0:
+        if same_start and chunk_start != s0:
+            return _refuse("chunk_start_mismatch", f"stream {b} starts at {chunk_start}, stream 0 at {s0} (policy "
+                                                   f"'seed'; policy 'exact' admits streams at any offsets)")
+        if same_start and is_last != last0:
             return _refuse("is_last_mismatch", f"stream {b} is_last={is_last}, stream 0 is_last={last0}")
         if not varlen and chunk_len != c0:
             return _refuse("chunk_len_mismatch", f"stream {b} chunk_len {chunk_len} != stream 0's {c0} and varlen is off")
@@ -204,8 +222,9 @@ def decide(parsed: list, arena_cap: int, is_mla: bool, head_dim: int, scratch_ca
     # 7-9
     if not parsed:
         return _refuse("empty", "no streams")
-    if s0 == 0 and not allow_chunk_zero:
-        return _refuse("chunk_zero", "the batch is at chunk_start 0 and allow_chunk_zero is off")
+    if not allow_chunk_zero and any(start == 0 for _, _, start, _ in parsed):
+        first = next(b for b, (_, _, start, _) in enumerate(parsed) if start == 0)
+        return _refuse("chunk_zero", f"stream {first} is at chunk_start 0 and allow_chunk_zero is off")
     if total > arena_cap:
         return _refuse("arena", f"{total} packed tokens exceed the activation arena of {arena_cap} rows")
     # 10: scratch fit, from the same plan the stager uses

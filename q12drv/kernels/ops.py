@@ -19,12 +19,14 @@ from . import expand as _expand
 from . import kv_write as _kvw
 from . import args as _args
 from . import rope as _rope
+from .conv1d import conv1d
 from .gdn import gdn
 from .meta import meta_struct
 from .registry import ENTRIES, SOURCES, prepared, struct_types
 
-__all__ = ["kv_write", "rope", "attention", "gdn", "ATTN_ALGOS", "attention_entry", "enqueue_kv_write",
-           "enqueue_rope", "enqueue_attention", "prepared", "SOURCES", "ENTRIES", "struct_types"]
+__all__ = ["kv_write", "rope", "rope_table", "attention", "gdn", "conv1d", "ATTN_ALGOS", "attention_entry",
+           "attention_head_dims", "enqueue_kv_write", "enqueue_rope", "enqueue_attention", "prepared", "SOURCES",
+           "ENTRIES", "struct_types"]
 
 #: ``(name, value, align)`` -> the int address: non-NULL, < 2**64, aligned (TypeError/ValueError).
 _ptr = _args.device_ptr
@@ -47,6 +49,14 @@ _rope_params = lru_cache(maxsize=256, typed=True)(_rope.check_params)
 #: bench/RESULTS.md), mma.sync elsewhere.
 ATTN_ALGOS = ("auto", "mma", "wgmma")
 _ATTN_MODULES = {"mma": _attn, "wgmma": _attnw}
+
+
+def attention_head_dims(arch: str = "sm_90") -> frozenset:
+    """The head dims an attention kernel exists for on a device of ``arch`` (what admission checks)."""
+    dims = set(_attn.HEAD_DIMS)
+    if arch in ("sm_90", "sm_90a"):
+        dims |= set(_attnw.HEAD_DIMS)
+    return frozenset(dims)
 
 
 def attention_entry(algo: str, head_dim: int, arch: str = "sm_90") -> str:

@@ -94,15 +94,15 @@ _ADMIT_TYPES = (int, bool, int, int, int, bool, bool, bool, str)
 
 
 def _admit(parsed: list, arena_tokens, is_mla, head_dim, scratch_cap, top_k, use_mrope, allow_chunk_zero, varlen,
-           policy) -> Admission:
+           policy, head_dims: frozenset) -> Admission:
     """:func:`~q12drv.core.admission.decide`, remembered per distinct input."""
     settings = (arena_tokens, is_mla, head_dim, scratch_cap, top_k, use_mrope, allow_chunk_zero, varlen, policy)
     if tuple(map(type, settings)) != _ADMIT_TYPES:
-        return decide(parsed, *settings)
-    key = (*parsed, settings)  # parsed: (int, int, int, bool) tuples (parse_chunks' or the validated streams')
+        return decide(parsed, *settings, head_dims=head_dims)
+    key = (*parsed, settings, head_dims)  # parsed: (int, int, int, bool) tuples (parse_chunks' or the validated streams')
     hit = _ADMISSIONS.get(key)
     if hit is None:
-        hit = decide(parsed, *settings)
+        hit = decide(parsed, *settings, head_dims=head_dims)
         if len(_ADMISSIONS) >= 256:
             _ADMISSIONS.clear()
         _ADMISSIONS[key] = hit
@@ -160,14 +160,18 @@ class Q12Pass:
     top_k : int
         MoE experts per token (sizes the MoE area of the plan).
     head_dim : int
-        Attention head dim (admission refuses > 256).
+        Attention head dim (admission refuses one no attention kernel exists for on this device).
     chunks : sequence of (chunk_len, eff_len, chunk_start, is_last), optional
         The scheduler's view for admission; default: each stream's own (proc_count, proc_count,
         proc_start, False).
     arena_tokens : int, optional
         Rows of the packed activation buffers (admission's ``arena_cap``); default Σ proc_count.
-    is_mla, allow_chunk_zero, varlen, policy
+    is_mla, allow_chunk_zero, varlen
         Admission settings.
+    policy : {"exact", "seed"}
+        ``"exact"`` (default): per-stream blocks sized for what they hold, and streams at any offsets batched
+        (decode steps, prefill chunks beside decode tokens); ``"seed"``: upstream's rules and sizing exactly
+        (every stream at one chunk start). See :mod:`q12drv.core.admission`.
     mode : {"auto", "batched", "per_stream"}
         ``"auto"`` runs batched when admitted and per stream otherwise; ``"batched"`` raises if
         refused; ``"per_stream"`` always runs the fallback.
@@ -207,7 +211,7 @@ class Q12Pass:
     def __init__(self, arena: ScratchArena, streams: Sequence[StreamStageInfo], *, block_size: int, use_mrope: bool,
                  dummy_kv_block: int, top_k: int = 0, head_dim: int = 128, chunks: Sequence[tuple] | None = None,
                  arena_tokens: int | None = None, is_mla: bool = False, allow_chunk_zero: bool = True,
-                 varlen: bool = True, policy: str = "seed", mode: str = "auto", expand: str = "auto",
+                 varlen: bool = True, policy: str = "exact", mode: str = "auto", expand: str = "auto",
                  stream: Any = None, expand_plan: ExpandPlan | None = None):
         if not isinstance(arena, ScratchArena):
             raise TypeError(f"arena must be a ScratchArena, got {type(arena).__name__}")
@@ -258,7 +262,7 @@ class Q12Pass:
                   else parse_chunks(chunks, len(streams)))
         self.admission: Admission = _admit(parsed, batch.total if arena_tokens is None else arena_tokens, is_mla,
                                            head_dim, arena.capacity, top_k, use_mrope, allow_chunk_zero, varlen,
-                                           policy)
+                                           policy, ops.attention_head_dims(arena.device.arch))
         if mode == "batched" and not self.admission:
             raise ValueError(f"mode='batched' but the batch was {self.admission}")
         self.batched = bool(self.admission) and mode != "per_stream"
