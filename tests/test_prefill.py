@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from q12drv import CapacityError, ScratchArena, make_scratch_plan
-from q12drv.core.bf16 import to_bf16_bits
+from q12drv.core.bf16 import from_bf16_bits, to_bf16_bits
 from q12drv.kernels.gdn import GdnPlan, chunked_mma, chunked_wgmma
 from q12drv.prefill import AttentionShape, GdnConfig, GdnShape, GdnTensors, Q12Pass
 from tests.helpers import make_streams
@@ -316,3 +316,68 @@ def test_attention_layer_algo_is_checked_before_anything_is_enqueued(emu):
         emu.synchronize()
         for name in ("q", "k", "o", "kp"):  # no RoPE, no KV write, no attention ran
             assert emu.download(p[name], host[name].nbytes) == host[name].tobytes(), name
+
+
+# --- each layer op alone, with the batched / per-stream decision made by the pass ---------------------
+
+def test_the_ops_alone_equal_the_layer_batched_and_per_stream(emu):
+    rng = np.random.default_rng(7)
+    counts, starts = [5, 33, 1, 17], [0, 40, 7, 100]
+    streams, _keep = make_streams(emu, counts, starts, rng=rng)
+    num_blocks = int(max(s.block_table.max() for s in streams)) + 1
+    host = inputs(rng, counts, num_blocks)
+    results = {}
+    with ScratchArena(emu, 1 << 18) as arena:
+        for mode in ("batched", "per_stream"):
+            for how in ("layer", "ops"):
+                bufs = {k: emu.alloc(v.nbytes, k) for k, v in host.items()}
+                for key, val in host.items():
+                    emu.upload(bufs[key].ptr, val)
+                p = {key: int(b.ptr) for key, b in bufs.items()}
+                q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, head_dim=64,
+                              mode=mode)
+                if how == "layer":
+                    q12.attention_layer(p["q"], p["k"], p["v"], p["kp"], p["vp"], p["o"], SHAPE, num_blocks=num_blocks)
+                else:  # a runtime with its own steps between them calls each op alone
+                    q12.rope(p["q"], p["k"], SHAPE)
+                    q12.kv_write(p["k"], p["v"], p["kp"], p["vp"], SHAPE, num_blocks=num_blocks)
+                    q12.attention(p["q"], p["kp"], p["vp"], p["o"], SHAPE, num_blocks=num_blocks)
+                results[mode, how] = {k: emu.download(bufs[k].ptr, bufs[k].nbytes) for k in ("o", "kp", "vp", "q")}
+                for b in bufs.values():
+                    b.free()
+    first = results["batched", "layer"]
+    assert all(r == first for r in results.values())
+    assert not np.any(np.frombuffer(first["o"], np.uint16) == 0xFFFF)
+
+
+def test_the_pass_runs_the_short_convolution_through_its_pointer_slot(emu):
+    from q12drv.kernels import conv1d as conv
+
+    rng = np.random.default_rng(8)
+    counts, starts = [9, 1, 40], [3, 0, 64]
+    c, width = 24, 4
+    streams, _keep = make_streams(emu, counts, starts, rng=rng)
+    x = to_bf16_bits(rng.standard_normal((sum(counts), c)))
+    w = to_bf16_bits(rng.standard_normal((c, width)) * 0.5)
+    s0 = [to_bf16_bits(rng.standard_normal((width - 1, c))) for _ in counts]
+    outs = {}
+    with ScratchArena(emu, 1 << 18) as arena:
+        for mode in ("batched", "per_stream"):
+            xb, yb, wb = emu.alloc(x.nbytes), emu.alloc(x.nbytes), emu.alloc(w.nbytes)
+            sb = [emu.alloc(s.nbytes) for s in s0]
+            emu.upload(xb.ptr, x)
+            emu.upload(wb.ptr, w)
+            for b, s in zip(sb, s0):
+                emu.upload(b.ptr, s)
+            q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, mode=mode)
+            q12.conv1d([int(b.ptr) for b in sb], int(xb.ptr), int(yb.ptr), int(wb.ptr), channels=c, width=width)
+            outs[mode] = (emu.download(yb.ptr, x.nbytes), [emu.download(b.ptr, s0[0].nbytes) for b in sb])
+            with pytest.raises(ValueError, match="state_ptrs needs exactly 3 entries"):
+                q12.conv1d([int(sb[0].ptr)], int(xb.ptr), int(yb.ptr), int(wb.ptr), channels=c, width=width)
+            with pytest.raises(TypeError, match="width is needed when w is a raw address"):
+                q12.conv1d([int(b.ptr) for b in sb], int(xb.ptr), int(yb.ptr), int(wb.ptr), channels=c)
+    assert outs["batched"] == outs["per_stream"]
+    want, _ = conv.reference(from_bf16_bits(x), from_bf16_bits(w), [from_bf16_bits(s) for s in s0],
+                             np.concatenate([[0], np.cumsum(counts)]))
+    got = from_bf16_bits(np.frombuffer(outs["batched"][0], np.uint16).reshape(x.shape))
+    assert np.allclose(got, want, rtol=1e-2, atol=1e-2)

@@ -34,7 +34,7 @@ from . import registry
 from .meta import Q12MetaC, meta_struct
 
 __all__ = ["SOURCE", "ENTRIES", "WIDTHS", "THREADS", "SEGMENT", "geometry", "reference", "emulate_conv1d",
-           "EMULATORS", "conv1d", "enqueue_conv1d", "entry_for_width"]
+           "EMULATORS", "conv1d", "check_conv1d", "enqueue_conv1d", "entry_for_width"]
 
 SOURCE = "conv1d.cu"
 #: Kernel widths there is an entry for.
@@ -181,6 +181,23 @@ def conv1d(device: Device, meta: BatchedAttnMetadata, state_ptrs: int, x: int, y
     TypeError, ValueError
         A bad pointer, stride, width or channel count, or x and y overlapping: raised before anything is enqueued.
     """
+    _args.check_launch(device, meta)
+    entry, strides, bias_addr = check_conv1d(meta, x, y, channels=channels, width=width, bias=bias, x_stride=x_stride,
+                                             y_stride=y_stride, state_stride=state_stride, silu=silu)
+    enqueue_conv1d(device, meta, entry, _args.device_ptr("state_ptrs", state_ptrs, 8), int(x), int(y),
+                   _args.device_ptr("w", w, 2), bias_addr, int(channels), *strides, silu, stream)
+
+
+def check_conv1d(meta: BatchedAttnMetadata, x: int, y: int, *, channels: int, width: int, bias: int | None,
+                 x_stride: int | None, y_stride: int | None, state_stride: int | None, silu: bool) -> tuple:
+    """:func:`conv1d`'s checks of everything but the device, the state table and ``w``: returns ``(entry, (x_stride,
+    y_stride, state_stride), bias address or 0)``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`conv1d`.
+    """
     c = _args.count("channels", channels)
     if c % VEC:
         raise ValueError(f"channels must be a multiple of {VEC} (16-byte rows), got {c}")
@@ -199,9 +216,7 @@ def conv1d(device: Device, meta: BatchedAttnMetadata, state_ptrs: int, x: int, y
     if t and xp < y_end and yp < x_end:
         raise ValueError(f"x [{xp:#x}, {x_end:#x}) and y [{yp:#x}, {y_end:#x}) overlap: a later token would read "
                          f"an output; give y its own buffer")
-    enqueue_conv1d(device, meta, entry, _args.device_ptr("state_ptrs", state_ptrs, 8), xp, yp,
-                   _args.device_ptr("w", w, 2), 0 if bias is None else _args.device_ptr("bias", bias, 2), c,
-                   *strides, silu, stream)
+    return entry, tuple(strides), 0 if bias is None else _args.device_ptr("bias", bias, 2)
 
 
 def enqueue_conv1d(device: Device, meta: BatchedAttnMetadata, entry: str, state_ptrs: int, x: int, y: int, w: int,

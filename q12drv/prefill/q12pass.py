@@ -34,6 +34,9 @@ from ..kernels.gdn import GdnConfig, GdnPlan, GdnShape, GdnTensors, enqueue_gdn
 from ..kernels.gdn.launch import check_workspace, resolve_plan
 from ..kernels.gdn.plan import check_shape
 from ..kernels.args import ALIGN, I32_MAX, count, device_ptr, head_group, positive_float
+from ..kernels.conv1d import check_conv1d, enqueue_conv1d
+from ..core.interop import describe
+from .tensors import address, count_of, row_view
 from ..core.layout import make_scratch_plan
 from ..core.ptr import DevicePtr
 from ..core.staging import (
@@ -112,7 +115,6 @@ def _admit(parsed: list, arena_tokens, is_mla, head_dim, scratch_cap, top_k, use
 _PTR_TYPES = frozenset((int, DevicePtr))
 _U64_MAX = (1 << 64) - 1
 #: The alignment masks of the layers' pointer arguments, in their argument order.
-_ATTENTION_MASKS = tuple(_ATTENTION_ALIGN.get(n, 2) - 1 for n in ("q", "k", "v", "k_pool", "v_pool", "o"))
 _GDN_MASKS = tuple(ALIGN["gdn"][n] - 1 for n in ("q", "k", "v", "g", "beta", "o"))
 
 
@@ -334,23 +336,6 @@ class Q12Pass:
             raise Q12Error("this Q12Pass is stale: its arena was reset by a later pass, which may have "
                            "overwritten its metadata; run the layers through the newest Q12Pass")
 
-    def _check_attention(self, q, k, v, k_pool, v_pool, o, shape, num_blocks) -> None:
-        self._require_current()
-        if not isinstance(shape, AttentionShape):
-            raise TypeError(f"shape must be an AttentionShape, got {type(shape).__name__}")
-        if not _plain_aligned((q, k, v, k_pool, v_pool, o), _ATTENTION_MASKS):  # else: the named checks
-            align = _ATTENTION_ALIGN
-            for name, p in (("q", q), ("k", k), ("v", v), ("k_pool", k_pool), ("v_pool", v_pool), ("o", o)):
-                device_ptr(name, p, align.get(name, 2))
-        hit = self._checked.get(id(shape))  # this very (immutable) shape object, checked before
-        if hit is not None and hit[0] is shape and type(num_blocks) is int and num_blocks in hit[1]:
-            return
-        if _SHAPES_OK.get((id(shape), self.use_mrope)) is not shape:
-            self._check_attention_shape(shape)
-            _remember_shape(shape, self.use_mrope, shape.mrope_section)
-        nb = count("num_blocks", num_blocks, 1, I32_MAX // self.block_size)
-        self._check_tables(shape, nb)
-
     def _check_attention_shape(self, shape: AttentionShape) -> None:
         hq, hkv = head_group("shape.num_q_heads", shape.num_q_heads, "shape.num_kv_heads", shape.num_kv_heads)
         d = count("shape.head_dim", shape.head_dim)
@@ -434,42 +419,198 @@ class Q12Pass:
         for b, meta in enumerate(self.stream_meta):
             run(meta, b, int(self.cu_seqlens[b]))
 
-    def attention_layer(self, q: int, k: int, v: int, k_pool: int, v_pool: int, o: int, shape: AttentionShape, *,
-                        num_blocks: int, algo: str = "auto") -> None:
-        """RoPE on Q ``[T, Hq, D]`` and K ``[T, Hkv, D]`` (in place), write K/V to the pools, attention into O.
+    # attention: RoPE, KV write, paged attention, alone or as one layer -------------------------------------
+    def _attention_ops(self, shape: AttentionShape, num_blocks, pools: tuple, tensors: dict) -> tuple:
+        """The checked addresses of ``tensors`` (name -> raw address or described object) and the pools' block
+        count: the shape, the tensors and the block tables checked once, before anything is enqueued."""
+        self._require_current()
+        if not isinstance(shape, AttentionShape):
+            raise TypeError(f"shape must be an AttentionShape, got {type(shape).__name__}")
+        hq, hkv, d = shape.num_q_heads, shape.num_kv_heads, shape.head_dim
+        if pools and num_blocks is None:
+            num_blocks = count_of(pools[0], 0)
+            if num_blocks is None:
+                raise TypeError("num_blocks is needed when the KV pools are raw addresses (a pool tensor of shape "
+                                "[num_blocks, block_size, Hkv, D] says it itself)")
+        fast = all(type(x) is int or type(x) is DevicePtr for x in tensors.values())
+        if fast and _plain_aligned(tuple(tensors.values()), tuple(_ATTENTION_ALIGN.get(n, 2) - 1 for n in tensors)):
+            addrs = tensors
+        else:
+            t, dev = self._batch.total, self.device
+            rows = {"q": (t, hq, d), "o": (t, hq, d), "k": (t, hkv, d), "v": (t, hkv, d),
+                    "k_pool": (num_blocks, self.block_size, hkv, d), "v_pool": (num_blocks, self.block_size, hkv, d)}
+            addrs = {n: address(dev, x, n, dtype="bf16", shape=rows[n], align=_ATTENTION_ALIGN.get(n, 2))
+                     for n, x in tensors.items()}
+        hit = self._checked.get(id(shape))  # this very (immutable) shape object, checked before
+        if hit is None or hit[0] is not shape or type(num_blocks) is not int or num_blocks not in hit[1]:
+            if _SHAPES_OK.get((id(shape), self.use_mrope)) is not shape:
+                self._check_attention_shape(shape)
+                _remember_shape(shape, self.use_mrope, shape.mrope_section)
+            if pools:
+                self._check_tables(shape, count("num_blocks", num_blocks, 1, I32_MAX // self.block_size))
+        return addrs, num_blocks
 
-        All arguments are device pointers to packed bf16 rows (stream b's rows start at
-        ``cu_seqlens[b]``); ``num_blocks`` is the pools' block count; ``algo`` picks the attention
+    def _each(self, run: Callable) -> None:
+        """``run(meta, row)`` once for the batch, or once per stream with its first packed row."""
+        if self.batched:
+            run(self.meta, 0)
+        else:
+            self._per_stream(lambda meta, b, row: run(meta, row))
+
+    def rope(self, q, k, shape: AttentionShape) -> None:
+        """RoPE / MRoPE in place on Q ``[T, Hq, D]`` and K ``[T, Hkv, D]`` (bf16) at each token's position, for a
+        runtime that writes the KV cache or runs attention its own way.
+
+        Raises
+        ------
+        TypeError, ValueError
+            A bad tensor, address or shape, before anything is enqueued.
+        """
+        a, _ = self._attention_ops(shape, None, (), {"q": q, "k": k})
+        hq, hkv, d, rd = shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.rotary_dim
+        theta, mode, sections = float(shape.rope_theta), shape.mrope_mode, tuple(shape.mrope_section)
+        table, dev, st, qp, kp = ops.rope_table(shape.rope_scaling, rd), self.device, self.stream, a["q"], a["k"]
+        self._each(lambda meta, row: ops.enqueue_rope(dev, meta, qp + row * hq * d * _BF16, kp + row * hkv * d * _BF16,
+                                                      hq, hkv, d, rd, theta, mode, sections, st, table))
+
+    def kv_write(self, k, v, k_pool, v_pool, shape: AttentionShape, *, num_blocks: int | None = None) -> None:
+        """Write the packed new keys and values ``[T, Hkv, D]`` into the paged pools ``[num_blocks, block_size, Hkv,
+        D]`` at each token's slot (bf16). ``num_blocks`` is read from a pool tensor when not given.
+
+        Raises
+        ------
+        TypeError, ValueError
+            A bad tensor, address, shape or block count, or a block table (host copy) with an entry past the
+            pools, before anything is enqueued.
+        """
+        a, nb = self._attention_ops(shape, num_blocks, (k_pool, v_pool),
+                                    {"k": k, "v": v, "k_pool": k_pool, "v_pool": v_pool})
+        hkv, d = shape.num_kv_heads, shape.head_dim
+        dev, st, slots = self.device, self.stream, int(nb) * self.block_size
+        self._each(lambda meta, row: ops.enqueue_kv_write(dev, meta, a["k"] + row * hkv * d * _BF16,
+                                                          a["v"] + row * hkv * d * _BF16, a["k_pool"], a["v_pool"],
+                                                          hkv * d, slots, st))
+
+    def attention(self, q, k_pool, v_pool, o, shape: AttentionShape, *, num_blocks: int | None = None,
+                  algo: str = "auto") -> None:
+        """Batched varlen paged causal attention: O ``[T, Hq, D]`` from Q (positions already applied) and the paged
+        pools (bottom-right causal over each stream's ``kv_len``), for a runtime with its own RoPE or KV layout.
+        ``algo``: :data:`q12drv.kernels.ops.ATTN_ALGOS`.
+
+        Raises
+        ------
+        TypeError, ValueError
+            A bad tensor, address, shape, block count or ``algo``, or a block table entry attention would read past
+            the pools, before anything is enqueued.
+        """
+        a, nb = self._attention_ops(shape, num_blocks, (k_pool, v_pool),
+                                    {"q": q, "k_pool": k_pool, "v_pool": v_pool, "o": o})
+        entry = ops.attention_entry(algo, shape.head_dim, self.device.arch)
+        hq, hkv, d = shape.num_q_heads, shape.num_kv_heads, shape.head_dim
+        scale = float(d ** -0.5 if shape.scale is None else shape.scale)
+        dev, st = self.device, self.stream
+        self._each(lambda meta, row: ops.enqueue_attention(dev, meta, entry, a["q"] + row * hq * d * _BF16,
+                                                           a["k_pool"], a["v_pool"], a["o"] + row * hq * d * _BF16,
+                                                           hq, hkv, d, scale, st))
+
+    def attention_layer(self, q, k, v, k_pool, v_pool, o, shape: AttentionShape, *, num_blocks: int | None = None,
+                        algo: str = "auto") -> None:
+        """:meth:`rope`, :meth:`kv_write` and :meth:`attention` as one layer: RoPE on Q and K in place, K and V into
+        the pools, attention into O. Every argument is checked once, before the first launch.
+
+        Q, O ``[T, Hq, D]``; K, V ``[T, Hkv, D]``; the pools ``[num_blocks, block_size, Hkv, D]``; all bf16, as raw
+        device addresses (stream b's rows start at ``cu_seqlens[b]``) or tensors. ``algo`` picks the attention
         kernel (:data:`q12drv.kernels.ops.ATTN_ALGOS`; ``"auto"``: wgmma on Hopper where it exists).
 
         Raises
         ------
         TypeError, ValueError
-            A bad pointer (NULL, misaligned), shape, ``num_blocks`` or ``algo`` (or a head dim it has
-            no kernel for), or a block table (host copy) with an entry ``>= num_blocks`` where
+            A bad tensor or address (NULL, misaligned, wrong dtype or shape), shape, ``num_blocks`` or ``algo`` (or a
+            head dim it has no kernel for), or a block table (host copy) with an entry ``>= num_blocks`` where
             attention reads it: raised before anything is enqueued, so no buffer has changed.
         """
-        self._check_attention(q, k, v, k_pool, v_pool, o, shape, num_blocks)
+        a, nb = self._attention_ops(shape, num_blocks, (k_pool, v_pool),
+                                    {"q": q, "k": k, "v": v, "k_pool": k_pool, "v_pool": v_pool, "o": o})
         entry = ops.attention_entry(algo, shape.head_dim, self.device.arch)
-        # every argument is checked now (pointers, shape, tables, num_blocks): the launches go
-        # straight to the kernels' argument blocks
+        # every argument is checked now: the launches go straight to the kernels' argument blocks
         hq, hkv, d, rd = shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.rotary_dim
         theta, mode, sections = float(shape.rope_theta), shape.mrope_mode, tuple(shape.mrope_section)
         table = ops.rope_table(shape.rope_scaling, rd)
         scale = float(d ** -0.5 if shape.scale is None else shape.scale)
         dev, st, row_elems = self.device, self.stream, hkv * d
-        num_slots = int(num_blocks) * self.block_size
-        q, k, v, k_pool, v_pool, o = int(q), int(k), int(v), int(k_pool), int(v_pool), int(o)
+        num_slots = int(nb) * self.block_size
+        q, k, v, k_pool, v_pool, o = (int(a[n]) for n in ("q", "k", "v", "k_pool", "v_pool", "o"))
 
-        def run(meta, row_q, row_k):
+        def run(meta, row):
+            row_q, row_k = row * hq * d * _BF16, row * hkv * d * _BF16
             ops.enqueue_rope(dev, meta, q + row_q, k + row_k, hq, hkv, d, rd, theta, mode, sections, st, table)
             ops.enqueue_kv_write(dev, meta, k + row_k, v + row_k, k_pool, v_pool, row_elems, num_slots, st)
             ops.enqueue_attention(dev, meta, entry, q + row_q, k_pool, v_pool, o + row_q, hq, hkv, d, scale, st)
 
+        self._each(run)
+
+    # the short convolution -------------------------------------------------------------------------------
+    def conv1d(self, state_ptrs: Sequence, x, y, w, *, channels: int | None = None, width: int | None = None,
+               bias=None, state_stride: int | None = None, silu: bool = True) -> None:
+        """The short convolution of a Gated DeltaNet layer: causal depthwise conv1d (+ SiLU) over ``x`` ``[T, C]``
+        into ``y`` ``[T, C]`` (bf16; rows may be a strided slice of a wider buffer: a tensor says its row stride),
+        each stream's state ``[W - 1, C]`` bf16 at ``state_ptrs[b]`` read and then overwritten with its last
+        ``W - 1`` inputs (a new prompt's state is zeros). ``w``: ``[C, W]`` (or ``[C, 1, W]``, PyTorch's
+        depthwise ``Conv1d.weight``); ``channels`` and ``width`` are read from a tensor when not given.
+
+        The state pointers travel through the pass's per-layer pointer slot (the same slot :meth:`gdn_layer` uses
+        next, rewritten stream-ordered), so a layer needs no pointer table of its own.
+
+        Raises
+        ------
+        TypeError, ValueError
+            A bad tensor, address, stride, width or channel count, x and y overlapping, or a state pointer list of
+            the wrong length: before the slot is rewritten or anything is enqueued.
+        """
+        self._require_current()
+        dev = self.device
+        c = channels if channels is not None else count_of(x, 1)
+        if c is None:
+            raise TypeError("channels is needed when x is a raw address (a [T, C] tensor says it itself)")
+        c = count("channels", c)
+        if width is None:
+            wshape = None if count_of(w, 0) is None else describe(w).shape
+            if wshape is None:
+                raise TypeError("width is needed when w is a raw address (a [C, W] tensor says it itself)")
+            width = wshape[-1]
+        xp, sx = row_view(dev, x, "x", columns=c, dtype="bf16")
+        yp, sy = row_view(dev, y, "y", columns=c, dtype="bf16")
+        wp = address(dev, w, "w", dtype="bf16", align=2)
+        bp = None if bias is None else address(dev, bias, "bias", dtype="bf16", shape=(c,), align=2)
+        states = self._state_addresses(state_ptrs, "state_ptrs", 16, dtype="bf16")
+        # the op's own checks (widths, strides, overlap), with the batch's metadata, before the slot is rewritten
+        probe = self.meta if self.batched else self.stream_meta[0]
+        conv1d_args = dict(channels=c, width=width, bias=bp, x_stride=sx, y_stride=sy, state_stride=state_stride,
+                           silu=silu)
+        entry, strides, bias_addr = check_conv1d(probe, xp, yp, **conv1d_args)
+        self.h_slot._write(states, self.stream)
+        st = self.stream
+
+        def run(meta, slot, row):
+            enqueue_conv1d(dev, meta, entry, slot, xp + row * strides[0] * _BF16, yp + row * strides[1] * _BF16, wp,
+                           bias_addr, c, *strides, silu, st)
+
         if self.batched:
-            run(self.meta, 0, 0)
+            run(self.meta, int(self.h_slot.ptr), 0)
         else:
-            self._per_stream(lambda meta, b, row: run(meta, row * hq * d * _BF16, row * hkv * d * _BF16))
+            self._per_stream(lambda meta, b, row: run(meta, int(self.h_slot.entry(b)), row))
+
+    def _state_addresses(self, state_ptrs, name: str, align: int, dtype: str | None = None) -> list:
+        """One state address per stream (raw addresses or tensors), checked."""
+        n = len(self.streams)
+        if plain_pointers(state_ptrs, align) and len(state_ptrs) == n:
+            return state_ptrs if type(state_ptrs) is list else list(state_ptrs)
+        if isinstance(state_ptrs, (str, bytes)) or not isinstance(state_ptrs, (Sequence, np.ndarray)):
+            raise TypeError(f"{name} must be a sequence of {n} device pointers or tensors, got "
+                            f"{type(state_ptrs).__name__}")
+        if len(state_ptrs) != n:
+            raise ValueError(f"{name} needs exactly {n} entries (one per stream), got {len(state_ptrs)}")
+        return [address(self.device, p, f"{name}[{b}]", dtype=dtype, align=align) for b, p in enumerate(state_ptrs)]
 
     def gdn_plan(self, shape: GdnShape, config: GdnConfig = GdnConfig()) -> GdnPlan:
         """The plan of ``config`` for this pass: made once from the whole batch (its streams, its longest stream's
