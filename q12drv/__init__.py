@@ -1,15 +1,33 @@
-"""q12drv: stage batched ("Q12") prefill metadata into a raw CUDA arena, and the kernels that read it.
+"""q12drv: batched ("Q12") prefill for LLM inference runtimes: the metadata of N prompt streams staged into a
+device arena with one copy, and the kernels that read it.
 
-Layers, bottom up (each imports only from those below it): errors and :class:`DevicePtr`;
-:mod:`~q12drv.core.driver` (real or emulated CUDA driver); :mod:`~q12drv.core.device`; :mod:`~q12drv.core.nvrtc`
-and :mod:`~q12drv.core.launch`; :mod:`~q12drv.core.layout` (every byte offset); :mod:`~q12drv.core.arena`;
-:mod:`~q12drv.core.staging`; :mod:`~q12drv.core.admission`; :mod:`~q12drv.kernels`; :mod:`~q12drv.prefill`;
-:mod:`~q12drv.tools.dump` (with :mod:`~q12drv.tools.inspect`, :mod:`~q12drv.tools.diff`, :mod:`~q12drv.tools.render`); :mod:`~q12drv.tools.cli`.
+The way in is the pass. Plan once per batch, then run the layers::
+
+    dev = q12drv.open_device()                                  # the GPU, or the emulated driver without one
+    arena = q12drv.ScratchArena(dev, nbytes)                    # or ScratchArena over memory the runtime owns
+    step = q12drv.Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0)   # admission, layout,
+                                                                #   staging: batched, or per stream (step.reason)
+    step.attention_layer(q, k, v, k_pool, v_pool, o, shape)      # RoPE, KV write, paged attention
+    step.conv1d(conv_states, x, y, w)                           # the short convolution, per-stream states
+    step.gdn_layer(ssm_states, q12drv.GdnTensors(...), gshape)  # Gated DeltaNet, per-stream states
+
+Each layer op can also be called alone (:meth:`Q12Pass.rope`, :meth:`Q12Pass.kv_write`, :meth:`Q12Pass.attention`)
+with the batched / per-stream decision already made; tensors (torch, CuPy, anything with the CUDA Array Interface
+or DLPack) or raw device addresses are accepted wherever memory is. :class:`PassGraph` is a pass captured as a CUDA
+graph for fixed maxima and replayed with new metadata. Underneath, the stager
+(:func:`stage_batched_attn_metadata`), the sizing functions and admission stay public for runtimes that drive
+the launchers (:mod:`q12drv.ops`) themselves.
+
+Layers of the package, bottom up (each imports only from those below it): :mod:`q12drv.core` (driver, device,
+memory, compiling and launching, layout, arena, staging, admission), :mod:`q12drv.kernels` (one module per kernel
+family, the launchers in :mod:`q12drv.kernels.ops`), :mod:`q12drv.prefill` (the pass and its CUDA graph),
+:mod:`q12drv.tools` (dumps, demo, doctor, the ``q12drv`` command).
 """
 
+from ._version import __version__
 from .core.admission import Admission, check_kernel_batched_eligible
 from .core.arena import ScratchArena
-from .core.device import Device, DeviceArray, open_device
+from .core.device import Device, DeviceArray, Stream, open_device
 from .core.errors import CapacityError, CudaError, DriverUnavailableError, DumpError, HostRaceError, NvrtcError, Q12Error
 from .core.layout import (
     Q12_SIZING_STREAMS,
@@ -17,6 +35,7 @@ from .core.layout import (
     make_scratch_plan,
     q12_batched_scratch_bytes,
     q12_batched_scratch_bytes_varlen,
+    staged_bytes,
 )
 from .core.ptr import NULL, DevicePtr
 from .core.staging import (
@@ -27,11 +46,16 @@ from .core.staging import (
     stage_batched_attn_metadata,
     stage_stream_metadata,
 )
+from .kernels import ops
+from .kernels.gdn import GdnConfig, GdnPlan, GdnShape, GdnTensors, plan_gdn
+from .kernels.rope import RopeScaling
+from .prefill import AttentionShape, Q12Pass
+from .prefill.graphs import PassGraph, capture
 
-__version__ = "0.1.0"
 
 __all__ = [
     "Admission",
+    "AttentionShape",
     "BatchedAttnMetadata",
     "CapacityError",
     "CudaError",
@@ -40,21 +64,33 @@ __all__ = [
     "DevicePtr",
     "DriverUnavailableError",
     "DumpError",
+    "GdnConfig",
+    "GdnPlan",
+    "GdnShape",
+    "GdnTensors",
     "HStateSlot",
     "HostRaceError",
     "NULL",
     "NvrtcError",
+    "PassGraph",
     "Q12Error",
+    "Q12Pass",
     "Q12_SIZING_STREAMS",
+    "RopeScaling",
     "ScratchArena",
     "ScratchPlan",
+    "Stream",
     "StreamStageInfo",
+    "capture",
     "check_kernel_batched_eligible",
     "make_scratch_plan",
     "open_device",
+    "ops",
     "place_h_state_slot",
+    "plan_gdn",
     "q12_batched_scratch_bytes",
     "q12_batched_scratch_bytes_varlen",
     "stage_batched_attn_metadata",
     "stage_stream_metadata",
+    "staged_bytes",
 ]
