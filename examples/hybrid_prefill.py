@@ -1,0 +1,245 @@
+"""A minimal batched-prefill runtime for Qwen3-Next-style hybrid models, on q12drv.
+
+It takes a transformers ``Qwen3NextForCausalLM`` (Gated DeltaNet layers with their short convolution, gated
+full-attention layers with partial rotary and per-head q/k norms, GQA; MoE or dense MLPs) and runs N prompts as one
+batch, chunk by chunk: each call of :meth:`HybridRuntime.step` is one pass over the layers for a set of chunks,
+each continuing its stream from the KV cache and the convolution and SSM states the earlier chunks left (a chunk of
+one token is a decode step; prefill chunks and decode tokens mix in one pass).
+
+The division of work is the one q12drv is for:
+
+* torch, with the model's own modules and weights: embeddings, norms, projections, gates, MLP / MoE, the LM head
+  (everything that works token by token);
+* q12drv: the pass's metadata (one staging for all layers), RoPE at each stream's positions, the paged KV-cache
+  write, paged attention, the short convolution and Gated DeltaNet over per-stream states (everything that crosses
+  tokens or streams), on torch's current stream, with torch tensors as arguments.
+
+On a machine without a GPU the same code runs on CPU tensors and q12drv's emulated driver.
+
+Run it::
+
+    PYTHONPATH=. python3 examples/hybrid_prefill.py            # a small random model, 4 prompts in 2 chunks each
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import q12drv
+
+__all__ = ["HybridRuntime", "StreamState", "tiny_config"]
+
+
+@dataclass
+class StreamState:
+    """One prompt's place in the runtime: its slot (the row of every per-stream table), the tokens in its cache, its
+    physical KV blocks."""
+
+    slot: int
+    cached: int = 0
+    blocks: list = field(default_factory=list)
+
+
+class HybridRuntime:
+    """Batched chunked prefill of a Qwen3-Next-style model: torch for the token-wise work, q12drv for the rest.
+
+    Parameters
+    ----------
+    model : transformers.Qwen3NextForCausalLM
+        In bf16, on a CUDA device (or the CPU, with q12drv's emulated driver).
+    max_streams : int
+        Streams the runtime holds at once (rows of its state tables).
+    max_tokens : int
+        Tokens one stream may reach (sizes its block table).
+    max_pass_tokens : int
+        Tokens one pass may carry (sizes the arena).
+    block_size : int
+        Tokens per KV-cache block.
+    """
+
+    def __init__(self, model, *, max_streams: int = 8, max_tokens: int = 4096, max_pass_tokens: int = 16384,
+                 block_size: int = 16):
+        cfg = model.config
+        self.model, self.cfg = model, cfg
+        self.tdev = next(model.parameters()).device
+        # q12drv on the same device and (on a GPU) the same primary context and stream as torch
+        self.dev = q12drv.open_device("cuda" if self.tdev.type == "cuda" else "emu",
+                                      self.tdev.index or 0 if self.tdev.type == "cuda" else 0)
+        self.block_size = block_size
+        self.max_streams, self.max_blocks = max_streams, -(-max_tokens // block_size)
+        hd = cfg.head_dim
+        rd = int(hd * cfg.rope_parameters.get("partial_rotary_factor", 1.0))
+        self.attn_shape = q12drv.AttentionShape(
+            cfg.num_attention_heads, cfg.num_key_value_heads, hd, rd,
+            rope_scaling=q12drv.RopeScaling.from_transformers(cfg))  # the model's own frequencies, exactly
+        self.gdn_shape = q12drv.GdnShape(cfg.linear_num_key_heads, cfg.linear_num_value_heads,
+                                         cfg.linear_key_head_dim)
+        self.conv_width = cfg.linear_conv_kernel_dim
+        self.conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + \
+            cfg.linear_num_value_heads * cfg.linear_value_head_dim
+        bf16, f32 = dict(dtype=torch.bfloat16, device=self.tdev), dict(dtype=torch.float32, device=self.tdev)
+        # the paged KV cache: block 0 is the dummy block (writes of missing positions land there)
+        num_blocks = 1 + max_streams * self.max_blocks
+        self.free_blocks = list(range(num_blocks - 1, 0, -1))
+        self.layers = []
+        for i, layer in enumerate(model.model.layers):
+            if cfg.layer_types[i] == "full_attention":
+                kv = (num_blocks, block_size, cfg.num_key_value_heads, hd)
+                self.layers.append(("attention", layer, torch.zeros(kv, **bf16), torch.zeros(kv, **bf16)))
+            else:
+                conv = torch.zeros(max_streams, self.conv_width - 1, self.conv_dim, **bf16)
+                ssm = torch.zeros(max_streams, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                                  cfg.linear_value_head_dim, **f32)
+                weight = layer.linear_attn.conv1d.weight.detach()[:, 0, :].contiguous()  # [C, W]
+                self.layers.append(("gdn", layer, conv, ssm, weight))
+        # per-stream block tables (the device copy attention reads; the host copy the stager validates) and
+        # the seq_len words the metadata points at
+        self.tables = torch.zeros(max_streams, self.max_blocks, dtype=torch.int32, device=self.tdev)
+        self.seq_lens = torch.zeros(max_streams, dtype=torch.int32, device=self.tdev)
+        self.host_tables = np.zeros((max_streams, self.max_blocks), np.int32)
+        plan = q12drv.make_scratch_plan([1] * (max_streams - 1) + [max_pass_tokens - max_streams + 1], 0, False,
+                                        "exact")
+        self.arena = q12drv.ScratchArena(self.dev, plan.total_bytes)
+        self.workspace = torch.empty(0, dtype=torch.uint8, device=self.tdev)
+        self.free_slots = list(range(max_streams - 1, -1, -1))
+
+    # streams ---------------------------------------------------------------------------------------------
+    def add_stream(self) -> StreamState:
+        """A new, empty stream (its states zeroed)."""
+        if not self.free_slots:
+            raise RuntimeError(f"the runtime holds {self.max_streams} streams at most")
+        s = StreamState(self.free_slots.pop())
+        for entry in self.layers:
+            if entry[0] == "gdn":
+                entry[2][s.slot].zero_()
+                entry[3][s.slot].zero_()
+        return s
+
+    def _grow(self, s: StreamState, kv_len: int) -> None:
+        need = -(-kv_len // self.block_size)
+        if need > self.max_blocks:
+            raise ValueError(f"stream {s.slot} would reach {kv_len} tokens; the runtime holds {self.max_blocks * self.block_size}")
+        while len(s.blocks) < need:
+            s.blocks.append(self.free_blocks.pop())
+        self.host_tables[s.slot, :need] = s.blocks
+        self.tables[s.slot, :need] = torch.tensor(s.blocks, dtype=torch.int32).to(self.tdev)
+        self.seq_lens[s.slot] = kv_len
+
+    # one pass ---------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, chunks: list[tuple[StreamState, list[int]]], *, mode: str = "auto") -> list[torch.Tensor]:
+        """Run one pass over the layers for ``chunks`` (``(stream, new token ids)``, at most one chunk a stream);
+        return each chunk's logits ``[len(tokens), vocab]``.
+
+        ``mode``: ``Q12Pass``'s (``"per_stream"`` forces the per-stream path: the same bits).
+        """
+        if len({s.slot for s, _ in chunks}) != len(chunks):
+            raise ValueError("one chunk per stream in a pass")
+        infos = []
+        for s, tokens in chunks:
+            if not tokens:
+                raise ValueError(f"stream {s.slot}: a chunk needs at least one token")
+            self._grow(s, s.cached + len(tokens))
+            infos.append(q12drv.StreamStageInfo(
+                proc_start=s.cached, proc_count=len(tokens), block_table=self.host_tables[s.slot],
+                block_table_dev=self.tables[s.slot].data_ptr(), seq_len_dev=self.seq_lens.data_ptr() + 4 * s.slot))
+        stream = torch.cuda.current_stream() if self.tdev.type == "cuda" else None
+        step = q12drv.Q12Pass(self.arena, infos, block_size=self.block_size, use_mrope=False, dummy_kv_block=0,
+                              head_dim=self.cfg.head_dim, mode=mode, stream=stream)
+        ids = torch.tensor([t for _, tokens in chunks for t in tokens], dtype=torch.long, device=self.tdev)
+        h = self.model.model.embed_tokens(ids)  # [T, hidden]
+        slots = [s.slot for s, _ in chunks]
+        for entry in self.layers:
+            layer = entry[1]
+            x = layer.input_layernorm(h)
+            mix = self._attention(step, x, entry) if entry[0] == "attention" else self._gdn(step, x, entry, slots)
+            h = h + mix
+            h = h + layer.mlp(layer.post_attention_layernorm(h)[None])[0]
+        logits = self.model.lm_head(self.model.model.norm(h))
+        for s, tokens in chunks:
+            s.cached += len(tokens)
+        return list(torch.split(logits, [len(t) for _, t in chunks]))
+
+    def _attention(self, step, x, entry) -> torch.Tensor:
+        _, layer, k_pool, v_pool = entry
+        a, t = layer.self_attn, x.shape[0]
+        hq, hkv, hd = self.cfg.num_attention_heads, self.cfg.num_key_value_heads, self.cfg.head_dim
+        q, gate = torch.chunk(a.q_proj(x).view(t, hq, 2 * hd), 2, dim=-1)
+        q = a.q_norm(q).contiguous()
+        k = a.k_norm(a.k_proj(x).view(t, hkv, hd)).contiguous()
+        v = a.v_proj(x).view(t, hkv, hd)
+        o = torch.empty_like(q)
+        step.attention_layer(q, k, v, k_pool, v_pool, o, self.attn_shape)  # RoPE, KV write, paged attention
+        return a.o_proj(o.reshape(t, hq * hd) * torch.sigmoid(gate.reshape(t, hq * hd)))
+
+    def _gdn(self, step, x, entry, slots) -> torch.Tensor:
+        _, layer, conv_states, ssm_states, weight = entry
+        g_mod, t = layer.linear_attn, x.shape[0]
+        cfg = self.cfg
+        hk, hv, dk, dv = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, \
+            cfg.linear_value_head_dim
+        q, k, v, z, b, a = g_mod.fix_query_key_value_ordering(g_mod.in_proj_qkvz(x)[None], g_mod.in_proj_ba(x)[None])
+        mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)  # [T, C]
+        conv_out = torch.empty_like(mixed)
+        step.conv1d([conv_states[i] for i in slots], mixed, conv_out, weight)  # per-stream states, in place
+        kd = hk * dk
+        q = conv_out[:, :kd].reshape(t, hk, dk).contiguous()
+        k = conv_out[:, kd:2 * kd].reshape(t, hk, dk).contiguous()
+        v = conv_out[:, 2 * kd:].reshape(t, hv, dv).contiguous()
+        beta = b[0].float().sigmoid().contiguous()
+        g = (-g_mod.A_log.float().exp() * F.softplus(a[0].float() + g_mod.dt_bias)).contiguous()
+        o = torch.empty_like(v)
+        gdn_config = q12drv.GdnConfig()
+        need = step.gdn_workspace_bytes(self.gdn_shape, gdn_config)
+        if need > self.workspace.numel():
+            self.workspace = torch.empty(need, dtype=torch.uint8, device=self.tdev)
+        step.gdn_layer([ssm_states[i] for i in slots], q12drv.GdnTensors(q, k, v, g, beta, o), self.gdn_shape,
+                       config=gdn_config, workspace=self.workspace.data_ptr() if need else None,
+                       workspace_bytes=need or None)
+        core = g_mod.norm(o.reshape(-1, dv), z.reshape(-1, dv)).reshape(t, hv * dv)
+        return g_mod.out_proj(core)
+
+
+def tiny_config(**overrides):
+    """A small Qwen3-Next config at the real models' per-head shapes (GDN dk = dv = 128 with Hv = 2 Hk; attention
+    head dim 256, rotary dim 64, GQA 8:1), 4 layers in the 3:1 linear / full pattern, dense MLPs."""
+    from transformers import Qwen3NextConfig
+
+    kw = dict(vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
+              num_key_value_heads=1, head_dim=256, linear_num_key_heads=2, linear_num_value_heads=4,
+              linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+              mlp_only_layers=list(range(4)), max_position_embeddings=8192,
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+              attn_implementation="eager")
+    kw.update(overrides)
+    return Qwen3NextConfig(**kw)
+
+
+def _demo() -> None:
+    from transformers import Qwen3NextForCausalLM
+
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = Qwen3NextForCausalLM(tiny_config()).to(device=device, dtype=torch.bfloat16).eval()
+    rt = HybridRuntime(model, max_streams=4, max_tokens=256, max_pass_tokens=512)
+    prompts = [torch.randint(0, 512, (n,)).tolist() for n in (5, 40, 1, 17)]
+    streams = [rt.add_stream() for _ in prompts]
+    halves = [(p[:len(p) // 2 or 1], p[len(p) // 2 or 1:]) for p in prompts]
+    out = [[] for _ in prompts]
+    for part in (0, 1):
+        chunks = [(s, h[part]) for s, h in zip(streams, halves) if h[part]]
+        for (s, _), logits in zip(chunks, rt.step(chunks)):
+            out[streams.index(s)].append(logits)
+    for i, (p, parts) in enumerate(zip(prompts, out)):
+        ours = torch.cat(parts).float()
+        ref = model(torch.tensor([p], device=device)).logits[0].float()
+        err = ((ours - ref).norm() / ref.norm()).item()
+        print(f"prompt {i}: {len(p)} tokens in {len(parts)} chunk(s), relative L2 against transformers {err:.2e}")
+
+
+if __name__ == "__main__":
+    _demo()

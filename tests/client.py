@@ -1,0 +1,78 @@
+"""What the client tests share (CPU and GPU): the example runtime loaded from examples/, the transformers model it
+serves, the reference forward per prompt, and the comparisons with their tolerances.
+
+Tolerance: the runtime and transformers both compute in bf16 with the model's own modules for everything token-wise,
+and q12drv's kernels round their outputs once to bf16; transformers' own bf16 forward differs from its fp32 forward
+by 0.8-1.3e-2 relative L2 in the logits at hidden 512. 3e-2 relative L2 per prompt is bf16 noise, not slack; the
+argmax must agree wherever the reference's top-2 margin exceeds 3e-2 of the logits' scale.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parents[1]
+TOL = 3e-2
+
+
+def load_example():
+    spec = importlib.util.spec_from_file_location("hybrid_prefill", ROOT / "examples" / "hybrid_prefill.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def reference_is_torch() -> None:
+    """transformers swaps its torch Gated DeltaNet and convolution for fla-core's / causal-conv1d's kernels where
+    those import: the reference must be transformers' own torch code."""
+    for package in ("fla", "causal_conv1d"):
+        assert importlib.util.find_spec(package) is None, f"{package} imports here: the reference would not be torch"
+
+
+def model_on(device: str, seed: int = 0, **overrides):
+    ex = load_example()
+    torch.manual_seed(seed)
+    model = transformers.Qwen3NextForCausalLM(ex.tiny_config(**overrides))
+    return ex, model.to(device=device, dtype=torch.bfloat16).eval()
+
+
+@torch.no_grad()
+def reference_logits(model, prompt: list) -> "torch.Tensor":
+    return model(torch.tensor([prompt], device=next(model.parameters()).device)).logits[0].float()
+
+
+def rel_l2(a, b) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def check_close(ours, ref, what: str) -> None:
+    """Relative L2 within :data:`TOL`, and the argmax equal wherever the reference's top-2 margin exceeds it."""
+    err = rel_l2(ours, ref)
+    assert err < TOL, f"{what}: relative L2 {err:.3e} >= {TOL}"
+    top2 = ref.topk(2, dim=-1).values
+    decided = (top2[:, 0] - top2[:, 1]) > TOL * ref.abs().max()
+    agree = ours.argmax(-1) == ref.argmax(-1)
+    assert bool(agree[decided].all()), f"{what}: argmax differs where the reference's margin is clear"
+
+
+def run_chunked(rt, prompts: list, splits: list) -> list:
+    """Each prompt in chunks (``splits[i]``: chunk lengths), the streams' chunks interleaved: pass k carries chunk k of
+    every stream that has one. Returns each prompt's logits."""
+    streams = [rt.add_stream() for _ in prompts]
+    outs = [[] for _ in prompts]
+    at = [0] * len(prompts)
+    for k in range(max(len(s) for s in splits)):
+        chunks = []
+        for i, p in enumerate(prompts):
+            if k < len(splits[i]):
+                chunks.append((streams[i], p[at[i]:at[i] + splits[i][k]]))
+                at[i] += splits[i][k]
+        for (s, _), logits in zip(chunks, rt.step(chunks)):
+            outs[streams.index(s)].append(logits.float())
+    return [torch.cat(o) for o in outs], streams
