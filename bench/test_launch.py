@@ -9,7 +9,7 @@ drained before each call, outside the timing); ``extra_info["us_per_launch"]`` i
 
 import pytest
 
-from bench.common import BENCH_SOURCE, BENCH_SOURCE_DIR, LAUNCH_CASES, bench_launch, on_gpu, raw_launcher
+from bench.inputs import BENCH_SOURCE, BENCH_SOURCE_DIR, LAUNCH_CASES, bench_launch, on_gpu, raw_launcher
 
 BATCH = 100
 GRID, BLOCK = (1, 1, 1), (32, 1, 1)
