@@ -2,7 +2,7 @@
 
 ``bench/gpu_compare.py``'s sections (``bench/compare/``), the pytest-benchmark suites (``bench/test_*.py``),
 ``bench/breakdown.py``, ``bench/profile_host.py`` and ``bench/fla_gdn.py`` take their devices, streams, staged passes,
-layer buffers, Gated DeltaNet inputs and attention problems from here, so that one script
+layer buffers, Gated DeltaNet inputs, attention problems and short-convolution inputs from here, so that one script
 never reaches into another's helpers.
 
 Everything here runs on the real driver and on the emulated one (``Q12DRV_DRIVER=emu``); on the emulator the
@@ -38,6 +38,7 @@ __all__ = [
     "QWEN3_NEXT", "step_counts", "StepCase",
     "GDN_CASES", "GDN_EMU_CASES", "gdn_case_lens", "gdn_inputs",
     "ATTN_CASES", "ATTN_EMU_CASES", "attn_flops", "attention_buffers",
+    "CONV_CHANNELS", "CONV_WIDTH", "CONV_CASES", "CONV_EMU_CASES", "conv1d_floor_bytes", "conv1d_inputs",
 ]
 
 
@@ -515,3 +516,49 @@ def attention_buffers(dev, cases: dict, hq: int, hkv: int, d: int, bs: int) -> I
         dev.synchronize()
         for buf in bufs:
             buf.free()
+
+
+# ----------------------------------------------------------------------------- the short convolution
+#: Qwen3-Next's short convolution runs over ``[q | k | v]``: C = 2 Hk dk + Hv dv channels (8192), width 4.
+CONV_CHANNELS = 2 * QWEN3_NEXT["gdn"].num_k_heads * QWEN3_NEXT["gdn"].head_dim \
+    + QWEN3_NEXT["gdn"].num_v_heads * QWEN3_NEXT["gdn"].head_dim
+CONV_WIDTH = 4
+#: The convolution's cases: 8 x 2048 tokens and the GDN section's ragged batch.
+CONV_CASES = {"8x2048": [2048] * 8, "ragged8": list(GDN_CASES["ragged8"])}
+#: The same on the emulator: cut down (the channel count stays).
+CONV_EMU_CASES = {"2x16": [16, 16], "ragged8": [3, 16, 1, 7, 2, 9, 5, 4]}
+
+
+def conv1d_floor_bytes(total_tokens: int, n: int, channels: int = CONV_CHANNELS, width: int = CONV_WIDTH) -> int:
+    """Bytes the short convolution must move at least: x read and y written (``T x C`` bf16 each), every
+    stream's state read and written (``(W - 1) x C`` bf16 each way); the taps (``C x W``) are not counted."""
+    return 2 * total_tokens * channels * 2 + 2 * n * (width - 1) * channels * 2
+
+
+def conv1d_inputs(dev, counts, bufs, *, channels: int = CONV_CHANNELS, width: int = CONV_WIDTH, seed: int = 0,
+                  like: dict | None = None) -> dict:
+    """The short convolution's inputs for streams of ``counts`` tokens as device buffers, appended to ``bufs``.
+
+    Keys: ``x`` and ``y`` ``[T, C]`` bf16 (x random), ``w`` ``[C, W]`` (random bf16 taps, scaled by 0.5), ``states``
+    (one random ``[W - 1, C]`` bf16 state per stream, back to back) and ``state_ptrs`` (their n u64 addresses);
+    ``host``: the host bits of x, w and the states. ``like``: an earlier result whose host bits are uploaded again
+    (another buffer set of the same problem, without drawing ``T x C`` random numbers again).
+    """
+    n, total = len(counts), sum(counts)
+    if like is not None:
+        host = like["host"]
+    else:
+        rng = np.random.default_rng(seed)
+        host = {"x": to_bf16_bits(rng.standard_normal((total, channels), dtype=np.float32)),
+                "w": to_bf16_bits(0.5 * rng.standard_normal((channels, width), dtype=np.float32)),
+                "states": to_bf16_bits(rng.standard_normal((n, width - 1, channels), dtype=np.float32))}
+    x = {"x": dev.alloc(host["x"].nbytes), "y": dev.alloc(host["x"].nbytes), "w": dev.alloc(host["w"].nbytes),
+         "states": dev.alloc(host["states"].nbytes), "state_ptrs": dev.alloc(8 * n)}
+    bufs += list(x.values())
+    for key in ("x", "w", "states"):
+        dev.upload(int(x[key].ptr), host[key])
+    dev.upload(int(x["state_ptrs"].ptr),
+               np.array([int(x["states"].ptr) + b * (width - 1) * channels * 2 for b in range(n)], np.uint64))
+    dev.synchronize()
+    x["host"] = host
+    return x

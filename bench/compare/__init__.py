@@ -6,7 +6,7 @@ same run and adds its rows to the table (:class:`~bench.compare.context.Context`
 
 from __future__ import annotations
 
-from bench.compare import attention, gdn, graph, jit_slot, kv_write, launch, rope, staging, step
+from bench.compare import attention, conv1d, gdn, graph, jit_slot, kv_write, launch, rope, staging, step
 
 __all__ = ["SECTIONS"]
 
@@ -18,6 +18,7 @@ SECTIONS = {
     "step": step.run,
     "kv_write": kv_write.run,
     "rope": rope.run,
+    "conv1d": conv1d.run,
     "attention": attention.run,
     "graph": graph.run,
     "gdn": gdn.run,

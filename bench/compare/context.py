@@ -11,10 +11,12 @@ from typing import Any, Callable
 from bench.inputs import on_gpu
 from bench.timing import cold_sets
 
-__all__ = ["Context", "D2D_TBPS", "faster", "torch_mod"]
+__all__ = ["Context", "D2D_TBPS", "HBM_TBPS", "faster", "torch_mod"]
 
 #: H200 device-to-device copy, read + write (measured: bench/RESULTS.md): the KV write's and RoPE's floor.
 D2D_TBPS = 4.23
+#: H200 HBM3e peak bandwidth (the data sheet's 4.8 TB/s): the short convolution's floor.
+HBM_TBPS = 4.8
 
 
 def faster(k: float) -> tuple:

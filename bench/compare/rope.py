@@ -1,6 +1,8 @@
 """Section ``rope``: RoPE in place on Q and K (``ops.rope``, 8 x 8192 tokens, Hq 16, Hkv 2, D 256, partial rotary 64,
 theta 1e7) against its byte floor (the rotary dims of every head read and written, and the positions, at the H200's
-device-to-device copy rate) and eager torch (the Hugging Face formula); and full rotary at Qwen3-like heads (Hq 32,
+device-to-device copy rate) and eager torch (the Hugging Face formula); the same with a scaled table
+(:class:`~q12drv.kernels.rope.RopeScaling`, linear factor 4: theta's inverse frequencies divided by 4), against the
+floor, the plain kernel and eager torch on the same scaled frequencies; and full rotary at Qwen3-like heads (Hq 32,
 Hkv 8, D 128, rotary 128) against its floor. Device time from events around 8 back-to-back calls, median of 50
 after 3 warm-ups; both sides rotate among buffer sets that together exceed 3x L2 (cold L2)."""
 
@@ -12,7 +14,10 @@ from bench import inputs
 from bench.compare.context import Context, faster, torch_mod
 from bench.timing import q12_events_us, torch_events_us
 
-__all__ = ["run"]
+__all__ = ["run", "LINEAR_FACTOR"]
+
+#: The scaled rows' linear factor (positions divided by it: inverse frequencies divided by it).
+LINEAR_FACTOR = 4
 
 
 def run(ctx: Context) -> None:
@@ -62,17 +67,34 @@ def run(ctx: Context) -> None:
 
         res["full_rotary"] = {"shape": [fhq, fhkv, fd, frd], "floor_bytes": ffloor}
         res["full_rotary"]["q12drv_us"] = q12_events_us(dev, q12_full, ctx.reps(50, 1))
+        # Scaled RoPE: the same problem and buffer sets, the frequencies from a table (made once, passed by value in
+        # the launch) instead of theta.
+        scaling = rk.RopeScaling(inv_freq=rk.inv_freq(rd, theta) / LINEAR_FACTOR)
+
+        def q12_scaled():
+            q, k = sets[turn[0] % n_sets]
+            turn[0] += 1
+            ops.rope(dev, meta, q.ptr, k.ptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, rotary_dim=rd, theta=theta,
+                     scaling=scaling)
+
+        res["scaled"] = {"scaling": f"linear {LINEAR_FACTOR}", "floor_bytes": floor}
+        res["scaled"]["q12drv_us"] = q12_events_us(dev, q12_scaled, ctx.reps(50, 1))
         ctx.section("rope", res)
         ctx.memory_rows(f"rope {total // 1024}k tokens: vs floor (rotary dims)", res, "q12drv_us", floor, 0.70)
         ctx.memory_rows(f"rope {total // 1024}k tokens: full rotary Hq32 Hkv8 D128 rd128", res["full_rotary"],
                         "q12drv_us", ffloor, None)
+        ctx.memory_rows(f"rope {total // 1024}k tokens: scaled (linear x{LINEAR_FACTOR}) vs floor", res["scaled"],
+                        "q12drv_us", floor, 0.70)
+        ctx.row(f"rope {total // 1024}k tokens: scaled (linear x{LINEAR_FACTOR})", res["scaled"]["q12drv_us"],
+                "q12drv RoPE from theta (no table)", res["q12drv_us"], note="info: what the table costs")
         if ctx.gpu:
             ctx.comparator("rope/torch", lambda: _torch(ctx, streams, total, hq, hkv, d, rd, theta, res, n_sets))
 
 
 def _torch(ctx: Context, streams, total, hq, hkv, d, rd, theta, res, n_sets=1) -> None:
     """Eager torch, the Hugging Face formula (cos and sin from the positions each call, ``x * cos + rotate_half(x)
-    * sin`` on the rotary dims, the rest concatenated back), on as many buffer sets as q12drv's."""
+    * sin`` on the rotary dims, the rest concatenated back), on as many buffer sets as q12drv's: theta's
+    frequencies, then the same divided by :data:`LINEAR_FACTOR` (transformers' linear scaling)."""
     torch = torch_mod()
     pos = torch.from_numpy(np.concatenate([np.arange(s.proc_start, s.proc_start + s.proc_count)
                                            for s in streams])).cuda()
@@ -85,7 +107,7 @@ def _torch(ctx: Context, streams, total, hq, hkv, d, rd, theta, res, n_sets=1) -
         x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
         return torch.cat((-x2, x1), dim=-1)
 
-    def hf():
+    def hf(inv_freq=inv_freq):
         tq, tk = sets[turn[0] % n_sets]
         turn[0] += 1
         freqs = pos[:, None].float() * inv_freq[None, :]
@@ -100,3 +122,8 @@ def _torch(ctx: Context, streams, total, hq, hkv, d, rd, theta, res, n_sets=1) -
     res["torch_eager_us"] = torch_events_us(torch, hf, ctx.reps(50, 1))
     ctx.row(f"rope {total // 1024}k tokens (Hq16 Hkv2 D256 rd64)", res["q12drv_us"], "eager torch (HF formula)",
             res["torch_eager_us"], faster(3), note="device time, cold L2")
+    scaled_inv_freq = inv_freq / LINEAR_FACTOR
+    res["scaled"]["torch_eager_us"] = torch_events_us(torch, lambda: hf(scaled_inv_freq), ctx.reps(50, 1))
+    ctx.row(f"rope {total // 1024}k tokens scaled (linear x{LINEAR_FACTOR})", res["scaled"]["q12drv_us"],
+            f"eager torch (HF formula, inv_freq / {LINEAR_FACTOR})", res["scaled"]["torch_eager_us"], faster(3),
+            note="device time, cold L2")
