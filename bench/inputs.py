@@ -27,6 +27,7 @@ from q12drv.core.driver import register_emulator
 from q12drv.core.launch import load_module
 from q12drv.core.layout import stacked_layout
 from q12drv.kernels.expand import ExpandPlan, stage_on_device
+from q12drv.kernels import ops
 from q12drv.kernels.gdn import GdnConfig, GdnTensors, plan_gdn
 from q12drv.kernels.meta import TAIL_STREAMS, Q12MetaC, meta_defines
 from q12drv.prefill import AttentionShape, GdnShape, Q12Pass
@@ -34,7 +35,7 @@ from q12drv.prefill import AttentionShape, GdnShape, Q12Pass
 __all__ = [
     "open_bench_device", "on_gpu", "stub_driver",
     "BENCH_SOURCE", "BENCH_SOURCE_DIR", "LAUNCH_CASES", "bench_launch", "raw_launcher", "ctypes_launcher",
-    "make_streams", "staged_pass", "rand_bf16", "StagingCase",
+    "make_streams", "staged_pass", "rand_bf16", "StagingCase", "kv_write_launcher",
     "QWEN3_NEXT", "step_counts", "StepCase",
     "GDN_CASES", "GDN_EMU_CASES", "gdn_case_lens", "gdn_inputs",
     "ATTN_CASES", "ATTN_EMU_CASES", "attn_flops", "attention_buffers",
@@ -284,6 +285,24 @@ class StagingCase:
         for _, pin, _ in self.fields:
             pin.free()
         self._tables.free()
+
+
+def kv_write_launcher(dev, case: StagingCase) -> tuple:
+    """The whole ``ops.kv_write`` launcher (argument checks, geometry, packing, launch) over ``case``'s metadata
+    (staged here by the host path), Hkv 2 and D 256, one row buffer as K and V and one pool as both.
+
+    Returns ``(call, buffers)``: the zero-argument call and the device buffers the caller frees.
+    """
+    meta = case.host()
+    row_elems = 2 * 256
+    pool = dev.alloc(case.num_blocks * case.block_size * row_elems * 2, "kv pool")
+    rows = dev.alloc(case.n * case.tokens * row_elems * 2, "kv rows")
+    p, r = int(pool.ptr), int(rows.ptr)
+
+    def call():
+        ops.kv_write(dev, meta, r, r, p, p, num_kv_heads=2, head_dim=256, num_blocks=case.num_blocks)
+
+    return call, (pool, rows)
 
 
 # ----------------------------------------------------------------------------- one layer step

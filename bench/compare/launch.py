@@ -60,23 +60,15 @@ def run(ctx: Context) -> None:
 
     case = inputs.StagingCase(dev, 8, 16, mrope=False)
     try:
-        meta = case.host()
-        row_elems = 2 * 256
-        pool = dev.alloc(case.num_blocks * 16 * row_elems * 2, "kv pool")
-        rows = dev.alloc(8 * 16 * row_elems * 2, "kv rows")
-        p, r = int(pool.ptr), int(rows.ptr)
-
-        def kv():
-            ops.kv_write(dev, meta, r, r, p, p, num_kv_heads=2, head_dim=256, num_blocks=case.num_blocks)
-
+        kv, buffers = inputs.kv_write_launcher(dev, case)
         kv_launch = ops.prepared(dev, "q12_kv_write")
         kv_raw = inputs.raw_launcher(dev, kv_launch, (1, 1, 1), (256, 1, 1))
         t = per_call_batches({"ops.kv_write": kv, "raw": kv_raw}, batch, max(3, batches // 2), dev.synchronize)
         res["ops.kv_write"] = t
         ctx.row("launcher: ops.kv_write (checks+pack+launch)", t["ops.kv_write"], RAW, t["raw"],
                 note="info: the full launcher")
-        pool.free()
-        rows.free()
+        for buf in buffers:
+            buf.free()
     finally:
         case.close()
 
