@@ -1,7 +1,8 @@
 """``bench/gpu_compare.py``'s sections, one module each: every section times q12drv and its comparators in the
 same run and adds its rows to the table (:class:`~bench.compare.context.Context`).
 
-:data:`SECTIONS` (name -> ``run(ctx)``), in the order a full run takes them.
+:data:`SECTIONS` (name -> ``run(ctx)``), in the order a full run takes them (the newest last, so that a run near
+its time budget skips it before the others).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ SECTIONS = {
     "step": step.run,
     "kv_write": kv_write.run,
     "rope": rope.run,
-    "conv1d": conv1d.run,
     "attention": attention.run,
     "graph": graph.run,
     "gdn": gdn.run,
+    "conv1d": conv1d.run,
 }
