@@ -6,7 +6,7 @@
 
 Sections (``--sections step,staging``; every median is over ``--reps`` repetitions, default 200):
 
-* ``step``: the 8 x 128 Qwen3-Next-like step as ``bench.common.StepCase`` runs it (``Q12Pass`` +
+* ``step``: the 8 x 128 Qwen3-Next-like step as ``bench.inputs.StepCase`` runs it (``Q12Pass`` +
   one attention layer + one Gated DeltaNet layer), batched and per stream:
 
   - *plain*: host time and round trip of ``StepCase.run(mode)`` with nothing instrumented, each
@@ -51,7 +51,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import q12drv  # noqa: E402
-from bench import common  # noqa: E402
+from bench import inputs, report  # noqa: E402
 from bench.timing import host_and_round_trip, q12_events_us  # noqa: E402
 from q12drv.prefill import q12pass as prefill  # noqa: E402
 from q12drv.core import staging  # noqa: E402
@@ -382,7 +382,7 @@ class Gate:
 
 def section_step(dev, gpu: bool, reps: int, warmup: int, full: bool) -> None:
     sync = dev.synchronize
-    step = common.StepCase(dev, common.step_counts("8x128", gpu or full))
+    step = inputs.StepCase(dev, inputs.step_counts("8x128", gpu or full))
     tracer = gate = None
     res = RESULTS["step"]
     modes = ("batched", "per_stream")
@@ -477,23 +477,23 @@ def print_step(mode: str, r: dict, gpu: bool) -> None:
 # ----------------------------------------------------------------------------- staging
 def section_staging(dev, gpu: bool, reps: int, warmup: int, full: bool) -> None:
     sync = dev.synchronize
-    case = common.StagingCase(dev, 8, 2048 if gpu or full else 256)
+    case = inputs.StagingCase(dev, 8, 2048 if gpu or full else 256)
     res = RESULTS["staging"]
     try:
         case.planned()
         sync()
-        plan = case._plan
-        chunk = max(case._counts)
+        plan = case.plan
+        chunk = max(case.counts)
         grid = plan._grids.get(chunk) or expand.geometry(case.n, chunk)[0]
         bound = plan._fires.get(chunk) or plan._fire(chunk)
-        raw = common.raw_launcher(dev, plan._launch, grid, (expand.THREADS, 1, 1))
+        raw = inputs.raw_launcher(dev, plan._launch, grid, (expand.THREADS, 1, 1))
         paths = {
             "arena.reset + plan.stage": case.planned,
             "plan's bound launch (Launch.bind)": bound,
             "raw cuLaunchKernel, plan's args": raw,
             f"bare cuMemcpyHtoDAsync {case.staged_bytes:,} B": case.bare,
         }
-        direct = common.ctypes_launcher(dev, plan._launch, grid, (expand.THREADS, 1, 1))
+        direct = inputs.ctypes_launcher(dev, plan._launch, grid, (expand.THREADS, 1, 1))
         if direct is not None:   # libcuda's cuLaunchKernel without the bindings (the GPU only)
             if direct() != 0:
                 raise RuntimeError("cuLaunchKernel through ctypes failed")
@@ -545,7 +545,7 @@ def section_staging(dev, gpu: bool, reps: int, warmup: int, full: bool) -> None:
 
 def section_floors(dev, gpu: bool, reps: int) -> None:
     sync = dev.synchronize
-    launch = common.bench_launch(dev, "empty")
+    launch = inputs.bench_launch(dev, "empty")
     fire = launch.bind((1, 1, 1), (32, 1, 1))
     idle, rt = [], []
     for _ in range(20):
@@ -616,15 +616,13 @@ def main(argv=None) -> int:
         ap.error(f"unknown sections: {', '.join(sorted(bad))}")
     t_start = pc()
     dev = q12drv.open_device(args.driver)
-    gpu = common.on_gpu(dev)
+    gpu = inputs.on_gpu(dev)
     if args.stub:
         if gpu:
             ap.error("--stub replaces the emulated driver's work; it cannot stub a real GPU")
-        from bench.profile_host import _stub
-
-        _stub(dev)
+        inputs.stub_driver(dev)
     RESULTS["meta"] = {"device": dev.name, "driver": dev.driver.name, "reps": args.reps, "stub": args.stub,
-                       "commit": _commit()}
+                       "commit": report.commit()}
     print(f"device: {dev.name} ({dev.driver.name}){' with copies and launches stubbed' if args.stub else ''}",
           flush=True)
     try:
@@ -634,9 +632,9 @@ def main(argv=None) -> int:
             RESULTS["errors"]["floors"] = _err(exc)
         for name in sections:
             fn = {"step": section_step, "staging": section_staging}[name]
-            common.run_section(RESULTS, name, lambda: fn(dev, gpu, args.reps, args.warmup, args.stub), dev, _err)
+            report.run_section(RESULTS, name, lambda: fn(dev, gpu, args.reps, args.warmup, args.stub), dev, _err)
     finally:
-        common.finish_run(RESULTS, t_start, args.out, print_table, dev)
+        report.finish_run(RESULTS, t_start, args.out, print_table, dev)
     return 1 if RESULTS["errors"] else 0
 
 
@@ -646,19 +644,6 @@ def _err(exc) -> str:
     text = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
     print(text, file=sys.stderr, flush=True)
     return text
-
-
-def _commit() -> str:
-    """``Q12_COMMIT`` (scripts/gpu_check.sh passes the tree's), else git's HEAD here."""
-    import subprocess
-
-    if os.environ.get("Q12_COMMIT"):
-        return os.environ["Q12_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=5).stdout.strip() or "?"
-    except Exception:
-        return "?"
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ another's numbers.
 
 import pytest
 
-from bench.common import StagingCase, open_bench_device
+from bench.inputs import StagingCase, open_bench_device
 
 
 @pytest.fixture(scope="session")
@@ -31,10 +31,3 @@ def staging_cases(dev):
     for c in cases.values():
         c.close()
 
-
-def round_trip(dev, fn):
-    """``fn`` then a wait for the device's stream: what one call costs until its work is done."""
-    def run():
-        fn()
-        dev.synchronize()
-    return run

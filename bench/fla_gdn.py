@@ -3,8 +3,8 @@
 
     PYTHONPATH=/tmp/site python3 bench/fla_gdn.py [--cases 8x2048,1x8192,ragged8] [--reps 30]
 
-A case is ``NxL`` (N streams of L tokens) or a name of RAGGED (``ragged8``: 8 streams of 256..2048
-tokens, the same lengths as bench/gpu_compare.py section_gdn and tools/ncu_gdn.py).
+A case is ``NxL`` (N streams of L tokens) or a name of ``bench.inputs.GDN_CASES`` (``ragged8``: 8 streams of
+256..2048 tokens; the lengths gpu_compare's GDN section times q12drv on).
 
 Same problem as q12drv's chunked kernel: varlen streams through ``cu_seqlens`` (batch dim 1),
 Hk 16 / Hv 32 / d 128, bf16 q/k/v, fp32 log-space g, bf16 beta, an fp32 initial state
@@ -32,19 +32,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.inputs import GDN_CASES, gdn_case_lens  # noqa: E402
 from bench.timing import torch_events_us  # noqa: E402
-
-
-#: Named ragged cases: stream lengths.
-RAGGED = {"ragged8": [256, 2048, 512, 1792, 768, 1536, 1024, 1280]}
-
-
-def case_lens(spec: str) -> list[int]:
-    """``NxL`` -> [L] * N; a RAGGED name -> its lengths."""
-    if spec in RAGGED:
-        return list(RAGGED[spec])
-    n, L = (int(x) for x in spec.split("x"))
-    return [L] * n
 
 
 def time_case(torch, fn, lens, hk, hv, d, reps, warmup):
@@ -113,7 +102,7 @@ def _cumsum(xs):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default="8x2048,1x8192,ragged8")
+    ap.add_argument("--cases", default=",".join(GDN_CASES), help="comma-separated: NxL or a named case")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--heads", default="16,32,128", help="Hk,Hv,d")
@@ -130,7 +119,7 @@ def main(argv=None) -> int:
         result["torch"] = torch.__version__
         cases = {}
         for spec in args.cases.split(","):
-            cases[spec] = time_case(torch, chunk_gated_delta_rule, case_lens(spec), hk, hv, d, args.reps, args.warmup)
+            cases[spec] = time_case(torch, chunk_gated_delta_rule, gdn_case_lens(spec), hk, hv, d, args.reps, args.warmup)
         result["cases"] = cases
         result["ok"] = True
     except Exception as exc:  # recorded, not raised: the caller records an error row

@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import common  # noqa: E402
+from bench import inputs  # noqa: E402
 
 
 def _median_us(fn, sync, reps: int) -> float:
@@ -66,14 +66,6 @@ def _profile(name: str, fn, sync, reps: int, top: int) -> None:
     print("\n".join(lines[start:]))
 
 
-def _stub(dev) -> None:
-    """Make the emulated driver's copies and launches no-ops (q12drv's own Python stays)."""
-    drv = dev.driver
-    drv.memcpy_htod_async = lambda *a: None
-    drv.launch = lambda *a: None
-    drv.launcher = lambda func, params_addr: (lambda grid, block, smem, stream: None)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=200, help="repetitions per profile (default 200)")
@@ -83,16 +75,16 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.reps < 1 or args.top < 1:
         ap.error("--reps and --top must be >= 1")
-    dev = common.open_bench_device()
-    gpu = common.on_gpu(dev)
+    dev = inputs.open_bench_device()
+    gpu = inputs.on_gpu(dev)
     if args.stub:
         if gpu:
             ap.error("--stub replaces the emulated driver's work; it cannot stub a real GPU")
-        _stub(dev)
+        inputs.stub_driver(dev)
     print(f"device: {dev.name} ({dev.driver.name}){' with copies and launches stubbed' if args.stub else ''}")
     sync = dev.synchronize
     if args.only in (None, "staging", "planned"):
-        case = common.StagingCase(dev, 8, 2048 if gpu or args.stub else 256)
+        case = inputs.StagingCase(dev, 8, 2048 if gpu or args.stub else 256)
         try:
             if args.only in (None, "staging"):
                 _profile(f"staging {case.n}x{case.tokens} MRoPE, device expansion", case.device, sync, args.reps,
@@ -103,7 +95,7 @@ def main(argv=None) -> int:
         finally:
             case.close()
     if args.only in (None, "step"):
-        step = common.StepCase(dev, common.step_counts("8x128", gpu or args.stub))
+        step = inputs.StepCase(dev, inputs.step_counts("8x128", gpu or args.stub))
         try:
             for mode in ("batched", "per_stream"):
                 _profile(f"step 8x128 {mode} (Q12Pass + attention layer + GDN layer)",

@@ -5,8 +5,8 @@ import pytest
 from q12drv import ScratchArena
 from q12drv.core.staging import reserve_h_state_slot
 
-from bench.common import on_gpu
-from bench.conftest import round_trip
+from bench.inputs import on_gpu
+from bench.timing import round_trip
 
 
 @pytest.mark.parametrize("wait", [False, True], ids=["host time", "round trip"])

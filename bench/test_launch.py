@@ -9,7 +9,8 @@ drained before each call, outside the timing); ``extra_info["us_per_launch"]`` i
 
 import pytest
 
-from bench.common import BENCH_SOURCE, BENCH_SOURCE_DIR, LAUNCH_CASES, bench_launch, on_gpu, raw_launcher
+from bench.inputs import (BENCH_SOURCE, BENCH_SOURCE_DIR, LAUNCH_CASES, bench_launch, kv_write_launcher, on_gpu,
+                          raw_launcher)
 
 BATCH = 100
 GRID, BLOCK = (1, 1, 1), (32, 1, 1)
@@ -52,23 +53,12 @@ def test_launch_latency(benchmark, dev, case, path):
 
 def test_kv_write_launcher(benchmark, dev, staging_cases):
     """``ops.kv_write``: argument checks, geometry, packing and the launch (8 streams x 16 tokens)."""
-    from q12drv.kernels import ops
-
     benchmark.group = "launcher"
-    case = staging_cases(8, 16)
-    meta = case.host()
-    row = 2 * 256
-    pool = dev.alloc(case.num_blocks * 16 * row * 2, "bench pool")
-    rows = dev.alloc(8 * 16 * row * 2, "bench rows")
-    p, r = int(pool.ptr), int(rows.ptr)
-
-    def fn():
-        ops.kv_write(dev, meta, r, r, p, p, num_kv_heads=2, head_dim=256, num_blocks=case.num_blocks)
-
+    fn, buffers = kv_write_launcher(dev, staging_cases(8, 16))
     benchmark.pedantic(fn, setup=dev.synchronize, rounds=200 if on_gpu(dev) else 5, iterations=1, warmup_rounds=1)
     dev.synchronize()
-    pool.free()
-    rows.free()
+    for buf in buffers:
+        buf.free()
 
 
 def test_launch_kernels_build_outside_cuda_src():

@@ -1,6 +1,6 @@
 """Staging the stacked metadata (MRoPE), n streams x tokens per stream.
 
-Paths (see ``bench.common.StagingCase``): ``host`` (q12drv's stager: validate, pack, one copy),
+Paths (see ``bench.inputs.StagingCase``): ``host`` (q12drv's stager: validate, pack, one copy),
 ``device`` (validate, one expansion launch carrying the per-stream tail), ``planned`` (the same
 through an ``ExpandPlan`` made once: a pass checks only its starts and counts), ``bare`` (one copy of
 the same bytes already packed: the floor), ``per_field`` (the same bytes as one copy per field).
@@ -10,8 +10,8 @@ alone (the stream is drained before each, outside the timing).
 
 import pytest
 
-from bench.common import on_gpu
-from bench.conftest import round_trip
+from bench.inputs import on_gpu
+from bench.timing import round_trip
 
 PATHS = ("host", "device", "planned", "bare", "per_field")
 NS = (1, 2, 4, 8, 16, 32, 64)

@@ -1,14 +1,14 @@
 """One prefill step (admission, staging, one attention layer, one Gated DeltaNet layer), batched vs per stream.
 
-Qwen3-Next-like shapes (``bench.common.QWEN3_NEXT``); ``8x128``: eight streams of 128 tokens,
+Qwen3-Next-like shapes (``bench.inputs.QWEN3_NEXT``); ``8x128``: eight streams of 128 tokens,
 ``ragged``: eight streams of 256..2048 (cut down on the emulator). Round trip: the step plus a
 wait for the stream.
 """
 
 import pytest
 
-from bench.common import StepCase, on_gpu, step_counts
-from bench.conftest import round_trip
+from bench.inputs import StepCase, on_gpu, step_counts
+from bench.timing import round_trip
 
 
 @pytest.fixture(scope="module")

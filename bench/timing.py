@@ -1,16 +1,19 @@
-"""Device time of a call from events recorded around it: the one timing loop the GPU scripts share.
+"""The timing loops the benchmarks share: device time from events recorded around a call, host time and round
+trip of interleaved paths, host time per call in batches.
 
-Used by ``bench/gpu_compare.py`` (q12drv and the torch comparators), ``bench/fla_gdn.py`` (fla-core, in its own
-process) and the GPU tests. torch is passed in, so importing this module needs
-neither torch nor a GPU.
+Used by ``bench/gpu_compare.py``'s sections (q12drv and the torch comparators), ``bench/breakdown.py``,
+``bench/fla_gdn.py`` (fla-core, in its own process), the pytest-benchmark suites and the GPU tests. torch is passed
+in, so importing this module needs neither torch nor a GPU.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Any, Callable
 
-__all__ = ["torch_events_us", "q12_events_us", "host_and_round_trip", "BATCH", "L2_BYTES", "cold_sets"]
+__all__ = ["torch_events_us", "q12_events_us", "host_and_round_trip", "per_call_batches", "round_trip", "BATCH",
+           "L2_BYTES", "cold_sets"]
 
 
 #: Bytes a kernel's inputs must exceed, rotated, to time it with a cold L2: the H200's 50 MiB, with margin.
@@ -82,8 +85,6 @@ def host_and_round_trip(paths: dict, reps: int, sync: Callable[[], Any], warmup:
     """Per path (name -> a call that enqueues and returns): median host time of the call and median round trip
     (the call and ``sync()``), in microseconds, the paths interleaved, each call after an idle-stream ``sync()``:
     ``{name: {"host_us": ..., "round_trip_us": ...}}``. ``warmup`` untimed calls of each first."""
-    import time
-
     host = {name: [] for name in paths}
     rt = {name: [] for name in paths}
     for fn in paths.values():
@@ -103,3 +104,32 @@ def host_and_round_trip(paths: dict, reps: int, sync: Callable[[], Any], warmup:
             rt[name].append((t2 - t0) * 1e6)
     return {name: {"host_us": float(statistics.median(host[name])), "round_trip_us": float(statistics.median(rt[name]))}
             for name in paths}
+
+
+def per_call_batches(paths: dict, batch: int, batches: int, sync: Callable[[], Any]) -> dict:
+    """Median host time per call (us) of each zero-argument callable, timed in ``batches`` batches of ``batch``
+    calls, the paths interleaved batch by batch (drift hits all alike), ``sync()`` before each batch; a warm-up of
+    ``min(batch, 20)`` calls of each first."""
+    out = {name: [] for name in paths}
+    for fn in paths.values():  # warm-up
+        for _ in range(min(batch, 20)):
+            fn()
+    sync()
+    pc = time.perf_counter
+    for _ in range(batches):
+        for name, fn in paths.items():
+            sync()
+            t0 = pc()
+            for _ in range(batch):
+                fn()
+            out[name].append((pc() - t0) / batch * 1e6)
+    sync()
+    return {name: float(statistics.median(v)) for name, v in out.items()}
+
+
+def round_trip(dev: Any, fn: Callable[[], Any]) -> Callable[[], None]:
+    """``fn`` then a wait for ``dev``'s stream: what one call costs until its work is done."""
+    def run():
+        fn()
+        dev.synchronize()
+    return run

@@ -1,6 +1,8 @@
-"""The benchmarks still run: ``bench/`` with timing disabled, ``bench/gpu_compare.py`` and the plot on the
-emulated driver (plumbing only: no numbers are checked, speed is never asserted)."""
+"""The benchmarks still run: ``bench/`` with timing disabled, ``bench/gpu_compare.py`` (every section, its rows)
+and the plot on the emulated driver, ``bench/profile_host.py``, ``bench/fla_gdn.py``'s output without fla-core
+(plumbing only: no numbers are checked, speed is never asserted); and no script reaches into another's helpers."""
 
+import ast
 import json
 import os
 import subprocess
@@ -27,15 +29,70 @@ def test_gpu_compare_and_plot_plumbing(tmp_path):
     r = _run(["bench/gpu_compare.py", "--driver", "emu", "--out", str(out)], tmp_path)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     data = json.loads(out.read_text())
-    missing = {"launch", "staging", "curve", "jit_slot", "step", "kv_write", "rope", "attention", "graph"} - set(data["sections"])
+    missing = {"launch", "staging", "curve", "jit_slot", "step", "kv_write", "rope", "conv1d", "attention", "graph",
+               "gdn"} - set(data["sections"])
     assert not missing, (missing, data["errors"])
     assert not [k for k in data["errors"] if "torch" not in k], data["errors"]  # only torch is absent here
     assert all(data["sections"]["staging"]["verified"].values())
     assert all(g["replay_equals_eager"] for g in data["sections"]["graph"].values())
-    assert r.stdout.rstrip().splitlines()[-1].startswith("times in us")  # the table comes last
+    rows = {(row["name"], row["comparator"]): row for row in data["table"]}
+    # the short convolution: each case against its byte floor at 4.8 TB/s, the fraction of it in the note
+    conv = data["sections"]["conv1d"]
+    assert conv["channels"] == 2 * 16 * 128 + 32 * 128 and conv["width"] == 4
+    for key, case in conv["cases"].items():
+        n, t, c = len(case["counts"]), case["tokens"], conv["channels"]
+        assert case["floor_bytes"] == 2 * t * c * 2 + 2 * n * 3 * c * 2, case
+        row = rows[(f"conv1d {key} C{c} W4: vs floor", f"floor: {case['floor_bytes'] / 1e6:,.0f} MB at 4.8 TB/s")]
+        assert row["q12drv_us"] > 0 and row["goal"] == f"<= {1 / 0.7:g}" and "of the 4.8 TB/s floor" in row["note"]
+    assert {k for k in conv["cases"]} == {"2x16", "ragged8"}
+    # scaled RoPE (a RopeScaling table, linear factor 4) beside the plain rows
+    tokens = data["sections"]["rope"]["tokens"] // 1024
+    scaled = data["sections"]["rope"]["scaled"]
+    assert scaled["scaling"] == "linear 4" and scaled["q12drv_us"] > 0
+    assert rows[(f"rope {tokens}k tokens: scaled (linear x4)", "q12drv RoPE from theta (no table)")]["ratio"] > 0
+    assert any(name == f"rope {tokens}k tokens: scaled (linear x4) vs floor" for name, _ in rows)
+    lines = r.stdout.rstrip().splitlines()
+    assert lines[-1].startswith("times in us")  # the table comes last
+    table = lines[next(i for i, ln in enumerate(lines) if ln.startswith("== q12drv vs comparators")):]
+    assert max(len(ln) for ln in table) <= 120, [ln for ln in table if len(ln) > 120]
+    assert all(any(row["name"].split()[0] in ln for ln in table) for row in data["table"])
     png = tmp_path / "curve.png"
     r = _run(["bench/plot_staging_curve.py", str(out), "-o", str(png)], tmp_path)
     assert r.returncode == 0 and png.stat().st_size > 1000, r.stderr
+
+
+def test_gpu_compare_runs_a_subset_and_records_an_unknown_section(tmp_path):
+    out = tmp_path / "results.json"
+    r = _run(["bench/gpu_compare.py", "--driver", "emu", "--sections", "conv1d,nope", "--out", str(out)], tmp_path)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    data = json.loads(out.read_text())
+    assert set(data["sections"]) == {"conv1d"} and data["errors"] == {"nope": "unknown section"}
+    assert [row["name"] for row in data["table"]] == ["conv1d 2x16 C8192 W4: vs floor", "conv1d ragged8 C8192 W4: vs floor"]
+
+
+def test_fla_comparator_prints_one_json_line_even_without_fla(tmp_path):
+    """bench/fla_gdn.py (fla-core's timing, in its own process) always ends with one JSON line: here, without
+    torch or fla-core, ``ok`` false and why; a bad case is refused the same way."""
+    for args in (["--cases", "ragged8"], ["--cases", "8x"]):
+        r = _run(["bench/fla_gdn.py", *args], tmp_path)
+        result = json.loads(r.stdout.strip().splitlines()[-1])
+        assert result["heads"] == [16, 32, 128]
+        if not result["ok"]:
+            assert r.returncode == 1 and result["error"], result
+
+
+def test_no_bench_script_imports_another_scripts_private_names():
+    """The scripts share set-ups only through bench's public modules (inputs, timing, report, compare)."""
+    scripts = {"gpu_compare", "breakdown", "profile_host", "fla_gdn", "plot_staging_curve"}
+    for path in sorted((ROOT / "bench").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bench"):
+                module = node.module.split(".")
+                assert not scripts & set(module), (path, node.module)
+                assert not [a.name for a in node.names if a.name.startswith("_")], (path, node.module)
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    assert not (a.name.startswith("bench") and scripts & set(a.name.split("."))), (path, a.name)
 
 
 def test_host_profile_runs_and_names_the_hot_functions(tmp_path):

@@ -148,7 +148,7 @@ def inner(cases: list, kernels: str, forms: tuple = DEFAULT_FORMS) -> int:
     (the whole plan: its precompute writes the records its sequential kernel reads)."""
     import numpy as np
 
-    from bench.common import make_streams
+    from bench.inputs import make_streams
     from q12drv import ScratchArena, make_scratch_plan, open_device, stage_batched_attn_metadata
     from q12drv.core.bf16 import to_bf16_bits
     from q12drv.kernels.gdn import GdnShape, GdnTensors, gdn

@@ -1,17 +1,22 @@
-"""Shared set-ups for the benchmarks (``bench/test_*.py``) and ``bench/gpu_compare.py``.
+"""The benchmarks' inputs: every set-up the scripts and suites of ``bench/`` share, public.
 
-Everything here runs on the real driver and on the emulated one (``Q12DRV_DRIVER=emu``); on the
-emulator the shapes are cut down so the numpy kernel emulators finish quickly (host-side costs
-such as packing and launch bookkeeping are still real there).
+``bench/gpu_compare.py``'s sections (``bench/compare/``), the pytest-benchmark suites (``bench/test_*.py``),
+``bench/breakdown.py``, ``bench/profile_host.py`` and ``bench/fla_gdn.py`` take their devices, streams, staged passes,
+layer buffers, Gated DeltaNet inputs, attention problems and short-convolution inputs from here, so that one script
+never reaches into another's helpers.
+
+Everything here runs on the real driver and on the emulated one (``Q12DRV_DRIVER=emu``); on the emulator the
+callers cut the shapes down so the numpy kernel emulators finish quickly (host-side costs such as packing and
+launch bookkeeping are still real there).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-import json
 import os
-import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -19,16 +24,22 @@ import q12drv
 from q12drv import ScratchArena, StreamStageInfo, make_scratch_plan, stage_batched_attn_metadata
 from q12drv.core.bf16 import to_bf16_bits
 from q12drv.core.driver import register_emulator
-from q12drv.kernels.expand import ExpandPlan, stage_on_device
-from q12drv.kernels.gdn import GdnConfig, GdnTensors, plan_gdn
-from q12drv.kernels.meta import TAIL_STREAMS, Q12MetaC, meta_defines
 from q12drv.core.launch import load_module
 from q12drv.core.layout import stacked_layout
+from q12drv.kernels.expand import ExpandPlan, stage_on_device
+from q12drv.kernels import ops
+from q12drv.kernels.gdn import GdnConfig, GdnTensors, plan_gdn
+from q12drv.kernels.meta import TAIL_STREAMS, Q12MetaC, meta_defines
 from q12drv.prefill import AttentionShape, GdnShape, Q12Pass
 
 __all__ = [
-    "open_bench_device", "on_gpu", "BENCH_SOURCE", "BENCH_SOURCE_DIR", "LAUNCH_CASES", "bench_launch", "raw_launcher",
-    "make_streams", "StagingCase", "StepCase", "QWEN3_NEXT", "step_counts",
+    "open_bench_device", "on_gpu", "stub_driver",
+    "BENCH_SOURCE", "BENCH_SOURCE_DIR", "LAUNCH_CASES", "bench_launch", "raw_launcher", "ctypes_launcher",
+    "make_streams", "staged_pass", "rand_bf16", "StagingCase", "kv_write_launcher",
+    "QWEN3_NEXT", "step_counts", "StepCase",
+    "GDN_CASES", "GDN_EMU_CASES", "gdn_case_lens", "gdn_inputs",
+    "ATTN_CASES", "ATTN_EMU_CASES", "attn_flops", "attention_buffers",
+    "CONV_CHANNELS", "CONV_WIDTH", "CONV_CASES", "CONV_EMU_CASES", "conv1d_floor_bytes", "conv1d_inputs",
 ]
 
 
@@ -38,7 +49,24 @@ def open_bench_device():
 
 
 def on_gpu(dev) -> bool:
+    """Whether ``dev`` runs on the real CUDA driver (not the emulator)."""
     return dev.driver.name == "cuda"
+
+
+def stub_driver(dev) -> None:
+    """Make the emulated driver's copies and launches no-ops, so that only q12drv's own Python is left to time.
+
+    Raises
+    ------
+    ValueError
+        ``dev`` runs on the real driver (its work cannot be stubbed).
+    """
+    if on_gpu(dev):
+        raise ValueError("stub_driver replaces the emulated driver's work; it cannot stub a real GPU")
+    drv = dev.driver
+    drv.memcpy_htod_async = lambda *a: None
+    drv.launch = lambda *a: None
+    drv.launcher = lambda func, params_addr: (lambda grid, block, smem, stream: None)
 
 
 # ----------------------------------------------------------------------------- launch latency
@@ -62,38 +90,6 @@ LAUNCH_CASES = {
     "Q12Meta by value": ("q12_bench_meta", {}),
     "2048-byte struct": ("q12_bench_big", {}),
 }
-
-
-def run_section(results: dict, name: str, fn, dev, describe) -> None:
-    """One section of a GPU script: ``fn()``, its wall time printed after it; an exception is recorded as
-    ``results["errors"][name] = describe(exc)`` and the device synchronised (so the next section starts on an
-    idle device), and the script goes on."""
-    t = time.perf_counter()
-    try:
-        fn()
-    except Exception as exc:  # noqa: BLE001 - a section's failure is a row of the report, not the end of the run
-        results["errors"][name] = describe(exc)
-        try:
-            dev.synchronize()
-        except Exception:
-            pass
-    print(f"   ({name}: {time.perf_counter() - t:.1f} s)", flush=True)
-
-
-def finish_run(results: dict, t0: float, out, print_table, dev) -> None:
-    """The GPU scripts' epilogue (gpu_compare.py, breakdown.py): the wall time since ``t0`` (``time.perf_counter``)
-    into ``results["meta"]``, every measurement as JSON to ``out`` (when given), ``print_table()`` last, then the
-    device closed (a close that fails changes nothing measured)."""
-    results["meta"]["wall_s"] = time.perf_counter() - t0
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(results, indent=1, default=str))
-        print(f"wrote {out}")
-    print_table()
-    try:
-        dev.close()
-    except Exception:
-        pass
 
 
 def bench_launch(dev, case: str):
@@ -136,8 +132,6 @@ def ctypes_launcher(dev, launch, grid=(1, 1, 1), block=(32, 1, 1)):
     emulator (there is no libcuda). Its result is the caller's to check."""
     if not on_gpu(dev):
         return None
-    import ctypes
-
     f = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
     u = ctypes.c_uint
     f.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
@@ -178,14 +172,52 @@ def make_streams(dev, counts, starts=None, *, block_size=16, seed=0):
     return streams, sum(needed) + 1, buf
 
 
+@contextlib.contextmanager
+def staged_pass(dev, counts, starts=None, *, mrope: bool = False, block_size: int = 16,
+                seed: int = 0) -> Iterator[tuple]:
+    """A batch of ``counts`` tokens (after ``starts`` cached ones, default none) staged in its own arena.
+
+    Yields ``(meta, streams, num_blocks, arena, bufs)``: the pass's metadata, its streams (block tables from
+    :func:`make_streams` with ``seed``), the KV blocks they span (block 0 the dummy), the arena, and a list the
+    caller appends its device buffers to. On the way out the device is synchronised and those buffers, the arena
+    and the block tables are freed.
+    """
+    streams, num_blocks, tables = make_streams(dev, counts, starts, block_size=block_size, seed=seed)
+    plan = make_scratch_plan(list(counts), 0, mrope, "exact")
+    arena = ScratchArena(dev, plan.total_bytes + 4096)
+    bufs = []
+    try:
+        meta = stage_batched_attn_metadata(arena, streams, block_size=block_size, use_mrope=mrope,
+                                           scratch_offset_bytes=0, dummy_kv_block=0)
+        dev.synchronize()
+        yield meta, streams, num_blocks, arena, bufs
+    finally:
+        dev.synchronize()
+        for b in bufs:
+            b.free()
+        arena.close()
+        tables.free()
+
+
+def rand_bf16(dev, shape, seed: int):
+    """A device buffer of standard-normal bf16 values of ``shape`` (numpy's generator seeded with ``seed``).
+
+    Returns ``(buffer, host bits)``; the caller frees the buffer.
+    """
+    arr = to_bf16_bits(np.random.default_rng(seed).standard_normal(shape, dtype=np.float32))
+    buf = dev.alloc(arr.nbytes)
+    dev.upload(int(buf.ptr), arr)
+    return buf, arr
+
+
 # ----------------------------------------------------------------------------- staging
 class StagingCase:
     """One staging workload: n streams x ``tokens`` each, with the comparators' buffers pre-filled.
 
     ``host()``: q12drv's stager (validate, pack, one copy); ``device()``: the device-expansion
     path (validate, then one kernel launch carrying the per-stream tail as its parameters);
-    ``planned()``: the same through an :class:`~q12drv.kernels.expand.ExpandPlan` made once (a pass
-    checks only its starts and counts); ``bare()``: one copy of
+    ``planned()``: the same through :attr:`plan`, an :class:`~q12drv.kernels.expand.ExpandPlan` made once (a pass
+    checks only its :attr:`starts` and :attr:`counts`; None over more than ``TAIL_STREAMS`` streams); ``bare()``: one copy of
     ``staged_bytes`` from a pinned buffer already holding the bytes (the floor: no packing);
     ``per_field()``: the same bytes as one copy per field from separate pinned buffers (no
     packing either). None of them waits; the caller synchronizes.
@@ -213,12 +245,12 @@ class StagingCase:
             self.fields.append((self.dst + f.offset, pin, f.nbytes))
         self._htod = dev.driver.memcpy_htod_async
         self._raw_stream = dev.stream.raw
-        self._plan = None
+        self.plan = None
+        self.starts = [s.proc_start for s in self.streams]
+        self.counts = [s.proc_count for s in self.streams]
         if n <= TAIL_STREAMS:
-            self._plan = ExpandPlan(self.arena, self.streams, block_size=block_size, use_mrope=mrope,
-                                    scratch_offset_bytes=self.offset, dummy_kv_block=0)
-            self._starts = [s.proc_start for s in self.streams]
-            self._counts = [s.proc_count for s in self.streams]
+            self.plan = ExpandPlan(self.arena, self.streams, block_size=block_size, use_mrope=mrope,
+                                   scratch_offset_bytes=self.offset, dummy_kv_block=0)
 
     def host(self):
         self.arena.reset()
@@ -232,7 +264,7 @@ class StagingCase:
 
     def planned(self):
         self.arena.reset()
-        return self._plan.stage(self._starts, self._counts)
+        return self.plan.stage(self.starts, self.counts)
 
     def bare(self):
         self._htod(self.dst, self.packed.addr, self.staged_bytes, self._raw_stream)
@@ -253,6 +285,24 @@ class StagingCase:
         for _, pin, _ in self.fields:
             pin.free()
         self._tables.free()
+
+
+def kv_write_launcher(dev, case: StagingCase) -> tuple:
+    """The whole ``ops.kv_write`` launcher (argument checks, geometry, packing, launch) over ``case``'s metadata
+    (staged here by the host path), Hkv 2 and D 256, one row buffer as K and V and one pool as both.
+
+    Returns ``(call, buffers)``: the zero-argument call and the device buffers the caller frees.
+    """
+    meta = case.host()
+    row_elems = 2 * 256
+    pool = dev.alloc(case.num_blocks * case.block_size * row_elems * 2, "kv pool")
+    rows = dev.alloc(case.n * case.tokens * row_elems * 2, "kv rows")
+    p, r = int(pool.ptr), int(rows.ptr)
+
+    def call():
+        ops.kv_write(dev, meta, r, r, p, p, num_kv_heads=2, head_dim=256, num_blocks=case.num_blocks)
+
+    return call, (pool, rows)
 
 
 # ----------------------------------------------------------------------------- one layer step
@@ -389,3 +439,145 @@ class StepCase:
         for buf in self._owned:
             buf.free()
         self._tables.free()
+
+
+# ----------------------------------------------------------------------------- Gated DeltaNet
+#: The Gated DeltaNet cases (stream lengths) of ``gpu_compare``'s GDN section and of ``bench/fla_gdn.py`` (its
+#: comparator, timed on the same lengths in its own process), at :data:`QWEN3_NEXT`'s GDN heads.
+GDN_CASES = {"8x2048": [2048] * 8, "1x8192": [8192], "ragged8": [256, 2048, 512, 1792, 768, 1536, 1024, 1280]}
+#: The same on the emulator: cut down.
+GDN_EMU_CASES = {"2x16": [16, 16], "ragged8": [3, 16, 1, 7, 2, 9, 5, 4]}
+
+
+def gdn_case_lens(spec: str) -> list:
+    """A case's stream lengths: a name of :data:`GDN_CASES`, or ``NxL`` (N streams of L tokens).
+
+    Raises
+    ------
+    ValueError
+        ``spec`` is neither.
+    """
+    if spec in GDN_CASES:
+        return list(GDN_CASES[spec])
+    try:
+        n, length = (int(x) for x in spec.split("x"))
+    except ValueError:
+        raise ValueError(f"a case is one of {', '.join(GDN_CASES)} or NxL (N streams of L tokens), "
+                         f"got {spec!r}") from None
+    if n < 1 or length < 1:
+        raise ValueError(f"a case NxL needs N >= 1 and L >= 1, got {spec!r}")
+    return [length] * n
+
+
+def gdn_inputs(dev, counts, hk, hv, d, ws_bytes, bufs) -> dict:
+    """A GDN layer's inputs for streams of ``counts`` tokens (bf16 q, k, v from fixed seeds, fp32 log-space g
+    and beta, fp32 states and their pointers, o, a ``ws_bytes`` workspace) as device buffers by ``gdn.gdn``'s
+    argument names (``"state"``: the states themselves), appended to ``bufs``."""
+    n, total = len(counts), sum(counts)
+    q, _ = rand_bf16(dev, (total, hk, d), 11)
+    k, _ = rand_bf16(dev, (total, hk, d), 12)
+    v, _ = rand_bf16(dev, (total, hv, d), 13)
+    rng = np.random.default_rng(14)
+    g = (-rng.random((total, hv)) * 0.3).astype(np.float32)
+    beta = rng.random((total, hv)).astype(np.float32)
+    st = (rng.standard_normal((n, hv, d, d)) * 0.1).astype(np.float32)
+    x = {"q": q, "k": k, "v": v, "g": dev.alloc(g.nbytes), "beta": dev.alloc(beta.nbytes),
+         "state": dev.alloc(st.nbytes), "o": dev.alloc(total * hv * d * 2), "h_state_ptrs": dev.alloc(8 * n),
+         "workspace": dev.alloc(ws_bytes)}
+    bufs += list(x.values())
+    dev.upload(int(x["g"].ptr), g)
+    dev.upload(int(x["beta"].ptr), beta)
+    dev.upload(int(x["state"].ptr), st)
+    dev.upload(int(x["h_state_ptrs"].ptr),
+               np.array([int(x["state"].ptr) + i * hv * d * d * 4 for i in range(n)], np.uint64))
+    dev.synchronize()
+    return x
+
+
+# ----------------------------------------------------------------------------- attention
+#: Attention cases (Hq 16, Hkv 2, block 16, D 128 and 256): name -> (q_lens, cached keys before the chunk).
+ATTN_CASES = {
+    "fresh 8x2048": ([2048] * 8, [0] * 8),
+    "fresh 4x4096": ([4096] * 4, [0] * 4),
+    "ragged 8x256..4096": ([256, 768, 1280, 1792, 2304, 2816, 3328, 4096], [0] * 8),
+    "chunked 1x(2048 on 8192)": ([2048], [6144]),
+    "chunked 2x(2048 on 8192)": ([2048] * 2, [6144] * 2),
+}
+#: The same on the emulator: cut down.
+ATTN_EMU_CASES = {"fresh 2x16": ([16, 16], [0, 0]), "chunked 2x(5 on 21)": ([5, 3], [16, 7])}
+
+
+def attn_flops(d, hq, q_lens, kv_lens) -> float:
+    """FLOPs of causal attention by the pairs formula: 4 * D * Hq * sum_b (Lq (Lk - Lq) + Lq (Lq + 1) / 2)."""
+    pairs = sum(lq * (lk - lq) + lq * (lq + 1) // 2 for lq, lk in zip(q_lens, kv_lens))
+    return 4.0 * d * hq * pairs
+
+
+@contextlib.contextmanager
+def attention_buffers(dev, cases: dict, hq: int, hkv: int, d: int, bs: int) -> Iterator[tuple]:
+    """One Q, K pool, V pool (random bf16, fixed seeds) and O of the largest of ``cases`` (name -> (q_lens,
+    prefixes)) at head dim ``d``, reused by every case: yields ``(q, k_pool, v_pool, o)``; the device is
+    synchronised and the buffers freed on the way out."""
+    t_max = max(sum(q) for q, _ in cases.values())
+    blocks_max = max(sum(-(-(q + p) // bs) for q, p in zip(qs, ps)) + 1 for qs, ps in cases.values())
+    bufs = []
+    try:
+        q, _ = rand_bf16(dev, (t_max, hq, d), 5)
+        bufs.append(q)
+        kp, _ = rand_bf16(dev, (blocks_max * bs, hkv, d), 6)
+        bufs.append(kp)
+        vp, _ = rand_bf16(dev, (blocks_max * bs, hkv, d), 7)
+        bufs.append(vp)
+        o = dev.alloc(t_max * hq * d * 2)
+        bufs.append(o)
+        yield q, kp, vp, o
+    finally:
+        dev.synchronize()
+        for buf in bufs:
+            buf.free()
+
+
+# ----------------------------------------------------------------------------- the short convolution
+#: Qwen3-Next's short convolution runs over ``[q | k | v]``: C = 2 Hk dk + Hv dv channels (8192), width 4.
+CONV_CHANNELS = 2 * QWEN3_NEXT["gdn"].num_k_heads * QWEN3_NEXT["gdn"].head_dim \
+    + QWEN3_NEXT["gdn"].num_v_heads * QWEN3_NEXT["gdn"].head_dim
+CONV_WIDTH = 4
+#: The convolution's cases: 8 x 2048 tokens and the GDN section's ragged batch.
+CONV_CASES = {"8x2048": [2048] * 8, "ragged8": list(GDN_CASES["ragged8"])}
+#: The same on the emulator: cut down (the channel count stays).
+CONV_EMU_CASES = {"2x16": [16, 16], "ragged8": [3, 16, 1, 7, 2, 9, 5, 4]}
+
+
+def conv1d_floor_bytes(total_tokens: int, n: int, channels: int = CONV_CHANNELS, width: int = CONV_WIDTH) -> int:
+    """Bytes the short convolution must move at least: x read and y written (``T x C`` bf16 each), every
+    stream's state read and written (``(W - 1) x C`` bf16 each way); the taps (``C x W``) are not counted."""
+    return 2 * total_tokens * channels * 2 + 2 * n * (width - 1) * channels * 2
+
+
+def conv1d_inputs(dev, counts, bufs, *, channels: int = CONV_CHANNELS, width: int = CONV_WIDTH, seed: int = 0,
+                  like: dict | None = None) -> dict:
+    """The short convolution's inputs for streams of ``counts`` tokens as device buffers, appended to ``bufs``.
+
+    Keys: ``x`` and ``y`` ``[T, C]`` bf16 (x random), ``w`` ``[C, W]`` (random bf16 taps, scaled by 0.5), ``states``
+    (one random ``[W - 1, C]`` bf16 state per stream, back to back) and ``state_ptrs`` (their n u64 addresses);
+    ``host``: the host bits of x, w and the states. ``like``: an earlier result whose host bits are uploaded again
+    (another buffer set of the same problem, without drawing ``T x C`` random numbers again).
+    """
+    n, total = len(counts), sum(counts)
+    if like is not None:
+        host = like["host"]
+    else:
+        rng = np.random.default_rng(seed)
+        host = {"x": to_bf16_bits(rng.standard_normal((total, channels), dtype=np.float32)),
+                "w": to_bf16_bits(0.5 * rng.standard_normal((channels, width), dtype=np.float32)),
+                "states": to_bf16_bits(rng.standard_normal((n, width - 1, channels), dtype=np.float32))}
+    x = {"x": dev.alloc(host["x"].nbytes), "y": dev.alloc(host["x"].nbytes), "w": dev.alloc(host["w"].nbytes),
+         "states": dev.alloc(host["states"].nbytes), "state_ptrs": dev.alloc(8 * n)}
+    bufs += list(x.values())
+    for key in ("x", "w", "states"):
+        dev.upload(int(x[key].ptr), host[key])
+    dev.upload(int(x["state_ptrs"].ptr),
+               np.array([int(x["states"].ptr) + b * (width - 1) * channels * 2 for b in range(n)], np.uint64))
+    dev.synchronize()
+    x["host"] = host
+    return x

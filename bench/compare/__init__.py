@@ -1,0 +1,26 @@
+"""``bench/gpu_compare.py``'s sections, one module each: every section times q12drv and its comparators in the
+same run and adds its rows to the table (:class:`~bench.compare.context.Context`).
+
+:data:`SECTIONS` (name -> ``run(ctx)``), in the order a full run takes them (the newest last, so that a run near
+its time budget skips it before the others).
+"""
+
+from __future__ import annotations
+
+from bench.compare import attention, conv1d, gdn, graph, jit_slot, kv_write, launch, rope, staging, step
+
+__all__ = ["SECTIONS"]
+
+SECTIONS = {
+    "launch": launch.run,
+    "staging": staging.run,
+    "curve": staging.run_curve,
+    "jit_slot": jit_slot.run,
+    "step": step.run,
+    "kv_write": kv_write.run,
+    "rope": rope.run,
+    "attention": attention.run,
+    "graph": graph.run,
+    "gdn": gdn.run,
+    "conv1d": conv1d.run,
+}
