@@ -195,9 +195,12 @@ def _from_dlpack(obj: Any, name: str) -> ArrayInfo:
     # stream=-1: the producer must not synchronize (q12drv orders work on the stream it is given); a host array
     # takes no stream argument at all
     try:
-        capsule = obj.__dlpack__(stream=-1) if dev_type in (_DL_CUDA, _DL_CUDA_MANAGED) else obj.__dlpack__()
-    except TypeError:
-        capsule = obj.__dlpack__()
+        try:
+            capsule = obj.__dlpack__(stream=-1) if dev_type in (_DL_CUDA, _DL_CUDA_MANAGED) else obj.__dlpack__()
+        except TypeError:
+            capsule = obj.__dlpack__()
+    except BufferError as exc:  # e.g. numpy's read-only arrays: DLPack 0.x cannot say read-only
+        raise TypeError(f"{name}: {type(obj).__name__} refuses to export itself through DLPack: {exc}") from None
     # an unversioned capsule is a DLManagedTensor whose first member is the DLTensor; the capsule keeps
     # ownership (its destructor calls the producer's deleter, since nothing consumed it)
     try:
