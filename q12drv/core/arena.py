@@ -523,6 +523,7 @@ def _resolve_buffer(device: Device, buffer: Any) -> tuple:
 
 def _check_memory(device: Device, ptr: int, nbytes: int) -> None:
     """Refuse ``[ptr, ptr + nbytes)`` unless the driver knows it as memory of ``device`` in one allocation."""
+    device._use()
     where = device.driver.pointer_info(ptr)
     if where is None:
         hint = ("adopt host memory first (Device.adopt, or pass the array itself)" if device.emulated else
@@ -535,6 +536,6 @@ def _check_memory(device: Device, ptr: int, nbytes: int) -> None:
     if where.ordinal != device.ordinal:
         raise ValueError(f"ScratchArena.over: {ptr:#x} is memory of device {where.ordinal}, the arena's device is "
                          f"{device.ordinal}")
-    if ptr + nbytes > where.start + where.nbytes:
+    if where.nbytes and ptr + nbytes > where.start + where.nbytes:
         raise ValueError(f"ScratchArena.over: {nbytes:,} bytes from {ptr:#x} run past the end of its allocation "
                          f"({where.start + where.nbytes - ptr:,} bytes from there)")

@@ -158,6 +158,7 @@ class PinnedRing:
         if slot_bytes < _SLOT_ALIGN:
             raise ValueError(f"PinnedRing.over: {nbytes:,} bytes make {nslots} slots of {max(slot_bytes, 0)} bytes; "
                              f"give at least {nslots * _SLOT_ALIGN + first} bytes")
+        device._use()
         where = device.driver.pointer_info(addr)
         if where is not None and where.kind == "device":
             raise ValueError(f"PinnedRing.over: {addr:#x} is device memory; the ring needs page-locked host memory")
@@ -165,7 +166,7 @@ class PinnedRing:
             if where is None:
                 raise ValueError(f"PinnedRing.over: {addr:#x} is not page-locked host memory (pin it: cuMemHostAlloc, "
                                  f"cuMemHostRegister, torch's pin_memory())")
-            if addr + nbytes > where.start + where.nbytes:
+            if where.nbytes and addr + nbytes > where.start + where.nbytes:
                 raise ValueError(f"PinnedRing.over: {nbytes:,} bytes from {addr:#x} run past its page-locked range "
                                  f"({where.start + where.nbytes - addr:,} bytes from there)")
         ring = cls(device, nslots, name)

@@ -22,7 +22,7 @@ class PointerInfo(NamedTuple):
     ordinal : int
         The device the memory belongs to; -1 for host memory.
     start, nbytes : int
-        The allocation (or registered range) holding the address.
+        The allocation (or registered range) holding the address; ``nbytes`` 0 when the driver does not say.
     """
 
     kind: str
@@ -63,7 +63,8 @@ class Driver:
     def memset_d8_async(self, dst: int, value: int, nbytes: int, stream: Any) -> None: raise NotImplementedError
 
     def pointer_info(self, ptr: int) -> PointerInfo | None:
-        """What ``ptr`` addresses, or None when the driver knows nothing of it (pageable host memory, garbage)."""
+        """What ``ptr`` addresses, or None when the driver knows nothing of it (pageable host memory, garbage).
+        Needs a current context (the real driver asks it)."""
         raise NotImplementedError
 
     @property

@@ -124,8 +124,11 @@ class CudaDriver(Driver):
             if exc.name == "CUDA_ERROR_INVALID_VALUE":
                 return None
             raise
-        start = int(self._call("cuPointerGetAttribute", attr.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, int(ptr)))
-        size = int(self._call("cuPointerGetAttribute", attr.CU_POINTER_ATTRIBUTE_RANGE_SIZE, int(ptr)))
+        try:
+            start = int(self._call("cuPointerGetAttribute", attr.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, int(ptr)))
+            size = int(self._call("cuPointerGetAttribute", attr.CU_POINTER_ATTRIBUTE_RANGE_SIZE, int(ptr)))
+        except CudaError:  # memory the driver keeps no range for: its extent is unknown
+            start, size = int(ptr), 0
         if kind == int(self._cu.CUmemorytype.CU_MEMORYTYPE_HOST):
             return PointerInfo("host", -1, start, size)
         ordinal = int(self._call("cuPointerGetAttribute", attr.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, int(ptr)))
