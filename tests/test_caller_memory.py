@@ -222,6 +222,18 @@ def test_adoption_refusals(emu):
         drv.unadopt(a.ctypes.data)
 
 
+def test_a_checked_range_of_a_strided_view_is_adopted(emu):
+    wide = np.zeros((8, 64), np.float32)
+    rows = wide[:, :32]  # every row's first half: strided, as a caller that checked it hands it over
+    extent = (7 * 64 + 32) * 4
+    assert emu.adopt(rows, rows.ctypes.data, extent) == rows.ctypes.data
+    emu.memset(rows.ctypes.data, 0xFF, extent)
+    emu.synchronize()
+    assert np.isnan(wide[7, :32]).all()
+    with pytest.raises(ValueError, match="must be contiguous"):
+        emu.adopt(rows)  # without a range: the object itself, which the kernels cannot read strided
+
+
 def test_pointer_checks_then_adopts(emu):
     a = np.zeros((8, 4, 64), np.uint16)
     assert emu.pointer(a, "q", dtype="u16", shape=(None, 4, 64), align=16) == a.ctypes.data

@@ -28,7 +28,7 @@ from .interop import ArrayInfo, describe, device_pointer, host_owner, stream_han
 from .ints import checked_int
 from .ptr import DevicePtr
 
-__all__ = ["Device", "DeviceBuffer", "PinnedBuffer", "Stream", "Event", "DeviceArray", "open_device"]
+__all__ = ["Device", "DeviceBuffer", "PinnedBuffer", "Stream", "Event", "DeviceArray", "DeviceLocal", "open_device", "CURRENT"]
 
 
 class _Current(threading.local):
@@ -480,7 +480,7 @@ class Device:
         """
         return device_pointer(obj, name, dtype=dtype, shape=shape, min_bytes=min_bytes, align=align, device=self)
 
-    def adopt(self, obj: Any, name: str = "buffer") -> DevicePtr:
+    def adopt(self, obj: Any, ptr: int | None = None, nbytes: int | None = None, *, name: str = "buffer") -> DevicePtr:
         """The device address of the memory ``obj`` describes (``__cuda_array_interface__`` or DLPack), usable by
         this device's kernels and copies without a copy.
 
@@ -489,22 +489,38 @@ class Device:
         <q12drv.core.driver.emu.EmuDriver.adopt>`; weakly referenced, so nothing leaks): a dry run of a torch
         runtime needs no copies. On a GPU, ``obj`` must already be this device's memory.
 
+        Parameters
+        ----------
+        obj : object with ``__cuda_array_interface__`` or ``__dlpack__``
+        ptr, nbytes : int, optional
+            The bytes an op will touch, ``[ptr, ptr + nbytes)`` inside ``obj``'s memory, when the caller checked
+            ``obj`` already (a strided view's extent, say); default: ``obj`` itself, checked here (contiguous, this
+            device's).
+        name : str
+            For the errors.
+
         Raises
         ------
         TypeError
             ``obj`` describes no memory, or a read-only numpy array (kernels write where they write).
         ValueError
-            Host memory on the real driver, another device's memory, or a non-contiguous view.
+            Host memory on the real driver, another device's memory, or (without ``ptr``) a non-contiguous view.
         """
         info = describe(obj, name)
         if info is None:
             raise TypeError(f"{name} must be an object with __cuda_array_interface__ or __dlpack__ (a tensor or "
                             f"array), got {type(obj).__name__}")
-        return DevicePtr(device_pointer(obj, name, device=self) if info.nbytes else info.ptr)
+        if ptr is None:
+            return DevicePtr(device_pointer(obj, name, device=self) if info.nbytes else info.ptr)
+        if info.device[0] != "cpu":
+            return DevicePtr(ptr)
+        return DevicePtr(self.adopt_described(obj, info, name, int(ptr), int(info.nbytes if nbytes is None else nbytes)))
 
-    def adopt_described(self, obj: Any, info: ArrayInfo, name: str = "buffer") -> int:
+    def adopt_described(self, obj: Any, info: ArrayInfo, name: str = "buffer", ptr: int | None = None,
+                        nbytes: int | None = None) -> int:
         """:meth:`adopt` of host memory already described (``info``, from :func:`~q12drv.core.interop.describe`)
-        on the emulated driver; returns its address.
+        on the emulated driver: ``[ptr, ptr + nbytes)`` (default ``info``'s extent) becomes device memory while the
+        object owning it lives; returns ``ptr``.
 
         Raises
         ------
@@ -519,12 +535,16 @@ class Device:
         if isinstance(obj, np.ndarray) and not obj.flags.writeable:
             raise TypeError(f"{name} is a read-only numpy array; the emulated device writes where kernels write: "
                             f"pass a writeable array (a copy)")
-        owner, start, nbytes = host_owner(obj, info)
+        ptr = info.ptr if ptr is None else ptr
+        nbytes = info.nbytes if nbytes is None else nbytes
+        owner, start, size = host_owner(obj, info)
+        if not start <= ptr <= ptr + nbytes <= start + size:  # not inside its owner's memory: that range, for obj
+            owner, start, size = obj, ptr, nbytes
         try:
-            self.driver.adopt(start, nbytes, owner, ordinal=self.ordinal)
+            self.driver.adopt(start, size, owner, ordinal=self.ordinal)
         except ValueError as exc:
             raise ValueError(f"{name}: {exc}") from None
-        return info.ptr
+        return ptr
 
     # lifetime --------------------------------------------------------------------------
     def close(self) -> None:
