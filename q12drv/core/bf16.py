@@ -2,8 +2,8 @@
 
 These conversions are the only place q12drv turns bf16 bits into numbers and back; the numpy kernel
 references and the tests use them so that host and device round the same way (round to nearest, ties
-to even, as ``__float2bfloat16_rn``). Arrays typed ``ml_dtypes.bfloat16`` (torch's and JAX's host
-bfloat16) are taken as they are: their bits are the same.
+to even, as ``__float2bfloat16_rn``). Arrays typed ``ml_dtypes.bfloat16`` (JAX's host bfloat16, what
+``interop`` reads as ``bf16``) are taken as they are: their bits are the same.
 
 Why not ``ml_dtypes`` alone: its casts round the same way (every finite float32 gives the same bits),
 but they are element loops, and the vectorised bit arithmetic here is faster on the sizes the
