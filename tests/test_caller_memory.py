@@ -92,7 +92,7 @@ def test_bad_buffers_are_refused_before_anything_is_written(emu):
         (lambda: ScratchArena.over(emu, on1), ValueError, "DeviceBuffer is memory of device 1"),
         (lambda: ScratchArena.over(emu, 0x7F00_0000_0000, 4096), ValueError, "no device memory the emu driver knows"),
         (lambda: ScratchArena.over(emu, np.zeros((64, 64), np.uint8)[:, :32]), ValueError, "must be contiguous"),
-        (lambda: ScratchArena.over(emu, "buffer"), TypeError, "buffer must be a device address"),
+        (lambda: ScratchArena.over(emu, "buffer"), TypeError, "buffer must be an address \\(int\\) or an object"),
         (lambda: ScratchArena.over(emu, buf, 4096.0), TypeError, "nbytes must be an int"),
     ]
     pinned = emu.pinned(8192)

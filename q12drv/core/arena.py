@@ -17,7 +17,7 @@ import numpy as np
 
 from .device import Device, DeviceArray, DeviceBuffer
 from .errors import CapacityError, Q12Error
-from .interop import describe
+from .interop import caller_memory
 from .pinned import PinnedRing
 from .ptr import DevicePtr
 
@@ -156,16 +156,7 @@ class ScratchArena:
         256-aligned address (or a clear error at a fixed ``offset``).
         """
         _require_device(device)
-        ptr, have, owner = _resolve_buffer(device, buffer)
-        if nbytes is None:
-            if have is None:
-                raise TypeError("ScratchArena.over: a raw address needs nbytes= (the size of the memory it addresses)")
-            nbytes = have
-        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
-            raise TypeError(f"ScratchArena.over: nbytes must be an int, got {type(nbytes).__name__} {nbytes!r:.60}")
-        nbytes = int(nbytes)
-        if have is not None and nbytes > have:
-            raise ValueError(f"ScratchArena.over: the buffer holds {have:,} bytes, fewer than nbytes={nbytes:,}")
+        ptr, nbytes, owner = _resolve_buffer(device, buffer, nbytes)
         if nbytes <= GUARD_BYTES:
             raise ValueError(f"ScratchArena.over: {nbytes:,} bytes leave no capacity: the last {GUARD_BYTES} bytes of "
                              f"the buffer are the guard band; give ScratchArena.buffer_bytes(capacity) bytes")
@@ -495,30 +486,19 @@ class ScratchArena:
         return f"ScratchArena({state}, capacity={self.capacity:,}, cursor={self.cursor:,}{mem})"
 
 
-def _resolve_buffer(device: Device, buffer: Any) -> tuple:
-    """``(address, bytes it holds or None, owner)`` of the memory ``buffer`` stands for (checked for its device)."""
+def _resolve_buffer(device: Device, buffer: Any, nbytes: Any) -> tuple:
+    """``(address, bytes to use, owner)`` of the memory ``buffer`` stands for (checked for its device)."""
     if isinstance(buffer, DeviceBuffer):
         if buffer.device is not device and not device._same_context(buffer.device):
             raise ValueError(f"ScratchArena.over: the DeviceBuffer is memory of device {buffer.device.ordinal}, the "
                              f"arena's device is {device.ordinal}")
         if not buffer.alive:
             raise ValueError("ScratchArena.over: that DeviceBuffer has been freed")
-        return int(buffer.ptr), buffer.nbytes, buffer
-    if isinstance(buffer, bool):
-        raise TypeError("ScratchArena.over: buffer must be a device address or a tensor/array, got bool")
-    if isinstance(buffer, (int, np.integer)):
-        ptr = int(buffer)
-        if not 0 < ptr < 1 << 64:
-            raise ValueError(f"ScratchArena.over: buffer must be a non-NULL device address, got {ptr:#x}")
-        return ptr, None, None
-    info = describe(buffer, "buffer")
+        buffer = buffer.view(np.uint8, (buffer.nbytes,))  # described like any other device array, kept alive by it
+    ptr, nbytes, info = caller_memory(buffer, nbytes, "ScratchArena.over")
     if info is None:
-        raise TypeError(f"ScratchArena.over: buffer must be a device address (int), a DeviceBuffer or an object with "
-                        f"__cuda_array_interface__ or __dlpack__, got {type(buffer).__name__}")
-    if info.nbytes == 0:
-        raise ValueError(f"ScratchArena.over: buffer is empty ({info.dtype} {info.shape})")
-    ptr = device.pointer(buffer, "buffer")  # contiguous, this device's; host memory adopted on the emulator
-    return ptr, info.nbytes, buffer
+        return ptr, nbytes, None
+    return device.pointer(buffer, "buffer"), nbytes, buffer  # contiguous, this device's; host memory adopted (emu)
 
 
 def _check_memory(device: Device, ptr: int, nbytes: int) -> None:

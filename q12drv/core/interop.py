@@ -26,8 +26,8 @@ import numpy as np
 
 from .ptr import DevicePtr
 
-__all__ = ["ArrayInfo", "describe", "device_pointer", "check_array", "host_owner", "stream_handle", "DTYPE_BYTES",
-           "dtype_name"]
+__all__ = ["ArrayInfo", "describe", "device_pointer", "check_array", "host_owner", "caller_memory", "stream_handle",
+           "DTYPE_BYTES", "dtype_name"]
 
 #: Bytes per element of every dtype name q12drv knows.
 DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "f64": 8, "i8": 1, "u8": 1, "i16": 2, "u16": 2, "i32": 4, "u32": 4,
@@ -282,6 +282,45 @@ def device_pointer(obj: Any, name: str, *, dtype: str | Sequence[str] | None = N
     ptr = check_array(info, name, dtype=dtype, shape=shape, min_bytes=min_bytes, align=align, ordinal=device.ordinal,
                       host_ok=host_ok or adopt)
     return device.adopt_described(obj, info, name) if adopt else ptr
+
+
+def caller_memory(buffer: Any, nbytes: Any, what: str) -> tuple:
+    """``(address, nbytes, info)`` of memory a caller hands over to ``what`` (e.g. ``"ScratchArena.over"``): a raw
+    address and its size (``info`` None: the size is the caller's word), or an object that describes its memory
+    (``info``: its :class:`ArrayInfo`), of which ``nbytes`` bytes from its start are used (default: all).
+
+    Raises
+    ------
+    TypeError
+        Neither an address nor a describing object; an address without ``nbytes``; ``nbytes`` not an int.
+    ValueError
+        A NULL address, a negative ``nbytes``, an empty object, or one that holds fewer than ``nbytes`` bytes.
+    """
+    info = None
+    if isinstance(buffer, bool):
+        raise TypeError(f"{what}: buffer must be an address or a tensor/array, got bool")
+    if isinstance(buffer, (int, np.integer)):
+        ptr = int(buffer)
+        if not 0 < ptr <= _U64_MAX:
+            raise ValueError(f"{what}: buffer must be a non-NULL address, got {ptr:#x}")
+        if nbytes is None:
+            raise TypeError(f"{what}: a raw address needs nbytes= (the size of the memory it addresses)")
+    else:
+        info = describe(buffer, "buffer")
+        if info is None:
+            raise TypeError(f"{what}: buffer must be an address (int) or an object with __cuda_array_interface__ or "
+                            f"__dlpack__, got {type(buffer).__name__}")
+        if info.nbytes == 0:
+            raise ValueError(f"{what}: buffer is empty ({info.dtype} {info.shape})")
+        ptr = info.ptr
+        nbytes = info.nbytes if nbytes is None else nbytes
+    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
+        raise TypeError(f"{what}: nbytes must be an int, got {type(nbytes).__name__} {nbytes!r:.60}")
+    if nbytes < 0:
+        raise ValueError(f"{what}: nbytes must be non-negative, got {nbytes}")
+    if info is not None and nbytes > info.nbytes:
+        raise ValueError(f"{what}: the buffer holds {info.nbytes:,} bytes, fewer than nbytes={int(nbytes):,}")
+    return ptr, int(nbytes), info
 
 
 def _byte_bounds(a: np.ndarray) -> tuple:

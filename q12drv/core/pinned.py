@@ -17,7 +17,7 @@ import numpy as np
 
 from .device import Device, Event, PinnedBuffer
 from .errors import CapacityError
-from .interop import describe
+from .interop import caller_memory
 
 __all__ = ["PinnedRing", "PinnedSlot"]
 
@@ -123,18 +123,8 @@ class PinnedRing:
         """
         if isinstance(nslots, bool) or not isinstance(nslots, int) or nslots < 2:
             raise ValueError(f"a pinned ring needs at least 2 slots, got {nslots!r}")
-        owner, have = None, None
-        if isinstance(buffer, bool):
-            raise TypeError("PinnedRing.over: buffer must be a host address or a host array, got bool")
-        if isinstance(buffer, (int, np.integer)):
-            addr = int(buffer)
-            if not 0 < addr < 1 << 64:
-                raise ValueError(f"PinnedRing.over: buffer must be a non-NULL host address, got {addr:#x}")
-        else:
-            info = describe(buffer, "pinned buffer")
-            if info is None:
-                raise TypeError(f"PinnedRing.over: buffer must be a host address (int) or an object with __dlpack__ "
-                                f"or __array_interface__ host memory, got {type(buffer).__name__}")
+        addr, nbytes, info = caller_memory(buffer, nbytes, "PinnedRing.over")
+        if info is not None:
             if info.device[0] != "cpu":
                 raise ValueError(f"PinnedRing.over: buffer is device memory ({info.dtype} {info.shape}); the ring "
                                  f"needs page-locked host memory")
@@ -143,16 +133,7 @@ class PinnedRing:
                                  f"{info.strides}")
             if isinstance(buffer, np.ndarray) and not buffer.flags.writeable:
                 raise ValueError("PinnedRing.over: buffer is a read-only numpy array; the ring packs into it")
-            addr, have, owner = info.ptr, info.nbytes, buffer
-        if nbytes is None:
-            if have is None:
-                raise TypeError("PinnedRing.over: a raw address needs nbytes= (the size of the memory it addresses)")
-            nbytes = have
-        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
-            raise ValueError(f"PinnedRing.over: nbytes must be a non-negative int, got {nbytes!r:.60}")
-        nbytes = int(nbytes)
-        if have is not None and nbytes > have:
-            raise ValueError(f"PinnedRing.over: the buffer holds {have:,} bytes, fewer than nbytes={nbytes:,}")
+        owner = None if info is None else buffer
         first = -addr % _SLOT_ALIGN
         slot_bytes = (nbytes - first) // nslots // _SLOT_ALIGN * _SLOT_ALIGN if nbytes > first else 0
         if slot_bytes < _SLOT_ALIGN:
