@@ -56,6 +56,7 @@ from bench.timing import host_and_round_trip, q12_events_us  # noqa: E402
 from q12drv.prefill import q12pass as prefill  # noqa: E402
 from q12drv.core import staging  # noqa: E402
 from q12drv.kernels import expand, ops  # noqa: E402
+from q12drv.kernels.registry import prepared_launches  # noqa: E402
 from q12drv.core.pinned import PinnedRing  # noqa: E402
 from q12drv.prefill import Q12Pass  # noqa: E402
 
@@ -127,10 +128,9 @@ class Tracer:
         dependent launches (where it has them)."""
         dev, drv = self.dev, self.dev.driver
         names = {}
-        for key, launch in list(dev.cache.items()):
-            if isinstance(key, tuple) and key[0] == "launch":
-                self._wrap_launch(launch, key[1])
-                names[id(launch.kernel.func)] = key[1]
+        for entry, launch in list(prepared_launches(dev).items()):
+            self._wrap_launch(launch, entry)
+            names[id(launch.kernel.func)] = entry
 
         def htod(dst, src, nbytes, stream, _orig=drv.memcpy_htod_async, _mark=self.mark):
             _orig(dst, src, nbytes, stream)

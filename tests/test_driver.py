@@ -54,6 +54,9 @@ def test_device_ptr():
 
 def test_emu_memory_is_real_poisoned_and_bounds_checked():
     d = EmuDriver()
+    with pytest.raises(CudaError, match="CUDA_ERROR_INVALID_CONTEXT"):
+        d.mem_alloc(100)  # no context current in this thread (as on a GPU)
+    d.open_context(0)  # retained and made current, as the real driver's
     p = d.mem_alloc(100)
     assert p % 256 == 0
     assert ctypes.string_at(p, 100) == bytes([POISON_BYTE]) * 100
@@ -82,6 +85,7 @@ def test_fault_injection_reaches_the_caller_and_nothing_leaks():
 
 def test_deferred_mode_runs_work_at_sync_and_catches_pinned_rewrites():
     d = EmuDriver(deferred=True)
+    d.open_context(0)
     s = d.stream_create()
     dst = d.mem_alloc(8)
     src = d.host_alloc(8)
@@ -103,6 +107,7 @@ def test_emu_launch_decodes_packed_params_at_enqueue():
     seen = []
     register_emulator("t_probe", lambda args, mem, grid, block: seen.append((dict(args), grid, block)))
     d = EmuDriver(deferred=True)
+    d.open_context(0)
     mod = d.module_load(EmuImage("probe.cu", {"t_probe": (("x", ctypes.c_uint64), ("n", ctypes.c_int32), ("f", ctypes.c_float))}))
     fn = d.module_get_function(mod, "t_probe")
 

@@ -372,6 +372,7 @@ def test_close_releases_everything_even_when_a_wait_fails():
 
 def test_inject_fault_rejects_bad_plans():
     drv = EmuDriver()
+    drv.open_context(0)
     with pytest.raises(ValueError, match="not a CUresult"):
         drv.inject_fault("cuMemAlloc", "CUDA_ERROR_NOPE")
     with pytest.raises(ValueError, match="after >= 0"):

@@ -258,3 +258,55 @@ def test_staging_on_a_foreign_stream_handle(emu):
             _, meta = run_pass(emu, arena, streams, mrope=False, stream=s)
         with pytest.raises(TypeError, match="stream must be"):
             run_pass(emu, arena, streams, mrope=False, stream="default")
+
+
+def test_stage_replicated_packs_once_and_gives_each_device_its_own_table_pointers():
+    """Tensor parallelism: one batch into one arena per device; each copy is byte for byte what staging that device's
+    streams alone writes (its own block-table and seq_len pointers in the tail)."""
+    from q12drv.core.driver import EmuDriver
+    from q12drv.core.staging import stage_replicated
+
+    drv = EmuDriver(device_count=2)
+    devs = [open_device(drv, r) for r in range(2)]
+    try:
+        rng = np.random.default_rng(4)
+        first, tables0 = make_streams(devs[0], [7, 30, 2], [0, 16, 40], rng=rng, mrope_vision=(1,))
+        # rank 1: its own copy of the same tables on its device
+        second, tables1 = make_streams(devs[1], [7, 30, 2], [0, 16, 40], rng=np.random.default_rng(4),
+                                       mrope_vision=(1,))
+        second = [StreamStageInfo(s.proc_start, s.proc_count, f.block_table, s.block_table_dev, s.seq_len_dev,
+                                  f.mrope_positions) for s, f in zip(second, first)]
+        arenas = [ScratchArena(d, 1 << 15) for d in devs]
+        common = dict(block_size=16, use_mrope=True, scratch_offset_bytes=64, dummy_kv_block=0)
+        metas = stage_replicated(arenas, [first, second], **common)
+        for r, (dev, arena, streams, meta) in enumerate(zip(devs, arenas, (first, second), metas)):
+            assert meta.arena is arena and arena.cursor == 64 + meta.staged_bytes
+            with ScratchArena(dev, 1 << 15) as alone:
+                alone.reserve("skip", 64)
+                own = stage_batched_attn_metadata(alone, streams, **common)
+                assert arena.read(64, meta.staged_bytes) == alone.read(64, own.staged_bytes)
+            assert not verify_readback(arena.read(64, meta.staged_bytes), meta, streams)
+        # refusals name the rank and come before anything is written
+        for a in arenas:
+            a.reset()
+        moved = [StreamStageInfo(s.proc_start + 1, s.proc_count - 1, s.block_table, s.block_table_dev,
+                                 s.seq_len_dev) for s in second]
+        with pytest.raises(ValueError, match=r"streams\[1\] has starts"):
+            stage_replicated(arenas, [first, moved], **common)
+        other = [StreamStageInfo(s.proc_start, s.proc_count, s.block_table + 1, s.block_table_dev, s.seq_len_dev,
+                                 s.mrope_positions) for s in second]
+        with pytest.raises(ValueError, match=r"streams\[1\]\[0\].block_table differs"):
+            stage_replicated(arenas, [first, other], **common)
+        arenas[1].reserve("in the way", 128)
+        with pytest.raises(ValueError, match=r"arenas\[1\]: scratch_offset_bytes 64 is behind its cursor 128"):
+            stage_replicated(arenas, [first, second], **common)
+        assert arenas[0].cursor == 0  # rank 0 was not staged either
+        with pytest.raises(ValueError, match="one streams list"):
+            stage_replicated(arenas, [first], **common)
+        for a in arenas:
+            a.close()
+        tables0.free()
+        tables1.free()
+    finally:
+        for d in devs:
+            d.close()

@@ -1,8 +1,12 @@
-"""``ScratchArena``: one device allocation carved into named regions by a cursor.
+"""``ScratchArena``: one device buffer carved into named regions by a cursor.
 
 The arena knows names, offsets and sizes; what the bytes mean belongs to the layers above
 (:mod:`q12drv.core.layout` decides the sizes, :mod:`q12drv.core.staging` writes the bytes).
 Every reservation is bounds-checked before anything is written.
+
+The buffer is either the arena's own allocation (``ScratchArena(device, nbytes)``) or memory the caller
+owns (:meth:`ScratchArena.over`: a torch tensor, a pointer and a size), which the arena never frees. Its
+pinned staging rings may likewise run over the caller's page-locked memory (:meth:`ScratchArena.use_pinned`).
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ import numpy as np
 
 from .device import Device, DeviceArray, DeviceBuffer
 from .errors import CapacityError, Q12Error
+from .interop import caller_memory
+from .pinned import PinnedRing
 from .ptr import DevicePtr
 
-__all__ = ["ScratchArena", "ArenaRegion", "GUARD_BYTES", "GUARD_PATTERN", "MAX_CAPACITY"]
+__all__ = ["ScratchArena", "ArenaRegion", "GUARD_BYTES", "GUARD_PATTERN", "MAX_CAPACITY", "OVER_ALIGN", "RINGS"]
 
 #: Bytes past the capacity filled with :data:`GUARD_PATTERN` and checked by :meth:`ScratchArena.guard_intact`.
 GUARD_BYTES = 256
@@ -23,6 +29,12 @@ GUARD_PATTERN = 0x5A
 #: Largest arena capacity accepted (1 TiB): anything larger is a wrapped or mistyped size, not a plan.
 MAX_CAPACITY = 1 << 40
 _BASE_ALIGN = 256
+#: Alignment the caller's buffer must have (:meth:`ScratchArena.over`): the layout's regions are 64-byte aligned,
+#: and what torch allocates (on the GPU and on the host) is at least that.
+OVER_ALIGN = 64
+#: The arena's pinned staging rings (attachment keys ``"ring:<name>"``): the stacked metadata's and the
+#: ``h_state_ptrs`` uploads'.
+RINGS = ("staging", "h_state")
 #: A :class:`DevicePtr` of an address known to be in range (base + an offset inside the capacity), without
 #: the checks of ``DevicePtr()``.
 _ptr = int.__new__
@@ -42,8 +54,36 @@ class ArenaRegion(NamedTuple):
         return self.offset + self.nbytes
 
 
+class _Borrowed:
+    """The caller's device memory an arena runs over: its address and size, and the object that owns it (kept
+    alive while the arena is open). ``free()`` forgets it: the arena never frees what it did not allocate."""
+
+    __slots__ = ("ptr", "nbytes", "owner")
+
+    def __init__(self, ptr: int, nbytes: int, owner: Any):
+        self.ptr, self.nbytes, self.owner = DevicePtr(ptr), int(nbytes), owner
+
+    def free(self) -> None:
+        self.owner = None
+
+
+def _capacity(nbytes) -> int:
+    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
+        raise TypeError(f"arena capacity nbytes must be an int, got {type(nbytes).__name__} {nbytes!r:.60}")
+    if not 0 < int(nbytes) <= MAX_CAPACITY:
+        raise ValueError(f"arena capacity nbytes must be in [1, {MAX_CAPACITY}], got {int(nbytes)}")
+    return int(nbytes)
+
+
+def _require_device(device) -> None:
+    if not isinstance(device, Device):
+        raise TypeError(f"device must be a q12drv Device (q12drv.open_device()), got {type(device).__name__}")
+    device._require_open()
+
+
 class ScratchArena:
-    """A bump-cursor arena over one ``cuMemAlloc``'d buffer.
+    """A bump-cursor arena over one device buffer: its own ``cuMemAlloc`` allocation, or the caller's memory
+    (:meth:`over`).
 
     Parameters
     ----------
@@ -60,16 +100,80 @@ class ScratchArena:
     """
 
     def __init__(self, device: Device, nbytes: int):
-        if not isinstance(device, Device):
-            raise TypeError(f"device must be a q12drv Device (q12drv.open_device()), got {type(device).__name__}")
-        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
-            raise TypeError(f"arena capacity nbytes must be an int, got {type(nbytes).__name__} {nbytes!r:.60}")
-        if not 0 < int(nbytes) <= MAX_CAPACITY:
-            raise ValueError(f"arena capacity nbytes must be in [1, {MAX_CAPACITY}], got {int(nbytes)}")
-        device._require_open()
+        _require_device(device)
+        self._start(device, _capacity(nbytes))
+        buf = device.alloc(self.capacity + GUARD_BYTES, "q12 scratch arena")
+        try:
+            if int(buf.ptr) % _BASE_ALIGN:
+                raise Q12Error(f"cuMemAlloc returned {buf.ptr!r}, not {_BASE_ALIGN}-aligned")
+        except BaseException:
+            buf.free()
+            raise
+        self._place(buf)
+
+    @staticmethod
+    def buffer_bytes(capacity: int) -> int:
+        """Bytes a caller's buffer needs for an arena of ``capacity`` (:meth:`over`): the capacity plus the
+        :data:`GUARD_BYTES` guard band, which lives inside the given buffer."""
+        return _capacity(capacity) + GUARD_BYTES
+
+    @classmethod
+    def over(cls, device: Device, buffer: Any, nbytes: int | None = None) -> "ScratchArena":
+        """An arena over device memory the caller owns; nothing is allocated, nothing is ever freed.
+
+        Parameters
+        ----------
+        device : Device
+        buffer : int, DevicePtr, DeviceBuffer, or an object with ``__cuda_array_interface__`` or ``__dlpack__``
+            The memory: a raw device address (then ``nbytes`` is required: its size is the caller's word), a
+            q12drv :class:`~q12drv.core.device.DeviceBuffer`, or a tensor/array (torch, CuPy, cuda.core; any dtype,
+            contiguous). On the emulated driver a host array or tensor (numpy, torch on the CPU) is adopted as
+            the device's memory for as long as it lives (:meth:`Device.adopt <q12drv.core.device.Device.adopt>`).
+        nbytes : int, optional
+            Bytes of ``buffer`` the arena may use, from its start; default: all of it. The last
+            :data:`GUARD_BYTES` of them are the guard band (:meth:`guard_intact`), so the capacity is
+            ``nbytes - GUARD_BYTES``; size a buffer for a capacity with :meth:`buffer_bytes`.
+
+        Returns
+        -------
+        ScratchArena
+            Open while ``buffer`` is kept alive by it; :meth:`close` only forgets the buffer. Its guard band is
+            written once here (the only bytes written before the first reservation).
+
+        Raises
+        ------
+        TypeError
+            ``buffer`` is neither an address nor an object that describes memory, or ``nbytes`` is not an int.
+        ValueError
+            Refused before anything is written: ``buffer`` holds fewer than ``nbytes`` bytes, ``nbytes`` leaves no
+            capacity past the guard band, the address is not 256-byte aligned, the memory is not contiguous, belongs
+            to another device, or is host memory on a GPU (or memory the driver does not know).
+
+        Notes
+        -----
+        The buffer must start :data:`OVER_ALIGN`-byte aligned (an arena's own allocation is 256-byte aligned).
+        Reservations are aligned as addresses, so ``reserve(..., align=256)`` on a less aligned base still gets a
+        256-aligned address (or a clear error at a fixed ``offset``).
+        """
+        _require_device(device)
+        ptr, nbytes, owner = _resolve_buffer(device, buffer, nbytes)
+        if nbytes <= GUARD_BYTES:
+            raise ValueError(f"ScratchArena.over: {nbytes:,} bytes leave no capacity: the last {GUARD_BYTES} bytes of "
+                             f"the buffer are the guard band; give ScratchArena.buffer_bytes(capacity) bytes")
+        capacity = _capacity(nbytes - GUARD_BYTES)
+        if ptr % OVER_ALIGN:
+            raise ValueError(f"ScratchArena.over: the buffer starts at {ptr:#x}, not {OVER_ALIGN}-byte aligned (the "
+                             f"layout's regions are {OVER_ALIGN}-byte aligned); pass an aligned buffer or slice")
+        _check_memory(device, ptr, nbytes)
+        arena = cls.__new__(cls)
+        arena._start(device, capacity)
+        arena._place(_Borrowed(ptr, nbytes, owner))
+        return arena
+
+    def _start(self, device: Device, capacity: int) -> None:
         self.device = device
         device._dependents.add(self)  # closed with the device (_device_closed)
-        self.capacity = int(nbytes)
+        self.capacity = capacity
         self.cursor = 0
         #: Bumped by :meth:`reset`: what was placed before is no longer valid
         #: (a JIT slot or a pass from an earlier generation refuses to write).
@@ -77,16 +181,19 @@ class ScratchArena:
         self._regions: list[ArenaRegion] = []
         self._adopted: tuple | None = None  # (regions, first offset, end): the tuple reserve_all checked last
         self._attachments: dict[str, Any] = {}
-        self._buffer: DeviceBuffer | None = device.alloc(self.capacity + GUARD_BYTES, "q12 scratch arena")
+        self._buffer = None
+
+    def _place(self, buf) -> None:
+        """Run over ``buf`` (a DeviceBuffer or a _Borrowed): write the guard band; on failure let ``buf`` go."""
+        device = self.device
+        self._buffer = buf
         try:
-            if int(self._buffer.ptr) % _BASE_ALIGN:
-                raise Q12Error(f"cuMemAlloc returned {self._buffer.ptr!r}, not {_BASE_ALIGN}-aligned")
-            self.base = self._buffer.ptr
+            self.base = buf.ptr
             self._base = int(self.base)  # for the hot paths' pointer checks
             device.memset(int(self.base) + self.capacity, GUARD_PATTERN, GUARD_BYTES)
             device.synchronize()
         except BaseException:
-            buf, self._buffer = self._buffer, None  # a failed arena frees its allocation
+            self._buffer = None  # a failed arena frees its allocation (forgets the caller's)
             try:
                 if not device.closed:
                     device.synchronize()  # the memset may be queued: let it finish before the free
@@ -97,6 +204,11 @@ class ScratchArena:
             except Exception:
                 pass  # report the original error
             raise
+
+    @property
+    def owns_memory(self) -> bool:
+        """Whether the arena allocated its buffer (and frees it at :meth:`close`); False for :meth:`over`."""
+        return isinstance(self._buffer, DeviceBuffer)
 
     # reservations ----------------------------------------------------------------------
     @property
@@ -121,7 +233,7 @@ class ScratchArena:
         """
         if (type(nbytes) is int and type(align) is int and type(offset) is int and type(name) is str and self._buffer is not None
                 and nbytes >= 0 and align > 0 and not align & (align - 1) and self.cursor <= offset
-                and not offset % align and offset + nbytes <= self.capacity):  # the stager's call, nothing unusual
+                and not (self._base + offset) % align and offset + nbytes <= self.capacity):  # the stager's call
             region = ArenaRegion(name, offset, nbytes, _ptr(DevicePtr, self._base + offset))  # in range: checked
             self._regions.append(region)
             self.cursor = offset + nbytes
@@ -137,14 +249,15 @@ class ScratchArena:
         if align < 1 or align & (align - 1):
             raise ValueError(f"region {name!r}: alignment must be a power of two, got {align}")
         nbytes, align = int(nbytes), int(align)
+        base = self._base  # regions are aligned as addresses (a caller's buffer may be less aligned than 256)
         if offset is None:
-            start = (self.cursor + align - 1) // align * align
+            start = (base + self.cursor + align - 1) // align * align - base
         else:
             start = int(offset)
             if start < self.cursor:
                 raise ValueError(f"region {name!r} at offset {start:,} would overlap what is reserved up to the cursor {self.cursor:,}")
-            if start % align:
-                raise ValueError(f"region {name!r}: offset {start:,} is not {align}-aligned")
+            if (base + start) % align:
+                raise ValueError(f"region {name!r}: offset {start:,} (address {base + start:#x}) is not {align}-aligned")
         if start + nbytes > self.capacity:
             raise CapacityError(name, start + nbytes, self.capacity,
                                 f"the arena is {self.capacity:,} bytes (cursor at {self.cursor:,}); size it with q12drv.core.layout")
@@ -257,11 +370,14 @@ class ScratchArena:
         self.check_range("read", offset, nbytes)
         return self.device.download(int(self.base) + offset, nbytes, stream)
 
-    def view(self, offset: int, dtype, shape) -> DeviceArray:
+    def view(self, offset: int, dtype, shape, stream: Any = None) -> DeviceArray:
         """A zero-copy :class:`~q12drv.core.device.DeviceArray` (``__cuda_array_interface__``) over arena bytes
-        (:class:`~q12drv.core.errors.Q12Error` once closed: the memory is freed)."""
+        (:class:`~q12drv.core.errors.Q12Error` once closed: the memory is freed). ``stream``: the stream the work
+        that writes them was enqueued on (as :meth:`Device.as_stream <q12drv.core.device.Device.as_stream>` takes
+        it; None: the device's stream), which the view exports for its consumer to wait on."""
         self._require_open()
-        arr = DeviceArray(int(self.base) + int(offset), dtype, shape, owner=self)
+        arr = DeviceArray(int(self.base) + int(offset), dtype, shape, owner=self,
+                          stream=self.device.stream_handle_of(stream))
         self.check_range("view", offset, arr.nbytes)
         return arr
 
@@ -272,6 +388,33 @@ class ScratchArena:
         return band == bytes([GUARD_PATTERN]) * GUARD_BYTES
 
     # attachments (e.g. the stager's pinned rings), released with the arena ---------------
+    def use_pinned(self, buffer: Any, nbytes: int | None = None, *, ring: str = "staging",
+                   nslots: int = 2) -> PinnedRing:
+        """Make the arena's pinned ``ring`` (one of :data:`RINGS`) run over page-locked host memory the caller owns,
+        split into ``nslots`` slots, instead of allocating its own (the default, which needs no call).
+
+        ``buffer``: a raw host address (then ``nbytes`` is required) or an object with ``__array_interface__`` /
+        DLPack host memory (a pinned torch tensor, a numpy array over ``cuMemHostAlloc`` memory); ``nbytes``
+        defaults to all of it. The ring never grows and never frees it: an upload larger than a slot is refused
+        with a :class:`~q12drv.core.errors.CapacityError`. Call it before the first staging of that ring.
+
+        Raises
+        ------
+        ValueError
+            An unknown ``ring``, one the arena already made, or what :meth:`PinnedRing.over
+            <q12drv.core.pinned.PinnedRing.over>` refuses (too small, not page-locked on a GPU, device memory).
+        """
+        self._require_open()
+        if ring not in RINGS:
+            raise ValueError(f"ring must be one of {', '.join(RINGS)}, got {ring!r}")
+        key = f"ring:{ring}"
+        if key in self._attachments:
+            raise ValueError(f"the arena's {ring!r} ring exists already (made by an earlier staging or use_pinned); "
+                             f"call use_pinned right after making the arena")
+        made = PinnedRing.over(self.device, buffer, nbytes, nslots=nslots, name=ring)
+        self._attachments[key] = made
+        return made
+
     def find_attachment(self, key: str) -> Any:
         """The attachment under ``key``, or None (never creates one)."""
         return self._attachments.get(key)
@@ -339,4 +482,40 @@ class ScratchArena:
 
     def __repr__(self) -> str:
         state = "closed" if self._buffer is None else f"base={self.base!r}"
-        return f"ScratchArena({state}, capacity={self.capacity:,}, cursor={self.cursor:,})"
+        mem = "" if self._buffer is None or self.owns_memory else ", caller's memory"
+        return f"ScratchArena({state}, capacity={self.capacity:,}, cursor={self.cursor:,}{mem})"
+
+
+def _resolve_buffer(device: Device, buffer: Any, nbytes: Any) -> tuple:
+    """``(address, bytes to use, owner)`` of the memory ``buffer`` stands for (checked for its device)."""
+    if isinstance(buffer, DeviceBuffer):
+        if buffer.device is not device and not device._same_context(buffer.device):
+            raise ValueError(f"ScratchArena.over: the DeviceBuffer is memory of device {buffer.device.ordinal}, the "
+                             f"arena's device is {device.ordinal}")
+        if not buffer.alive:
+            raise ValueError("ScratchArena.over: that DeviceBuffer has been freed")
+        buffer = buffer.view(np.uint8, (buffer.nbytes,))  # described like any other device array, kept alive by it
+    ptr, nbytes, info = caller_memory(buffer, nbytes, "ScratchArena.over")
+    if info is None:
+        return ptr, nbytes, None
+    return device.pointer(buffer, "buffer"), nbytes, buffer  # contiguous, this device's; host memory adopted (emu)
+
+
+def _check_memory(device: Device, ptr: int, nbytes: int) -> None:
+    """Refuse ``[ptr, ptr + nbytes)`` unless the driver knows it as memory of ``device`` in one allocation."""
+    device._use()
+    where = device.driver.pointer_info(ptr)
+    if where is None:
+        hint = ("adopt host memory first (Device.adopt, or pass the array itself)" if device.emulated else
+                "host memory that is not page-locked, or no memory at all")
+        raise ValueError(f"ScratchArena.over: {ptr:#x} is no device memory the {device.driver.name} driver knows "
+                         f"({hint})")
+    if where.kind != "device":
+        raise ValueError(f"ScratchArena.over: {ptr:#x} is page-locked host memory; the arena must be device memory "
+                         f"of device {device.ordinal}")
+    if where.ordinal != device.ordinal:
+        raise ValueError(f"ScratchArena.over: {ptr:#x} is memory of device {where.ordinal}, the arena's device is "
+                         f"{device.ordinal}")
+    if where.nbytes and ptr + nbytes > where.start + where.nbytes:
+        raise ValueError(f"ScratchArena.over: {nbytes:,} bytes from {ptr:#x} run past the end of its allocation "
+                         f"({where.start + where.nbytes - ptr:,} bytes from there)")

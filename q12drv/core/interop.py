@@ -26,7 +26,8 @@ import numpy as np
 
 from .ptr import DevicePtr
 
-__all__ = ["ArrayInfo", "describe", "device_pointer", "stream_handle", "DTYPE_BYTES", "dtype_name"]
+__all__ = ["ArrayInfo", "describe", "device_pointer", "check_array", "host_owner", "caller_memory", "stream_handle",
+           "DTYPE_BYTES", "dtype_name"]
 
 #: Bytes per element of every dtype name q12drv knows.
 DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "f64": 8, "i8": 1, "u8": 1, "i16": 2, "u16": 2, "i32": 4, "u32": 4,
@@ -194,9 +195,12 @@ def _from_dlpack(obj: Any, name: str) -> ArrayInfo:
     # stream=-1: the producer must not synchronize (q12drv orders work on the stream it is given); a host array
     # takes no stream argument at all
     try:
-        capsule = obj.__dlpack__(stream=-1) if dev_type in (_DL_CUDA, _DL_CUDA_MANAGED) else obj.__dlpack__()
-    except TypeError:
-        capsule = obj.__dlpack__()
+        try:
+            capsule = obj.__dlpack__(stream=-1) if dev_type in (_DL_CUDA, _DL_CUDA_MANAGED) else obj.__dlpack__()
+        except TypeError:
+            capsule = obj.__dlpack__()
+    except BufferError as exc:  # e.g. numpy's read-only arrays: DLPack 0.x cannot say read-only
+        raise TypeError(f"{name}: {type(obj).__name__} refuses to export itself through DLPack: {exc}") from None
     # an unversioned capsule is a DLManagedTensor whose first member is the DLTensor; the capsule keeps
     # ownership (its destructor calls the producer's deleter, since nothing consumed it)
     try:
@@ -220,7 +224,7 @@ def _from_dlpack(obj: Any, name: str) -> ArrayInfo:
 
 def device_pointer(obj: Any, name: str, *, dtype: str | Sequence[str] | None = None,
                    shape: Sequence[int | None] | None = None, min_bytes: int | None = None, align: int = 1,
-                   ordinal: int | None = None, host_ok: bool = False) -> int:
+                   ordinal: int | None = None, host_ok: bool = False, device: Any = None) -> int:
     """The address ``obj`` stands for, checked against what an op needs.
 
     Parameters
@@ -241,6 +245,10 @@ def device_pointer(obj: Any, name: str, *, dtype: str | Sequence[str] | None = N
         The device the op runs on; memory of another CUDA device is refused.
     host_ok : bool
         Accept host memory (the emulated driver runs on it); refused otherwise.
+    device : Device, optional
+        The q12drv device the op runs on: sets ``ordinal``; on the emulated driver, host memory is adopted as that
+        device's memory for as long as ``obj`` lives (:meth:`Device.adopt_described
+        <q12drv.core.device.Device.adopt_described>`), after every other check passed.
 
     Returns
     -------
@@ -267,8 +275,86 @@ def device_pointer(obj: Any, name: str, *, dtype: str | Sequence[str] | None = N
         if not 0 < value <= _U64_MAX:
             raise ValueError(f"{name} must be a non-NULL device pointer in (0, 2**64), got {value:#x}")
         raise ValueError(f"{name} must be {align}-byte aligned (the kernel's accesses need it), got {value:#x}")
-    return check_array(info, name, dtype=dtype, shape=shape, min_bytes=min_bytes, align=align, ordinal=ordinal,
-                       host_ok=host_ok)
+    if device is None:
+        return check_array(info, name, dtype=dtype, shape=shape, min_bytes=min_bytes, align=align, ordinal=ordinal,
+                           host_ok=host_ok)
+    adopt = info.device[0] == "cpu" and device.driver.emulated
+    ptr = check_array(info, name, dtype=dtype, shape=shape, min_bytes=min_bytes, align=align, ordinal=device.ordinal,
+                      host_ok=host_ok or adopt)
+    return device.adopt_described(obj, info, name) if adopt else ptr
+
+
+def caller_memory(buffer: Any, nbytes: Any, what: str) -> tuple:
+    """``(address, nbytes, info)`` of memory a caller hands over to ``what`` (e.g. ``"ScratchArena.over"``): a raw
+    address and its size (``info`` None: the size is the caller's word), or an object that describes its memory
+    (``info``: its :class:`ArrayInfo`), of which ``nbytes`` bytes from its start are used (default: all).
+
+    Raises
+    ------
+    TypeError
+        Neither an address nor a describing object; an address without ``nbytes``; ``nbytes`` not an int.
+    ValueError
+        A NULL address, a negative ``nbytes``, an empty object, or one that holds fewer than ``nbytes`` bytes.
+    """
+    info = None
+    if isinstance(buffer, bool):
+        raise TypeError(f"{what}: buffer must be an address or a tensor/array, got bool")
+    if isinstance(buffer, (int, np.integer)):
+        ptr = int(buffer)
+        if not 0 < ptr <= _U64_MAX:
+            raise ValueError(f"{what}: buffer must be a non-NULL address, got {ptr:#x}")
+        if nbytes is None:
+            raise TypeError(f"{what}: a raw address needs nbytes= (the size of the memory it addresses)")
+    else:
+        info = describe(buffer, "buffer")
+        if info is None:
+            raise TypeError(f"{what}: buffer must be an address (int) or an object with __cuda_array_interface__ or "
+                            f"__dlpack__, got {type(buffer).__name__}")
+        if info.nbytes == 0:
+            raise ValueError(f"{what}: buffer is empty ({info.dtype} {info.shape})")
+        ptr = info.ptr
+        nbytes = info.nbytes if nbytes is None else nbytes
+    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
+        raise TypeError(f"{what}: nbytes must be an int, got {type(nbytes).__name__} {nbytes!r:.60}")
+    if nbytes < 0:
+        raise ValueError(f"{what}: nbytes must be non-negative, got {nbytes}")
+    if info is not None and nbytes > info.nbytes:
+        raise ValueError(f"{what}: the buffer holds {info.nbytes:,} bytes, fewer than nbytes={int(nbytes):,}")
+    return ptr, int(nbytes), info
+
+
+def _byte_bounds(a: np.ndarray) -> tuple:
+    fn = getattr(getattr(np.lib, "array_utils", None), "byte_bounds", None) or np.byte_bounds
+    return fn(a)
+
+
+def host_owner(obj: Any, info: ArrayInfo) -> tuple:
+    """``(owner, start, nbytes)``: the object that owns the host memory ``obj`` describes, and that memory's extent.
+
+    For a numpy view, the array at the root of its ``.base`` chain and its bytes; for a torch tensor, the tensor at
+    the root of its ``._base`` chain and its whole storage; otherwise ``obj`` itself and the bytes ``info``
+    describes. The owner lives at least as long as any view of it, so memory tied to the owner's life stays valid
+    while a view is in use.
+    """
+    if isinstance(obj, np.ndarray):
+        root = obj
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        lo, hi = _byte_bounds(root)
+        return root, int(lo), int(hi - lo)
+    root = obj
+    while getattr(root, "_base", None) is not None:  # torch: a view's base tensor
+        root = root._base
+    storage = getattr(root, "untyped_storage", None)
+    if callable(storage):
+        try:
+            st = storage()
+            start, nbytes = int(st.data_ptr()), int(st.nbytes())
+        except Exception:  # not torch's storage after all: the object's own extent
+            return obj, info.ptr, info.nbytes
+        if start <= info.ptr and info.ptr + info.nbytes <= start + nbytes:
+            return root, start, nbytes
+    return obj, info.ptr, info.nbytes
 
 
 def check_array(info: ArrayInfo, name: str, *, dtype=None, shape=None, min_bytes=None, align: int = 1,

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .device import Device, Stream
+from .device import CURRENT, Device, Stream
 from .driver import EmuImage
 from .nvrtc import compile_source, cuda_src_dir, local_headers
 
@@ -113,6 +113,10 @@ def parse_signatures(source: str, struct_types: Mapping[str, type] | None = None
 class Launch:
     """One kernel's arguments, packed once; ``set()`` updates fields in place, ``launch()`` enqueues.
 
+    A launch's argument block belongs to one thread at a time (set, then launch): threads that launch the same
+    kernel each use their own (:func:`q12drv.kernels.registry.prepared` keeps one per thread). Any thread may
+    launch it; the device's context is made current there first (a thread-local check).
+
     Examples
     --------
     >>> launch = kernel.prepare(n=4)              # doctest: +SKIP
@@ -163,14 +167,17 @@ class Launch:
         ``grid`` and ``block`` are 3-tuples. A q12drv :class:`~q12drv.core.device.Stream` (or None, the
         device's stream) is the fast case; anything else goes through ``Device.as_stream``.
         """
+        dev = self._device
+        if CURRENT.device is not dev:  # another thread, or another device's context current here
+            dev.set_current()
         if smem and smem > self.kernel.smem_limit:
             self.kernel.allow_dynamic_smem(smem)
         if stream is None:
-            self._fire(grid, block, smem, self._device.stream.raw)
-        elif type(stream) is Stream and stream.raw is not None:
+            self._fire(grid, block, smem, dev.stream.raw)
+        elif type(stream) is Stream and stream.device is dev and stream.raw is not None:
             self._fire(grid, block, smem, stream.raw)
         else:
-            self._fire(grid, block, smem, self._device.as_stream(stream))
+            self._fire(grid, block, smem, dev.as_stream(stream))
 
     def launch_dependent(self, grid: tuple, block: tuple, smem: int = 0, stream: Any = None) -> None:
         """:meth:`launch` with programmatic stream serialization (:meth:`q12drv.core.driver.base.Driver.launch_dependent`):
@@ -178,10 +185,14 @@ class Launch:
         executed ``griddepcontrol.launch_dependents``; it must then synchronize with that kernel itself (flags,
         ``griddepcontrol.wait``). The driver's launch configuration is kept between calls
         (:meth:`q12drv.core.driver.base.Driver.dependent_launcher`)."""
+        dev = self._device
+        if CURRENT.device is not dev:
+            dev.set_current()
         if smem and smem > self.kernel.smem_limit:
             self.kernel.allow_dynamic_smem(smem)
-        raw = self._device.stream.raw if stream is None else (
-            stream.raw if type(stream) is Stream and stream.raw is not None else self._device.as_stream(stream))
+        raw = dev.stream.raw if stream is None else (
+            stream.raw if type(stream) is Stream and stream.device is dev and stream.raw is not None
+            else dev.as_stream(stream))
         fire = self._fire_dependent
         if fire is None:
             fire = self._fire_dependent = self._device.driver.dependent_launcher(self.kernel.func, self._addr)
@@ -192,7 +203,8 @@ class Launch:
 
         Geometry, shared memory and the stream are checked and resolved once, here; each call
         reads the arguments as they are then in :attr:`args` (change them with :meth:`set`).
-        The callable keeps this launch alive; the stream must outlive it.
+        The callable keeps this launch alive; the stream must outlive it. Like :meth:`launch`, it
+        makes the device's context current in the calling thread first where it is not.
 
         Raises
         ------
@@ -204,8 +216,17 @@ class Launch:
             raise ValueError(f"smem must be a non-negative int, got {smem!r}")
         if smem > self.kernel.smem_limit:
             self.kernel.allow_dynamic_smem(smem)
-        raw = self._device.as_stream(stream)
-        return self._device.driver.bound_launcher(self.kernel.func, grid, block, int(smem), raw, self._addr, self)
+        dev = self._device
+        raw = dev.as_stream(stream)
+        fire = dev.driver.bound_launcher(self.kernel.func, grid, block, int(smem), raw, self._addr, self)
+
+        def bound() -> None:
+            if CURRENT.device is not dev:
+                dev.set_current()
+            fire()
+
+        bound.owner = self
+        return bound
 
 
 class Kernel:
@@ -216,12 +237,14 @@ class Kernel:
         self.device = module.device
         self.name = name
         self.params = params
+        self.device._use()
         self.func = self.device.driver.module_get_function(module.handle, name)
         self.args_type = type(f"{name}_args", (ctypes.Structure,), {"_fields_": list(params)})
         self.smem_limit = 48 * 1024
 
     def allow_dynamic_smem(self, nbytes: int) -> None:
         """Raise the kernel's dynamic shared-memory limit (needed above 48 KiB)."""
+        self.device._use()
         self.device.driver.set_max_dynamic_smem(self.func, nbytes)
         self.smem_limit = int(nbytes)
 
@@ -246,13 +269,16 @@ class Module:
         self._kernels: dict[str, Kernel] = {}
 
     def kernel(self, name: str) -> Kernel:
-        """The entry ``name`` (loaded once per module)."""
+        """The entry ``name`` (loaded once per module, by whichever thread asks first)."""
         k = self._kernels.get(name)
         if k is None:
             if name not in self.signatures:
                 raise KeyError(f"{self.filename} has no extern \"C\" __global__ entry {name!r}; "
                                f"it has: {', '.join(sorted(self.signatures))}")
-            k = self._kernels[name] = Kernel(self, name, self.signatures[name])
+            with self.device.lock:
+                k = self._kernels.get(name)
+                if k is None:
+                    k = self._kernels[name] = Kernel(self, name, self.signatures[name])
         return k
 
 
@@ -268,13 +294,23 @@ def load_module(device: Device, filename: str, *, defines: tuple = (), struct_ty
     mod = device.cache.get(key)
     if mod is not None:
         return mod
+    with device.lock:  # one thread loads it; the others wait and take it
+        mod = device.cache.get(key)
+        if mod is None:
+            mod = _load(device, key, filename, defines, struct_types, source_dir)
+    return mod
+
+
+def _load(device: Device, key: tuple, filename: str, defines: tuple, struct_types, source_dir) -> Module:
     source = (Path(source_dir or cuda_src_dir()) / filename).read_text()
     signatures = parse_signatures(source, struct_types, local_headers(source))
     if device.driver.runs_cubins:
         compiled = compile_source(filename, arch=device.arch, defines=tuple(defines), source_dir=source_dir)
+        device._use()
         handle = device.driver.module_load(compiled.image)
     else:
         compiled = None
+        device._use()
         handle = device.driver.module_load(EmuImage(filename, signatures))
     mod = Module(device, filename, handle, signatures, compiled)
     device.cache[key] = mod

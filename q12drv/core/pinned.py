@@ -3,19 +3,40 @@
 A slot is handed out again only after the copy that last read it has run, so the host never
 rewrites pinned bytes an enqueued ``cuMemcpyHtoDAsync`` has yet to read (the race vLLM's
 ``UvaBufferPool`` and TensorRT-LLM's double-buffered staging guard against).
+
+A ring allocates its slots (``cuMemHostAlloc``, grown on demand), or runs over page-locked memory the
+caller owns (:meth:`PinnedRing.over`: fixed slots, never grown, never freed).
 """
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
 
 from .device import Device, Event, PinnedBuffer
+from .errors import CapacityError
+from .interop import caller_memory
 
 __all__ = ["PinnedRing", "PinnedSlot"]
 
 _MIN_SLOT = 4096
+_SLOT_ALIGN = 64
+
+
+class _HostSlice:
+    """One slot's share of the caller's page-locked memory (what a :class:`PinnedBuffer` is to an own ring);
+    ``free()`` does nothing: the memory is the caller's."""
+
+    __slots__ = ("addr", "nbytes", "array")
+
+    def __init__(self, addr: int, nbytes: int):
+        self.addr, self.nbytes = addr, nbytes
+        self.array = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(addr))
+
+    def free(self) -> None:
+        pass
 
 
 class PinnedSlot:
@@ -72,6 +93,74 @@ class PinnedRing:
         self._next = 0
         self.waits = 0
         self.uses = 0
+        self._slices: list | None = None  # the caller's memory, one slice per slot (over())
+        self._owner = None
+
+    @classmethod
+    def over(cls, device: Device, buffer: Any, nbytes: int | None = None, *, nslots: int = 2,
+             name: str = "staging") -> "PinnedRing":
+        """A ring over page-locked host memory the caller owns: ``nslots`` equal slots (64-byte aligned), never
+        grown and never freed (:meth:`close` only forgets the memory; ``buffer`` is kept alive until then).
+
+        Parameters
+        ----------
+        device : Device
+        buffer : int or an object with DLPack host memory
+            A raw host address (then ``nbytes`` is required), or a host array or tensor (a pinned torch tensor,
+            a numpy array over page-locked memory).
+        nbytes : int, optional
+            Bytes to use from its start; default all of it.
+        nslots : int
+            At least 2.
+
+        Raises
+        ------
+        TypeError
+            ``buffer`` is neither an address nor an object that describes memory.
+        ValueError
+            Device memory, a non-contiguous or read-only array, fewer than ``nbytes`` bytes, slots under 64 bytes,
+            or (on a GPU) memory that is not page-locked or runs past its registered range; nothing is made.
+        """
+        if isinstance(nslots, bool) or not isinstance(nslots, int) or nslots < 2:
+            raise ValueError(f"a pinned ring needs at least 2 slots, got {nslots!r}")
+        addr, nbytes, info = caller_memory(buffer, nbytes, "PinnedRing.over")
+        if info is not None:
+            if info.device[0] != "cpu":
+                raise ValueError(f"PinnedRing.over: buffer is device memory ({info.dtype} {info.shape}); the ring "
+                                 f"needs page-locked host memory")
+            if not info.contiguous:
+                raise ValueError(f"PinnedRing.over: buffer must be contiguous, got shape {info.shape} with strides "
+                                 f"{info.strides}")
+            if isinstance(buffer, np.ndarray) and not buffer.flags.writeable:
+                raise ValueError("PinnedRing.over: buffer is a read-only numpy array; the ring packs into it")
+        owner = None if info is None else buffer
+        first = -addr % _SLOT_ALIGN
+        slot_bytes = (nbytes - first) // nslots // _SLOT_ALIGN * _SLOT_ALIGN if nbytes > first else 0
+        if slot_bytes < _SLOT_ALIGN:
+            raise ValueError(f"PinnedRing.over: {nbytes:,} bytes make {nslots} slots of {max(slot_bytes, 0)} bytes; "
+                             f"give at least {nslots * _SLOT_ALIGN + first} bytes")
+        device._use()
+        where = device.driver.pointer_info(addr)
+        if where is not None and where.kind == "device":
+            raise ValueError(f"PinnedRing.over: {addr:#x} is device memory; the ring needs page-locked host memory")
+        if not device.emulated:  # the emulator copies from any host memory; a GPU's async copy needs it pinned
+            if where is None:
+                raise ValueError(f"PinnedRing.over: {addr:#x} is not page-locked host memory (pin it: cuMemHostAlloc, "
+                                 f"cuMemHostRegister, torch's pin_memory())")
+            if where.nbytes and addr + nbytes > where.start + where.nbytes:
+                raise ValueError(f"PinnedRing.over: {nbytes:,} bytes from {addr:#x} run past its page-locked range "
+                                 f"({where.start + where.nbytes - addr:,} bytes from there)")
+        ring = cls(device, nslots, name)
+        ring._owner = owner
+        ring._slices = [_HostSlice(addr + first + i * slot_bytes, slot_bytes) for i in range(nslots)]
+        for slot, piece in zip(ring._slots, ring._slices):
+            slot.buffer = piece
+        return ring
+
+    @property
+    def owns_memory(self) -> bool:
+        """Whether the ring allocates its slots (False: the caller's memory, :meth:`over`)."""
+        return self._slices is None
 
     @property
     def nslots(self) -> int:
@@ -100,12 +189,27 @@ class PinnedRing:
         slot = self._slots[self._next]
         if slot.pending:
             self._wait(slot)
+        if self._slices is not None:
+            return self._acquire_fixed(slot, nbytes)
         if slot.buffer is None or slot.buffer.nbytes < nbytes:
             if slot.buffer is not None:
                 old, slot.buffer = slot.buffer, None  # never left pointing at freed memory
                 old.free()
             size = max(_MIN_SLOT, 1 << (max(int(nbytes), 1) - 1).bit_length())
             slot.buffer = self.device.pinned(size, f"{self.name} ring slot {slot.index}")
+        self._next = (self._next + 1) % len(self._slots)
+        self.uses += 1
+        return slot
+
+    def _acquire_fixed(self, slot: PinnedSlot, nbytes: int) -> PinnedSlot:
+        piece = self._slices[slot.index]
+        if nbytes > piece.nbytes:
+            raise CapacityError(f"{self.name} ring slot", int(nbytes), piece.nbytes,
+                                "the ring runs over the caller's pinned memory and cannot grow; give "
+                                "use_pinned a buffer of at least nslots times this")
+        if slot.buffer is None:  # set aside after a copy that could not be waited for: wait for everything
+            self.device.synchronize()
+            slot.buffer = piece
         self._next = (self._next + 1) % len(self._slots)
         self.uses += 1
         return slot
@@ -165,5 +269,6 @@ class PinnedRing:
                     errors.append(exc)
         self._quarantine = []
         self._slots = []
+        self._owner = None
         if errors:
             raise errors[0]

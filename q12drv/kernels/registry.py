@@ -37,7 +37,8 @@ from ..core.driver import register_emulator
 from ..core.launch import Launch, load_module
 from .meta import Q12MetaC, Q12TailC, meta_defines
 
-__all__ = ["register", "prepared", "compile_defines", "SOURCES", "ENTRIES", "CONTRACTS", "struct_types"]
+__all__ = ["register", "prepared", "prepared_launches", "compile_defines", "SOURCES", "ENTRIES", "CONTRACTS",
+           "struct_types"]
 
 #: Every registered kernel source and its entries, in registration order.
 SOURCES: dict[str, tuple[str, ...]] = {}
@@ -91,13 +92,23 @@ def struct_types(source: str | None = None) -> dict:
 
 
 def prepared(device: Device, entry: str) -> Launch:
-    """The pre-packed :class:`~q12drv.core.launch.Launch` of ``entry`` on ``device`` (built once)."""
-    key = ("launch", entry)
-    launch = device.cache.get(key)
+    """The calling thread's pre-packed :class:`~q12drv.core.launch.Launch` of ``entry`` on ``device`` (built once per
+    thread; the module and the kernel are loaded once per device).
+
+    A launcher writes its arguments into the block and launches it; each thread has a block of its own, so threads
+    launching the same kernel at once never see each other's arguments.
+    """
+    launches = device.local.launches
+    launch = launches.get(entry)
     if launch is None:
         source = ENTRIES.get(entry)
         if source is None:
             raise KeyError(f"unknown kernel {entry!r}; kernels: {', '.join(sorted(ENTRIES))}")
         module = load_module(device, source, defines=compile_defines(source), struct_types=struct_types(source))
-        launch = device.cache[key] = module.kernel(entry).prepare()
+        launch = launches[entry] = module.kernel(entry).prepare()
     return launch
+
+
+def prepared_launches(device: Device) -> dict:
+    """The calling thread's pre-packed launches on ``device`` made so far, by entry (a live view: do not change it)."""
+    return device.local.launches

@@ -13,12 +13,12 @@ import os
 import sys
 
 from ..errors import DriverUnavailableError
-from .base import Driver
-from .emu import TIMING_NOTE, EmuDriver, EmuImage, register_emulator
+from .base import Driver, PointerInfo
+from .emu import DEFAULT_DEVICE_COUNT, TIMING_NOTE, EmuDriver, EmuImage, register_emulator
 from .result import check, fail
 
-__all__ = ["Driver", "EmuDriver", "EmuImage", "open_driver", "register_emulator", "check", "fail", "DRIVER_KINDS",
-           "TIMING_NOTE"]
+__all__ = ["Driver", "EmuDriver", "EmuImage", "PointerInfo", "open_driver", "register_emulator", "check", "fail",
+           "DRIVER_KINDS", "TIMING_NOTE", "DEFAULT_DEVICE_COUNT"]
 
 DRIVER_KINDS = ("auto", "cuda", "emu")
 

@@ -6,9 +6,29 @@ device and host addresses are ``int``. Both drivers implement every method here.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["Driver"]
+__all__ = ["Driver", "PointerInfo"]
+
+
+class PointerInfo(NamedTuple):
+    """What the driver knows about an address (:meth:`Driver.pointer_info`).
+
+    Attributes
+    ----------
+    kind : str
+        ``"device"`` (device or managed memory) or ``"host"`` (page-locked host memory the driver allocated or
+        registered).
+    ordinal : int
+        The device the memory belongs to; -1 for host memory.
+    start, nbytes : int
+        The allocation (or registered range) holding the address; ``nbytes`` 0 when the driver does not say.
+    """
+
+    kind: str
+    ordinal: int
+    start: int
+    nbytes: int
 
 
 class Driver:
@@ -18,12 +38,15 @@ class Driver:
     name: str = "abstract"
     #: Whether modules are built from compiled cubins (real GPU) or from registered emulators.
     runs_cubins: bool = False
+    #: Whether this is the emulated driver (its device memory is host memory; it adopts other libraries').
+    emulated: bool = False
 
     # context / device
     def device_count(self) -> int: raise NotImplementedError
     def open_context(self, ordinal: int) -> Any: raise NotImplementedError
     def close_context(self, ctx: Any) -> None: raise NotImplementedError
     def set_current(self, ctx: Any) -> None: raise NotImplementedError
+    def current_context(self) -> Any: raise NotImplementedError
     def device_name(self, ordinal: int) -> str: raise NotImplementedError
     def compute_capability(self, ordinal: int) -> tuple[int, int]: raise NotImplementedError
     def device_attribute(self, ordinal: int, name: str) -> int: raise NotImplementedError
@@ -39,6 +62,18 @@ class Driver:
     def memcpy_dtod_async(self, dst: int, src: int, nbytes: int, stream: Any) -> None: raise NotImplementedError
     def memset_d8_async(self, dst: int, value: int, nbytes: int, stream: Any) -> None: raise NotImplementedError
 
+    def pointer_info(self, ptr: int) -> PointerInfo | None:
+        """What ``ptr`` addresses, or None when the driver knows nothing of it (pageable host memory, garbage).
+        Needs a current context (the real driver asks it)."""
+        raise NotImplementedError
+
+    @property
+    def machine(self) -> Any:
+        """Identity of the machine this driver drives: two drivers with the same ``machine`` see the same devices,
+        contexts and streams (every real driver object drives the one GPU machine; each emulated driver is a
+        machine of its own)."""
+        return self
+
     # streams and events
     def stream_create(self) -> Any: raise NotImplementedError
     def stream_destroy(self, stream: Any) -> None: raise NotImplementedError
@@ -46,6 +81,11 @@ class Driver:
     def stream_wait_event(self, stream: Any, event: Any) -> None: raise NotImplementedError
     def stream_handle(self, stream: Any) -> int: raise NotImplementedError
     def stream_from_handle(self, handle: int) -> Any: raise NotImplementedError
+
+    def stream_device(self, stream: Any) -> int | None:
+        """The ordinal of the device ``stream`` belongs to; None when it cannot be told, or for the handles 0, 1
+        and 2 (the null, legacy and per-thread default streams: the current context's own)."""
+        raise NotImplementedError
     def event_create(self, timing: bool = False) -> Any: raise NotImplementedError
     def event_destroy(self, event: Any) -> None: raise NotImplementedError
     def event_record(self, event: Any, stream: Any) -> None: raise NotImplementedError

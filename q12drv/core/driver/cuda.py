@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import DriverUnavailableError
-from .base import Driver
+from ..errors import CudaError, DriverUnavailableError
+from .base import Driver, PointerInfo
 from .result import check
 
 __all__ = ["CudaDriver"]
@@ -79,6 +79,13 @@ class CudaDriver(Driver):
     def set_current(self, ctx: Any) -> None:
         self._call("cuCtxSetCurrent", ctx[1])
 
+    def current_context(self) -> Any:
+        return self._call("cuCtxGetCurrent")
+
+    @property
+    def machine(self) -> Any:
+        return CudaDriver  # one process, one CUDA driver: every CudaDriver object sees the same devices
+
     def device_name(self, ordinal: int) -> str:
         raw = self._call("cuDeviceGetName", 256, self._device(ordinal))
         return bytes(raw).split(b"\0", 1)[0].decode()
@@ -106,6 +113,26 @@ class CudaDriver(Driver):
 
     def host_free(self, ptr: int) -> None:
         self._call("cuMemFreeHost", ptr)
+
+    def pointer_info(self, ptr: int) -> PointerInfo | None:
+        """``cuPointerGetAttribute``'s memory type, device ordinal and allocation range of ``ptr``; None when the
+        driver does not know the address (``CUDA_ERROR_INVALID_VALUE``: pageable host memory, or no memory)."""
+        attr = self._cu.CUpointer_attribute
+        try:
+            kind = int(self._call("cuPointerGetAttribute", attr.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, int(ptr)))
+        except CudaError as exc:
+            if exc.name == "CUDA_ERROR_INVALID_VALUE":
+                return None
+            raise
+        try:
+            start = int(self._call("cuPointerGetAttribute", attr.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, int(ptr)))
+            size = int(self._call("cuPointerGetAttribute", attr.CU_POINTER_ATTRIBUTE_RANGE_SIZE, int(ptr)))
+        except CudaError:  # memory the driver keeps no range for: its extent is unknown
+            start, size = int(ptr), 0
+        if kind == int(self._cu.CUmemorytype.CU_MEMORYTYPE_HOST):
+            return PointerInfo("host", -1, start, size)
+        ordinal = int(self._call("cuPointerGetAttribute", attr.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, int(ptr)))
+        return PointerInfo("device", ordinal, start, size)
 
     def memcpy_htod_async(self, dst: int, src: int, nbytes: int, stream: Any) -> None:
         # The staging hot path: bound method, one call, one check.
@@ -138,6 +165,18 @@ class CudaDriver(Driver):
 
     def stream_from_handle(self, handle: int) -> Any:
         return self._cu.CUstream(int(handle))
+
+    def stream_device(self, stream: Any) -> int | None:
+        if int(stream) <= 2:  # CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, NULL: the current context's
+            return None
+        try:
+            return int(self._call("cuStreamGetDevice", stream))
+        except RuntimeError:  # a driver older than cuStreamGetDevice (CUDA 12.8): the bindings cannot find it
+            return None
+        except CudaError as exc:
+            if exc.name in ("CUDA_ERROR_NOT_SUPPORTED", "CUDA_ERROR_NOT_FOUND"):
+                return None
+            raise
 
     def event_create(self, timing: bool = False) -> Any:
         flags = self._cu.CUevent_flags.CU_EVENT_DEFAULT if timing else self._cu.CUevent_flags.CU_EVENT_DISABLE_TIMING

@@ -19,7 +19,7 @@ from .metadata import (
 )
 from .pack import pack_metadata, pack_padded, pack_tail, staging_ring
 from .reference import expected_fields, verify_readback
-from .stage import UPLOADS, stage_batched_attn_metadata, stage_stacked, stage_stream_metadata
+from .stage import UPLOADS, stage_batched_attn_metadata, stage_replicated, stage_stacked, stage_stream_metadata
 from .validate import SEQ_LEN_ALIGN, STATE_ALIGN, TABLE_ALIGN, aligned_pointer, plain_pointers, validate_streams
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "plain_pointers",
     "reserve_h_state_slot",
     "stage_batched_attn_metadata",
+    "stage_replicated",
     "stage_stacked",
     "stage_stream_metadata",
     "staging_ring",

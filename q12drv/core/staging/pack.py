@@ -262,6 +262,21 @@ def staging_ring(arena: ScratchArena, kind: str = "staging") -> PinnedRing:
 _RING_KEYS = {"staging": "ring:staging", "h_state": "ring:h_state"}
 
 
+def upload_packed(arena: ScratchArena, offset: int, packed: np.ndarray, batch: _Batch, layout: StackedLayout,
+                  stream: Any) -> None:
+    """Copy metadata packed before (``packed``: ``layout.staged_bytes`` bytes, :func:`pack_metadata`'s) to ``offset``
+    with ``batch``'s own per-stream tail (its device's block-table and ``seq_len`` pointers): through the arena's
+    pinned ring, one copy. What each device of a tensor-parallel group gets of one batch packed once."""
+    ring = staging_ring(arena)
+    slot = ring.acquire(layout.staged_bytes)
+    out = slot.array
+    out[:layout.staged_bytes] = packed[:layout.staged_bytes]
+    _pack_tail(batch, _views(out, layout))
+    s = arena.device.as_stream(stream)
+    arena.device.driver.memcpy_htod_async(int(arena.base) + offset, slot.addr, layout.staged_bytes, s)
+    ring.commit(slot, s)
+
+
 def _upload(arena: ScratchArena, offset: int, batch: _Batch, layout: StackedLayout, block_size: int,
             dummy_kv_block: int, stream: Any, tail_only: bool = False) -> tuple:
     ring = staging_ring(arena)

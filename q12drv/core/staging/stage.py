@@ -3,7 +3,9 @@
 * :func:`stage_batched_attn_metadata` writes the stacked :class:`~.metadata.BatchedAttnMetadata` at the arena's
   cursor with ONE ``cuMemcpyHtoDAsync`` of exactly ``staged_bytes`` and advances the cursor by exactly that;
 * :func:`stage_stream_metadata` writes one stream's own (n = 1) metadata into its per-stream block, for the
-  per-stream fallback.
+  per-stream fallback;
+* :func:`stage_replicated` stages one batch into one arena per device (tensor parallelism): packed once on the
+  host, one copy per device.
 
 Bad input raises and leaves the arena, the pinned ring and the cursor as they were. Offsets come from
 :mod:`q12drv.core.layout`.
@@ -20,7 +22,7 @@ from ..errors import CapacityError
 from ..ints import checked_int as _int
 from ..layout import ScratchPlan, stacked_layout
 from .metadata import BatchedAttnMetadata, StreamStageInfo, metadata_at
-from .pack import _upload, host_tail
+from .pack import _upload, host_tail, pack_metadata, upload_packed
 from .validate import _Batch, require_arena, validate_streams
 
 def _metadata(arena, offset, layout, batch, cu, kv, block_size, use_mrope, dummy_kv_block) -> BatchedAttnMetadata:
@@ -154,3 +156,83 @@ def stage_stream_metadata(
     arena.check_range(block.name, block.offset, block.nbytes)
     cu, kv = _upload(arena, block.offset, batch, layout, int(block_size), dummy_kv_block, stream)
     return _metadata(arena, block.offset, layout, batch, cu, kv, int(block_size), use_mrope, dummy_kv_block)
+
+
+def stage_replicated(arenas: Sequence[ScratchArena], streams: Sequence[Sequence[StreamStageInfo]], *, block_size: int,
+                     use_mrope: bool, scratch_offset_bytes: int, dummy_kv_block: int,
+                     stream: Sequence[Any] | None = None) -> list:
+    """Stage one batch into several arenas, one per device (tensor parallelism: every rank runs the same tokens over
+    its own share of the heads, with its own copy of the block tables): packed once on the host, then one copy per
+    device, each with its device's block-table and ``seq_len`` pointers.
+
+    Parameters
+    ----------
+    arenas : sequence of ScratchArena
+        One per device (rank), in rank order; the cursor of each at or before ``scratch_offset_bytes``.
+    streams : sequence of sequences of StreamStageInfo
+        ``streams[r]``: the batch as rank ``r`` sees it. The ranks must agree on everything but the device pointers
+        (``block_table_dev``, ``seq_len_dev``: each rank's copy of the tables on its device): the same starts,
+        counts, host block tables and MRoPE positions.
+    block_size, use_mrope, scratch_offset_bytes, dummy_kv_block
+        As for :func:`stage_batched_attn_metadata`, the same for every rank.
+    stream : sequence, optional
+        One stream per rank (as :meth:`~q12drv.core.device.Device.as_stream` takes it); default each device's.
+
+    Returns
+    -------
+    list of BatchedAttnMetadata
+        One per rank: the same fields at each arena's own addresses.
+
+    Raises
+    ------
+    ValueError
+        Counts that differ, ranks that disagree (naming the stream and what differs), or anything
+        :func:`stage_batched_attn_metadata` refuses; checked for every rank before anything is written.
+    """
+    if isinstance(arenas, ScratchArena) or not isinstance(arenas, Sequence) or not arenas:
+        raise TypeError("arenas must be a non-empty sequence of ScratchArena (one per device)")
+    if len(streams) != len(arenas) or (stream is not None and len(stream) != len(arenas)):
+        raise ValueError(f"stage_replicated needs one streams list (and one stream, if given) per arena: "
+                         f"{len(arenas)} arenas, {len(streams)} streams lists"
+                         + ("" if stream is None else f", {len(stream)} streams"))
+    for arena in arenas:
+        require_arena(arena)
+    batches = [validate_streams(s, block_size, use_mrope, dummy_kv_block) for s in streams]
+    first = batches[0]
+    for r, batch in enumerate(batches[1:], 1):
+        _same_batch(r, first, batch)
+    layout = stacked_layout(len(first.count_list), first.total, bool(use_mrope))
+    offset = _int("scratch_offset_bytes", scratch_offset_bytes, 0, min(a.capacity for a in arenas))
+    for r, arena in enumerate(arenas):  # every rank's place checked before the first is written
+        arena.check_range(f"arenas[{r}] stacked metadata", offset, layout.staged_bytes)
+        if offset < arena.cursor:
+            raise ValueError(f"arenas[{r}]: scratch_offset_bytes {offset:,} is behind its cursor {arena.cursor:,}")
+        if (int(arena.base) + offset) % 8:
+            raise ValueError(f"arenas[{r}]: scratch_offset_bytes {offset:,} is not 8-byte aligned there")
+    packed = np.empty(layout.staged_bytes, np.uint8)
+    cu, kv = pack_metadata(first, layout, int(block_size), dummy_kv_block, packed)  # the host's work, once
+    metas = []
+    for r, (arena, batch) in enumerate(zip(arenas, batches)):
+        region = arena.reserve("stacked_metadata", layout.staged_bytes, offset=offset, align=8)
+        try:
+            upload_packed(arena, region.offset, packed, batch, layout, None if stream is None else stream[r])
+        except BaseException:
+            arena.unreserve(region)
+            raise
+        metas.append(_metadata(arena, region.offset, layout, batch, cu.copy(), kv.copy(), int(block_size), use_mrope,
+                               dummy_kv_block))
+    return metas
+
+
+def _same_batch(r: int, first: _Batch, batch: _Batch) -> None:
+    """Raise unless rank ``r``'s validated batch is rank 0's but for the device pointers."""
+    if batch.count_list != first.count_list or batch.start_list != first.start_list:
+        raise ValueError(f"streams[{r}] has starts {batch.start_list} and counts {batch.count_list}, rank 0 has "
+                         f"{first.start_list} and {first.count_list}: every rank stages the same batch")
+    for b, (t, t0) in enumerate(zip(batch.raw_tables, first.raw_tables)):
+        if t is not t0 and not np.array_equal(t, t0):
+            raise ValueError(f"streams[{r}][{b}].block_table differs from rank 0's: the ranks share one KV layout "
+                             f"(their own copies of the same tables)")
+    for b, (m, m0) in enumerate(zip(batch.mrope, first.mrope)):
+        if m is not m0 and not (m is not None and m0 is not None and np.array_equal(m, m0)):
+            raise ValueError(f"streams[{r}][{b}].mrope_positions differ from rank 0's")

@@ -1,0 +1,94 @@
+"""On the GPU: what the emulated tests of embedding check (tests/test_threads_devices.py, tests/test_caller_memory.py),
+through the real driver: the driver's view of pointers and streams, arenas and pinned rings over torch's memory,
+torch's streams, threads, and the tensor-parallel example on every GPU there is."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from q12drv import ScratchArena, make_scratch_plan, open_device
+from q12drv.core.pinned import PinnedRing
+from tests.test_threads_devices import COUNTS, attention_pass, in_thread
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    dev = open_device("cuda")
+    yield dev
+    dev.close()
+
+
+def test_the_driver_knows_pointers_and_streams(gpu):
+    buf = gpu.alloc(1 << 20)
+    where = gpu.driver.pointer_info(int(buf.ptr) + 4096)
+    assert (where.kind, where.ordinal, where.start) == ("device", gpu.ordinal, int(buf.ptr))
+    assert where.nbytes >= 1 << 20
+    pinned = gpu.pinned(4096)
+    assert gpu.driver.pointer_info(pinned.addr).kind == "host"
+    assert gpu.driver.pointer_info(np.zeros(4096, np.uint8).ctypes.data) is None  # pageable host memory
+    s = gpu.new_stream()
+    assert gpu.driver.stream_device(s.raw) == gpu.ordinal and gpu.driver.stream_device(gpu.driver.stream_from_handle(0)) is None
+    assert gpu.as_stream(s.__cuda_stream__()[1]) is not None
+    buf.free()
+    pinned.free()
+
+
+def test_an_arena_over_a_torch_tensor(gpu):
+    torch = pytest.importorskip("torch")
+    need = make_scratch_plan(COUNTS, 0, False).total_bytes
+    expected = attention_pass(gpu, 7)
+    workspace = torch.zeros(ScratchArena.buffer_bytes(need), dtype=torch.uint8, device=f"cuda:{gpu.ordinal}")
+    torch.cuda.synchronize()
+    with ScratchArena.over(gpu, workspace) as arena:
+        assert not arena.owns_memory and arena.base == workspace.data_ptr()
+        assert attention_pass(gpu, 7, arena=arena) == expected
+        assert arena.guard_intact()
+    with pytest.raises(ValueError, match="no device memory the cuda driver knows|host memory"):
+        ScratchArena.over(gpu, torch.zeros(ScratchArena.buffer_bytes(need), dtype=torch.uint8))  # a CPU tensor
+    with pytest.raises(ValueError, match="not 64-byte aligned"):
+        ScratchArena.over(gpu, workspace[8:])
+
+
+def test_torch_streams_and_a_pinned_ring_over_a_pinned_tensor(gpu):
+    torch = pytest.importorskip("torch")
+    expected = attention_pass(gpu, 5)
+    s = torch.cuda.Stream(device=gpu.ordinal)
+    assert attention_pass(gpu, 5, s) == expected  # .cuda_stream (or __cuda_stream__ in newer torch)
+    assert attention_pass(gpu, 5, torch.cuda.current_stream(gpu.ordinal)) == expected
+    pinned = torch.zeros(1 << 16, dtype=torch.uint8).pin_memory()
+    ring = PinnedRing.over(gpu, pinned)
+    assert not ring.owns_memory and ring.acquire(1024).addr >= pinned.data_ptr()
+    ring.close()
+    with pytest.raises(ValueError, match="not page-locked"):
+        PinnedRing.over(gpu, torch.zeros(1 << 16, dtype=torch.uint8))
+
+
+def test_threads_on_the_gpu(gpu):
+    expected = attention_pass(gpu, 3)
+    assert in_thread(attention_pass, gpu, 3) == expected  # a fresh thread: no context current there
+    out, start = {}, threading.Barrier(2)
+
+    def work(i):
+        out[i] = attention_pass(gpu, 3, gpu.new_stream(), None, 1, start)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out == {0: expected, 1: expected}
+
+
+def test_the_tensor_parallel_example_on_every_gpu():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "tensor_parallel.py"
+    spec = importlib.util.spec_from_file_location("tensor_parallel_example", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    result = mod.main(["--driver", "cuda"])
+    assert result["ranks"] >= 1 and result["max_abs_diff"] <= 1e-2
