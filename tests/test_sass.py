@@ -88,7 +88,7 @@ def test_sass_command(capsys):
     assert main(["sass", "kv_write.cu"]) == 0
     out = capsys.readouterr().out
     assert "// ==== q12_kv_write (kv_write.cu, sm_90)" in out and "EXIT" in out
-    # bad sources, entries and defines: tests/test_reliability_inputs.py's CLI matrix
+    # bad sources and entries: tests/test_reliability_inputs.py's CLI matrix
 
 
 def test_sass_command_without_nvdisasm_says_what_to_install(monkeypatch, capsys):
