@@ -19,7 +19,7 @@ BENCH_PATH=$PYTHONPATH
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && BENCH_PATH=$PYTHONPATH:/tmp/site
-  # nvidia-cuda-nvdisasm's binary, for the doctor's SASS columns and tests/test_sass.py (q12drv.sass looks on PATH)
+  # nvidia-cuda-nvdisasm's binary, for the doctor's SASS columns and tests/test_sass.py (q12drv.tools.sass looks on PATH)
   [ -x /tmp/site/nvidia/cu13/bin/nvdisasm ] && export PATH=$PATH:/tmp/site/nvidia/cu13/bin
 fi
 step() {  # step NAME LOG SECONDS COMMAND...   (each step has its own time limit)

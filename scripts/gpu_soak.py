@@ -6,7 +6,7 @@ between), capture every pass's metadata and JIT slot on the device, verify them 
 
 Prints one summary line; exit status 0 when every captured byte matched, 1 on any mismatch,
 2 when the run itself failed (no GPU, a CUDA error, a race caught by the emulator).
-See q12drv/soak.py for what is checked.
+See q12drv/tools/soak.py (run_soak) for what is checked.
 """
 
 from __future__ import annotations

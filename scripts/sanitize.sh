@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# compute-sanitizer over one small prefill step (scripts/sanitize_step.py: Q12Pass, attention D 64,
-# 128 and 256, GDN d64 and d128, RoPE and MRoPE, the KV write and the device-side metadata expansion:
-# every kernel; 3 ragged streams, batched and per stream, guard bands around every buffer):
+# compute-sanitizer over one small prefill step (scripts/sanitize_step.py: Q12Pass with RoPE and MRoPE,
+# the KV write, attention D 64, 128 and 256 (the wgmma and the mma.sync kernels), the short convolution
+# at widths 2, 3 and 4, every GDN kernel at d64 and d128 and the device-side metadata expansion: every
+# kernel q12drv ships; 3 ragged streams, batched and per stream, guard bands around every buffer):
 # memcheck (with --leak-check full), racecheck, initcheck, synccheck, each with --error-exitcode 9.
 # Prints one PASS/FAIL line per tool; full logs under $OUT (default /tmp/q12drv-sanitize).
 # Exit status 0 when every tool passes.

@@ -2,14 +2,19 @@
 """One small prefill step through q12drv.prefill.Q12Pass, for compute-sanitizer (scripts/sanitize.sh).
 
 Three passes over 3 ragged streams of a few dozen tokens (cached prefixes, a shared dummy block),
-so that every kernel runs: plain RoPE with a D=64 attention layer and a d=64 Gated DeltaNet layer;
-MRoPE (interleaved, vision positions on one stream) with a D=128 attention layer; plain RoPE with a
-D=256 attention layer and a d=128 GDN layer, its metadata expanded on the device
-(``q12_expand_meta_tail``) and compared with the host stager's bytes; each pass batched and per stream.
-Everything goes through q12drv's own driver API (no torch). Every buffer the step writes has a
-256-byte guard band before and after it, filled with 0xA5 and checked afterwards; the arena's own
-guard band too. Batched and per stream must agree bit for bit, every output element must be
-written, and the staged metadata must read back as the seed defines it.
+so that every kernel in ``q12drv.kernels.ops.ENTRIES`` runs: plain RoPE with a D=64 attention layer,
+a width-4 short convolution and a d=64 Gated DeltaNet layer; MRoPE (interleaved, vision positions on
+one stream) with a D=128 attention layer and a width-3 convolution; plain RoPE with a D=256
+attention layer, a width-2 convolution and a d=128 GDN layer. Each attention layer runs the
+device's default kernel (``algo="auto"``: wgmma on Hopper at D=128 and 256) and, where that is not
+the mma.sync kernel, ``Q12Pass.attention`` with ``algo="mma"`` too; each GDN layer runs every GDN
+kernel in turn. The metadata is also expanded on the device, for the 3 streams
+(``q12_expand_meta_tail``) and for 65 (``q12_expand_meta``), and compared with the host stager's
+bytes. Each pass runs batched and per stream. Everything goes through q12drv's own driver API (no
+torch). Every buffer the step writes has a 256-byte guard band before and after it, filled with 0xA5
+and checked afterwards; the arena's own guard band too. Batched and per stream must agree bit for
+bit, every output element must be written, and the staged metadata must read back as the seed
+defines it.
 
     python3 scripts/sanitize_step.py [--driver cuda|emu] [--compile-only]
 
@@ -27,10 +32,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import numpy as np  # noqa: E402
 
-from q12drv import ScratchArena, StreamStageInfo, make_scratch_plan, open_device  # noqa: E402
+from q12drv import (ScratchArena, StreamStageInfo, make_scratch_plan, open_device,  # noqa: E402
+                    stage_batched_attn_metadata)
 from q12drv.core.staging import verify_readback  # noqa: E402
 from q12drv.tools.demo import layer_inputs  # noqa: E402
+from q12drv.core.bf16 import to_bf16_bits  # noqa: E402
 from q12drv.kernels import ops  # noqa: E402
+from q12drv.kernels.expand import stage_on_device  # noqa: E402
+from q12drv.kernels.meta import TAIL_STREAMS  # noqa: E402
 from q12drv.kernels.gdn import GdnConfig, GdnTensors, plan_gdn  # noqa: E402
 from q12drv.prefill import AttentionShape, GdnShape, Q12Pass  # noqa: E402
 
@@ -41,11 +50,12 @@ COUNTS = (23, 41, 9)
 STARTS = (16, 0, 37)       # stream 0 and 2 have part of their prompt in the KV cache already
 GDN64 = GdnShape(num_k_heads=2, num_v_heads=4, head_dim=64)
 GDN128 = GdnShape(num_k_heads=1, num_v_heads=2, head_dim=128)
-#: name -> (MRoPE, attention shape, GDN shape or None)
+CONV_CHANNELS = 64
+#: name -> (MRoPE, attention shape, short convolution width, GDN shape or None)
 LAYERS = {
-    "rope d64": (False, AttentionShape(4, 2, 64, 64, 1e4), GDN64),
-    "mrope d128": (True, AttentionShape(4, 2, 128, 64, 1e6, mrope_mode=2, mrope_section=(11, 11, 10)), None),
-    "rope d256": (False, AttentionShape(4, 2, 256, 64, 1e7), GDN128),
+    "rope d64": (False, AttentionShape(4, 2, 64, 64, 1e4), 4, GDN64),
+    "mrope d128": (True, AttentionShape(4, 2, 128, 64, 1e6, mrope_mode=2, mrope_section=(11, 11, 10)), 3, None),
+    "rope d256": (False, AttentionShape(4, 2, 256, 64, 1e7), 2, GDN128),
 }
 
 
@@ -69,17 +79,20 @@ class Guarded:
         return raw[GUARD:-GUARD]
 
 
-def make_streams(dev, rng, mrope: bool):
-    needed = [-(-(s + c) // BLOCK) for s, c in zip(STARTS, COUNTS)]
+def make_streams(dev, rng, mrope: bool, counts=COUNTS, starts=STARTS):
+    """Streams of ``counts`` new tokens after ``starts`` cached ones, their block tables (a permutation of blocks
+    1.., block 0 being the dummy) and kv lengths in one guarded device buffer; returns ``(streams, buffer,
+    num_blocks)``."""
+    needed = [-(-(s + c) // BLOCK) for s, c in zip(starts, counts)]
     ids = rng.permutation(np.arange(1, sum(needed) + 1)).astype(np.int32)  # block 0: the dummy block
     tables, off = [], 0
     for k in needed:
         tables.append(ids[off:off + k])
         off += k
-    flat = np.concatenate(tables + [np.array([s + c for s, c in zip(STARTS, COUNTS)], np.int32)])
+    flat = np.concatenate(tables + [np.array([s + c for s, c in zip(starts, counts)], np.int32)])
     tbuf = Guarded(dev, "block tables + seq_lens", flat)
     streams, at = [], 0
-    for b, (s, c) in enumerate(zip(STARTS, COUNTS)):
+    for b, (s, c) in enumerate(zip(starts, counts)):
         mp = None
         if mrope and b == 1:  # vision tokens: T fixed, H and W walk a 4-wide grid
             mp = np.stack([np.full(c, s), s + np.arange(c) // 4, s + np.arange(c) % 4]).astype(np.int64)
@@ -88,12 +101,26 @@ def make_streams(dev, rng, mrope: bool):
     return streams, tbuf, int(ids.max()) + 1
 
 
+def conv_inputs(rng, total: int, n: int, width: int) -> dict:
+    """Host inputs of one short convolution over ``total`` tokens of CONV_CHANNELS channels: ``cx`` and ``cy``
+    ``[T, C]`` (``cy`` poisoned with bf16 NaN), ``cw`` ``[C, W]``, ``cstates`` ``[n, W - 1, C]``, all bf16."""
+    c = CONV_CHANNELS
+    return {"cx": to_bf16_bits(rng.standard_normal((total, c))), "cy": np.full((total, c), 0xFFFF, np.uint16),
+            "cw": to_bf16_bits(rng.standard_normal((c, width)) * 0.5),
+            "cstates": to_bf16_bits(rng.standard_normal((n, width - 1, c)))}
+
+
 def step(dev, name: str, problems: list) -> None:
-    mrope, attn, gdn = LAYERS[name]
+    mrope, attn, width, gdn = LAYERS[name]
     rng = np.random.default_rng(12)
     streams, tbuf, num_blocks = make_streams(dev, rng, mrope)
     n, total = len(streams), sum(COUNTS)
     host = layer_inputs(rng, total, n, num_blocks, BLOCK, attn, gdn or GDN64)
+    host.update(conv_inputs(rng, total, n, width))
+    also_mma = ops.attention_entry("auto", attn.head_dim, dev.arch) != ops.attention_entry("mma", attn.head_dim,
+                                                                                            dev.arch)
+    if also_mma:  # the mma.sync kernel on the same inputs, into its own output
+        host["o_mma"] = host["o"].copy()
     bufs = {k: Guarded(dev, f"{name} {k}", a) for k, a in host.items()}
     chunks = [(s.proc_start + s.proc_count, s.proc_count, 0, False) for s in streams]
     plan = make_scratch_plan(list(COUNTS), 4, mrope, "exact")
@@ -108,6 +135,10 @@ def step(dev, name: str, problems: list) -> None:
                 problems.append(f"{name}: asked for {mode}, ran {q12.mode} ({q12.reason})")
             p = {k: b.ptr for k, b in bufs.items()}
             q12.attention_layer(p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], attn, num_blocks=num_blocks)
+            if also_mma:  # q as RoPE left it, the pools as the KV write left them
+                q12.attention(p["q"], p["k_pool"], p["v_pool"], p["o_mma"], attn, num_blocks=num_blocks, algo="mma")
+            conv_states = [p["cstates"] + b * host["cstates"][0].nbytes for b in range(n)]
+            q12.conv1d(conv_states, p["cx"], p["cy"], p["cw"], channels=CONV_CHANNELS, width=width)
             if gdn is not None:
                 states = [p["states"] + b * host["states"][0].nbytes for b in range(n)]
                 plans = gdn_plans(dev, gdn, n, max(COUNTS))
@@ -128,7 +159,7 @@ def step(dev, name: str, problems: list) -> None:
                 problems.append(f"{name} {mode}: the arena's guard band was overwritten")
         if name == "rope d256":
             expand_matches_host(dev, arena, streams, problems)
-        written = ["o"] + (["go"] if gdn is not None else [])
+        written = ["o", "cy"] + (["o_mma"] if also_mma else []) + (["go"] if gdn is not None else [])
         for k in written:
             if np.any(np.frombuffer(results["batched"][k], np.uint16) == 0xFFFF):
                 problems.append(f"{name}: {k} has elements the kernels never wrote")
@@ -158,25 +189,33 @@ def gdn_plans(dev, shape: GdnShape, n: int, longest: int) -> list:
 
 
 def expand_matches_host(dev, arena, streams, problems: list) -> None:
-    """Stage the same batch on the host and through the device expansion kernel; the bytes must match."""
-    from q12drv import stage_batched_attn_metadata
-    from q12drv.kernels.expand import stage_on_device
-
-    staged = []
-    for stage in (stage_batched_attn_metadata, stage_on_device):
-        arena.reset()
-        meta = stage(arena, streams, block_size=BLOCK, use_mrope=False, scratch_offset_bytes=0, dummy_kv_block=0)
-        dev.synchronize()
-        staged.append(arena.read(meta.scratch_offset_bytes, meta.staged_bytes))
-    if staged[0] != staged[1]:
-        problems.append("q12_expand_meta_tail: device-expanded metadata differs from the host stager's")
-    if not arena.guard_intact():
-        problems.append("q12_expand_meta_tail: the arena's guard band was overwritten")
+    """Stage the same batch on the host and through the device expansion kernels, the step's 3 streams
+    (``q12_expand_meta_tail``: the per-stream fields as launch parameters) and TAIL_STREAMS + 1 short ones
+    (``q12_expand_meta``: the fields copied in first); the bytes must match."""
+    counts = [1 + b % 3 for b in range(TAIL_STREAMS + 1)]
+    many, mbuf, _ = make_streams(dev, np.random.default_rng(13), False, counts, [b % 20 for b in range(len(counts))])
+    plan = make_scratch_plan(counts, 0, False, "exact")
+    with ScratchArena(dev, plan.total_bytes + 512) as wide:
+        for entry, where, batch in (("q12_expand_meta_tail", arena, streams), ("q12_expand_meta", wide, many)):
+            staged = []
+            for stage in (stage_batched_attn_metadata, stage_on_device):
+                where.reset()
+                meta = stage(where, batch, block_size=BLOCK, use_mrope=False, scratch_offset_bytes=0,
+                             dummy_kv_block=0)
+                dev.synchronize()
+                staged.append(where.read(meta.scratch_offset_bytes, meta.staged_bytes))
+            if staged[0] != staged[1]:
+                problems.append(f"{entry}: device-expanded metadata differs from the host stager's")
+            if not where.guard_intact():
+                problems.append(f"{entry}: the arena's guard band was overwritten")
+    mbuf.get(problems)
+    mbuf.buf.free()
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="sanitize_step.py", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--driver", default="cuda", choices=["cuda", "emu", "auto"])
+    ap.add_argument("--driver", default="cuda", choices=["cuda", "emu", "auto"],
+                    help="default cuda; emu runs the same step and checks on the emulated driver")
     ap.add_argument("--compile-only", action="store_true",
                     help="compile (and cache) the kernels the step uses, then exit (run once before the sanitizer)")
     args = ap.parse_args(argv)

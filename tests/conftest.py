@@ -1,3 +1,5 @@
+import functools
+
 import pytest
 
 
@@ -36,3 +38,33 @@ def emu():
     dev.close()
     assert dev.driver.live_allocations()["device"] == 0
     assert dev.driver.live_allocations()["pinned"] == 0
+
+
+@pytest.fixture(scope="session")
+def kernel_build():
+    """``build(source, arch="sm_90") -> CompiledImage``: a ``cuda_src`` source compiled as q12drv builds it (its
+    contract defines) with ptxas's resource report, once per test session. The doctor's test, each kernel's
+    no-spill test and the SASS tests read the same compile instead of each paying for their own (the
+    wgmma and mma GDN sources take seconds each). The report changes no instruction: its SASS is the
+    shipped build's (test_sass.py checks)."""
+    from q12drv.core.nvrtc import compile_source
+    from q12drv.kernels.registry import compile_defines
+
+    @functools.cache
+    def cached(source: str, arch: str):
+        return compile_source(source, arch=arch, defines=compile_defines(source), use_cache=False,
+                              verbose_resources=True)
+
+    def build(source: str, arch: str = "sm_90"):
+        return cached(source, arch)  # one cache key however the arguments are spelled
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def disassembled():
+    """``sass(image) -> {entry: SASS text}``: :func:`q12drv.tools.sass.disassemble` of a cubin, run once per image
+    per test session (images from :func:`kernel_build` are shared, so are their disassemblies)."""
+    from q12drv.tools.sass import disassemble
+
+    return functools.cache(lambda image: disassemble(image))

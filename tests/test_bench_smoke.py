@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(args, tmp_path, timeout=300):
-    env = dict(os.environ, Q12DRV_DRIVER="emu", Q12DRV_CACHE_DIR=str(tmp_path / "cubins"), PYTHONPATH=str(ROOT))
+    # the test session's cubin cache (tests/conftest.py), so the kernels the suite compiled are not compiled again
+    env = dict(os.environ, Q12DRV_DRIVER="emu", PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -24,6 +25,7 @@ def test_bench_suites_run_with_timing_disabled(tmp_path):
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
 
 
+@pytest.mark.slow  # about 15 s on two cores, most of it the step section's warm-up runs on the emulator
 def test_gpu_compare_and_plot_plumbing(tmp_path):
     out = tmp_path / "results.json"
     r = _run(["bench/gpu_compare.py", "--driver", "emu", "--out", str(out)], tmp_path)

@@ -105,8 +105,8 @@ def emulate_case(mem, q, k_pool, v_pool, cu, kv_lens, tables, hq, hkv, bs, scale
 # compile, tiles and the host/source contract
 
 
-def test_compiles_without_spills():
-    img = compile_source(attn.SOURCE, defines=compile_defines(attn.SOURCE), use_cache=False, verbose_resources=True)
+def test_compiles_without_spills(kernel_build):
+    img = kernel_build(attn.SOURCE)
     report = spill_free(img, attn.ENTRIES)
     assert all(report[entry].registers <= 255 for entry in attn.ENTRIES)
 

@@ -23,12 +23,11 @@ from q12drv.core.nvrtc import ARCH_SPECIFIC_SOURCES, compile_source, cuda_src_di
 from tests.helpers import make_streams, spill_free
 
 
-def test_compiles_for_sm_90a_without_spills_taking_the_launch_share_of_registers():
+def test_compiles_for_sm_90a_without_spills_taking_the_launch_share_of_registers(kernel_build):
     # Warp specialization: the launch gives each of the 128 (CONSUMERS + 1) threads 65536 / threads registers
     # (rounded down to 8); setmaxnreg hands the producer's share to the consumers, so ptxas must have
     # taken the whole launch share (else setmaxnreg.inc would wait for registers that never come).
-    img = compile_source(attnw.SOURCE, arch="sm_90", defines=compile_defines(attnw.SOURCE), use_cache=False,
-                         verbose_resources=True)
+    img = kernel_build(attnw.SOURCE, "sm_90")
     assert img.arch == "sm_90a"
     report = spill_free(img, attnw.ENTRIES)
     src = (cuda_src_dir() / attnw.SOURCE).read_text()

@@ -8,9 +8,7 @@ import pytest
 
 from q12drv import ScratchArena, stage_batched_attn_metadata
 from q12drv.core.bf16 import from_bf16_bits, to_bf16_bits
-from q12drv.core.nvrtc import compile_source
 from q12drv.kernels import conv1d as conv
-from q12drv.kernels.meta import meta_defines
 from tests.helpers import make_streams, spill_free
 
 
@@ -179,6 +177,6 @@ def test_geometry():
     assert conv.geometry(3, 1, 8) == ((1, 1, 3), (128, 1, 1), 0)
 
 
-def test_compiles_without_spills():
-    img = compile_source(conv.SOURCE, defines=meta_defines(), use_cache=False, verbose_resources=True)
+def test_compiles_without_spills(kernel_build):
+    img = kernel_build(conv.SOURCE)
     spill_free(img, conv.ENTRIES)

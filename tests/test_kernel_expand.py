@@ -16,10 +16,8 @@ from q12drv.kernels.meta import TAIL_STREAMS, Q12TailC, meta_defines
 from tests.helpers import make_streams, spill_free
 
 
-def test_compiles_without_spills():
-    from q12drv.core.nvrtc import compile_source
-
-    img = compile_source(expand.SOURCE, arch="sm_90", defines=meta_defines(), use_cache=False, verbose_resources=True)
+def test_compiles_without_spills(kernel_build):
+    img = kernel_build(expand.SOURCE, "sm_90")
     assert img.image
     spill_free(img, expand.ENTRIES)
 

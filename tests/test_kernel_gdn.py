@@ -117,32 +117,25 @@ def test_every_entry_takes_the_one_parameter_list():
         assert set(mod.EMULATORS) == set(mod.ENTRIES)
 
 
-def test_recurrent_entries_compile_without_spills():
-    from q12drv.core.nvrtc import compile_source
-
-    img = compile_source(recurrent.SOURCE, defines=compile_defines(recurrent.SOURCE), use_cache=False,
-                         verbose_resources=True)
+def test_recurrent_entries_compile_without_spills(kernel_build):
+    img = kernel_build(recurrent.SOURCE)
     for name, r in spill_free(img, recurrent.ENTRIES).items():
         assert r.registers <= 128, f"{name}: more than 128 registers (< 4 CTAs/SM)"
 
 
-def test_chunked_mma_entries_compile_without_spills():
-    from q12drv.core.nvrtc import compile_source
-
-    img = compile_source(chunked_mma.SOURCE, defines=compile_defines(chunked_mma.SOURCE), use_cache=False,
-                         verbose_resources=True)
+def test_chunked_mma_entries_compile_without_spills(kernel_build):
+    img = kernel_build(chunked_mma.SOURCE)
     spill_free(img, chunked_mma.ENTRIES)
 
 
-def test_chunked_wgmma_entries_compile_for_sm90a_without_spills():
+def test_chunked_wgmma_entries_compile_for_sm90a_without_spills(kernel_build):
     """gdn/chunked_wgmma.cu compiles for sm_90a only (wgmma), every entry without spills or local memory."""
-    from q12drv.core.nvrtc import compile_source, target_arch
+    from q12drv.core.nvrtc import target_arch
 
     assert target_arch(chunked_wgmma.SOURCE, "sm_90") == "sm_90a"
     with pytest.raises(ValueError, match="sm_90a"):
         target_arch(chunked_wgmma.SOURCE, "sm_80")
-    img = compile_source(chunked_wgmma.SOURCE, defines=compile_defines(chunked_wgmma.SOURCE), use_cache=False,
-                         verbose_resources=True)
+    img = kernel_build(chunked_wgmma.SOURCE)
     assert img.arch == "sm_90a"
     spill_free(img, chunked_wgmma.ENTRIES)
 

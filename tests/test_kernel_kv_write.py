@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 from tests.helpers import FakeMem, paged_streams, spill_free
 from q12drv.kernels import kv_write as kw
 from q12drv.kernels.meta import Q12MetaC
-from q12drv.kernels.registry import compile_defines
 
 POISON = 0xFFFF
 
@@ -66,11 +65,10 @@ def textbook_pools(k_rows, v_rows, tables, positions, block_size, kpool, vpool, 
 
 
 # ----------------------------------------------------------------------------- compile
-def test_compiles_without_spills():
-    from q12drv.core.nvrtc import compile_source, cuda_src_dir
+def test_compiles_without_spills(kernel_build):
+    from q12drv.core.nvrtc import cuda_src_dir
 
-    img = compile_source(kw.SOURCE, arch="sm_90", defines=compile_defines(kw.SOURCE), use_cache=False,
-                         verbose_resources=True)
+    img = kernel_build(kw.SOURCE, "sm_90")
     assert img.image
     report = spill_free(img, kw.ENTRIES, stack=False)
     # Blocks of up to 1024 threads must launch, and the 4 CTAs of 256 per SM geometry() assumes

@@ -11,7 +11,6 @@ from tests.helpers import FakeMem, spill_free
 from q12drv.core.bf16 import from_bf16_bits, to_bf16_bits
 from q12drv.kernels import rope
 from q12drv.kernels.meta import Q12MetaC
-from q12drv.kernels.registry import compile_defines
 
 
 # ----------------------------------------------------------------------------- fake device memory
@@ -107,11 +106,8 @@ def assert_close_bf16(out_bits, ref64, what):
 
 
 # ----------------------------------------------------------------------------- compile
-def test_compiles_without_spills():
-    from q12drv.core.nvrtc import compile_source
-
-    img = compile_source(rope.SOURCE, arch="sm_90", defines=compile_defines(rope.SOURCE), use_cache=False,
-                         verbose_resources=True)
+def test_compiles_without_spills(kernel_build):
+    img = kernel_build(rope.SOURCE, "sm_90")
     assert img.image
     report = spill_free(img, rope.ENTRIES, stack=False)
     # The largest block the emulator accepts must be launchable: registers x threads <= 64K.

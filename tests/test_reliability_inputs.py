@@ -665,7 +665,6 @@ CLI_CASES = [
     ("render unwritable output", ["render", "{dump}", "-o", "{tmp}/no/such/dir/x.png"], 2, "cannot write"),
     ("sass unknown source", ["sass", "nope.cu"], 2, "unknown source 'nope.cu'; cuda_src/ has attention/mma.cu, attention/wgmma.cu"),
     ("sass unknown entry", ["sass", "kv_write.cu", "q12_nope"], 2, "has no entry q12_nope; its entries: q12_kv_write"),
-    ("sass bad define", ["sass", "kv_write.cu", "-D", "A B"], 2, "a define is NAME or NAME=VALUE"),
     ("unknown command", ["explode"], 2, "invalid choice"),
     ("inspect named pipe", ["inspect", "{fifo}"], 2, "is a named pipe (FIFO), not a dump file"),
     ("inspect symlink to a pipe", ["inspect", "{fifo_link}"], 2, "is a named pipe (FIFO), not a dump file"),

@@ -22,10 +22,22 @@ def load(name: str):
     return mod
 
 
-def test_sanitize_step_passes_on_the_emulator(capsys):
+def test_sanitize_step_passes_on_the_emulator_and_runs_every_kernel(monkeypatch, capsys):
+    from q12drv.core.driver.emu import EmuDriver
+    from q12drv.kernels import ops
+
     step = load("sanitize_step")
+    launched, launch = set(), EmuDriver.launch
+
+    def recording(self, func, *args, **kwargs):
+        launched.add(func.name)
+        return launch(self, func, *args, **kwargs)
+
+    monkeypatch.setattr(EmuDriver, "launch", recording)
     assert step.main(["--driver", "emu"]) == 0
     assert "sanitize_step: ok" in capsys.readouterr().out
+    # the emulated device is an sm_90 (Hopper): the sanitizer on the H200 sees every kernel q12drv ships
+    assert launched == set(ops.ENTRIES), sorted(set(ops.ENTRIES) - launched)
     assert step.main(["--driver", "emu", "--compile-only"]) == 0
 
 
@@ -56,6 +68,16 @@ def test_sanitize_step_reports_a_batched_per_stream_mismatch(monkeypatch, capsys
     monkeypatch.setattr(Q12Pass, "attention_layer", skewed)
     assert step.main(["--driver", "emu"]) == 1
     assert "batched and per stream differ in o" in capsys.readouterr().out
+
+
+def test_sanitize_step_sees_an_output_no_kernel_wrote(monkeypatch, capsys):
+    step = load("sanitize_step")
+    from q12drv.prefill import Q12Pass
+
+    monkeypatch.setattr(Q12Pass, "conv1d", lambda self, *a, **kw: None)  # a convolution that never ran
+    assert step.main(["--driver", "emu"]) == 1
+    out = capsys.readouterr().out
+    assert "rope d64: cy has elements the kernels never wrote" in out and "3 problems" in out
 
 
 def test_gpu_soak_exit_codes():

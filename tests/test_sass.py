@@ -8,7 +8,6 @@ from q12drv.tools.cli import main
 from q12drv.core.errors import Q12Error
 from q12drv.kernels import attention_wgmma
 from q12drv.kernels.gdn import chunked_wgmma
-from q12drv.kernels.meta import meta_defines
 from q12drv.kernels.registry import compile_defines
 from q12drv.core.nvrtc import compile_source
 
@@ -35,8 +34,8 @@ def test_summary_counts_instructions_groups_and_waits():
     assert not sass.wgmma_summary("k", _sass_lines(SERIALISED[:3])).serialised
 
 
-def test_disassemble_splits_every_entry_and_says_when_nvdisasm_is_missing(monkeypatch):
-    img = compile_source("expand_meta.cu", defines=tuple(meta_defines()))
+def test_disassemble_splits_every_entry_and_says_when_nvdisasm_is_missing(monkeypatch, kernel_build):
+    img = kernel_build("expand_meta.cu")
     code = sass.disassemble(img.image)
     assert set(code) == {"q12_expand_meta", "q12_expand_meta_tail"}
     assert all(sass.wgmma_summary(e, t).instructions > 100 for e, t in code.items())
@@ -62,17 +61,24 @@ def test_find_nvdisasm_looks_on_path_then_cuda_home(monkeypatch, tmp_path):
 @pytest.mark.parametrize("source,entries", [(chunked_wgmma.SOURCE, [e for e in chunked_wgmma.ENTRIES
                                                                      if "precompute" not in e]),
                                             (attention_wgmma.SOURCE, attention_wgmma.ENTRIES)])
-def test_shipped_wgmma_kernels_keep_their_mma_pipelined(source, entries):
+def test_shipped_wgmma_kernels_keep_their_mma_pipelined(source, entries, kernel_build, disassembled):
     """Every warpgroup-MMA kernel as shipped: its MMAs grouped (ptxas did not fall back to one wait per MMA). A
-    change that leaves an MMA in flight where ptxas cannot follow it (across the sequential loop's back edge,
-    session 8) fails here, without a GPU."""
+    change that leaves an MMA in flight where ptxas cannot follow it (across the sequential loop's back edge)
+    fails here, without a GPU."""
     assert sass.find_nvdisasm(), "nvdisasm missing: pip install '.[test]' (nvidia-cuda-nvdisasm)"
-    img = compile_source(source, defines=compile_defines(source))
-    code = sass.disassemble(img.image)
+    code = disassembled(kernel_build(source).image)
     for entry in entries:
         w = sass.wgmma_summary(entry, code[entry])
         assert w.hgmma > 0 and not w.serialised, w
         assert w.groups < w.hgmma / 2, w
+
+
+def test_the_resource_report_changes_no_instruction(kernel_build, disassembled):
+    """The tests read the SASS of the build compiled with ptxas's resource report (conftest's kernel_build, shared
+    with the doctor and the no-spill tests): it is the shipped build's, instruction for instruction."""
+    source = "kv_write.cu"
+    shipped = compile_source(source, defines=compile_defines(source), use_cache=False)
+    assert sass.disassemble(shipped.image) == disassembled(kernel_build(source).image)
 
 
 def test_sass_command(capsys):
@@ -82,7 +88,7 @@ def test_sass_command(capsys):
     assert main(["sass", "kv_write.cu"]) == 0
     out = capsys.readouterr().out
     assert "// ==== q12_kv_write (kv_write.cu, sm_90)" in out and "EXIT" in out
-    # bad sources, entries and defines: tests/test_reliability_inputs.py's CLI matrix
+    # bad sources and entries: tests/test_reliability_inputs.py's CLI matrix
 
 
 def test_sass_command_without_nvdisasm_says_what_to_install(monkeypatch, capsys):

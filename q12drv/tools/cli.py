@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .._version import __version__
+from .dump_cli import COMMANDS, ExampleFormatter, failure_status
 
 __all__ = ["main"]
 
@@ -14,8 +16,6 @@ _DRIVER_HELP = ("which driver: 'auto' uses the GPU when there is one and the emu
 
 
 def _cmd_demo(args) -> int:
-    import os
-
     from .demo import DemoConfig, run_demo
     from ..core.device import open_device
     from ..core.errors import Q12Error
@@ -34,38 +34,40 @@ def _cmd_demo(args) -> int:
 def _cmd_doctor(args) -> int:
     from .doctor import run_doctor
 
-    from .sass import parse_define
-
-    try:
-        defines = tuple(parse_define(d) for d in args.define)
-    except ValueError as exc:
-        print(f"q12drv doctor: {exc}", file=sys.stderr)
-        return 2
-    return run_doctor(args.driver, arch=args.arch, defines=defines)
+    return run_doctor(args.driver, arch=args.arch)
 
 
 def _cmd_sass(args) -> int:
     from .sass import run_sass
 
-    return run_sass(args.source, tuple(args.entry), arch=args.arch, defines=tuple(args.define),
-                    summary_only=args.summary)
+    return run_sass(args.source, tuple(args.entry), arch=args.arch, summary_only=args.summary)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="q12drv",
-        description="Stage batched (Q12) prefill metadata into a CUDA arena and run the kernels that read it.",
-        epilog="Run 'q12drv demo' to see a whole pass; 'q12drv doctor' to check the toolchain ('q12drv sass' for a "
-               "kernel's machine code); "
-               "'q12drv demo --dump a.npz' then 'q12drv inspect a.npz' to look inside the arena.",
+        formatter_class=ExampleFormatter,
+        description="Stage batched (Q12) prefill metadata into a CUDA arena and run the kernels that read it. "
+                    "Every command works without a GPU (on the emulated driver); 'q12drv COMMAND --help' says "
+                    "what a command does and shows an example.",
+        epilog="examples:\n"
+               "  q12drv demo                 # one whole batched pass, verified\n"
+               "  q12drv doctor               # driver, device, NVRTC; every kernel compiled\n"
+               "  q12drv sass kv_write.cu     # a kernel's machine code\n"
+               "  q12drv demo --dump a.npz    # then 'q12drv inspect a.npz': inside the arena",
     )
     p.add_argument("--version", action="version", version=f"q12drv {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     d = sub.add_parser("demo", help="plan, admit, stage and verify one batched pass (and run its kernels)",
+                       formatter_class=ExampleFormatter,
                        description="Plan 8 ragged prefill streams (Qwen3-Next-like, MRoPE), decide admission, stage "
                                    "the metadata with one pinned copy, place the h_state_ptrs slot, read the arena "
                                    "back and verify every field; then run one attention and one Gated DeltaNet layer "
-                                   "batched and per stream and compare them bit for bit. Exit status 1 if a check fails.")
+                                   "batched and per stream and compare them bit for bit. Exit status 1 if a check fails.",
+                       epilog="examples:\n"
+                              "  q12drv demo                             # on the GPU if there is one, else emulated\n"
+                              "  q12drv demo --driver emu --no-kernels   # staging only, on the emulator\n"
+                              "  q12drv demo --dump a.npz                # then: q12drv inspect a.npz")
     d.add_argument("--driver", default="auto", choices=["auto", "cuda", "emu"], help=_DRIVER_HELP)
     d.add_argument("--seed", type=int, default=0, help="random seed for block tables and activations (default 0)")
     d.add_argument("--no-kernels", action="store_true", help="stop after staging (skip the attention and GDN layers)")
@@ -73,33 +75,41 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write an arena dump (.npz) of the staged batched pass to PATH (see 'q12drv inspect')")
     d.set_defaults(func=_cmd_demo)
     doc = sub.add_parser("doctor", help="print driver, device, NVRTC and compile every kernel",
+                         formatter_class=ExampleFormatter,
                          description="Print the driver, the device, the NVRTC version and header directory, then "
-                                     "compile every kernel in cuda_src/ and print registers, spills, static and dynamic "
-                                     "shared memory per kernel, for the shipped build or a variant (-D). Works "
-                                     "without a GPU (compile only). Exit status 1 if any fails or spills.")
+                                     "compile every kernel in cuda_src/ as q12drv builds it and print, per kernel, "
+                                     "registers, spills, stack, static and dynamic shared memory, the compile time "
+                                     "and (with nvdisasm, in the test extra) its SASS instruction count and "
+                                     "warpgroup MMAs. Works without a GPU (compile only). Exit status 1 if a kernel "
+                                     "fails to compile, spills or has its warpgroup MMAs serialised.",
+                         epilog="examples:\n"
+                                "  q12drv doctor                # this machine, for its GPU's architecture\n"
+                                "  q12drv doctor --driver emu   # for sm_90 (the H200), without touching a GPU")
     doc.add_argument("--driver", default="auto", choices=["auto", "cuda", "emu"], help=_DRIVER_HELP)
-    doc.add_argument("--arch", default=None, help="compile target (default: the device's, sm_90 without a GPU)")
-    doc.add_argument("-D", "--define", action="append", default=[], metavar="NAME=VALUE",
-                     help="compile a variant build: a macro for every kernel, repeatable")
+    doc.add_argument("--arch", default=None,
+                     help="compile target, e.g. sm_90 (default: the device's, sm_90 without a GPU); the wgmma "
+                          "sources are skipped on targets other than Hopper's")
     doc.set_defaults(func=_cmd_doctor)
     sa = sub.add_parser("sass", help="print a kernel's machine code (nvdisasm) and count its warpgroup MMAs",
-                        description="Compile one cuda_src/ source (the shipped build or a variant, -D) and print the "
-                                    "SASS of its entries, each with its instruction count and its warpgroup MMAs "
-                                    "(HGMMA) and the groups they form: a build whose every MMA is its own group was "
-                                    "serialised by ptxas (NVRTC's log does not say so). Needs nvdisasm (the "
+                        formatter_class=ExampleFormatter,
+                        description="Compile one cuda_src/ source as q12drv builds it and print the SASS of its "
+                                    "entries, each with its instruction count and its warpgroup MMAs (HGMMA) and "
+                                    "the groups they form: a build whose every MMA is its own group was serialised "
+                                    "by ptxas (NVRTC's log does not say so). Needs nvdisasm (the "
                                     "nvidia-cuda-nvdisasm wheel, in the test extra). Works without a GPU. Exit status "
-                                    "1 if an entry's MMAs are serialised.")
-    sa.add_argument("source", help="a file in cuda_src/, e.g. gdn/chunked_wgmma.cu")
+                                    "1 if an entry's MMAs are serialised.",
+                        epilog="examples:\n"
+                               "  q12drv sass kv_write.cu                     # every entry's SASS\n"
+                               "  q12drv sass gdn/chunked_wgmma.cu --summary  # one line per entry: the counts\n"
+                               "  q12drv sass attention/wgmma.cu q12_attn_wgmma_d128 | less")
+    sa.add_argument("source", help="a file in cuda_src/, e.g. gdn/chunked_wgmma.cu (an unknown name lists them)")
     sa.add_argument("entry", nargs="*", help="entries to print (default: all of the source's)")
     sa.add_argument("--arch", default="sm_90", help="compile target (default sm_90; wgmma sources build for sm_90a)")
-    sa.add_argument("-D", "--define", action="append", default=[], metavar="NAME=VALUE",
-                    help="a variant build's macro, repeatable (each kernel's knobs are in its cuda_src/ header)")
     sa.add_argument("--summary", action="store_true", help="only the counts, one line per entry")
     sa.set_defaults(func=_cmd_sass)
-    from .dump_cli import COMMANDS
-
-    for name, (help_, description, add, run) in COMMANDS.items():
-        c = sub.add_parser(name, help=help_, description=description)
+    for name, (help_, description, example, add, run) in COMMANDS.items():
+        c = sub.add_parser(name, help=help_, description=description, epilog=example,
+                           formatter_class=ExampleFormatter)
         add(c)
         c.set_defaults(func=run)
     return p
@@ -110,13 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except BrokenPipeError:  # the reader went away (q12drv sass ... | head): stop quietly
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except (Exception, KeyboardInterrupt) as exc:  # one line on stderr and exit status 2, never a traceback
-        from .dump_cli import failure_status
-
         return failure_status(f"q12drv {args.command}", exc)
 
 

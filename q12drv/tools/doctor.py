@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..core.driver import open_driver
@@ -15,7 +16,7 @@ from ..kernels import gdn as _gdn
 from ..kernels.ops import SOURCES
 from ..kernels.registry import compile_defines
 from ..core.nvrtc import compile_source, cuda_header_dir, cuda_src_dir, nvrtc_version
-from .sass import disassemble, find_nvdisasm, parse_define, wgmma_summary
+from .sass import disassemble, find_nvdisasm, wgmma_summary
 
 __all__ = ["KernelResources", "parse_ptxas_report", "dynamic_smem", "run_doctor"]
 
@@ -51,8 +52,6 @@ def parse_ptxas_report(log: str) -> list:
     return out
 
 
-
-
 def dynamic_smem(entry: str) -> int:
     """Dynamic shared memory a launch of ``entry`` asks for (0: static only)."""
     if entry in _attn.ENTRIES:
@@ -64,16 +63,15 @@ def dynamic_smem(entry: str) -> int:
     return 0
 
 
-def run_doctor(driver: str | None = "auto", *, arch: str | None = None, defines=(), out=print) -> int:
-    """Print the environment and compile every kernel; return 0 when all compile without spills and, where
-    ``nvdisasm`` is found (:mod:`q12drv.tools.sass`), no kernel's warpgroup MMAs were serialised by ptxas.
+def run_doctor(driver: str | None = "auto", *, arch: str | None = None, out: Callable[[str], None] = print) -> int:
+    """Print the environment and compile every kernel as q12drv builds it; return 0 when all compile without spills
+    and, where ``nvdisasm`` is found (:mod:`q12drv.tools.sass`), no kernel's warpgroup MMAs were serialised by ptxas.
 
-    ``defines``: extra ``NAME=VALUE`` macros for every kernel (a variant build, e.g. a knob in a
-    ``cuda_src/`` header); the report then describes that build. The ``sass`` column counts
-    each entry's SASS instructions, ``wgmma`` its warpgroup MMAs and the groups they form.
+    Each kernel's row: ptxas's registers, spill stores and loads, stack frame and static shared memory, the
+    dynamic shared memory its launch asks for, the compile time of its source, and (with ``nvdisasm``) ``sass``:
+    its SASS instruction count, ``wgmma``: its warpgroup MMAs and the groups they form.
     """
     ok = True
-    defines = tuple(parse_define(d) for d in defines)
     try:
         drv = open_driver(driver)
         out(f"driver: {drv.name}" + (" (no usable GPU: emulating)" if drv.name == "emu" and driver == "auto" else ""))
@@ -91,8 +89,6 @@ def run_doctor(driver: str | None = "auto", *, arch: str | None = None, defines=
     arch = arch or dev_arch
     major, minor = nvrtc_version()
     out(f"NVRTC {major}.{minor}; headers {cuda_header_dir()}; sources {cuda_src_dir()}; target {arch}")
-    if defines:
-        out("variant build: " + " ".join(f"-D{d}" for d in defines))
     nvdisasm = find_nvdisasm()
     out(f"SASS: {nvdisasm}" if nvdisasm else
         "SASS: nvdisasm not found (pip install nvidia-cuda-nvdisasm): no instruction counts, no wgmma check")
@@ -101,7 +97,7 @@ def run_doctor(driver: str | None = "auto", *, arch: str | None = None, defines=
     for source in SOURCES:
         t0 = time.perf_counter()
         try:
-            compiled = compile_source(source, arch=arch, defines=compile_defines(source) + defines,
+            compiled = compile_source(source, arch=arch, defines=compile_defines(source),
                                       verbose_resources=True)
         except NvrtcError as exc:
             out(f"{source}: FAILED\n{exc.log}")

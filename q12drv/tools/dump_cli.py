@@ -17,7 +17,17 @@ import sys
 from ..core.errors import Q12Error
 from .dump import DEFAULT_MAX_BYTES
 
-__all__ = ["COMMANDS", "script_main"]
+__all__ = ["COMMANDS", "ExampleFormatter", "failure_status", "script_main"]
+
+
+class ExampleFormatter(argparse.HelpFormatter):
+    """argparse's help layout, except that a paragraph with indented lines (an epilog's examples) keeps its lines
+    as written instead of being wrapped into one."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "\n\n".join("\n".join(indent + line for line in block.splitlines()) if "\n  " in block
+                           else super(ExampleFormatter, self)._fill_text(block, width, indent)
+                           for block in text.split("\n\n"))
 
 
 def _positive(text: str) -> int:
@@ -107,20 +117,30 @@ def _run_render(args) -> int:
     return 0
 
 
-#: name -> (help, description, add_arguments, run)
+#: name -> (help, description, examples, add_arguments, run); ``%(prog)s`` in the examples is the command's name
 COMMANDS = {
     "inspect": ("decode an arena dump and check it",
                 "Print the region map, decode every field (first and last entries, per-stream position and slot "
                 "ranges, blocks touched, pointer targets resolved to allocations), then run every check and print "
                 "PASS/FAIL/SKIP with the offending offsets and values. Exit status 0 only if no check fails, 1 if "
-                "one does, 2 if the dump cannot be read.", _add_inspect, _run_inspect),
+                "one does, 2 if the dump cannot be read.",
+                "examples:\n"
+                "  %(prog)s a.npz                   # a dump from 'q12drv demo --dump a.npz' or Q12Pass.dump\n"
+                "  %(prog)s --json a.npz > a.json   # the same, as JSON",
+                _add_inspect, _run_inspect),
     "diff": ("compare two arena dumps",
              "Print the header entries, regions and fields that differ, each with its first differing element "
              "(index, offset, value in A, value in B). Exit status 0 if identical, 1 if they differ, 2 if a dump "
-             "cannot be read.", _add_diff, _run_diff),
+             "cannot be read.",
+             "example:\n"
+             "  %(prog)s a.npz b.npz   # e.g. the same batch staged twice: what differs",
+             _add_diff, _run_diff),
     "render": ("draw an arena dump as a PNG",
                "Draw the arena to scale (regions, fields coloured, per-stream segments of the stacked fields, the "
-               "guard band) with failing checks in red. Needs matplotlib.", _add_render, _run_render),
+               "guard band) with failing checks in red. Needs matplotlib.",
+               "example:\n"
+               "  %(prog)s a.npz -o a.png",
+               _add_render, _run_render),
 }
 
 
@@ -156,8 +176,8 @@ def script_main(command: str, argv: list | None = None, prog: str | None = None)
     int
         The exit status; any failure prints one line ``<prog>: <message>`` and gives 2 (:func:`failure_status`).
     """
-    help_, description, add, run = COMMANDS[command]
-    p = argparse.ArgumentParser(prog=prog, description=description)
+    help_, description, example, add, run = COMMANDS[command]
+    p = argparse.ArgumentParser(prog=prog, description=description, epilog=example, formatter_class=ExampleFormatter)
     add(p)
     args = p.parse_args(argv)
     try:

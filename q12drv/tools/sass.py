@@ -18,11 +18,15 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..core.errors import Q12Error
+from ..core.nvrtc import compile_source
+from ..kernels.ops import SOURCES
+from ..kernels.registry import compile_defines
 
-__all__ = ["parse_define", "NvdisasmNotFound", "find_nvdisasm", "disassemble", "WgmmaSummary", "wgmma_summary", "run_sass"]
+__all__ = ["NvdisasmNotFound", "find_nvdisasm", "disassemble", "WgmmaSummary", "wgmma_summary", "run_sass"]
 
 
 class NvdisasmNotFound(Q12Error):
@@ -112,48 +116,24 @@ def wgmma_summary(entry: str, sass: str) -> WgmmaSummary:
                         sum("WARPGROUP.DEPBAR" in op for op in ops))
 
 
-_DEFINE = re.compile(r"^[A-Za-z_]\w*(=[\w.+-]*)?$")
-
-
-def parse_define(text: str) -> str:
-    """``NAME`` or ``NAME=VALUE`` as NVRTC takes it (a variant build's macro, e.g. ``ATTN_D256_DS=1``).
-
-    Raises
-    ------
-    ValueError
-        Anything else (spaces, quotes, an option in disguise).
-    """
-    if not isinstance(text, str) or not _DEFINE.match(text):
-        raise ValueError(f"a define is NAME or NAME=VALUE (letters, digits, _ . + -), got {text!r}")
-    return text
-
-
-def run_sass(source: str, entries=(), *, arch: str = "sm_90", defines=(), summary_only: bool = False,
-             out=print) -> int:
-    """``q12drv sass``: compile ``source`` (a file in ``cuda_src/``) for ``arch`` with ``defines`` and print the SASS
-    of ``entries`` (default: every entry), each followed by its :class:`WgmmaSummary`; return 0, or 1 if one of
-    them has its warpgroup MMAs serialised.
+def run_sass(source: str, entries: Sequence[str] = (), *, arch: str = "sm_90", summary_only: bool = False,
+             out: Callable[[str], None] = print) -> int:
+    """``q12drv sass``: compile ``source`` (a file in ``cuda_src/``) for ``arch`` as q12drv builds it and print the
+    SASS of ``entries`` (default: every entry), each followed by its :class:`WgmmaSummary`; return 0, or 1 if one
+    of them has its warpgroup MMAs serialised.
 
     Raises
     ------
     Q12Error
         An unknown source or entry (the known ones listed), no ``nvdisasm``, a compile that fails (NVRTC's log).
     """
-    from ..kernels.ops import SOURCES
-    from ..kernels.registry import compile_defines
-    from ..core.nvrtc import compile_source
-
     if source not in SOURCES:
         raise Q12Error(f"unknown source {source!r}; cuda_src/ has {', '.join(sorted(SOURCES))}")
-    try:
-        defines = tuple(parse_define(d) for d in defines)
-    except ValueError as exc:
-        raise Q12Error(str(exc)) from None
     tool = find_nvdisasm()
     if tool is None:  # before the compile
         raise NvdisasmNotFound(_NOT_FOUND)
     try:
-        compiled = compile_source(source, arch=arch, defines=compile_defines(source) + defines)
+        compiled = compile_source(source, arch=arch, defines=compile_defines(source))
     except ValueError as exc:  # an architecture-specific source on another architecture
         raise Q12Error(str(exc)) from None
     code = disassemble(compiled.image, tool)
@@ -164,7 +144,7 @@ def run_sass(source: str, entries=(), *, arch: str = "sm_90", defines=(), summar
     for entry in entries or code:
         w = wgmma_summary(entry, code[entry])
         if not summary_only:
-            out(f"// ==== {entry} ({source}, {compiled.arch}{', ' + ' '.join('-D' + d for d in defines) if defines else ''})")
+            out(f"// ==== {entry} ({source}, {compiled.arch})")
             out(code[entry].rstrip())
         note = "  <- wgmma serialised: ptxas waits for each MMA alone" if w.serialised else ""
         out(f"// {entry}: {w.instructions} instructions, {w.hgmma} HGMMA in {w.groups} groups, {w.waits} waits{note}")
