@@ -146,7 +146,8 @@ class HybridRuntime:
             self._grow(s, s.cached + len(tokens))
             infos.append(q12drv.StreamStageInfo(
                 proc_start=s.cached, proc_count=len(tokens), block_table=self.host_tables[s.slot],
-                block_table_dev=self.tables[s.slot].data_ptr(), seq_len_dev=self.seq_lens.data_ptr() + 4 * s.slot))
+                block_table_dev=self.dev.pointer(self.tables[s.slot], "block table", dtype="i32"),
+                seq_len_dev=self.dev.pointer(self.seq_lens[s.slot:s.slot + 1], "seq_len", dtype="i32")))
         stream = torch.cuda.current_stream() if self.tdev.type == "cuda" else None
         step = q12drv.Q12Pass(self.arena, infos, block_size=self.block_size, use_mrope=False, dummy_kv_block=0,
                               head_dim=self.cfg.head_dim, mode=mode, stream=stream)
@@ -198,8 +199,7 @@ class HybridRuntime:
         if need > self.workspace.numel():
             self.workspace = torch.empty(need, dtype=torch.uint8, device=self.tdev)
         step.gdn_layer([ssm_states[i] for i in slots], q12drv.GdnTensors(q, k, v, g, beta, o), self.gdn_shape,
-                       config=gdn_config, workspace=self.workspace.data_ptr() if need else None,
-                       workspace_bytes=need or None)
+                       config=gdn_config, workspace=self.workspace if need else None)
         core = g_mod.norm(o.reshape(-1, dv), z.reshape(-1, dv)).reshape(t, hv * dv)
         return g_mod.out_proj(core)
 

@@ -22,9 +22,14 @@ TOL = 3e-2
 
 
 def load_example():
-    spec = importlib.util.spec_from_file_location("hybrid_prefill", ROOT / "examples" / "hybrid_prefill.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    import sys
+
+    mod = sys.modules.get("hybrid_prefill")
+    if mod is None:
+        spec = importlib.util.spec_from_file_location("hybrid_prefill", ROOT / "examples" / "hybrid_prefill.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["hybrid_prefill"] = mod  # its dataclasses resolve their module
+        spec.loader.exec_module(mod)
     return mod
 
 

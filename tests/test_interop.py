@@ -134,3 +134,9 @@ def test_array_info_extent_of_a_strided_view():
     info = ArrayInfo(0x1000, "f32", (3, 4), (6, 1), ("cuda", 0), None, "cai")
     assert info.nbytes == (1 + 2 * 6 + 3) * 4
     assert ctypes.sizeof(ctypes.c_float) == info.itemsize
+
+
+def test_integer_types_other_than_int_are_addresses():
+    assert device_pointer(np.uint64(0x7F00_0000_1000), "s", align=16) == 0x7F00_0000_1000
+    with pytest.raises(ValueError, match="s must be 16-byte aligned"):
+        device_pointer(np.uint64(0x7F00_0000_1004), "s", align=16)

@@ -372,7 +372,7 @@ def test_the_pass_runs_the_short_convolution_through_its_pointer_slot(emu):
             q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, mode=mode)
             q12.conv1d([int(b.ptr) for b in sb], int(xb.ptr), int(yb.ptr), int(wb.ptr), channels=c, width=width)
             outs[mode] = (emu.download(yb.ptr, x.nbytes), [emu.download(b.ptr, s0[0].nbytes) for b in sb])
-            with pytest.raises(ValueError, match="state_ptrs needs exactly 3 entries"):
+            with pytest.raises(ValueError, match="state_ptrs needs exactly 3 pointers"):
                 q12.conv1d([int(sb[0].ptr)], int(xb.ptr), int(yb.ptr), int(wb.ptr), channels=c, width=width)
             with pytest.raises(TypeError, match="width is needed when w is a raw address"):
                 q12.conv1d([int(b.ptr) for b in sb], int(xb.ptr), int(yb.ptr), int(wb.ptr), channels=c)

@@ -503,7 +503,7 @@ def _resolve_buffer(device: Device, buffer: Any, nbytes: Any) -> tuple:
 
 def _check_memory(device: Device, ptr: int, nbytes: int) -> None:
     """Refuse ``[ptr, ptr + nbytes)`` unless the driver knows it as memory of ``device`` in one allocation."""
-    device._use()
+    device.use()
     where = device.driver.pointer_info(ptr)
     if where is None:
         hint = ("adopt host memory first (Device.adopt, or pass the array itself)" if device.emulated else

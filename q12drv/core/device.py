@@ -104,7 +104,7 @@ class DeviceBuffer:
         self.device = device
         self.nbytes = int(nbytes)
         self.name = name
-        device._use()
+        device.use()
         self.ptr = DevicePtr(device.driver.mem_alloc(self.nbytes))
 
     @property
@@ -122,7 +122,7 @@ class DeviceBuffer:
 
     def free(self) -> None:
         if self.ptr:
-            self.device._use()
+            self.device.use()
             ptr, self.ptr = self.ptr, DevicePtr(0)
             self.device._forget(self)
             self.device.driver.mem_free(ptr)
@@ -138,13 +138,13 @@ class PinnedBuffer:
         self.device = device
         self.nbytes = int(nbytes)
         self.name = name
-        device._use()
+        device.use()
         self.addr = device.driver.host_alloc(self.nbytes)
         self.array = np.ctypeslib.as_array((ctypes.c_uint8 * self.nbytes).from_address(self.addr))
 
     def free(self) -> None:
         if self.addr:
-            self.device._use()
+            self.device.use()
             addr, self.addr = self.addr, 0
             self.array = None
             self.device._forget(self)
@@ -162,7 +162,7 @@ class Stream:
         self.device = device
         self.owned = owned
         if raw is None:
-            device._use()
+            device.use()
             raw = device.driver.stream_create()
         self.raw = raw
 
@@ -177,17 +177,17 @@ class Stream:
         return (0, self.handle)
 
     def synchronize(self) -> None:
-        self.device._use()
+        self.device.use()
         self.device.driver.stream_synchronize(self.raw)
 
     def wait(self, event: "Event") -> None:
         """Make the work enqueued on this stream from now on wait for ``event`` (which may be another device's)."""
-        self.device._use()
+        self.device.use()
         self.device.driver.stream_wait_event(self.raw, event.raw)
 
     def destroy(self) -> None:
         if self.owned and self.raw is not None:
-            self.device._use()
+            self.device.use()
             raw, self.raw = self.raw, None
             self.device._forget(self)
             self.device.driver.stream_destroy(raw)
@@ -198,7 +198,7 @@ class Event:
 
     def __init__(self, device: "Device", timing: bool = False):
         self.device = device
-        device._use()
+        device.use()
         self.raw = device.driver.event_create(timing)
 
     def record(self, stream: Any = None) -> "Event":
@@ -206,20 +206,20 @@ class Event:
         return self
 
     def synchronize(self) -> None:
-        self.device._use()
+        self.device.use()
         self.device.driver.event_synchronize(self.raw)
 
     def query(self) -> bool:
-        self.device._use()
+        self.device.use()
         return self.device.driver.event_query(self.raw)
 
     def elapsed_ms(self, end: "Event") -> float:
-        self.device._use()
+        self.device.use()
         return self.device.driver.event_elapsed_ms(self.raw, end.raw)
 
     def destroy(self) -> None:
         if self.raw is not None:
-            self.device._use()
+            self.device.use()
             raw, self.raw = self.raw, None
             self.device._forget(self)
             self.device.driver.event_destroy(raw)
@@ -323,7 +323,7 @@ class Device:
         self.driver.set_current(self._ctx)
         CURRENT.device = self
 
-    def _use(self) -> None:
+    def use(self) -> None:
         """Make the context current in this thread unless it is already (a thread-local check)."""
         if CURRENT.device is not self:
             self.set_current()

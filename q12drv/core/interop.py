@@ -274,7 +274,9 @@ def device_pointer(obj: Any, name: str, *, dtype: str | Sequence[str] | None = N
                             f"__dlpack__, got {type(obj).__name__} {obj!r:.60}") from None
         if not 0 < value <= _U64_MAX:
             raise ValueError(f"{name} must be a non-NULL device pointer in (0, 2**64), got {value:#x}")
-        raise ValueError(f"{name} must be {align}-byte aligned (the kernel's accesses need it), got {value:#x}")
+        if value % align:
+            raise ValueError(f"{name} must be {align}-byte aligned (the kernel's accesses need it), got {value:#x}")
+        return value  # a numpy integer, or another int type
     if device is None:
         return check_array(info, name, dtype=dtype, shape=shape, min_bytes=min_bytes, align=align, ordinal=ordinal,
                            host_ok=host_ok)

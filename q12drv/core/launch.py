@@ -237,14 +237,14 @@ class Kernel:
         self.device = module.device
         self.name = name
         self.params = params
-        self.device._use()
+        self.device.use()
         self.func = self.device.driver.module_get_function(module.handle, name)
         self.args_type = type(f"{name}_args", (ctypes.Structure,), {"_fields_": list(params)})
         self.smem_limit = 48 * 1024
 
     def allow_dynamic_smem(self, nbytes: int) -> None:
         """Raise the kernel's dynamic shared-memory limit (needed above 48 KiB)."""
-        self.device._use()
+        self.device.use()
         self.device.driver.set_max_dynamic_smem(self.func, nbytes)
         self.smem_limit = int(nbytes)
 
@@ -306,11 +306,11 @@ def _load(device: Device, key: tuple, filename: str, defines: tuple, struct_type
     signatures = parse_signatures(source, struct_types, local_headers(source))
     if device.driver.runs_cubins:
         compiled = compile_source(filename, arch=device.arch, defines=tuple(defines), source_dir=source_dir)
-        device._use()
+        device.use()
         handle = device.driver.module_load(compiled.image)
     else:
         compiled = None
-        device._use()
+        device.use()
         handle = device.driver.module_load(EmuImage(filename, signatures))
     mod = Module(device, filename, handle, signatures, compiled)
     device.cache[key] = mod

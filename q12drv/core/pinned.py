@@ -139,7 +139,7 @@ class PinnedRing:
         if slot_bytes < _SLOT_ALIGN:
             raise ValueError(f"PinnedRing.over: {nbytes:,} bytes make {nslots} slots of {max(slot_bytes, 0)} bytes; "
                              f"give at least {nslots * _SLOT_ALIGN + first} bytes")
-        device._use()
+        device.use()
         where = device.driver.pointer_info(addr)
         if where is not None and where.kind == "device":
             raise ValueError(f"PinnedRing.over: {addr:#x} is device memory; the ring needs page-locked host memory")

@@ -182,10 +182,13 @@ def conv1d(device: Device, meta: BatchedAttnMetadata, state_ptrs: int, x: int, y
         A bad pointer, stride, width or channel count, or x and y overlapping: raised before anything is enqueued.
     """
     _args.check_launch(device, meta)
-    entry, strides, bias_addr = check_conv1d(meta, x, y, channels=channels, width=width, bias=bias, x_stride=x_stride,
+    bf16 = lambda name, value, align: device.pointer(value, name, dtype="bf16", align=align)  # noqa: E731
+    x, y = bf16("x", x, 16), bf16("y", y, 16)
+    entry, strides, bias_addr = check_conv1d(meta, x, y, channels=channels, width=width,
+                                             bias=None if bias is None else bf16("bias", bias, 2), x_stride=x_stride,
                                              y_stride=y_stride, state_stride=state_stride, silu=silu)
-    enqueue_conv1d(device, meta, entry, _args.device_ptr("state_ptrs", state_ptrs, 8), int(x), int(y),
-                   _args.device_ptr("w", w, 2), bias_addr, int(channels), *strides, silu, stream)
+    enqueue_conv1d(device, meta, entry, device.pointer(state_ptrs, "state_ptrs", dtype="u64", align=8), x, y,
+                   bf16("w", w, 2), bias_addr, int(channels), *strides, silu, stream)
 
 
 def check_conv1d(meta: BatchedAttnMetadata, x: int, y: int, *, channels: int, width: int, bias: int | None,

@@ -98,7 +98,8 @@ def kv_write(device: Device, meta: BatchedAttnMetadata, k: int, v: int, k_pool: 
     row = _positive("num_kv_heads", num_kv_heads) * _positive("head_dim", head_dim)
     if row % 8 or row > _args.I32_MAX:
         raise ValueError(f"num_kv_heads * head_dim = {row} must be a multiple of 8 (16-byte rows) and fit an int32")
-    enqueue_kv_write(device, meta, _ptr("k", k), _ptr("v", v), _ptr("k_pool", k_pool), _ptr("v_pool", v_pool), row,
+    bf16 = lambda name, value, align=2: device.pointer(value, name, dtype="bf16", align=align)  # noqa: E731
+    enqueue_kv_write(device, meta, bf16("k", k), bf16("v", v), bf16("k_pool", k_pool), bf16("v_pool", v_pool), row,
                      _positive("num_blocks", num_blocks) * meta.block_size, stream)
 
 
@@ -133,7 +134,8 @@ def rope(device: Device, meta: BatchedAttnMetadata, q: int, k: int, *, num_q_hea
     if mode and not meta.use_mrope:
         raise ValueError("mrope_mode needs metadata staged with use_mrope=True (H and W position streams)")
     theta = _args.positive_float("theta", theta)
-    enqueue_rope(device, meta, _ptr("q", q), _ptr("k", k), hq, hkv, d, rd, theta, mode, secs, stream,
+    bf16 = lambda name, value: device.pointer(value, name, dtype="bf16", align=2)  # noqa: E731
+    enqueue_rope(device, meta, bf16("q", q), bf16("k", k), hq, hkv, d, rd, theta, mode, secs, stream,
                  rope_table(scaling, rd))
 
 
@@ -187,8 +189,9 @@ def attention(device: Device, meta: BatchedAttnMetadata, q: int, k_pool: int, v_
     d = _positive("head_dim", head_dim)
     entry = attention_entry(algo, d, device.arch)
     hq, hkv = _args.head_group("num_q_heads", num_q_heads, "num_kv_heads", num_kv_heads)
-    enqueue_attention(device, meta, entry, _ptr("q", q, 16), _ptr("k_pool", k_pool, 16), _ptr("v_pool", v_pool, 16),
-                      _ptr("o", o, 16), hq, hkv, d, float(d ** -0.5 if scale is None else scale), stream)
+    bf16 = lambda name, value: device.pointer(value, name, dtype="bf16", align=16)  # noqa: E731
+    enqueue_attention(device, meta, entry, bf16("q", q), bf16("k_pool", k_pool), bf16("v_pool", v_pool), bf16("o", o),
+                      hq, hkv, d, float(d ** -0.5 if scale is None else scale), stream)
 
 
 def enqueue_attention(device: Device, meta: BatchedAttnMetadata, entry: str, q: int, k_pool: int, v_pool: int, o: int,

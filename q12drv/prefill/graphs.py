@@ -250,6 +250,7 @@ class PassGraph:
         if not 0 <= layer < len(self._tables):
             raise IndexError(f"SSM layer {layer} out of range: the pass was made with num_ssm_layers={len(self._tables)}")
         slot = int(self.h_region.ptr)
+        self.device.use()
         self.device.driver.memcpy_htod_async(slot, self._tables[layer].addr, 8 * self.max_streams, self._raw)
         return slot
 
@@ -285,6 +286,7 @@ class PassGraph:
 
     def _enqueue_metadata(self) -> None:
         dst = int(self.region.ptr) + self._upload_from
+        self.device.use()
         self.device.driver.memcpy_htod_async(dst, self._pinned.addr, self._pinned.nbytes, self._raw)
         if self.expand == "device":  # self.meta: max_streams streams of max_chunk tokens, the padded grid
             enqueue_expand(ops.prepared(self.device, "q12_expand_meta"), self.meta, self.stream)
@@ -328,6 +330,7 @@ class PassGraph:
         self.replays += 1
 
     def _record_done(self) -> None:
+        self.device.use()
         self.device.driver.event_record(self._done.raw, self._raw)
         self._done_pending = True
 

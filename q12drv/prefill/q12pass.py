@@ -375,7 +375,7 @@ class Q12Pass:
         self._checked.setdefault(id(shape), (shape, set()))[1].add(nb)
 
     def _check_gdn(self, state_ptrs, tensors, shape) -> tuple:
-        """The layer's checked pointers ``(q, k, v, g, beta, o)``; the shape and this pass's state pointers checked."""
+        """The layer's checked pointers ``(q, k, v, g, beta, o)``, the shape checked."""
         self._require_current()
         if not isinstance(tensors, GdnTensors):
             raise TypeError(f"tensors must be a GdnTensors, got {type(tensors).__name__}")
@@ -383,16 +383,8 @@ class Q12Pass:
             check_shape(shape)
             _remember_shape(shape, None)
         ptrs = (tensors.q, tensors.k, tensors.v, tensors.g, tensors.beta, tensors.o)
-        ptrs = tuple(map(int, ptrs)) if _plain_aligned(ptrs, _GDN_MASKS) else tensors.checked()
-        n = len(self.streams)
-        if plain_pointers(state_ptrs, _STATE_ALIGN) and len(state_ptrs) == n:  # the common case, in bulk
-            return ptrs
-        if isinstance(state_ptrs, (str, bytes)) or not isinstance(state_ptrs, (Sequence, np.ndarray)):
-            raise TypeError(f"state_ptrs must be a sequence of {n} device pointers, got {type(state_ptrs).__name__}")
-        if len(state_ptrs) != n:
-            raise ValueError(f"state_ptrs needs exactly {n} pointers (one per stream), got {len(state_ptrs)}")
-        for b, p in enumerate(state_ptrs):
-            device_ptr(f"state_ptrs[{b}]", p, _STATE_ALIGN)
+        ptrs = tuple(map(int, ptrs)) if _plain_aligned(ptrs, _GDN_MASKS) else \
+            tensors.checked(self.device, self._batch.total, shape)
         return ptrs
 
     def _reserve_prefix(self, plan) -> None:
@@ -609,7 +601,7 @@ class Q12Pass:
             raise TypeError(f"{name} must be a sequence of {n} device pointers or tensors, got "
                             f"{type(state_ptrs).__name__}")
         if len(state_ptrs) != n:
-            raise ValueError(f"{name} needs exactly {n} entries (one per stream), got {len(state_ptrs)}")
+            raise ValueError(f"{name} needs exactly {n} pointers (one per stream), got {len(state_ptrs)}")
         return [address(self.device, p, f"{name}[{b}]", dtype=dtype, align=align) for b, p in enumerate(state_ptrs)]
 
     def gdn_plan(self, shape: GdnShape, config: GdnConfig = GdnConfig()) -> GdnPlan:
@@ -638,8 +630,8 @@ class Q12Pass:
         in place. ``config`` (:class:`~q12drv.kernels.gdn.GdnConfig`, default the fastest path on this device, or a
         :class:`~q12drv.kernels.gdn.GdnPlan` made for at least this pass) is planned once for the pass
         (:meth:`gdn_plan`) and the same kernels run batched or per stream. The two-pass and overlapped schedules
-        need ``workspace`` and ``workspace_bytes`` >= :meth:`gdn_workspace_bytes`; ``GdnConfig(schedule="fused")``
-        runs without one.
+        need ``workspace`` (a device address with ``workspace_bytes`` >= :meth:`gdn_workspace_bytes`, or a tensor that
+        large); ``GdnConfig(schedule="fused")`` runs without one.
 
         Raises
         ------
@@ -647,11 +639,16 @@ class Q12Pass:
             A bad pointer, shape, config, state pointer list or workspace: raised before the slot is rewritten or
             anything is enqueued.
         """
-        q, k, v, g, beta, o = self._check_gdn(state_ptrs, tensors, shape)  # the state pointers included
+        q, k, v, g, beta, o = self._check_gdn(state_ptrs, tensors, shape)
+        states = self._state_addresses(state_ptrs, "state_ptrs", _STATE_ALIGN, dtype="f32")
         plan = self.gdn_plan(shape, config) if isinstance(config, GdnConfig) else \
             resolve_plan(config, shape, len(self.streams), self._longest, self.device)
+        if workspace is not None and type(workspace) is not int and describe(workspace, "workspace") is not None:
+            size = describe(workspace, "workspace").nbytes  # a tensor says how large it is
+            workspace, workspace_bytes = self.device.pointer(workspace, "workspace", align=16), \
+                size if workspace_bytes is None else workspace_bytes
         ws = check_workspace(plan, plan.workspace_bytes_for(*self._gdn_extent), workspace, workspace_bytes)
-        self.h_slot._write(state_ptrs, self.stream)
+        self.h_slot._write(states, self.stream)
         dev, st = self.device, self.stream
         hk, hv, d = plan.shape.num_k_heads, plan.shape.num_v_heads, plan.shape.head_dim
 

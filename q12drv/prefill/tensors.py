@@ -22,7 +22,8 @@ _U64_MAX = (1 << 64) - 1
 
 def address(device: Device, obj: Any, name: str, *, dtype: str | None = None, shape: Sequence | None = None,
             align: int = 1) -> int:
-    """The address ``obj`` stands for on ``device`` (see the module).
+    """The address ``obj`` stands for on ``device`` (:meth:`Device.pointer <q12drv.core.device.Device.pointer>`,
+    with a raw address's fast path first).
 
     Raises
     ------
@@ -31,15 +32,7 @@ def address(device: Device, obj: Any, name: str, *, dtype: str | None = None, sh
     """
     if (type(obj) is int or type(obj) is DevicePtr) and 0 < obj <= _U64_MAX and not obj % align:
         return int(obj)
-    info = describe(obj, name)
-    if info is None:
-        return device_ptr(name, obj, align)
-    ptr = check_array(info, name, dtype=dtype, shape=shape, align=align, ordinal=device.ordinal,
-                      host_ok=device.driver.name == "emu")
-    adopt = getattr(device, "adopt", None)
-    if info.device[0] == "cpu" and adopt is not None:
-        adopt(obj, ptr, info.nbytes)
-    return ptr
+    return device.pointer(obj, name, dtype=dtype, shape=shape, align=align)
 
 
 def row_view(device: Device, obj: Any, name: str, *, columns: int, dtype: str, align: int = 16) -> tuple:
@@ -57,10 +50,9 @@ def row_view(device: Device, obj: Any, name: str, *, columns: int, dtype: str, a
         raise ValueError(f"{name}'s elements within a row must be contiguous, got strides {info.strides} (elements)")
     packed = type(info)(info.ptr, info.dtype, (info.shape[0] * row_stride,), None, info.device, info.stream,
                         info.source)
-    ptr = check_array(packed, name, align=align, ordinal=device.ordinal, host_ok=device.driver.name == "emu")
-    adopt = getattr(device, "adopt", None)
-    if info.device[0] == "cpu" and adopt is not None:
-        adopt(obj, ptr, info.nbytes)
+    ptr = check_array(packed, name, align=align, ordinal=device.ordinal, host_ok=device.emulated)
+    if info.device[0] == "cpu":
+        device.adopt(obj, ptr, info.nbytes, name=name)
     return ptr, row_stride
 
 

@@ -32,10 +32,19 @@ class GdnTensors:
     beta: int
     o: int
 
-    def checked(self) -> tuple[int, int, int, int, int, int]:
-        """``(q, k, v, g, beta, o)`` as ints, each a non-NULL device pointer aligned as the kernels need
-        (TypeError/ValueError naming it)."""
-        return tuple(device_ptr(name, getattr(self, name), _ALIGN[name]) for name in ("q", "k", "v", "g", "beta", "o"))
+    def checked(self, device=None, total_tokens: int | None = None, shape: GdnShape | None = None
+                ) -> tuple[int, int, int, int, int, int]:
+        """``(q, k, v, g, beta, o)`` as ints: each a non-NULL device pointer aligned as the kernels need, or (with
+        ``device``, ``total_tokens`` and ``shape``) a tensor whose dtype and shape are checked against the layer's
+        (:meth:`Device.pointer <q12drv.core.device.Device.pointer>`). TypeError/ValueError naming the argument."""
+        names = ("q", "k", "v", "g", "beta", "o")
+        if device is None:
+            return tuple(device_ptr(name, getattr(self, name), _ALIGN[name]) for name in names)
+        t, hk, hv, d = total_tokens, shape.num_k_heads, shape.num_v_heads, shape.head_dim
+        spec = {"q": ("bf16", (t, hk, d)), "k": ("bf16", (t, hk, d)), "v": ("bf16", (t, hv, d)), "g": ("f32", (t, hv)),
+                "beta": ("f32", (t, hv)), "o": ("bf16", (t, hv, d))}
+        return tuple(device.pointer(getattr(self, n), n, dtype=spec[n][0], shape=spec[n][1], align=_ALIGN[n])
+                     for n in names)
 
 
 def resolve_plan(plan_or_config, shape: GdnShape, n_streams: int, max_tokens: int, device) -> GdnPlan:
@@ -111,8 +120,8 @@ def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, tensors: G
     if not isinstance(tensors, GdnTensors):
         raise TypeError(f"tensors must be a GdnTensors, got {type(tensors).__name__}")
     plan = resolve_plan(plan_or_config, shape, meta.batch_size, meta.chunk_len, device)
-    ptrs = tensors.checked()
-    states = device_ptr("h_state_ptrs", h_state_ptrs, _ALIGN["h_state_ptrs"])
+    ptrs = tensors.checked(device, int(meta.total_tokens), plan.shape)
+    states = device.pointer(h_state_ptrs, "h_state_ptrs", dtype="u64", align=_ALIGN["h_state_ptrs"])
     ws = check_workspace(plan, plan.workspace_bytes_for(meta.batch_size, meta.chunk_len), workspace, workspace_bytes)
     enqueue_gdn(device, meta, plan, states, *ptrs, ws, stream)
     return plan
