@@ -168,3 +168,18 @@ def test_an_unexpected_failure_is_one_line_unless_the_traceback_is_asked_for(mon
     monkeypatch.setenv("Q12DRV_TRACEBACK", "1")
     with pytest.raises(RuntimeError, match="boom"):
         main(["inspect", str(tmp_path / "x.npz")])
+
+
+@pytest.mark.slow  # compiles every kernel once more (about 20 s on two cores)
+def test_build_fills_the_cache_a_launch_reads(tmp_path, monkeypatch, capsys):
+    """After ``q12drv build`` a kernel's load is a cache hit: the same key as a launch's."""
+    from q12drv.core.nvrtc import compile_source
+    from q12drv.kernels import kv_write
+    from q12drv.kernels.registry import compile_defines
+
+    monkeypatch.setenv("Q12DRV_CACHE_DIR", str(tmp_path / "cubin"))
+    assert main(["build"]) == 0
+    out = capsys.readouterr().out
+    assert "kv_write.cu" in out and "compiled in" in out
+    assert compile_source(kv_write.SOURCE, arch="sm_90", defines=compile_defines(kv_write.SOURCE)).cached
+    assert main(["build"]) == 0 and "cached already" in capsys.readouterr().out

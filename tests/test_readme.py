@@ -12,4 +12,4 @@ def test_readme_python_example_runs(capsys, monkeypatch):
     for code in blocks:
         exec(compile(code, "README.md", "exec"), {})
     out = capsys.readouterr().out
-    assert "admitted" in out and "[ 0 37 87]" in out
+    assert "batched admitted" in out and "admitted" in out and "[ 0 37 87]" in out

@@ -37,6 +37,12 @@ def _cmd_doctor(args) -> int:
     return run_doctor(args.driver, arch=args.arch)
 
 
+def _cmd_build(args) -> int:
+    from .build import build_cache
+
+    return build_cache(args.arch)
+
+
 def _cmd_sass(args) -> int:
     from .sass import run_sass
 
@@ -53,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
                "  q12drv demo                 # one whole batched pass, verified\n"
                "  q12drv doctor               # driver, device, NVRTC; every kernel compiled\n"
+               "  q12drv build                # every kernel into the cubin cache, ahead of the first pass\n"
                "  q12drv sass kv_write.cu     # a kernel's machine code\n"
                "  q12drv demo --dump a.npz    # then 'q12drv inspect a.npz': inside the arena",
     )
@@ -90,6 +97,18 @@ def build_parser() -> argparse.ArgumentParser:
                      help="compile target, e.g. sm_90 (default: the device's, sm_90 without a GPU); the wgmma "
                           "sources are skipped on targets other than Hopper's")
     doc.set_defaults(func=_cmd_doctor)
+    bu = sub.add_parser("build", help="compile every kernel into the cubin cache ahead of the first pass",
+                        formatter_class=ExampleFormatter,
+                        description="Compile every kernel source for one architecture into the on-disk cubin cache "
+                                    "($Q12DRV_CACHE_DIR, default ~/.cache/q12drv/cubin) exactly as a launch looks it "
+                                    "up, so a runtime's first pass does not spend NVRTC's seconds per source. Works "
+                                    "without a GPU: build on the machine (or image) the runtime will use, for its "
+                                    "GPU's architecture.",
+                        epilog="examples:\n"
+                               "  q12drv build                 # for the H200 (sm_90)\n"
+                               "  Q12DRV_CACHE_DIR=/opt/q12drv-cubin q12drv build --arch sm_90   # into an image")
+    bu.add_argument("--arch", default="sm_90", help="the GPU's architecture (default sm_90, the H200's)")
+    bu.set_defaults(func=_cmd_build)
     sa = sub.add_parser("sass", help="print a kernel's machine code (nvdisasm) and count its warpgroup MMAs",
                         formatter_class=ExampleFormatter,
                         description="Compile one cuda_src/ source as q12drv builds it and print the SASS of its "
