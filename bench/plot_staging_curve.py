@@ -4,7 +4,7 @@
     python3 bench/plot_staging_curve.py results.json -o bench/staging_curve.png
 
 Left: every (n, tokens per stream) point against the total token count, one colour per path
-(q12drv host pack, q12drv device expansion, q12drv through an ``ExpandPlan`` (JSON from session 7 on),
+(q12drv host pack, q12drv device expansion, q12drv through an ``ExpandPlan``,
 per-field copies, torch-style, and the bare copy of the same bytes as the floor). Right: the same for n = 8 against tokens per stream.
 """
 
