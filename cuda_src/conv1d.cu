@@ -23,12 +23,29 @@
 // 16-byte aligned; 2 <= W <= 4.
 #include "common/q12_meta.cuh"
 
+// The kernel's configuration: every number its code and the host's launch geometry use.
+struct Conv1dConfig {
+    int threads;  // threads per CTA
+    int segment;  // tokens a thread walks: W - 1 rows of overlap per segment
+    int vec;      // channels per thread: one 16-byte vector of bf16
+    int unroll;   // rows a thread loads before it computes them (loads in flight)
+};
+__host__ __device__ constexpr Conv1dConfig conv1d_config() { return {128, 32, 8, 8}; }
+
+// The host's launch numbers (q12drv.kernels.conv1d.CONTRACTS) must be the source's.
+#if !defined(Q12_CONV1D_THREADS) || !defined(Q12_CONV1D_SEGMENT) || !defined(Q12_CONV1D_VEC)
+#error "compile through q12drv (registry.compile_defines): it passes the host's Q12_CONV1D_* contract defines"
+#endif
+static_assert(Q12_CONV1D_THREADS == conv1d_config().threads, "conv1d.THREADS differs from the kernel's");
+static_assert(Q12_CONV1D_SEGMENT == conv1d_config().segment, "conv1d.SEGMENT differs from the kernel's");
+static_assert(Q12_CONV1D_VEC == conv1d_config().vec, "conv1d's channels per thread differ from the kernel's");
+
 namespace {
 
-constexpr int kThreads = 128;  // threads per CTA
-constexpr int kSegment = 32;   // tokens a thread walks: W - 1 rows of overlap per 32
-constexpr int kVec = 8;        // channels per thread: one 16-byte vector of bf16
-constexpr int kUnroll = 8;     // rows a thread loads before it computes them (loads in flight)
+constexpr int kThreads = conv1d_config().threads;
+constexpr int kSegment = conv1d_config().segment;
+constexpr int kVec = conv1d_config().vec;
+constexpr int kUnroll = conv1d_config().unroll;
 
 __device__ __forceinline__ void unpack8(const uint4& v, float (&f)[kVec]) {
     const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);

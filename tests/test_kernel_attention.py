@@ -147,7 +147,7 @@ def test_tiles_and_geometry():
 
 
 def test_contract_defines_are_registered_for_every_compile():
-    defs = tuple(f"{k}={v}" for k, v in attn.contracts().items())
+    defs = tuple(f"{k}={v}" for k, v in attn.CONTRACTS.items())
     assert len(defs) == 4 * len(attn.HEAD_DIMS)
     assert "Q12_ATTN_D256_SMEM=222720" in defs and "Q12_ATTN_D64_GQA=0" in defs and "Q12_ATTN_D128_BLOCK_M=256" in defs
     assert compile_defines(attn.SOURCE) == tuple(meta_defines()) + defs

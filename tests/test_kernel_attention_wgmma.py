@@ -81,7 +81,7 @@ def test_tiles_geometry_and_smem():
 
 
 def test_contract_defines_and_a_host_that_disagrees_with_the_source():
-    defs = tuple(f"{k}={v}" for k, v in attnw.contracts().items())
+    defs = tuple(f"{k}={v}" for k, v in attnw.CONTRACTS.items())
     assert defs == ("Q12_ATTN_WG_D128_THREADS=384", "Q12_ATTN_WG_D128_BLOCK_M=128", "Q12_ATTN_WG_D128_SMEM=164904",
                     "Q12_ATTN_WG_D256_THREADS=384", "Q12_ATTN_WG_D256_BLOCK_M=128", "Q12_ATTN_WG_D256_SMEM=197672")
     assert compile_defines(attnw.SOURCE) == tuple(meta_defines()) + defs

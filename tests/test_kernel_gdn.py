@@ -146,8 +146,8 @@ def test_the_modules_declare_their_contracts():
     from q12drv.kernels import registry
 
     for mod in MODULES:
-        assert registry.CONTRACTS[mod.SOURCE] == tuple(f"{k}={v}" for k, v in mod.contracts().items())
-        assert compile_defines(mod.SOURCE)[-len(mod.contracts()):] == registry.CONTRACTS[mod.SOURCE]
+        assert registry.CONTRACTS[mod.SOURCE] == tuple(f"{k}={v}" for k, v in mod.CONTRACTS.items())
+        assert compile_defines(mod.SOURCE)[-len(mod.CONTRACTS):] == registry.CONTRACTS[mod.SOURCE]
 
 
 def test_recurrent_geometry():

@@ -105,12 +105,12 @@ __host__ __device__ constexpr int attn_smem_bytes(int d) {
            (attn_config(d).dim_split ? (kWarps / 2) * (32 * (attn_config(d).block_n + kPad) * 2 + 2 * 32 * 4) : 0);
 }
 
-// The host's launch numbers (q12drv.kernels.attention.contract_defines) must be the source's.
+// The host's launch numbers (q12drv.kernels.attention.CONTRACTS) must be the source's.
 #if !defined(Q12_ATTN_D64_THREADS) || !defined(Q12_ATTN_D64_BLOCK_M) || !defined(Q12_ATTN_D64_GQA) ||    \
     !defined(Q12_ATTN_D64_SMEM) || !defined(Q12_ATTN_D128_THREADS) || !defined(Q12_ATTN_D128_BLOCK_M) || \
     !defined(Q12_ATTN_D128_GQA) || !defined(Q12_ATTN_D128_SMEM) || !defined(Q12_ATTN_D256_THREADS) ||    \
     !defined(Q12_ATTN_D256_BLOCK_M) || !defined(Q12_ATTN_D256_GQA) || !defined(Q12_ATTN_D256_SMEM)
-#error "compile through q12drv: it passes the host's tiles (-DQ12_ATTN_D<d>_THREADS, _BLOCK_M, _GQA, _SMEM)"
+#error "compile through q12drv (registry.compile_defines): it passes the host's tiles (-DQ12_ATTN_D<d>_*)"
 #endif
 #define ATTN_CONTRACT(D)                                                                                   \
     static_assert(Q12_ATTN_D##D##_THREADS == kThreads, "D" #D ": threads per CTA differ from the host's");    \

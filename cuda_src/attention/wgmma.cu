@@ -67,10 +67,10 @@ __host__ __device__ constexpr int attn_wg_smem_bytes(int d) {
     return (attn_wg_block_m(d) + 2 * kStages * attn_wg_config(d).block_n) * d * 2 + 8 * (2 * kStages + 1) + 1024;
 }
 
-// The host's launch numbers (q12drv.kernels.attention_wgmma.contract_defines) must be the source's.
+// The host's launch numbers (q12drv.kernels.attention_wgmma.CONTRACTS) must be the source's.
 #if !defined(Q12_ATTN_WG_D128_THREADS) || !defined(Q12_ATTN_WG_D128_BLOCK_M) || !defined(Q12_ATTN_WG_D128_SMEM) || \
     !defined(Q12_ATTN_WG_D256_THREADS) || !defined(Q12_ATTN_WG_D256_BLOCK_M) || !defined(Q12_ATTN_WG_D256_SMEM)
-#error "compile through q12drv: it passes the host's tiles (-DQ12_ATTN_WG_D<d>_THREADS, _BLOCK_M, _SMEM)"
+#error "compile through q12drv (registry.compile_defines): it passes the host's tiles (-DQ12_ATTN_WG_D<d>_*)"
 #endif
 #define ATTN_WG_CONTRACT(D)                                                                                   \
     static_assert(Q12_ATTN_WG_D##D##_THREADS == kCtaThreads, "D" #D ": threads per CTA differ from the host's"); \

@@ -27,7 +27,7 @@ memory (:func:`smem_bytes`) exceeds 48 KiB for every head dim, so the launcher m
 ``CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`` to 100 so two CTAs fit per SM at D=64).
 
 :data:`TILES` is the one table the launch geometry comes from; the source's ``attn_config(D)`` must
-agree with it, which every compile checks (:func:`contracts`, ``static_assert`` in the source).
+agree with it, which every compile checks (:data:`CONTRACTS`, ``static_assert`` in the source).
 
 Numerics: S and P.V accumulate in fp32 on the tensor cores; P is rounded to bf16 before P.V (as
 in FlashAttention); exponentials use ``ex2.approx.ftz``. Against :func:`reference` (fp32, exact
@@ -52,7 +52,7 @@ __all__ = [
     "STAGES",
     "Tiles",
     "TILES",
-    "contracts",
+    "CONTRACTS",
     "entry_for_head_dim",
     "smem_bytes",
     "geometry",
@@ -116,16 +116,12 @@ TILES = {
     128: Tiles(128, block_n=32, warp_subtiles=2, gqa_pack=True, dim_split=False),
     256: Tiles(256, block_n=64, warp_subtiles=2, gqa_pack=True, dim_split=True),
 }
-
-
-def contracts() -> dict[str, int]:
-    """The contract defines (``-D NAME=VALUE``) through which ``attention/mma.cu`` checks :data:`TILES`' launch
-    numbers (threads, CTA rows, GQA packing, dynamic shared memory of every entry) against its own configuration."""
-    out = {}
-    for d, t in TILES.items():
-        out.update({f"Q12_ATTN_D{d}_THREADS": t.threads, f"Q12_ATTN_D{d}_BLOCK_M": t.block_m,
-                    f"Q12_ATTN_D{d}_GQA": int(t.gqa_pack), f"Q12_ATTN_D{d}_SMEM": t.smem})
-    return out
+#: The host/device contract: the launch numbers :func:`geometry` takes from :data:`TILES` (threads, CTA rows,
+#: GQA packing, dynamic shared memory of every entry), passed as ``-D`` to every build of ``attention/mma.cu``
+#: and checked there against ``attn_config(D)``.
+CONTRACTS = {f"Q12_ATTN_D{d}_{field}": value for d, t in TILES.items()
+             for field, value in (("THREADS", t.threads), ("BLOCK_M", t.block_m), ("GQA", int(t.gqa_pack)),
+                                  ("SMEM", t.smem))}
 
 
 def entry_for_head_dim(head_dim: int) -> str:
@@ -372,4 +368,4 @@ def emulate_attention(head_dim: int):
 #: Entry name -> emulator, for q12drv's emulated driver.
 EMULATORS = {entry: emulate_attention(d) for d, entry in HEAD_DIMS.items()}
 
-registry.register(SOURCE, ENTRIES, EMULATORS, defines=contracts())
+registry.register(SOURCE, ENTRIES, EMULATORS, defines=CONTRACTS)

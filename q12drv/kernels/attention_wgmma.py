@@ -17,7 +17,7 @@ head) pair of one kv head: grid ``(ceil(chunk_len * Hq / Hkv / block_m), Hkv, n)
 (:func:`smem_bytes`): the Q tile and :data:`STAGES` stages of K and V, ``(block_m + 2 * STAGES * BN) * D *
 2`` bytes, plus a full and an empty mbarrier per stage and a Q one (8 bytes each) and 1 KiB to align the
 swizzled tiles to 1024 bytes. :data:`TILES` is the one table of these numbers; every compile checks them
-against the source's ``attn_wg_config(D)`` (:func:`contracts`).
+against the source's ``attn_wg_config(D)`` (:data:`CONTRACTS`).
 
 Numerics: as the mma.sync kernel (fp32 accumulation, P rounded to bf16, ``ex2.approx.ftz``); the
 two kernels agree to bf16 rounding, not bit for bit. Batched and single-stream launches of this
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from . import attention as _attn
 from . import registry
 
-__all__ = ["SOURCE", "HEAD_DIMS", "ENTRIES", "CONSUMERS", "STAGES", "Tiles", "TILES", "contracts",
+__all__ = ["SOURCE", "HEAD_DIMS", "ENTRIES", "CONSUMERS", "STAGES", "Tiles", "TILES", "CONTRACTS",
            "entry_for_head_dim", "smem_bytes", "geometry", "EMULATORS"]
 
 SOURCE = "attention/wgmma.cu"
@@ -74,16 +74,11 @@ class Tiles:
 
 #: Head dim -> tiles: the table the launch geometry is computed from (the source checks it at compile time).
 TILES = {128: Tiles(128, block_n=128), 256: Tiles(256, block_n=64)}
-
-
-def contracts() -> dict[str, int]:
-    """The contract defines (``-D NAME=VALUE``) through which ``attention/wgmma.cu`` checks :data:`TILES`' launch
-    numbers (threads, CTA rows, dynamic shared memory of every entry) against its own configuration."""
-    out = {}
-    for d, t in TILES.items():
-        out.update({f"Q12_ATTN_WG_D{d}_THREADS": t.threads, f"Q12_ATTN_WG_D{d}_BLOCK_M": t.block_m,
-                    f"Q12_ATTN_WG_D{d}_SMEM": t.smem})
-    return out
+#: The host/device contract: the launch numbers :func:`geometry` takes from :data:`TILES` (threads, CTA rows,
+#: dynamic shared memory of every entry), passed as ``-D`` to every build of ``attention/wgmma.cu`` and checked
+#: there against ``attn_wg_config(D)``.
+CONTRACTS = {f"Q12_ATTN_WG_D{d}_{field}": value for d, t in TILES.items()
+             for field, value in (("THREADS", t.threads), ("BLOCK_M", t.block_m), ("SMEM", t.smem))}
 
 
 def entry_for_head_dim(head_dim: int) -> str:
@@ -140,4 +135,4 @@ def _emulator(head_dim: int):
 #: Entry name -> emulator, for q12drv's emulated driver.
 EMULATORS = {entry: _emulator(d) for d, entry in HEAD_DIMS.items()}
 
-registry.register(SOURCE, ENTRIES, EMULATORS, defines=contracts())
+registry.register(SOURCE, ENTRIES, EMULATORS, defines=CONTRACTS)

@@ -33,19 +33,22 @@ from . import args as _args
 from . import registry
 from .meta import Q12MetaC, meta_struct
 
-__all__ = ["SOURCE", "ENTRIES", "WIDTHS", "THREADS", "SEGMENT", "geometry", "reference", "emulate_conv1d",
+__all__ = ["SOURCE", "ENTRIES", "WIDTHS", "THREADS", "SEGMENT", "CONTRACTS", "geometry", "reference", "emulate_conv1d",
            "EMULATORS", "conv1d", "check_conv1d", "enqueue_conv1d", "entry_for_width"]
 
 SOURCE = "conv1d.cu"
 #: Kernel widths there is an entry for.
 WIDTHS = (2, 3, 4)
 ENTRIES = tuple(f"q12_conv1d_w{w}" for w in WIDTHS)
-#: Threads per CTA (``kThreads`` in the source).
+#: Threads per CTA (``conv1d_config().threads`` in the source).
 THREADS = 128
 #: Tokens one thread walks (``kSegment``).
 SEGMENT = 32
 #: Channels one thread owns (one 16-byte vector of bf16).
 VEC = 8
+#: The host/device contract: the launch numbers :func:`geometry` uses, passed as ``-D`` to every build of
+#: ``conv1d.cu`` and checked there against ``conv1d_config()``.
+CONTRACTS = {"Q12_CONV1D_THREADS": THREADS, "Q12_CONV1D_SEGMENT": SEGMENT, "Q12_CONV1D_VEC": VEC}
 
 
 def entry_for_width(width: int) -> str:
@@ -235,4 +238,4 @@ def enqueue_conv1d(device: Device, meta: BatchedAttnMetadata, entry: str, state_
     launch.launch(grid, block, smem, stream)
 
 
-registry.register(SOURCE, ENTRIES, EMULATORS)
+registry.register(SOURCE, ENTRIES, EMULATORS, defines=CONTRACTS)

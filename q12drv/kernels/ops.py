@@ -166,7 +166,8 @@ def enqueue_rope(device: Device, meta: BatchedAttnMetadata, q: int, k: int, num_
                                        num_sms=device.sm_count)
     launch = prepared(device, "q12_rope")
     a = launch.args
-    a.q, a.k, a.num_q_heads, a.num_kv_heads, a.head_dim, a.rotary_dim = q, k, num_q_heads, num_kv_heads, head_dim, rotary_dim
+    a.q, a.k, a.num_q_heads, a.num_kv_heads = q, k, num_q_heads, num_kv_heads
+    a.head_dim, a.rotary_dim = head_dim, rotary_dim
     a.theta, a.mrope_mode, a.sec_t, a.sec_h, a.sec_w = theta, mrope_mode, sections[0], sections[1], sections[2]
     if a.table.size or table.size:  # 1 KiB: written only when a table is or was in it
         a.table = table

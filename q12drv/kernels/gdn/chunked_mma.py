@@ -19,7 +19,7 @@ __all__ = ["SOURCE", "HEAD_DIMS", "CHUNK", "SLICE", "THREADS", "STAGES", "ENTRIE
            "precompute_entry", "sequential_entry", "fused_smem", "precompute_smem", "sequential_smem",
            "k_record_bytes", "v_record_bytes", "t_record_bytes", "chunks", "mma_workspace_bytes", "t_workspace_bytes",
            "fused_geometry", "precompute_geometry", "sequential_geometry", "sequential_stages", "entry_smem",
-           "contracts", "EMULATORS"]
+           "CONTRACTS", "EMULATORS"]
 
 #: Kernel source file in ``cuda_src/``.
 SOURCE = "gdn/chunked_mma.cu"
@@ -175,7 +175,7 @@ def entry_smem(entry: str) -> int:
     raise KeyError(f"{entry!r} is not a {SOURCE} entry; its entries: {', '.join(ENTRIES)}")
 
 
-def contracts() -> dict[str, int]:
+def _contracts() -> dict[str, int]:
     """The host's numbers ``gdn/chunked_mma.cu`` checks at compile time."""
     return {"Q12_GDN_CHUNK": CHUNK, "Q12_GDN_SLICE": SLICE, "Q12_GDN_THREADS": THREADS,
             **{f"Q12_GDN_MMA_FUSED_SMEM_D{d}": fused_smem(d) for d in HEAD_DIMS},
@@ -242,4 +242,7 @@ EMULATORS = {**{fused_entry(d): _fused_emulator(d) for d in HEAD_DIMS},
              **{precompute_entry(d, isa): _precompute_emulator(d, isa) for d in HEAD_DIMS for isa in ("mma", "wgmma")},
              **{sequential_entry(d, st): _sequential_emulator(d) for d in HEAD_DIMS for st in STAGES}}
 
-registry.register(SOURCE, ENTRIES, EMULATORS, defines=contracts())
+#: The host/device contract: the numbers above, passed as ``-D`` to every build of the source and checked there.
+CONTRACTS = _contracts()
+
+registry.register(SOURCE, ENTRIES, EMULATORS, defines=CONTRACTS)

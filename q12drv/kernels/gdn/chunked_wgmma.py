@@ -25,7 +25,7 @@ __all__ = ["SOURCE", "HEAD_DIMS", "STAGES", "THREADS", "WIDE_THREADS", "OVERLAP_
            "overlap_record_bytes", "flags_offset", "flag_count", "flags_bytes", "kq_offset", "kq_bytes",
            "overlapped_workspace_bytes", "overlap_items", "overlap_ready_value", "sw128_offset", "sw128_unswizzle",
            "sequential_geometry", "wide_geometry", "overlapped_geometry", "sequential_stages", "uses_wide",
-           "uses_overlapped", "entry_smem", "contracts", "EMULATORS"]
+           "uses_overlapped", "entry_smem", "CONTRACTS", "EMULATORS"]
 
 #: Kernel source file in ``cuda_src/`` (the two-pass precompute is ``gdn/chunked_mma.cu``'s).
 SOURCE = "gdn/chunked_wgmma.cu"
@@ -267,7 +267,7 @@ def entry_smem(entry: str) -> int:
     raise KeyError(f"{entry!r} is not a {SOURCE} entry; its entries: {', '.join(ENTRIES)}")
 
 
-def contracts() -> dict[str, int]:
+def _contracts() -> dict[str, int]:
     """The host's numbers ``gdn/chunked_wgmma.cu`` checks at compile time."""
     return {"Q12_GDN_CHUNK": _C, "Q12_GDN_SLICE": _mma.SLICE, "Q12_GDN_THREADS": THREADS,
             **{f"Q12_GDN_WGMMA_SEQUENTIAL_SMEM_2STAGE_D{d}": sequential_smem(d, 2) for d in HEAD_DIMS},
@@ -342,4 +342,7 @@ EMULATORS = {**{e: _sequential_emulator(int(e.rsplit("_d", 1)[1])) for e in ENTR
              **{overlapped_entries(d)[0]: _overlapped_precompute_emulator(d) for d in HEAD_DIMS},
              **{overlapped_entries(d)[1]: _overlapped_sequential_emulator(d) for d in HEAD_DIMS}}
 
-registry.register(SOURCE, ENTRIES, EMULATORS, defines=contracts())
+#: The host/device contract: the numbers above, passed as ``-D`` to every build of the source and checked there.
+CONTRACTS = _contracts()
+
+registry.register(SOURCE, ENTRIES, EMULATORS, defines=CONTRACTS)

@@ -10,7 +10,7 @@ from .. import registry
 from . import emulate
 
 __all__ = ["SOURCE", "ENTRIES", "HEAD_DIMS", "THREADS", "LANES_PER_COLUMN", "COLS_PER_THREAD", "COLS_PER_CTA",
-           "entry", "geometry", "contracts", "EMULATORS"]
+           "entry", "geometry", "CONTRACTS", "EMULATORS"]
 
 #: Kernel source file in ``cuda_src/``.
 SOURCE = "gdn/recurrent.cu"
@@ -59,7 +59,7 @@ def geometry(n: int, num_v_heads: int, head_dim: int) -> tuple[tuple[int, int, i
     return (num_v_heads * (head_dim // COLS_PER_CTA), n, 1), (THREADS, 1, 1), 0
 
 
-def contracts() -> dict[str, int]:
+def _contracts() -> dict[str, int]:
     """The host's numbers ``gdn/recurrent.cu`` checks at compile time."""
     return {"Q12_GDN_RECURRENT_THREADS": THREADS, "Q12_GDN_RECURRENT_COLUMNS": COLS_PER_CTA}
 
@@ -82,4 +82,7 @@ def _emulator(head_dim: int):
 #: What the emulated driver runs instead of each entry point.
 EMULATORS = {entry(d): _emulator(d) for d in HEAD_DIMS}
 
-registry.register(SOURCE, ENTRIES, EMULATORS, defines=contracts())
+#: The host/device contract: the numbers above, passed as ``-D`` to every build of the source and checked there.
+CONTRACTS = _contracts()
+
+registry.register(SOURCE, ENTRIES, EMULATORS, defines=CONTRACTS)
