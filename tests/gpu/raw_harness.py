@@ -22,7 +22,7 @@ POISON = 0xFFFF
 
 
 # ----------------------------------------------------------------------------- raw driver harness
-def _check(res):
+def check(res):
     """Unwrap a cuda.bindings result tuple ``(CUresult, *values)``; raise on an error."""
     if not isinstance(res, tuple):
         res = (res,)
@@ -41,33 +41,33 @@ class Kernel:
 
         self.driver = driver
         torch.zeros(1, device="cuda")  # make torch's (primary) context current
-        _check(driver.cuInit(0))
-        ctx = _check(driver.cuCtxGetCurrent())
+        check(driver.cuInit(0))
+        ctx = check(driver.cuCtxGetCurrent())
         if int(ctx) == 0:
-            dev = _check(driver.cuDeviceGet(torch.cuda.current_device()))
-            ctx = _check(driver.cuDevicePrimaryCtxRetain(dev))
-            _check(driver.cuCtxSetCurrent(ctx))
+            dev = check(driver.cuDeviceGet(torch.cuda.current_device()))
+            ctx = check(driver.cuDevicePrimaryCtxRetain(dev))
+            check(driver.cuCtxSetCurrent(ctx))
         key = (source, entry)
         if key not in Kernel._cache:
             img = compile_source(source, arch="sm_90", defines=compile_defines(source), use_cache=False,
                                  verbose_resources=True)
             spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", img.log)
             assert all(a == "0" and b == "0" for a, b in spills), img.log
-            module = _check(driver.cuModuleLoadData(img.image))
-            Kernel._cache[key] = (module, _check(driver.cuModuleGetFunction(module, entry.encode())))
+            module = check(driver.cuModuleLoadData(img.image))
+            Kernel._cache[key] = (module, check(driver.cuModuleGetFunction(module, entry.encode())))
         self.module, self.func = Kernel._cache[key]
 
     def launch(self, grid, block, smem, args):
         """args: ctypes objects in parameter order."""
         ptrs = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
         stream = torch.cuda.current_stream().cuda_stream
-        _check(
+        check(
             self.driver.cuLaunchKernel(
                 self.func, *grid, *block, smem, self.driver.CUstream(stream), ctypes.addressof(ptrs), 0
             )
         )
         torch.cuda.synchronize()
-        _check(self.driver.cuCtxSynchronize())
+        check(self.driver.cuCtxSynchronize())
 
 
 def variant_kernel(source, entry, defines, *, verbose_resources=False):
@@ -77,8 +77,8 @@ def variant_kernel(source, entry, defines, *, verbose_resources=False):
                          verbose_resources=verbose_resources)
     kern = Kernel.__new__(Kernel)
     kern.driver = base.driver
-    kern.module = _check(base.driver.cuModuleLoadData(img.image))
-    kern.func = _check(base.driver.cuModuleGetFunction(kern.module, entry.encode()))
+    kern.module = check(base.driver.cuModuleLoadData(img.image))
+    kern.func = check(base.driver.cuModuleGetFunction(kern.module, entry.encode()))
     return kern
 
 

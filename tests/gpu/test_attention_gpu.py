@@ -23,6 +23,7 @@ from q12drv.kernels import attention_wgmma as attnw  # noqa: E402
 from q12drv.kernels.meta import Q12MetaC  # noqa: E402
 from q12drv.kernels.registry import compile_defines  # noqa: E402
 from q12drv.core.nvrtc import compile_source  # noqa: E402
+from tests.gpu.raw_harness import check  # noqa: E402
 from tests.helpers import rel_err_bf16, shuffled_tables  # noqa: E402
 
 pytestmark = [
@@ -31,15 +32,6 @@ pytestmark = [
 ]
 
 GUARD = 256  # poisoned bf16 elements on each side of O
-
-
-def _ok(res):
-    from cuda.bindings import driver as cu
-
-    err = res[0]
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"CUDA driver call failed: {err!r}")
-    return res[1] if len(res) == 2 else res[1:]
 
 
 #: algo -> (kernel module, geometry(n, chunk_len, Hq, Hkv, D))
@@ -57,19 +49,19 @@ def kernels():
     torch.zeros(1, device="cuda")  # makes torch's primary context current on this thread
     funcs, modules = {}, []
     for algo, (mod, geo) in ALGOS.items():
-        module = _ok(cu.cuModuleLoadData(compile_source(mod.SOURCE, defines=compile_defines(mod.SOURCE)).image))
+        module = check(cu.cuModuleLoadData(compile_source(mod.SOURCE, defines=compile_defines(mod.SOURCE)).image))
         modules.append(module)
         for d, name in mod.HEAD_DIMS.items():
-            f = _ok(cu.cuModuleGetFunction(module, name.encode()))
-            _ok(cu.cuFuncSetAttribute(
+            f = check(cu.cuModuleGetFunction(module, name.encode()))
+            check(cu.cuFuncSetAttribute(
                 f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, mod.smem_bytes(d)))
             # Let the SM split its L1/shared storage for as many co-resident CTAs as possible.
-            _ok(cu.cuFuncSetAttribute(
+            check(cu.cuFuncSetAttribute(
                 f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100))
             funcs[algo, d] = (f, geo)
     yield funcs
     for module in modules:
-        _ok(cu.cuModuleUnload(module))
+        check(cu.cuModuleUnload(module))
 
 
 def _dev(arr: np.ndarray):
@@ -173,7 +165,7 @@ class Case:
         ]
         argv = (ctypes.c_void_p * len(params))(*[ctypes.addressof(p) for p in params])
         stream = cu.CUstream(torch.cuda.current_stream().cuda_stream)
-        _ok(cu.cuLaunchKernel(func, *grid, *block, smem, stream, ctypes.addressof(argv), 0))
+        check(cu.cuLaunchKernel(func, *grid, *block, smem, stream, ctypes.addressof(argv), 0))
         torch.cuda.synchronize()
         out = _host_u16(obuf)
         assert (out[:GUARD] == 0xFFFF).all() and (out[-GUARD:] == 0xFFFF).all(), "guard elements overwritten"

@@ -3,25 +3,17 @@ values): outputs, carried states, chunked == one shot, batched == per stream bit
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from q12drv import ScratchArena, open_device, stage_batched_attn_metadata  # noqa: E402
+from q12drv import ScratchArena, stage_batched_attn_metadata  # noqa: E402
 from q12drv.kernels import conv1d as conv  # noqa: E402
 from tests.helpers import make_streams  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 F = torch.nn.functional
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    dev = open_device("cuda")
-    yield dev
-    dev.close()
 
 
 def torch_reference(x, w, states, counts):

@@ -7,18 +7,11 @@ import threading
 import numpy as np
 import pytest
 
-from q12drv import ScratchArena, make_scratch_plan, open_device
+from q12drv import ScratchArena, make_scratch_plan
 from q12drv.core.pinned import PinnedRing
 from tests.test_threads_devices import COUNTS, attention_pass, in_thread
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    dev = open_device("cuda")
-    yield dev
-    dev.close()
 
 
 def test_the_driver_knows_pointers_and_streams(gpu):

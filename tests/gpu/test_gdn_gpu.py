@@ -22,6 +22,7 @@ from q12drv.kernels.gdn import recurrent as gdn
 from q12drv.kernels.gdn.reference import reference
 from q12drv.kernels.meta import Q12MetaC
 from q12drv.kernels.registry import compile_defines
+from tests.gpu.raw_harness import check
 from tests.helpers import rel_err, shuffled_tables
 
 pytestmark = pytest.mark.gpu
@@ -36,17 +37,6 @@ def _torch():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     return torch
-
-
-def _check(result):
-    from cuda.bindings import driver as cu
-
-    err = result[0] if isinstance(result, tuple) else result
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"CUDA driver call failed: {err!r}")
-    if isinstance(result, tuple):
-        return result[1] if len(result) == 2 else result[1:]
-    return None
 
 
 class Guarded:
@@ -84,15 +74,15 @@ def kernels():
     from q12drv.core.nvrtc import compile_source
 
     torch.zeros(1, device="cuda")
-    _check(cu.cuInit(0))
-    dev = _check(cu.cuDeviceGet(torch.cuda.current_device()))
-    ctx = _check(cu.cuDevicePrimaryCtxRetain(dev))
-    _check(cu.cuCtxSetCurrent(ctx))
+    check(cu.cuInit(0))
+    dev = check(cu.cuDeviceGet(torch.cuda.current_device()))
+    ctx = check(cu.cuDevicePrimaryCtxRetain(dev))
+    check(cu.cuCtxSetCurrent(ctx))
     img = compile_source(gdn.SOURCE, defines=compile_defines(gdn.SOURCE))
-    mod = _check(cu.cuModuleLoadData(img.image))
-    funcs = {name: _check(cu.cuModuleGetFunction(mod, name.encode())) for name in gdn.ENTRIES}
+    mod = check(cu.cuModuleLoadData(img.image))
+    funcs = {name: check(cu.cuModuleGetFunction(mod, name.encode())) for name in gdn.ENTRIES}
     yield torch, funcs
-    _check(cu.cuModuleUnload(mod))
+    check(cu.cuModuleUnload(mod))
 
 
 def make_inputs(rng, lens, hk, hv, d, state_scale=0.5):
@@ -161,7 +151,7 @@ def launch(funcs, name, grid, block, smem, values, dependent=False):
 
         CudaDriver().launch_dependent(funcs[name], grid, block, smem, cu.CUstream(0), ctypes.addressof(arr))
         return
-    _check(cu.cuLaunchKernel(funcs[name], *grid, *block, smem, cu.CUstream(0), ctypes.addressof(arr), 0))
+    check(cu.cuLaunchKernel(funcs[name], *grid, *block, smem, cu.CUstream(0), ctypes.addressof(arr), 0))
 
 
 def run_gpu(torch, funcs, inputs, hk, hv, d, rng):
@@ -239,12 +229,12 @@ def load_chunk_module(source=chunked_mma.SOURCE):
 
     mod_info = chunked_mma if source == chunked_mma.SOURCE else chunked_wgmma
     img = compile_source(source, defines=compile_defines(source))
-    mod = _check(cu.cuModuleLoadData(img.image))
+    mod = check(cu.cuModuleLoadData(img.image))
     funcs = {}
     attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     for name in mod_info.ENTRIES:
-        f = _check(cu.cuModuleGetFunction(mod, name.encode()))
-        _check(cu.cuFuncSetAttribute(f, attr, mod_info.entry_smem(name)))
+        f = check(cu.cuModuleGetFunction(mod, name.encode()))
+        check(cu.cuFuncSetAttribute(f, attr, mod_info.entry_smem(name)))
         funcs[name] = f
     return mod, funcs
 
@@ -257,8 +247,8 @@ def chunk_kernels(kernels):
     mod, funcs = load_chunk_module()
     wmod, wfuncs = load_chunk_module(source=chunked_wgmma.SOURCE)
     yield torch, {**funcs, **wfuncs}, rec_funcs
-    _check(cu.cuModuleUnload(mod))
-    _check(cu.cuModuleUnload(wmod))
+    check(cu.cuModuleUnload(mod))
+    check(cu.cuModuleUnload(wmod))
 
 
 #: Each kernel build a plan can take -> (config, the SM count planned for: the rules then take that build; None:
@@ -627,11 +617,11 @@ def _bench():
     from q12drv.core.nvrtc import compile_source
 
     torch.zeros(1, device="cuda")
-    _check(cu.cuInit(0))
-    ctx = _check(cu.cuDevicePrimaryCtxRetain(_check(cu.cuDeviceGet(0))))
-    _check(cu.cuCtxSetCurrent(ctx))
-    mod = _check(cu.cuModuleLoadData(compile_source(gdn.SOURCE, defines=compile_defines(gdn.SOURCE)).image))
-    funcs = {nm: _check(cu.cuModuleGetFunction(mod, nm.encode())) for nm in gdn.ENTRIES}
+    check(cu.cuInit(0))
+    ctx = check(cu.cuDevicePrimaryCtxRetain(check(cu.cuDeviceGet(0))))
+    check(cu.cuCtxSetCurrent(ctx))
+    mod = check(cu.cuModuleLoadData(compile_source(gdn.SOURCE, defines=compile_defines(gdn.SOURCE)).image))
+    funcs = {nm: check(cu.cuModuleGetFunction(mod, nm.encode())) for nm in gdn.ENTRIES}
     hk, hv, d = 16, 32, 128
     import os
 

@@ -7,7 +7,7 @@ import functools
 import numpy as np
 import pytest
 
-from q12drv import ScratchArena, StreamStageInfo, open_device, stage_batched_attn_metadata
+from q12drv import ScratchArena, StreamStageInfo, stage_batched_attn_metadata
 from q12drv.prefill.graphs import PassGraph, capture
 from q12drv.kernels import expand
 from q12drv.kernels.gdn import GdnConfig, plan_gdn
@@ -17,13 +17,6 @@ from tests.helpers import make_streams
 from tests.test_graphs import BS, GDN, MAX_STREAMS, MAX_TOKENS, World, _assert_same
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    dev = open_device("cuda")
-    yield dev
-    dev.close()
 
 
 @pytest.mark.parametrize("mrope", [False, True])

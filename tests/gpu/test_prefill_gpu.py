@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from q12drv import ScratchArena, make_scratch_plan, open_device, place_h_state_slot, stage_batched_attn_metadata
+from q12drv import ScratchArena, make_scratch_plan, place_h_state_slot, stage_batched_attn_metadata
 from q12drv.core.staging import verify_readback
 from q12drv.tools.demo import layer_inputs
 from q12drv.kernels import attention as attn_ref
@@ -20,13 +20,6 @@ from tests.helpers import LayerBuffers, make_streams, rel_err, rel_err_bf16
 pytestmark = pytest.mark.gpu
 
 LENGTHS = [1, 15, 16, 17, 63, 64, 65, 1100]
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    dev = open_device("cuda")
-    yield dev
-    dev.close()
 
 
 @pytest.mark.parametrize("mrope", [False, True])
