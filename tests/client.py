@@ -40,16 +40,45 @@ def reference_is_torch() -> None:
         assert importlib.util.find_spec(package) is None, f"{package} imports here: the reference would not be torch"
 
 
-def model_on(device: str, seed: int = 0, **overrides):
+def setup_on(device: str, lengths: tuple, seed: int) -> tuple:
+    """``(example module, model, prompts, reference logits per prompt)``: the tiny Qwen3-Next model on ``device``
+    (bf16, weights from seed 0) and one random prompt per length (token ids from ``seed``)."""
+    reference_is_torch()
     ex = load_example()
-    torch.manual_seed(seed)
-    model = transformers.Qwen3NextForCausalLM(ex.tiny_config(**overrides))
-    return ex, model.to(device=device, dtype=torch.bfloat16).eval()
+    torch.manual_seed(0)
+    model = transformers.Qwen3NextForCausalLM(ex.tiny_config()).to(device=device, dtype=torch.bfloat16).eval()
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in lengths]
+    return ex, model, prompts, [reference_logits(model, p) for p in prompts]
 
 
 @torch.no_grad()
 def reference_logits(model, prompt: list) -> "torch.Tensor":
     return model(torch.tensor([prompt], device=next(model.parameters()).device)).logits[0].float()
+
+
+def check_batched_prefill(setup: tuple, **sizes) -> None:
+    """Every prompt in one batched pass of a fresh ``HybridRuntime(model, **sizes)``, each against its reference."""
+    ex, model, prompts, refs = setup
+    rt = ex.HybridRuntime(model, **sizes)
+    streams = [rt.add_stream() for _ in prompts]
+    for i, (ours, ref) in enumerate(zip(rt.step(list(zip(streams, prompts))), refs)):
+        check_close(ours.float(), ref, f"prompt {i} ({len(prompts[i])} tokens)")
+
+
+def check_chunked_equals_one_shot(setup: tuple, splits: list, **sizes) -> tuple:
+    """The prompts in one pass and in interleaved chunks (``splits``, see :func:`run_chunked`), each in a fresh
+    ``HybridRuntime(model, **sizes)``: the chunked logits equal the one-shot's within bf16 noise and the reference
+    within :data:`TOL`. Returns ``(one-shot runtime, its streams, chunked runtime, its streams)``."""
+    ex, model, prompts, refs = setup
+    one = ex.HybridRuntime(model, **sizes)
+    once, s1 = run_chunked(one, prompts, [[len(p)] for p in prompts])
+    rt = ex.HybridRuntime(model, **sizes)
+    chunked, s2 = run_chunked(rt, prompts, splits)
+    for i in range(len(prompts)):
+        assert rel_l2(chunked[i], once[i]) < 1e-2, i
+        check_close(chunked[i], refs[i], f"prompt {i} in chunks {splits[i]}")
+    return one, s1, rt, s2
 
 
 def rel_l2(a, b) -> float:
@@ -68,7 +97,7 @@ def check_close(ours, ref, what: str) -> None:
 
 def run_chunked(rt, prompts: list, splits: list) -> list:
     """Each prompt in chunks (``splits[i]``: chunk lengths), the streams' chunks interleaved: pass k carries chunk k of
-    every stream that has one. Returns each prompt's logits."""
+    every stream that has one. Returns each prompt's logits and the streams."""
     streams = [rt.add_stream() for _ in prompts]
     outs = [[] for _ in prompts]
     at = [0] * len(prompts)

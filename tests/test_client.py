@@ -7,41 +7,25 @@ from __future__ import annotations
 
 import pytest
 
-from tests.client import check_close, model_on, reference_is_torch, reference_logits, rel_l2, run_chunked, torch
+from tests.client import check_batched_prefill, check_chunked_equals_one_shot, check_close, rel_l2, setup_on, torch
 
 PROMPTS_LENGTHS = (1, 7, 33, 64, 2, 19)
+SIZES = dict(max_streams=8, max_tokens=128, max_pass_tokens=256)
 
 
 @pytest.fixture(scope="module")
 def setup():
-    reference_is_torch()
-    ex, model = model_on("cpu")
-    g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in PROMPTS_LENGTHS]
-    refs = [reference_logits(model, p) for p in prompts]
-    return ex, model, prompts, refs
+    return setup_on("cpu", PROMPTS_LENGTHS, seed=1)
 
 
 def test_batched_prefill_equals_transformers(setup):
-    ex, model, prompts, refs = setup
-    rt = ex.HybridRuntime(model, max_streams=8, max_tokens=128, max_pass_tokens=256)
-    streams = [rt.add_stream() for _ in prompts]
-    logits = rt.step(list(zip(streams, prompts)))
-    for i, (ours, ref) in enumerate(zip(logits, refs)):
-        check_close(ours.float(), ref, f"prompt {i} ({len(prompts[i])} tokens)")
+    check_batched_prefill(setup, **SIZES)
 
 
 def test_chunks_and_decode_steps_equal_one_shot(setup):
-    ex, model, prompts, refs = setup
-    one = ex.HybridRuntime(model, max_streams=8, max_tokens=128, max_pass_tokens=256)
-    once, s1 = run_chunked(one, prompts, [[len(p)] for p in prompts])
     # 2-3 chunks a prompt; a 1-token chunk is a decode step beside other streams' prefill chunks
     splits = [[1], [3, 1, 3], [16, 1, 16], [30, 30, 4], [1, 1], [10, 9]]
-    rt = ex.HybridRuntime(model, max_streams=8, max_tokens=128, max_pass_tokens=256)
-    chunked, s2 = run_chunked(rt, prompts, splits)
-    for i in range(len(prompts)):
-        assert rel_l2(chunked[i], once[i]) < 1e-2, i
-        check_close(chunked[i], refs[i], f"prompt {i} in chunks {splits[i]}")
+    one, s1, rt, s2 = check_chunked_equals_one_shot(setup, splits, **SIZES)
     # the caches and states the chunks left equal the one-shot pass's (bf16 noise of the token-wise torch work)
     for (kind, *a), (_, *b) in zip(one.layers, rt.layers):
         if kind == "attention":
@@ -61,7 +45,7 @@ def test_batched_equals_per_stream_bit_for_bit(setup):
     ex, model, prompts, _ = setup
     out = {}
     for mode in ("batched", "per_stream"):
-        rt = ex.HybridRuntime(model, max_streams=8, max_tokens=128, max_pass_tokens=256)
+        rt = ex.HybridRuntime(model, **SIZES)
         streams = [rt.add_stream() for _ in prompts]
         first = rt.step([(s, p[:len(p) // 2 or 1]) for s, p in zip(streams, prompts)], mode=mode)
         rest = [(s, p[len(p) // 2 or 1:]) for s, p in zip(streams, prompts) if len(p) > 1]
@@ -73,7 +57,7 @@ def test_batched_equals_per_stream_bit_for_bit(setup):
 def test_a_broken_layer_fails_the_comparison(setup):
     """The comparison would catch a runtime that forgot the conv and SSM states between chunks."""
     ex, model, prompts, refs = setup
-    rt = ex.HybridRuntime(model, max_streams=8, max_tokens=128, max_pass_tokens=256)
+    rt = ex.HybridRuntime(model, **SIZES)
     s = rt.add_stream()
     p = prompts[3]
     first = rt.step([(s, p[:32])])[0]
