@@ -376,6 +376,9 @@ def test_the_pass_runs_the_short_convolution_through_its_pointer_slot(emu):
                 q12.conv1d([int(sb[0].ptr)], int(xb.ptr), int(yb.ptr), int(wb.ptr), channels=c, width=width)
             with pytest.raises(TypeError, match="width is needed when w is a raw address"):
                 q12.conv1d([int(b.ptr) for b in sb], int(xb.ptr), int(yb.ptr), int(wb.ptr), channels=c)
+            with pytest.raises(ValueError, match="overlap"):  # past stream 0's 9 rows: the batch's rows count
+                q12.conv1d([int(b.ptr) for b in sb], int(xb.ptr), int(xb.ptr) + 10 * c * 2, int(wb.ptr), channels=c,
+                           width=width)
     assert outs["batched"] == outs["per_stream"]
     want, _ = conv.reference(from_bf16_bits(x), from_bf16_bits(w), [from_bf16_bits(s) for s in s0],
                              np.concatenate([[0], np.cumsum(counts)]))

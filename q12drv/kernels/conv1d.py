@@ -187,17 +187,18 @@ def conv1d(device: Device, meta: BatchedAttnMetadata, state_ptrs: int, x: int, y
     _args.check_launch(device, meta)
     bf16 = lambda name, value, align: device.pointer(value, name, dtype="bf16", align=align)  # noqa: E731
     x, y = bf16("x", x, 16), bf16("y", y, 16)
-    entry, strides, bias_addr = check_conv1d(meta, x, y, channels=channels, width=width,
+    entry, strides, bias_addr = check_conv1d(meta.total_tokens, x, y, channels=channels, width=width,
                                              bias=None if bias is None else bf16("bias", bias, 2), x_stride=x_stride,
                                              y_stride=y_stride, state_stride=state_stride, silu=silu)
     enqueue_conv1d(device, meta, entry, device.pointer(state_ptrs, "state_ptrs", dtype="u64", align=8), x, y,
                    bf16("w", w, 2), bias_addr, int(channels), *strides, silu, stream)
 
 
-def check_conv1d(meta: BatchedAttnMetadata, x: int, y: int, *, channels: int, width: int, bias: int | None,
+def check_conv1d(total_tokens: int, x: int, y: int, *, channels: int, width: int, bias: int | None,
                  x_stride: int | None, y_stride: int | None, state_stride: int | None, silu: bool) -> tuple:
-    """:func:`conv1d`'s checks of everything but the device, the state table and ``w``: returns ``(entry, (x_stride,
-    y_stride, state_stride), bias address or 0)``.
+    """:func:`conv1d`'s checks of everything but the device, the state table and ``w``, for ``total_tokens`` rows of
+    ``x`` and ``y`` (the whole batch's, however it is launched); ``x``, ``y`` and ``bias`` are addresses the caller
+    checked (:meth:`Device.pointer`). Returns ``(entry, (x_stride, y_stride, state_stride), bias address or 0)``.
 
     Raises
     ------
@@ -216,13 +217,12 @@ def check_conv1d(meta: BatchedAttnMetadata, x: int, y: int, *, channels: int, wi
         strides.append(s)
     if not isinstance(silu, bool):
         raise TypeError(f"silu must be a bool, got {type(silu).__name__} {silu!r}")
-    xp, yp = _args.device_ptr("x", x, 16), _args.device_ptr("y", y, 16)
-    t = int(meta.total_tokens)
+    xp, yp, t = int(x), int(y), int(total_tokens)
     x_end, y_end = xp + 2 * ((t - 1) * strides[0] + c), yp + 2 * ((t - 1) * strides[1] + c)
     if t and xp < y_end and yp < x_end:
         raise ValueError(f"x [{xp:#x}, {x_end:#x}) and y [{yp:#x}, {y_end:#x}) overlap: a later token would read "
                          f"an output; give y its own buffer")
-    return entry, tuple(strides), 0 if bias is None else _args.device_ptr("bias", bias, 2)
+    return entry, tuple(strides), 0 if bias is None else int(bias)
 
 
 def enqueue_conv1d(device: Device, meta: BatchedAttnMetadata, entry: str, state_ptrs: int, x: int, y: int, w: int,

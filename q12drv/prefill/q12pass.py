@@ -575,11 +575,9 @@ class Q12Pass:
         wp = address(dev, w, "w", dtype="bf16", align=2)
         bp = None if bias is None else address(dev, bias, "bias", dtype="bf16", shape=(c,), align=2)
         states = self._state_addresses(state_ptrs, "state_ptrs", 16, dtype="bf16")
-        # the op's own checks (widths, strides, overlap), with the batch's metadata, before the slot is rewritten
-        probe = self.meta if self.batched else self.stream_meta[0]
-        conv1d_args = dict(channels=c, width=width, bias=bp, x_stride=sx, y_stride=sy, state_stride=state_stride,
-                           silu=silu)
-        entry, strides, bias_addr = check_conv1d(probe, xp, yp, **conv1d_args)
+        # the op's own checks (widths, strides, overlap over the whole batch's rows), before the slot is rewritten
+        entry, strides, bias_addr = check_conv1d(self._batch.total, xp, yp, channels=c, width=width, bias=bp,
+                                                 x_stride=sx, y_stride=sy, state_stride=state_stride, silu=silu)
         self.h_slot._write(states, self.stream)
         st = self.stream
 
