@@ -1,4 +1,4 @@
-// launch_overhead.cu: empty kernels for the launch-latency benchmarks (bench/common.py LAUNCH_CASES:
+// launch_overhead.cu: empty kernels for the launch-latency benchmarks (bench/inputs.py LAUNCH_CASES:
 // bench/test_launch.py, gpu_compare.py's launch section, breakdown.py); no product code uses them.
 // Compiled from here with cuda_src/ on the include path (nvrtc.compile_source(..., source_dir=)).
 //

@@ -44,7 +44,8 @@ def _add_max_bytes(p: argparse.ArgumentParser) -> None:
 
 
 def _add_inspect(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dump", metavar="DUMP", help="arena dump (.npz) written by dump_arena / Q12Pass.dump / demo --dump")
+    p.add_argument("dump", metavar="DUMP",
+                   help="arena dump (.npz) written by q12drv.tools.dump (dump_pass, dump_arena) or demo --dump")
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of the report")
     p.add_argument("--num-blocks", type=_positive, default=None,
                    help="KV-cache block count, overriding the dump's (enables the blocks_in_cache check)")
@@ -125,7 +126,7 @@ COMMANDS = {
                 "PASS/FAIL/SKIP with the offending offsets and values. Exit status 0 only if no check fails, 1 if "
                 "one does, 2 if the dump cannot be read.",
                 "examples:\n"
-                "  %(prog)s a.npz                   # a dump from 'q12drv demo --dump a.npz' or Q12Pass.dump\n"
+                "  %(prog)s a.npz                   # a dump from 'q12drv demo --dump a.npz' or dump_pass\n"
                 "  %(prog)s --json a.npz > a.json   # the same, as JSON",
                 _add_inspect, _run_inspect),
     "diff": ("compare two arena dumps",
