@@ -566,8 +566,8 @@ def section_floors(dev, gpu: bool, reps: int) -> None:
 # ----------------------------------------------------------------------------- the table
 def print_table() -> None:
     meta = RESULTS["meta"]
-    print(f"\n== breakdown: {meta.get('device')} ({meta.get('driver')}), commit {meta.get('commit')}, "
-          f"{meta.get('reps')} reps")
+    print(f"\n== breakdown: {meta.get('device')} ({meta.get('driver')}), {meta.get('date_utc')}, commit "
+          f"{meta.get('commit')}{' (dirty)' if meta.get('dirty') else ''}, {meta.get('reps')} reps")
     for name, err in RESULTS["errors"].items():
         print(f"   error in {name}: {err.splitlines()[0][:160]}")
     fl = RESULTS.get("floors") or {}
@@ -621,29 +621,20 @@ def main(argv=None) -> int:
         if gpu:
             ap.error("--stub replaces the emulated driver's work; it cannot stub a real GPU")
         inputs.stub_driver(dev)
-    RESULTS["meta"] = {"device": dev.name, "driver": dev.driver.name, "reps": args.reps, "stub": args.stub,
-                       "commit": report.commit()}
+    RESULTS["meta"] = {**report.environment(dev), "reps": args.reps, "stub": args.stub}
     print(f"device: {dev.name} ({dev.driver.name}){' with copies and launches stubbed' if args.stub else ''}",
           flush=True)
     try:
         try:
             section_floors(dev, gpu, args.reps)
         except Exception as exc:  # noqa: BLE001 - a diagnostic reports and goes on
-            RESULTS["errors"]["floors"] = _err(exc)
+            RESULTS["errors"]["floors"] = report.section_error(exc)
         for name in sections:
             fn = {"step": section_step, "staging": section_staging}[name]
-            report.run_section(RESULTS, name, lambda: fn(dev, gpu, args.reps, args.warmup, args.stub), dev, _err)
+            report.run_section(RESULTS, name, lambda: fn(dev, gpu, args.reps, args.warmup, args.stub), dev)
     finally:
         report.finish_run(RESULTS, t_start, args.out, print_table, dev)
     return 1 if RESULTS["errors"] else 0
-
-
-def _err(exc) -> str:
-    import traceback
-
-    text = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
-    print(text, file=sys.stderr, flush=True)
-    return text
 
 
 if __name__ == "__main__":

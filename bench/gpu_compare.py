@@ -29,7 +29,6 @@ import os
 import sys
 import textwrap
 import time
-import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,13 +87,6 @@ def table_lines(results: dict) -> list:
     return out
 
 
-def _section_error(exc: BaseException) -> str:
-    """A failed section's entry in the errors (its traceback also goes to stderr)."""
-    tb = traceback.format_exc()
-    print(tb, file=sys.stderr, flush=True)
-    return f"{type(exc).__name__}: {exc}\n{tb}"
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write every measurement as JSON here")
@@ -117,7 +109,7 @@ def main(argv=None) -> int:
                 ctx.error(name, "skipped: time budget spent")
                 continue
             print(f"-- {name} ...", flush=True)
-            report.run_section(results, name, lambda name=name: SECTIONS[name](ctx), dev, _section_error)
+            report.run_section(results, name, lambda name=name: SECTIONS[name](ctx), dev)
     finally:
         report.finish_run(results, T0, args.out, lambda: print("\n" + "\n".join(table_lines(results))), dev)
     return 0

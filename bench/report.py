@@ -9,7 +9,9 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -61,15 +63,22 @@ def environment(dev) -> dict:
     return env
 
 
-def run_section(results: dict, name: str, fn, dev, describe) -> None:
+def section_error(exc: BaseException) -> str:
+    """A failed section's entry in the errors: the exception and its traceback (which also goes to stderr)."""
+    tb = traceback.format_exc()
+    print(tb, file=sys.stderr, flush=True)
+    return f"{type(exc).__name__}: {exc}\n{tb}"
+
+
+def run_section(results: dict, name: str, fn, dev) -> None:
     """One section of a GPU script: ``fn()``, its wall time printed after it; an exception is recorded as
-    ``results["errors"][name] = describe(exc)`` and the device synchronised (so the next section starts on an
+    ``results["errors"][name] = section_error(exc)`` and the device synchronised (so the next section starts on an
     idle device), and the script goes on."""
     t = time.perf_counter()
     try:
         fn()
     except Exception as exc:  # noqa: BLE001 - a section's failure is a row of the report, not the end of the run
-        results["errors"][name] = describe(exc)
+        results["errors"][name] = section_error(exc)
         try:
             dev.synchronize()
         except Exception:

@@ -44,6 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.inputs import GDN_CASES as CASES, QWEN3_NEXT  # noqa: E402  (the benchmark's cases and shape)
+
 SECTIONS = "SpeedOfLight,Occupancy,LaunchStats,WarpStateStats,SchedulerStats,MemoryWorkloadAnalysis"
 #: The warp-state breakdown the WarpStateStats section's text leaves out (it prints only its summary): cycles a
 #: warp spends stalled for each reason per issued instruction (barrier, long_scoreboard, short_scoreboard, wait,
@@ -122,8 +124,6 @@ def find_ncu() -> str | None:
     return cands[-1] if cands else None
 
 
-#: The cases: streams of these token counts at Qwen3-Next's GDN heads (Hk 16, Hv 32, d 128).
-CASES = {"8x2048": [2048] * 8, "1x8192": [8192], "ragged8": [256, 2048, 512, 1792, 768, 1536, 1024, 1280]}
 #: The builds: a config and the SM count it is planned for (the rules then take that build; None: the device's).
 FORMS = {"fused": ("fused", "auto", None), "mma": ("two_pass", "mma", None),
          "wgmma-2stage": ("two_pass", "wgmma", 10 ** 6), "wide": ("two_pass", "wgmma", 1),
@@ -151,10 +151,10 @@ def inner(cases: list, kernels: str, forms: tuple = DEFAULT_FORMS) -> int:
     from bench.inputs import make_streams
     from q12drv import ScratchArena, make_scratch_plan, open_device, stage_batched_attn_metadata
     from q12drv.core.bf16 import to_bf16_bits
-    from q12drv.kernels.gdn import GdnShape, GdnTensors, gdn
+    from q12drv.kernels.gdn import GdnTensors, gdn
 
     pattern = re.compile(kernels)
-    shape = GdnShape(16, 32, 128)
+    shape = QWEN3_NEXT["gdn"]
     hk, hv, d = shape.num_k_heads, shape.num_v_heads, shape.head_dim
     rng = np.random.default_rng(0)
     with open_device("cuda") as dev:

@@ -27,11 +27,11 @@ GDN_CONFIGS = {"default": GdnConfig(), "mma_two_pass": GdnConfig(schedule="two_p
 
 
 def run(ctx: Context) -> None:
-    from q12drv.kernels.gdn import GdnShape, GdnTensors, gdn, plan_gdn
+    from q12drv.kernels.gdn import GdnTensors, gdn, plan_gdn
 
     dev = ctx.dev
-    hk, hv, d = 16, 32, 128
-    shape = GdnShape(hk, hv, d)
+    shape = inputs.QWEN3_NEXT["gdn"]
+    hk, hv, d = shape.num_k_heads, shape.num_v_heads, shape.head_dim
     cases = inputs.GDN_CASES if ctx.gpu else inputs.GDN_EMU_CASES
     res = ctx.section("gdn", {"shape": [hk, hv, d], "cases": {}})
     for key, counts in cases.items():
