@@ -4,12 +4,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import numpy as np
+
 from q12drv.core.layout import (
     Q12_SIZING_STREAMS,
+    RING_SLOT_ALIGN,
     a8,
+    align_up,
+    h_state_entry_offset,
     make_scratch_plan,
     q12_batched_scratch_bytes,
     q12_batched_scratch_bytes_varlen,
+    ring_slots,
     single_stream_payload,
     stacked_layout,
     staged_bytes,
@@ -111,6 +117,9 @@ def test_plan_invariants(counts, top_k, mrope, policy):
     assert fields[0].offset == plan.stacked.offset and fields[-1].end == plan.stacked.end
     for a, b in zip(fields, fields[1:]):
         assert a.end == b.offset
+    # run stream by stream, the slot follows the last per-stream block
+    assert plan.per_stream_jit_slot.offset == plan.stream_blocks[-1].end
+    assert plan.per_stream_jit_slot.offset % 8 == 0 and plan.per_stream_jit_slot.nbytes == 8 * len(counts)
     if policy == "seed":
         assert plan.total_bytes == seed_varlen(len(counts), sum(counts), max(counts), top_k, mrope)
     else:
@@ -127,3 +136,29 @@ def test_plan_rejects_bad_input():
         make_scratch_plan([4], 8, False, policy="loose")
     with pytest.raises(ValueError):
         stacked_layout(1, 1 << 31, False)
+
+
+@given(x=st.integers(0, 1 << 48), log2=st.integers(0, 12))
+def test_align_up(x, log2):
+    a = 1 << log2
+    y = align_up(x, a)
+    assert y % a == 0 and x <= y < x + a
+
+
+@given(addr=st.integers(1, 1 << 48), nbytes=st.integers(0, 1 << 20), nslots=st.integers(2, 16))
+def test_ring_slots_tile_the_memory_aligned(addr, nbytes, nslots):
+    offsets, size = ring_slots(addr, nbytes, nslots)
+    assert len(offsets) == nslots and size % RING_SLOT_ALIGN == 0
+    if size:
+        assert all((addr + off) % RING_SLOT_ALIGN == 0 for off in offsets)
+        assert offsets[-1] + size <= nbytes and nbytes - offsets[0] < nslots * (size + RING_SLOT_ALIGN)
+    else:  # too small: the bytes the message asks for would do
+        assert ring_slots(addr, nslots * RING_SLOT_ALIGN + offsets[0], nslots)[1] == RING_SLOT_ALIGN
+
+
+def test_element_offsets_and_slot_entries():
+    layout = stacked_layout(3, 10, False)
+    f = layout.field("slot_stacked")
+    assert f.element_offset(4) == f.offset + 32 and type(f.element_offset(np.int64(4))) is int
+    assert list(f.element_offset(np.array([0, 2]))) == [f.offset, f.offset + 16]
+    assert h_state_entry_offset(5) == 40

@@ -298,7 +298,7 @@ def test_stage_replicated_packs_once_and_gives_each_device_its_own_table_pointer
         with pytest.raises(ValueError, match=r"streams\[1\]\[0\].block_table differs"):
             stage_replicated(arenas, [first, other], **common)
         arenas[1].reserve("in the way", 128)
-        with pytest.raises(ValueError, match=r"arenas\[1\]: scratch_offset_bytes 64 is behind its cursor 128"):
+        with pytest.raises(ValueError, match=r"region 'arenas\[1\] stacked_metadata' at offset 64 would overlap what is reserved up to the cursor 128"):
             stage_replicated(arenas, [first, second], **common)
         assert arenas[0].cursor == 0  # rank 0 was not staged either
         with pytest.raises(ValueError, match="one streams list"):

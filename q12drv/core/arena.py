@@ -18,10 +18,12 @@ import numpy as np
 from .device import Device, DeviceArray, DeviceBuffer
 from .errors import CapacityError, Q12Error
 from .interop import caller_memory
+from .layout import align_up
 from .pinned import PinnedRing
 from .ptr import DevicePtr
 
-__all__ = ["ScratchArena", "ArenaRegion", "GUARD_BYTES", "GUARD_PATTERN", "MAX_CAPACITY", "OVER_ALIGN", "RINGS"]
+__all__ = ["ScratchArena", "ArenaRegion", "GUARD_BYTES", "GUARD_PATTERN", "MAX_CAPACITY", "OVER_ALIGN", "RINGS",
+           "RING_KEYS"]
 
 #: Bytes past the capacity filled with :data:`GUARD_PATTERN` and checked by :meth:`ScratchArena.guard_intact`.
 GUARD_BYTES = 256
@@ -32,9 +34,10 @@ _BASE_ALIGN = 256
 #: Alignment the caller's buffer must have (:meth:`ScratchArena.over`): the layout's regions are 64-byte aligned,
 #: and what torch allocates (on the GPU and on the host) is at least that.
 OVER_ALIGN = 64
-#: The arena's pinned staging rings (attachment keys ``"ring:<name>"``): the stacked metadata's and the
-#: ``h_state_ptrs`` uploads'.
+#: The arena's pinned staging rings: the stacked metadata's and the ``h_state_ptrs`` uploads'.
 RINGS = ("staging", "h_state")
+#: Each ring's attachment key (:meth:`ScratchArena.attachment`).
+RING_KEYS = {name: f"ring:{name}" for name in RINGS}
 #: A :class:`DevicePtr` of an address known to be in range (base + an offset inside the capacity), without
 #: the checks of ``DevicePtr()``.
 _ptr = int.__new__
@@ -238,6 +241,22 @@ class ScratchArena:
             self._regions.append(region)
             self.cursor = offset + nbytes
             return region
+        start = self.check_reserve(name, nbytes, align=align, offset=offset)
+        nbytes = int(nbytes)
+        region = ArenaRegion(name, start, nbytes, DevicePtr(int(self.base) + start))
+        self._regions.append(region)
+        self.cursor = start + nbytes
+        return region
+
+    def check_reserve(self, name: str, nbytes: int, *, align: int = 8, offset: int | None = None) -> int:
+        """Where :meth:`reserve` would place the region, changing nothing: for a caller that must know every
+        arena can take its region before it writes to any (one batch staged into several arenas).
+
+        Raises
+        ------
+        CapacityError, ValueError, TypeError
+            As :meth:`reserve`.
+        """
         self._require_open()
         if not isinstance(name, str):
             raise TypeError(f"region name must be a str, got {type(name).__name__} {name!r:.60}")
@@ -251,7 +270,7 @@ class ScratchArena:
         nbytes, align = int(nbytes), int(align)
         base = self._base  # regions are aligned as addresses (a caller's buffer may be less aligned than 256)
         if offset is None:
-            start = (base + self.cursor + align - 1) // align * align - base
+            start = align_up(base + self.cursor, align) - base
         else:
             start = int(offset)
             if start < self.cursor:
@@ -261,10 +280,7 @@ class ScratchArena:
         if start + nbytes > self.capacity:
             raise CapacityError(name, start + nbytes, self.capacity,
                                 f"the arena is {self.capacity:,} bytes (cursor at {self.cursor:,}); size it with q12drv.core.layout")
-        region = ArenaRegion(name, start, nbytes, DevicePtr(int(self.base) + start))
-        self._regions.append(region)
-        self.cursor = start + nbytes
-        return region
+        return start
 
     def reserve_all(self, regions: Sequence[ArenaRegion]) -> None:
         """Reserve regions this arena handed out before, as they were (same names, offsets, sizes and
@@ -407,7 +423,7 @@ class ScratchArena:
         self._require_open()
         if ring not in RINGS:
             raise ValueError(f"ring must be one of {', '.join(RINGS)}, got {ring!r}")
-        key = f"ring:{ring}"
+        key = RING_KEYS[ring]
         if key in self._attachments:
             raise ValueError(f"the arena's {ring!r} ring exists already (made by an earlier staging or use_pinned); "
                              f"call use_pinned right after making the arena")

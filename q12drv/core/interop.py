@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .ptr import DevicePtr
+from .ptr import DevicePtr, device_ptr
 
 __all__ = ["ArrayInfo", "describe", "device_pointer", "check_array", "host_owner", "caller_memory", "stream_handle",
            "DTYPE_BYTES", "dtype_name"]
@@ -268,15 +268,11 @@ def device_pointer(obj: Any, name: str, *, dtype: str | Sequence[str] | None = N
         if isinstance(obj, bool):
             raise TypeError(f"{name} must be a device pointer or a CUDA array object, got bool {obj!r}")
         try:
-            value = operator.index(obj)
+            operator.index(obj)
         except TypeError:
             raise TypeError(f"{name} must be a device pointer (int) or an object with __cuda_array_interface__ or "
                             f"__dlpack__, got {type(obj).__name__} {obj!r:.60}") from None
-        if not 0 < value <= _U64_MAX:
-            raise ValueError(f"{name} must be a non-NULL device pointer in (0, 2**64), got {value:#x}")
-        if value % align:
-            raise ValueError(f"{name} must be {align}-byte aligned (the kernel's accesses need it), got {value:#x}")
-        return value  # a numpy integer, or another int type
+        return device_ptr(name, obj, align)  # a numpy integer, or another int type
     if device is None:
         return check_array(info, name, dtype=dtype, shape=shape, min_bytes=min_bytes, align=align, ordinal=ordinal,
                            host_ok=host_ok)

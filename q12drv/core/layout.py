@@ -35,6 +35,9 @@ __all__ = [
     "POLICIES",
     "a8",
     "a64",
+    "align_up",
+    "RING_SLOT_ALIGN",
+    "ring_slots",
     "q12_batched_scratch_bytes",
     "q12_batched_scratch_bytes_varlen",
     "moe_bytes",
@@ -44,6 +47,11 @@ __all__ = [
     "StackedLayout",
     "stacked_layout",
     "single_stream_payload",
+    "H_STATE_ENTRY_BYTES",
+    "h_state_slot_bytes",
+    "h_state_slot_offset",
+    "h_state_entry_offset",
+    "row_offset",
     "Region",
     "ScratchPlan",
     "make_scratch_plan",
@@ -66,6 +74,24 @@ def a8(x: int) -> int:
 def a64(x: int) -> int:
     """Round up to a multiple of 64."""
     return (x + 63) & ~63
+
+
+def align_up(x: int, align: int) -> int:
+    """Round ``x`` up to a multiple of ``align`` (a power of two): where a region aligned as an address starts."""
+    return (x + align - 1) & -align
+
+
+#: Alignment of each slot of a pinned ring carved from the caller's memory.
+RING_SLOT_ALIGN = 64
+
+
+def ring_slots(addr: int, nbytes: int, nslots: int) -> tuple:
+    """``(offsets, slot_bytes)``: ``nslots`` equal, :data:`RING_SLOT_ALIGN`-aligned slots carved from ``nbytes`` of
+    memory at address ``addr``, each slot's offset from ``addr`` (``slot_bytes`` 0: they do not fit, and
+    ``nslots * RING_SLOT_ALIGN + offsets[0]`` bytes would)."""
+    first = -addr % RING_SLOT_ALIGN
+    slot_bytes = (nbytes - first) // nslots // RING_SLOT_ALIGN * RING_SLOT_ALIGN if nbytes > first else 0
+    return tuple(first + i * slot_bytes for i in range(nslots)), slot_bytes
 
 
 _flag = checked_bool
@@ -179,6 +205,13 @@ class FieldSpec:
     def end(self) -> int:
         return self.offset + self.padded
 
+    def element_offset(self, i):
+        """Byte offset of element ``i``: an int for an index, an int64 array for an array of indices."""
+        size = np.dtype(self.dtype).itemsize
+        if isinstance(i, np.ndarray):
+            return self.offset + i.astype(np.int64) * size
+        return self.offset + int(i) * size
+
 
 @dataclass(frozen=True)
 class StackedLayout:
@@ -264,6 +297,36 @@ def single_stream_payload(count: int, mrope: bool) -> int:
     return staged_bytes(1, checked_int("count", count), _flag("mrope", mrope))
 
 
+# --- the h_state_ptrs slot -------------------------------------------------------------------
+
+#: Bytes of one ``h_state_ptrs`` entry: a stream's u64 state pointer.
+H_STATE_ENTRY_BYTES = 8
+
+
+def h_state_slot_bytes(n: int) -> int:
+    """Bytes of an ``h_state_ptrs`` slot for ``n`` streams."""
+    return H_STATE_ENTRY_BYTES * n
+
+
+def h_state_entry_offset(b: int) -> int:
+    """Byte offset of stream ``b``'s entry from the slot's start."""
+    return H_STATE_ENTRY_BYTES * b
+
+
+def h_state_slot_offset(scratch_offset_bytes: int, staged: int) -> int:
+    """Where a staged pass's ``h_state_ptrs`` slot goes: right after its stacked metadata (``staged`` bytes at
+    ``scratch_offset_bytes``), the seed's ``staged_bytes`` rule."""
+    return scratch_offset_bytes + staged
+
+
+# --- packed token tensors ---------------------------------------------------------------------
+
+def row_offset(row: int, row_elems: int, itemsize: int) -> int:
+    """Byte offset of packed token ``row`` of a ``[T, ...]`` tensor with ``row_elems`` elements of ``itemsize``
+    bytes per token: where stream b's rows start (``row = cu_seqlens[b]``) for a launch over that stream alone."""
+    return row * row_elems * itemsize
+
+
 # --- the scratch plan ---------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -334,6 +397,12 @@ class ScratchPlan:
     @property
     def regions(self) -> tuple:
         return (self.moe, *self.stream_blocks, self.stacked, self.jit_slot)
+
+    @property
+    def per_stream_jit_slot(self) -> Region:
+        """The ``h_state_ptrs`` slot of this plan run stream by stream: right after the last per-stream block (the
+        stacked block is not staged); its end is the scratch the per-stream fallback needs."""
+        return Region("h_state_ptrs", self.stacked.offset, h_state_slot_bytes(self.n), "jit_slot")
 
     @property
     def fields(self) -> tuple:
@@ -424,7 +493,8 @@ def _build_scratch_plan(counts: tuple, top_k: int, mrope: bool, policy: str) -> 
         cursor += stride
     layout = stacked_layout(n, t, mrope)
     stacked = Region("stacked_metadata", cursor, layout.staged_bytes, "stacked")
-    jit = Region("h_state_ptrs", stacked.end, 8 * n, "jit_slot")
+    jit = Region("h_state_ptrs", h_state_slot_offset(stacked.offset, layout.staged_bytes), h_state_slot_bytes(n),
+                 "jit_slot")
     plan = ScratchPlan(policy, counts, top_k, mrope, moe, tuple(blocks), stacked, jit, layout)
     if policy == "seed":
         assert plan.total_bytes == q12_batched_scratch_bytes_varlen(n, t, m, top_k, mrope)

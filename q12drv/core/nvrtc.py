@@ -17,6 +17,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from .errors import NvrtcError
 
@@ -113,44 +114,41 @@ def cache_dir() -> Path:
     return Path(base) / "q12drv" / "cubin"
 
 
-def local_headers(source: str) -> tuple[str, ...]:
-    """The text of every ``cuda_src`` header ``source`` includes, followed transitively (system headers left out)."""
-    root, seen, out = cuda_src_dir(), set(), []
-    pending = list(_INCLUDE_RE.findall(source))
-    while pending:
-        path = root / pending.pop()
-        if path in seen or not path.is_file():
-            continue
-        seen.add(path)
-        text = path.read_text()
-        out.append(text)
-        pending.extend(_INCLUDE_RE.findall(text))
-    return tuple(out)
-
-
-def _headers_digest(source: str, include_dirs: list[str]) -> bytes:
-    """sha256 over the name and bytes of every header ``source`` includes, transitively."""
-    digest = hashlib.sha256()
+def _includes(source: str, include_dirs) -> Iterator[tuple[str, Path | None, bytes]]:
+    """The headers ``source`` includes, followed transitively, each once: ``(name as included, resolved path,
+    bytes)``, or ``(name, None, b"")`` for one in none of ``include_dirs`` (a header NVRTC provides itself)."""
     seen: set[Path] = set()
     pending = list(_INCLUDE_RE.findall(source))
     while pending:
         name = pending.pop()
-        for d in include_dirs:
-            path = Path(d, name)
-            if path.is_file():
-                break
-        else:
-            # A header NVRTC provides itself (e.g. <stddef.h>): part of the NVRTC version.
-            digest.update(b"builtin:" + name.encode())
+        path = next((p for p in (Path(d, name) for d in include_dirs) if p.is_file()), None)
+        if path is None:
+            yield name, None, b""
             continue
         path = path.resolve()
         if path in seen:
             continue
         seen.add(path)
         data = path.read_bytes()
+        yield name, path, data
+        pending.extend(_INCLUDE_RE.findall(data.decode("utf-8", "replace")))
+
+
+def local_headers(source: str) -> tuple[str, ...]:
+    """The text of every ``cuda_src`` header ``source`` includes, followed transitively (system headers left out)."""
+    return tuple(data.decode() for _, path, data in _includes(source, [cuda_src_dir()]) if path is not None)
+
+
+def _headers_digest(source: str, include_dirs: list[str]) -> bytes:
+    """sha256 over the name and bytes of every header ``source`` includes, transitively (a header NVRTC provides
+    itself counts by name: it is part of the NVRTC version)."""
+    digest = hashlib.sha256()
+    for name, path, data in _includes(source, include_dirs):
+        if path is None:
+            digest.update(b"builtin:" + name.encode())
+            continue
         digest.update(len(name).to_bytes(8, "little") + name.encode())
         digest.update(len(data).to_bytes(8, "little") + data)
-        pending.extend(_INCLUDE_RE.findall(data.decode("utf-8", "replace")))
     return digest.digest()
 
 

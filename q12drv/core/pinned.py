@@ -18,11 +18,11 @@ import numpy as np
 from .device import Device, Event, PinnedBuffer
 from .errors import CapacityError
 from .interop import caller_memory
+from .layout import RING_SLOT_ALIGN, ring_slots
 
 __all__ = ["PinnedRing", "PinnedSlot"]
 
 _MIN_SLOT = 4096
-_SLOT_ALIGN = 64
 
 
 class _HostSlice:
@@ -134,11 +134,10 @@ class PinnedRing:
             if isinstance(buffer, np.ndarray) and not buffer.flags.writeable:
                 raise ValueError("PinnedRing.over: buffer is a read-only numpy array; the ring packs into it")
         owner = None if info is None else buffer
-        first = -addr % _SLOT_ALIGN
-        slot_bytes = (nbytes - first) // nslots // _SLOT_ALIGN * _SLOT_ALIGN if nbytes > first else 0
-        if slot_bytes < _SLOT_ALIGN:
-            raise ValueError(f"PinnedRing.over: {nbytes:,} bytes make {nslots} slots of {max(slot_bytes, 0)} bytes; "
-                             f"give at least {nslots * _SLOT_ALIGN + first} bytes")
+        offsets, slot_bytes = ring_slots(addr, nbytes, nslots)
+        if slot_bytes < RING_SLOT_ALIGN:
+            raise ValueError(f"PinnedRing.over: {nbytes:,} bytes make {nslots} slots of {slot_bytes} bytes; "
+                             f"give at least {nslots * RING_SLOT_ALIGN + offsets[0]} bytes")
         device.use()
         where = device.driver.pointer_info(addr)
         if where is not None and where.kind == "device":
@@ -152,7 +151,7 @@ class PinnedRing:
                                  f"({where.start + where.nbytes - addr:,} bytes from there)")
         ring = cls(device, nslots, name)
         ring._owner = owner
-        ring._slices = [_HostSlice(addr + first + i * slot_bytes, slot_bytes) for i in range(nslots)]
+        ring._slices = [_HostSlice(addr + off, slot_bytes) for off in offsets]
         for slot, piece in zip(ring._slots, ring._slices):
             slot.buffer = piece
         return ring

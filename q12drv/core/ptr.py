@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import operator
 
-__all__ = ["DevicePtr", "NULL"]
+__all__ = ["DevicePtr", "NULL", "device_ptr"]
+
+_U64_MAX = (1 << 64) - 1
 
 
 class DevicePtr(int):
@@ -49,3 +51,30 @@ class DevicePtr(int):
 
 #: The null device pointer.
 NULL = DevicePtr(0)
+
+
+def device_ptr(name: str, value, align: int = 1, why: str = "the kernel's accesses need it") -> int:
+    """``value`` as a device address: an int in ``(0, 2**64)``, a multiple of ``align`` (``why``: what needs the
+    alignment, for the message). The one check of a raw address; the tensor paths end here too.
+
+    Raises
+    ------
+    TypeError
+        Not an int (a float, a string, None, a bool...).
+    ValueError
+        NULL, negative, past 64 bits, or misaligned; the message names ``name``, the bound and the value.
+    """
+    if (type(value) is int or type(value) is DevicePtr) and 0 < value <= _U64_MAX and not value % align:
+        return int(value)  # the common case
+    if value is True or value is False:
+        raise TypeError(f"{name} must be a device pointer (int), got bool {value!r}")
+    try:
+        v = operator.index(value)  # ints, numpy ints, DevicePtrs; never a float or a string
+    except TypeError:
+        raise TypeError(f"{name} must be a device pointer (int), got {type(value).__name__} {value!r:.60}") from None
+    if v <= 0 or v > _U64_MAX:
+        raise ValueError(f"{name} must be a non-NULL device pointer in (0, 2**64), got {v:#x}" if v >= 0 else
+                         f"{name} must be a non-NULL device pointer in (0, 2**64), got {v}")
+    if v % align:
+        raise ValueError(f"{name} must be {align}-byte aligned ({why}), got {v:#x}")
+    return v

@@ -12,14 +12,13 @@ import numpy as np
 
 from ..core.device import Device
 from ..core.ints import checked_int
-from ..core.ptr import DevicePtr
+from ..core.ptr import device_ptr
 from ..core.staging import BatchedAttnMetadata
 from ..core.staging.validate import STATE_ALIGN
 
 __all__ = ["I32_MAX", "ALIGN", "check_launch", "device_ptr", "count", "head_group", "positive_float"]
 
 I32_MAX = (1 << 31) - 1
-_U64_MAX = (1 << 64) - 1
 _F32_MAX = float(np.finfo(np.float32).max)
 
 #: Byte alignment each kernel's accesses need, per pointer parameter (2 = one bf16; the kernels
@@ -44,29 +43,6 @@ def check_launch(device, meta) -> None:
     if not isinstance(meta, BatchedAttnMetadata):
         raise TypeError(f"meta must be a BatchedAttnMetadata (from the stager), got {type(meta).__name__}")
     meta.require_current()  # staged before the arena's last reset, or in a closed arena: Q12Error
-
-
-def device_ptr(name: str, value, align: int = 1) -> int:
-    """``value`` as a device address: an int in ``(0, 2**64)``, a multiple of ``align``.
-
-    Raises
-    ------
-    TypeError
-        Not an int (a float, a string, None...).
-    ValueError
-        NULL, negative, past 64 bits, or misaligned; the message names ``name`` and the bound.
-    """
-    if (type(value) is int or type(value) is DevicePtr) and 0 < value <= _U64_MAX and not value % align:
-        return int(value)  # the common case
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be a device pointer (int), got {type(value).__name__} {value!r:.60}")
-    v = int(value)
-    if v <= 0 or v > _U64_MAX:
-        raise ValueError(f"{name} must be a non-NULL device pointer in (0, 2**64), got {v:#x}" if v >= 0 else
-                         f"{name} must be a non-NULL device pointer in (0, 2**64), got {v}")
-    if v % align:
-        raise ValueError(f"{name} must be {align}-byte aligned (the kernel's accesses need it), got {v:#x}")
-    return v
 
 
 def count(name: str, value, lo: int = 1, hi: int = I32_MAX) -> int:

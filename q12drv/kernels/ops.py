@@ -15,7 +15,6 @@ from ..core.device import Device
 from ..core.staging import BatchedAttnMetadata
 from . import attention as _attn
 from . import attention_wgmma as _attnw
-from . import expand as _expand
 from . import kv_write as _kvw
 from . import args as _args
 from . import rope as _rope
@@ -27,10 +26,6 @@ from .registry import ENTRIES, SOURCES, prepared, struct_types
 __all__ = ["kv_write", "rope", "rope_table", "attention", "gdn", "conv1d", "ATTN_ALGOS", "attention_entry",
            "attention_head_dims", "enqueue_kv_write", "enqueue_rope", "enqueue_attention", "prepared", "SOURCES",
            "ENTRIES", "struct_types"]
-
-#: ``(name, value, align)`` -> the int address: non-NULL, < 2**64, aligned (TypeError/ValueError).
-_ptr = _args.device_ptr
-
 
 def _positive(name: str, value) -> int:
     return _args.count(name, value)  # an int in [1, 2**31 - 1] (TypeError/ValueError)

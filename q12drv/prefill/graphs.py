@@ -29,7 +29,7 @@ from ..core.device import Device, PinnedBuffer
 from ..core.errors import CapacityError, Q12Error
 from ..kernels import ops
 from ..kernels.expand import MAX_STREAMS as _EXPAND_MAX_STREAMS, enqueue_expand
-from ..core.layout import stacked_layout
+from ..core.layout import h_state_slot_bytes, stacked_layout
 from ..kernels.gdn import GdnConfig, GdnPlan, GdnTensors, gdn, plan_gdn
 from .q12pass import AttentionShape, GdnShape
 from ..core.staging import BatchedAttnMetadata, StreamStageInfo, validate_streams, metadata_at, pack_padded
@@ -164,9 +164,11 @@ class PassGraph:
         self.layout = stacked_layout(self.max_streams, self.max_tokens, self.use_mrope)
         self._upload_from = self.layout.tail_offset if expand == "device" else 0
         self._owned: list = []
+        self._gdn_plans: dict = {}  # (GdnShape, GdnConfig) -> the plan for the graph's maxima
         arena.reset()
         self.region = arena.reserve("stacked_metadata", self.layout.staged_bytes, offset=0, align=8)
-        self.h_region = arena.reserve("h_state_ptrs", 8 * self.max_streams, align=8)
+        self._slot_bytes = h_state_slot_bytes(self.max_streams)
+        self.h_region = arena.reserve("h_state_ptrs", self._slot_bytes, align=8)
         empty_cu = np.zeros(self.max_streams + 1, np.int32)
         self.meta: BatchedAttnMetadata = metadata_at(
             arena, self.region.offset, self.layout, empty_cu, np.zeros(self.max_streams, np.int32),
@@ -176,7 +178,7 @@ class PassGraph:
         try:
             self._pinned: PinnedBuffer = self._own(self.device.pinned(self.layout.staged_bytes - self._upload_from,
                                                                       "pass graph metadata"))
-            self._tables: list = [self._own(self.device.pinned(8 * self.max_streams, f"pass graph h_state_ptrs[{i}]"))
+            self._tables: list = [self._own(self.device.pinned(self._slot_bytes, f"pass graph h_state_ptrs[{i}]"))
                                   for i in range(num_ssm_layers)]
             self._dummy_state = self._own(self.device.alloc(state_bytes, "pass graph dummy state")) if num_ssm_layers else None
             if self._dummy_state is not None:
@@ -251,7 +253,7 @@ class PassGraph:
             raise IndexError(f"SSM layer {layer} out of range: the pass was made with num_ssm_layers={len(self._tables)}")
         slot = int(self.h_region.ptr)
         self.device.use()
-        self.device.driver.memcpy_htod_async(slot, self._tables[layer].addr, 8 * self.max_streams, self._raw)
+        self.device.driver.memcpy_htod_async(slot, self._tables[layer].addr, self._slot_bytes, self._raw)
         return slot
 
     def attention_layer(self, q: int, k: int, v: int, k_pool: int, v_pool: int, o: int, shape: AttentionShape, *,
@@ -272,8 +274,13 @@ class PassGraph:
 
     def gdn_plan(self, shape: GdnShape, config: GdnConfig = GdnConfig()) -> GdnPlan:
         """The plan of ``config`` for the graph's maxima (``max_streams`` streams of ``max_chunk`` tokens) on its
-        device: what :meth:`gdn_layer` launches, and ``workspace_bytes`` the workspace it needs."""
-        return plan_gdn(config, shape, self.max_streams, self.max_chunk, self.device)
+        device: what :meth:`gdn_layer` launches, and ``workspace_bytes`` the workspace it needs. Made once per
+        ``(shape, config)``."""
+        key = (shape, config)
+        plan = self._gdn_plans.get(key)
+        if plan is None:
+            plan = self._gdn_plans[key] = plan_gdn(config, shape, self.max_streams, self.max_chunk, self.device)
+        return plan
 
     def gdn_layer(self, layer: int, tensors: GdnTensors, shape: GdnShape, *, config: GdnConfig | GdnPlan = GdnConfig(),
                   workspace: int | None = None, workspace_bytes: int | None = None) -> None:

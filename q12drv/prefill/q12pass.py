@@ -33,11 +33,11 @@ from ..kernels import rope as _rope
 from ..kernels.gdn import GdnConfig, GdnPlan, GdnShape, GdnTensors, enqueue_gdn
 from ..kernels.gdn.launch import check_workspace, resolve_plan
 from ..kernels.gdn.plan import check_shape
-from ..kernels.args import ALIGN, I32_MAX, count, device_ptr, head_group, positive_float
+from ..kernels.args import ALIGN, I32_MAX, count, head_group, positive_float
 from ..kernels.conv1d import check_conv1d, enqueue_conv1d
 from ..core.interop import describe
-from .tensors import address, count_of, row_view
-from ..core.layout import make_scratch_plan
+from .tensors import count_of, row_view
+from ..core.layout import make_scratch_plan, row_offset
 from ..core.ptr import DevicePtr
 from ..core.staging import (
     BatchedAttnMetadata,
@@ -56,6 +56,10 @@ MODES = ("auto", "batched", "per_stream")
 #: Where a batched pass writes its per-token metadata (positions, slots): see ``Q12Pass(expand=...)``.
 EXPANDS = ("auto", "host", "device")
 _ATTENTION_ALIGN = {**ALIGN["rope"], **ALIGN["kv_write"], **ALIGN["attention"]}
+#: Each op's argument names (in its order) -> their alignment masks.
+_ATTENTION_MASKS = {names: tuple(_ATTENTION_ALIGN.get(n, 2) - 1 for n in names)
+                    for names in (("q", "k"), ("k", "v", "k_pool", "v_pool"), ("q", "k_pool", "v_pool", "o"),
+                                  ("q", "k", "v", "k_pool", "v_pool", "o"))}
 _STATE_ALIGN = ALIGN["gdn"]["state"]
 _BF16 = 2
 _F32 = 4
@@ -277,13 +281,13 @@ class Q12Pass:
         self.meta: BatchedAttnMetadata | None = None
         self.stream_meta: list = []
         self._checked: dict = {}  # id(shape) -> (shape, {num_blocks}) already validated for this pass
-        self._gdn_plans: dict = {}  # (GdnShape, GdnConfig) -> this pass's plan
+        self._gdn_plans: dict = {}  # (GdnShape, GdnConfig or id(GdnPlan)) -> (what was given, this pass's plan)
         self._longest = max(counts)  # tokens of the longest stream: a GDN plan's extent, batched or per stream
         plan = self.admission.plan
         if not self.batched:
             if plan is None or plan.first_unfit_stream() is not None or plan.total_bytes > arena.capacity:
                 plan = make_scratch_plan(counts, top_k, use_mrope, "exact")
-            needed = plan.stacked.offset + 8 * len(streams)
+            needed = plan.per_stream_jit_slot.end
             if needed > arena.capacity:
                 raise CapacityError("per-stream metadata blocks", needed, arena.capacity,
                                     "even the per-stream fallback needs the MoE area, one block per stream and the "
@@ -374,7 +378,7 @@ class Q12Pass:
                                  f"keys 0..{s.proc_start + s.proc_count - 1}; every block below kv_len must exist")
         self._checked.setdefault(id(shape), (shape, set()))[1].add(nb)
 
-    def _check_gdn(self, state_ptrs, tensors, shape) -> tuple:
+    def _check_gdn(self, tensors, shape) -> tuple:
         """The layer's checked pointers ``(q, k, v, g, beta, o)``, the shape checked."""
         self._require_current()
         if not isinstance(tensors, GdnTensors):
@@ -424,14 +428,13 @@ class Q12Pass:
             if num_blocks is None:
                 raise TypeError("num_blocks is needed when the KV pools are raw addresses (a pool tensor of shape "
                                 "[num_blocks, block_size, Hkv, D] says it itself)")
-        fast = all(type(x) is int or type(x) is DevicePtr for x in tensors.values())
-        if fast and _plain_aligned(tuple(tensors.values()), tuple(_ATTENTION_ALIGN.get(n, 2) - 1 for n in tensors)):
+        if _plain_aligned(tuple(tensors.values()), _ATTENTION_MASKS[tuple(tensors)]):
             addrs = tensors
         else:
             t, dev = self._batch.total, self.device
             rows = {"q": (t, hq, d), "o": (t, hq, d), "k": (t, hkv, d), "v": (t, hkv, d),
                     "k_pool": (num_blocks, self.block_size, hkv, d), "v_pool": (num_blocks, self.block_size, hkv, d)}
-            addrs = {n: address(dev, x, n, dtype="bf16", shape=rows[n], align=_ATTENTION_ALIGN.get(n, 2))
+            addrs = {n: dev.pointer(x, n, dtype="bf16", shape=rows[n], align=_ATTENTION_ALIGN.get(n, 2))
                      for n, x in tensors.items()}
         hit = self._checked.get(id(shape))  # this very (immutable) shape object, checked before
         if hit is None or hit[0] is not shape or type(num_blocks) is not int or num_blocks not in hit[1]:
@@ -462,8 +465,9 @@ class Q12Pass:
         hq, hkv, d, rd = shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.rotary_dim
         theta, mode, sections = float(shape.rope_theta), shape.mrope_mode, tuple(shape.mrope_section)
         table, dev, st, qp, kp = ops.rope_table(shape.rope_scaling, rd), self.device, self.stream, a["q"], a["k"]
-        self._each(lambda meta, row: ops.enqueue_rope(dev, meta, qp + row * hq * d * _BF16, kp + row * hkv * d * _BF16,
-                                                      hq, hkv, d, rd, theta, mode, sections, st, table))
+        self._each(lambda meta, row: ops.enqueue_rope(dev, meta, qp + row_offset(row, hq * d, _BF16),
+                                                      kp + row_offset(row, hkv * d, _BF16), hq, hkv, d, rd, theta,
+                                                      mode, sections, st, table))
 
     def kv_write(self, k, v, k_pool, v_pool, shape: AttentionShape, *, num_blocks: int | None = None) -> None:
         """Write the packed new keys and values ``[T, Hkv, D]`` into the paged pools ``[num_blocks, block_size, Hkv,
@@ -479,9 +483,9 @@ class Q12Pass:
                                     {"k": k, "v": v, "k_pool": k_pool, "v_pool": v_pool})
         hkv, d = shape.num_kv_heads, shape.head_dim
         dev, st, slots = self.device, self.stream, int(nb) * self.block_size
-        self._each(lambda meta, row: ops.enqueue_kv_write(dev, meta, a["k"] + row * hkv * d * _BF16,
-                                                          a["v"] + row * hkv * d * _BF16, a["k_pool"], a["v_pool"],
-                                                          hkv * d, slots, st))
+        self._each(lambda meta, row: ops.enqueue_kv_write(dev, meta, a["k"] + row_offset(row, hkv * d, _BF16),
+                                                          a["v"] + row_offset(row, hkv * d, _BF16), a["k_pool"],
+                                                          a["v_pool"], hkv * d, slots, st))
 
     def attention(self, q, k_pool, v_pool, o, shape: AttentionShape, *, num_blocks: int | None = None,
                   algo: str = "auto") -> None:
@@ -501,9 +505,10 @@ class Q12Pass:
         hq, hkv, d = shape.num_q_heads, shape.num_kv_heads, shape.head_dim
         scale = float(d ** -0.5 if shape.scale is None else shape.scale)
         dev, st = self.device, self.stream
-        self._each(lambda meta, row: ops.enqueue_attention(dev, meta, entry, a["q"] + row * hq * d * _BF16,
-                                                           a["k_pool"], a["v_pool"], a["o"] + row * hq * d * _BF16,
-                                                           hq, hkv, d, scale, st))
+        self._each(lambda meta, row: ops.enqueue_attention(dev, meta, entry, a["q"] + row_offset(row, hq * d, _BF16),
+                                                           a["k_pool"], a["v_pool"],
+                                                           a["o"] + row_offset(row, hq * d, _BF16), hq, hkv, d, scale,
+                                                           st))
 
     def attention_layer(self, q, k, v, k_pool, v_pool, o, shape: AttentionShape, *, num_blocks: int | None = None,
                         algo: str = "auto") -> None:
@@ -534,7 +539,7 @@ class Q12Pass:
         q, k, v, k_pool, v_pool, o = (int(a[n]) for n in ("q", "k", "v", "k_pool", "v_pool", "o"))
 
         def run(meta, row):
-            row_q, row_k = row * hq * d * _BF16, row * hkv * d * _BF16
+            row_q, row_k = row_offset(row, hq * d, _BF16), row_offset(row, hkv * d, _BF16)
             ops.enqueue_rope(dev, meta, q + row_q, k + row_k, hq, hkv, d, rd, theta, mode, sections, st, table)
             ops.enqueue_kv_write(dev, meta, k + row_k, v + row_k, k_pool, v_pool, row_elems, num_slots, st)
             ops.enqueue_attention(dev, meta, entry, q + row_q, k_pool, v_pool, o + row_q, hq, hkv, d, scale, st)
@@ -566,24 +571,24 @@ class Q12Pass:
             raise TypeError("channels is needed when x is a raw address (a [T, C] tensor says it itself)")
         c = count("channels", c)
         if width is None:
-            wshape = None if count_of(w, 0) is None else describe(w).shape
-            if wshape is None:
+            info = describe(w, "w")
+            if info is None:
                 raise TypeError("width is needed when w is a raw address (a [C, W] tensor says it itself)")
-            width = wshape[-1]
+            width = info.shape[-1]
         xp, sx = row_view(dev, x, "x", columns=c, dtype="bf16")
         yp, sy = row_view(dev, y, "y", columns=c, dtype="bf16")
-        wp = address(dev, w, "w", dtype="bf16", align=2)
-        bp = None if bias is None else address(dev, bias, "bias", dtype="bf16", shape=(c,), align=2)
+        wp = dev.pointer(w, "w", dtype="bf16", align=2)
+        bp = None if bias is None else dev.pointer(bias, "bias", dtype="bf16", shape=(c,), align=2)
         states = self._state_addresses(state_ptrs, "state_ptrs", 16, dtype="bf16")
         # the op's own checks (widths, strides, overlap over the whole batch's rows), before the slot is rewritten
         entry, strides, bias_addr = check_conv1d(self._batch.total, xp, yp, channels=c, width=width, bias=bp,
                                                  x_stride=sx, y_stride=sy, state_stride=state_stride, silu=silu)
-        self.h_slot._write(states, self.stream)
+        self.h_slot.write_checked(states, self.stream)
         st = self.stream
 
         def run(meta, slot, row):
-            enqueue_conv1d(dev, meta, entry, slot, xp + row * strides[0] * _BF16, yp + row * strides[1] * _BF16, wp,
-                           bias_addr, c, *strides, silu, st)
+            enqueue_conv1d(dev, meta, entry, slot, xp + row_offset(row, strides[0], _BF16),
+                           yp + row_offset(row, strides[1], _BF16), wp, bias_addr, c, *strides, silu, st)
 
         if self.batched:
             run(self.meta, int(self.h_slot.ptr), 0)
@@ -600,23 +605,24 @@ class Q12Pass:
                             f"{type(state_ptrs).__name__}")
         if len(state_ptrs) != n:
             raise ValueError(f"{name} needs exactly {n} pointers (one per stream), got {len(state_ptrs)}")
-        return [address(self.device, p, f"{name}[{b}]", dtype=dtype, align=align) for b, p in enumerate(state_ptrs)]
+        return [self.device.pointer(p, f"{name}[{b}]", dtype=dtype, align=align) for b, p in enumerate(state_ptrs)]
 
-    def gdn_plan(self, shape: GdnShape, config: GdnConfig = GdnConfig()) -> GdnPlan:
+    def gdn_plan(self, shape: GdnShape, config: GdnConfig | GdnPlan = GdnConfig()) -> GdnPlan:
         """The plan of ``config`` for this pass: made once from the whole batch (its streams, its longest stream's
         tokens) on this pass's device, and run as is whether the pass runs batched or stream by stream, so both give
-        the same bits (:func:`~q12drv.kernels.gdn.plan_gdn`)."""
-        key = (shape, config)
-        plan = self._gdn_plans.get(key)
-        if plan is None:
-            plan = self._gdn_plans[key] = resolve_plan(config, shape, len(self.streams), self._longest, self.device)
-        return plan
+        the same bits (:func:`~q12drv.kernels.gdn.plan_gdn`). A :class:`~q12drv.kernels.gdn.GdnPlan` is checked
+        to cover the pass once and returned."""
+        key = (shape, config if isinstance(config, GdnConfig) else id(config))  # (the entry keeps a plan alive)
+        hit = self._gdn_plans.get(key)
+        if hit is None:
+            hit = self._gdn_plans[key] = (config, resolve_plan(config, shape, len(self.streams), self._longest,
+                                                               self.device))
+        return hit[1]
 
     def gdn_workspace_bytes(self, shape: GdnShape, config: GdnConfig | GdnPlan = GdnConfig()) -> int:
         """Workspace ``gdn_layer(..., config=config)`` needs for this pass and ``shape`` (0: none): the plan's for
         the launches this pass makes (per stream: one stream of the longest)."""
-        plan = config if isinstance(config, GdnPlan) else self.gdn_plan(shape, config)
-        return plan.workspace_bytes_for(*self._gdn_extent)
+        return self.gdn_plan(shape, config).workspace_bytes_for(*self._gdn_extent)
 
     def gdn_layer(self, state_ptrs: Sequence[int], tensors: GdnTensors, shape: GdnShape, *,
                   config: GdnConfig | GdnPlan = GdnConfig(), workspace: int | None = None,
@@ -637,23 +643,23 @@ class Q12Pass:
             A bad pointer, shape, config, state pointer list or workspace: raised before the slot is rewritten or
             anything is enqueued.
         """
-        q, k, v, g, beta, o = self._check_gdn(state_ptrs, tensors, shape)
+        q, k, v, g, beta, o = self._check_gdn(tensors, shape)
         states = self._state_addresses(state_ptrs, "state_ptrs", _STATE_ALIGN, dtype="f32")
-        plan = self.gdn_plan(shape, config) if isinstance(config, GdnConfig) else \
-            resolve_plan(config, shape, len(self.streams), self._longest, self.device)
-        if workspace is not None and type(workspace) is not int and describe(workspace, "workspace") is not None:
-            size = describe(workspace, "workspace").nbytes  # a tensor says how large it is
+        plan = self.gdn_plan(shape, config)
+        info = None if workspace is None or type(workspace) is int else describe(workspace, "workspace")
+        if info is not None:  # a tensor says how large it is
             workspace, workspace_bytes = self.device.pointer(workspace, "workspace", align=16), \
-                size if workspace_bytes is None else workspace_bytes
+                info.nbytes if workspace_bytes is None else workspace_bytes
         ws = check_workspace(plan, plan.workspace_bytes_for(*self._gdn_extent), workspace, workspace_bytes)
-        self.h_slot._write(states, self.stream)
+        self.h_slot.write_checked(states, self.stream)
         dev, st = self.device, self.stream
         hk, hv, d = plan.shape.num_k_heads, plan.shape.num_v_heads, plan.shape.head_dim
 
         def run(meta, slot_ptr, row):
-            enqueue_gdn(dev, meta, plan, slot_ptr, q + row * hk * d * _BF16, k + row * hk * d * _BF16,
-                        v + row * hv * d * _BF16, g + row * hv * _F32, beta + row * hv * _F32,
-                        o + row * hv * d * _BF16, ws, st)
+            enqueue_gdn(dev, meta, plan, slot_ptr, q + row_offset(row, hk * d, _BF16),
+                        k + row_offset(row, hk * d, _BF16), v + row_offset(row, hv * d, _BF16),
+                        g + row_offset(row, hv, _F32), beta + row_offset(row, hv, _F32),
+                        o + row_offset(row, hv * d, _BF16), ws, st)
 
         if self.batched:
             run(self.meta, int(self.h_slot.ptr), 0)

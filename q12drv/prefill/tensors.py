@@ -8,39 +8,21 @@ device memory (a dry run of a torch runtime on a machine without a GPU).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 from ..core.device import Device
 from ..core.interop import check_array, describe
-from ..core.ptr import DevicePtr
-from ..kernels.args import device_ptr
+from ..core.ptr import DevicePtr, device_ptr
 
-__all__ = ["address", "row_view", "count_of"]
-
-_U64_MAX = (1 << 64) - 1
-
-
-def address(device: Device, obj: Any, name: str, *, dtype: str | None = None, shape: Sequence | None = None,
-            align: int = 1) -> int:
-    """The address ``obj`` stands for on ``device`` (:meth:`Device.pointer <q12drv.core.device.Device.pointer>`,
-    with a raw address's fast path first).
-
-    Raises
-    ------
-    TypeError, ValueError
-        Naming ``name`` and what is wrong (NULL, misaligned, dtype, shape, strides, device, host memory on a GPU).
-    """
-    if (type(obj) is int or type(obj) is DevicePtr) and 0 < obj <= _U64_MAX and not obj % align:
-        return int(obj)
-    return device.pointer(obj, name, dtype=dtype, shape=shape, align=align)
+__all__ = ["row_view", "count_of"]
 
 
 def row_view(device: Device, obj: Any, name: str, *, columns: int, dtype: str, align: int = 16) -> tuple:
     """``(address, row stride in elements)`` of a ``[rows, >= columns]`` operand whose rows may be a strided slice
     of a wider buffer (each row's elements contiguous): a raw address means rows ``columns`` apart."""
-    if (type(obj) is int or type(obj) is DevicePtr) or describe(obj, name) is None:
+    info = None if type(obj) is int or type(obj) is DevicePtr else describe(obj, name)
+    if info is None:
         return device_ptr(name, obj, align), columns
-    info = describe(obj, name)
     if info.dtype != dtype:
         raise TypeError(f"{name} must be {dtype}, got a {info.dtype} array of shape {info.shape}")
     if len(info.shape) != 2 or info.shape[1] != columns:

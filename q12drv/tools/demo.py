@@ -21,7 +21,7 @@ from ..core.arena import ScratchArena
 from ..core.staging import verify_readback
 from ..core.device import Device
 from ..core.driver import TIMING_NOTE
-from ..core.layout import Q12_SIZING_STREAMS, make_scratch_plan
+from ..core.layout import Q12_SIZING_STREAMS, h_state_slot_bytes, make_scratch_plan
 from ..core.staging import StreamStageInfo, place_h_state_slot, stage_batched_attn_metadata
 
 __all__ = ["DemoConfig", "run_demo", "demo_streams", "demo_layers", "layer_inputs"]
@@ -130,7 +130,7 @@ def run_demo(dev: Device, cfg: DemoConfig = DemoConfig(), *, kernels: bool = Tru
             f"h_state_ptrs slot at {slot.offset:,} (= offset + staged_bytes), uploaded for {slot.uploads} SSM layers")
         raw = arena.read(meta.scratch_offset_bytes, meta.staged_bytes)
         problems = verify_readback(raw, meta, streams)
-        last = np.frombuffer(arena.read(slot.offset, 8 * n), np.uint64)
+        last = np.frombuffer(arena.read(slot.offset, h_state_slot_bytes(n)), np.uint64)
         want_last = [int(states.ptr) + 4096 * (((cfg.ssm_layers - 1) * n + b) % 8) for b in range(n)]
         if list(last) != want_last:
             problems.append("h_state_ptrs slot does not hold the last layer's pointers")

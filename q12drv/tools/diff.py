@@ -110,9 +110,9 @@ def _spans(d: ArenaDump) -> tuple:
     regions = list(d.region_map())
     names = {r.name for r in regions}
     if d.h_state is not None and "h_state_ptrs" not in names:
-        from ..core.layout import Region
+        from ..core.layout import Region, h_state_slot_bytes
 
-        regions.append(Region("h_state_ptrs", d.h_state.offset, 8 * d.h_state.n, "jit_slot"))
+        regions.append(Region("h_state_ptrs", d.h_state.offset, h_state_slot_bytes(d.h_state.n), "jit_slot"))
     for r in regions:
         if r.nbytes and not covered[r.offset:r.end].all():
             dtype = "<u8" if r.name == "h_state_ptrs" and r.offset % 8 == 0 and r.nbytes % 8 == 0 else "u1"

@@ -46,9 +46,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..core.arena import GUARD_BYTES, GUARD_PATTERN, ScratchArena
+from ..core.arena import GUARD_BYTES, GUARD_PATTERN, RING_KEYS, ScratchArena
 from ..core.errors import DumpError
-from ..core.layout import FieldSpec, Region, ScratchPlan, a8, stacked_layout
+from ..core.layout import FieldSpec, Region, ScratchPlan, a8, h_state_slot_bytes, stacked_layout
 from ..core.staging import BatchedAttnMetadata, StreamStageInfo
 
 __all__ = [
@@ -198,7 +198,7 @@ class HStateInfo:
 
     @property
     def end(self) -> int:
-        return self.offset + 8 * self.n
+        return self.offset + h_state_slot_bytes(self.n)
 
 
 @dataclass(frozen=True)
@@ -447,7 +447,7 @@ def _tables(streams: Sequence[StreamStageInfo], block_size: int | None) -> tuple
 
 
 def _ring_bytes(arena: ScratchArena) -> tuple:
-    ring = arena.find_attachment("ring:staging")
+    ring = arena.find_attachment(RING_KEYS["staging"])
     chunks, slots, off = [], [], 0
     if ring is not None:
         for slot in ring.slots:
@@ -1100,7 +1100,7 @@ def load_dump(path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> ArenaDump:
     if hs is not None:
         h_state = HStateInfo(v.int_(hs, "offset", "h_state", hi=capacity), v.int_(hs, "n", "h_state", hi=capacity),
                              v.int_(hs, "uploads", "h_state", optional=True))
-        v.span("the h_state_ptrs slot", h_state.offset, 8 * h_state.n, capacity, "arena")
+        v.span("the h_state_ptrs slot", h_state.offset, h_state_slot_bytes(h_state.n), capacity, "arena")
     num_blocks = v.int_(header, "num_blocks", "(top level)", lo=1, hi=(1 << 31) - 1, optional=True)
     ring_raw = v.obj(header, "ring", "(top level)", optional=True)
     ring_slots = ()

@@ -50,7 +50,8 @@ from typing import Any
 import numpy as np
 
 from .dump import DEFAULT_MAX_BYTES, ArenaDump, DumpedMeta, load_dump
-from ..core.layout import a8, make_scratch_plan, stacked_layout
+from ..core.layout import (h_state_entry_offset, h_state_slot_bytes, h_state_slot_offset, make_scratch_plan,
+                           stacked_layout)
 
 __all__ = ["CHECKS", "Finding", "CheckResult", "InspectReport", "run_checks", "inspect_dump",
            "decode_fields", "stream_summaries", "STREAMS_LISTED", "METAS_DECODED"]
@@ -171,10 +172,6 @@ def _first_per_stream(bad: np.ndarray, sid: np.ndarray) -> tuple:
         return (), (), ()
     streams, first, counts = np.unique(sid[idx], return_index=True, return_counts=True)
     return streams, idx[first], counts
-
-
-def _elem_offset(f, i: int) -> int:
-    return f.offset + int(i) * np.dtype(f.dtype).itemsize
 
 
 # --- the checks -----------------------------------------------------------------------------
@@ -317,14 +314,14 @@ def _check_cu_seqlens(d: ArenaDump, c: _Collector) -> str:
         bad = np.flatnonzero(np.diff(cu) <= 0)
         for i in c.each(bad, bad.size):
             c.add(f"{m.name}: cu_seqlens[{i + 1}] = {cu[i + 1]} is not greater than cu_seqlens[{i}] = {cu[i]}",
-                  _elem_offset(f, i + 1), index=i + 1, value=cu[i + 1], previous=cu[i])
+                  f.element_offset(i + 1), index=i + 1, value=cu[i + 1], previous=cu[i])
         if cu[-1] != m.total_tokens:
             c.add(f"{m.name}: cu_seqlens[{m.batch_size}] = {cu[-1]} but total_tokens is {m.total_tokens}",
-                  _elem_offset(f, m.batch_size), index=m.batch_size, value=cu[-1], total_tokens=m.total_tokens)
+                  f.element_offset(m.batch_size), index=m.batch_size, value=cu[-1], total_tokens=m.total_tokens)
         bad = np.flatnonzero(cu != m.cu_seqlens_host)
         for i in c.each(bad, bad.size):
             c.add(f"{m.name}: cu_seqlens[{i}] = {cu[i]} but the host copy has {m.cu_seqlens_host[i]}",
-                  _elem_offset(f, i), index=i, value=cu[i], host=m.cu_seqlens_host[i])
+                  f.element_offset(i), index=i, value=cu[i], host=m.cu_seqlens_host[i])
     n = sum(m.batch_size + 1 for m in d.metas)
     return f"{n} entries start at 0, increase, end at total_tokens and match the host copies"
 
@@ -340,12 +337,12 @@ def _check_kv_lens(d: ArenaDump, c: _Collector) -> str:
         seg = np.diff(m.cu_seqlens_host)
         bad = np.flatnonzero(kv < seg)
         for i in c.each(bad, bad.size):
-            c.add(f"stream {m.streams[i]}: kv_lens[{i}] = {kv[i]} < its segment length {seg[i]}", _elem_offset(f, i),
+            c.add(f"stream {m.streams[i]}: kv_lens[{i}] = {kv[i]} < its segment length {seg[i]}", f.element_offset(i),
                   index=i, value=kv[i], segment=seg[i])
         bad = np.flatnonzero(kv != m.kv_lens_host)
         for i in c.each(bad, bad.size):
             c.add(f"stream {m.streams[i]}: kv_lens[{i}] = {kv[i]} but the host copy has {m.kv_lens_host[i]}",
-                  _elem_offset(f, i), index=i, value=kv[i], host=m.kv_lens_host[i])
+                  f.element_offset(i), index=i, value=kv[i], host=m.kv_lens_host[i])
     return f"{sum(m.batch_size for m in d.metas)} entries cover their segments and match the host copies"
 
 
@@ -380,7 +377,7 @@ def _check_positions(d: ArenaDump, c: _Collector) -> str:
             for i, j, k in c.each(list(zip(streams, first, counts)), len(streams)):
                 b = m.streams[i]
                 c.add(f"stream {b}: {f.name}[{j}] = {arr[j]} but text positions run {tk.start[i]}..{tk.kv[i] - 1} "
-                      f"(expected {tk.pos[j]}; {k} wrong)", _elem_offset(f, j), index=j, value=arr[j],
+                      f"(expected {tk.pos[j]}; {k} wrong)", f.element_offset(j), index=j, value=arr[j],
                       expected=tk.pos[j])
         if text_tok.all():
             continue
@@ -390,13 +387,13 @@ def _check_positions(d: ArenaDump, c: _Collector) -> str:
             streams, first, counts = _first_per_stream(vis_tok & ((arr < lo_t) | (arr >= hi_t)), tk.sid)
             for i, j, k in c.each(list(zip(streams, first, counts)), len(streams)):
                 c.add(f"stream {m.streams[i]}: {f.name}[{j}] = {arr[j]} lies outside [{tk.start[i]}, {tk.kv[i]}) "
-                      f"({k} outside)", _elem_offset(f, j), index=j, value=arr[j])
+                      f"({k} outside)", f.element_offset(j), index=j, value=arr[j])
         back = np.zeros(T.size, bool)
         if T.size > 1:
             back[1:] = (np.diff(T) < 0) & (tk.sid[1:] == tk.sid[:-1])
         streams, first, _ = _first_per_stream(vis_tok & back, tk.sid)
         for i, j in c.each(list(zip(streams, first)), len(streams)):
-            c.add(f"stream {m.streams[i]}: {ft.name}[{j}] = {T[j]} goes back from {T[j - 1]}", _elem_offset(ft, j),
+            c.add(f"stream {m.streams[i]}: {ft.name}[{j}] = {T[j]} goes back from {T[j - 1]}", ft.element_offset(j),
                   index=j, value=T[j], previous=T[j - 1])
     return f"{text} text stream(s) contiguous up to kv_len - 1, {vision} MRoPE vision stream(s) within bounds"
 
@@ -519,7 +516,7 @@ def _slot_findings(d: ArenaDump, c: _Collector, verdict: int, describe) -> int:
         f = m.field("slot_stacked")
         streams, first, counts = _first_per_stream(bad, v.tokens.sid)
         for i, j, k in c.each(list(zip(streams, first, counts)), len(streams)):
-            c.add(describe(m, v, i, j, k), _elem_offset(f, j), index=j, value=v.slots[j], position=v.tokens.pos[j],
+            c.add(describe(m, v, i, j, k), f.element_offset(j), index=j, value=v.slots[j], position=v.tokens.pos[j],
                   stream=m.streams[i])
     return n
 
@@ -611,7 +608,7 @@ def _check_slot_collisions(d: ArenaDump, c: _Collector) -> str:
         slots.append(v.slots[keep])
         stream.append(np.asarray(m.streams, np.int64)[v.tokens.sid[keep]])
         row.append(keep)
-        offs.append(f.offset + 8 * keep)
+        offs.append(f.element_offset(keep))
     slots, stream, row, offs = (np.concatenate(x) for x in (slots, stream, row, offs))
     order = np.argsort(slots, kind="stable")
     ss = slots[order]
@@ -627,11 +624,13 @@ def expected_h_state_offset(d: ArenaDump) -> int | None:
     """Where the ``h_state_ptrs`` slot belongs: after the stacked block (batched), after the last
     per-stream block (per stream, with a plan), else None."""
     if d.mode == "batched":
-        return d.metas[0].end
+        return h_state_slot_offset(d.metas[0].scratch_offset_bytes, d.metas[0].staged_bytes)
     if d.mode == "per_stream" and d.plan is not None:
-        blocks = [r for r in d.plan.regions if r.kind == "stream_block"]
-        if blocks:
-            return a8(max(r.end for r in blocks))
+        p = d.plan
+        try:
+            return make_scratch_plan(p.counts, p.top_k, p.mrope, p.policy).per_stream_jit_slot.offset
+        except (TypeError, ValueError):  # a plan the layout refuses: the layout check says so
+            return None
     return None
 
 
@@ -663,32 +662,32 @@ def _check_pointers(d: ArenaDump, c: _Collector) -> str:
             misaligned = ~unknown & room & (ptrs % np.uint64(4) != 0)
             for i in c.each(np.flatnonzero(unknown), unknown.sum()):
                 c.add(f"stream {m.streams[i]}: {f.name}[{i}] = {int(ptrs[i]):#x} points into no known allocation",
-                      _elem_offset(f, i), index=i, value=int(ptrs[i]))
+                      f.element_offset(i), index=i, value=int(ptrs[i]))
             for i in c.each(np.flatnonzero(short), short.sum()):
                 al = d.allocations[a[i]]
                 c.add(f"stream {m.streams[i]}: {f.name}[{i}] = {int(ptrs[i]):#x}: its {what} needs {int(need[i])} "
-                      f"bytes but {al.name!r} ends {al.end - int(ptrs[i])} bytes after it", _elem_offset(f, i),
+                      f"bytes but {al.name!r} ends {al.end - int(ptrs[i])} bytes after it", f.element_offset(i),
                       index=i, value=int(ptrs[i]), allocation=al.name)
             for i in c.each(np.flatnonzero(misaligned), misaligned.sum()):
                 c.add(f"stream {m.streams[i]}: {f.name}[{i}] = {int(ptrs[i]):#x} is not 4-byte aligned",
-                      _elem_offset(f, i), index=i, value=int(ptrs[i]))
+                      f.element_offset(i), index=i, value=int(ptrs[i]))
             if want is not None:
                 differ = np.flatnonzero(ptrs != want)
                 for i in c.each(differ, differ.size):
                     c.add(f"stream {m.streams[i]}: {f.name}[{i}] = {int(ptrs[i]):#x} but the stream's input says "
-                          f"{int(want[i]):#x}", _elem_offset(f, i), index=i, value=int(ptrs[i]), expected=int(want[i]))
+                          f"{int(want[i]):#x}", f.element_offset(i), index=i, value=int(ptrs[i]), expected=int(want[i]))
     note = ""
     h = d.h_state
     if h is not None and h.uploads:
         at = expected_h_state_offset(d)
         at = h.offset if at is None else at
-        if at + 8 * h.n <= d.capacity:
-            entries = d.read(at, 8 * h.n).view("<u8")
+        if at + h_state_slot_bytes(h.n) <= d.capacity:
+            entries = d.read(at, h_state_slot_bytes(h.n)).view("<u8")
             n += entries.size
             unknown = np.flatnonzero(d.allocation_indices(entries) < 0)
             for b in c.each(unknown, unknown.size):
-                c.add(f"h_state_ptrs[{b}] = {int(entries[b]):#x} points into no known allocation", at + 8 * int(b),
-                      index=b, value=int(entries[b]))
+                c.add(f"h_state_ptrs[{b}] = {int(entries[b]):#x} points into no known allocation",
+                      at + h_state_entry_offset(int(b)), index=b, value=int(entries[b]))
     elif h is not None:
         note = (" (h_state_ptrs never uploaded: not checked)" if h.uploads == 0 else
                 " (h_state_ptrs uploads unknown: not checked)")
@@ -866,7 +865,8 @@ def _h_state_entries(d: ArenaDump) -> list:
     if h is None:
         return []
     n = min(h.n, STREAMS_LISTED)
-    return [{"addr": int(p), "target": d.describe_ptr(int(p))} for p in d.read(h.offset, 8 * n).view("<u8")]
+    entries = d.read(h.offset, h_state_slot_bytes(n)).view("<u8")
+    return [{"addr": int(p), "target": d.describe_ptr(int(p))} for p in entries]
 
 
 @dataclass
@@ -928,7 +928,7 @@ class InspectReport:
             L.append(f"  ... and {len(regions) - STREAMS_LISTED:,} more regions (--json lists them all)")
         if d.h_state is not None and not any(r.name == "h_state_ptrs" for r in d.region_map()):
             h = d.h_state
-            L.append(f"  {'h_state_ptrs':<24}{'jit_slot':<14}{h.offset:>12,}{8 * h.n:>12,}{h.end:>12,}")
+            L.append(f"  {'h_state_ptrs':<24}{'jit_slot':<14}{h.offset:>12,}{h_state_slot_bytes(h.n):>12,}{h.end:>12,}")
         L.append(f"  {'capacity':<24}{'':<14}{'':>12}{d.capacity:>12,}")
         block = None
         for f in self.fields:

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.arena import ScratchArena
+from ..core.arena import RING_KEYS, ScratchArena
 from ..core.staging import expected_fields
 from ..core.device import Device
 from ..core.driver import TIMING_NOTE
-from ..core.layout import a8, make_scratch_plan, stacked_layout
+from ..core.layout import a8, h_state_slot_bytes, make_scratch_plan, stacked_layout
 from ..core.staging import StreamStageInfo, place_h_state_slot, stage_batched_attn_metadata, unpack_metadata
 
 __all__ = ["SoakResult", "run_soak", "BATCHES"]
@@ -143,7 +143,7 @@ def run_soak(dev: Device, passes: int, *, layers: int = 4, batches=BATCHES, max_
             layout = stacked_layout(len(counts), sum(counts), mrope)
             variants[(k, sh)] = (plan, streams, layout, _expected_template(streams, layout, mrope))
     order = [(i % len(batches), (i // len(batches)) % _SHIFTS) for i in range(passes)]
-    per_pass = [a8(variants[v][2].staged_bytes) + layers * 8 * len(batches[v[0]][0]) for v in order]
+    per_pass = [a8(variants[v][2].staged_bytes) + layers * h_state_slot_bytes(len(batches[v[0]][0])) for v in order]
     offsets = np.concatenate([[0], np.cumsum(per_pass)]).astype(np.int64)
     history = dev.alloc(int(offsets[-1]), "soak history")
     stream = dev.new_stream()
@@ -166,16 +166,17 @@ def run_soak(dev: Device, passes: int, *, layers: int = 4, batches=BATCHES, max_
                                                scratch_offset_bytes=plan.stacked.offset, dummy_kv_block=0,
                                                stream=stream)
             slot = place_h_state_slot(arena, meta)
+            slot_bytes = h_state_slot_bytes(n)
             at = hist + int(offsets[i]) + a8(meta.staged_bytes)
             for layer in range(layers):
                 slot.upload(_slot_pointers(i, layer, n), stream)
-                dtod(at, int(slot.ptr), 8 * n, raw_stream)  # what this layer's kernel would read
-                at += 8 * n
+                dtod(at, int(slot.ptr), slot_bytes, raw_stream)  # what this layer's kernel would read
+                at += slot_bytes
             # the metadata as the pass's last layer sees it, after every slot upload
             dtod(hist + int(offsets[i]), int(meta.positions_stacked), meta.staged_bytes, raw_stream)
             result.staged_bytes += meta.staged_bytes
         result.stage_seconds = time.perf_counter() - t0
-        for key in ("ring:staging", "ring:h_state"):
+        for key in RING_KEYS.values():
             ring = arena.find_attachment(key)
             result.ring_waits += ring.waits if ring is not None else 0
         stream.synchronize()
@@ -209,13 +210,14 @@ def _verify(result: SoakResult, data, offsets, order, variants, batches, layers,
             bad = [name for name in fields_want if not np.array_equal(fields_got[name], fields_want[name])]
             result.mismatches.append(f"pass {i} (batch {v[0]}, shift {v[1]}): metadata fields {', '.join(bad)} differ")
         off += a8(layout.staged_bytes)
+        slot_bytes = h_state_slot_bytes(n)
         for layer in range(layers):
-            got_ptrs = data[off:off + 8 * n].view(np.uint64)
+            got_ptrs = data[off:off + slot_bytes].view(np.uint64)
             want_ptrs = np.array(_slot_pointers(i, layer, n), np.uint64)
             if not np.array_equal(got_ptrs, want_ptrs):
                 result.mismatches.append(f"pass {i} layer {layer}: h_state_ptrs slot holds {got_ptrs.tolist()}, "
                                          f"expected {want_ptrs.tolist()}")
-            off += 8 * n
+            off += slot_bytes
         if len(result.mismatches) >= max_mismatches:
             result.mismatches.append("(stopped after this many)")
             return

@@ -11,13 +11,16 @@ import numpy as np
 from ..arena import ScratchArena
 from ..errors import Q12Error
 from ..ints import checked_int as _int
-from ..ptr import DevicePtr
+from ..layout import h_state_entry_offset, h_state_slot_bytes, h_state_slot_offset
+from ..ptr import DevicePtr, device_ptr
 from .metadata import BatchedAttnMetadata
 from .pack import staging_ring
-from .validate import STATE_ALIGN, aligned_pointer, plain_pointers, require_arena
+from .validate import STATE_ALIGN, plain_pointers, require_arena
 
 class HStateSlot:
-    """The per-SSM-layer ``h_state_ptrs`` slot: ``n`` u64 at ``offset`` (= staging offset + staged_bytes).
+    """The per-layer state pointer slot (``h_state_ptrs``): ``n`` u64 at ``offset`` (= staging offset +
+    staged_bytes), one state pointer per stream, rewritten before every layer that reads one (Gated DeltaNet's fp32
+    states; the short convolution's bf16 states).
 
     Attributes
     ----------
@@ -31,12 +34,12 @@ class HStateSlot:
         How many layers' pointer tables were uploaded.
     """
 
-    def __init__(self, arena: ScratchArena, offset: int, n: int, ptr: DevicePtr | None = None):
-        # ptr: the address of ``offset`` when the caller has it already (the region it reserved there)
+    def __init__(self, arena: ScratchArena, offset: int, n: int, ptr: DevicePtr):
+        # ptr: the address of ``offset`` (the region the caller reserved there)
         self.arena = arena
         self.offset = offset
         self.n = n
-        self.ptr = DevicePtr(int(arena.base) + offset) if ptr is None else ptr
+        self.ptr = ptr
         self.uploads = 0
         self._packer = _PACKERS.get(n) or _packer(n)
         self._generation = arena.generation  # the pass this slot belongs to (see ScratchArena.generation)
@@ -45,7 +48,7 @@ class HStateSlot:
         """Address of stream ``b``'s entry (the per-stream fallback's one-entry table)."""
         if not 0 <= b < self.n:
             raise IndexError(f"stream {b} out of range for an h_state slot of {self.n} entries")
-        return DevicePtr(int(self.ptr) + 8 * b)
+        return DevicePtr(int(self.ptr) + h_state_entry_offset(b))
 
     def upload(self, state_ptrs: Sequence[int], stream: Any = None) -> None:
         """Write one SSM layer's n state pointers into the slot (stream-ordered, one pinned copy).
@@ -71,13 +74,13 @@ class HStateSlot:
             raise ValueError(f"h_state_ptrs needs exactly {self.n} pointers (one per stream), got {len(state_ptrs)}")
         values = state_ptrs if type(state_ptrs) is list else list(state_ptrs)
         if not plain_pointers(values, STATE_ALIGN):  # the precise, named checks
-            values = [aligned_pointer(f"state_ptrs[{b}]", p, STATE_ALIGN, "an fp32 state") for b, p in enumerate(values)]
-        self._write(values, stream)
+            values = [device_ptr(f"state_ptrs[{b}]", p, STATE_ALIGN, "an fp32 state") for b, p in enumerate(values)]
+        self.write_checked(values, stream)
 
-    def _write(self, values: Sequence[int], stream: Any) -> None:
-        # ``values``: exactly n ints in (0, 2**64), checked by the caller (upload, or Q12Pass.gdn_layer
-        # whose own checks are stricter), for this slot's current pass
-        nbytes = 8 * self.n
+    def write_checked(self, values: Sequence[int], stream: Any) -> None:
+        """:meth:`upload` for a caller that has checked ``values`` already: exactly n ints in (0, 2**64), aligned as
+        the layer's kernel needs (``Q12Pass.gdn_layer``, ``Q12Pass.conv1d``), for this slot's current pass."""
+        nbytes = h_state_slot_bytes(self.n)
         self.arena.check_range("h_state_ptrs", self.offset, nbytes)
         ring = staging_ring(self.arena, "h_state")
         slot = ring.acquire(nbytes)
@@ -101,7 +104,7 @@ def _packer(n: int) -> struct.Struct:
 
 def reserve_h_state_slot(arena: ScratchArena, n: int) -> HStateSlot:
     """Reserve an ``h_state_ptrs`` slot of ``n`` entries at the cursor (the per-stream path's slot)."""
-    region = arena.reserve("h_state_ptrs", 8 * _int("n", n, 1, 1 << 20), align=8)
+    region = arena.reserve("h_state_ptrs", h_state_slot_bytes(_int("n", n, 1, 1 << 20)), align=8)
     return HStateSlot(arena, region.offset, int(n), region.ptr)
 
 
@@ -118,9 +121,9 @@ def place_h_state_slot(arena: ScratchArena, meta: BatchedAttnMetadata) -> HState
     require_arena(arena)
     if not isinstance(meta, BatchedAttnMetadata):
         raise TypeError(f"meta must be a BatchedAttnMetadata (from the stager), got {type(meta).__name__}")
-    offset = meta.scratch_offset_bytes + meta.staged_bytes
+    offset = h_state_slot_offset(meta.scratch_offset_bytes, meta.staged_bytes)
     if arena.cursor != offset:
         raise ValueError(f"the arena cursor is at {arena.cursor:,} but the h_state_ptrs slot belongs at "
                          f"scratch_offset_bytes + staged_bytes = {offset:,}; reserve nothing between staging and the slot")
-    region = arena.reserve("h_state_ptrs", 8 * meta.batch_size, offset=offset, align=8)
+    region = arena.reserve("h_state_ptrs", h_state_slot_bytes(meta.batch_size), offset=offset, align=8)
     return HStateSlot(arena, region.offset, meta.batch_size, region.ptr)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arena import ScratchArena
+from ..arena import RING_KEYS, ScratchArena
 from ..errors import CapacityError
 from ..layout import StackedLayout
 from ..pinned import PinnedRing
@@ -252,14 +252,11 @@ def _pack_tokens(batch: _Batch, layout: StackedLayout, block_size: int, dummy_kv
 
 def staging_ring(arena: ScratchArena, kind: str = "staging") -> PinnedRing:
     """The arena's pinned ring for metadata (``"staging"``) or ``h_state_ptrs`` uploads (``"h_state"``)."""
-    ring = arena.find_attachment(_RING_KEYS.get(kind)) if type(arena) is ScratchArena else None
+    ring = arena.find_attachment(RING_KEYS.get(kind)) if type(arena) is ScratchArena else None
     if ring is not None:  # the common case: made before
         return ring
     slots = _STAGING_RING_SLOTS if kind == "staging" else _H_STATE_RING_SLOTS
-    return arena.attachment(f"ring:{kind}", lambda: PinnedRing(arena.device, slots, kind))
-
-
-_RING_KEYS = {"staging": "ring:staging", "h_state": "ring:h_state"}
+    return arena.attachment(RING_KEYS[kind], lambda: PinnedRing(arena.device, slots, kind))
 
 
 def upload_packed(arena: ScratchArena, offset: int, packed: np.ndarray, batch: _Batch, layout: StackedLayout,

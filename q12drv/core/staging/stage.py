@@ -204,11 +204,7 @@ def stage_replicated(arenas: Sequence[ScratchArena], streams: Sequence[Sequence[
     layout = stacked_layout(len(first.count_list), first.total, bool(use_mrope))
     offset = _int("scratch_offset_bytes", scratch_offset_bytes, 0, min(a.capacity for a in arenas))
     for r, arena in enumerate(arenas):  # every rank's place checked before the first is written
-        arena.check_range(f"arenas[{r}] stacked metadata", offset, layout.staged_bytes)
-        if offset < arena.cursor:
-            raise ValueError(f"arenas[{r}]: scratch_offset_bytes {offset:,} is behind its cursor {arena.cursor:,}")
-        if (int(arena.base) + offset) % 8:
-            raise ValueError(f"arenas[{r}]: scratch_offset_bytes {offset:,} is not 8-byte aligned there")
+        arena.check_reserve(f"arenas[{r}] stacked_metadata", layout.staged_bytes, offset=offset, align=8)
     packed = np.empty(layout.staged_bytes, np.uint8)
     cu, kv = pack_metadata(first, layout, int(block_size), dummy_kv_block, packed)  # the host's work, once
     metas = []
@@ -219,8 +215,8 @@ def stage_replicated(arenas: Sequence[ScratchArena], streams: Sequence[Sequence[
         except BaseException:
             arena.unreserve(region)
             raise
-        metas.append(_metadata(arena, region.offset, layout, batch, cu.copy(), kv.copy(), int(block_size), use_mrope,
-                               dummy_kv_block))
+        metas.append(_metadata(arena, region.offset, layout, batch, cu, kv, int(block_size), use_mrope,
+                               dummy_kv_block))  # (the host copies are read-only: the ranks share them)
     return metas
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..arena import ScratchArena
 from ..ints import checked_int as _int
-from ..ptr import DevicePtr
+from ..ptr import DevicePtr, device_ptr
 from .metadata import StreamStageInfo
 
 _U32_MAX = (1 << 32) - 1
@@ -91,22 +91,6 @@ def _int_range(a: np.ndarray) -> tuple:
     return int(a.min()), int(a.max())
 
 
-def aligned_pointer(name: str, value, align: int, what: str) -> int:
-    """``value`` as a device address in ``[1, 2**64)``, a multiple of ``align`` (``what``: why, for the message).
-
-    Raises
-    ------
-    TypeError
-        Not an int (or numpy integer, or DevicePtr).
-    ValueError
-        NULL, out of range or misaligned; the message names ``name``, the bound and the value.
-    """
-    v = _int(name, value, 1, _U64_MAX)
-    if v % align:
-        raise ValueError(f"{name} must be {align}-byte aligned ({what}), got {v:#x}")
-    return v
-
-
 def _checked_table(b: int, table, block_size: int, kv_len: int) -> np.ndarray:
     table = np.asarray(table)
     if table.ndim != 1 or not (np.issubdtype(table.dtype, np.integer) or table.size == 0):
@@ -162,9 +146,9 @@ def _validate_checked(streams: Sequence[StreamStageInfo], block_size, use_mrope,
             raise ValueError(f"streams[{b}]: proc_start + proc_count = {kv_len} overflows the i32 kv_lens entry")
         starts.append(start)
         counts.append(count)
-        table_ptrs.append(aligned_pointer(f"streams[{b}].block_table_dev", s.block_table_dev, TABLE_ALIGN,
+        table_ptrs.append(device_ptr(f"streams[{b}].block_table_dev", s.block_table_dev, TABLE_ALIGN,
                                           "the attention kernel reads the int32 block table there"))
-        seq_len_ptrs.append(aligned_pointer(f"streams[{b}].seq_len_dev", s.seq_len_dev, SEQ_LEN_ALIGN,
+        seq_len_ptrs.append(device_ptr(f"streams[{b}].seq_len_dev", s.seq_len_dev, SEQ_LEN_ALIGN,
                                             "a u32 seq_len"))
         tables.append(_checked_table(b, s.block_table, block_size, kv_len))
         mp = s.mrope_positions

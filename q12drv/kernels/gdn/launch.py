@@ -32,14 +32,11 @@ class GdnTensors:
     beta: int
     o: int
 
-    def checked(self, device=None, total_tokens: int | None = None, shape: GdnShape | None = None
-                ) -> tuple[int, int, int, int, int, int]:
-        """``(q, k, v, g, beta, o)`` as ints: each a non-NULL device pointer aligned as the kernels need, or (with
-        ``device``, ``total_tokens`` and ``shape``) a tensor whose dtype and shape are checked against the layer's
+    def checked(self, device, total_tokens: int, shape: GdnShape) -> tuple[int, int, int, int, int, int]:
+        """``(q, k, v, g, beta, o)`` as ints: each a non-NULL device pointer aligned as the kernels need, or a tensor
+        whose dtype and shape (``total_tokens`` rows of ``shape``) are checked against the layer's
         (:meth:`Device.pointer <q12drv.core.device.Device.pointer>`). TypeError/ValueError naming the argument."""
         names = ("q", "k", "v", "g", "beta", "o")
-        if device is None:
-            return tuple(device_ptr(name, getattr(self, name), _ALIGN[name]) for name in names)
         t, hk, hv, d = total_tokens, shape.num_k_heads, shape.num_v_heads, shape.head_dim
         spec = {"q": ("bf16", (t, hk, d)), "k": ("bf16", (t, hk, d)), "v": ("bf16", (t, hv, d)), "g": ("f32", (t, hv)),
                 "beta": ("f32", (t, hv)), "o": ("bf16", (t, hv, d))}
