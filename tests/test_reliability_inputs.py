@@ -819,12 +819,18 @@ def test_launchers_refuse_stale_and_closed_metadata():
 
 
 def test_handmade_metadata_without_an_arena_is_not_refused():
-    # A BatchedAttnMetadata built by hand (no arena) cannot be checked for staleness: launchers take it.
+    # A BatchedAttnMetadata built by hand (no arena) cannot be checked for staleness: launchers take it, and it
+    # writes what the stager's metadata writes.
     with open_device("emu") as dev:
-        w = World.build(dev)
-        meta = dataclasses.replace(w.q12.meta, arena=None, generation=None)
-        _op_kv_write(w, meta=meta)
-        w.close()
+        pools = []
+        for handmade in (False, True):
+            w = World.build(dev, run_layers=False)
+            meta = dataclasses.replace(w.q12.meta, arena=None, generation=None) if handmade else w.q12.meta
+            before = w.outputs()["k_pool"]
+            _op_kv_write(w, meta=meta)
+            pools.append(w.outputs()["k_pool"])
+            w.close()
+    assert pools[0] != before and pools[1] == pools[0]
 
 
 def test_an_arena_is_closed_with_its_device():
