@@ -55,7 +55,8 @@ NULL = DevicePtr(0)
 
 def device_ptr(name: str, value, align: int = 1, why: str = "the kernel's accesses need it") -> int:
     """``value`` as a device address: an int in ``(0, 2**64)``, a multiple of ``align`` (``why``: what needs the
-    alignment, for the message). The one check of a raw address; the tensor paths end here too.
+    alignment, for the message). The one check of a raw address: the launchers', staging's (block-table,
+    ``seq_len`` and state pointers) and :meth:`Device.pointer <q12drv.core.device.Device.pointer>`'s for an int.
 
     Raises
     ------
