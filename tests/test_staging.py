@@ -155,7 +155,7 @@ def _bad_cases(streams):
         "i32 kv_len overflow": (with_(proc_start=(1 << 31) - 2), {}),
         "float count": (with_(proc_count=3.0), {}),
         "NULL block table": (with_(block_table_dev=0), {}),
-        "NULL seq_len": (with_(seq_len_dev=0), {}),
+        "misaligned seq_len": (with_(seq_len_dev=int(s0.block_table_dev) + 2), {}),
         "short block table": (with_(block_table=s0.block_table[:1]), {}),
         "2-D block table": (with_(block_table=np.zeros((2, 2), np.int32)), {}),
         "table entry over i32": (with_(block_table=np.full(8, 1 << 33)), {}),
@@ -310,3 +310,24 @@ def test_stage_replicated_packs_once_and_gives_each_device_its_own_table_pointer
     finally:
         for d in devs:
             d.close()
+
+
+def test_seq_len_pointer_is_optional(emu, tmp_path):
+    """No q12drv kernel reads ``seq_len_ptrs``: a stream without ``seq_len_dev`` stores a NULL entry there, the
+    readback verifies and a dump of the pass inspects clean; a given pointer is still stored and checked."""
+    import dataclasses
+
+    from q12drv.tools.dump import dump_arena, load_dump
+    from q12drv.tools.inspect import inspect_dump
+
+    streams, _ = make_streams(emu, [40, 7, 19], [0, 32, 5])
+    streams = [dataclasses.replace(s, seq_len_dev=0) if b != 1 else s for b, s in enumerate(streams)]
+    assert StreamStageInfo(0, 4, streams[0].block_table, streams[0].block_table_dev).seq_len_dev == 0
+    with ScratchArena(emu, 1 << 16) as arena:
+        _, meta = run_pass(emu, arena, streams, mrope=False)
+        ptrs = np.frombuffer(arena.read(meta.seq_len_ptrs - arena.base, 8 * 3), np.uint64)
+        assert ptrs.tolist() == [0, int(streams[1].seq_len_dev), 0]
+        path = tmp_path / "pass.npz"
+        dump_arena(arena, path, meta=meta, streams=streams)
+    report = inspect_dump(load_dump(path))
+    assert report.ok, report.format()

@@ -654,12 +654,13 @@ def _check_pointers(d: ArenaDump, c: _Collector) -> str:
             ptrs = d.values(f).astype(np.uint64)
             n += ptrs.size
             a = d.allocation_indices(ptrs)
-            unknown = a < 0
+            known = a >= 0
+            unknown = ~known if f is ft else ~known & (ptrs != 0)  # a NULL seq_len pointer: none given
             room = np.zeros(ptrs.size, bool)
             if ptrs.size and d.allocations:  # ptr < end inside an allocation: end - ptr cannot wrap
-                room = ~unknown & (ends[np.maximum(a, 0)] - ptrs >= need.astype(np.uint64))
-            short = ~unknown & ~room
-            misaligned = ~unknown & room & (ptrs % np.uint64(4) != 0)
+                room = known & (ends[np.maximum(a, 0)] - ptrs >= need.astype(np.uint64))
+            short = known & ~room
+            misaligned = room & (ptrs % np.uint64(4) != 0)
             for i in c.each(np.flatnonzero(unknown), unknown.sum()):
                 c.add(f"stream {m.streams[i]}: {f.name}[{i}] = {int(ptrs[i]):#x} points into no known allocation",
                       f.element_offset(i), index=i, value=int(ptrs[i]))

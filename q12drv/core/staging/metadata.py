@@ -32,8 +32,9 @@ class StreamStageInfo:
         block" (evicted): that position's KV write goes to the dummy block.
     block_table_dev : int
         Device address of the same table (int32), read by the attention kernel.
-    seq_len_dev : int
-        Device address of the stream's u32 seq_len.
+    seq_len_dev : int, optional
+        Device address of the stream's u32 seq_len, stored in the seed's ``seq_len_ptrs`` for a runtime whose own
+        kernels read it. No q12drv kernel reads it: ``0`` (the default) stores a NULL entry.
     mrope_positions : array_like, optional
         ``[3, proc_count]`` T/H/W positions (vision tokens); default: all three equal the
         token positions (text).
@@ -43,7 +44,7 @@ class StreamStageInfo:
     proc_count: int
     block_table: Any
     block_table_dev: int
-    seq_len_dev: int
+    seq_len_dev: int = 0
     mrope_positions: Any = None
 
 

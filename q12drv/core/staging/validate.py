@@ -148,8 +148,9 @@ def _validate_checked(streams: Sequence[StreamStageInfo], block_size, use_mrope,
         counts.append(count)
         table_ptrs.append(device_ptr(f"streams[{b}].block_table_dev", s.block_table_dev, TABLE_ALIGN,
                                           "the attention kernel reads the int32 block table there"))
-        seq_len_ptrs.append(device_ptr(f"streams[{b}].seq_len_dev", s.seq_len_dev, SEQ_LEN_ALIGN,
-                                            "a u32 seq_len"))
+        sl = s.seq_len_dev
+        seq_len_ptrs.append(0 if type(sl) is int and sl == 0 else  # none given: nothing of q12drv's reads it
+                            device_ptr(f"streams[{b}].seq_len_dev", sl, SEQ_LEN_ALIGN, "a u32 seq_len"))
         tables.append(_checked_table(b, s.block_table, block_size, kv_len))
         mp = s.mrope_positions
         if mp is not None:
@@ -207,7 +208,7 @@ def _validate_fast(streams, block_size, use_mrope, dummy_kv_block) -> _Batch | N
         p0, c, tp, sp, table = s.proc_start, s.proc_count, s.block_table_dev, s.seq_len_dev, s.block_table
         if not (type(p0) is int and type(c) is int and 0 <= p0 and 0 < c and p0 + c <= _I32_MAX
                 and (type(tp) is int or type(tp) is DevicePtr) and 0 < tp <= _U64_MAX and not tp & _TABLE_MASK
-                and (type(sp) is int or type(sp) is DevicePtr) and 0 < sp <= _U64_MAX and not sp & _SEQ_LEN_MASK
+                and (type(sp) is int or type(sp) is DevicePtr) and 0 <= sp <= _U64_MAX and not sp & _SEQ_LEN_MASK
                 and type(table) is np.ndarray and table.ndim == 1 and table.size << shift >= p0 + c):
             return None
         dt = table.dtype
