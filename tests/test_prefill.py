@@ -102,6 +102,19 @@ def test_attention_refuses_a_missing_block_below_kv_len(emu):
             run(emu, arena, streams, host, "auto", None, num_blocks)
 
 
+@pytest.mark.parametrize("mode", ["batched", "per_stream"])
+def test_check_block_tables_finds_a_device_table_that_differs_from_the_host_one(emu, mode):
+    streams, _ = make_streams(emu, [40, 7, 19], [0, 32, 5])
+    with ScratchArena(emu, 1 << 18) as arena:
+        q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, mode=mode)
+        q12.check_block_tables()  # as uploaded
+        s = streams[1]
+        emu.upload(s.block_table_dev + 4 * 2, np.array([s.block_table[2] + 1], np.int32))
+        with pytest.raises(ValueError, match=rf"streams\[1\]: block_table_dev\[2\] is {s.block_table[2] + 1} but "
+                                             rf"block_table\[2\] is {s.block_table[2]} \(1 of the 3 blocks"):
+            q12.check_block_tables()
+
+
 def test_expand_device_and_host_stage_the_same_bytes(emu):
     rng = np.random.default_rng(3)
     counts, starts = [1, 17, 40, 3], [0, 5, 16, 100]

@@ -325,6 +325,35 @@ class Q12Pass:
                             (1, max(m.chunk_len for m in self.stream_meta)))
         self._generation = arena.generation
 
+    def check_block_tables(self) -> None:
+        """Check that each stream's device table (``block_table_dev``, what attention reads) holds its host table
+        (``block_table``, what the pass was validated against) for every block below ``kv_len``.
+
+        A pass has two copies of each table: the host's decides the KV slots when the per-token metadata is
+        packed on the host (``expand="host"``, the per-stream fallback) and is the one validated; the device's is
+        what attention reads (and, with ``expand="device"``, the KV slots too). Nothing else compares them. This
+        waits for the pass's stream and reads every table back (``4 * ceil(kv_len / block_size)`` bytes a
+        stream): a debugging and testing aid, not a per-step call.
+
+        Raises
+        ------
+        ValueError
+            A table differs; the message names the stream, the first logical block and both entries.
+        """
+        self._require_current()
+        b_size, batch, dev = self.block_size, self._batch, self.device
+        dev.synchronize(self.stream)
+        for b, (ptr, kv, table) in enumerate(zip(batch.table_ptr_list, batch.kv_list, batch.raw_tables)):
+            nblk = -(-kv // b_size)
+            host = np.asarray(table[:nblk]).astype(np.int64)
+            read = dev.download_array(ptr, np.int32, (nblk,)).astype(np.int64)
+            differ = np.flatnonzero(read != host)
+            if differ.size:
+                i = int(differ[0])
+                raise ValueError(f"streams[{b}]: block_table_dev[{i}] is {int(read[i])} but block_table[{i}] is "
+                                 f"{int(host[i])} ({differ.size} of the {nblk} blocks below kv_len {kv} differ): "
+                                 f"attention reads the device table; upload the host table there before the pass")
+
     @property
     def cu_seqlens(self) -> np.ndarray:
         """The pass's ``cu_seqlens`` (int64, ``n + 1`` entries), made on first access."""
