@@ -276,3 +276,83 @@ def test_a_torch_dry_run_needs_no_copies(emu):
     del x, workspace, p
     gc.collect()
     assert emu.driver.memory.adopted < n
+
+
+# --- a growing batch: the arena grows in place -----------------------------------------------------------------
+
+def test_an_arena_grows_in_place_and_what_was_staged_on_the_old_memory_is_refused(emu):
+    from q12drv import Q12Pass
+    from q12drv.core.errors import Q12Error
+    from tests.helpers import make_streams
+
+    streams, tables = make_streams(emu, [300, 40])
+    counts = [s.proc_count for s in streams]
+    need = Q12Pass.arena_bytes(counts)
+    assert need == make_scratch_plan(counts, 0, False, "exact").total_bytes
+    with ScratchArena(emu, 4096) as arena:
+        before = live(emu)
+        assert not arena.grow(4096) and arena.capacity == 4096  # enough already: nothing happens
+        small = Q12Pass(arena, streams[:1], block_size=16, use_mrope=False, dummy_kv_block=0)
+        with pytest.raises(ValueError, match=rf"needs {need:,} scratch bytes.*ScratchArena.grow\({need}\) makes room"):
+            Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, mode="batched")
+        base, generation = arena.base, arena.generation
+        assert need > 4096 * 3 // 2 and arena.grow(need)
+        assert arena.capacity == need and arena.base != base and arena.guard_intact()
+        assert arena.regions == () and arena.cursor == 0 and arena.generation > generation
+        assert live(emu)["device"] == before["device"]  # the old memory freed, the new one held (rings kept)
+        with pytest.raises(Q12Error, match="stale"):
+            small.check_block_tables()
+        Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, mode="batched")
+        tables.free()
+        capacity = arena.capacity
+        assert arena.grow(capacity + 1) and arena.capacity == capacity * 3 // 2  # grows by half: O(log) moves
+    assert attention_pass(emu, 7, arena=None) == attention_pass(emu, 7, arena=_grown(emu))
+
+
+def _grown(emu):
+    arena = ScratchArena(emu, 1024)
+    arena.grow(make_scratch_plan(COUNTS, 0, False).total_bytes)
+    return arena
+
+
+def test_an_arena_over_the_callers_memory_grows_only_onto_memory_the_caller_gives(emu):
+    need = make_scratch_plan(COUNTS, 0, False).total_bytes
+    first, small, big = (emu.alloc(ScratchArena.buffer_bytes(n)) for n in (1024, need - 8, need))
+    arena = ScratchArena.over(emu, first)
+    base = arena.base
+    with pytest.raises(ValueError, match=rf"never allocates; pass a buffer of at least "
+                                         rf"ScratchArena.buffer_bytes\({need}\)"):
+        arena.grow(need)
+    with pytest.raises(ValueError, match=rf"holds a {need - 8:,}-byte arena, {need:,} bytes are needed"):
+        arena.grow(need, small)
+    assert arena.base == base and arena.capacity == 1024  # refused: nothing changed
+    before = live(emu)
+    assert arena.grow(need, big) and arena.base == big.ptr and arena.capacity == need
+    assert live(emu) == before and first.alive  # nothing allocated, the old buffer only forgotten
+    assert attention_pass(emu, 7, arena=arena) == attention_pass(emu, 7)
+    arena.close()
+    with ScratchArena(emu, 1024) as own, pytest.raises(ValueError, match="allocates its own memory"):
+        own.grow(need, big)
+    for b in (first, small, big):
+        b.free()
+
+
+def test_an_expand_plan_or_pass_graph_made_before_the_arena_grew_is_refused(emu):
+    from q12drv.core.errors import Q12Error
+    from q12drv.kernels.expand import ExpandPlan
+    from q12drv import PassGraph
+    from tests.helpers import make_streams
+
+    streams, tables = make_streams(emu, [20, 9])
+    with ScratchArena(emu, 1 << 16) as arena:
+        plan = ExpandPlan(arena, streams, block_size=16, use_mrope=False, scratch_offset_bytes=0, dummy_kv_block=0)
+        plan.stage([0, 0], [20, 9])
+        graph = PassGraph(arena, max_streams=2, max_tokens=64, block_size=16, use_mrope=False, dummy_kv_block=0)
+        graph.set_streams(streams)
+        arena.grow(1 << 17)
+        with pytest.raises(Q12Error, match="the arena moved"):
+            plan.stage([0, 0], [20, 9])
+        with pytest.raises(Q12Error, match="the arena was reset since this PassGraph was made"):
+            graph.run_eager(lambda g: None)
+        graph.close()
+    tables.free()

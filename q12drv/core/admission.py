@@ -234,7 +234,7 @@ def decide(parsed: list, arena_cap: int, is_mla: bool, head_dim: int, scratch_ca
     needed = plan.total_bytes
     if needed > scratch_cap:
         return _refuse("scratch", f"the batch needs {needed:,} scratch bytes, the arena has {scratch_cap:,} "
-                                  f"(policy '{policy}')", plan, needed)
+                                  f"(policy '{policy}'; ScratchArena.grow({needed}) makes room)", plan, needed)
     # + per-stream block fit (upstream bug B9)
     b = plan.first_unfit_stream()
     if b is not None:

@@ -208,6 +208,70 @@ class ScratchArena:
                 pass  # report the original error
             raise
 
+    def grow(self, nbytes: int, buffer: Any = None, buffer_bytes: int | None = None) -> bool:
+        """Make the capacity at least ``nbytes``, in place: for a batch larger than the arena was sized for.
+
+        Nothing happens when the capacity is already enough (returns False). Otherwise the arena waits for the
+        device (queued work may still read the old memory), moves to new memory, forgets every reservation and
+        bumps :attr:`generation`, so a :class:`~q12drv.prefill.Q12Pass`, JIT slot, ``ExpandPlan`` or ``PassGraph``
+        made on the old memory refuses to run; stage the next pass as usual. Its pinned rings are kept.
+
+        Parameters
+        ----------
+        nbytes : int
+            The capacity needed (e.g. ``Q12Pass.arena_bytes(counts, ...)``). An arena of its own allocates
+            ``max(nbytes, 1.5 x capacity)``, so a batch that keeps growing reallocates O(log) times.
+        buffer, buffer_bytes : optional
+            For an arena over the caller's memory (:meth:`over`), which never allocates: the new memory, as
+            :meth:`over` takes it (``buffer_bytes``: its ``nbytes``), at least :meth:`buffer_bytes` ``(nbytes)``.
+            The old buffer is forgotten, not freed. Not given to an arena of its own.
+
+        Returns
+        -------
+        bool
+            Whether the arena moved.
+
+        Raises
+        ------
+        ValueError
+            ``nbytes`` out of range; an arena over the caller's memory given no (or too small a) ``buffer``; a
+            ``buffer`` given to an arena of its own. Nothing changes then, nor when the allocation fails.
+        """
+        self._require_open()
+        need = _capacity(nbytes)
+        owned = self.owns_memory
+        if buffer is not None and owned:
+            raise ValueError("ScratchArena.grow: this arena allocates its own memory; leave buffer out")
+        if need <= self.capacity:
+            return False
+        device = self.device
+        if owned:
+            capacity = min(max(need, self.capacity * 3 // 2), MAX_CAPACITY)
+            new = ScratchArena(device, capacity)
+            buf = new._buffer
+        else:
+            if buffer is None:
+                raise ValueError(f"ScratchArena.grow: the arena is over your memory ({self.capacity:,} bytes) and "
+                                 f"never allocates; pass a buffer of at least ScratchArena.buffer_bytes({need}) = "
+                                 f"{self.buffer_bytes(need):,} bytes")
+            new = ScratchArena.over(device, buffer, buffer_bytes)
+            device._dependents.discard(new)
+            capacity, buf = new.capacity, new._buffer
+            if capacity < need:
+                raise ValueError(f"ScratchArena.grow: the new buffer holds a {capacity:,}-byte arena, {need:,} bytes "
+                                 f"are needed; pass ScratchArena.buffer_bytes({need}) = {self.buffer_bytes(need):,} "
+                                 f"bytes")
+        device._dependents.discard(new)
+        new._buffer = None  # the new memory is this arena's now
+        device.synchronize()  # queued work may still read the old memory
+        old, self._buffer = self._buffer, buf
+        self.base, self._base, self.capacity = buf.ptr, int(buf.ptr), capacity
+        self._adopted = None
+        self.reset()
+        if owned:
+            old.free()
+        return True
+
     @property
     def owns_memory(self) -> bool:
         """Whether the arena allocated its buffer (and frees it at :meth:`close`); False for :meth:`over`."""

@@ -37,6 +37,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..core.arena import ScratchArena
+from ..core.errors import Q12Error
 from ..core.ints import checked_int
 from ..core.layout import stacked_layout
 from ..core.staging import BatchedAttnMetadata, metadata_of_pass, pass_fields, stage_stacked, validate_streams
@@ -54,6 +55,11 @@ THREADS = 256
 _MAX_CTAS_PER_STREAM = 32
 #: grid.y limit of a launch: streams per pass the kernel handles.
 MAX_STREAMS = 65535
+
+
+def _moved() -> Q12Error:
+    return Q12Error("the arena moved (ScratchArena.grow) since this ExpandPlan was made: its metadata addresses "
+                    "point into freed memory; make a new ExpandPlan on the arena")
 
 
 def geometry(n: int, chunk_len: int) -> tuple:
@@ -274,6 +280,7 @@ class ExpandPlan:
             raise ValueError(f"an ExpandPlan holds at most {TAIL_STREAMS} streams (the launch-parameter tail), got {n}; "
                              f"stage_on_device takes more")
         self.arena = arena
+        self._base = arena._base  # its cached fields hold absolute addresses: refused once the arena moves
         self.n = n
         self.block_size = int(block_size)
         self.use_mrope = bool(use_mrope)
@@ -323,6 +330,8 @@ class ExpandPlan:
             The block does not fit the arena; nothing is written.
         """
         n, limits, shapes, arena, fires, args, pack_ints, ints_at, chunk_at = self._hot
+        if arena._base != self._base:
+            raise _moved()
         # the common case in one plain loop (exact ints in range); anything unusual or wrong: the named checks
         kv = None
         if len(starts) == n == len(counts):
@@ -407,6 +416,8 @@ class ExpandPlan:
         """
         if arena is not self.arena:
             raise ValueError("expand_plan was made on another arena; make the plan on the pass's arena")
+        if arena._base != self._base:
+            raise _moved()
         mine = (self.block_size, self.use_mrope, self.dummy_kv_block)
         if (int(block_size), bool(use_mrope), int(dummy_kv_block)) != mine:
             raise ValueError(f"expand_plan was made with block_size, use_mrope, dummy_kv_block = {mine}, the pass has "

@@ -189,6 +189,7 @@ class PassGraph:
             raise
         self._done_pending = False
         self._batch_set = False
+        self._generation = arena.generation  # the reservations above hold while it does
         self.graph: Graph | None = None
         self.replays = 0
 
@@ -342,6 +343,9 @@ class PassGraph:
         self._done_pending = True
 
     def _require_batch(self) -> None:
+        if self.arena.generation != self._generation:
+            raise Q12Error("the arena was reset since this PassGraph was made (by a Q12Pass on it, or grown by "
+                           "ScratchArena.grow): its metadata region may hold other bytes; make a new PassGraph")
         if not self._batch_set:
             raise Q12Error("no batch: call PassGraph.set_streams(streams) first")
 

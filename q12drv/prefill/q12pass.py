@@ -325,6 +325,18 @@ class Q12Pass:
                             (1, max(m.chunk_len for m in self.stream_meta)))
         self._generation = arena.generation
 
+    @staticmethod
+    def arena_bytes(counts: Sequence[int], *, top_k: int = 0, use_mrope: bool = False, policy: str = "exact") -> int:
+        """The arena capacity a batched pass of streams with ``counts`` new tokens needs (its whole layout: the MoE
+        area, the per-stream blocks, the stacked metadata and the ``h_state_ptrs`` slot), for
+        :class:`~q12drv.core.arena.ScratchArena` or :meth:`ScratchArena.grow <q12drv.core.arena.ScratchArena.grow>`.
+
+        Examples
+        --------
+        >>> arena.grow(Q12Pass.arena_bytes([s.proc_count for s in streams], top_k=8))   # doctest: +SKIP
+        """
+        return make_scratch_plan(counts, top_k, use_mrope, policy).total_bytes
+
     def check_block_tables(self) -> None:
         """Check that each stream's device table (``block_table_dev``, what attention reads) holds its host table
         (``block_table``, what the pass was validated against) for every block below ``kv_len``.
