@@ -13,7 +13,7 @@ import time
 from typing import Any, Callable
 
 __all__ = ["torch_events_us", "q12_events_us", "host_and_round_trip", "per_call_batches", "round_trip", "BATCH",
-           "L2_BYTES", "cold_sets"]
+           "L2_BYTES", "cold_sets", "DeviceClock"]
 
 
 #: Bytes a kernel's inputs must exceed, rotated, to time it with a cold L2: the H200's 50 MiB, with margin.
@@ -133,3 +133,45 @@ def round_trip(dev: Any, fn: Callable[[], Any]) -> Callable[[], None]:
         fn()
         dev.synchronize()
     return run
+
+
+class DeviceClock:
+    """A pytest-benchmark timer that reads device time: the sum of the event-measured device times of the calls
+    :meth:`timed` wrapped so far (seconds). Between two readings around one call, pytest-benchmark sees that call's
+    device time, so its statistics, ``--benchmark-compare`` and ``--benchmark-json`` hold kernel times.
+
+    Use it as the marker's timer (``pytest.mark.benchmark(timer=clock)``) with ``benchmark.pedantic`` (no
+    calibration, which would wait for a clock that does not run by itself), the target wrapped by :meth:`timed`.
+    """
+
+    __name__ = "DeviceClock"  # how pytest-benchmark names the timer in its reports
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._events: list = []
+
+    def __call__(self) -> float:
+        return self.total
+
+    def timed(self, dev: Any, fn: Callable[[], Any], batch: int = BATCH) -> Callable[[], None]:
+        """``fn`` as a benchmark target: ``batch`` calls back to back between two events on ``dev``'s stream (see
+        :data:`BATCH`), waited for; the clock advances by their device time over ``batch``."""
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        start, end = dev.event(timing=True), dev.event(timing=True)
+        self._events += (start, end)
+
+        def run() -> None:
+            start.record()
+            for _ in range(batch):
+                fn()
+            end.record()
+            end.synchronize()
+            self.total += start.elapsed_ms(end) * 1e-3 / batch
+
+        return run
+
+    def close(self) -> None:
+        """Destroy the events :meth:`timed` made."""
+        while self._events:
+            self._events.pop().destroy()

@@ -53,6 +53,10 @@ if [ -z "${Q12_SKIP_BENCH:-}" ] && [ -f bench/gpu_compare.py ]; then
   if [ -z "${Q12_BENCH_SECTIONS:-}" ] && [ -f bench/breakdown.py ]; then  # where the step's and staging's time goes
     step breakdown bench.log.tmp 90 python3 bench/breakdown.py --driver cuda
     cat "$OUT/bench.log.tmp" >>"$OUT/bench.log" && rm -f "$OUT/bench.log.tmp"
+    # every op's device time through pytest-benchmark (its JSON is what --benchmark-compare reads)
+    step kernels bench.log.tmp 120 env Q12DRV_DRIVER=cuda python3 -m pytest bench/test_kernels.py -q -p no:cacheprovider \
+      --benchmark-json "$OUT/kernels.json" --benchmark-columns=median,iqr,rounds
+    cat "$OUT/bench.log.tmp" >>"$OUT/bench.log" && rm -f "$OUT/bench.log.tmp"
   fi
 fi
 echo "==== summary ($(date -u +%FT%TZ))"
