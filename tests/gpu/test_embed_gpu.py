@@ -59,6 +59,25 @@ def test_torch_streams_and_a_pinned_ring_over_a_pinned_tensor(gpu):
         PinnedRing.over(gpu, torch.zeros(1 << 16, dtype=torch.uint8))
 
 
+def test_cuda_core_buffers_and_streams(gpu):
+    """cuda.core's objects where they fit q12drv's seams: an arena over a cuda.core Buffer (DLPack), a pass on a
+    cuda.core Stream (``__cuda_stream__``), and q12drv's own stream taken by cuda.core."""
+    core = pytest.importorskip("cuda.core")
+    expected = attention_pass(gpu, 3)
+    device = core.Device(gpu.ordinal)
+    device.set_current()
+    need = make_scratch_plan(COUNTS, 0, False).total_bytes
+    buf = device.memory_resource.allocate(ScratchArena.buffer_bytes(need))
+    stream = device.create_stream()
+    with ScratchArena.over(gpu, buf) as arena:
+        assert arena.base == int(buf.handle) and not arena.owns_memory
+        assert attention_pass(gpu, 3, stream, arena=arena) == expected
+    wrapped = device.create_stream(gpu.new_stream())  # q12drv's Stream exports __cuda_stream__
+    assert attention_pass(gpu, 3, wrapped) == expected
+    stream.sync()
+    buf.close()
+
+
 def test_threads_on_the_gpu(gpu):
     expected = attention_pass(gpu, 3)
     assert in_thread(attention_pass, gpu, 3) == expected  # a fresh thread: no context current there
