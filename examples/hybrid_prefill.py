@@ -119,6 +119,13 @@ class HybridRuntime:
                 entry[3][s.slot].zero_()
         return s
 
+    def release_stream(self, s: StreamState) -> None:
+        """Give ``s``'s slot and KV blocks back (the stream is done)."""
+        self.free_blocks += reversed(s.blocks)
+        s.blocks = []
+        self.host_tables[s.slot] = 0
+        self.free_slots.append(s.slot)
+
     def _grow(self, s: StreamState, kv_len: int) -> None:
         need = -(-kv_len // self.block_size)
         if need > self.max_blocks:

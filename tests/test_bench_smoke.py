@@ -32,7 +32,7 @@ def test_gpu_compare_and_plot_plumbing(tmp_path):
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     data = json.loads(out.read_text())
     missing = {"launch", "staging", "curve", "jit_slot", "step", "kv_write", "rope", "conv1d", "attention", "graph",
-               "gdn"} - set(data["sections"])
+               "gdn", "layer_ops"} - set(data["sections"])
     assert not missing, (missing, data["errors"])
     assert not [k for k in data["errors"] if "torch" not in k], data["errors"]  # only torch is absent here
     assert all(data["sections"]["staging"]["verified"].values())
@@ -47,6 +47,18 @@ def test_gpu_compare_and_plot_plumbing(tmp_path):
         row = rows[(f"conv1d {key} C{c} W4: vs floor", f"floor: {case['floor_bytes'] / 1e6:,.0f} MB at 4.8 TB/s")]
         assert row["q12drv_us"] > 0 and row["goal"] == f"<= {1 / 0.7:g}" and "of the 4.8 TB/s floor" in row["note"]
     assert {k for k in conv["cases"]} == {"2x16", "ragged8"}
+    # each layer op against the driver calls it issues, recorded and replayed bare
+    ops = data["sections"]["layer_ops"]
+    assert {k: (v["launches"], v["copies"]) for k, v in ops.items() if k != "gdn_layer"} == {
+        "attention_layer": (3, 0), "rope": (1, 0), "kv_write": (1, 0), "attention": (1, 0)}
+    assert ops["gdn_layer"]["launches"] >= 1 and ops["gdn_layer"]["copies"] == 1  # the state pointers' upload
+    assert all(v["op"] > 0 and v["raw"] > 0 for v in ops.values())
+    # the client against transformers, where torch and transformers import
+    if "client" in data["sections"]:
+        case = data["sections"]["client"]["cases"]["ragged3"]
+        assert case["q12drv_us"] > 0 and case["per_prompt_us"] > 0 and 0 < case["q12drv_ops_us"] < case["pass_us_profiled"]
+    else:
+        assert "client/torch+transformers" in data["errors"]
     # scaled RoPE (a RopeScaling table, linear factor 4) beside the plain rows
     tokens = data["sections"]["rope"]["tokens"] // 1024
     scaled = data["sections"]["rope"]["scaled"]

@@ -7,7 +7,8 @@ its time budget skips it before the others).
 
 from __future__ import annotations
 
-from bench.compare import attention, conv1d, gdn, graph, jit_slot, kv_write, launch, layer_ops, rope, staging, step
+from bench.compare import (attention, client, conv1d, gdn, graph, jit_slot, kv_write, launch, layer_ops, rope, staging,
+                           step)
 
 __all__ = ["SECTIONS"]
 
@@ -24,4 +25,5 @@ SECTIONS = {
     "gdn": gdn.run,
     "conv1d": conv1d.run,
     "layer_ops": layer_ops.run,
+    "client": client.run,
 }
