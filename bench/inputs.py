@@ -447,6 +447,17 @@ class StepCase:
 GDN_CASES = {"8x2048": [2048] * 8, "1x8192": [8192], "ragged8": [256, 2048, 512, 1792, 768, 1536, 1024, 1280]}
 #: The same on the emulator: cut down.
 GDN_EMU_CASES = {"2x16": [16, 16], "ragged8": [3, 16, 1, 7, 2, 9, 5, 4]}
+#: Decode steps (every stream one token; four: speculative decode), memory-bound on the streams' fp32 states.
+GDN_DECODE_CASES = {"64x1": [1] * 64, "256x1": [1] * 256, "64x4": [4] * 64}
+#: The same on the emulator: cut down.
+GDN_DECODE_EMU_CASES = {"4x1": [1] * 4, "4x4": [4] * 4}
+
+
+def gdn_decode_floor_bytes(counts, hk: int, hv: int, d: int) -> int:
+    """Bytes a Gated DeltaNet step must move at least: every stream's fp32 ``[Hv, d, d]`` state read and written,
+    q and k (``T x Hk x d``), v and o (``T x Hv x d``) bf16, g and beta (``T x Hv``) fp32."""
+    t = sum(counts)
+    return 2 * len(counts) * hv * d * d * 4 + 2 * t * (hk + hv) * d * 2 + 2 * t * hv * 4
 
 
 def gdn_case_lens(spec: str) -> list:

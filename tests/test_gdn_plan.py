@@ -53,6 +53,23 @@ def test_the_default_elsewhere_is_the_mma_two_pass_schedule():
         assert plan.numerics == "mma" and [k.dependent for k in plan.kernels] == [False, False]
 
 
+@pytest.mark.parametrize("device", [H200, A100], ids=["sm_90", "sm_80"])
+def test_a_decode_step_runs_the_recurrence_by_default(device):
+    from q12drv.kernels.gdn import recurrent
+    from q12drv.kernels.gdn.plan import RECURRENT_MAX_TOKENS
+
+    assert RECURRENT_MAX_TOKENS == 4
+    for n, tokens in ((64, 1), (256, 1), (64, 4)):  # decode, speculative decode
+        plan = plan_gdn(GdnConfig(), QWEN, n, tokens, device)
+        assert _path(plan) == ("recurrent", "fused", "fp32", "", (recurrent.entry(128),))
+        assert plan.workspace_bytes == 0 and plan.config.math == "auto"
+    assert plan_gdn(GdnConfig(), QWEN, 64, 5, device).math == "chunked"  # past the bound: the chunked form
+    # a choice of schedule, isa or math is the chunked form's (or the asked math), whatever the length
+    assert plan_gdn(GdnConfig(schedule="two_pass"), QWEN, 64, 1, device).math == "chunked"
+    assert plan_gdn(GdnConfig(isa="mma"), QWEN, 64, 1, device).math == "chunked"
+    assert plan_gdn(GdnConfig(math="chunked"), QWEN, 64, 1, device).math == "chunked"
+
+
 def test_each_choice_resolves_the_other_autos():
     fused = plan_gdn(GdnConfig(schedule="fused"), QWEN, 8, 2048, H200)   # no wgmma fused kernel: mma
     assert _path(fused) == ("chunked", "fused", "mma", "", (chunked_mma.fused_entry(128),))

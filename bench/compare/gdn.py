@@ -3,7 +3,9 @@ the mma.sync two-pass schedule; the fused kernel; the fp32 recurrent kernel) at 
 d 128) on :data:`bench.inputs.GDN_CASES` (8 x 2048, 1 x 8192, ragged 8 streams of 256..2048), against each other and
 against fla-core's ``chunk_gated_delta_rule`` timed in its own process (``bench/fla_gdn.py``: replayed from a CUDA
 graph, its device time alone). q12drv's device time from events around 8 back-to-back calls, median of 30 after 3
-warm-ups."""
+warm-ups. Then decode steps (64 x 1, 256 x 1, 64 x 4 tokens) against their byte floor (every stream's fp32 state
+read and written) at 4.8 TB/s, the default (the recurrence there) against the chunked form, buffer sets rotated
+past 3x L2."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import subprocess
 import sys
 
 from bench import inputs
-from bench.compare.context import Context, faster
+from bench.compare.context import HBM_TBPS, Context, faster
 from bench.report import ROOT
 from bench.timing import q12_events_us
 from q12drv.kernels.gdn import GdnConfig
@@ -57,6 +59,52 @@ def run(ctx: Context) -> None:
                     "q12drv mma two-pass schedule", out["mma_two_pass_us"], note="info: device time")
     if ctx.gpu:
         ctx.comparator("gdn/fla", lambda: _fla(ctx, res, list(cases)))
+    _decode(ctx, res)
+
+
+#: The decode rows' configs: the default (the recurrence on a decode step) and the chunked form's best.
+DECODE_CONFIGS = {"default": GdnConfig(), "chunked": GdnConfig(math="chunked")}
+
+
+def _decode(ctx: Context, res: dict) -> None:
+    """Decode steps against their byte floor (every state read and written) at 4.8 TB/s: the goal >= 85% for one
+    token a stream, and four tokens (speculative decode) within 1.2x of one token's time."""
+    from q12drv.kernels.gdn import GdnTensors, gdn, plan_gdn
+
+    dev = ctx.dev
+    shape = inputs.QWEN3_NEXT["gdn"]
+    hk, hv, d = shape.num_k_heads, shape.num_v_heads, shape.head_dim
+    cases = inputs.GDN_DECODE_CASES if ctx.gpu else inputs.GDN_DECODE_EMU_CASES
+    out = res["decode"] = {}
+    for key, counts in cases.items():
+        n = len(counts)
+        floor = inputs.gdn_decode_floor_bytes(counts, hk, hv, d)
+        r = out[key] = {"counts_per_stream": counts[0], "streams": n, "floor_bytes": floor}
+        with inputs.staged_pass(dev, counts) as (meta, streams, num_blocks, arena, bufs):
+            plans = {name: plan_gdn(cfg, shape, n, max(counts), dev) for name, cfg in DECODE_CONFIGS.items()}
+            ws_bytes = max(16, *(p.workspace_bytes for p in plans.values()))
+            n_sets = ctx.cold_sets(floor)
+            sets = [inputs.gdn_inputs(dev, counts, hk, hv, d, ws_bytes, bufs) for _ in range(n_sets)]
+            r["paths"] = {name: f"{p.math} {p.schedule} {p.isa} {p.sequential}".strip() for name, p in plans.items()}
+            for name, plan in plans.items():
+                turn = [0]
+
+                def call(plan=plan, turn=turn):
+                    x = sets[turn[0] % n_sets]
+                    turn[0] += 1
+                    gdn(dev, meta, x["h_state_ptrs"].ptr, GdnTensors(*(int(x[k].ptr) for k in
+                                                                       ("q", "k", "v", "g", "beta", "o"))),
+                        shape, plan, workspace=x["workspace"].ptr, workspace_bytes=ws_bytes)
+
+                r[f"{name}_us"] = q12_events_us(dev, call, ctx.reps(30, 1))
+            goal = 0.85 if counts[0] == 1 else None
+            ctx.memory_rows(f"gdn decode {key} Hv{hv} d{d}: default vs floor", r, "default_us", floor, goal,
+                            tbps=HBM_TBPS, of=f"the {HBM_TBPS} TB/s floor; default = {r['paths']['default']}")
+            ctx.row(f"gdn decode {key} Hv{hv} d{d}: default", r["default_us"], "q12drv chunked form",
+                    r["chunked_us"], note=f"device time, cold L2; default = {r['paths']['default']}")
+    one, four = (("64x1", "64x4") if ctx.gpu else ("4x1", "4x4"))
+    ctx.row(f"gdn decode {four}: default", out[four]["default_us"], f"{one}: default", out[one]["default_us"],
+            ("<=", 1.2), note="speculative decode: four tokens a stream against one")
 
 
 def _fla(ctx: Context, res: dict, keys: list) -> None:
