@@ -104,7 +104,7 @@ def batches(draw):
         streams.append(dict(proc_start=start, proc_count=count, block_table=np.array(table, np.int32),
                             mrope=mp))
     corruption = draw(st.sampled_from([None] * 6 + [
-        "zero_count", "negative_start", "short_table", "null_table_ptr", "null_seq_ptr", "huge_start",
+        "zero_count", "negative_start", "short_table", "null_table_ptr", "odd_seq_ptr", "huge_start",
         "mrope_shape", "mrope_overflow", "float_count", "table_2d", "table_float", "ptr_overflow", "empty",
         "block_size", "dummy", "mrope_flag"]))
     victim = draw(st.integers(0, n - 1))
@@ -141,8 +141,8 @@ def build_streams(dev, spec):
         v["block_table"] = v["block_table"][: max(0, -(-(v["proc_start"] + v["proc_count"]) // kw["block_size"]) - 1)]
     elif c == "null_table_ptr":
         v["block_table_dev"] = 0
-    elif c == "null_seq_ptr":
-        v["seq_len_dev"] = 0
+    elif c == "odd_seq_ptr":
+        v["seq_len_dev"] += 2  # a u32 needs 4-byte alignment (NULL is allowed: none given)
     elif c == "huge_start":
         v["proc_start"] = (1 << 31) - 2
     elif c == "mrope_shape":
