@@ -1,37 +1,105 @@
-"""A minimal batched-prefill runtime for Qwen3-Next-style hybrid models, on q12drv.
+"""A minimal batched-prefill runtime for Qwen3-Next and Qwen3.5 hybrid models, on q12drv.
 
-It takes a transformers ``Qwen3NextForCausalLM`` (Gated DeltaNet layers with their short convolution, gated
-full-attention layers with partial rotary and per-head q/k norms, GQA; MoE or dense MLPs) and runs N prompts as one
-batch, chunk by chunk: each call of :meth:`HybridRuntime.step` is one pass over the layers for a set of chunks,
-each continuing its stream from the KV cache and the convolution and SSM states the earlier chunks left (a chunk of
-one token is a decode step; prefill chunks and decode tokens mix in one pass).
+It takes a transformers ``Qwen3NextForCausalLM`` or ``Qwen3_5ForCausalLM`` (Gated DeltaNet layers with their short
+convolution, gated full-attention layers with partial rotary and per-head q/k norms, GQA; MoE or dense MLPs) and runs
+N prompts as one batch, chunk by chunk: each call of :meth:`HybridRuntime.step` is one pass over the layers for a set
+of chunks, each continuing its stream from the KV cache and the convolution and SSM states the earlier chunks left (a
+chunk of one token is a decode step; prefill chunks and decode tokens mix in one pass).
+
+The two models differ in two places, both kept in :data:`FAMILIES`: the Gated DeltaNet's input projections
+(Qwen3-Next fuses q, k, v, z and b, a into two projections grouped per key head; Qwen3.5 has four plain ones) and
+the rotation (Qwen3-Next: plain RoPE at the token's position; Qwen3.5: MRoPE with interleaved T/H/W sections, which
+for text, where transformers gives T = H = W = the token's position, rotates exactly as plain RoPE does;
+:meth:`HybridRuntime.step` takes other T/H/W positions, such as a vision block's, per chunk).
 
 The division of work is the one q12drv is for:
 
 * torch, with the model's own modules and weights: embeddings, norms, projections, gates, MLP / MoE, the LM head
   (everything that works token by token);
-* q12drv: the pass's metadata (one staging for all layers), RoPE at each stream's positions, the paged KV-cache
-  write, paged attention, the short convolution and Gated DeltaNet over per-stream states (everything that crosses
-  tokens or streams), on torch's current stream, with torch tensors as arguments.
+* q12drv: the pass's metadata (one staging for all layers), RoPE / MRoPE at each stream's positions, the paged
+  KV-cache write, paged attention, the short convolution and Gated DeltaNet over per-stream states (everything that
+  crosses tokens or streams), on torch's current stream, with torch tensors as arguments.
 
 On a machine without a GPU the same code runs on CPU tensors and q12drv's emulated driver.
 
 Run it::
 
-    PYTHONPATH=. python3 examples/hybrid_prefill.py            # a small random model, 4 prompts in 2 chunks each
+    PYTHONPATH=. python3 examples/hybrid_prefill.py                  # a small random Qwen3-Next, 4 prompts, 2 chunks
+    PYTHONPATH=. python3 examples/hybrid_prefill.py --model qwen3_5  # the same with a small random Qwen3.5
 """
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 import q12drv
+from q12drv.kernels.rope import MODE_INTERLEAVED, MODE_PLAIN
 
-__all__ = ["HybridRuntime", "StreamState", "tiny_config"]
+__all__ = ["FAMILIES", "Family", "HybridRuntime", "StreamState", "family_of", "tiny_config", "tiny_model"]
+
+
+def _fused_projections(g_mod, x: torch.Tensor) -> tuple:
+    """Qwen3-Next: ``in_proj_qkvz`` and ``in_proj_ba``, grouped per key head, ungrouped by the module's own
+    ``fix_query_key_value_ordering``."""
+    t = x.shape[0]
+    q, k, v, z, b, a = g_mod.fix_query_key_value_ordering(g_mod.in_proj_qkvz(x)[None], g_mod.in_proj_ba(x)[None])
+    mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
+    return mixed, z[0], b[0], a[0]
+
+
+def _split_projections(g_mod, x: torch.Tensor) -> tuple:
+    """Qwen3.5: ``in_proj_qkv`` (already ``[q | k | v]``, the convolution's channel order), ``in_proj_z``,
+    ``in_proj_b``, ``in_proj_a``."""
+    return g_mod.in_proj_qkv(x), g_mod.in_proj_z(x).view(x.shape[0], -1, g_mod.head_v_dim), g_mod.in_proj_b(x), \
+        g_mod.in_proj_a(x)
+
+
+@dataclass(frozen=True)
+class Family:
+    """What differs between the models the runtime serves; everything else is one code path.
+
+    Parameters
+    ----------
+    model_type : str
+        The text config's ``model_type``.
+    causal_lm, config : str
+        transformers' text-only causal-LM class and its config class.
+    gdn_projections : callable
+        ``(linear_attn module, x [T, hidden]) -> (mixed [T, 2 Hk dk + Hv dv] as q | k | v, z [T, Hv, dv],
+        b [T, Hv], a [T, Hv])``.
+    mrope_mode : int
+        The rotary embedding the model computes: ``MODE_PLAIN`` (RoPE at the token's position) or
+        ``MODE_INTERLEAVED`` (MRoPE, the T/H/W sections its rotary embedding's ``mrope_section`` names).
+    """
+
+    model_type: str
+    causal_lm: str
+    config: str
+    gdn_projections: Callable
+    mrope_mode: int
+
+
+#: The models the runtime serves, by the name :func:`tiny_model` and the demo take.
+FAMILIES = {
+    "qwen3_next": Family("qwen3_next", "Qwen3NextForCausalLM", "Qwen3NextConfig", _fused_projections, MODE_PLAIN),
+    "qwen3_5": Family("qwen3_5_text", "Qwen3_5ForCausalLM", "Qwen3_5TextConfig", _split_projections,
+                      MODE_INTERLEAVED),
+}
+
+
+def family_of(config) -> Family:
+    """The :class:`Family` of a model's config (by ``config.model_type``)."""
+    for f in FAMILIES.values():
+        if f.model_type == config.model_type:
+            return f
+    raise ValueError(f"the runtime serves {sorted(f.causal_lm for f in FAMILIES.values())}; this model's config is "
+                     f"{config.model_type!r}")
 
 
 @dataclass
@@ -45,12 +113,13 @@ class StreamState:
 
 
 class HybridRuntime:
-    """Batched chunked prefill of a Qwen3-Next-style model: torch for the token-wise work, q12drv for the rest.
+    """Batched chunked prefill of a Qwen3-Next or Qwen3.5 model: torch for the token-wise work, q12drv for the rest.
 
     Parameters
     ----------
-    model : transformers.Qwen3NextForCausalLM
-        In bf16, on a CUDA device (or the CPU, with q12drv's emulated driver).
+    model : transformers.Qwen3NextForCausalLM or transformers.Qwen3_5ForCausalLM
+        In bf16, on a CUDA device (or the CPU, with q12drv's emulated driver); :data:`FAMILIES` lists what the
+        runtime serves.
     max_streams : int
         Streams the runtime holds at once (rows of its state tables).
     max_tokens : int
@@ -64,7 +133,8 @@ class HybridRuntime:
     def __init__(self, model, *, max_streams: int = 8, max_tokens: int = 4096, max_pass_tokens: int = 16384,
                  block_size: int = 16):
         cfg = model.config
-        self.model, self.cfg = model, cfg
+        self.model, self.cfg, self.family = model, cfg, family_of(cfg)
+        self.use_mrope = self.family.mrope_mode != MODE_PLAIN
         self.tdev = next(model.parameters()).device
         # q12drv on the same device and (on a GPU) the same primary context and stream as torch
         self.dev = q12drv.open_device("cuda" if self.tdev.type == "cuda" else "emu",
@@ -73,9 +143,11 @@ class HybridRuntime:
         self.max_streams, self.max_blocks = max_streams, -(-max_tokens // block_size)
         hd = cfg.head_dim
         rd = int(hd * cfg.rope_parameters.get("partial_rotary_factor", 1.0))
+        # the model's own frequencies, exactly, and under MRoPE the sections its rotary embedding uses
+        sections = tuple(model.model.rotary_emb.mrope_section) if self.use_mrope else (0, 0, 0)
         self.attn_shape = q12drv.AttentionShape(
-            cfg.num_attention_heads, cfg.num_key_value_heads, hd, rd,
-            rope_scaling=q12drv.RopeScaling.from_transformers(cfg))  # the model's own frequencies, exactly
+            cfg.num_attention_heads, cfg.num_key_value_heads, hd, rd, mrope_mode=self.family.mrope_mode,
+            mrope_section=sections, rope_scaling=q12drv.RopeScaling.from_transformers(cfg))
         self.gdn_shape = q12drv.GdnShape(cfg.linear_num_key_heads, cfg.linear_num_value_heads,
                                          cfg.linear_key_head_dim)
         self.conv_width = cfg.linear_conv_kernel_dim
@@ -101,8 +173,8 @@ class HybridRuntime:
         self.tables = torch.zeros(max_streams, self.max_blocks, dtype=torch.int32, device=self.tdev)
         self.seq_lens = torch.zeros(max_streams, dtype=torch.int32, device=self.tdev)
         self.host_tables = np.zeros((max_streams, self.max_blocks), np.int32)
-        plan = q12drv.make_scratch_plan([1] * (max_streams - 1) + [max_pass_tokens - max_streams + 1], 0, False,
-                                        "exact")
+        plan = q12drv.make_scratch_plan([1] * (max_streams - 1) + [max_pass_tokens - max_streams + 1], 0,
+                                        self.use_mrope, "exact")
         self.arena = q12drv.ScratchArena(self.dev, plan.total_bytes)
         self.workspace = torch.empty(0, dtype=torch.uint8, device=self.tdev)
         self.free_slots = list(range(max_streams - 1, -1, -1))
@@ -129,7 +201,8 @@ class HybridRuntime:
     def _grow(self, s: StreamState, kv_len: int) -> None:
         need = -(-kv_len // self.block_size)
         if need > self.max_blocks:
-            raise ValueError(f"stream {s.slot} would reach {kv_len} tokens; the runtime holds {self.max_blocks * self.block_size}")
+            raise ValueError(f"stream {s.slot} would reach {kv_len} tokens; the runtime holds "
+                             f"{self.max_blocks * self.block_size}")
         while len(s.blocks) < need:
             s.blocks.append(self.free_blocks.pop())
         self.host_tables[s.slot, :need] = s.blocks
@@ -137,27 +210,42 @@ class HybridRuntime:
         self.seq_lens[s.slot] = kv_len
 
     # one pass ---------------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def step(self, chunks: list[tuple[StreamState, list[int]]], *, mode: str = "auto") -> list[torch.Tensor]:
-        """Run one pass over the layers for ``chunks`` (``(stream, new token ids)``, at most one chunk a stream);
-        return each chunk's logits ``[len(tokens), vocab]``.
-
-        ``mode``: ``Q12Pass``'s (``"per_stream"`` forces the per-stream path: the same bits).
-        """
+    def stage(self, chunks: list[tuple[StreamState, list[int]]], *, mode: str = "auto",
+              positions: list | None = None) -> q12drv.Q12Pass:
+        """The pass of :meth:`step` (same arguments) without its layers: each stream's blocks grown to hold its chunk
+        and the metadata staged once for all layers. Single ops (``Q12Pass.rope``, ...) may run over it; the streams'
+        ``cached`` counts stay where they were."""
         if len({s.slot for s, _ in chunks}) != len(chunks):
             raise ValueError("one chunk per stream in a pass")
+        positions = self._check_positions(chunks, positions)
         infos = []
-        for s, tokens in chunks:
+        for (s, tokens), rows in zip(chunks, positions):
             if not tokens:
                 raise ValueError(f"stream {s.slot}: a chunk needs at least one token")
             self._grow(s, s.cached + len(tokens))
             infos.append(q12drv.StreamStageInfo(
                 proc_start=s.cached, proc_count=len(tokens), block_table=self.host_tables[s.slot],
                 block_table_dev=self.dev.pointer(self.tables[s.slot], "block table", dtype="i32"),
-                seq_len_dev=self.dev.pointer(self.seq_lens[s.slot:s.slot + 1], "seq_len", dtype="i32")))
+                seq_len_dev=self.dev.pointer(self.seq_lens[s.slot:s.slot + 1], "seq_len", dtype="i32"),
+                mrope_positions=rows))
         stream = torch.cuda.current_stream() if self.tdev.type == "cuda" else None
-        step = q12drv.Q12Pass(self.arena, infos, block_size=self.block_size, use_mrope=False, dummy_kv_block=0,
-                              head_dim=self.cfg.head_dim, mode=mode, stream=stream)
+        return q12drv.Q12Pass(self.arena, infos, block_size=self.block_size, use_mrope=self.use_mrope,
+                              dummy_kv_block=0, head_dim=self.cfg.head_dim, mode=mode, stream=stream)
+
+    @torch.no_grad()
+    def step(self, chunks: list[tuple[StreamState, list[int]]], *, mode: str = "auto",
+             positions: list | None = None) -> list[torch.Tensor]:
+        """Run one pass over the layers for ``chunks`` (``(stream, new token ids)``, at most one chunk a stream);
+        return each chunk's logits ``[len(tokens), vocab]``.
+
+        ``mode``: ``Q12Pass``'s (``"per_stream"`` forces the per-stream path: the same bits).
+
+        ``positions`` (MRoPE models only): one entry per chunk, ``None`` or the chunk's ``[3, len(tokens)]`` T/H/W
+        rotary positions (transformers' 3-row ``position_ids[:, 0]``). A chunk without them rotates at its tokens'
+        own positions on all three rows, which is what transformers uses for text. Only the rotation reads them:
+        the KV cache and attention's causal order follow the tokens' places in the stream.
+        """
+        step = self.stage(chunks, mode=mode, positions=positions)
         ids = torch.tensor([t for _, tokens in chunks for t in tokens], dtype=torch.long, device=self.tdev)
         h = self.model.model.embed_tokens(ids)  # [T, hidden]
         slots = [s.slot for s, _ in chunks]
@@ -171,6 +259,22 @@ class HybridRuntime:
         for s, tokens in chunks:
             s.cached += len(tokens)
         return list(torch.split(logits, [len(t) for _, t in chunks]))
+
+    def _check_positions(self, chunks, positions) -> list:
+        """Each chunk's T/H/W rows as an int64 array (or None), checked before anything is allocated."""
+        if positions is None:
+            return [None] * len(chunks)
+        if not self.use_mrope:
+            raise ValueError(f"positions are for MRoPE models; {self.family.causal_lm} rotates at the token positions")
+        if len(positions) != len(chunks):
+            raise ValueError(f"{len(positions)} positions entries for {len(chunks)} chunks: give one per chunk "
+                             f"(or None)")
+        rows = [None if p is None else np.asarray(torch.as_tensor(p).cpu(), np.int64) for p in positions]
+        for (s, tokens), r in zip(chunks, rows):
+            if r is not None and r.shape != (3, len(tokens)):
+                raise ValueError(f"stream {s.slot}: positions of shape {r.shape} for a chunk of {len(tokens)} tokens; "
+                                 f"give [3, {len(tokens)}] (T, H, W)")
+        return rows
 
     def _attention(self, step, x, entry) -> torch.Tensor:
         _, layer, k_pool, v_pool = entry
@@ -190,16 +294,15 @@ class HybridRuntime:
         cfg = self.cfg
         hk, hv, dk, dv = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, \
             cfg.linear_value_head_dim
-        q, k, v, z, b, a = g_mod.fix_query_key_value_ordering(g_mod.in_proj_qkvz(x)[None], g_mod.in_proj_ba(x)[None])
-        mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)  # [T, C]
+        mixed, z, b, a = self.family.gdn_projections(g_mod, x)  # [T, C] as q | k | v; z [T, Hv, dv]; b, a [T, Hv]
         conv_out = torch.empty_like(mixed)
         step.conv1d([conv_states[i] for i in slots], mixed, conv_out, weight)  # per-stream states, in place
         kd = hk * dk
         q = conv_out[:, :kd].reshape(t, hk, dk).contiguous()
         k = conv_out[:, kd:2 * kd].reshape(t, hk, dk).contiguous()
         v = conv_out[:, 2 * kd:].reshape(t, hv, dv).contiguous()
-        beta = b[0].float().sigmoid().contiguous()
-        g = (-g_mod.A_log.float().exp() * F.softplus(a[0].float() + g_mod.dt_bias)).contiguous()
+        beta = b.float().sigmoid().contiguous()
+        g = (-g_mod.A_log.float().exp() * F.softplus(a.float() + g_mod.dt_bias)).contiguous()
         o = torch.empty_like(v)
         gdn_config = q12drv.GdnConfig()
         need = step.gdn_workspace_bytes(self.gdn_shape, gdn_config)
@@ -211,27 +314,47 @@ class HybridRuntime:
         return g_mod.out_proj(core)
 
 
-def tiny_config(**overrides):
-    """A small Qwen3-Next config at the real models' per-head shapes (GDN dk = dv = 128 with Hv = 2 Hk; attention
-    head dim 256, rotary dim 64, GQA 8:1), 4 layers in the 3:1 linear / full pattern, dense MLPs."""
-    from transformers import Qwen3NextConfig
+def tiny_config(model: str = "qwen3_next", **overrides):
+    """A small config of ``model`` (a :data:`FAMILIES` name) at the real models' per-head shapes (GDN dk = dv = 128
+    with Hv = 2 Hk; attention head dim 256, rotary dim 64, GQA 8:1), 4 layers in the 3:1 linear / full pattern,
+    dense MLPs; Qwen3.5's with the real models' MRoPE sections, ``[11, 11, 10]`` interleaved."""
+    import transformers
 
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
     kw = dict(vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
               num_key_value_heads=1, head_dim=256, linear_num_key_heads=2, linear_num_value_heads=4,
               linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
-              mlp_only_layers=list(range(4)), max_position_embeddings=8192,
-              rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
-              attn_implementation="eager")
+              max_position_embeddings=8192, rope_parameters=rope, attn_implementation="eager")
+    if model == "qwen3_next":
+        kw["mlp_only_layers"] = list(range(4))  # dense MLPs
+    else:
+        rope.update(mrope_section=[11, 11, 10], mrope_interleaved=True)
     kw.update(overrides)
-    return Qwen3NextConfig(**kw)
+    return getattr(transformers, FAMILIES[model].config)(**kw)
 
 
-def _demo() -> None:
-    from transformers import Qwen3NextForCausalLM
+def tiny_model(model: str = "qwen3_next", device: str = "cpu", **overrides):
+    """:func:`tiny_config`'s model with random weights (from torch's current seed), on ``device``, built in bf16 the
+    way ``from_pretrained(..., dtype=torch.bfloat16)`` builds a checkpoint's: bf16 weights, the rotary embedding's
+    frequencies in fp32 (``model.to(torch.bfloat16)`` would round those to bf16 as well, which no loaded model does:
+    at position 2048 that moves the angles by up to 4 radians)."""
+    from transformers import AutoModelForCausalLM
 
+    cfg = tiny_config(model, **overrides)
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).to(device).eval()
+
+
+def _demo(argv: list | None = None) -> None:
+    parser = argparse.ArgumentParser(description="A small random hybrid model: 4 prompts batched in 2 chunks each, "
+                                                 "compared with transformers' forward per prompt.")
+    parser.add_argument("--model", choices=sorted(FAMILIES), default="qwen3_next",
+                        help="qwen3_next: Qwen3NextForCausalLM (plain RoPE, fused GDN projections); qwen3_5: "
+                             "Qwen3_5ForCausalLM, the Qwen3.5 text model (interleaved MRoPE, split GDN projections); "
+                             "default %(default)s")
+    name = parser.parse_args(argv).model
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = Qwen3NextForCausalLM(tiny_config()).to(device=device, dtype=torch.bfloat16).eval()
+    model = tiny_model(name, device)
     rt = HybridRuntime(model, max_streams=4, max_tokens=256, max_pass_tokens=512)
     prompts = [torch.randint(0, 512, (n,)).tolist() for n in (5, 40, 1, 17)]
     streams = [rt.add_stream() for _ in prompts]

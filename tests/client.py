@@ -1,5 +1,6 @@
-"""What the client tests share (CPU and GPU): the example runtime loaded from examples/, the transformers model it
-serves, the reference forward per prompt, and the comparisons with their tolerances.
+"""What the client tests share (CPU and GPU): the example runtime loaded from examples/, the transformers models it
+serves (:data:`MODELS`: Qwen3-Next, Qwen3.5's text model), the reference forward per prompt, and the comparisons with
+their tolerances.
 
 Tolerance: the runtime and transformers both compute in bf16 with the model's own modules for everything token-wise,
 and q12drv's kernels round their outputs once to bf16; transformers' own bf16 forward differs from its fp32 forward
@@ -19,6 +20,12 @@ transformers = pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 3e-2
+#: The example's model names, each a test parameter; one whose transformers module is missing skips.
+MODELS = [pytest.param(name, marks=pytest.mark.skipif(importlib.util.find_spec(f"transformers.models.{module}") is None,
+                                                       reason=f"this transformers has no {module}"))
+          for name, module in (("qwen3_next", "qwen3_next"), ("qwen3_5", "qwen3_5"))]
+#: Those with MRoPE (T/H/W positions): Qwen3.5.
+MROPE_MODELS = [m for m in MODELS if m.values != ("qwen3_next",)]
 
 
 def load_example():
@@ -40,21 +47,25 @@ def reference_is_torch() -> None:
         assert importlib.util.find_spec(package) is None, f"{package} imports here: the reference would not be torch"
 
 
-def setup_on(device: str, lengths: tuple, seed: int) -> tuple:
-    """``(example module, model, prompts, reference logits per prompt)``: the tiny Qwen3-Next model on ``device``
+def setup_on(device: str, lengths: tuple, seed: int, model: str = "qwen3_next") -> tuple:
+    """``(example module, model, prompts, reference logits per prompt)``: the example's tiny ``model`` on ``device``
     (bf16, weights from seed 0) and one random prompt per length (token ids from ``seed``)."""
     reference_is_torch()
     ex = load_example()
     torch.manual_seed(0)
-    model = transformers.Qwen3NextForCausalLM(ex.tiny_config()).to(device=device, dtype=torch.bfloat16).eval()
+    model = ex.tiny_model(model, device)
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in lengths]
     return ex, model, prompts, [reference_logits(model, p) for p in prompts]
 
 
 @torch.no_grad()
-def reference_logits(model, prompt: list) -> "torch.Tensor":
-    return model(torch.tensor([prompt], device=next(model.parameters()).device)).logits[0].float()
+def reference_logits(model, prompt: list, positions=None) -> "torch.Tensor":
+    """transformers' logits of one prompt; ``positions``: its ``[3, n]`` T/H/W rotary positions (MRoPE models),
+    default what the model computes itself."""
+    device = next(model.parameters()).device
+    pos = None if positions is None else torch.as_tensor(positions, device=device)[:, None, :]
+    return model(torch.tensor([prompt], device=device), position_ids=pos).logits[0].float()
 
 
 def check_batched_prefill(setup: tuple, **sizes) -> None:
@@ -110,3 +121,15 @@ def run_chunked(rt, prompts: list, splits: list) -> list:
         for (s, _), logits in zip(chunks, rt.step(chunks)):
             outs[streams.index(s)].append(logits.float())
     return [torch.cat(o) for o in outs], streams
+
+
+def image_positions(n_text: int, rows: int, cols: int, n_after: int) -> "torch.Tensor":
+    """``[3, n]`` T/H/W rotary positions of a prompt of ``n_text`` text tokens, one image of ``rows x cols`` tokens and
+    ``n_after`` text tokens, laid out as Qwen3-VL's ``get_rope_index`` lays them: a text token at T = H = W = its
+    index, the image's tokens at T = its first index with H and W that plus the token's row and column, the text after
+    it from that plus ``max(rows, cols)``."""
+    base = torch.arange(n_text)
+    r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
+    image = torch.stack([torch.zeros(rows * cols, dtype=torch.long), r.reshape(-1), c.reshape(-1)]) + n_text
+    after = torch.arange(n_after) + n_text + max(rows, cols)
+    return torch.cat([base.expand(3, -1), image, after.expand(3, -1)], dim=1)
