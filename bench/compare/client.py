@@ -32,7 +32,7 @@ LAYERS, EMU_LAYERS = 8, 4
 def run(ctx: Context) -> None:
     try:
         import torch
-        import transformers
+        import transformers  # noqa: F401  (the example's model)
     except ImportError as exc:
         ctx.error("client/torch+transformers", f"the client needs torch and transformers: {exc}")
         return
@@ -42,8 +42,8 @@ def run(ctx: Context) -> None:
     device = "cuda" if ctx.gpu else "cpu"
     torch.manual_seed(0)
     layers = LAYERS if ctx.gpu else EMU_LAYERS
-    cfg = ex.tiny_config(num_hidden_layers=layers, mlp_only_layers=list(range(layers)))
-    model = transformers.Qwen3NextForCausalLM(cfg).to(device=device, dtype=torch.bfloat16).eval()
+    model = ex.tiny_model("qwen3_next", device, num_hidden_layers=layers, mlp_only_layers=list(range(layers)))
+    cfg = model.config
     fast = [p for p in ("fla", "causal_conv1d") if importlib.util.find_spec(p) is not None]
     note = f"transformers with {', '.join(fast)}" if fast else "transformers' torch code (no fla-core, no causal-conv1d)"
     res = ctx.section("client", {"layers": layers, "transformers_fast_paths": fast, "cases": {}})
