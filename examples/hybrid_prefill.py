@@ -39,7 +39,6 @@ import torch
 import torch.nn.functional as F
 
 import q12drv
-from q12drv.kernels.rope import MODE_INTERLEAVED, MODE_PLAIN
 
 __all__ = ["FAMILIES", "Family", "HybridRuntime", "StreamState", "family_of", "tiny_config", "tiny_model"]
 
@@ -74,8 +73,8 @@ class Family:
         ``(linear_attn module, x [T, hidden]) -> (mixed [T, 2 Hk dk + Hv dv] as q | k | v, z [T, Hv, dv],
         b [T, Hv], a [T, Hv])``.
     mrope_mode : int
-        The rotary embedding the model computes: ``MODE_PLAIN`` (RoPE at the token's position) or
-        ``MODE_INTERLEAVED`` (MRoPE, the T/H/W sections its rotary embedding's ``mrope_section`` names).
+        The rotary embedding the model computes: ``q12drv.MROPE_OFF`` (RoPE at the token's position) or
+        ``q12drv.MROPE_INTERLEAVED`` (MRoPE, the T/H/W sections its rotary embedding's ``mrope_section`` names).
     """
 
     model_type: str
@@ -87,9 +86,9 @@ class Family:
 
 #: The models the runtime serves, by the name :func:`tiny_model` and the demo take.
 FAMILIES = {
-    "qwen3_next": Family("qwen3_next", "Qwen3NextForCausalLM", "Qwen3NextConfig", _fused_projections, MODE_PLAIN),
+    "qwen3_next": Family("qwen3_next", "Qwen3NextForCausalLM", "Qwen3NextConfig", _fused_projections, q12drv.MROPE_OFF),
     "qwen3_5": Family("qwen3_5_text", "Qwen3_5ForCausalLM", "Qwen3_5TextConfig", _split_projections,
-                      MODE_INTERLEAVED),
+                      q12drv.MROPE_INTERLEAVED),
 }
 
 
@@ -134,7 +133,7 @@ class HybridRuntime:
                  block_size: int = 16):
         cfg = model.config
         self.model, self.cfg, self.family = model, cfg, family_of(cfg)
-        self.use_mrope = self.family.mrope_mode != MODE_PLAIN
+        self.use_mrope = self.family.mrope_mode != q12drv.MROPE_OFF
         self.tdev = next(model.parameters()).device
         # q12drv on the same device and (on a GPU) the same primary context and stream as torch
         self.dev = q12drv.open_device("cuda" if self.tdev.type == "cuda" else "emu",

@@ -48,7 +48,7 @@ from .core.staging import (
 )
 from .kernels import ops
 from .kernels.gdn import GdnConfig, GdnPlan, GdnShape, GdnTensors, plan_gdn
-from .kernels.rope import RopeScaling
+from .kernels.rope import MROPE_CHUNKED, MROPE_INTERLEAVED, MROPE_OFF, RopeScaling
 from .prefill import AttentionShape, Q12Pass
 from .prefill.graphs import PassGraph, capture
 
@@ -70,6 +70,9 @@ __all__ = [
     "GdnTensors",
     "HStateSlot",
     "HostRaceError",
+    "MROPE_CHUNKED",
+    "MROPE_INTERLEAVED",
+    "MROPE_OFF",
     "NULL",
     "NvrtcError",
     "PassGraph",

@@ -136,18 +136,18 @@ def test_entries_match_source():
 # ----------------------------------------------------------------------------- maps and frequencies
 def test_axis_maps_of_real_models():
     # Qwen3.5 [11, 11, 10] interleaved over 32 frequencies.
-    ax = rope.axis_map(32, rope.MODE_INTERLEAVED, (11, 11, 10))
+    ax = rope.axis_map(32, rope.MROPE_INTERLEAVED, (11, 11, 10))
     assert np.flatnonzero(ax == 0).tolist() == list(range(0, 31, 3))
     assert np.flatnonzero(ax == 1).tolist() == list(range(1, 32, 3))
     assert np.flatnonzero(ax == 2).tolist() == list(range(2, 30, 3))
     # Qwen3-VL [24, 20, 20] over 64: T gets {0, 3, ..., 57} and {60..63}.
-    ax = rope.axis_map(64, rope.MODE_INTERLEAVED, (24, 20, 20))
+    ax = rope.axis_map(64, rope.MROPE_INTERLEAVED, (24, 20, 20))
     assert np.flatnonzero(ax == 0).tolist() == list(range(0, 58, 3)) + [60, 61, 62, 63]
     assert (ax == 1).sum() == 20 and (ax == 2).sum() == 20
     # Qwen2-VL [16, 24, 24] chunked over 64.
-    ax = rope.axis_map(64, rope.MODE_CHUNKED, (16, 24, 24))
+    ax = rope.axis_map(64, rope.MROPE_CHUNKED, (16, 24, 24))
     assert ax.tolist() == [0] * 16 + [1] * 24 + [2] * 24
-    assert (rope.axis_map(7, rope.MODE_PLAIN) == 0).all()
+    assert (rope.axis_map(7, rope.MROPE_OFF) == 0).all()
 
 
 @pytest.mark.parametrize("rd,theta", [(64, 1e7), (128, 1e6), (128, 1e4), (32, 5e6)])

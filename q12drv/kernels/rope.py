@@ -10,10 +10,10 @@ once to bf16 (HF rounds cos/sin to bf16 first; see :func:`hf_style_reference`).
 The position of frequency ``j`` comes from stream ``s(j)`` of the metadata (0 = T
 ``positions``, 1 = H ``positions_h``, 2 = W ``positions_w``), see :func:`axis_map`:
 
-- mode 0 (:data:`MODE_PLAIN`): always T;
-- mode 1 (:data:`MODE_CHUNKED`, Qwen2-VL ``[16, 24, 24]``): T for ``j < s0``, H for
+- mode 0 (:data:`MROPE_OFF`): always T;
+- mode 1 (:data:`MROPE_CHUNKED`, Qwen2-VL ``[16, 24, 24]``): T for ``j < s0``, H for
   ``j < s0 + s1``, else W;
-- mode 2 (:data:`MODE_INTERLEAVED`, Qwen3-VL ``[24, 20, 20]``, Qwen3.5 ``[11, 11, 10]``): H if
+- mode 2 (:data:`MROPE_INTERLEAVED`, Qwen3-VL ``[24, 20, 20]``, Qwen3.5 ``[11, 11, 10]``): H if
   ``j % 3 == 1 and j < 3 * s1``, W if ``j % 3 == 2 and j < 3 * s2``, else T.
 
 Entry::
@@ -54,9 +54,9 @@ __all__ = [
     "TABLE_FREQS",
     "RopeTableC",
     "RopeScaling",
-    "MODE_PLAIN",
-    "MODE_CHUNKED",
-    "MODE_INTERLEAVED",
+    "MROPE_OFF",
+    "MROPE_CHUNKED",
+    "MROPE_INTERLEAVED",
     "MAX_ROTARY_DIM",
     "MAX_THREADS",
     "check_params",
@@ -76,9 +76,11 @@ ENTRIES = ("q12_rope",)
 
 #: Threads per CTA of the launch :func:`geometry` returns.
 THREADS = 256
-MODE_PLAIN = 0
-MODE_CHUNKED = 1
-MODE_INTERLEAVED = 2
+#: ``mrope_mode`` values: plain RoPE at the token's position; MRoPE with the T/H/W sections in chunks (Qwen2-VL);
+#: MRoPE with the sections interleaved (Qwen3-VL, Qwen3.5). Exported as ``q12drv.MROPE_*``.
+MROPE_OFF = 0
+MROPE_CHUNKED = 1
+MROPE_INTERLEAVED = 2
 #: Largest block the kernel launches with (``__launch_bounds__(512, 1)``): it uses 112 registers a
 #: thread on sm_90, so 1024 threads would exceed the SM's 65,536.
 MAX_THREADS = 512
@@ -219,7 +221,7 @@ CONTRACTS = {
 def check_params(
     head_dim: int,
     rotary_dim: int,
-    mrope_mode: int = MODE_PLAIN,
+    mrope_mode: int = MROPE_OFF,
     sections: tuple[int, int, int] = (0, 0, 0),
     num_q_heads: int = 1,
     num_kv_heads: int = 1,
@@ -249,9 +251,9 @@ def check_params(
         raise ValueError(f"head_dim must be positive, got {head_dim}")
     if rotary_dim < 0 or rotary_dim % 2 or rotary_dim > head_dim or rotary_dim > MAX_ROTARY_DIM:
         raise ValueError(f"rotary_dim must be even and in [0, min(head_dim, {MAX_ROTARY_DIM})], got {rotary_dim}")
-    if mrope_mode not in (MODE_PLAIN, MODE_CHUNKED, MODE_INTERLEAVED):
+    if mrope_mode not in (MROPE_OFF, MROPE_CHUNKED, MROPE_INTERLEAVED):
         raise ValueError(f"mrope_mode must be 0, 1 or 2, got {mrope_mode}")
-    if mrope_mode != MODE_PLAIN:
+    if mrope_mode != MROPE_OFF:
         if len(sections) != 3 or min(sections) < 0 or sum(sections) != rotary_dim // 2:
             raise ValueError(f"MRoPE sections {sections} must be 3 non-negative ints summing to {rotary_dim // 2}")
 
@@ -314,10 +316,10 @@ def geometry(
 
 
 def floor_bytes(total_tokens: int, num_q_heads: int, num_kv_heads: int, rotary_dim: int,
-                mrope_mode: int = MODE_PLAIN) -> int:
+                mrope_mode: int = MROPE_OFF) -> int:
     """Bytes ``q12_rope`` must move at least: the rotary dims of every head read and written
     (``T * (Hq + Hkv) * rotary_dim * 2 B``, twice) plus the u32 positions (1 stream, 3 under MRoPE)."""
-    streams = 1 if mrope_mode == MODE_PLAIN else 3
+    streams = 1 if mrope_mode == MROPE_OFF else 3
     return 2 * total_tokens * (num_q_heads + num_kv_heads) * rotary_dim * 2 + 4 * streams * total_tokens
 
 
@@ -361,11 +363,11 @@ def axis_map(half: int, mrope_mode: int, sections: tuple[int, int, int] = (0, 0,
     """
     j = np.arange(half)
     s_t, s_h, s_w = (int(x) for x in sections)
-    if mrope_mode == MODE_PLAIN:
+    if mrope_mode == MROPE_OFF:
         return np.zeros(half, dtype=np.int64)
-    if mrope_mode == MODE_CHUNKED:
+    if mrope_mode == MROPE_CHUNKED:
         return np.where(j < s_t, 0, np.where(j < s_t + s_h, 1, 2)).astype(np.int64)
-    if mrope_mode == MODE_INTERLEAVED:
+    if mrope_mode == MROPE_INTERLEAVED:
         ax = np.zeros(half, dtype=np.int64)
         ax[(j % 3 == 1) & (j < 3 * s_h)] = 1
         ax[(j % 3 == 2) & (j < 3 * s_w)] = 2
@@ -423,7 +425,7 @@ def reference(
     positions: np.ndarray,
     rotary_dim: int,
     theta: float,
-    mrope_mode: int = MODE_PLAIN,
+    mrope_mode: int = MROPE_OFF,
     sections: tuple[int, int, int] = (0, 0, 0),
     positions_h: np.ndarray | None = None,
     positions_w: np.ndarray | None = None,
@@ -481,7 +483,7 @@ def hf_style_reference(
     positions: np.ndarray,
     rotary_dim: int,
     theta: float,
-    mrope_mode: int = MODE_PLAIN,
+    mrope_mode: int = MROPE_OFF,
     sections: tuple[int, int, int] = (0, 0, 0),
     positions_h: np.ndarray | None = None,
     positions_w: np.ndarray | None = None,
@@ -558,7 +560,7 @@ def emulate_rope(args: dict, mem, grid, block) -> None:
     if t == 0:
         return
     p_t = np.array(mem.array(m.positions, np.uint32, (t,)))
-    if mode == MODE_PLAIN:
+    if mode == MROPE_OFF:
         p_h = p_w = None
     else:
         p_h = np.array(mem.array(m.positions_h, np.uint32, (t,)))

@@ -67,7 +67,8 @@ _F32 = 4
 
 @dataclass(frozen=True)
 class AttentionShape:
-    """Shape of an attention layer: heads, head dim, rotary settings (mrope_mode 0/1/2, see ops.rope).
+    """Shape of an attention layer: heads, head dim, rotary settings (``mrope_mode``: ``q12drv.MROPE_OFF``,
+    ``MROPE_CHUNKED`` or ``MROPE_INTERLEAVED``, with ``mrope_section`` the T/H/W sections; see ops.rope).
 
     ``rope_scaling``: a :class:`~q12drv.kernels.rope.RopeScaling` for models with scaled rotary embeddings
     (its frequencies replace ``rope_theta``'s; :meth:`~q12drv.kernels.rope.RopeScaling.from_transformers` reads
