@@ -215,3 +215,25 @@ def test_pass_graph_host_padding_with_vision_positions(emu):
             assert (f[name][13:] == 0).all()
         assert (f["slot_stacked"][13:] == -1).all() and not f["_pads"].any()
         assert list(f["cu_seqlens"]) == [0, 8, 13, 13] and list(f["kv_lens"]) == [24, 5, 0]
+
+
+def test_a_layer_that_uploads_state_pointers_refuses_a_foreign_graph_capture(emu):
+    """gdn_layer and conv1d copy their state pointers from a pinned slot that later uploads reuse: captured by
+    someone else's graph, a replay would read stale pointers. They refuse, naming PassGraph; nothing is enqueued."""
+    from q12drv import Q12Pass, ScratchArena
+    from q12drv.core.errors import Q12Error
+    from tests.helpers import make_streams
+
+    streams, tables = make_streams(emu, [5, 3])
+    s = emu.new_stream()
+    with ScratchArena(emu, 1 << 16) as arena:
+        q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, stream=s)
+        states = emu.alloc(2 * 4096)
+        emu.driver.begin_capture(s.raw)
+        with pytest.raises(Q12Error, match="capturing a CUDA graph.*q12drv.PassGraph"):
+            q12.h_slot.upload([int(states.ptr), int(states.ptr) + 4096], s)
+        graph = emu.driver.end_capture(s.raw)
+        assert graph[1] == ()  # nothing was captured
+        q12.h_slot.upload([int(states.ptr), int(states.ptr) + 4096], s)  # outside a capture, as before
+        states.free()
+    tables.free()

@@ -198,7 +198,11 @@ class Q12Pass:
         covering this pass) with the same ``block_size``, ``use_mrope`` and ``dummy_kv_block``;
         ``expand`` must be ``"auto"`` or ``"device"``. A pass that runs per stream does not use it.
     stream : optional
-        CUDA stream for everything the pass enqueues.
+        CUDA stream for everything the pass enqueues (any form :meth:`Device.as_stream
+        <q12drv.core.device.Device.as_stream>` takes). It stays an attribute: set ``step.stream`` between calls to
+        enqueue the next layer ops elsewhere (e.g. on a ``torch.cuda.graph`` capture stream, after the staging on
+        the stream given here has been waited for). The layers that upload state pointers (``conv1d``,
+        ``gdn_layer``) refuse a capturing stream: :class:`~q12drv.prefill.graphs.PassGraph` captures those.
 
     Attributes
     ----------

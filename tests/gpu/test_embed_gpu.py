@@ -78,6 +78,57 @@ def test_cuda_core_buffers_and_streams(gpu):
     buf.close()
 
 
+def test_a_pass_on_torch_tensors_between_torch_ops_and_replayed_from_a_torch_graph(gpu):
+    """A pass on torch tensors and torch's current stream, its attention layer between torch ops (the projections
+    before, a reduction after): eager equals the same pass on raw addresses; captured with ``torch.cuda.graph``
+    (``Q12Pass.stream`` set to the capture stream) and replayed, it gives the eager result again."""
+    torch = pytest.importorskip("torch")
+    from q12drv import Q12Pass
+    from tests.helpers import make_streams
+    from tests.test_threads_devices import SHAPE, STARTS
+
+    dev = f"cuda:{gpu.ordinal}"
+    hq, hkv, d = SHAPE.num_q_heads, SHAPE.num_kv_heads, SHAPE.head_dim
+    t = sum(COUNTS)
+    g = torch.Generator(device=dev).manual_seed(3)
+    x = torch.randn(t, 256, device=dev, generator=g, dtype=torch.bfloat16)
+    wq, wk, wv = (torch.randn(256, h * d, device=dev, generator=g, dtype=torch.bfloat16) * 0.06 for h in (hq, hkv, hkv))
+    streams, tables = make_streams(gpu, COUNTS, STARTS)
+    nb = int(max(s.block_table.max() for s in streams)) + 1
+    pools = [torch.zeros(nb, 16, hkv, d, device=dev, dtype=torch.bfloat16) for _ in range(2)]
+    o = torch.empty(t, hq, d, device=dev, dtype=torch.bfloat16)
+    main = torch.cuda.current_stream(gpu.ordinal)
+    with ScratchArena(gpu, make_scratch_plan(COUNTS, 0, False).total_bytes) as arena:
+        q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, head_dim=d, stream=main)
+
+        def layer():
+            q, k, v = ((x @ w).view(t, -1, d) for w in (wq, wk, wv))  # torch ops on torch's stream
+            q12.attention_layer(q, k, v, pools[0], pools[1], o, SHAPE)
+            return o.float().square().sum(-1)  # a torch op reading q12drv's output
+
+        eager = layer().clone()
+        # the same pass on raw addresses, fed the same projections
+        q, k, v = ((x @ w).view(t, -1, d).contiguous() for w in (wq, wk, wv))
+        o_raw = torch.empty_like(o)
+        kp, vp = (torch.zeros_like(p) for p in pools)
+        q12.attention_layer(q.data_ptr(), k.data_ptr(), v.data_ptr(), kp.data_ptr(), vp.data_ptr(), o_raw.data_ptr(),
+                            SHAPE, num_blocks=nb)
+        torch.cuda.synchronize()
+        assert torch.equal(o, o_raw) and torch.equal(pools[0], kp) and torch.equal(pools[1], vp)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            q12.stream = torch.cuda.current_stream(gpu.ordinal)  # the capture stream
+            captured = layer()
+        q12.stream = main
+        for p in pools:
+            p.zero_()
+        o.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, eager) and torch.equal(o, o_raw) and torch.equal(pools[0], kp)
+    tables.free()
+
+
 def test_threads_on_the_gpu(gpu):
     expected = attention_pass(gpu, 3)
     assert in_thread(attention_pass, gpu, 3) == expected  # a fresh thread: no context current there

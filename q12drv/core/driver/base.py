@@ -142,6 +142,7 @@ class Driver:
     # graphs (stream capture)
     def begin_capture(self, stream: Any) -> None: raise NotImplementedError
     def end_capture(self, stream: Any) -> Any: raise NotImplementedError
+    def stream_is_capturing(self, stream: Any) -> bool: raise NotImplementedError
     def graph_instantiate(self, graph: Any) -> Any: raise NotImplementedError
     def graph_launch(self, graph_exec: Any, stream: Any) -> None: raise NotImplementedError
     def graph_destroy(self, graph: Any, graph_exec: Any) -> None: raise NotImplementedError

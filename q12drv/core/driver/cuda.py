@@ -288,6 +288,9 @@ class CudaDriver(Driver):
     def end_capture(self, stream: Any) -> Any:
         return self._call("cuStreamEndCapture", stream)
 
+    def stream_is_capturing(self, stream: Any) -> bool:
+        return self._call("cuStreamIsCapturing", stream) != self._cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
     def graph_instantiate(self, graph: Any) -> Any:
         return self._call("cuGraphInstantiate", graph, 0)
 

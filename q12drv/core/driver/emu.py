@@ -869,6 +869,9 @@ class EmuDriver(Driver):
         ops, s.capture = s.capture, None
         return (s.ctx, tuple(ops))
 
+    def stream_is_capturing(self, stream: Any) -> bool:
+        return self._work_stream(stream, "cuStreamIsCapturing").capture is not None
+
     def graph_instantiate(self, graph: Any) -> Any:
         self._fault("cuGraphInstantiate")
         self._in_current("cuGraphInstantiate", graph[0])

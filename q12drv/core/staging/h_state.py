@@ -62,7 +62,8 @@ class HStateSlot:
             :data:`~q12drv.core.staging.validate.STATE_ALIGN` bytes, as ``Q12Pass.gdn_layer`` requires);
             nothing written.
         Q12Error
-            The arena was reset since the slot was placed (the slot belongs to an earlier pass) or closed.
+            The arena was reset since the slot was placed (the slot belongs to an earlier pass) or closed; or
+            ``stream`` is capturing a CUDA graph (the copy's pinned source is reused: use ``PassGraph``).
         """
         self.arena._require_open()
         if self.arena.generation != self._generation:
@@ -82,11 +83,17 @@ class HStateSlot:
         the layer's kernel needs (``Q12Pass.gdn_layer``, ``Q12Pass.conv1d``), for this slot's current pass."""
         nbytes = h_state_slot_bytes(self.n)
         self.arena.check_range("h_state_ptrs", self.offset, nbytes)
+        device = self.arena.device
+        s = device.as_stream(stream)
+        if device.driver.stream_is_capturing(s):
+            raise Q12Error("the stream is capturing a CUDA graph: this layer's state pointers are copied from a pinned "
+                           "staging slot that later uploads reuse, so a replay would read whatever the slot holds "
+                           "then; capture the pass with q12drv.PassGraph (its per-layer pointer tables stay put), or "
+                           "run the conv1d / Gated DeltaNet layers outside the capture")
         ring = staging_ring(self.arena, "h_state")
         slot = ring.acquire(nbytes)
         self._packer.pack_into(slot.array, 0, *values)
-        s = self.arena.device.as_stream(stream)
-        self.arena.device.driver.memcpy_htod_async(int(self.ptr), slot.addr, nbytes, s)
+        device.driver.memcpy_htod_async(int(self.ptr), slot.addr, nbytes, s)
         ring.commit(slot, s)
         self.uploads += 1
 
