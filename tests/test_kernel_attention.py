@@ -418,3 +418,27 @@ def test_emulator_refuses_a_negative_window_argument():
     with pytest.raises(ValueError, match="window_left must be >= 0"):
         emulate_case(mem, q, kp, vp, cu, kv, tables, 2, 1, 16, 0.125, 64, window_left=-1)
 
+
+def test_window_matches_transformers_sliding_window_mask():
+    # transformers' sliding_window W (masking_utils: key j visible to query p when j > p - W and j <= p) is
+    # window_left = W - 1, what AttentionShape(sliding_window=W) passes
+    torch = pytest.importorskip("torch")
+    masking_utils = pytest.importorskip("transformers.masking_utils")
+    from q12drv.prefill import AttentionShape
+
+    n, bs = 40, 16
+    rng = np.random.default_rng(13)
+    q, kp, vp, cu, kv, tables = make_case(rng, [n], [0], hq=1, hkv=1, d=64, bs=bs)
+    slots = tables[0][np.arange(n) // bs] * bs + np.arange(n) % bs
+    qf, kf, vf = (from_bf16_bits(x).astype(np.float64).reshape(-1, 64) for x in (q, kp, vp))
+    logits = qf @ kf[slots].T * 0.125
+    for w in (1, 2, 5, 16, 39, 40, 100):
+        fn = masking_utils.sliding_window_causal_mask_function(w)
+        idx = torch.arange(n)
+        mask = fn(torch.tensor(0), torch.tensor(0), idx[:, None], idx[None, :]).numpy()  # [query, key]
+        assert mask.shape == (n, n) and mask.dtype == bool
+        left = AttentionShape(1, 1, 64, 64, sliding_window=w).window_left
+        assert left == w - 1
+        e = np.where(mask, np.exp(logits - np.where(mask, logits, -np.inf).max(axis=1, keepdims=True)), 0)
+        want = (e / e.sum(axis=1, keepdims=True)) @ vf[slots]  # attention under transformers' own mask
+        _check_close(attn.reference(q, kp, vp, cu, kv, tables, 1, 1, bs, 0.125, window_left=left), want[:, None])
