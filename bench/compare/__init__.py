@@ -23,4 +23,5 @@ SECTIONS = {
     "graph": graph.run,
     "gdn": gdn.run,
     "conv1d": conv1d.run,
+    "attention_window": attention.run_window,
 }
