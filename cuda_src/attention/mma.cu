@@ -378,8 +378,9 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
             }
         }
 
-        // ---- causal mask, on diagonal tiles only (raw scores; the scale is folded in below) ----
-        if (kb + BN - 1 > diag_from) {
+        // ---- masks (raw scores; the scale is folded in below): -inf past a row's causal bound (its last key),
+        // or with `left` below its window (bound - window_left) ----
+        auto mask = [&](bool left) {
 #pragma unroll
             for (int mi = 0; mi < MW; ++mi) {
 #pragma unroll
@@ -388,27 +389,15 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
                     for (int e = 0; e < 4; ++e) {
                         const int key = kb + hw * (BN / 2) + j * 8 + 2 * t + (e & 1);
                         const int rr = wrow + mi * 16 + g + (e >> 1) * 8;
-                        if (key > shift + (GQA ? rr / G : rr)) s[mi][j][e] = -ATTN_INF;
+                        const int bound = shift + (GQA ? rr / G : rr);
+                        if (left ? key < bound - window_left : key > bound) s[mi][j][e] = -ATTN_INF;
                     }
                 }
             }
-        }
-        // ---- the window's left bound (a row's causal bound - window_left), on the tiles below the last
-        // row's first key only; never without a window (max_key - INT_MAX <= 0) ----
-        if (kb < max_key - window_left) {
-#pragma unroll
-            for (int mi = 0; mi < MW; ++mi) {
-#pragma unroll
-                for (int j = 0; j < NSW; ++j) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int key = kb + hw * (BN / 2) + j * 8 + 2 * t + (e & 1);
-                        const int rr = wrow + mi * 16 + g + (e >> 1) * 8;
-                        if (key < shift + (GQA ? rr / G : rr) - window_left) s[mi][j][e] = -ATTN_INF;
-                    }
-                }
-            }
-        }
+        };
+        if (kb + BN - 1 > diag_from) mask(false);  // causal, on diagonal tiles only
+        // the window, on the tiles below the last row's first key only; never without one (max_key - INT_MAX <= 0)
+        if (kb < max_key - window_left) mask(true);
 
         // ---- online softmax (row g + 8i of sub-tile mi; element e belongs to i = e >> 1) ----
         // Max over raw scores (scale > 0), kept in log2 units: row_max = max(s) * sl2, and
