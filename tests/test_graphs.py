@@ -114,6 +114,16 @@ class World(LayerBuffers):
             self.dev.synchronize()
         return self.read(sum(counts), len(streams))
 
+    def replay(self, gp, name):
+        """Replay ``gp`` for batch ``name`` on fresh inputs; return what it wrote."""
+        streams = self.batches[name][0]
+        gp.set_streams(streams)
+        gp.set_states(0, self.states(len(streams)))
+        self.reset()
+        gp.replay()
+        self.dev.synchronize()
+        return self.read(sum(s.proc_count for s in streams), len(streams))
+
     def body(self, gp, config=FUSED):
         gp.attention_layer(*self.attention_args(), self.att, num_blocks=self.num_blocks)
         # (a plan that needs one) the workspace sized for the graph's maxima (gp.gdn_plan), allocated before the capture
@@ -157,13 +167,7 @@ def test_pass_graph_replay_with_new_metadata_equals_eager(expand, deferred, conf
         _assert_same(w.read(60, 3), want["A"])  # the capture's eager run
         meta_bytes = {}
         for name in ("A", "B", "A"):
-            streams = w.batches[name][0]
-            gp.set_streams(streams)
-            gp.set_states(0, w.states(len(streams)))
-            w.reset()
-            gp.replay()
-            dev.synchronize()
-            _assert_same(w.read(sum(s.proc_count for s in streams), len(streams)), want[name])
+            _assert_same(w.replay(gp, name), want[name])
             meta_bytes[name] = arena.read(gp.region.offset, gp.layout.staged_bytes)
         assert gp.replays == 3
         fields = unpack_metadata(meta_bytes["A"], gp.layout)
@@ -196,13 +200,7 @@ def test_pass_graph_sliding_window_equals_eager():
             assert np.array_equal(w.read(60, 3)["q"], w.host["q"][:60])  # no RoPE ran
             gp.capture(w.body)
             for name in ("A", "B"):
-                streams = w.batches[name][0]
-                gp.set_streams(streams)
-                gp.set_states(0, w.states(len(streams)))
-                w.reset()
-                gp.replay()
-                dev.synchronize()
-                _assert_same(w.read(sum(s.proc_count for s in streams), len(streams)), want[name])
+                _assert_same(w.replay(gp, name), want[name])
 
 
 def test_pass_graph_refuses_what_does_not_fit(emu):

@@ -199,6 +199,12 @@ CASES = [
 ]
 
 
+def _fresh_case(q_lens, prefixes, **dims) -> tuple:
+    """``(seed, Case)``: fresh random inputs, the seed for the failure messages."""
+    seed = secrets.randbits(32)
+    return seed, Case(np.random.default_rng(seed), q_lens, prefixes, **dims)
+
+
 def _with_algos(cases, d_of=lambda c: c[0]):
     """``(algo, case)`` for every case and every kernel that has its head dim."""
     return [(algo, c) for c in cases for algo, (mod, _) in ALGOS.items() if d_of(c) in mod.HEAD_DIMS]
@@ -212,9 +218,7 @@ ALGO_CASES = _with_algos(CASES)
 def test_attention_matches_reference(kernels, algo, case):
     d, bs, hq, hkv, q_lens, prefixes, scale = case
     kernel = kernels[algo, d]
-    seed = secrets.randbits(32)
-    rng = np.random.default_rng(seed)
-    c = Case(rng, q_lens, prefixes, hq=hq, hkv=hkv, d=d, bs=bs)
+    seed, c = _fresh_case(q_lens, prefixes, hq=hq, hkv=hkv, d=d, bs=bs)
     scale = d**-0.5 if scale is None else scale
     n = len(q_lens)
     out = c.run(kernel, list(range(n)), scale)
@@ -344,9 +348,7 @@ WINDOW_ALGO_CASES = _with_algos(WINDOW_CASES)
 def test_window_matches_torch(kernels, algo, case):
     d, bs, hq, hkv, q_lens, prefixes, window = case
     kernel = kernels[algo, d]
-    seed = secrets.randbits(32)
-    rng = np.random.default_rng(seed)
-    c = Case(rng, q_lens, prefixes, hq=hq, hkv=hkv, d=d, bs=bs)
+    seed, c = _fresh_case(q_lens, prefixes, hq=hq, hkv=hkv, d=d, bs=bs)
     scale = d**-0.5
     n = len(q_lens)
     out = c.run(kernel, list(range(n)), scale, window_left=window)
@@ -376,8 +378,7 @@ def test_window_covering_the_context_is_full_causal_bit_for_bit(kernels, algo, c
     # window_left >= the longest context - 1: every key of every row is in the window, so the kernels load the same
     # tiles and mask nothing more: the result is the no-window launch's, bit for bit
     d, bs, hq, hkv, q_lens, prefixes, scale = case
-    seed = secrets.randbits(32)
-    c = Case(np.random.default_rng(seed), q_lens, prefixes, hq=hq, hkv=hkv, d=d, bs=bs)
+    seed, c = _fresh_case(q_lens, prefixes, hq=hq, hkv=hkv, d=d, bs=bs)
     scale = d**-0.5 if scale is None else scale
     n = len(q_lens)
     full = c.run(kernels[algo, d], list(range(n)), scale)
@@ -393,8 +394,7 @@ def test_window_chunked_long(kernels, algo, dims):
     # Chunked prefill far past the window: 1024 new rows on 8192 cached keys, window 1000 (most key tiles skipped),
     # beside a decode-like row and a short fresh stream.
     d, hq, hkv = dims
-    seed = secrets.randbits(32)
-    c = Case(np.random.default_rng(seed), [1024, 1, 300], [8192, 4000, 0], hq=hq, hkv=hkv, d=d, bs=64)
+    seed, c = _fresh_case([1024, 1, 300], [8192, 4000, 0], hq=hq, hkv=hkv, d=d, bs=64)
     scale = d**-0.5
     out = c.run(kernels[algo, d], [0, 1, 2], scale, window_left=1000)
     assert not (out == 0xFFFF).any(), f"seed {seed}: some O rows were not written"
