@@ -15,6 +15,8 @@ and how, is in its docstring); each fails alone: an error is recorded and the re
 * ``step``: one prefill step, batched against per stream;
 * ``kv_write``, ``rope``, ``conv1d``: the memory-bound kernels against their byte floors and torch;
 * ``attention``: both attention kernels against torch FA2 and cuDNN;
+* ``attention_window``: the sliding window's cost against the same kernel without one on 1/8 of the context, and
+  against torch FA2 with the same window;
 * ``graph``: a captured pass replayed against the eager pass;
 * ``gdn``: the Gated DeltaNet plans against each other and fla-core.
 

@@ -4,7 +4,8 @@
 Three passes over 3 ragged streams of a few dozen tokens (cached prefixes, a shared dummy block),
 so that every kernel in ``q12drv.kernels.ops.ENTRIES`` runs: plain RoPE with a D=64 attention layer,
 a width-4 short convolution and a d=64 Gated DeltaNet layer; MRoPE (interleaved, vision positions on
-one stream) with a D=128 attention layer and a width-3 convolution; plain RoPE with a D=256
+one stream) with a D=128 sliding-window attention layer (4 keys: the mma.sync kernel skips the first key
+tile of the stream whose chunk starts at 37) and a width-3 convolution; plain RoPE with a D=256
 attention layer, a width-2 convolution and a d=128 GDN layer. Each attention layer runs the
 device's default kernel (``algo="auto"``: wgmma on Hopper at D=128 and 256) and, where that is not
 the mma.sync kernel, ``Q12Pass.attention`` with ``algo="mma"`` too; each GDN layer runs every GDN
@@ -54,7 +55,8 @@ CONV_CHANNELS = 64
 #: name -> (MRoPE, attention shape, short convolution width, GDN shape or None)
 LAYERS = {
     "rope d64": (False, AttentionShape(4, 2, 64, 64, 1e4), 4, GDN64),
-    "mrope d128": (True, AttentionShape(4, 2, 128, 64, 1e6, mrope_mode=2, mrope_section=(11, 11, 10)), 3, None),
+    "mrope d128": (True, AttentionShape(4, 2, 128, 64, 1e6, mrope_mode=2, mrope_section=(11, 11, 10),
+                                        sliding_window=4), 3, None),
     "rope d256": (False, AttentionShape(4, 2, 256, 64, 1e7), 2, GDN128),
 }
 

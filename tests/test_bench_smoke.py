@@ -32,7 +32,7 @@ def test_gpu_compare_and_plot_plumbing(tmp_path):
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     data = json.loads(out.read_text())
     missing = {"launch", "staging", "curve", "jit_slot", "step", "kv_write", "rope", "conv1d", "attention", "graph",
-               "gdn", "layer_ops"} - set(data["sections"])
+               "gdn", "layer_ops", "attention_window"} - set(data["sections"])
     assert not missing, (missing, data["errors"])
     assert not [k for k in data["errors"] if "torch" not in k], data["errors"]  # only torch is absent here
     assert all(data["sections"]["staging"]["verified"].values())
@@ -65,6 +65,12 @@ def test_gpu_compare_and_plot_plumbing(tmp_path):
     assert scaled["scaling"] == "linear 4" and scaled["q12drv_us"] > 0
     assert rows[(f"rope {tokens}k tokens: scaled (linear x4)", "q12drv RoPE from theta (no table)")]["ratio"] > 0
     assert any(name == f"rope {tokens}k tokens: scaled (linear x4) vs floor" for name, _ in rows)
+    # the sliding window's speed goal: the windowed case against the same kernel's no-window case, both kernels
+    assert data["sections"]["attention_window"]["window_left"] == 7
+    for d in (128, 256):
+        for algo in ("mma", "wgmma"):
+            row = rows[(f"attention window 1x(5 on 40) W8 D{d} {algo}", f"q12drv {algo} 1x(5 on 8), no window")]
+            assert row["q12drv_us"] > 0 and row["comparator_us"] > 0 and row["goal"] == "<= 1.2"
     lines = r.stdout.rstrip().splitlines()
     assert lines[-1].startswith("times in us")  # the table comes last
     table = lines[next(i for i, ln in enumerate(lines) if ln.startswith("== q12drv vs comparators")):]

@@ -1,6 +1,7 @@
 """CUDA graphs on the emulated driver: captured copies re-read pinned memory at replay, a pass
 captured for fixed maxima and replayed with new metadata equals the eager pass, padding sentinels."""
 
+import dataclasses
 
 import numpy as np
 import pytest
@@ -69,6 +70,7 @@ class World(LayerBuffers):
             self.batches[name] = (streams, tables)
         self.num_blocks = 40
         self.ws, self.ws_bytes = None, 0   # a GDN workspace, where a test gives one
+        self.att = ATT  # the attention layer's shape (a test may give it a sliding window)
         t, hq, hkv, d = MAX_TOKENS, ATT.num_q_heads, ATT.num_kv_heads, ATT.head_dim
         hk, hv, dg = GDN.num_k_heads, GDN.num_v_heads, GDN.head_dim
         host = {
@@ -107,13 +109,23 @@ class World(LayerBuffers):
             chunks = [(s.proc_start + s.proc_count, s.proc_count, 0, False) for s in streams]  # cached heads
             q12 = Q12Pass(arena, streams, block_size=BS, use_mrope=False, dummy_kv_block=0, head_dim=ATT.head_dim,
                           chunks=chunks, policy="exact", mode="batched")
-            q12.attention_layer(*self.attention_args(), ATT, num_blocks=self.num_blocks)
+            q12.attention_layer(*self.attention_args(), self.att, num_blocks=self.num_blocks)
             q12.gdn_layer(*self.gdn_args(len(streams)), GDN, config=FUSED)
             self.dev.synchronize()
         return self.read(sum(counts), len(streams))
 
+    def replay(self, gp, name):
+        """Replay ``gp`` for batch ``name`` on fresh inputs; return what it wrote."""
+        streams = self.batches[name][0]
+        gp.set_streams(streams)
+        gp.set_states(0, self.states(len(streams)))
+        self.reset()
+        gp.replay()
+        self.dev.synchronize()
+        return self.read(sum(s.proc_count for s in streams), len(streams))
+
     def body(self, gp, config=FUSED):
-        gp.attention_layer(*self.attention_args(), ATT, num_blocks=self.num_blocks)
+        gp.attention_layer(*self.attention_args(), self.att, num_blocks=self.num_blocks)
         # (a plan that needs one) the workspace sized for the graph's maxima (gp.gdn_plan), allocated before the capture
         ws = {} if self.ws is None else dict(workspace=int(self.ws.ptr), workspace_bytes=self.ws_bytes)
         gp.gdn_layer(0, self.gdn_tensors(), GDN, config=config, **ws)
@@ -155,13 +167,7 @@ def test_pass_graph_replay_with_new_metadata_equals_eager(expand, deferred, conf
         _assert_same(w.read(60, 3), want["A"])  # the capture's eager run
         meta_bytes = {}
         for name in ("A", "B", "A"):
-            streams = w.batches[name][0]
-            gp.set_streams(streams)
-            gp.set_states(0, w.states(len(streams)))
-            w.reset()
-            gp.replay()
-            dev.synchronize()
-            _assert_same(w.read(sum(s.proc_count for s in streams), len(streams)), want[name])
+            _assert_same(w.replay(gp, name), want[name])
             meta_bytes[name] = arena.read(gp.region.offset, gp.layout.staged_bytes)
         assert gp.replays == 3
         fields = unpack_metadata(meta_bytes["A"], gp.layout)
@@ -170,6 +176,31 @@ def test_pass_graph_replay_with_new_metadata_equals_eager(expand, deferred, conf
         assert not fields["_pads"].any()
         gp.close()
         arena.close()
+
+
+def test_pass_graph_sliding_window_equals_eager():
+    """A sliding-window layer in a captured pass: each replay equals the eager batched pass with the same window
+    (and differs from full attention); a bad window is refused before the first launch."""
+    with open_device("emu") as dev:
+        w = World(dev, np.random.default_rng(8))
+        full = w.eager("A")
+        w.att = dataclasses.replace(ATT, sliding_window=6)
+        want = {name: w.eager(name) for name in ("A", "B")}
+        assert not np.array_equal(want["A"]["o"], full["o"])
+        with ScratchArena(dev, 1 << 20) as arena, PassGraph(
+                arena, max_streams=MAX_STREAMS, max_tokens=MAX_TOKENS, max_chunk=48, block_size=BS, use_mrope=False,
+                dummy_kv_block=0, num_ssm_layers=1, state_bytes=w.state_bytes) as gp:
+            w.reset()
+            gp.set_streams(w.batches["A"][0])
+            gp.set_states(0, w.states(3))
+            with pytest.raises(ValueError, match="shape.sliding_window must be None"):
+                gp.run_eager(lambda g: g.attention_layer(*w.attention_args(), dataclasses.replace(ATT, sliding_window=0),
+                                                         num_blocks=w.num_blocks))
+            dev.synchronize()
+            assert np.array_equal(w.read(60, 3)["q"], w.host["q"][:60])  # no RoPE ran
+            gp.capture(w.body)
+            for name in ("A", "B"):
+                _assert_same(w.replay(gp, name), want[name])
 
 
 def test_pass_graph_refuses_what_does_not_fit(emu):

@@ -37,8 +37,9 @@ def make_case(rng, q_lens, prefixes, *, hq, hkv, d, bs, spare_blocks=3):
     return q, k_pool, v_pool, cu, kv_lens.astype(np.int32), tables
 
 
-def textbook(q, k_pool, v_pool, cu, kv_lens, tables, hq, hkv, bs, scale):
-    """float64, one row at a time, every key looked up through the block table."""
+def textbook(q, k_pool, v_pool, cu, kv_lens, tables, hq, hkv, bs, scale, window_left=None):
+    """float64, one row at a time, every key looked up through the block table; with ``window_left`` the keys
+    ``last - window_left .. last`` of each row (an explicit window)."""
     qf = from_bf16_bits(q).astype(np.float64)
     kf = from_bf16_bits(k_pool).astype(np.float64)
     vf = from_bf16_bits(v_pool).astype(np.float64)
@@ -51,8 +52,9 @@ def textbook(q, k_pool, v_pool, cu, kv_lens, tables, hq, hkv, bs, scale):
             kvh = h // grp
             for r in range(q_len):
                 last = kv - q_len + r
-                keys = np.stack([kf[tables[b][p // bs], p % bs, kvh] for p in range(last + 1)])
-                vals = np.stack([vf[tables[b][p // bs], p % bs, kvh] for p in range(last + 1)])
+                first = 0 if window_left is None else max(0, last - window_left)
+                keys = np.stack([kf[tables[b][p // bs], p % bs, kvh] for p in range(first, last + 1)])
+                vals = np.stack([vf[tables[b][p // bs], p % bs, kvh] for p in range(first, last + 1)])
                 logits = keys @ qf[cu[b] + r, h] * scale
                 w = np.exp(logits - logits.max())
                 out[cu[b] + r, h] = (w / w.sum()) @ vals
@@ -62,8 +64,10 @@ def textbook(q, k_pool, v_pool, cu, kv_lens, tables, hq, hkv, bs, scale):
 GUARD = 64  # uint16 guard elements on each side of O
 
 
-def emulate_case(mem, q, k_pool, v_pool, cu, kv_lens, tables, hq, hkv, bs, scale, d, grid=None, block=None):
-    """Upload into ``mem``, run the emulator, return (O rows, guarded buffer)."""
+def emulate_case(mem, q, k_pool, v_pool, cu, kv_lens, tables, hq, hkv, bs, scale, d, grid=None, block=None,
+                 window_left=attn.NO_WINDOW):
+    """Upload into ``mem``, run the emulator (``window_left``: the kernel's argument), return (O rows, guarded
+    buffer)."""
     n = len(kv_lens)
     t_total = int(cu[-1])
     o_buf = np.full(t_total * hq * d + 2 * GUARD, 0xFFFF, dtype=np.uint16)
@@ -96,6 +100,7 @@ def emulate_case(mem, q, k_pool, v_pool, cu, kv_lens, tables, hq, hkv, bs, scale
         "num_kv_heads": hkv,
         "block_size": bs,
         "scale": float(scale),
+        "window_left": window_left,
     }
     attn.EMULATORS[attn.entry_for_head_dim(d)](args, mem, grid or g, block or blk)
     return o_buf[GUARD:-GUARD].reshape(t_total, hq, d), o_buf
@@ -210,21 +215,22 @@ def test_reference_matches_textbook(q_lens, prefixes, hq, hkv, d, bs):
     _check_close(attn.reference(q, kp, vp, cu, kv, tables, hq, hkv, bs, scale, dtype=np.float64, row_chunk=4), want)
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=16, deadline=None)
 @given(
-    lens=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 40)), min_size=1, max_size=3),
+    lens=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 60)), min_size=1, max_size=3),
     heads=st.sampled_from([(1, 1), (2, 1), (4, 2)]),
     bs=st.sampled_from([16, 32]),
     scale=st.floats(0.02, 0.3),
+    window=st.one_of(st.none(), st.integers(0, 70)),  # window_left, None: full causal
     seed=st.integers(0, 2**31),
 )
-def test_reference_matches_textbook_random(lens, heads, bs, scale, seed):
+def test_reference_matches_textbook_random(lens, heads, bs, scale, window, seed):
     rng = np.random.default_rng(seed)
     hq, hkv = heads
     q_lens, prefixes = zip(*lens)
     q, kp, vp, cu, kv, tables = make_case(rng, q_lens, prefixes, hq=hq, hkv=hkv, d=64, bs=bs)
-    want = textbook(q, kp, vp, cu, kv, tables, hq, hkv, bs, scale)
-    _check_close(attn.reference(q, kp, vp, cu, kv, tables, hq, hkv, bs, scale), want)
+    want = textbook(q, kp, vp, cu, kv, tables, hq, hkv, bs, scale, window_left=window)
+    _check_close(attn.reference(q, kp, vp, cu, kv, tables, hq, hkv, bs, scale, window_left=window), want)
 
 
 def test_reference_is_bottom_right_causal():
@@ -290,3 +296,133 @@ def test_emulator_reads_only_through_mem():
     bad[0][1] = kp.shape[0] + 5
     with pytest.raises(IndexError):
         emulate_case(FakeMem(), q, kp, vp, cu, kv, bad, 1, 1, 16, 0.125, 64)
+
+
+# ---------------------------------------------------------------------------------------------
+# sliding window (window_left: FlashAttention's window_size=(window_left, 0))
+
+
+WINDOW_CASES = [
+    # (q_lens, prefixes, hq, hkv, d, bs, window_left): ragged streams, each with its own cached prefix
+    ([1, 15, 16, 17], [0, 40, 3, 16], 4, 2, 64, 16, 0),
+    ([1, 15, 16, 17], [0, 40, 3, 16], 4, 2, 64, 16, 5),
+    ([17, 1, 33], [15, 40, 31], 4, 1, 64, 16, 16),
+    ([5, 64, 65], [64, 0, 3], 2, 2, 128, 64, 63),
+    ([5, 64, 65], [64, 0, 3], 2, 2, 128, 64, 64),
+    ([3, 20, 70], [50, 7, 100], 4, 1, 256, 16, 33),
+    ([40, 2], [200, 1], 8, 2, 128, 16, 100),
+]
+
+
+@pytest.mark.parametrize("q_lens,prefixes,hq,hkv,d,bs,window", WINDOW_CASES)
+def test_reference_window_matches_textbook(q_lens, prefixes, hq, hkv, d, bs, window):
+    rng = np.random.default_rng(sum(q_lens) + d + bs + window)
+    q, kp, vp, cu, kv, tables = make_case(rng, q_lens, prefixes, hq=hq, hkv=hkv, d=d, bs=bs)
+    scale = d**-0.5
+    want = textbook(q, kp, vp, cu, kv, tables, hq, hkv, bs, scale, window_left=window)
+    got = attn.reference(q, kp, vp, cu, kv, tables, hq, hkv, bs, scale, window_left=window)
+    _check_close(got, want)
+    _check_close(attn.reference(q, kp, vp, cu, kv, tables, hq, hkv, bs, scale, dtype=np.float64, row_chunk=3,
+                                window_left=window), want)
+    # the window matters here: full causal attention differs from it on the rows with more keys than the window
+    full = textbook(q, kp, vp, cu, kv, tables, hq, hkv, bs, scale)
+    assert not np.allclose(full, want, rtol=8e-3, atol=2e-3)
+
+
+def test_window_at_least_the_context_is_full_causal():
+    # window_left >= kv_len - 1 leaves every key of every row in the window: bit for bit the full-causal result,
+    # in the reference and through the emulated kernel (whose argument for none is NO_WINDOW)
+    rng = np.random.default_rng(11)
+    q, kp, vp, cu, kv, tables = make_case(rng, [1, 30, 70], [0, 33, 9], hq=4, hkv=2, d=128, bs=16)
+    full = attn.reference(q, kp, vp, cu, kv, tables, 4, 2, 16, 0.1)
+    for w in (int(kv.max()) - 1, int(kv.max()), 10**6, attn.NO_WINDOW):
+        assert np.array_equal(attn.reference(q, kp, vp, cu, kv, tables, 4, 2, 16, 0.1, window_left=w), full), w
+    mem = FakeMem()
+    out, _ = emulate_case(mem, q, kp, vp, cu, kv, tables, 4, 2, 16, 0.1, 128)
+    assert np.array_equal(out, full)
+    out_w, _ = emulate_case(mem, q, kp, vp, cu, kv, tables, 4, 2, 16, 0.1, 128, window_left=int(kv.max()) - 1)
+    assert np.array_equal(out_w, full)
+    # one key short of the longest row's context: that row changes
+    short = attn.reference(q, kp, vp, cu, kv, tables, 4, 2, 16, 0.1, window_left=int(kv.max()) - 2)
+    assert not np.array_equal(short, full)
+
+
+@pytest.mark.parametrize("d", [64, 256])
+def test_window_zero_sees_only_its_own_key(d):
+    # window_left 0: one key, weight exactly 1, so each row's output is its own position's V (bf16, exact)
+    rng = np.random.default_rng(d + 1)
+    hq, hkv, bs = 4, 2, 16
+    q, kp, vp, cu, kv, tables = make_case(rng, [1, 19, 40], [7, 0, 33], hq=hq, hkv=hkv, d=d, bs=bs)
+    out, _ = emulate_case(FakeMem(), q, kp, vp, cu, kv, tables, hq, hkv, bs, d**-0.5, d, window_left=0)
+    for b in range(len(kv)):
+        for r in range(int(cu[b + 1] - cu[b])):
+            p = int(kv[b]) - int(cu[b + 1] - cu[b]) + r
+            own = vp[tables[b][p // bs], p % bs]  # [Hkv, D]
+            assert np.array_equal(out[cu[b] + r], np.repeat(own, hq // hkv, axis=0)), (b, r)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_emulator_window_batched_equals_single_streams(d):
+    # ragged streams with their own cache offsets, one launch for all of them and one per stream
+    rng = np.random.default_rng(d + 7)
+    hq, hkv, bs, w = 4, 2, 16, 20
+    q_lens, prefixes = [1, 17, 130, 16], [0, 33, 2, 40]
+    q, kp, vp, cu, kv, tables = make_case(rng, q_lens, prefixes, hq=hq, hkv=hkv, d=d, bs=bs)
+    mem = FakeMem()
+    out, buf = emulate_case(mem, q, kp, vp, cu, kv, tables, hq, hkv, bs, d**-0.5, d, window_left=w)
+    assert (buf[:GUARD] == 0xFFFF).all() and (buf[-GUARD:] == 0xFFFF).all()
+    assert np.array_equal(out, attn.reference(q, kp, vp, cu, kv, tables, hq, hkv, bs, d**-0.5, window_left=w))
+    _check_close(out, textbook(q, kp, vp, cu, kv, tables, hq, hkv, bs, d**-0.5, window_left=w))
+    for b in range(len(q_lens)):
+        cu1 = np.array([0, q_lens[b]], np.int32)
+        one, _ = emulate_case(mem, q[cu[b] : cu[b + 1]], kp, vp, cu1, kv[b : b + 1], [tables[b]], hq, hkv, bs,
+                              d**-0.5, d, window_left=w)
+        assert np.array_equal(one, out[cu[b] : cu[b + 1]]), f"stream {b} differs batched vs alone"
+
+
+def test_window_argument():
+    assert attn.NO_WINDOW == 2**31 - 1
+    assert attn.window_argument(None) == attn.window_argument(-1) == attn.NO_WINDOW
+    assert attn.window_argument(np.int64(-1)) == attn.NO_WINDOW
+    assert attn.window_argument(0) == 0 and attn.window_argument(np.int32(4095)) == 4095
+    assert attn.window_argument(2**31 - 1) == attn.NO_WINDOW
+    for bad in (-2, -4096, 2**31):
+        with pytest.raises(ValueError, match=r"window_left must be in \[-1, 2147483647\]"):
+            attn.window_argument(bad)
+    for bad in (True, 4.0, "4"):
+        with pytest.raises(TypeError, match="window_left must be an int"):
+            attn.window_argument(bad)
+
+
+def test_emulator_refuses_a_negative_window_argument():
+    # the kernels take window_left >= 0 (NO_WINDOW for none); the host never passes -1 through
+    rng = np.random.default_rng(5)
+    q, kp, vp, cu, kv, tables = make_case(rng, [20], [3], hq=2, hkv=1, d=64, bs=16)
+    mem = FakeMem()
+    with pytest.raises(ValueError, match="window_left must be >= 0"):
+        emulate_case(mem, q, kp, vp, cu, kv, tables, 2, 1, 16, 0.125, 64, window_left=-1)
+
+
+def test_window_matches_transformers_sliding_window_mask():
+    # transformers' sliding_window W (masking_utils: key j visible to query p when j > p - W and j <= p) is
+    # window_left = W - 1, what AttentionShape(sliding_window=W) passes
+    torch = pytest.importorskip("torch")
+    masking_utils = pytest.importorskip("transformers.masking_utils")
+    from q12drv.prefill import AttentionShape
+
+    n, bs = 40, 16
+    rng = np.random.default_rng(13)
+    q, kp, vp, cu, kv, tables = make_case(rng, [n], [0], hq=1, hkv=1, d=64, bs=bs)
+    slots = tables[0][np.arange(n) // bs] * bs + np.arange(n) % bs
+    qf, kf, vf = (from_bf16_bits(x).astype(np.float64).reshape(-1, 64) for x in (q, kp, vp))
+    logits = qf @ kf[slots].T * 0.125
+    for w in (1, 2, 5, 16, 39, 40, 100):
+        fn = masking_utils.sliding_window_causal_mask_function(w)
+        idx = torch.arange(n)
+        mask = fn(torch.tensor(0), torch.tensor(0), idx[:, None], idx[None, :]).numpy()  # [query, key]
+        assert mask.shape == (n, n) and mask.dtype == bool
+        left = AttentionShape(1, 1, 64, 64, sliding_window=w).window_left
+        assert left == w - 1
+        e = np.where(mask, np.exp(logits - np.where(mask, logits, -np.inf).max(axis=1, keepdims=True)), 0)
+        want = (e / e.sum(axis=1, keepdims=True)) @ vf[slots]  # attention under transformers' own mask
+        _check_close(attn.reference(q, kp, vp, cu, kv, tables, 1, 1, bs, 0.125, window_left=left), want[:, None])

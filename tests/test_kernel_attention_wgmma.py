@@ -52,7 +52,7 @@ def test_every_entry_takes_the_one_parameter_list():
     # Both sources declare their entries over ATTN_PARAMS (attention/common.cuh): the host reads one list.
     want = (("m", Q12MetaC), ("q", ctypes.c_uint64), ("k_pool", ctypes.c_uint64), ("v_pool", ctypes.c_uint64),
             ("o", ctypes.c_uint64), ("num_q_heads", ctypes.c_int32), ("num_kv_heads", ctypes.c_int32),
-            ("block_size", ctypes.c_int32), ("scale", ctypes.c_float))
+            ("block_size", ctypes.c_int32), ("scale", ctypes.c_float), ("window_left", ctypes.c_int32))
     for mod in (attn, attnw):
         src = (cuda_src_dir() / mod.SOURCE).read_text()
         sigs = parse_signatures(src, {"Q12Meta": Q12MetaC}, local_headers(src))
@@ -118,6 +118,7 @@ def test_ops_routes_both_algos_on_the_emulator(emu):
             "vp": to_bf16_bits(rng.standard_normal((num_blocks, bs, hkv, d)))}
     bufs = {k: emu.alloc(v.nbytes, k) for k, v in host.items()}
     outs = {a: emu.alloc(t * hq * d * 2, f"o {a}") for a in ops.ATTN_ALGOS}
+    outs_w = {a: emu.alloc(t * hq * d * 2, f"o {a} window") for a in ops.ATTN_ALGOS}
     try:
         for k, v in host.items():
             emu.upload(bufs[k].ptr, v)
@@ -127,6 +128,8 @@ def test_ops_routes_both_algos_on_the_emulator(emu):
             for algo, o in outs.items():  # "auto" is wgmma here (the emulator reports sm_90)
                 ops.attention(emu, meta, bufs["q"].ptr, bufs["kp"].ptr, bufs["vp"].ptr, o.ptr, num_q_heads=hq,
                               num_kv_heads=hkv, head_dim=d, algo=algo)
+                ops.attention(emu, meta, bufs["q"].ptr, bufs["kp"].ptr, bufs["vp"].ptr, outs_w[algo].ptr,
+                              num_q_heads=hq, num_kv_heads=hkv, head_dim=d, algo=algo, window_left=4)
             with pytest.raises(ValueError, match="attention algo must be one of"):
                 ops.attention(emu, meta, bufs["q"].ptr, bufs["kp"].ptr, bufs["vp"].ptr, outs["mma"].ptr,
                               num_q_heads=hq, num_kv_heads=hkv, head_dim=d, algo="fa3")
@@ -135,7 +138,14 @@ def test_ops_routes_both_algos_on_the_emulator(emu):
         ref = attn.reference(host["q"], host["kp"], host["vp"], np.array([0, 5, 24]), np.array([8, 19]),
                              [s.block_table for s in streams], hq, hkv, bs, d ** -0.5)
         assert np.array_equal(got["wgmma"], ref.reshape(-1)) and np.array_equal(got["mma"], got["wgmma"])
+        # the window reaches both kernels' launches
+        got_w = {a: np.frombuffer(emu.download(o.ptr, t * hq * d * 2), np.uint16) for a, o in outs_w.items()}
+        ref_w = attn.reference(host["q"], host["kp"], host["vp"], np.array([0, 5, 24]), np.array([8, 19]),
+                               [s.block_table for s in streams], hq, hkv, bs, d ** -0.5, window_left=4)
+        assert not np.array_equal(ref_w, ref)
+        for algo in ops.ATTN_ALGOS:
+            assert np.array_equal(got_w[algo], ref_w.reshape(-1)), algo
     finally:
-        for b in (*bufs.values(), *outs.values()):
+        for b in (*bufs.values(), *outs.values(), *outs_w.values()):
             b.free()
         tables.free()

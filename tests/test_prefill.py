@@ -397,3 +397,49 @@ def test_the_pass_runs_the_short_convolution_through_its_pointer_slot(emu):
                              np.concatenate([[0], np.cumsum(counts)]))
     got = from_bf16_bits(np.frombuffer(outs["batched"][0], np.uint16).reshape(x.shape))
     assert np.allclose(got, want, rtol=1e-2, atol=1e-2)
+
+
+def test_sliding_window_layers_batched_and_per_stream(emu):
+    """A model mixing sliding-window and full layers: each layer's shape carries its window (transformers'
+    ``sliding_window``, ``window_left = W - 1`` for the kernels); batched and per stream give the reference's bits;
+    a window that covers every context is the full layer; a bad window is refused before anything is enqueued."""
+    from q12drv.kernels import attention as attn
+
+    rng = np.random.default_rng(9)
+    counts, starts = [5, 33, 1, 17], [0, 40, 7, 100]
+    streams, _keep = make_streams(emu, counts, starts, rng=rng)
+    num_blocks = int(max(s.block_table.max() for s in streams)) + 1
+    host = inputs(rng, counts, num_blocks)
+    cu = np.concatenate([[0], np.cumsum(counts)])
+    kv = np.array(starts) + np.array(counts)
+    tables = [s.block_table for s in streams]
+    sliding = AttentionShape(4, 2, 64, 32, 1e4, sliding_window=8)
+    wide = AttentionShape(4, 2, 64, 32, 1e4, sliding_window=int(kv.max()))  # every key of every row
+    outs = {}
+    with ScratchArena(emu, 1 << 18) as arena:
+        bufs = {k: emu.alloc(v.nbytes, k) for k, v in host.items()}
+        try:
+            for k, v in host.items():
+                emu.upload(bufs[k].ptr, v)
+            p = {k: int(b.ptr) for k, b in bufs.items()}
+            for mode in ("batched", "per_stream"):
+                q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, mode=mode)
+                for name, shape in (("sliding", sliding), ("full", SHAPE), ("wide", wide)):
+                    q12.attention(p["q"], p["kp"], p["vp"], p["o"], shape, num_blocks=num_blocks)
+                    outs[mode, name] = emu.download(p["o"], host["o"].nbytes)
+                emu.upload(p["o"], host["o"])
+                for bad in (0, -1, 4.0, True):
+                    with pytest.raises(ValueError, match="shape.sliding_window must be None"):
+                        q12.attention(p["q"], p["kp"], p["vp"], p["o"], AttentionShape(4, 2, 64, 32, 1e4,
+                                      sliding_window=bad), num_blocks=num_blocks)
+                emu.synchronize()
+                assert emu.download(p["o"], host["o"].nbytes) == host["o"].tobytes()  # nothing was written
+        finally:
+            emu.synchronize()
+            for b in bufs.values():
+                b.free()
+    for name, window in (("sliding", 7), ("full", None)):
+        want = attn.reference(host["q"], host["kp"], host["vp"], cu, kv, tables, 4, 2, 16, 64**-0.5,
+                              window_left=window).tobytes()
+        assert outs["batched", name] == outs["per_stream", name] == want, name
+    assert outs["batched", "wide"] == outs["batched", "full"] != outs["batched", "sliding"]

@@ -24,6 +24,7 @@ SECTIONS = {
     "graph": graph.run,
     "gdn": gdn.run,
     "conv1d": conv1d.run,
+    "attention_window": attention.run_window,
     "layer_ops": layer_ops.run,
     "client": client.run,
 }

@@ -5,7 +5,13 @@ and ``"wgmma"``; the default ``"auto"`` takes wgmma on the H200 for D 128 and 25
 with the bottom-right causal window for ragged and chunked) and cuDNN (SDPA, per stream for ragged and chunked), on
 gathered K/V both head-expanded and on the Hkv heads (``enable_gqa``, FA2's own GQA), as q12drv reads them. Device
 time from events around 8 back-to-back calls, median of 20 after 3 warm-ups; TFLOP/s by the pairs formula
-(:func:`bench.inputs.attn_flops`)."""
+(:func:`bench.inputs.attn_flops`).
+
+Section ``attention_window`` (:func:`run_window`): the sliding window's speed goal, time grows with the window, not
+the context: 2048 new tokens on 32768 cached keys with a window of 4096 keys (transformers' ``sliding_window``
+4096, ``window_left`` 4095) against the same kernel on 2048 new tokens on 4096 cached keys without a window (goal
+<= 1.2x its time), and against torch FA2 varlen (``varlen_attn``, ``window_size=(4095, 0)``, on the Hkv heads)
+on the windowed case (goal <= 1x); Hq 16, Hkv 2, blocks of 16, D 128 and 256, both kernels."""
 
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ from bench import inputs
 from bench.compare.context import Context, torch_mod
 from bench.timing import q12_events_us, torch_events_us
 
-__all__ = ["run"]
+__all__ = ["run", "run_window"]
 
 
 def run(ctx: Context) -> None:
@@ -143,3 +149,72 @@ def _torch(ctx: Context, q_lens, kv_lens, hq, hkv, d, n_reps, warmup=3) -> dict:
 
     timed("cudnn_gqa", "torch SDPA cuDNN GQA per stream" + ("" if fresh else " (bool mask)"), per_stream_gqa)
     return out
+
+
+#: The window section's cases: name -> (q_lens, cached keys before the chunk, window_left or None).
+WINDOW_CASES = {"1x(2048 on 32768) W4096": ([2048], [32768], 4095), "1x(2048 on 4096)": ([2048], [4096], None)}
+#: The same on the emulator: cut down.
+WINDOW_EMU_CASES = {"1x(5 on 40) W8": ([5], [40], 7), "1x(5 on 8)": ([5], [8], None)}
+
+
+def run_window(ctx: Context) -> None:
+    """The sliding window's speed goal (the module docstring): q12drv's windowed case against its own no-window case
+    and against torch FA2 varlen with the same window."""
+    from q12drv.kernels import ops
+
+    dev = ctx.dev
+    hq, hkv, bs = 16, 2, 16
+    cases = WINDOW_CASES if ctx.gpu else WINDOW_EMU_CASES
+    wname, bname = cases  # the windowed case, then the no-window one
+    wq, wp, window = cases[wname]
+    res = ctx.section("attention_window", {"shape": [hq, hkv, bs], "window_left": window, "cases": {}})
+    for d in (128, 256):
+        plain = {name: (q, p) for name, (q, p, _) in cases.items()}
+        with inputs.attention_buffers(dev, plain, hq, hkv, d, bs) as (q, kp, vp, o):
+            r = {}
+            for name, (q_lens, prefixes, wl) in cases.items():
+                with inputs.staged_pass(dev, q_lens, prefixes, block_size=bs, seed=d) as (meta, *_):
+                    for algo in ("mma", "wgmma"):
+
+                        def q12(algo=algo, meta=meta, wl=wl):
+                            ops.attention(dev, meta, q.ptr, kp.ptr, vp.ptr, o.ptr, num_q_heads=hq, num_kv_heads=hkv,
+                                          head_dim=d, algo=algo, window_left=wl)
+
+                        r[name, algo] = q12_events_us(dev, q12, ctx.reps(20, 1))
+        kv_w = [a + b for a, b in zip(wq, wp)]
+        flash = {}
+        if ctx.gpu:
+            ctx.comparator(f"attention_window/torch D{d}",
+                           lambda: flash.update(_torch_window(ctx, wq, kv_w, hq, hkv, d, window, ctx.reps(20, 1))))
+        res["cases"][f"D{d}"] = {f"{name} {algo}": us for (name, algo), us in r.items()} | flash
+        for algo in ("mma", "wgmma"):
+            us = r[wname, algo]
+            print(f"   attention {wname} D{d} {algo:5s}: q12drv {us:9.1f} us, no window {bname} {r[bname, algo]:9.1f} us"
+                  + (f", FA2 {flash['flash_us']:9.1f} us" if flash.get("flash_us") else ""), flush=True)
+            ctx.row(f"attention window {wname} D{d} {algo}", us, f"q12drv {algo} {bname}, no window", r[bname, algo],
+                    ("<=", 1.2))
+            if flash.get("flash_us"):
+                ctx.row(f"attention window {wname} D{d} {algo}", us, flash["flash_api"], flash["flash_us"],
+                        ("<=", 1.0))
+
+
+def _torch_window(ctx: Context, q_lens, kv_lens, hq, hkv, d, window_left, n_reps, warmup=3) -> dict:
+    """Device time (us) of torch FA2 varlen (``varlen_attn``, packed rows, bottom-right causal) with
+    ``window_size=(window_left, 0)`` on contiguous K/V of the Hkv heads (FA2's own GQA): ``{flash_us, flash_api}``
+    (empty where it failed, see errors)."""
+    torch = torch_mod()
+    from torch.nn.attention.varlen import varlen_attn
+
+    pq = torch.randn(sum(q_lens), hq, d, device="cuda", dtype=torch.bfloat16)
+    pk = torch.randn(sum(kv_lens), hkv, d, device="cuda", dtype=torch.bfloat16)
+    pv = torch.randn(sum(kv_lens), hkv, d, device="cuda", dtype=torch.bfloat16)
+    cq = torch.tensor([0] + list(np.cumsum(q_lens)), dtype=torch.int32, device="cuda")
+    ck = torch.tensor([0] + list(np.cumsum(kv_lens)), dtype=torch.int32, device="cuda")
+    api = f"torch varlen_attn FA2 GQA (window {window_left},0)"
+    try:
+        us = torch_events_us(torch, lambda: varlen_attn(pq, pk, pv, cq, ck, max(q_lens), max(kv_lens),
+                                                        window_size=(window_left, 0)), n_reps, warmup)
+    except Exception as exc:
+        ctx.error(f"attention_window/flash D{d}", f"{type(exc).__name__}: {exc}")
+        return {}
+    return {"flash_us": us, "flash_api": api}

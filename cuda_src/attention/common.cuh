@@ -4,10 +4,14 @@
 #include "common/q12_meta.cuh"
 
 // Every attention entry takes these parameters (q12drv.core.launch.parse_signatures reads the macro).
+// window_left (>= 0): the sliding window, FlashAttention's window_size = (window_left, 0): the query at
+// position p sees the keys p - window_left .. p (and none below 0). No window is any value >= every kv_len:
+// the host passes INT_MAX (2^31 - 1). It stays a launch argument (in the constant bank), so the loops read
+// it there rather than hold it in a register.
 #define ATTN_PARAMS                                                                                      \
     Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, \
-        int block_size, float scale
-#define ATTN_ARGS m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale
+        int block_size, float scale, int window_left
+#define ATTN_ARGS m, q, k_pool, v_pool, o, num_q_heads, num_kv_heads, block_size, scale, window_left
 
 #define ATTN_INF __int_as_float(0x7f800000)  // +inf (NVRTC has no INFINITY macro)
 

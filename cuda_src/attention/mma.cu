@@ -3,7 +3,8 @@
 //
 // Semantics: stream b = blockIdx.z owns the packed rows cu[b] .. cu[b+1] of Q and O ([T, Hq, D] bf16);
 // q_len = cu[b+1] - cu[b], kv_len = kv_lens[b]; row r (0-based in the stream's chunk) sees keys
-// 0 .. kv_len - q_len + r (bottom-right causal); kv_head = h / (Hq / Hkv). Keys and values are gathered
+// 0 .. kv_len - q_len + r (bottom-right causal), of them only those from kv_len - q_len + r - window_left on
+// (the sliding window; window_left >= kv_len: none); kv_head = h / (Hq / Hkv). Keys and values are gathered
 // from the paged pools ([num_blocks, block_size, Hkv, D] bf16) through the stream's block table;
 // block_size is a power of two (the stager's rule: a key's page and row by shift and mask). Softmax of
 // scale * q.k in fp32 (scale > 0: the row maximum is taken over the raw scores).
@@ -12,10 +13,12 @@
 // attn_config(D). Without GQA packing a CTA row is a token of query head h = blockIdx.y; with it
 // (gqa_pack) the CTA's rows are the (token, query head) pairs of kv head blockIdx.y: row r is token
 // (m0 + r) / G, head kvh * G + (m0 + r) % G, G = Hq / Hkv, so one K/V tile serves G heads. blockIdx.x
-// counts m-tiles from the last (heaviest) one. The CTA walks key tiles of BN keys from key 0 up to the
-// last key its rows may see: a two-stage cp.async ring with one __syncthreads per tile (tile n + 1 is
-// issued right after the barrier that proves tile n - 1's stage free), the physical slot of each key
-// row looked up by one thread two tiles ahead and kept in an int [2][BN] slot array in shared memory.
+// counts m-tiles from the last (heaviest) one. The CTA walks key tiles of BN keys from the tile holding
+// the first key its first row sees (key 0 without a window: tiles wholly below every row's window are
+// never loaded) up to the last key its rows may see: a two-stage cp.async ring with one __syncthreads
+// per tile (tile n + 1 is issued right after the barrier that proves tile n - 1's stage free), the
+// physical slot of each key row looked up by one thread two tiles ahead and kept in an int [2][BN] slot
+// array in shared memory.
 // Per tile, S = Q K^T and O += P V on mma.sync.m16n8k16 (bf16 in, fp32 accumulate), each K and V
 // fragment feeding the warp's MW 16-row sub-tiles, and the online softmax in fp32 registers.
 // warp_skip: a warp skips the math of key tiles above all its rows (it still copies and takes the
@@ -151,7 +154,7 @@ __device__ __forceinline__ void pair_sync(int id) {
 template <int D>
 __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, const bf16* k_pool,
                                              const bf16* v_pool, bf16* o, int num_q_heads,
-                                             int num_kv_heads, int block_size, float scale) {
+                                             int num_kv_heads, int block_size, float scale, int window_left) {
     static_assert(attn_head_dim(D), "head dims 64, 128 and 256");
     constexpr AttnConfig C = attn_config(D);
     constexpr int BN = C.block_n;
@@ -196,7 +199,13 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
     const int rows_here = min(kBM, q_len * G - m0);
     const int shift = kv_len - q_len;                   // token r sees keys <= shift + r
     const int max_key = shift + (GQA ? (m0 + rows_here - 1) / G : m0 + rows_here - 1);  // last key any row sees
-    const int n_tiles = max_key >= 0 ? max_key / BN + 1 : 0;
+    const int diag_from = shift + (GQA ? m0 / G : m0);  // smallest causal bound over the CTA's rows
+    const int n_tiles = max_key >= 0 ? max_key / BN + 1 : 0;  // key tile n holds keys n * BN ..
+    // The CTA walks tiles n0 .. n_tiles - 1: n0 is the tile of the first key its first row sees (its causal
+    // bound - window_left, written so that it cannot overflow; 0 without a window). Tile n keeps stage
+    // n % kStages and slot-array half n & 1 whatever n0 is, so the loop is the full-causal one (unsigned,
+    // so the compiler knows n >= 0 and keeps the loop's % and / unsigned).
+    const int n0 = static_cast<int>(static_cast<unsigned>(max(diag_from, window_left) - window_left) / BN);
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
@@ -286,27 +295,26 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
     };
     int pend_slot = -1;  // slot of row tid of the tile two issues ahead (loaded, not yet stored)
 
-    // Tiles 0 .. kStages-2 now, one commit group each (possibly empty; Q rides in the first).
+    // Tiles n0 .. n0+kStages-2 now, one commit group each (possibly empty; Q rides in the first).
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-        if (s < n_tiles) {
+        if (n0 + s < n_tiles) {
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
                 const int r = cr + i * kRowStep;
-                copy_row(slot_of(s * BN + r), r, s);
+                copy_row(slot_of((n0 + s) * BN + r), r, (n0 + s) % kStages);
             }
         }
         cp_async_commit();
     }
-    // Tile kStages-1 (issued in iteration 0) into the slot array; tile kStages pending in a register.
+    // Tile n0+kStages-1 (issued in iteration n0) into the slot array; tile n0+kStages pending in a register.
     if (tid < BN) {
-        sSlot[((kStages - 1) & 1) * BN + tid] = slot_of((kStages - 1) * BN + tid);
-        pend_slot = slot_of(kStages * BN + tid);
+        sSlot[((n0 + kStages - 1) & 1) * BN + tid] = slot_of((n0 + kStages - 1) * BN + tid);
+        pend_slot = slot_of((n0 + kStages) * BN + tid);
     }
 
     const float sl2 = scale * 1.4426950408889634f;  // scores in log2 units: exp(s*scale) = 2^(s*sl2)
     const int wrow = m0 + wq * kWR;                // CTA-row index (stream row without GQA) of this warp's first row
-    const int diag_from = shift + (GQA ? m0 / G : m0);  // smallest causal bound over the CTA's rows
     // Largest causal bound over this warp's valid rows (WSKIP); rows past rows_here see everything
     // the CTA loads and are discarded, so they need no tile.
     const int warp_last = min(wrow + kWR, m0 + rows_here) - 1;
@@ -330,9 +338,9 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
     const unsigned int k_lane = ((((lane & 7) + ((lane >> 4) << 3)) * LD) + ((lane >> 3) & 1) * 8) * 2;
     const unsigned int v_lane = (((lane & 15) * LD) + (lane >> 4) * 8) * 2;
 
-    for (int n = 0; n < n_tiles; ++n) {
+    for (int n = n0; n < n_tiles; ++n) {
         const int stage = n % kStages;
-        cp_async_wait<kStages - 2>();  // groups 0..n (tiles 0..n) complete
+        cp_async_wait<kStages - 2>();  // the groups of tiles n0..n complete
         __syncthreads();  // ... for every thread; and every warp is done with tile n-1's stage
         const int nn = n + kStages - 1;
         if (nn < n_tiles) issue_kv(nn, nn % kStages);
@@ -370,8 +378,9 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
             }
         }
 
-        // ---- causal mask, on diagonal tiles only (raw scores; the scale is folded in below) ----
-        if (kb + BN - 1 > diag_from) {
+        // ---- masks (raw scores; the scale is folded in below): -inf past a row's causal bound (its last key),
+        // or with `left` below its window (bound - window_left) ----
+        auto mask = [&](bool left) {
 #pragma unroll
             for (int mi = 0; mi < MW; ++mi) {
 #pragma unroll
@@ -380,11 +389,15 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
                     for (int e = 0; e < 4; ++e) {
                         const int key = kb + hw * (BN / 2) + j * 8 + 2 * t + (e & 1);
                         const int rr = wrow + mi * 16 + g + (e >> 1) * 8;
-                        if (key > shift + (GQA ? rr / G : rr)) s[mi][j][e] = -ATTN_INF;
+                        const int bound = shift + (GQA ? rr / G : rr);
+                        if (left ? key < bound - window_left : key > bound) s[mi][j][e] = -ATTN_INF;
                     }
                 }
             }
-        }
+        };
+        if (kb + BN - 1 > diag_from) mask(false);  // causal, on diagonal tiles only
+        // the window, on the tiles below the last row's first key only; never without one (max_key - INT_MAX <= 0)
+        if (kb < max_key - window_left) mask(true);
 
         // ---- online softmax (row g + 8i of sub-tile mi; element e belongs to i = e >> 1) ----
         // Max over raw scores (scale > 0), kept in log2 units: row_max = max(s) * sl2, and
@@ -482,7 +495,7 @@ __device__ __forceinline__ void attn_prefill(const Q12Meta& m, const bf16* q, co
         }
         }  // !WSKIP || tile reaches this warp's rows
     }
-    cp_async_wait<0>();  // n_tiles == 0: the Q copy may still be in flight
+    cp_async_wait<0>();  // no key tile (n0 >= n_tiles): the Q copy may still be in flight
     __syncthreads();
     float lsum[MW][2];
 #pragma unroll

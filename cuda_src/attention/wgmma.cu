@@ -1,8 +1,10 @@
 // attention/wgmma.cu: batched varlen paged causal prefill attention on Hopper's warpgroup MMA (wgmma,
 // compiled for sm_90a), warp-specialized (FlashAttention-3 style). Entries q12_attn_wgmma_d128 / _d256,
 // ATTN_PARAMS. Same semantics and batched == alone guarantee as attention/mma.cu (see its header):
-// stream b = blockIdx.z, bottom-right causal over kv_lens[b], keys and values gathered through the
-// stream's block table (block_size a power of two), GQA kv_head = h / (Hq / Hkv).
+// stream b = blockIdx.z, bottom-right causal over kv_lens[b] with the optional sliding window (window_left),
+// keys and values gathered through the stream's block table (block_size a power of two), GQA kv_head = h /
+// (Hq / Hkv). The key tiles start at the tile of the first key the CTA's first row sees (key 0 without a
+// window).
 //
 // CTA: kConsumers consumer warpgroups of 64 rows each (BM = 64 * kConsumers) and one producer
 // warpgroup (the last), kCtaThreads threads. Rows are (token, head) pairs of one kv head (blockIdx.y):
@@ -21,7 +23,8 @@
 // role split: the consumers' epilogue syncs on named barrier 1. Per key tile of BN keys a consumer
 // warpgroup waits for the stage's full barrier and computes
 //   S[64 x BN] = Q K^T: D/16 wgmma (A = Q, B = K, both K-major from shared memory);
-//   the causal mask and online softmax in fp32 registers (exp2 with the scale folded in);
+//   the causal mask (and the window's left bound on the tiles below some row's first key) and the
+//   online softmax in fp32 registers (exp2 with the scale folded in);
 //   O[64 x D] += P V: BN/16 wgmma, A = P from registers (bf16), B = V (MN-major) from shared memory;
 // then arrives on the stage's empty barrier. The consumer warpgroups drift up to a tile apart, so one's
 // GEMMs overlap the other's softmax.
@@ -127,7 +130,8 @@ __device__ __forceinline__ unsigned tile_off(int r, int cg) {
 
 template <int D>
 __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, const bf16* k_pool, const bf16* v_pool,
-                                           bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale) {
+                                           bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale,
+                                           int window_left) {
     static_assert(attn_wg_head_dim(D), "head dims 128 and 256");
     constexpr int BN = attn_wg_config(D).block_n;
     constexpr int kThreads = kConsumers * 128;  // computing threads (the consumer warpgroups)
@@ -160,7 +164,11 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
     const int rows_here = min(kBM, q_len * G - m0);
     const int shift = kv_len - q_len;  // token r sees keys <= shift + r
     const int max_key = shift + (m0 + rows_here - 1) / G;
-    const int n_tiles = max_key >= 0 ? max_key / BN + 1 : 0;
+    // Key tile n holds keys kv0 + n * BN ..: the first is the tile of the first key the CTA's first row sees
+    // (its causal bound - window_left, written so that it cannot overflow; unsigned, so the compiler knows
+    // kv0 >= 0; 0 without a window).
+    const int kv0 = static_cast<int>(static_cast<unsigned>(max(shift + m0 / G, window_left) - window_left) / BN) * BN;
+    const int n_tiles = max_key >= kv0 ? (max_key - kv0) / BN + 1 : 0;
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     // the tiles start on a 1024-byte boundary (the launch adds 1 KiB of slack)
@@ -186,7 +194,7 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
     auto load_pages = [&](int n, int (&pg)[KVMap::NR]) {
 #pragma unroll
         for (int j = 0; j < KVMap::NR; ++j) {
-            const int pos = n * BN + KVMap::row(cw, lane, j);
+            const int pos = kv0 + n * BN + KVMap::row(cw, lane, j);
             pg[j] = pos > max_key ? -1 : bt[pos >> bs_shift];
         }
     };
@@ -214,7 +222,7 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
         for (int j = 0; j < KVMap::NR; ++j) {
             const int r = KVMap::row(cw, lane, j);
             const bool ok = pg[j] >= 0;
-            const long long off = (ok ? ((static_cast<long long>(pg[j]) << bs_shift) + ((n * BN + r) & bs_mask)) * head_stride +
+            const long long off = (ok ? ((static_cast<long long>(pg[j]) << bs_shift) + ((kv0 + n * BN + r) & bs_mask)) * head_stride +
                                             static_cast<long long>(kvh) * D
                                       : 0) + c0 * 8;
             const bf16* ks = k_pool + off;
@@ -236,6 +244,8 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
     const int wrow = m0 + w * 64 + warp * 16;  // CTA-row index of this warp's first row
     const int bound[2] = {shift + (wrow + g) / G, shift + (wrow + g + 8) / G};  // last key rows g, g+8 see
     const int wg_from = shift + (m0 + w * 64) / G;  // smallest bound in the warpgroup
+    // largest first key (causal bound - window_left) in the warpgroup; <= 0 without a window (INT_MAX)
+    const int wg_to = shift + (m0 + w * 64 + 63) / G - window_left;
     const float sl2 = scale * 1.4426950408889634f;
 
     float acc[D / 2];
@@ -255,16 +265,23 @@ __device__ __forceinline__ void attn_wgmma(const Q12Meta& m, const bf16* q, cons
                            wg::smem_desc_sw128(kst + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
         wg::commit();
     };
-    // Causal mask of key tile n and the online softmax's exponentials (rows g and g + 8; element e of
-    // a tile belongs to row i = e >> 1): s becomes P (fp32), alpha the rescale of O's rows.
+    // Causal mask of key tile n, the window's left bound, and the online softmax's exponentials (rows g and
+    // g + 8; element e of a tile belongs to row i = e >> 1): s becomes P (fp32), alpha the rescale of O's rows.
     auto softmax = [&](float (&s)[BN / 2], int n, float (&alpha)[2]) {
-        const int kb = n * BN;
+        const int kb = kv0 + n * BN;
         if (kb + BN - 1 > wg_from) {
 #pragma unroll
             for (int j = 0; j < NS; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
                     if (kb + j * 8 + 2 * t + (e & 1) > bound[e >> 1]) s[4 * j + e] = -ATTN_INF;
+        }
+        if (kb < wg_to) {  // keys below a row's window
+#pragma unroll
+            for (int j = 0; j < NS; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (kb + j * 8 + 2 * t + (e & 1) < bound[e >> 1] - window_left) s[4 * j + e] = -ATTN_INF;
         }
 #pragma unroll
         for (int i = 0; i < 2; ++i) {

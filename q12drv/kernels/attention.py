@@ -5,8 +5,16 @@ O ``[T, Hq, D]`` (bf16). Its keys and values, positions ``0 .. kv_lens[b] - 1``,
 the paged K and V pools (NHD ``[num_blocks, block_size, Hkv, D]`` bf16) through its block table:
 position ``p`` lives in physical block ``block_table_b[p // block_size]`` at offset
 ``p % block_size``. The current chunk's keys are already in the pools (the KV-write kernel runs
-first). Causality is bottom-right: row ``r`` of a stream with ``q_len`` rows sees keys
-``0 .. kv_lens[b] - q_len + r``. GQA: query head ``h`` reads kv head ``h // (Hq // Hkv)``.
+first). Causality is bottom-right: row ``r`` of a stream with ``q_len`` rows (the query at position
+``p = kv_lens[b] - q_len + r``) sees keys ``0 .. p``. GQA: query head ``h`` reads kv head ``h // (Hq // Hkv)``.
+
+Sliding window (``window_left``, a launch argument, per layer): FlashAttention's convention,
+``window_size=(window_left, 0)``: the query at position ``p`` sees the keys ``p - window_left .. p``
+(``window_left + 1`` keys, fewer near the start); ``window_left = 0`` is the key at ``p`` alone. transformers'
+``config.sliding_window = W`` (``masking_utils.sliding_window_overlay``: key ``j`` visible when ``j > p - W``)
+is ``window_left = W - 1``. No window is any value ``>= kv_len``; the host passes :data:`NO_WINDOW`
+(``2**31 - 1``, :func:`window_argument`). A CTA starts at the key tile of the first key its first row sees, so
+the time grows with the window, not with the context.
 Softmax in fp32 of ``scale * q.k`` (``scale > 0``: the kernel takes the row max of the raw
 scores); bf16 out.
 
@@ -14,7 +22,7 @@ Entries (one per head dim, the parameter list ``ATTN_PARAMS`` of ``attention/com
 
     q12_attn_prefill_d64 / _d128 / _d256(Q12Meta m, const bf16* q, const bf16* k_pool,
         const bf16* v_pool, bf16* o, int num_q_heads, int num_kv_heads, int block_size,
-        float scale)
+        float scale, int window_left)
 
 A CTA of ``TILES[D].threads`` threads computes ``TILES[D].block_m`` rows of one stream: grid
 ``(ceil(chunk_len / block_m), Hq, n)`` for D=64, where a row is a token of query head ``blockIdx.y``.
@@ -42,6 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.bf16 import from_bf16_bits, to_bf16_bits
+from ..core.ints import checked_int
 from . import registry
 
 __all__ = [
@@ -53,6 +62,8 @@ __all__ = [
     "Tiles",
     "TILES",
     "CONTRACTS",
+    "NO_WINDOW",
+    "window_argument",
     "entry_for_head_dim",
     "smem_bytes",
     "geometry",
@@ -72,6 +83,8 @@ WARPS = 8
 STAGES = 2
 #: bf16 elements of padding per shared-memory row (bank-conflict-free ldmatrix).
 _SMEM_PAD = 8
+#: The kernels' ``window_left`` argument for no window (INT_MAX: at least every ``kv_len``).
+NO_WINDOW = (1 << 31) - 1
 
 
 @dataclass(frozen=True)
@@ -122,6 +135,36 @@ TILES = {
 CONTRACTS = {f"Q12_ATTN_D{d}_{field}": value for d, t in TILES.items()
              for field, value in (("THREADS", t.threads), ("BLOCK_M", t.block_m), ("GQA", int(t.gqa_pack)),
                                   ("SMEM", t.smem))}
+
+
+def window_argument(window_left, name: str = "window_left") -> int:
+    """The kernels' ``window_left`` argument for a sliding window of ``window_left`` keys left of the query
+    (FlashAttention's ``window_size=(window_left, 0)``; ``W - 1`` for transformers' ``sliding_window = W``).
+
+    Parameters
+    ----------
+    window_left : int or None
+        ``None`` or ``-1``: no window (full causal); ``0 .. 2**31 - 1``: the query at position ``p`` sees the keys
+        ``p - window_left .. p``.
+    name : str
+        The argument's name in the error.
+
+    Returns
+    -------
+    int
+        ``window_left``, or :data:`NO_WINDOW` for none.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Not an int (a bool, a float), or a negative value other than -1.
+    """
+    if window_left is None or (type(window_left) is int and window_left == -1):
+        return NO_WINDOW
+    if type(window_left) is int and 0 <= window_left <= NO_WINDOW:  # the common case
+        return window_left
+    w = checked_int(name, window_left, -1, NO_WINDOW)
+    return NO_WINDOW if w == -1 else w
 
 
 def entry_for_head_dim(head_dim: int) -> str:
@@ -208,6 +251,7 @@ def reference(
     *,
     dtype=np.float32,
     row_chunk: int = 1024,
+    window_left: int | None = None,
 ) -> np.ndarray:
     """Paged causal prefill attention in numpy (bf16 values, ``dtype`` math).
 
@@ -234,6 +278,9 @@ def reference(
         Accumulation type, float32 (default, the kernel's) or float64.
     row_chunk : int
         Query rows processed at once (bounds the ``[G, rows, kv_len]`` score matrix).
+    window_left : int, optional
+        Sliding window: the query at position ``p`` sees the keys ``p - window_left .. p`` (``>= 0``; the module
+        docstring has the conventions); None: every key ``<= p``.
 
     Returns
     -------
@@ -251,6 +298,8 @@ def reference(
     bs = int(block_size)
     if bs <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
+    if window_left is not None:
+        window_left = checked_int("window_left", window_left, 0)
     k_rows = np.asarray(k_pool).reshape(-1, hkv, d)
     v_rows = np.asarray(v_pool).reshape(-1, hkv, d)
     cu = np.asarray(cu_seqlens, dtype=np.int64)
@@ -276,6 +325,8 @@ def reference(
             r1 = min(q_len, r0 + row_chunk)
             bound = kv - q_len + np.arange(r0, r1)  # last key each row sees
             visible = pos[None, :] <= bound[:, None]  # [rows, kv]
+            if window_left is not None:
+                visible &= pos[None, :] >= bound[:, None] - window_left
             for hk in range(hkv):
                 qg = np.ascontiguousarray(qb[r0:r1, hk * grp : (hk + 1) * grp].transpose(1, 0, 2))  # [G, rows, D]
                 sc = (qg @ kb[hk]) * dtype(scale)  # [G, rows, kv]
@@ -302,6 +353,9 @@ def emulate_paged(name: str, head_dim: int, tiles, args: dict, mem, grid, block)
         raise ValueError(f"{name}: bad heads/block_size Hq={hq} Hkv={hkv} block_size={bs}")
     if not float(args["scale"]) > 0:
         raise ValueError(f"{name}: scale must be > 0 (the kernel takes the max of raw scores), got {args['scale']}")
+    window_left = int(args["window_left"])
+    if window_left < 0:
+        raise ValueError(f"{name}: window_left must be >= 0 (NO_WINDOW = 2**31 - 1 for none), got {window_left}")
     if n == 0:
         return
     cu = np.array(mem.array(int(meta.cu_seqlens), np.int32, (n + 1,)), dtype=np.int64)
@@ -340,7 +394,8 @@ def emulate_paged(name: str, head_dim: int, tiles, args: dict, mem, grid, block)
     k_pool = mem.array(int(args["k_pool"]), np.uint16, pool_shape) if num_blocks else np.zeros(pool_shape, np.uint16)
     v_pool = mem.array(int(args["v_pool"]), np.uint16, pool_shape) if num_blocks else np.zeros(pool_shape, np.uint16)
     kv_eff = np.where(q_lens > 0, kv_lens, 0)
-    res = reference(q, k_pool, v_pool, cu, kv_eff, tables, hq, hkv, bs, float(args["scale"]))
+    res = reference(q, k_pool, v_pool, cu, kv_eff, tables, hq, hkv, bs, float(args["scale"]),
+                    window_left=window_left)
     for b in range(n):
         o[cu[b] : cu[b + 1]] = res[cu[b] : cu[b + 1]]
 

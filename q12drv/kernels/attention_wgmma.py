@@ -1,15 +1,15 @@
 """Paged varlen causal prefill attention on Hopper's warpgroup MMA (``cuda_src/attention/wgmma.cu``).
 
 The same computation, arguments and contract as :mod:`q12drv.kernels.attention` (stream ``b``'s
-rows ``cu_seqlens[b] .. cu_seqlens[b+1]``, keys through its block table, bottom-right causal,
-GQA), for head dims 128 and 256, with S = Q K^T and O += P V on ``wgmma`` (compiled for sm_90a:
+rows ``cu_seqlens[b] .. cu_seqlens[b+1]``, keys through its block table, bottom-right causal within the
+sliding window ``window_left``, GQA), for head dims 128 and 256, with S = Q K^T and O += P V on ``wgmma`` (compiled for sm_90a:
 :func:`q12drv.core.nvrtc.target_arch`). ``ops.attention(..., algo="wgmma")`` selects it, and so does the
 default ``algo="auto"`` on Hopper.
 
 Entries (the parameters of ``q12_attn_prefill_d*``, ``ATTN_PARAMS``)::
 
     q12_attn_wgmma_d128 / _d256(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool,
-        bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale)
+        bf16* o, int num_q_heads, int num_kv_heads, int block_size, float scale, int window_left)
 
 A CTA of :data:`CONSUMERS` consumer warpgroups computes ``64 * CONSUMERS`` rows, each a (token, query
 head) pair of one kv head: grid ``(ceil(chunk_len * Hq / Hkv / block_m), Hkv, n)``, block

@@ -172,31 +172,40 @@ def enqueue_rope(device: Device, meta: BatchedAttnMetadata, q: int, k: int, num_
 
 def attention(device: Device, meta: BatchedAttnMetadata, q: int, k_pool: int, v_pool: int, o: int, *,
               num_q_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None,
-              algo: str = "auto", stream: Any = None) -> None:
+              algo: str = "auto", window_left: int | None = None, stream: Any = None) -> None:
     """Batched varlen paged causal attention: O ``[T, Hq, D]`` from Q and the paged K/V pools.
 
     ``algo`` (:data:`ATTN_ALGOS`): ``"auto"`` (default: wgmma on Hopper for head dims 128 and 256,
     else mma.sync), ``"mma"`` (mma.sync, head dims 64/128/256) or ``"wgmma"`` (Hopper's warpgroup
     MMA, compiled for sm_90a; head dims 128/256). The kernels agree to bf16 rounding.
+
+    ``window_left``: sliding window in FlashAttention's convention (``window_size=(window_left, 0)``): the query
+    at position ``p`` sees the keys ``p - window_left .. p``; transformers' ``sliding_window = W`` is
+    ``window_left = W - 1`` (``AttentionShape(sliding_window=W)`` converts). None or -1: full causal. Both
+    kernels honour it.
     """
     _check(device, meta)
     if scale is not None:
         _args.positive_float("scale", scale)
+    window = _attn.window_argument(window_left)
     d = _positive("head_dim", head_dim)
     entry = attention_entry(algo, d, device.arch)
     hq, hkv = _args.head_group("num_q_heads", num_q_heads, "num_kv_heads", num_kv_heads)
     bf16 = lambda name, value: device.pointer(value, name, dtype="bf16", align=16)  # noqa: E731
     enqueue_attention(device, meta, entry, bf16("q", q), bf16("k_pool", k_pool), bf16("v_pool", v_pool), bf16("o", o),
-                      hq, hkv, d, float(d ** -0.5 if scale is None else scale), stream)
+                      hq, hkv, d, float(d ** -0.5 if scale is None else scale), stream, window)
 
 
 def enqueue_attention(device: Device, meta: BatchedAttnMetadata, entry: str, q: int, k_pool: int, v_pool: int, o: int,
-                      num_q_heads: int, num_kv_heads: int, head_dim: int, scale: float, stream: Any) -> None:
-    """:func:`attention` with every argument already checked and ``entry`` its kernel: geometry, pack, launch."""
+                      num_q_heads: int, num_kv_heads: int, head_dim: int, scale: float, stream: Any,
+                      window_left: int = _attn.NO_WINDOW) -> None:
+    """:func:`attention` with every argument already checked and ``entry`` its kernel: geometry, pack, launch.
+    ``window_left`` is the kernels' argument (:func:`~q12drv.kernels.attention.window_argument`: ``>= 0``,
+    :data:`~q12drv.kernels.attention.NO_WINDOW` for none)."""
     grid, block, smem = _attn_geometry(entry, meta.batch_size, meta.chunk_len, num_q_heads, num_kv_heads, head_dim)
     launch = prepared(device, entry)
     a = launch.args
     a.q, a.k_pool, a.v_pool, a.o, a.num_q_heads, a.num_kv_heads = q, k_pool, v_pool, o, num_q_heads, num_kv_heads
-    a.block_size, a.scale = meta.block_size, scale
+    a.block_size, a.scale, a.window_left = meta.block_size, scale, window_left
     a.m = meta_struct(meta)
     launch.launch(grid, block, smem, stream)

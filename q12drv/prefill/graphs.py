@@ -259,19 +259,21 @@ class PassGraph:
 
     def attention_layer(self, q: int, k: int, v: int, k_pool: int, v_pool: int, o: int, shape: AttentionShape, *,
                         num_blocks: int, algo: str = "auto") -> None:
-        """RoPE, KV write and attention over the padded pass (as :meth:`Q12Pass.attention_layer`, batched).
+        """RoPE, KV write and attention over the padded pass (as :meth:`Q12Pass.attention_layer`, batched; within
+        ``shape.sliding_window`` where it is set).
 
         Q/K/V/O hold ``max_tokens`` rows; rows past the real tokens are scratch.
         """
         m, dev, st = self.meta, self.device, self.stream
         ops.attention_entry(algo, shape.head_dim, dev.arch)  # a bad algo raises before the first launch
+        window_left = shape.window_left  # and a bad window
         ops.rope(dev, m, q, k, num_q_heads=shape.num_q_heads, num_kv_heads=shape.num_kv_heads,
                  head_dim=shape.head_dim, rotary_dim=shape.rotary_dim, theta=shape.rope_theta,
                  mrope_mode=shape.mrope_mode, sections=shape.mrope_section, scaling=shape.rope_scaling, stream=st)
         ops.kv_write(dev, m, k, v, k_pool, v_pool, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
                      num_blocks=num_blocks, stream=st)
         ops.attention(dev, m, q, k_pool, v_pool, o, num_q_heads=shape.num_q_heads, num_kv_heads=shape.num_kv_heads,
-                      head_dim=shape.head_dim, scale=shape.scale, algo=algo, stream=st)
+                      head_dim=shape.head_dim, scale=shape.scale, algo=algo, window_left=window_left, stream=st)
 
     def gdn_plan(self, shape: GdnShape, config: GdnConfig = GdnConfig()) -> GdnPlan:
         """The plan of ``config`` for the graph's maxima (``max_streams`` streams of ``max_chunk`` tokens) on its

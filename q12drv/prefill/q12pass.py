@@ -73,6 +73,14 @@ class AttentionShape:
     ``rope_scaling``: a :class:`~q12drv.kernels.rope.RopeScaling` for models with scaled rotary embeddings
     (its frequencies replace ``rope_theta``'s; :meth:`~q12drv.kernels.rope.RopeScaling.from_transformers` reads
     them from a transformers config).
+
+    ``sliding_window``: the layer's sliding window in transformers' convention, so a runtime passes a model
+    config's ``sliding_window`` as it is (for the layers whose ``layer_types`` entry is ``"sliding_attention"``):
+    ``W`` is the number of keys a query sees, its own included: the query at position ``p`` sees the keys
+    ``p - W + 1 .. p`` (``masking_utils.sliding_window_overlay``: ``j > p - W``), FlashAttention's
+    ``window_size=(W - 1, 0)``, :attr:`window_left` ``= W - 1``. ``None`` (default): full causal attention. A
+    model may mix sliding and full layers: each layer's shape says which it is. The window changes what
+    attention reads, not what RoPE or the KV write do (every key is still written to the cache).
     """
 
     num_q_heads: int
@@ -84,6 +92,27 @@ class AttentionShape:
     mrope_section: tuple = (0, 0, 0)
     scale: float | None = None
     rope_scaling: _rope.RopeScaling | None = None
+    sliding_window: int | None = None
+
+    @property
+    def window_left(self) -> int | None:
+        """The window in FlashAttention's convention (keys left of the query, ``ops.attention(window_left=)``):
+        ``sliding_window - 1``, or None for full causal attention.
+
+        Raises
+        ------
+        ValueError
+            ``sliding_window`` is not None or an int in ``[1, 2**31 - 1]`` (0 or a negative number has no meaning
+            here: None is full causal attention).
+        """
+        sw = self.sliding_window
+        if sw is None:
+            return None
+        if isinstance(sw, bool) or not isinstance(sw, (int, np.integer)) or not 1 <= sw <= I32_MAX:
+            raise ValueError(f"shape.sliding_window must be None (full causal attention) or the number of keys a "
+                             f"query sees, its own included (transformers' sliding_window: an int in [1, {I32_MAX}]), "
+                             f"got {sw!r:.60}")
+        return int(sw) - 1
 
 
 #: (id(plan), arena base) -> (plan, the regions its MoE area and per-stream blocks got there).
@@ -404,6 +433,7 @@ class Q12Pass:
         ops.rope_table(shape.rope_scaling, rd)
         if shape.scale is not None:
             positive_float("shape.scale", shape.scale)
+        shape.window_left  # noqa: B018 (checks sliding_window)
 
     def _check_tables(self, shape: AttentionShape, nb: int) -> None:
         bound = self._table_bound
@@ -536,8 +566,8 @@ class Q12Pass:
     def attention(self, q, k_pool, v_pool, o, shape: AttentionShape, *, num_blocks: int | None = None,
                   algo: str = "auto") -> None:
         """Batched varlen paged causal attention: O ``[T, Hq, D]`` from Q (positions already applied) and the paged
-        pools (bottom-right causal over each stream's ``kv_len``), for a runtime with its own RoPE or KV layout.
-        ``algo``: :data:`q12drv.kernels.ops.ATTN_ALGOS`.
+        pools (bottom-right causal over each stream's ``kv_len``, within ``shape.sliding_window`` where it is set),
+        for a runtime with its own RoPE or KV layout. ``algo``: :data:`q12drv.kernels.ops.ATTN_ALGOS`.
 
         Raises
         ------
@@ -550,11 +580,12 @@ class Q12Pass:
         entry = ops.attention_entry(algo, shape.head_dim, self.device.arch)
         hq, hkv, d = shape.num_q_heads, shape.num_kv_heads, shape.head_dim
         scale = float(d ** -0.5 if shape.scale is None else shape.scale)
+        window = _attn.window_argument(shape.window_left)
         dev, st = self.device, self.stream
         self._each(lambda meta, row: ops.enqueue_attention(dev, meta, entry, a["q"] + row_offset(row, hq * d, _BF16),
                                                            a["k_pool"], a["v_pool"],
                                                            a["o"] + row_offset(row, hq * d, _BF16), hq, hkv, d, scale,
-                                                           st))
+                                                           st, window))
 
     def attention_layer(self, q, k, v, k_pool, v_pool, o, shape: AttentionShape, *, num_blocks: int | None = None,
                         algo: str = "auto") -> None:
@@ -580,6 +611,7 @@ class Q12Pass:
         theta, mode, sections = float(shape.rope_theta), shape.mrope_mode, tuple(shape.mrope_section)
         table = ops.rope_table(shape.rope_scaling, rd)
         scale = float(d ** -0.5 if shape.scale is None else shape.scale)
+        window = _attn.window_argument(shape.window_left)
         dev, st, row_elems = self.device, self.stream, hkv * d
         num_slots = int(nb) * self.block_size
         q, k, v, k_pool, v_pool, o = (int(a[n]) for n in ("q", "k", "v", "k_pool", "v_pool", "o"))
@@ -588,7 +620,8 @@ class Q12Pass:
             row_q, row_k = row_offset(row, hq * d, _BF16), row_offset(row, hkv * d, _BF16)
             ops.enqueue_rope(dev, meta, q + row_q, k + row_k, hq, hkv, d, rd, theta, mode, sections, st, table)
             ops.enqueue_kv_write(dev, meta, k + row_k, v + row_k, k_pool, v_pool, row_elems, num_slots, st)
-            ops.enqueue_attention(dev, meta, entry, q + row_q, k_pool, v_pool, o + row_q, hq, hkv, d, scale, st)
+            ops.enqueue_attention(dev, meta, entry, q + row_q, k_pool, v_pool, o + row_q, hq, hkv, d, scale, st,
+                                  window)
 
         self._each(run)
 

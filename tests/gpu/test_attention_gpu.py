@@ -24,7 +24,7 @@ from q12drv.kernels.meta import Q12MetaC  # noqa: E402
 from q12drv.kernels.registry import compile_defines  # noqa: E402
 from q12drv.core.nvrtc import compile_source  # noqa: E402
 from tests.gpu.raw_harness import check  # noqa: E402
-from tests.helpers import rel_err_bf16, shuffled_tables  # noqa: E402
+from tests.helpers import rel_err, rel_err_bf16, shuffled_tables  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -133,9 +133,9 @@ class Case:
             max_blocks_per_seq=max(len(self.tables[s]) for s in streams),
         )
 
-    def run(self, kernel, streams, scale, grid_extra=(0, 0, 0)):
-        """Launch ``kernel`` (``(CUfunction, geometry)``) over ``streams``; return their O rows
-        (uint16 bits) after checking the guards."""
+    def run(self, kernel, streams, scale, grid_extra=(0, 0, 0), window_left=attn.NO_WINDOW):
+        """Launch ``kernel`` (``(CUfunction, geometry)``) over ``streams`` (``window_left``: the kernels' argument,
+        ``NO_WINDOW`` for none); return their O rows (uint16 bits) after checking the guards."""
         from cuda.bindings import driver as cu
 
         keep = []
@@ -162,6 +162,7 @@ class Case:
             ctypes.c_int(self.hkv),
             ctypes.c_int(self.bs),
             ctypes.c_float(scale),
+            ctypes.c_int(window_left),
         ]
         argv = (ctypes.c_void_p * len(params))(*[ctypes.addressof(p) for p in params])
         stream = cu.CUstream(torch.cuda.current_stream().cuda_stream)
@@ -198,6 +199,12 @@ CASES = [
 ]
 
 
+def _fresh_case(q_lens, prefixes, **dims) -> tuple:
+    """``(seed, Case)``: fresh random inputs, the seed for the failure messages."""
+    seed = secrets.randbits(32)
+    return seed, Case(np.random.default_rng(seed), q_lens, prefixes, **dims)
+
+
 def _with_algos(cases, d_of=lambda c: c[0]):
     """``(algo, case)`` for every case and every kernel that has its head dim."""
     return [(algo, c) for c in cases for algo, (mod, _) in ALGOS.items() if d_of(c) in mod.HEAD_DIMS]
@@ -211,9 +218,7 @@ ALGO_CASES = _with_algos(CASES)
 def test_attention_matches_reference(kernels, algo, case):
     d, bs, hq, hkv, q_lens, prefixes, scale = case
     kernel = kernels[algo, d]
-    seed = secrets.randbits(32)
-    rng = np.random.default_rng(seed)
-    c = Case(rng, q_lens, prefixes, hq=hq, hkv=hkv, d=d, bs=bs)
+    seed, c = _fresh_case(q_lens, prefixes, hq=hq, hkv=hkv, d=d, bs=bs)
     scale = d**-0.5 if scale is None else scale
     n = len(q_lens)
     out = c.run(kernel, list(range(n)), scale)
@@ -282,3 +287,122 @@ def test_attention_wgmma_agrees_with_mma(kernels, d, hq, hkv):
     assert rel_err_bf16(b, a) < 1e-2, f"seed {seed}: wgmma vs mma rel {rel_err_bf16(b, a):.3e}"
     # within a small factor of the mma.sync kernel's own error against the fp32 reference
     assert rel_err_bf16(b, ref) < 2 * rel_err_bf16(a, ref) + 1e-3, f"seed {seed}"
+
+
+# ---------------------------------------------------------------------------------------------
+# sliding window: window_left = W, FlashAttention's window_size=(W, 0): the query at position p sees the keys
+# p - W .. p (transformers' sliding_window is W + 1)
+
+
+def torch_window_reference(c: Case, scale: float, window_left: int | None) -> np.ndarray:
+    """fp32 torch SDPA per stream on K/V gathered through the block tables, with an explicit boolean mask
+    ``p - window_left <= j <= p`` (``None``: ``j <= p``); GQA by repeating each kv head. Returns fp32 ``[T, Hq, D]``."""
+    import torch.nn.functional as F
+
+    g = c.hq // c.hkv
+    kf = torch.from_numpy(c.k_pool.view(np.int16).astype(np.int32) << 16).cuda().view(torch.float32)
+    vf = torch.from_numpy(c.v_pool.view(np.int16).astype(np.int32) << 16).cuda().view(torch.float32)
+    qf = torch.from_numpy(c.q.view(np.int16).astype(np.int32) << 16).cuda().view(torch.float32)
+    out = torch.zeros(qf.shape, dtype=torch.float32, device="cuda")
+    for b in range(len(c.q_lens)):
+        q_len, kv = int(c.q_lens[b]), int(c.kv_lens[b])
+        pos = torch.arange(kv, device="cuda")
+        table = torch.from_numpy(c.tables[b].astype(np.int64)).cuda()
+        blk, off = table[pos // c.bs], pos % c.bs
+        k = kf[blk, off].transpose(0, 1).repeat_interleave(g, dim=0)  # [Hq, kv, D]
+        v = vf[blk, off].transpose(0, 1).repeat_interleave(g, dim=0)
+        q = qf[int(c.cu[b]) : int(c.cu[b + 1])].transpose(0, 1)  # [Hq, q_len, D]
+        p = kv - q_len + torch.arange(q_len, device="cuda")[:, None]  # each row's position
+        mask = pos[None, :] <= p
+        if window_left is not None:
+            mask &= pos[None, :] >= p - window_left
+        out[int(c.cu[b]) : int(c.cu[b + 1])] = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=scale).transpose(0, 1)
+    return out.cpu().numpy()
+
+
+def _bf16_f32(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+WINDOW_CASES = [
+    # (d, block_size, Hq, Hkv, q_lens, prefixes, window_left): ragged streams, each with its own cached prefix;
+    # windows 0 (the own key only), below, at and above a K/V tile (BN 32/64/128), and longer than a stream
+    (64, 16, 4, 2, [1, 15, 16, 17, 63, 64, 65, 700], [0, 77, 5, 16, 1, 200, 64, 900], 0),
+    (64, 64, 4, 4, [1, 17, 65, 300, 128, 129], [999, 2, 63, 0, 128, 1], 63),
+    (64, 16, 8, 2, [1, 15, 200, 1000], [500, 0, 70, 3000], 300),
+    (128, 16, 8, 2, [1, 15, 16, 17, 63, 64, 65, 700], [0, 77, 5, 16, 1, 200, 64, 900], 31),
+    (128, 64, 16, 2, [1, 129, 300, 1000], [700, 0, 40, 2000], 127),
+    (128, 16, 4, 1, [3, 200, 1100], [40, 1000, 5], 1000),
+    (128, 64, 4, 4, [1, 15, 16, 17, 63, 64, 65, 700], [3, 0, 16, 1, 0, 64, 17, 0], 5),
+    (256, 16, 16, 2, [1, 15, 16, 17, 63, 64, 65, 700], [9, 0, 700, 16, 1, 64, 33, 900], 64),
+    (256, 64, 8, 1, [1, 17, 129, 1040], [500, 0, 3, 2000], 500),
+    (256, 16, 4, 4, [2, 100, 513], [0, 7, 64], 0),
+]
+WINDOW_ALGO_CASES = _with_algos(WINDOW_CASES)
+
+
+@pytest.mark.parametrize("algo,case", WINDOW_ALGO_CASES,
+                         ids=[f"{a}-d{c[0]}-bs{c[1]}-gqa{c[2] // c[3]}-w{c[6]}-{i}"
+                              for i, (a, c) in enumerate(WINDOW_ALGO_CASES)])
+def test_window_matches_torch(kernels, algo, case):
+    d, bs, hq, hkv, q_lens, prefixes, window = case
+    kernel = kernels[algo, d]
+    seed, c = _fresh_case(q_lens, prefixes, hq=hq, hkv=hkv, d=d, bs=bs)
+    scale = d**-0.5
+    n = len(q_lens)
+    out = c.run(kernel, list(range(n)), scale, window_left=window)
+    assert not (out == 0xFFFF).any(), f"seed {seed}: some O rows were not written"
+    ref = torch_window_reference(c, scale, window)
+    got = _bf16_f32(out)
+    for b in range(n):  # per stream, so a short stream cannot hide behind a long one
+        s = slice(c.cu[b], c.cu[b + 1])
+        err = rel_err(got[s], ref[s])
+        assert err < 1e-2, f"seed {seed}: stream {b} (q {q_lens[b]}, kv {c.kv_lens[b]}) rel err {err:.3e}"
+    # the numpy reference (the emulator's) agrees with torch's
+    assert rel_err(_bf16_f32(attn.reference(c.q, c.k_pool, c.v_pool, c.cu, c.kv_lens, c.tables, hq, hkv, bs, scale,
+                                            window_left=window)), ref) < 1e-2, f"seed {seed}"
+    # the window changes the result where a row has more keys than it (else the case would test nothing)
+    assert rel_err(torch_window_reference(c, scale, None), ref) > 1e-2, f"seed {seed}"
+    # batched == each stream alone, bit for bit; an oversized grid changes nothing
+    for b in range(n):
+        one = c.run(kernel, [b], scale, window_left=window)
+        assert np.array_equal(one, out[c.cu[b] : c.cu[b + 1]]), f"seed {seed}: stream {b} batched != alone"
+    again = c.run(kernel, list(range(n)), scale, grid_extra=(1, 1, 2), window_left=window)
+    assert np.array_equal(again, out), f"seed {seed}: oversized grid changed the output"
+
+
+@pytest.mark.parametrize("algo,case", _with_algos([CASES[1], CASES[4], CASES[9]]),
+                         ids=lambda x: x if isinstance(x, str) else f"d{x[0]}-bs{x[1]}")
+def test_window_covering_the_context_is_full_causal_bit_for_bit(kernels, algo, case):
+    # window_left >= the longest context - 1: every key of every row is in the window, so the kernels load the same
+    # tiles and mask nothing more: the result is the no-window launch's, bit for bit
+    d, bs, hq, hkv, q_lens, prefixes, scale = case
+    seed, c = _fresh_case(q_lens, prefixes, hq=hq, hkv=hkv, d=d, bs=bs)
+    scale = d**-0.5 if scale is None else scale
+    n = len(q_lens)
+    full = c.run(kernels[algo, d], list(range(n)), scale)
+    for w in (int(c.kv_lens.max()) - 1, int(c.kv_lens.max()), 1 << 20):
+        assert np.array_equal(c.run(kernels[algo, d], list(range(n)), scale, window_left=w), full), f"seed {seed}: {w}"
+
+
+LONG_WINDOW = _with_algos([(64, 4, 1), (128, 16, 2), (256, 16, 2)])
+
+
+@pytest.mark.parametrize("algo,dims", LONG_WINDOW, ids=[f"{a}-d{d}-{hq}-{hkv}" for a, (d, hq, hkv) in LONG_WINDOW])
+def test_window_chunked_long(kernels, algo, dims):
+    # Chunked prefill far past the window: 1024 new rows on 8192 cached keys, window 1000 (most key tiles skipped),
+    # beside a decode-like row and a short fresh stream.
+    d, hq, hkv = dims
+    seed, c = _fresh_case([1024, 1, 300], [8192, 4000, 0], hq=hq, hkv=hkv, d=d, bs=64)
+    scale = d**-0.5
+    out = c.run(kernels[algo, d], [0, 1, 2], scale, window_left=1000)
+    assert not (out == 0xFFFF).any(), f"seed {seed}: some O rows were not written"
+    ref = torch_window_reference(c, scale, 1000)
+    got = _bf16_f32(out)
+    for b in range(3):
+        s = slice(c.cu[b], c.cu[b + 1])
+        err = rel_err(got[s], ref[s])
+        assert err < 1e-2, f"seed {seed}: stream {b} rel err {err:.3e}"
+    one = c.run(kernels[algo, d], [0], scale, window_left=1000)
+    assert np.array_equal(one, out[c.cu[0] : c.cu[1]]), f"seed {seed}: batched != alone"

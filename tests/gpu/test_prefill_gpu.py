@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from q12drv import ScratchArena, make_scratch_plan, place_h_state_slot, stage_batched_attn_metadata
+from q12drv.core.bf16 import to_bf16_bits
 from q12drv.core.staging import verify_readback
 from q12drv.tools.demo import layer_inputs
 from q12drv.kernels import attention as attn_ref
@@ -133,6 +134,52 @@ def test_prefill_step_against_references_and_batched_equals_per_stream(gpu, d, b
         others = [b for b in range(n) if b != victim]
         assert np.array_equal(perturbed["states"][others], batched["states"][others])
         assert not np.array_equal(perturbed["states"][victim], batched["states"][victim])
+
+
+@pytest.mark.parametrize("algo", ["mma", "wgmma"])
+@pytest.mark.parametrize("d,bs", [(128, 16), (256, 64)])
+def test_sliding_window_through_the_pass(gpu, algo, d, bs):
+    """A sliding-window layer through Q12Pass.attention (q12drv's own launch packing of window_left): batched ==
+    per stream bit for bit, the fp32 reference with window_left = sliding_window - 1, and a full layer on the same
+    pass differs."""
+    rng = np.random.default_rng()
+    counts, starts = [1, 300, 1100, 17], [0, 2000, 64, 900]
+    streams, _tables = make_streams(gpu, counts, starts, block_size=bs, rng=rng)
+    num_blocks = int(max(int(s.block_table.max()) for s in streams)) + 1
+    hq, hkv, t = 16, 2, sum(counts)
+    host = {"q": to_bf16_bits(rng.standard_normal((t, hq, d), dtype=np.float32)),
+            "kp": to_bf16_bits(rng.standard_normal((num_blocks, bs, hkv, d), dtype=np.float32)),
+            "vp": to_bf16_bits(rng.standard_normal((num_blocks, bs, hkv, d), dtype=np.float32))}
+    bufs = {k: gpu.alloc(a.nbytes, k) for k, a in host.items()}
+    o = gpu.alloc(t * hq * d * 2, "o")
+    sliding = AttentionShape(hq, hkv, d, 64, 1e6, sliding_window=200)
+    outs = {}
+    try:
+        for k, a in host.items():
+            gpu.upload(bufs[k].ptr, a)
+        with ScratchArena(gpu, make_scratch_plan(counts, 0, False, "exact").total_bytes + 4096) as arena:
+            for mode in ("batched", "per_stream"):
+                q12 = Q12Pass(arena, streams, block_size=bs, use_mrope=False, dummy_kv_block=0, head_dim=d,
+                              mode=mode)
+                for name, shape in (("sliding", sliding), ("full", dataclasses.replace(sliding, sliding_window=None))):
+                    gpu.memset(o.ptr, 0xFF, o.nbytes)
+                    q12.attention(int(bufs["q"].ptr), int(bufs["kp"].ptr), int(bufs["vp"].ptr), int(o.ptr), shape,
+                                  num_blocks=num_blocks, algo=algo)
+                    gpu.synchronize()
+                    outs[mode, name] = gpu.download_array(o.ptr, np.uint16, (t, hq, d))
+    finally:
+        for b in (*bufs.values(), o):
+            b.free()
+    assert np.array_equal(outs["batched", "sliding"], outs["per_stream", "sliding"]), "batched != per stream"
+    assert not np.any(outs["batched", "sliding"] == 0xFFFF)
+    cu = np.concatenate([[0], np.cumsum(counts)])
+    kv = np.array(starts) + np.array(counts)
+    want = attn_ref.reference(host["q"], host["kp"], host["vp"], cu, kv, [s.block_table for s in streams], hq, hkv, bs,
+                              d ** -0.5, window_left=199)
+    for b in range(len(counts)):
+        s = slice(cu[b], cu[b + 1])
+        assert rel_err_bf16(outs["batched", "sliding"][s], want[s]) < 1e-2, f"stream {b}"
+    assert rel_err_bf16(outs["batched", "full"], want) > 1e-2  # the window mattered
 
 
 #: Every GDN config with a kernel on the H200 (the default last: the rules' choice for each batch).
