@@ -30,6 +30,11 @@
 // Q12_KVW_CTAS_PER_SM = 4 CTAs of Q12_KVW_THREADS = 256 threads are resident per SM, which the
 // host's persistent grid (kv_write.geometry()) assumes.
 //
+// q12_kv_write_fp8 writes FP8 (e4m3) pools instead: each value becomes e4m3(x * (1 / scale[h])), h its KV head,
+// rounded to nearest even and saturated to +-448 (cvt.rn.satfinite), the caller's per-head fp32 scales k_scale and
+// v_scale [Hkv] (attention dequantizes q * scale). One thread per 16-byte chunk of a token's row (8 values of one
+// head: head_dim % 8 == 0), a grid stride over T x chunks; each writes 8 bytes.
+//
 // Host/device contract (q12drv/kernels/kv_write.py CONTRACTS, passed as -D by registry.compile_defines and
 // checked below against kvw_config()): Q12_KVW_THREADS, Q12_KVW_CTAS_PER_SM, Q12_KVW_MAX_THREADS,
 // Q12_KVW_CHUNK_ELEMS, Q12_KVW_MAX_GROUP, Q12_KVW_LONG_ROW_TOKENS, Q12_KVW_SHORT_ROW_TOKENS.
@@ -169,5 +174,52 @@ extern "C" __global__ __launch_bounds__(kvw_config().max_threads, kvw_config().m
                                       reinterpret_cast<unsigned short*>(k_pool),
                                       reinterpret_cast<unsigned short*>(v_pool), slots, num_slots, row_elems,
                                       total_tokens);
+    }
+}
+
+namespace {
+
+// Eight bf16 (one 16-byte chunk) times inv, as e4m3 bytes in order: cvt packs its first operand in the high byte.
+__device__ __forceinline__ uint2 to_e4m3x8(const uint4& d, float inv) {
+    const unsigned w[4] = {d.x, d.y, d.z, d.w};
+    unsigned short p[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float lo = __fmul_rn(__uint_as_float(w[i] << 16), inv);
+        const float hi = __fmul_rn(__uint_as_float(w[i] & 0xffff0000u), inv);
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(p[i]) : "f"(hi), "f"(lo));
+    }
+    return make_uint2((unsigned)p[0] | ((unsigned)p[1] << 16), (unsigned)p[2] | ((unsigned)p[3] << 16));
+}
+
+__device__ __forceinline__ void st_stream8(uint2* p, const uint2& d) {
+    asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(d.x), "r"(d.y) : "memory");
+}
+
+}  // namespace
+
+extern "C" __global__ __launch_bounds__(kvw_config().max_threads, kvw_config().min_blocks) void q12_kv_write_fp8(Q12Meta m, const bf16* __restrict__ k, const bf16* __restrict__ v, unsigned char* __restrict__ k_pool, unsigned char* __restrict__ v_pool, const float* __restrict__ k_scale, const float* __restrict__ v_scale, int head_dim, int row_elems, long long num_slots) {
+    constexpr int ce = kvw_config().chunk_elems;
+    if (row_elems <= 0 || head_dim <= 0 || head_dim % ce || row_elems % head_dim) return;
+    const int chunks = row_elems / ce;  // per token row
+    const long long total = (long long)m.total_tokens * chunks;
+    const i64* slots = q12_slots(m);
+    const uint4* k4 = reinterpret_cast<const uint4*>(k);
+    const uint4* v4 = reinterpret_cast<const uint4*>(v);
+    uint2* kp = reinterpret_cast<uint2*>(k_pool);
+    uint2* vp = reinterpret_cast<uint2*>(v_pool);
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long t = i / chunks;
+        const int c = (int)(i - t * chunks);
+        const i64 s = __ldg(slots + t);
+        uint4 kd, vd;
+        ld_stream(kd, k4 + i);
+        ld_stream(vd, v4 + i);
+        if (s < 0 || s >= num_slots) continue;
+        const int h = c * ce / head_dim;
+        const long long dst = s * chunks + c;
+        st_stream8(kp + dst, to_e4m3x8(kd, __frcp_rn(__ldg(k_scale + h))));
+        st_stream8(vp + dst, to_e4m3x8(vd, __frcp_rn(__ldg(v_scale + h))));
     }
 }

@@ -1,7 +1,8 @@
 """Section ``kv_write``: the paged KV write (``ops.kv_write``, 8 x 8192 tokens, Hkv 2, D 256, blocks of 16) against
 its byte floor (K and V read and written at the H200's device-to-device copy rate) and torch ``index_copy_`` into
 the same slots. Device time from events around 8 back-to-back calls (:func:`bench.timing.q12_events_us`), median of
-50 after 3 warm-ups; both sides rotate among buffer sets that together exceed 3x L2 (cold L2)."""
+50 after 3 warm-ups; both sides rotate among buffer sets that together exceed 3x L2 (cold L2). Then the same write
+into FP8 (e4m3) pools, per-head scales, against its floor (bf16 read, one byte a value written)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,21 @@ def run(ctx: Context) -> None:
         res["q12drv_us"] = q12_events_us(dev, q12, ctx.reps(50, 1))
         ctx.section("kv_write", res)
         ctx.memory_rows(f"kv_write {total // 1024}k tokens: vs D2D floor", res, "q12drv_us", floor, 0.75)
+        # FP8 pools: the same bf16 K and V read, one byte a value written, each head scaled
+        scales = dev.alloc(8 * hkv)
+        bufs.append(scales)
+        dev.upload(scales.ptr, np.full(2 * hkv, 0.05, np.float32))
+
+        def q12_fp8():
+            k, v, kp, vp = sets[turn[0] % n_sets]
+            turn[0] += 1
+            ops.kv_write(dev, meta, k.ptr, v.ptr, kp.ptr, vp.ptr, num_kv_heads=hkv, head_dim=d, num_blocks=num_blocks,
+                         kv_dtype="fp8_e4m3", k_scale=scales.ptr, v_scale=int(scales.ptr) + 4 * hkv)
+
+        res["fp8_us"] = q12_events_us(dev, q12_fp8, ctx.reps(50, 1))
+        res["fp8_floor_bytes"] = 2 * total * row_elems * (2 + 1)
+        ctx.memory_rows(f"kv_write fp8 {total // 1024}k tokens: vs D2D floor", res, "fp8_us", res["fp8_floor_bytes"],
+                        0.75)
         if ctx.gpu:
             ctx.comparator("kv_write/torch",
                            lambda: _torch(ctx, arena, meta, total, hkv, d, num_blocks, bs, res, n_sets))

@@ -13,7 +13,13 @@ Entry::
                  int row_elems, long long num_slots)
 
 ``row_elems = Hkv * D`` (a multiple of 8 for the 16-byte path), ``num_slots = num_blocks *
-block_size``. The kernel walks the ``m.total_tokens`` tokens with a grid stride, so any grid
+block_size``. FP8 (e4m3) pools::
+
+    q12_kv_write_fp8(Q12Meta m, const bf16* k, const bf16* v, u8* k_pool, u8* v_pool,
+                     const float* k_scale, const float* v_scale, int head_dim, int row_elems, long long num_slots)
+
+store each value as ``e4m3(x * (1 / scale[h]))`` (round to nearest even, saturating to +-448: :mod:`q12drv.core.fp8`),
+``scale[h]`` the caller's fp32 scale of KV head ``h`` (``[Hkv]`` each for K and V); attention reads ``q * scale``. The kernel walks the ``m.total_tokens`` tokens with a grid stride, so any grid
 covers the work; :func:`geometry` sizes a persistent grid. Each lane issues all its loads of an
 iteration (the slots and 8 chunks of 16 bytes) before its stores. The numbers the geometry relies on
 are the kernel's (``kvw_config()`` in ``kv_write.cu``): :data:`CONTRACTS` passes them to every build,
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.fp8 import to_e4m3_bits
 from .grid import check_1d_launch, persistent_geometry
 from .meta import Q12MetaC
 from . import registry
@@ -38,11 +45,15 @@ __all__ = [
     "tokens_per_group",
     "reference",
     "emulate_kv_write",
+    "geometry_fp8",
+    "quantize_rows",
+    "reference_fp8",
+    "emulate_kv_write_fp8",
     "EMULATORS",
 ]
 
 SOURCE = "kv_write.cu"
-ENTRIES = ("q12_kv_write",)
+ENTRIES = ("q12_kv_write", "q12_kv_write_fp8")
 
 #: Threads per CTA of the launch :func:`geometry` returns.
 THREADS = 256
@@ -215,6 +226,54 @@ def emulate_kv_write(args: dict, mem, grid, block) -> None:
     _write_rows(k, v, slots, k_pool, v_pool)
 
 
-EMULATORS = {"q12_kv_write": emulate_kv_write}
+def geometry_fp8(total_tokens: int, row_elems: int, *, num_sms: int = 132, threads: int = THREADS) -> tuple:
+    """Launch geometry of ``q12_kv_write_fp8``: one thread per 16-byte chunk of a row (``row_elems / 8`` a token), a
+    persistent grid of at most 4 CTAs an SM (the kernel's grid stride covers the rest)."""
+    if row_elems <= 0 or row_elems % _CHUNK_ELEMS:
+        raise ValueError(f"row_elems must be a positive multiple of {_CHUNK_ELEMS}, got {row_elems}")
+    return persistent_geometry("q12_kv_write_fp8", total_tokens * (row_elems // _CHUNK_ELEMS), threads, threads,
+                               max_threads=MAX_THREADS, num_sms=num_sms, ctas_per_sm=_CTAS_PER_SM)
+
+
+def quantize_rows(x_bits: np.ndarray, scale: np.ndarray, head_dim: int) -> np.ndarray:
+    """e4m3 bytes of bf16 rows ``x_bits`` (uint16, ``[T, Hkv * head_dim]``) scaled by ``1 / scale[h]`` as the kernel
+    does: ``x * rcp(scale)`` in fp32, each product rounded once."""
+    t, row = x_bits.shape
+    x = (x_bits.astype(np.uint32) << 16).view(np.float32).reshape(t, row // head_dim, head_dim)
+    inv = (np.float32(1) / np.asarray(scale, np.float32)).astype(np.float32)
+    return to_e4m3_bits(x * inv[None, :, None]).reshape(t, row)
+
+
+def reference_fp8(k: np.ndarray, v: np.ndarray, slots: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray,
+                  k_scale: np.ndarray, v_scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What ``q12_kv_write_fp8`` leaves in uint8 pools ``[num_slots or num_blocks, ..., Hkv, D]`` for bf16 bits ``k``,
+    ``v`` ``[T, Hkv, D]`` and fp32 scales ``[Hkv]`` (new arrays; the inputs untouched)."""
+    k, v = np.asarray(k, np.uint16), np.asarray(v, np.uint16)
+    t, hkv, d = k.shape
+    out_k, out_v = np.array(k_pool, np.uint8, copy=True), np.array(v_pool, np.uint8, copy=True)
+    _write_rows(quantize_rows(k.reshape(t, hkv * d), k_scale, d), quantize_rows(v.reshape(t, hkv * d), v_scale, d),
+                slots, out_k, out_v)
+    return out_k, out_v
+
+
+def emulate_kv_write_fp8(args: dict, mem, grid, block) -> None:
+    """Emulated-driver stand-in for ``q12_kv_write_fp8`` (see :func:`emulate_kv_write`)."""
+    check_1d_launch("q12_kv_write_fp8", grid, block, MAX_THREADS)
+    m: Q12MetaC = args["m"]
+    row, d, num_slots = int(args["row_elems"]), int(args["head_dim"]), int(args["num_slots"])
+    t = int(m.total_tokens)
+    if row <= 0 or d <= 0 or d % _CHUNK_ELEMS or row % d or t == 0:
+        return
+    slots = np.array(mem.array(m.slots, np.int64, (t,)))
+    hkv = row // d
+    k = quantize_rows(np.array(mem.array(args["k"], np.uint16, (t, row))),
+                      np.array(mem.array(args["k_scale"], np.float32, (hkv,))), d)
+    v = quantize_rows(np.array(mem.array(args["v"], np.uint16, (t, row))),
+                      np.array(mem.array(args["v_scale"], np.float32, (hkv,))), d)
+    _write_rows(k, v, slots, mem.array(args["k_pool"], np.uint8, (num_slots, row)),
+                mem.array(args["v_pool"], np.uint8, (num_slots, row)))
+
+
+EMULATORS = {"q12_kv_write": emulate_kv_write, "q12_kv_write_fp8": emulate_kv_write_fp8}
 
 registry.register(SOURCE, ENTRIES, EMULATORS, defines=CONTRACTS)

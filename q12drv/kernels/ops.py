@@ -24,8 +24,8 @@ from .meta import meta_struct
 from .registry import ENTRIES, SOURCES, prepared, struct_types
 
 __all__ = ["kv_write", "rope", "rope_table", "attention", "gdn", "conv1d", "ATTN_ALGOS", "attention_entry",
-           "attention_head_dims", "enqueue_kv_write", "enqueue_rope", "enqueue_attention", "prepared", "SOURCES",
-           "ENTRIES", "struct_types"]
+           "attention_head_dims", "enqueue_kv_write", "enqueue_kv_write_fp8", "enqueue_rope", "enqueue_attention",
+           "prepared", "KV_DTYPES", "SOURCES", "ENTRIES", "struct_types"]
 
 def _positive(name: str, value) -> int:
     return _args.count(name, value)  # an int in [1, 2**31 - 1] (TypeError/ValueError)
@@ -34,6 +34,7 @@ def _positive(name: str, value) -> int:
 # Launch geometry and parameter checks are pure functions of a few ints: each distinct input is
 # computed (and checked) once. Only successful results are cached; a bad input raises every time.
 _kvw_geometry = lru_cache(maxsize=1024, typed=True)(_kvw.geometry)
+_kvw_fp8_geometry = lru_cache(maxsize=1024, typed=True)(_kvw.geometry_fp8)
 _rope_geometry = lru_cache(maxsize=1024, typed=True)(_rope.geometry)
 _rope_params = lru_cache(maxsize=256, typed=True)(_rope.check_params)
 
@@ -82,20 +83,45 @@ def _attn_geometry(entry: str, batch_size: int, chunk_len: int, num_q_heads: int
 _check = _args.check_launch
 
 
+#: The KV-cache element types: bf16, or FP8 e4m3 with per-head fp32 scales (written by ``q12_kv_write_fp8``).
+KV_DTYPES = ("bf16", "fp8_e4m3")
+
+
 def kv_write(device: Device, meta: BatchedAttnMetadata, k: int, v: int, k_pool: int, v_pool: int, *,
-             num_kv_heads: int, head_dim: int, num_blocks: int, stream: Any = None) -> None:
-    """Write the packed new keys/values ``[T, Hkv, D]`` into the paged pools at ``slot_stacked``.
+             num_kv_heads: int, head_dim: int, num_blocks: int, stream: Any = None, kv_dtype: str = "bf16",
+             k_scale: Any = None, v_scale: Any = None) -> None:
+    """Write the packed new keys/values ``[T, Hkv, D]`` (bf16) into the paged pools at ``slot_stacked``.
 
     Tokens with a negative slot are skipped; slots at or past ``num_blocks * block_size`` are
-    never written.
+    never written. ``kv_dtype`` (:data:`KV_DTYPES`) is the pools': ``"fp8_e4m3"`` pools (1 byte an element) take
+    each value as ``e4m3(x / scale[h])`` (round to nearest even, saturating at +-448), ``k_scale`` and ``v_scale``
+    the fp32 scale of each KV head (``[Hkv]``, device memory); a reader dequantizes ``q * scale``.
     """
     _check(device, meta)
-    row = _positive("num_kv_heads", num_kv_heads) * _positive("head_dim", head_dim)
+    hkv, d = _positive("num_kv_heads", num_kv_heads), _positive("head_dim", head_dim)
+    row = hkv * d
     if row % 8 or row > _args.I32_MAX:
         raise ValueError(f"num_kv_heads * head_dim = {row} must be a multiple of 8 (16-byte rows) and fit an int32")
+    slots = _positive("num_blocks", num_blocks) * meta.block_size
+    if kv_dtype == "fp8_e4m3":
+        if d % 8:
+            raise ValueError(f"an FP8 KV write needs head_dim % 8 == 0 (16-byte chunks of one head), got {d}")
+        if k_scale is None or v_scale is None:
+            raise ValueError("kv_dtype='fp8_e4m3' needs k_scale and v_scale: the fp32 scale of each KV head, [Hkv]")
+        a = _args.ALIGN["kv_write_fp8"]
+        t = int(meta.total_tokens)
+        ptr = lambda name, value, dtype, shape: device.pointer(  # noqa: E731
+            value, name, dtype=dtype, shape=shape, align=a[name])
+        enqueue_kv_write_fp8(device, meta, ptr("k", k, "bf16", (t, hkv, d)), ptr("v", v, "bf16", (t, hkv, d)),
+                             ptr("k_pool", k_pool, "f8e4m3", None), ptr("v_pool", v_pool, "f8e4m3", None),
+                             ptr("k_scale", k_scale, "f32", (hkv,)), ptr("v_scale", v_scale, "f32", (hkv,)), d, row,
+                             slots, stream)
+        return
+    if kv_dtype != "bf16":
+        raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
     bf16 = lambda name, value, align=2: device.pointer(value, name, dtype="bf16", align=align)  # noqa: E731
     enqueue_kv_write(device, meta, bf16("k", k), bf16("v", v), bf16("k_pool", k_pool), bf16("v_pool", v_pool), row,
-                     _positive("num_blocks", num_blocks) * meta.block_size, stream)
+                     slots, stream)
 
 
 def enqueue_kv_write(device: Device, meta: BatchedAttnMetadata, k: int, v: int, k_pool: int, v_pool: int,
@@ -105,6 +131,19 @@ def enqueue_kv_write(device: Device, meta: BatchedAttnMetadata, k: int, v: int, 
     launch = prepared(device, "q12_kv_write")
     a = launch.args
     a.k, a.v, a.k_pool, a.v_pool, a.row_elems, a.num_slots = k, v, k_pool, v_pool, row_elems, num_slots
+    a.m = meta_struct(meta)
+    launch.launch(grid, block, smem, stream)
+
+
+def enqueue_kv_write_fp8(device: Device, meta: BatchedAttnMetadata, k: int, v: int, k_pool: int, v_pool: int,
+                         k_scale: int, v_scale: int, head_dim: int, row_elems: int, num_slots: int,
+                         stream: Any) -> None:
+    """:func:`kv_write` into FP8 pools with every argument already checked: geometry, pack, launch."""
+    grid, block, smem = _kvw_fp8_geometry(meta.total_tokens, row_elems, num_sms=device.sm_count)
+    launch = prepared(device, "q12_kv_write_fp8")
+    a = launch.args
+    a.k, a.v, a.k_pool, a.v_pool, a.k_scale, a.v_scale = k, v, k_pool, v_pool, k_scale, v_scale
+    a.head_dim, a.row_elems, a.num_slots = head_dim, row_elems, num_slots
     a.m = meta_struct(meta)
     launch.launch(grid, block, smem, stream)
 

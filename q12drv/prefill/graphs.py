@@ -31,7 +31,7 @@ from ..kernels import ops
 from ..kernels.expand import MAX_STREAMS as _EXPAND_MAX_STREAMS, enqueue_expand
 from ..core.layout import h_state_slot_bytes, stacked_layout
 from ..kernels.gdn import GdnConfig, GdnPlan, GdnTensors, gdn, plan_gdn
-from .q12pass import AttentionShape, GdnShape
+from .q12pass import AttentionShape, GdnShape, check_attention_pools
 from ..core.staging import BatchedAttnMetadata, StreamStageInfo, validate_streams, metadata_at, pack_padded
 
 __all__ = ["Graph", "capture", "PassGraph", "EXPAND_MODES"]
@@ -265,6 +265,7 @@ class PassGraph:
         Q/K/V/O hold ``max_tokens`` rows; rows past the real tokens are scratch.
         """
         m, dev, st = self.meta, self.device, self.stream
+        check_attention_pools(shape)
         ops.attention_entry(algo, shape.head_dim, dev.arch)  # a bad algo raises before the first launch
         window_left = shape.window_left  # and a bad window
         ops.rope(dev, m, q, k, num_q_heads=shape.num_q_heads, num_kv_heads=shape.num_kv_heads,

@@ -81,6 +81,11 @@ class AttentionShape:
     ``window_size=(W - 1, 0)``, :attr:`window_left` ``= W - 1``. ``None`` (default): full causal attention. A
     model may mix sliding and full layers: each layer's shape says which it is. The window changes what
     attention reads, not what RoPE or the KV write do (every key is still written to the cache).
+
+    ``kv_dtype``: the element type of the layer's KV pools (:data:`q12drv.kernels.ops.KV_DTYPES`): ``"bf16"``
+    (default), or ``"fp8_e4m3"`` (one byte an element, each value stored as ``e4m3(x / scale[h])`` with the fp32
+    per-KV-head scales given to :meth:`Q12Pass.kv_write`). The KV write writes FP8 pools; no attention kernel reads
+    them yet, so :meth:`Q12Pass.attention` and :meth:`Q12Pass.attention_layer` refuse such a shape.
     """
 
     num_q_heads: int
@@ -93,6 +98,7 @@ class AttentionShape:
     scale: float | None = None
     rope_scaling: _rope.RopeScaling | None = None
     sliding_window: int | None = None
+    kv_dtype: str = "bf16"
 
     @property
     def window_left(self) -> int | None:
@@ -157,6 +163,14 @@ def _plain_aligned(ptrs: tuple, masks: tuple) -> bool:
     alignments are powers of two): :func:`~q12drv.kernels.args.device_ptr`'s common case, all at once."""
     return (set(map(type, ptrs)) <= _PTR_TYPES and min(ptrs) > 0 and max(ptrs) <= _U64_MAX
             and not any(map(and_, ptrs, masks)))
+
+
+def check_attention_pools(shape) -> None:
+    """ValueError for a layer whose KV pools no attention kernel reads (FP8 pools: the KV write writes them)."""
+    kv = getattr(shape, "kv_dtype", "bf16")
+    if kv != "bf16":
+        raise ValueError(f"shape.kv_dtype is {kv!r}: no attention kernel reads FP8 pools yet (the KV write writes "
+                         f"them: Q12Pass.kv_write); attention reads bf16 pools")
 
 
 def _remember_shape(shape, use_mrope, *fields) -> None:
@@ -434,6 +448,8 @@ class Q12Pass:
         if shape.scale is not None:
             positive_float("shape.scale", shape.scale)
         shape.window_left  # noqa: B018 (checks sliding_window)
+        if shape.kv_dtype not in ops.KV_DTYPES:
+            raise ValueError(f"shape.kv_dtype must be one of {ops.KV_DTYPES}, got {shape.kv_dtype!r:.60}")
 
     def _check_tables(self, shape: AttentionShape, nb: int) -> None:
         bound = self._table_bound
@@ -504,7 +520,7 @@ class Q12Pass:
             if num_blocks is None:
                 raise TypeError("num_blocks is needed when the KV pools are raw addresses (a pool tensor of shape "
                                 "[num_blocks, block_size, Hkv, D] says it itself)")
-        if _plain_aligned(tuple(tensors.values()), _ATTENTION_MASKS[tuple(tensors)]):
+        if not tensors or _plain_aligned(tuple(tensors.values()), _ATTENTION_MASKS[tuple(tensors)]):
             addrs = tensors
         else:
             t, dev = self._batch.total, self.device
@@ -545,16 +561,25 @@ class Q12Pass:
                                                       kp + row_offset(row, hkv * d, _BF16), hq, hkv, d, rd, theta,
                                                       mode, sections, st, table))
 
-    def kv_write(self, k, v, k_pool, v_pool, shape: AttentionShape, *, num_blocks: int | None = None) -> None:
-        """Write the packed new keys and values ``[T, Hkv, D]`` into the paged pools ``[num_blocks, block_size, Hkv,
-        D]`` at each token's slot (bf16). ``num_blocks`` is read from a pool tensor when not given.
+    def kv_write(self, k, v, k_pool, v_pool, shape: AttentionShape, *, num_blocks: int | None = None,
+                 k_scale=None, v_scale=None) -> None:
+        """Write the packed new keys and values ``[T, Hkv, D]`` (bf16) into the paged pools ``[num_blocks,
+        block_size, Hkv, D]`` at each token's slot, in ``shape.kv_dtype``. ``num_blocks`` is read from a pool tensor
+        when not given. FP8 pools (``"fp8_e4m3"``) need ``k_scale`` and ``v_scale``: each KV head's fp32 scale
+        (``[Hkv]`` in device memory; a value is stored as ``e4m3(x / scale)``, rounded to nearest even and saturated
+        at +-448).
 
         Raises
         ------
         TypeError, ValueError
-            A bad tensor, address, shape or block count, or a block table (host copy) with an entry past the
-            pools, before anything is enqueued.
+            A bad tensor, address, shape or block count, a missing scale, or a block table (host copy) with an entry
+            past the pools, before anything is enqueued.
         """
+        if getattr(shape, "kv_dtype", None) == "fp8_e4m3":
+            self._kv_write_fp8(k, v, k_pool, v_pool, shape, num_blocks, k_scale, v_scale)
+            return
+        if k_scale is not None or v_scale is not None:
+            raise ValueError("k_scale / v_scale given for bf16 pools: scales are for shape.kv_dtype='fp8_e4m3'")
         a, nb = self._attention_ops(shape, num_blocks, (k_pool, v_pool),
                                     {"k": k, "v": v, "k_pool": k_pool, "v_pool": v_pool})
         hkv, d = shape.num_kv_heads, shape.head_dim
@@ -562,6 +587,25 @@ class Q12Pass:
         self._each(lambda meta, row: ops.enqueue_kv_write(dev, meta, a["k"] + row_offset(row, hkv * d, _BF16),
                                                           a["v"] + row_offset(row, hkv * d, _BF16), a["k_pool"],
                                                           a["v_pool"], hkv * d, slots, st))
+
+    def _kv_write_fp8(self, k, v, k_pool, v_pool, shape: AttentionShape, num_blocks, k_scale, v_scale) -> None:
+        _, nb = self._attention_ops(shape, num_blocks, (k_pool, v_pool), {})
+        hkv, d = shape.num_kv_heads, shape.head_dim
+        if d % 8:
+            raise ValueError(f"an FP8 KV write needs shape.head_dim % 8 == 0 (16-byte chunks of one head), got {d}")
+        if k_scale is None or v_scale is None:
+            raise ValueError("shape.kv_dtype='fp8_e4m3' needs k_scale and v_scale: each KV head's fp32 scale, [Hkv]")
+        dev, t, align = self.device, self._batch.total, ALIGN["kv_write_fp8"]
+        pool = (int(nb), self.block_size, hkv, d)
+        k, v, k_pool, v_pool, k_scale, v_scale = (
+            dev.pointer(x, name, dtype=dtype, shape=shp, align=align[name])
+            for name, x, dtype, shp in (("k", k, "bf16", (t, hkv, d)), ("v", v, "bf16", (t, hkv, d)),
+                                        ("k_pool", k_pool, "f8e4m3", pool), ("v_pool", v_pool, "f8e4m3", pool),
+                                        ("k_scale", k_scale, "f32", (hkv,)), ("v_scale", v_scale, "f32", (hkv,))))
+        st, slots = self.stream, int(nb) * self.block_size
+        self._each(lambda meta, row: ops.enqueue_kv_write_fp8(
+            dev, meta, k + row_offset(row, hkv * d, _BF16), v + row_offset(row, hkv * d, _BF16), k_pool, v_pool,
+            k_scale, v_scale, d, hkv * d, slots, st))
 
     def attention(self, q, k_pool, v_pool, o, shape: AttentionShape, *, num_blocks: int | None = None,
                   algo: str = "auto") -> None:
@@ -575,6 +619,7 @@ class Q12Pass:
             A bad tensor, address, shape, block count or ``algo``, or a block table entry attention would read past
             the pools, before anything is enqueued.
         """
+        check_attention_pools(shape)
         a, nb = self._attention_ops(shape, num_blocks, (k_pool, v_pool),
                                     {"q": q, "k_pool": k_pool, "v_pool": v_pool, "o": o})
         entry = ops.attention_entry(algo, shape.head_dim, self.device.arch)
@@ -603,6 +648,7 @@ class Q12Pass:
             head dim it has no kernel for), or a block table (host copy) with an entry ``>= num_blocks`` where
             attention reads it: raised before anything is enqueued, so no buffer has changed.
         """
+        check_attention_pools(shape)
         a, nb = self._attention_ops(shape, num_blocks, (k_pool, v_pool),
                                     {"q": q, "k": k, "v": v, "k_pool": k_pool, "v_pool": v_pool, "o": o})
         entry = ops.attention_entry(algo, shape.head_dim, self.device.arch)

@@ -282,3 +282,46 @@ def test_kv_write_edges(hkv, d, lens):
         np.testing.assert_array_equal(vp.read(np.uint16, shape), ref_v)
         kp.check_guards()
         vp.check_guards()
+
+
+# ----------------------------------------------------------------------------- FP8 pools
+@pytest.mark.parametrize("mode", ["batched", "per_stream"])
+def test_fp8_kv_write_equals_torch_float8(gpu, mode):
+    """``q12_kv_write_fp8`` through a pass against torch's own float8_e4m3fn conversion of ``x * (1 / scale)`` (fp32,
+    clamped to +-448 as cvt.rn.satfinite saturates), bit for bit, at every token's slot; one head's scale small
+    enough that its values saturate."""
+    from q12drv import AttentionShape, Q12Pass, ScratchArena
+    from tests.helpers import make_streams
+
+    hkv, d, bs = 2, 128, 16
+    counts, starts = [300, 1, 77, 16], [0, 40, 1000, 5]
+    streams, tables = make_streams(gpu, counts, starts, block_size=bs)
+    nb = int(max(s.block_table.max() for s in streams)) + 1
+    dev = f"cuda:{gpu.ordinal}"
+    g = torch.Generator(device=dev).manual_seed(5)
+    t = sum(counts)
+    k = (torch.randn(t, hkv, d, device=dev, generator=g) * 3).to(torch.bfloat16)
+    v = torch.randn(t, hkv, d, device=dev, generator=g).to(torch.bfloat16)
+    ks = torch.tensor([3 * 4 / 448, 1e-3], device=dev)  # head 1 saturates
+    vs = torch.tensor([0.01, 0.5], device=dev)
+    kp, vp = (torch.zeros(nb, bs, hkv, d, dtype=torch.uint8, device=dev) for _ in range(2))
+    shape = AttentionShape(4, hkv, d, d, kv_dtype="fp8_e4m3")
+    with ScratchArena(gpu, 1 << 20) as arena:
+        q12 = Q12Pass(arena, streams, block_size=bs, use_mrope=False, dummy_kv_block=0, head_dim=d, mode=mode)
+        q12.kv_write(k.data_ptr(), v.data_ptr(), kp.data_ptr(), vp.data_ptr(), shape, num_blocks=nb,
+                     k_scale=ks.data_ptr(), v_scale=vs.data_ptr())
+        torch.cuda.synchronize()
+    slots = torch.tensor(np.concatenate([s.block_table[(s.proc_start + np.arange(s.proc_count)) // bs] * bs
+                                         + (s.proc_start + np.arange(s.proc_count)) % bs for s in streams]),
+                         device=dev)
+
+    def want(x, scale):
+        y = (x.float() * torch.reciprocal(scale)[None, :, None]).clamp(-448, 448)
+        return y.to(torch.float8_e4m3fn).view(torch.uint8)
+
+    assert torch.equal(kp.view(-1, hkv, d)[slots], want(k, ks))
+    assert torch.equal(vp.view(-1, hkv, d)[slots], want(v, vs))
+    untouched = torch.ones(nb * bs, dtype=torch.bool, device=dev)
+    untouched[slots] = False
+    assert not kp.view(-1, hkv, d)[untouched].any()  # nothing written outside the tokens' slots
+    tables.free()
