@@ -814,6 +814,8 @@ class Q12Pass:
         ValueError
             A stream longer than the decode kernel takes (the message names it), or a bad shape or ``num_splits``.
         """
+        if num_splits is not None:  # checked before it keys the cache (2.0 == 2)
+            num_splits = count("num_splits", num_splits, 1, _dec.MAX_SPLITS)
         key = (shape.num_q_heads, shape.num_kv_heads, shape.head_dim, num_splits)
         plan = self._decode_plans.get(key)
         if plan is None:
