@@ -9,8 +9,8 @@ tile of the stream whose chunk starts at 37) and a width-3 convolution; plain Ro
 attention layer, a width-2 convolution and a d=128 GDN layer. Each attention layer runs the
 device's default kernel (``algo="auto"``: wgmma on Hopper at D=128 and 256) and, where that is not
 the mma.sync kernel, ``Q12Pass.attention`` with ``algo="mma"`` too; each GDN layer runs every GDN
-kernel in turn. At each head dim a decode pass (3 streams of 1, 4 and 2 new tokens on cached prompts) runs
-``Q12Pass.attention`` with ``algo="decode"``, its keys split three ways (the split kernel and the merge). The metadata is also expanded on the device, for the 3 streams
+kernel in turn. At each head dim a decode pass (3 streams of 1, 4 and 2 new tokens on cached prompts, the layer's
+window) runs ``Q12Pass.attention`` with ``algo="decode"``, its keys split three ways (the split kernel and the merge). The metadata is also expanded on the device, for the 3 streams
 (``q12_expand_meta_tail``) and for 65 (``q12_expand_meta``), and compared with the host stager's
 bytes. Each pass runs batched and per stream. Everything goes through q12drv's own driver API (no
 torch). Every buffer the step writes has a 256-byte guard band before and after it, filled with 0xA5
@@ -178,12 +178,12 @@ def step(dev, name: str, problems: list) -> None:
 
 
 def decode_step(dev, name: str, problems: list) -> None:
-    """``Q12Pass.attention(algo="decode")`` at the layer's heads over DECODE_COUNTS new tokens after DECODE_STARTS cached
-    ones, split DECODE_SPLITS ways, batched and per stream: the two equal bit for bit, every O element written, the
-    guard bands around O and the workspace intact."""
+    """``Q12Pass.attention(algo="decode")`` at the layer's heads and sliding window over DECODE_COUNTS new tokens after
+    DECODE_STARTS cached ones, split DECODE_SPLITS ways, batched and per stream: the two equal bit for bit, every O
+    element written, the guard bands around O and the workspace intact."""
     attn = LAYERS[name][1]
     hq, hkv, d = attn.num_q_heads, attn.num_kv_heads, attn.head_dim
-    shape = AttentionShape(hq, hkv, d, d)
+    shape = AttentionShape(hq, hkv, d, d, sliding_window=attn.sliding_window)
     rng = np.random.default_rng(14)
     streams, tbuf, num_blocks = make_streams(dev, rng, False, DECODE_COUNTS, DECODE_STARTS)
     total = sum(DECODE_COUNTS)

@@ -4,16 +4,18 @@
 //
 // Semantics, as the prefill kernels (attention/mma.cu): stream b owns the packed rows cu[b] .. cu[b+1] of Q and O
 // ([T, Hq, D] bf16); q_len = cu[b+1] - cu[b], kv_len = kv_lens[b]; token i (0-based in the stream's chunk) of query
-// head h sees keys 0 .. kv_len - q_len + i (bottom-right causal) of kv head h / (Hq / Hkv), gathered from the paged
-// pools ([num_blocks, block_size, Hkv, D] bf16, block_size a power of two) through the stream's block table.
-// Softmax of scale * q.k in fp32 (scale > 0).
+// head h sees keys 0 .. kv_len - q_len + i (bottom-right causal), of them only those from kv_len - q_len + i -
+// window_left on (the sliding window, FlashAttention's window_size=(window_left, 0); INT_MAX: none), of kv head
+// h / (Hq / Hkv), gathered from the paged pools ([num_blocks, block_size, Hkv, D] bf16, block_size a power of two)
+// through the stream's block table. Softmax of scale * q.k in fp32 (scale > 0).
 //
 // Split kernel: grid (num_splits, Hkv, n), kThreads threads. CTA (s, kvh, b) holds the G = Hq / Hkv query heads of kv
 // head kvh and the stream's q_len tokens (GQA packing: CTA row r is token r / G, head kvh * G + r % G), so every K/V
-// byte of the stream's kv head is read by one CTA once. The stream's key tiles (BN keys each, n_tiles =
-// ceil(kv_len / BN)) are split into contiguous ranges of tps = ceil(n_tiles / num_splits) tiles; CTA s takes tiles
-// s * tps .. min(n_tiles, (s + 1) * tps) - 1 (none past the last: it exits). The partition depends only on the
-// stream's kv_len and num_splits, so a stream computes the same bits batched or alone.
+// byte of the stream's kv head is read by one CTA once. The stream's key tiles (BN keys each) from t_lo, the tile
+// of the first key its first token sees (0 without a window), up to n_tiles = ceil(kv_len / BN) are split into
+// contiguous ranges of tps = ceil((n_tiles - t_lo) / num_splits) tiles; CTA s takes tiles t_lo + s * tps .. up to
+// (none past the last: it exits). The partition depends only on the stream's q_len, kv_len, the window and
+// num_splits, so a stream computes the same bits batched or alone.
 //   The CTA walks its tiles through a decode_config(D).stages-deep cp.async ring with one __syncthreads per tile
 // (tile j + stages - 1 issued right after the barrier that proves tile j - 1's stage free; the key rows' pool slots
 // looked up by the threads tid < BN two tiles ahead into an int [2][BN] slot array), 16-byte copies of every K and V
@@ -27,10 +29,10 @@
 // the split) into the workspace `partial`:
 //     partial_o[s][t][h][D] fp32, then partial_lse[s][t][h] fp32,  t < T = m.total_tokens (the packed row).
 // Merge kernel (only where num_splits > 1): grid (ceil(max q_len * Hq / rows per CTA), 1, n), kMergeThreads
-// threads, D / 8 threads per (token, head) row, 8 dims each: over the stream's non-empty splits (ns = ceil(n_tiles /
-// tps)), M* = max lse_s, w_s = 2^(lse_s - M*), O = sum_s w_s O_s / sum_s w_s (in split order) -> bf16. It waits for the
-// split grid with griddepcontrol.wait (launched as a programmatic dependent launch, its launch overlaps the split
-// kernel; launched plainly the wait is a no-op).
+// threads, D / 8 threads per (token, head) row, 8 dims each: over the stream's non-empty splits (ns = ceil((n_tiles -
+// t_lo) / tps)), M* = max lse_s, w_s = 2^(lse_s - M*), O = sum_s w_s O_s / sum_s w_s (in split order) -> bf16. It
+// waits for the split grid with griddepcontrol.wait (launched as a programmatic dependent launch, its launch overlaps
+// the split kernel; launched plainly the wait is a no-op).
 //
 // Shared memory of the split kernel (decode_smem_bytes(D), dynamic): Q [kMaxRows][LD] (only MT * 16 rows used), K
 // and V [stages][BN][LD] each (LD = D + 8: the padding that makes ldmatrix conflict-free, as attention/mma.cu), the
@@ -45,12 +47,13 @@
 // workspace (NULL and unread where num_splits == 1).
 #define DECODE_PARAMS                                                                                             \
     Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, float* partial, int num_q_heads, \
-        int num_kv_heads, int block_size, float scale, int num_splits
-#define DECODE_ARGS m, q, k_pool, v_pool, o, partial, num_q_heads, num_kv_heads, block_size, scale, num_splits
+        int num_kv_heads, int block_size, float scale, int window_left, int num_splits
+#define DECODE_ARGS \
+    m, q, k_pool, v_pool, o, partial, num_q_heads, num_kv_heads, block_size, scale, window_left, num_splits
 // Every merge entry takes these.
 #define DECODE_MERGE_PARAMS \
-    Q12Meta m, const float* partial, bf16* o, int num_q_heads, int num_kv_heads, int num_splits
-#define DECODE_MERGE_ARGS m, partial, o, num_q_heads, num_kv_heads, num_splits
+    Q12Meta m, const float* partial, bf16* o, int num_q_heads, int num_kv_heads, int window_left, int num_splits
+#define DECODE_MERGE_ARGS m, partial, o, num_q_heads, num_kv_heads, window_left, num_splits
 
 namespace {
 
@@ -107,9 +110,19 @@ DECODE_CONTRACT(128)
 DECODE_CONTRACT(256)
 #undef DECODE_CONTRACT
 
-// Key tiles per split: the stream's n_tiles cut into num_splits contiguous ranges (at least one tile each).
-__device__ __forceinline__ int tiles_per_split(int n_tiles, int num_splits) {
-    return max(1, (n_tiles + num_splits - 1) / num_splits);
+// The key tiles a stream's splits share: from the tile of the first key its first token sees (the causal bound
+// kv_len - q_len less window_left, written so that it cannot overflow; 0 without a window) to the last.
+struct KeyTiles {
+    int t_lo, n_tiles;
+};
+template <int BN>
+__device__ __forceinline__ KeyTiles key_tiles(int q_len, int kv_len, int window_left) {
+    const int shift = kv_len - q_len;
+    return {(max(shift, window_left) - window_left) / BN, kv_len > 0 ? (kv_len + BN - 1) / BN : 0};
+}
+// Key tiles per split: the stream's tiles cut into num_splits contiguous ranges (at least one tile each).
+__device__ __forceinline__ int tiles_per_split(KeyTiles k, int num_splits) {
+    return max(1, (k.n_tiles - k.t_lo + num_splits - 1) / num_splits);
 }
 
 // Wait for the grid this one depends on (a programmatic dependent launch) and its memory; a no-op otherwise.
@@ -129,7 +142,8 @@ struct DecodeCta {
 template <int D, int MT>
 __device__ __forceinline__ void decode_body(const Q12Meta& m, const bf16* q, const bf16* k_pool, const bf16* v_pool,
                                             bf16* o, float* partial, int num_q_heads, int num_kv_heads,
-                                            int block_size, float scale, int num_splits, const DecodeCta& c) {
+                                            int block_size, float scale, int window_left, int num_splits,
+                                            const DecodeCta& c) {
     constexpr DecodeConfig C = decode_config(D);
     constexpr int BN = C.block_n;
     constexpr int ST = C.stages;
@@ -173,7 +187,9 @@ __device__ __forceinline__ void decode_body(const Q12Meta& m, const bf16* q, con
     const int bs_mask = block_size - 1;
     const int* bt = q12_block_table(m, c.b);
     const int max_key = c.kv_len - 1;   // the last key any row sees
-    const int shift = c.kv_len - c.q_len;  // token i sees keys <= shift + i
+    const int shift = c.kv_len - c.q_len;  // token i sees keys <= shift + i (and >= shift + i - window_left)
+    // the largest first key over the CTA's tokens (0 without a window): tiles before it need the left mask
+    const int left_to = max(shift + c.q_len - 1, window_left) - window_left;
 
     // Global row (token * Hq + head) of CTA row r (< rows).
     auto q_row = [&](int r) -> long long {
@@ -237,7 +253,8 @@ __device__ __forceinline__ void decode_body(const Q12Meta& m, const bf16* q, con
     const bool computes = warp < CW;
     const int mw = warp % MT;  // this warp's m-tile
     const int kg = warp / MT;  // and key group
-    // Causal bounds of the thread's rows mw*16 + g and + 8 (rows past the stream's see every key loaded: never stored).
+    // Causal bounds of the thread's rows mw*16 + g and + 8 (rows past the stream's see every key loaded: never stored);
+    // their first keys (max(bound, window_left) - window_left) are computed where a tile needs them.
     const int bound0 = shift + (mw * 16 + g) / G;
     const int bound1 = shift + (mw * 16 + g + 8) / G;
 
@@ -283,15 +300,18 @@ __device__ __forceinline__ void decode_body(const Q12Meta& m, const bf16* q, con
             }
         }
 
-        // ---- causal mask (raw scores), on the tiles past the first row's bound only ----
+        // ---- causal and window masks (raw scores), on the tiles past the first row's bound or before the last
+        // row's first key only ----
         const int kb = key0 + j * BN + kg * KPW;
-        if (kb + KPW - 1 > shift) {
+        if (kb + KPW - 1 > shift || kb < left_to) {
+            const int first0 = max(bound0, window_left) - window_left;
+            const int first1 = max(bound1, window_left) - window_left;
 #pragma unroll
             for (int i = 0; i < NSW; ++i) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int key = kb + i * 8 + 2 * t + (e & 1);
-                    if (key > (e < 2 ? bound0 : bound1)) s[i][e] = -ATTN_INF;
+                    if (key > (e < 2 ? bound0 : bound1) || key < (e < 2 ? first0 : first1)) s[i][e] = -ATTN_INF;
                 }
             }
         }
@@ -411,7 +431,7 @@ __device__ __forceinline__ void decode_body(const Q12Meta& m, const bf16* q, con
 template <int D>
 __device__ __forceinline__ void attn_decode(const Q12Meta& m, const bf16* q, const bf16* k_pool, const bf16* v_pool,
                                             bf16* o, float* partial, int num_q_heads, int num_kv_heads,
-                                            int block_size, float scale, int num_splits) {
+                                            int block_size, float scale, int window_left, int num_splits) {
     static_assert(decode_head_dim(D), "head dims 64, 128 and 256");
     constexpr int BN = decode_config(D).block_n;
     DecodeCta c;
@@ -427,25 +447,28 @@ __device__ __forceinline__ void attn_decode(const Q12Meta& m, const bf16* q, con
     // The host refuses longer streams; a CTA never computes rows it has no room for.
     if (c.q_len <= 0 || c.q_len > kMaxQLen || c.rows > kMaxRows) return;
     c.kv_len = q12_kv_lens(m)[c.b];
-    const int n_tiles = c.kv_len > 0 ? (c.kv_len + BN - 1) / BN : 0;
-    const int tps = tiles_per_split(n_tiles, num_splits);
-    c.t0 = min(n_tiles, c.split * tps);
-    c.t1 = min(n_tiles, c.t0 + tps);
+    const KeyTiles kt = key_tiles<BN>(c.q_len, c.kv_len, window_left);
+    const int tps = tiles_per_split(kt, num_splits);
+    c.t0 = min(kt.n_tiles, kt.t_lo + c.split * tps);
+    c.t1 = min(kt.n_tiles, c.t0 + tps);
     // An empty split writes nothing (the merge reads only the non-empty ones); without splits the CTA writes O
     // whatever its range (zeros for a row that sees no key).
     if (num_splits > 1 && c.t0 >= c.t1) return;
     if (c.rows <= 16) {
-        decode_body<D, 1>(m, q, k_pool, v_pool, o, partial, num_q_heads, num_kv_heads, block_size, scale, num_splits, c);
+        decode_body<D, 1>(m, q, k_pool, v_pool, o, partial, num_q_heads, num_kv_heads, block_size, scale, window_left,
+                          num_splits, c);
     } else if (c.rows <= 32) {
-        decode_body<D, 2>(m, q, k_pool, v_pool, o, partial, num_q_heads, num_kv_heads, block_size, scale, num_splits, c);
+        decode_body<D, 2>(m, q, k_pool, v_pool, o, partial, num_q_heads, num_kv_heads, block_size, scale, window_left,
+                          num_splits, c);
     } else {
-        decode_body<D, 4>(m, q, k_pool, v_pool, o, partial, num_q_heads, num_kv_heads, block_size, scale, num_splits, c);
+        decode_body<D, 4>(m, q, k_pool, v_pool, o, partial, num_q_heads, num_kv_heads, block_size, scale, window_left,
+                          num_splits, c);
     }
 }
 
 template <int D>
 __device__ __forceinline__ void attn_decode_merge(const Q12Meta& m, const float* partial, bf16* o, int num_q_heads,
-                                                  int num_kv_heads, int num_splits) {
+                                                  int num_kv_heads, int window_left, int num_splits) {
     static_assert(decode_head_dim(D), "head dims 64, 128 and 256");
     constexpr int BN = decode_config(D).block_n;
     constexpr int TPR = D / 8;                  // threads per (token, head) row
@@ -461,9 +484,9 @@ __device__ __forceinline__ void attn_decode_merge(const Q12Meta& m, const float*
     if (q_len > kMaxQLen || q_len * (num_q_heads / num_kv_heads) > kMaxRows || p >= q_len * num_q_heads) return;
     const int ch = threadIdx.x % TPR;
     const int kv_len = q12_kv_lens(m)[b];
-    const int n_tiles = kv_len > 0 ? (kv_len + BN - 1) / BN : 0;
-    const int tps = tiles_per_split(n_tiles, num_splits);
-    const int ns = (n_tiles + tps - 1) / tps;  // the stream's non-empty splits
+    const KeyTiles kt = key_tiles<BN>(q_len, kv_len, window_left);
+    const int tps = tiles_per_split(kt, num_splits);
+    const int ns = (kt.n_tiles - kt.t_lo + tps - 1) / tps;  // the stream's non-empty splits
     const long long rows_total = static_cast<long long>(m.total_tokens) * num_q_heads;
     const long long grow = static_cast<long long>(row0) * num_q_heads + p;  // (token, head) row of Q and O
     const float* lse = partial + num_splits * rows_total * D;

@@ -2,7 +2,8 @@
 
 The computation of :mod:`q12drv.kernels.attention` (stream ``b``'s rows ``cu_seqlens[b] .. cu_seqlens[b+1]`` of Q and
 O ``[T, Hq, D]`` bf16, its keys through its block table in the paged pools ``[num_blocks, block_size, Hkv, D]``,
-bottom-right causal, GQA, softmax in fp32 of ``scale * q.k``), for passes whose every stream has at most
+bottom-right causal, the sliding window ``window_left`` as :mod:`q12drv.kernels.attention` takes it, GQA, softmax in
+fp32 of ``scale * q.k``), for passes whose every stream has at most
 :data:`MAX_Q_LEN` new tokens and ``q_len * Hq / Hkv <= MAX_ROWS`` (decode steps, speculative decode): a stream's
 ``q_len * G`` rows of one kv head are one CTA, so each K/V byte is read once, and a stream's keys are split over
 ``num_splits`` CTAs where the batch alone would leave SMs idle. ``ops.attention(..., algo="decode")`` and
@@ -13,15 +14,16 @@ has measured it.
 Entries (``DECODE_PARAMS`` / ``DECODE_MERGE_PARAMS`` in the source)::
 
     q12_attn_decode_d64 / _d128 / _d256(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool,
-        bf16* o, float* partial, int num_q_heads, int num_kv_heads, int block_size, float scale, int num_splits)
+        bf16* o, float* partial, int num_q_heads, int num_kv_heads, int block_size, float scale, int window_left,
+        int num_splits)
     q12_attn_decode_merge_d64 / _d128 / _d256(Q12Meta m, const float* partial, bf16* o, int num_q_heads,
-        int num_kv_heads, int num_splits)
+        int num_kv_heads, int window_left, int num_splits)
 
 The split kernel's grid is ``(num_splits, Hkv, n)``, :attr:`Tiles.threads` threads, :attr:`Tiles.smem` bytes of
-dynamic shared memory. Stream ``b``'s key tiles (``BN = Tiles.block_n`` keys, ``n_tiles = ceil(kv_len / BN)``) go
-to the splits in contiguous ranges of ``tps = ceil(n_tiles / num_splits)`` tiles (:func:`split_ranges`): a stream's
-partition depends on its ``kv_len`` and ``num_splits`` only, so batched and single-stream launches with the same
-``num_splits`` give the same bits. ``num_splits == 1``: the split kernel writes O. ``num_splits > 1``: each non-empty
+dynamic shared memory. Stream ``b``'s key tiles (``BN = Tiles.block_n`` keys, from the tile of the first key its first
+token sees, 0 without a window, to ``n_tiles = ceil(kv_len / BN)``) go to the splits in contiguous ranges of ``tps``
+tiles (:func:`split_ranges`): a stream's partition depends on its ``q_len``, ``kv_len``, the window and
+``num_splits`` only, so batched and single-stream launches with the same ``num_splits`` give the same bits. ``num_splits == 1``: the split kernel writes O. ``num_splits > 1``: each non-empty
 split writes its normalised fp32 O and its log-sum-exp (log2 units) into the workspace, ``partial_o[s][t][h][D]``
 then ``partial_lse[s][t][h]`` (``t < T = total_tokens``; :meth:`DecodePlan.workspace_bytes_for`), and the merge
 kernel (grid ``(ceil(chunk_len * Hq / rows_per_cta), 1, n)``, :data:`MERGE_THREADS` threads, ``D / 8`` a row)
@@ -48,6 +50,7 @@ import numpy as np
 from ..core.bf16 import from_bf16_bits, round_to_bf16, to_bf16_bits
 from ..core.interop import describe
 from .args import check_launch, count, device_ptr, head_group, positive_float
+from .attention import NO_WINDOW, window_argument
 from .meta import meta_struct
 from . import registry
 
@@ -191,26 +194,32 @@ def split_count(ctas: int, n_tiles: int, slots: int) -> int:
     return min(s for s, e in effs.items() if e >= EFFICIENCY * best)
 
 
-def split_ranges(kv_len: int, head_dim: int, num_splits: int) -> list[tuple[int, int]]:
-    """The key tiles ``[t0, t1)`` of each non-empty split of a stream of ``kv_len`` keys (tiles of
-    ``TILES[head_dim].block_n`` keys), as the kernels partition them; one (possibly empty) range for
-    ``num_splits == 1``."""
-    n_tiles = -(-kv_len // TILES[head_dim].block_n) if kv_len > 0 else 0
-    tps = max(1, -(-n_tiles // num_splits))
+def split_ranges(kv_len: int, head_dim: int, num_splits: int, q_len: int = 1,
+                 window_left: int = NO_WINDOW) -> list[tuple[int, int]]:
+    """The key tiles ``[t0, t1)`` of each non-empty split of a stream of ``q_len`` new tokens and ``kv_len`` keys
+    (tiles of ``TILES[head_dim].block_n`` keys; ``window_left`` the kernels' argument), as the kernels partition them:
+    the tiles from the one holding the first key the first token sees (0 without a window) to the last, in contiguous
+    ranges; one (possibly empty) range for ``num_splits == 1``."""
+    bn = TILES[head_dim].block_n
+    n_tiles = -(-kv_len // bn) if kv_len > 0 else 0
+    t_lo = (max(kv_len - q_len, window_left) - window_left) // bn
+    tps = max(1, -(-(n_tiles - t_lo) // num_splits))
     if num_splits == 1:
-        return [(0, n_tiles)]
-    return [(s * tps, min(n_tiles, (s + 1) * tps)) for s in range(-(-n_tiles // tps))]
+        return [(t_lo, n_tiles)]
+    return [(t_lo + s * tps, min(n_tiles, t_lo + (s + 1) * tps)) for s in range(-(-(n_tiles - t_lo) // tps))]
 
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """What a decode launch runs: the head layout, the head dim and the split count, decided once (:func:`plan_decode`)
-    and run as is for the whole batch or stream by stream (the same bits)."""
+    """What a decode launch runs: the head layout, the head dim, the split count and the window (the kernels'
+    ``window_left``, :data:`~q12drv.kernels.attention.NO_WINDOW` for none), decided once (:func:`plan_decode`) and run
+    as is for the whole batch or stream by stream (the same bits)."""
 
     head_dim: int
     num_q_heads: int
     num_kv_heads: int
     num_splits: int
+    window_left: int = NO_WINDOW
 
     @property
     def entry(self) -> str:
@@ -248,7 +257,8 @@ class DecodePlan:
 
 
 def plan_decode(batch_size: int, chunk_len: int, max_kv_len: int, num_q_heads: int, num_kv_heads: int,
-                head_dim: int, *, num_sms: int, num_splits: int | None = None, q_lens=None) -> DecodePlan:
+                head_dim: int, *, num_sms: int, window_left: int | None = None, num_splits: int | None = None,
+                q_lens=None) -> DecodePlan:
     """The decode plan for ``batch_size`` streams of at most ``chunk_len`` new tokens and ``max_kv_len`` keys.
 
     Parameters
@@ -259,9 +269,12 @@ def plan_decode(batch_size: int, chunk_len: int, max_kv_len: int, num_q_heads: i
         Hq, Hkv (dividing Hq) and D (64, 128 or 256).
     num_sms : int
         The device's SMs (:attr:`q12drv.core.device.Device.sm_count`).
+    window_left : int, optional
+        Sliding window (:func:`~q12drv.kernels.attention.window_argument`: None or -1 for none).
     num_splits : int, optional
         Force the split count (1 .. :data:`MAX_SPLITS`); default :func:`split_count` over ``batch_size * num_kv_heads``
-        CTAs, the longest stream's key tiles and ``num_sms * TILES[head_dim].ctas_per_sm`` slots.
+        CTAs, the key tiles the longest stream reads (at most its window's) and ``num_sms *
+        TILES[head_dim].ctas_per_sm`` slots.
     q_lens : sequence of int, optional
         Each stream's new tokens, to name the stream a refusal is about.
 
@@ -276,13 +289,16 @@ def plan_decode(batch_size: int, chunk_len: int, max_kv_len: int, num_q_heads: i
     n = count("batch_size", batch_size, 0)
     chunk, kv = count("chunk_len", chunk_len, 0), count("max_kv_len", max_kv_len, 0)
     check_rows(chunk, hq, hkv, q_lens)
+    window = window_argument(window_left)
     d = int(head_dim)
     t = TILES[d]
     if num_splits is None:
-        splits = split_count(n * hkv, -(-kv // t.block_n), count("num_sms", num_sms) * t.ctas_per_sm)
+        span = min(kv, window + chunk)  # keys a stream's tokens see together
+        tiles = min(-(-kv // t.block_n), -(-span // t.block_n) + 1)
+        splits = split_count(n * hkv, tiles, count("num_sms", num_sms) * t.ctas_per_sm)
     else:
         splits = count("num_splits", num_splits, 1, MAX_SPLITS)
-    return DecodePlan(d, hq, hkv, splits)
+    return DecodePlan(d, hq, hkv, splits, window)
 
 
 def check_workspace(device, plan: DecodePlan, need: int, workspace, workspace_bytes) -> int:
@@ -327,15 +343,13 @@ def attention(device, meta, q, k_pool, v_pool, o, *, num_q_heads: int, num_kv_he
         enqueued.
     """
     check_launch(device, meta)
-    if window_left is not None and window_left != -1:
-        raise ValueError("algo='decode' has no sliding window yet: run a windowed layer with algo='auto'")
     d = count("head_dim", head_dim)
     entry_for_head_dim(d)
     hq, hkv = head_group("num_q_heads", num_q_heads, "num_kv_heads", num_kv_heads)
     sc = float(d ** -0.5 if scale is None else positive_float("scale", scale))
     kv_max = int(meta.kv_lens_host.max()) if meta.batch_size else 0
     plan = plan_decode(meta.batch_size, meta.chunk_len, kv_max, hq, hkv, d, num_sms=device.sm_count,
-                       num_splits=num_splits, q_lens=meta.counts)
+                       window_left=window_left, num_splits=num_splits, q_lens=meta.counts)
     bf16 = lambda name, value: device.pointer(value, name, dtype="bf16", align=16)  # noqa: E731
     ptrs = (bf16("q", q), bf16("k_pool", k_pool), bf16("v_pool", v_pool), bf16("o", o))
     ws = check_workspace(device, plan, plan.workspace_bytes_for(meta.total_tokens), workspace, workspace_bytes)
@@ -352,22 +366,22 @@ def enqueue_decode(device, meta, plan: DecodePlan, q: int, k_pool: int, v_pool: 
     launch = registry.prepared(device, plan.entry)
     a = launch.args
     a.q, a.k_pool, a.v_pool, a.o, a.partial = q, k_pool, v_pool, o, workspace
-    a.num_q_heads, a.num_kv_heads, a.block_size, a.scale, a.num_splits = (plan.num_q_heads, plan.num_kv_heads,
-                                                                          meta.block_size, scale, plan.num_splits)
+    a.num_q_heads, a.num_kv_heads, a.block_size, a.scale = plan.num_q_heads, plan.num_kv_heads, meta.block_size, scale
+    a.window_left, a.num_splits = plan.window_left, plan.num_splits
     a.m = mc
     launch.launch(grid, block, smem, stream)
     if merge is not None:
         ml = registry.prepared(device, plan.merge_entry)
         b = ml.args
-        b.partial, b.o, b.num_q_heads, b.num_kv_heads, b.num_splits = (workspace, o, plan.num_q_heads,
-                                                                       plan.num_kv_heads, plan.num_splits)
+        b.partial, b.o, b.num_q_heads, b.num_kv_heads = workspace, o, plan.num_q_heads, plan.num_kv_heads
+        b.window_left, b.num_splits = plan.window_left, plan.num_splits
         b.m = mc
         ml.launch_dependent(*merge, stream)
 
 
 # ---------------------------------------------------------------------------------------------------- numpy model
 def _cta(qg: np.ndarray, kg: np.ndarray, vg: np.ndarray, q_len: int, kv_len: int, group: int, scale: float,
-         tiles: Tiles, t0: int, t1: int) -> tuple[np.ndarray, np.ndarray]:
+         window_left: int, tiles: Tiles, t0: int, t1: int) -> tuple[np.ndarray, np.ndarray]:
     """One split CTA of every kv head of a stream: ``qg`` ``[Hkv, R, D]`` (R = q_len * G rows, row r = token r // G),
     ``kg``, ``vg`` ``[Hkv, n_tiles * BN, D]`` (zeros past kv_len) as float32; tiles ``t0 .. t1 - 1``. Returns the
     normalised O ``[Hkv, R, D]`` and the log-sum-exp ``[Hkv, R]`` (log2 units, -inf where a row saw no key), float32,
@@ -379,6 +393,7 @@ def _cta(qg: np.ndarray, kg: np.ndarray, vg: np.ndarray, q_len: int, kv_len: int
     _, kw, kpw = tiles.key_groups(rows)
     sl2 = f32(f32(scale) * f32(_LOG2E))
     bound = (kv_len - q_len) + np.arange(rows) // group  # last key each row sees
+    first = bound - window_left  # and its first (int64: no overflow)
     m = np.full((h, rows, kw), -np.inf, f32)
     l = np.zeros((h, rows, kw), f32)
     acc = np.zeros((h, kw, rows, d), f32)
@@ -386,7 +401,8 @@ def _cta(qg: np.ndarray, kg: np.ndarray, vg: np.ndarray, q_len: int, kv_len: int
         for n in range(t0, t1):
             keys = n * bn + np.arange(bn)
             s = np.matmul(qg, kg[:, n * bn:(n + 1) * bn].transpose(0, 2, 1))  # [H, R, BN]
-            s = np.where(keys[None, None, :] > bound[None, :, None], f32(-np.inf), s).reshape(h, rows, kw, kpw)
+            hidden = (keys[None, :] > bound[:, None]) | (keys[None, :] < first[:, None])
+            s = np.where(hidden[None], f32(-np.inf), s).reshape(h, rows, kw, kpw)
             mnew = np.maximum(m, s.max(-1) * sl2)
             muse = np.where(mnew == -np.inf, f32(0), mnew)
             alpha = np.exp2(m - muse)
@@ -427,13 +443,14 @@ def _merge(parts: np.ndarray, lses: np.ndarray) -> np.ndarray:
 
 
 def _stream_parts(q_b: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray, q_len: int, kv_len: int, table,
-                  num_kv_heads: int, block_size: int, scale: float, head_dim: int, num_splits: int) -> tuple:
+                  num_kv_heads: int, block_size: int, scale: float, head_dim: int, num_splits: int,
+                  window_left: int) -> tuple:
     """A stream's splits: ``(ranges, parts [S, q_len, Hq, D], lses [S, q_len, Hq])`` over its non-empty splits (for
     one split, the one range). ``q_b`` uint16 ``[q_len, Hq, D]``; ``k_rows``/``v_rows`` uint16 ``[slots, Hkv, D]``."""
     hq, d, hkv = q_b.shape[1], head_dim, num_kv_heads
     g = hq // hkv
     tiles = TILES[d]
-    ranges = split_ranges(kv_len, d, num_splits)
+    ranges = split_ranges(kv_len, d, num_splits, q_len, window_left)
     n_pad = max(1, -(-kv_len // tiles.block_n)) * tiles.block_n
     pos = np.arange(kv_len, dtype=np.int64)
     table = np.asarray(table, dtype=np.int64)
@@ -445,14 +462,15 @@ def _stream_parts(q_b: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray, q_len
     qg = from_bf16_bits(q_b).reshape(q_len, hkv, g, d).transpose(1, 0, 2, 3).reshape(hkv, q_len * g, d)
     parts, lses = [np.zeros((0, q_len, hq, d), np.float32)], [np.zeros((0, q_len, hq), np.float32)]
     for t0, t1 in ranges:
-        o, lse = _cta(np.ascontiguousarray(qg), kg, vg, q_len, kv_len, g, scale, tiles, t0, t1)
+        o, lse = _cta(np.ascontiguousarray(qg), kg, vg, q_len, kv_len, g, scale, window_left, tiles, t0, t1)
         parts.append(o.reshape(hkv, q_len, g, d).transpose(1, 0, 2, 3).reshape(1, q_len, hq, d))
         lses.append(lse.reshape(hkv, q_len, g).transpose(1, 0, 2).reshape(1, q_len, hq))
     return ranges, np.concatenate(parts), np.concatenate(lses)
 
 
 def model(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, cu_seqlens, kv_lens, block_tables, num_q_heads: int,
-          num_kv_heads: int, block_size: int, scale: float, num_splits: int) -> np.ndarray:
+          num_kv_heads: int, block_size: int, scale: float, num_splits: int,
+          window_left: int | None = None) -> np.ndarray:
     """The decode kernels' result in numpy: every stream through :func:`_cta` per split and, with splits, the merge.
 
     Parameters
@@ -466,6 +484,8 @@ def model(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, cu_seqlens, kv_
     num_q_heads, num_kv_heads, block_size : int
     scale : float
     num_splits : int
+    window_left : int, optional
+        Sliding window (:func:`~q12drv.kernels.attention.window_argument`: None or -1 for none).
 
     Returns
     -------
@@ -479,6 +499,7 @@ def model(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, cu_seqlens, kv_
     k_rows = np.asarray(k_pool).reshape(-1, num_kv_heads, d)
     v_rows = np.asarray(v_pool).reshape(-1, num_kv_heads, d)
     cu = np.asarray(cu_seqlens, np.int64)
+    window = window_argument(window_left)
     out = np.zeros((t_total, hq, d), np.float32)
     for b in range(len(kv_lens)):
         s0, s1, kv = int(cu[b]), int(cu[b + 1]), int(kv_lens[b])
@@ -486,7 +507,7 @@ def model(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, cu_seqlens, kv_
             continue
         check_rows(s1 - s0, hq, num_kv_heads)
         _, parts, lses = _stream_parts(q[s0:s1], k_rows, v_rows, s1 - s0, kv, block_tables[b], num_kv_heads,
-                                       block_size, scale, d, num_splits)
+                                       block_size, scale, d, num_splits, window)
         out[s0:s1] = parts[0] if num_splits == 1 else _merge(parts, lses)
     return to_bf16_bits(out)
 
@@ -502,6 +523,8 @@ def _read_batch(name: str, args: dict, mem, grid, need_grid, block, threads) -> 
     splits = int(args["num_splits"])
     if not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"{name}: num_splits must be in [1, {MAX_SPLITS}], got {splits}")
+    if int(args["window_left"]) < 0:
+        raise ValueError(f"{name}: window_left must be >= 0 (NO_WINDOW = 2**31 - 1 for none), got {args['window_left']}")
     if tuple(block) != (threads, 1, 1):
         raise ValueError(f"{name}: block must be ({threads}, 1, 1), got {tuple(block)}")
     if n == 0:
@@ -558,7 +581,7 @@ def _emulate_split(head_dim: int):
             v_rows = mem.array(int(args["v_pool"]), np.uint16, pool) if top else np.zeros(pool, np.uint16)
             s0 = int(cu[b])
             ranges, parts, lses = _stream_parts(q[s0:s0 + ql], k_rows, v_rows, ql, kv, tab, hkv, bs,
-                                                float(args["scale"]), d, splits)
+                                                float(args["scale"]), d, splits, int(args["window_left"]))
             if splits == 1:
                 o[s0:s0 + ql] = to_bf16_bits(parts[0])
             else:
@@ -588,7 +611,7 @@ def _emulate_merge(head_dim: int):
             s0, s1 = int(cu[b]), int(cu[b + 1])
             if s1 <= s0:
                 continue
-            ns = len(split_ranges(int(kv_lens[b]), d, splits))
+            ns = len(split_ranges(int(kv_lens[b]), d, splits, s1 - s0, int(args["window_left"])))
             o[s0:s1] = to_bf16_bits(_merge(np.array(po[:ns, s0:s1]), np.array(pl[:ns, s0:s1])))
 
     emulate.__name__ = f"emulate_{name}"

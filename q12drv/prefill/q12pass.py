@@ -331,7 +331,7 @@ class Q12Pass:
         self.stream_meta: list = []
         self._checked: dict = {}  # id(shape) -> (shape, {num_blocks}) already validated for this pass
         self._gdn_plans: dict = {}  # (GdnShape, GdnConfig or id(GdnPlan)) -> (what was given, this pass's plan)
-        self._decode_plans: dict = {}  # (Hq, Hkv, D, num_splits asked) -> this pass's DecodePlan
+        self._decode_plans: dict = {}  # (Hq, Hkv, D, window, num_splits asked) -> this pass's DecodePlan
         self._longest = max(counts)  # tokens of the longest stream: a GDN plan's extent, batched or per stream
         plan = self.admission.plan
         if not self.batched:
@@ -630,8 +630,6 @@ class Q12Pass:
         a, nb = self._attention_ops(shape, num_blocks, (k_pool, v_pool),
                                     {"q": q, "k_pool": k_pool, "v_pool": v_pool, "o": o})
         if algo == "decode":
-            if shape.window_left is not None:
-                raise ValueError("algo='decode' has no sliding window yet: run a windowed layer with algo='auto'")
             return self._attention_decode(a, shape, num_splits, workspace, workspace_bytes)
         entry = ops.attention_entry(algo, shape.head_dim, self.device.arch)
         hq, hkv, d = shape.num_q_heads, shape.num_kv_heads, shape.head_dim
@@ -806,8 +804,8 @@ class Q12Pass:
     def decode_plan(self, shape: AttentionShape, num_splits: int | None = None) -> _dec.DecodePlan:
         """The decode attention plan (:func:`~q12drv.kernels.attention_decode.plan_decode`) of ``shape`` for this
         pass: its split count decided once from the whole batch (its streams, the longest stream's tokens and keys,
-        this device's SMs; ``num_splits`` forces it) and run as is whether the pass runs batched or stream by
-        stream, so both give the same bits.
+        ``shape``'s sliding window, this device's SMs; ``num_splits`` forces it) and run as is whether the pass runs
+        batched or stream by stream, so both give the same bits.
 
         Raises
         ------
@@ -816,13 +814,14 @@ class Q12Pass:
         """
         if num_splits is not None:  # checked before it keys the cache (2.0 == 2)
             num_splits = count("num_splits", num_splits, 1, _dec.MAX_SPLITS)
-        key = (shape.num_q_heads, shape.num_kv_heads, shape.head_dim, num_splits)
+        key = (shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.window_left, num_splits)
         plan = self._decode_plans.get(key)
         if plan is None:
             batch = self._batch
             plan = self._decode_plans[key] = _dec.plan_decode(
                 len(self.streams), self._longest, max(batch.kv_list), shape.num_q_heads, shape.num_kv_heads,
-                shape.head_dim, num_sms=self.device.sm_count, num_splits=num_splits, q_lens=batch.count_list)
+                shape.head_dim, num_sms=self.device.sm_count, window_left=shape.window_left, num_splits=num_splits,
+                q_lens=batch.count_list)
         return plan
 
     def decode_workspace_bytes(self, shape: AttentionShape, num_splits: int | None = None) -> int:

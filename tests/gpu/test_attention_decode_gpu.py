@@ -3,8 +3,9 @@
 Raw launches (torch allocates and copies, ``cuda.bindings`` launches the split kernel and the merge; the metadata
 from ``tests/gpu/test_attention_gpu.py``'s :class:`Case`) against torch SDPA in fp32 on each stream's gathered K/V
 (an independent reference), against the prefill kernels (``attention/mma.cu``, ``attention/wgmma.cu``) on the same
-batch, batched against each stream alone bit for bit (the same ``num_splits``), split against unsplit, an oversized
-grid, guard bands around O and a workspace poisoned with NaN (the merge must read only what the splits wrote); then
+batch, batched against each stream alone bit for bit (the same ``num_splits``), split against unsplit, sliding
+windows, an oversized grid, guard bands around O and a workspace poisoned with NaN (the merge must read only what the
+splits wrote); then
 once through q12drv's own path (``Q12Pass.attention(algo="decode")``, the merge as a programmatic dependent launch)
 against the raw launches, bit for bit. Inputs are fresh random every run (the seed is in every failure message).
 """
@@ -12,7 +13,6 @@ against the raw launches, bit for bit. Inputs are fresh random every run (the se
 from __future__ import annotations
 
 import ctypes
-import secrets
 
 import numpy as np
 import pytest
@@ -26,7 +26,7 @@ from q12drv.kernels import attention_decode as dec  # noqa: E402
 from q12drv.kernels.registry import compile_defines  # noqa: E402
 from q12drv.prefill import AttentionShape, Q12Pass  # noqa: E402
 from tests.gpu.raw_harness import check  # noqa: E402
-from tests.gpu.test_attention_gpu import ALGOS, Case, kernels  # noqa: E402,F401  (kernels: the prefill fixture)
+from tests.gpu.test_attention_gpu import ALGOS, Case, _fresh_case, kernels  # noqa: E402,F401  (kernels: a fixture)
 from tests.helpers import rel_err, rel_err_bf16  # noqa: E402
 
 pytestmark = [
@@ -63,9 +63,11 @@ def _launch(func, grid, block, smem, params) -> None:
     check(cu.cuLaunchKernel(func, *grid, *block, smem, stream, ctypes.addressof(argv), 0))
 
 
-def run_decode(funcs, c: Case, streams, scale: float, num_splits: int, grid_extra=(0, 0, 0)) -> np.ndarray:
-    """The split kernel (and with splits the merge) over ``streams`` of ``c``; their O rows (uint16 bits) after the
-    guards are checked. The workspace is exactly the plan's, filled with NaN first."""
+def run_decode(funcs, c: Case, streams, scale: float, num_splits: int, grid_extra=(0, 0, 0),
+               window_left: int = dec.NO_WINDOW) -> np.ndarray:
+    """The split kernel (and with splits the merge) over ``streams`` of ``c`` (``window_left``: the kernels'
+    argument); their O rows (uint16 bits) after the guards are checked. The workspace is exactly the plan's, filled
+    with NaN first."""
     keep = []
     meta = c.meta(streams, keep)
     rows = int(meta.total_tokens)
@@ -73,28 +75,29 @@ def run_decode(funcs, c: Case, streams, scale: float, num_splits: int, grid_extr
     o_ptr = obuf.data_ptr() + GUARD * 2
     q_ptr = c.dq.data_ptr() + (int(c.cu[streams[0]]) * c.hq * c.d * 2 if len(streams) == 1 else 0)
     assert len(streams) == 1 or list(streams) == list(range(len(c.q_lens)))
-    plan = dec.DecodePlan(c.d, c.hq, c.hkv, num_splits)
+    plan = dec.DecodePlan(c.d, c.hq, c.hkv, num_splits, window_left)
     ws = torch.full((max(4, plan.workspace_bytes_for(rows) // 4),), float("nan"), dtype=torch.float32, device="cuda")
     (grid, block, smem), merge = plan.launches(len(streams), int(meta.chunk_len))
     grid = tuple(g + e for g, e in zip(grid, grid_extra))
     _launch(funcs[plan.entry], grid, block, smem,
             [meta, ctypes.c_uint64(q_ptr), ctypes.c_uint64(c.dk.data_ptr()), ctypes.c_uint64(c.dv.data_ptr()),
              ctypes.c_uint64(o_ptr), ctypes.c_uint64(ws.data_ptr() if merge else 0), ctypes.c_int(c.hq),
-             ctypes.c_int(c.hkv), ctypes.c_int(c.bs), ctypes.c_float(scale), ctypes.c_int(num_splits)])
+             ctypes.c_int(c.hkv), ctypes.c_int(c.bs), ctypes.c_float(scale), ctypes.c_int(window_left),
+             ctypes.c_int(num_splits)])
     if merge is not None:
         mgrid = tuple(g + e for g, e in zip(merge[0], (grid_extra[0], 0, grid_extra[2])))
         _launch(funcs[plan.merge_entry], mgrid, merge[1], 0,
                 [meta, ctypes.c_uint64(ws.data_ptr()), ctypes.c_uint64(o_ptr), ctypes.c_int(c.hq), ctypes.c_int(c.hkv),
-                 ctypes.c_int(num_splits)])
+                 ctypes.c_int(window_left), ctypes.c_int(num_splits)])
     torch.cuda.synchronize()
     out = obuf.cpu().numpy().view(np.uint16)
     assert (out[:GUARD] == 0xFFFF).all() and (out[-GUARD:] == 0xFFFF).all(), "guard elements overwritten"
     return out[GUARD:-GUARD].reshape(rows, c.hq, c.d)
 
 
-def sdpa_fp32(c: Case, scale: float) -> np.ndarray:
-    """torch SDPA in fp32 per stream on its gathered K/V (heads expanded for GQA), the bottom-right causal mask
-    explicit: ``[T, Hq, D]`` float32."""
+def sdpa_fp32(c: Case, scale: float, window_left: int | None = None) -> np.ndarray:
+    """torch SDPA in fp32 per stream on its gathered K/V (heads expanded for GQA), the bottom-right causal mask (and
+    the sliding window, ``window_left`` keys left of the query) explicit: ``[T, Hq, D]`` float32."""
     import torch.nn.functional as F
 
     g = c.hq // c.hkv
@@ -111,6 +114,8 @@ def sdpa_fp32(c: Case, scale: float) -> np.ndarray:
         v = v_rows[slots].permute(1, 0, 2).repeat_interleave(g, dim=0)[None]
         qb = qf[c.cu[b]:c.cu[b + 1]].permute(1, 0, 2)[None]  # [1, Hq, q_len, D]
         mask = torch.ones(ql, kv, dtype=torch.bool, device="cuda").tril(diagonal=kv - ql)
+        if window_left is not None:  # key j visible from token i when j >= kv - ql + i - window_left
+            mask &= torch.ones(ql, kv, dtype=torch.bool, device="cuda").triu(diagonal=kv - ql - window_left)
         out[c.cu[b]:c.cu[b + 1]] = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale)[0].permute(1, 0, 2)
     return out.cpu().numpy()
 
@@ -133,8 +138,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[f"d{c[0]}-bs{c[1]}-gqa{c[2] // c[3]}-{i}" for i, c in enumerate(CASES)])
 def test_decode_matches_sdpa_and_the_prefill_kernels(decode_kernels, kernels, case):
     d, bs, hq, hkv, q_lens, prefixes = case
-    seed = secrets.randbits(32)
-    c = Case(np.random.default_rng(seed), q_lens, prefixes, hq=hq, hkv=hkv, d=d, bs=bs)
+    seed, c = _fresh_case(q_lens, prefixes, hq=hq, hkv=hkv, d=d, bs=bs)
     scale, n = d ** -0.5, len(q_lens)
     ref = sdpa_fp32(c, scale)
     planned = dec.plan_decode(n, max(q_lens), int(c.kv_lens.max()), hq, hkv, d, num_sms=SMS).num_splits
@@ -164,12 +168,37 @@ def test_decode_matches_sdpa_and_the_prefill_kernels(decode_kernels, kernels, ca
         assert rel_err(from_bf16_bits(outs[planned]), ref) < 2 * rel_err(from_bf16_bits(pre), ref) + 1e-3, f"seed {seed}, {algo}"
 
 
+#: (D, Hq, Hkv, window_left): the window inside one key tile, across tiles and splits, and longer than every stream.
+WINDOWS = [(256, 16, 2, 0), (256, 16, 2, 5), (128, 32, 8, 100), (128, 16, 2, 4095), (64, 8, 2, 1000), (256, 8, 1, 70000)]
+
+
+@pytest.mark.parametrize("d,hq,hkv,window", WINDOWS, ids=[f"d{w[0]}-w{w[3]}" for w in WINDOWS])
+def test_decode_sliding_window(decode_kernels, kernels, d, hq, hkv, window):
+    seed, c = _fresh_case([1, 4, 2, 1], [9000, 3000, 30, 40000], hq=hq, hkv=hkv, d=d, bs=16)
+    scale = d ** -0.5
+    ref = sdpa_fp32(c, scale, window)
+    planned = dec.plan_decode(4, 4, int(c.kv_lens.max()), hq, hkv, d, num_sms=SMS, window_left=window).num_splits
+    outs = {}
+    for splits in sorted({1, planned, 6}):
+        out = outs[splits] = run_decode(decode_kernels, c, [0, 1, 2, 3], scale, splits, window_left=window)
+        assert not (out == 0xFFFF).any(), f"seed {seed}: some O rows were not written"
+        for b in range(4):
+            s = slice(c.cu[b], c.cu[b + 1])
+            err = rel_err(from_bf16_bits(out[s]), ref[s])
+            assert err < 1e-2, f"seed {seed}, {splits} splits: stream {b} rel {err:.3e}"
+        one = run_decode(decode_kernels, c, [1], scale, splits, window_left=window)
+        assert np.array_equal(one, out[c.cu[1]:c.cu[2]]), f"seed {seed}, {splits} splits: batched != alone"
+    for algo, (mod, _) in ALGOS.items():  # the prefill kernels with the same window
+        if d in mod.HEAD_DIMS:
+            pre = c.run(kernels[algo, d], [0, 1, 2, 3], scale, window_left=window)
+            assert rel_err_bf16(outs[1], pre) < 1e-2, f"seed {seed}: decode vs {algo}"
+
+
 @pytest.mark.parametrize("d,hq,hkv", [(256, 16, 2), (128, 32, 8)])
 def test_decode_long_context_many_splits(decode_kernels, d, hq, hkv):
     # 4 streams of 32k keys, decode and a 4-token speculative step: the split plan's count (16 or 4 on the H200) and
     # the most splits a plan takes.
-    seed = secrets.randbits(32)
-    c = Case(np.random.default_rng(seed), [1, 4, 1, 1], [32767, 30000, 20000, 1], hq=hq, hkv=hkv, d=d, bs=64)
+    seed, c = _fresh_case([1, 4, 1, 1], [32767, 30000, 20000, 1], hq=hq, hkv=hkv, d=d, bs=64)
     scale = d ** -0.5
     ref = sdpa_fp32(c, scale)
     planned = dec.plan_decode(4, 4, int(c.kv_lens.max()), hq, hkv, d, num_sms=SMS).num_splits
@@ -186,8 +215,7 @@ def test_decode_long_context_many_splits(decode_kernels, d, hq, hkv):
 @pytest.mark.parametrize("d", [128, 256])
 def test_decode_large_logits(decode_kernels, d):
     # Peaked softmax (logits of order 10-50): the running max moves across tiles, key groups and splits.
-    seed = secrets.randbits(32)
-    c = Case(np.random.default_rng(seed), [1, 4, 2], [3000, 700, 60], hq=8, hkv=1, d=d, bs=16, std=4.0)
+    seed, c = _fresh_case([1, 4, 2], [3000, 700, 60], hq=8, hkv=1, d=d, bs=16, std=4.0)
     ref = sdpa_fp32(c, 128 ** -0.5)
     for splits in (1, 5):
         out = run_decode(decode_kernels, c, [0, 1, 2], 128 ** -0.5, splits)
@@ -198,8 +226,7 @@ def test_decode_large_logits(decode_kernels, d):
 def test_q12pass_decode_equals_the_raw_launches(gpu, decode_kernels, mode):
     # q12drv's own path (plan, workspace checks, the merge as a programmatic dependent launch) on the raw case's
     # tensors gives the raw launches' bits.
-    seed = secrets.randbits(32)
-    c = Case(np.random.default_rng(seed), [1, 4, 1, 2], [5000, 700, 33, 12000], hq=16, hkv=2, d=256, bs=16)
+    seed, c = _fresh_case([1, 4, 1, 2], [5000, 700, 33, 12000], hq=16, hkv=2, d=256, bs=16)
     streams = [StreamStageInfo(int(c.kv_lens[b] - c.q_lens[b]), int(c.q_lens[b]), c.tables[b],
                                c.dtables[b].data_ptr()) for b in range(4)]
     shape = AttentionShape(16, 2, 256, 256)
