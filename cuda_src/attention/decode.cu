@@ -132,6 +132,23 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// x += a * src[0..7] (two 16-byte loads of fp32).
+__device__ __forceinline__ void axpy8(float (&x)[8], float a, const float* src) {
+    const float4 lo = reinterpret_cast<const float4*>(src)[0];
+    const float4 hi = reinterpret_cast<const float4*>(src)[1];
+    x[0] += a * lo.x; x[1] += a * lo.y; x[2] += a * lo.z; x[3] += a * lo.w;
+    x[4] += a * hi.x; x[5] += a * hi.y; x[6] += a * hi.z; x[7] += a * hi.w;
+}
+// x[0..7] * s as bf16 into dst (one 16-byte store).
+__device__ __forceinline__ void store_bf16x8(bf16* dst, const float (&x)[8], float s) {
+    uint4 v;
+    v.x = pack_bf16x2(x[0] * s, x[1] * s);
+    v.y = pack_bf16x2(x[2] * s, x[3] * s);
+    v.z = pack_bf16x2(x[4] * s, x[5] * s);
+    v.w = pack_bf16x2(x[6] * s, x[7] * s);
+    *reinterpret_cast<uint4*>(dst) = v;
+}
+
 // What every warp of a split CTA knows about its work.
 struct DecodeCta {
     int b, kvh, split, G;
@@ -403,21 +420,13 @@ __device__ __forceinline__ void decode_body(const Q12Meta& m, const bf16* q, con
                 const int w = mt + k * MT;
                 const float a = exp2_ftz(sStat[(w * 2) * 16 + rr] - mx);
                 l += a * sStat[(w * 2 + 1) * 16 + rr];
-                const float4* src = reinterpret_cast<const float4*>(sAcc + (w * 16 + rr) * ALD + ch * 8);
-                const float4 lo = src[0], hi = src[1];
-                x[0] += a * lo.x; x[1] += a * lo.y; x[2] += a * lo.z; x[3] += a * lo.w;
-                x[4] += a * hi.x; x[5] += a * hi.y; x[6] += a * hi.z; x[7] += a * hi.w;
+                axpy8(x, a, sAcc + (w * 16 + rr) * ALD + ch * 8);
             }
         }
         const float inv = l > 0.f ? 1.f / l : 0.f;
         const long long grow = q_row(r);
         if (num_splits == 1) {
-            uint4 v;
-            v.x = pack_bf16x2(x[0] * inv, x[1] * inv);
-            v.y = pack_bf16x2(x[2] * inv, x[3] * inv);
-            v.z = pack_bf16x2(x[4] * inv, x[5] * inv);
-            v.w = pack_bf16x2(x[6] * inv, x[7] * inv);
-            *reinterpret_cast<uint4*>(o + grow * D + ch * 8) = v;
+            store_bf16x8(o + grow * D + ch * 8, x, inv);
         } else {
             const long long prow = static_cast<long long>(c.split) * rows_total + grow;
             float4* dst = reinterpret_cast<float4*>(partial + prow * D + ch * 8);
@@ -500,19 +509,10 @@ __device__ __forceinline__ void attn_decode_merge(const Q12Meta& m, const float*
             const long long prow = s * rows_total + grow;
             const float w = exp2_ftz(lse[prow] - mx);
             wsum += w;
-            const float4* src = reinterpret_cast<const float4*>(partial + prow * D + ch * 8);
-            const float4 lo = src[0], hi = src[1];
-            x[0] += w * lo.x; x[1] += w * lo.y; x[2] += w * lo.z; x[3] += w * lo.w;
-            x[4] += w * hi.x; x[5] += w * hi.y; x[6] += w * hi.z; x[7] += w * hi.w;
+            axpy8(x, w, partial + prow * D + ch * 8);
         }
     }
-    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-    uint4 v;
-    v.x = pack_bf16x2(x[0] * inv, x[1] * inv);
-    v.y = pack_bf16x2(x[2] * inv, x[3] * inv);
-    v.z = pack_bf16x2(x[4] * inv, x[5] * inv);
-    v.w = pack_bf16x2(x[6] * inv, x[7] * inv);
-    *reinterpret_cast<uint4*>(o + grow * D + ch * 8) = v;
+    store_bf16x8(o + grow * D + ch * 8, x, wsum > 0.f ? 1.f / wsum : 0.f);
 }
 
 }  // namespace

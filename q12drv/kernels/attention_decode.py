@@ -49,7 +49,7 @@ import numpy as np
 
 from ..core.bf16 import from_bf16_bits, round_to_bf16, to_bf16_bits
 from ..core.interop import describe
-from .args import check_launch, count, device_ptr, head_group, positive_float
+from .args import check_launch, count, head_group, positive_float, workspace_ptr
 from .attention import NO_WINDOW, window_argument
 from .meta import meta_struct
 from . import registry
@@ -319,15 +319,9 @@ def check_workspace(device, plan: DecodePlan, need: int, workspace, workspace_by
         if info is not None:
             workspace = device.pointer(workspace, "workspace", align=plan.workspace_align)
             workspace_bytes = info.nbytes if workspace_bytes is None else workspace_bytes
-    if workspace is None or workspace_bytes is None:
-        raise ValueError(f"algo='decode' splits this batch's keys {plan.num_splits} ways: it needs workspace= (a device "
-                         f"pointer) and workspace_bytes= (its size) of {need:,} bytes (DecodePlan.workspace_bytes_for, "
-                         f"Q12Pass.decode_workspace_bytes); num_splits=1 runs without one")
-    have = count("workspace_bytes", workspace_bytes, 0, None)
-    if have < need:
-        raise ValueError(f"workspace_bytes {have:,} is too small: algo='decode' with {plan.num_splits} splits needs "
-                         f"{need:,} bytes for this launch (DecodePlan.workspace_bytes_for)")
-    return device_ptr("workspace", workspace, plan.workspace_align)
+    return workspace_ptr(need, workspace, workspace_bytes, f"algo='decode' with {plan.num_splits} splits",
+                         "DecodePlan.workspace_bytes_for, Q12Pass.decode_workspace_bytes",
+                         "num_splits=1 runs without one", plan.workspace_align)
 
 
 def attention(device, meta, q, k_pool, v_pool, o, *, num_q_heads: int, num_kv_heads: int, head_dim: int,
