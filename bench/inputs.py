@@ -39,6 +39,7 @@ __all__ = [
     "QWEN3_NEXT", "step_counts", "StepCase",
     "GDN_CASES", "GDN_EMU_CASES", "gdn_case_lens", "gdn_inputs",
     "ATTN_CASES", "ATTN_EMU_CASES", "attn_flops", "attention_buffers",
+    "DECODE_CASES", "DECODE_EMU_CASES", "MIXED_CASE", "MIXED_EMU_CASE",
     "CONV_CHANNELS", "CONV_WIDTH", "CONV_CASES", "CONV_EMU_CASES", "conv1d_floor_bytes", "conv1d_inputs",
 ]
 
@@ -546,6 +547,18 @@ def attention_buffers(dev, cases: dict, hq: int, hkv: int, d: int, bs: int) -> I
         dev.synchronize()
         for buf in bufs:
             buf.free()
+
+
+# ----------------------------------------------------------------------------- decode attention
+#: Decode batches (one new token a stream): name -> (q_lens, cached keys before the token).
+DECODE_CASES = {"64x8k": ([1] * 64, [8191] * 64), "16x32k": ([1] * 16, [32767] * 16),
+                "4x128k": ([1] * 4, [131071] * 4)}
+#: The same on the emulator: cut down.
+DECODE_EMU_CASES = {"2x40": ([1, 1], [39, 39]), "1x(3 on 70)": ([3], [67])}
+#: A mixed batch: a few prefill chunks (``prefill``: q_lens, cached keys) beside many decode streams (``decode``).
+MIXED_CASE = {"prefill": ([512] * 4, [3584] * 4), "decode": ([1] * 60, [8191] * 60)}
+#: The same on the emulator: cut down.
+MIXED_EMU_CASE = {"prefill": ([5], [11]), "decode": ([1] * 3, [20] * 3)}
 
 
 # ----------------------------------------------------------------------------- the short convolution

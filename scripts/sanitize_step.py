@@ -9,7 +9,8 @@ tile of the stream whose chunk starts at 37) and a width-3 convolution; plain Ro
 attention layer, a width-2 convolution and a d=128 GDN layer. Each attention layer runs the
 device's default kernel (``algo="auto"``: wgmma on Hopper at D=128 and 256) and, where that is not
 the mma.sync kernel, ``Q12Pass.attention`` with ``algo="mma"`` too; each GDN layer runs every GDN
-kernel in turn. The metadata is also expanded on the device, for the 3 streams
+kernel in turn. At each head dim a decode pass (3 streams of 1, 4 and 2 new tokens on cached prompts, the layer's
+window) runs ``Q12Pass.attention`` with ``algo="decode"``, its keys split three ways (the split kernel and the merge). The metadata is also expanded on the device, for the 3 streams
 (``q12_expand_meta_tail``) and for 65 (``q12_expand_meta``), and compared with the host stager's
 bytes. Each pass runs batched and per stream. Everything goes through q12drv's own driver API (no
 torch). Every buffer the step writes has a 256-byte guard band before and after it, filled with 0xA5
@@ -51,6 +52,9 @@ COUNTS = (23, 41, 9)
 STARTS = (16, 0, 37)       # stream 0 and 2 have part of their prompt in the KV cache already
 GDN64 = GdnShape(num_k_heads=2, num_v_heads=4, head_dim=64)
 GDN128 = GdnShape(num_k_heads=1, num_v_heads=2, head_dim=128)
+DECODE_COUNTS = (1, 4, 2)  # a decode step, a speculative step of 4 tokens, one of 2
+DECODE_STARTS = (150, 7, 300)
+DECODE_SPLITS = 3
 CONV_CHANNELS = 64
 #: name -> (MRoPE, attention shape, short convolution width, GDN shape or None)
 LAYERS = {
@@ -173,6 +177,46 @@ def step(dev, name: str, problems: list) -> None:
         b.buf.free()
 
 
+def decode_step(dev, name: str, problems: list) -> None:
+    """``Q12Pass.attention(algo="decode")`` at the layer's heads and sliding window over DECODE_COUNTS new tokens after
+    DECODE_STARTS cached ones, split DECODE_SPLITS ways, batched and per stream: the two equal bit for bit, every O
+    element written, the guard bands around O and the workspace intact."""
+    attn = LAYERS[name][1]
+    hq, hkv, d = attn.num_q_heads, attn.num_kv_heads, attn.head_dim
+    shape = AttentionShape(hq, hkv, d, d, sliding_window=attn.sliding_window)
+    rng = np.random.default_rng(14)
+    streams, tbuf, num_blocks = make_streams(dev, rng, False, DECODE_COUNTS, DECODE_STARTS)
+    total = sum(DECODE_COUNTS)
+    host = {"q": to_bf16_bits(rng.standard_normal((total, hq, d))),
+            "k_pool": to_bf16_bits(rng.standard_normal((num_blocks, BLOCK, hkv, d))),
+            "v_pool": to_bf16_bits(rng.standard_normal((num_blocks, BLOCK, hkv, d))),
+            "o": np.full((total, hq, d), 0xFFFF, np.uint16)}
+    bufs = {k: Guarded(dev, f"{name} decode {k}", a) for k, a in host.items()}
+    results = {}
+    with ScratchArena(dev, make_scratch_plan(list(DECODE_COUNTS), 0, False, "exact").total_bytes + 512) as arena:
+        for mode in ("batched", "per_stream"):
+            for b in bufs.values():
+                b.reset()
+            q12 = Q12Pass(arena, streams, block_size=BLOCK, use_mrope=False, dummy_kv_block=0, head_dim=d,
+                          policy="exact", mode=mode)
+            ws_bytes = q12.decode_workspace_bytes(shape, DECODE_SPLITS)
+            ws = Guarded(dev, f"{name} decode workspace", np.zeros(ws_bytes, np.uint8))
+            p = {k: b.ptr for k, b in bufs.items()}
+            q12.attention(p["q"], p["k_pool"], p["v_pool"], p["o"], shape, num_blocks=num_blocks, algo="decode",
+                          num_splits=DECODE_SPLITS, workspace=ws.ptr, workspace_bytes=ws_bytes)
+            dev.synchronize()
+            results[mode] = bufs["o"].get(problems)
+            ws.get(problems)
+            ws.buf.free()
+    if np.any(np.frombuffer(results["batched"], np.uint16) == 0xFFFF):
+        problems.append(f"{name} decode: O has elements the kernels never wrote")
+    if results["batched"] != results["per_stream"]:
+        problems.append(f"{name} decode: batched and per stream differ")
+    tbuf.get(problems)
+    for b in list(bufs.values()) + [tbuf]:
+        b.buf.free()
+
+
 def gdn_plans(dev, shape: GdnShape, n: int, longest: int) -> list:
     """``[(label, plan), ...]``: a plan for every GDN kernel the step can run, the same in both modes: the recurrent
     and fused kernels, the mma two-pass schedule planned for this device and for a device of one SM (the stage rule
@@ -230,6 +274,7 @@ def main(argv=None) -> int:
             return 0
         for name in LAYERS:
             step(dev, name, problems)
+            decode_step(dev, name, problems)
     for line in problems:
         print("FAIL " + line)
     print(f"sanitize_step: {'ok' if not problems else f'{len(problems)} problems'} "

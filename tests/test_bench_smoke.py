@@ -32,7 +32,7 @@ def test_gpu_compare_and_plot_plumbing(tmp_path):
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     data = json.loads(out.read_text())
     missing = {"launch", "staging", "curve", "jit_slot", "step", "kv_write", "rope", "conv1d", "attention", "graph",
-               "gdn", "layer_ops", "attention_window"} - set(data["sections"])
+               "gdn", "layer_ops", "attention_window", "decode"} - set(data["sections"])
     assert not missing, (missing, data["errors"])
     assert not [k for k in data["errors"] if "torch" not in k], data["errors"]  # only torch is absent here
     assert all(data["sections"]["staging"]["verified"].values())
@@ -59,6 +59,19 @@ def test_gpu_compare_and_plot_plumbing(tmp_path):
         assert case["q12drv_us"] > 0 and case["per_prompt_us"] > 0 and 0 < case["q12drv_ops_us"] < case["pass_us_profiled"]
     else:
         assert "client/torch+transformers" in data["errors"]
+    # decode attention: each batch against its KV-read floor at 4.8 TB/s and the wgmma kernel; the mixed batch
+    # against its parts
+    decode = data["sections"]["decode"]["cases"]
+    for name, case in decode.items():
+        if name.startswith("mixed"):
+            assert case["q12drv_us"] > 0 and case["parts_us"] > 0
+            continue
+        hkv, d = (2, 256) if "Hkv2 D256" in name else (8, 128)
+        assert case["floor_bytes"] == 2 * sum(case["kv_lens"]) * hkv * d * 2 and case["num_splits"] >= 1, case
+        row = rows[(f"decode {name}: vs KV-read floor", f"floor: {case['floor_bytes'] / 1e6:,.0f} MB at 4.8 TB/s")]
+        assert row["goal"] == f"<= {1 / 0.85:g}" and "of 4.8 TB/s" in row["note"]
+        assert rows[(f"decode {name}", "q12drv wgmma kernel, same batch")]["ratio"] > 0
+    assert len(decode) == 2 * 2 + 1
     # scaled RoPE (a RopeScaling table, linear factor 4) beside the plain rows
     tokens = data["sections"]["rope"]["tokens"] // 1024
     scaled = data["sections"]["rope"]["scaled"]

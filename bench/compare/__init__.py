@@ -7,8 +7,8 @@ its time budget skips it before the others).
 
 from __future__ import annotations
 
-from bench.compare import (attention, client, conv1d, gdn, graph, jit_slot, kv_write, launch, layer_ops, rope, staging,
-                           step)
+from bench.compare import (attention, client, conv1d, decode, gdn, graph, jit_slot, kv_write, launch, layer_ops, rope,
+                           staging, step)
 
 __all__ = ["SECTIONS"]
 
@@ -27,4 +27,5 @@ SECTIONS = {
     "attention_window": attention.run_window,
     "layer_ops": layer_ops.run,
     "client": client.run,
+    "decode": decode.run,
 }

@@ -73,10 +73,12 @@
 //   dims 2t, 2t+1. Row statistics (max, sum) are shared by the 4 lanes of a quad (xor 1, 2).
 // ---------------------------------------------------------------------------------------------
 #include "attention/common.cuh"
+#include "common/mma_sync.cuh"
 
 namespace {
 
 using namespace attn;
+using namespace mma_sync;
 
 // Tiles of the entry for head dim D (64, 128 or 256).
 struct AttnConfig {
@@ -124,27 +126,6 @@ ATTN_CONTRACT(64)
 ATTN_CONTRACT(128)
 ATTN_CONTRACT(256)
 #undef ATTN_CONTRACT
-
-__device__ __forceinline__ void ldmatrix_x4(unsigned int (&r)[4], unsigned int addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned int (&r)[4], unsigned int addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// d += A * B for one m16n8k16 tile (layouts in the header comment).
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned int (&a)[4], unsigned int b0,
-                                         unsigned int b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // Named barrier of the 64 threads of one warp pair (id 1..8; __syncthreads uses 0).
 __device__ __forceinline__ void pair_sync(int id) {

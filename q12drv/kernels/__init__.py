@@ -7,6 +7,6 @@ same launchers run the numpy reference on the emulated driver.
 
 from __future__ import annotations
 
-from . import attention, attention_wgmma, conv1d, expand, gdn, kv_write, ops, rope
+from . import attention, attention_decode, attention_wgmma, conv1d, expand, gdn, kv_write, ops, rope
 
-__all__ = ["ops", "attention", "attention_wgmma", "conv1d", "expand", "gdn", "kv_write", "rope"]
+__all__ = ["ops", "attention", "attention_decode", "attention_wgmma", "conv1d", "expand", "gdn", "kv_write", "rope"]

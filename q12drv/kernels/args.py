@@ -16,7 +16,7 @@ from ..core.ptr import device_ptr
 from ..core.staging import BatchedAttnMetadata
 from ..core.staging.validate import STATE_ALIGN
 
-__all__ = ["I32_MAX", "ALIGN", "check_launch", "device_ptr", "count", "head_group", "positive_float"]
+__all__ = ["I32_MAX", "ALIGN", "check_launch", "device_ptr", "count", "head_group", "positive_float", "workspace_ptr"]
 
 I32_MAX = (1 << 31) - 1
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -68,3 +68,25 @@ def positive_float(name: str, value) -> float:
     if not (v > 0 and math.isfinite(v) and v <= _F32_MAX):
         raise ValueError(f"{name} must be a positive finite number that fits a float32, got {v}")
     return v
+
+
+def workspace_ptr(need: int, workspace, workspace_bytes, what: str, sizer: str, without: str, align: int = 16) -> int:
+    """The checked address of a caller's workspace for a launch that needs ``need`` bytes (0: none needed, none
+    read). ``what`` names the launch in the messages (``"the GDN plan (schedule 'two_pass' on mma)"``), ``sizer`` the
+    function that says the size, ``without`` how to run without a workspace.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A launch that needs a workspace without one (naming the bytes and ``without``), a NULL or misaligned
+        workspace, or one smaller than ``need``.
+    """
+    if not need:
+        return 0
+    if workspace is None or workspace_bytes is None:
+        raise ValueError(f"{what} needs workspace= (a device pointer) and workspace_bytes= (its size) of {need:,} bytes "
+                         f"({sizer}); {without}")
+    have = count("workspace_bytes", workspace_bytes, 0, None)
+    if have < need:
+        raise ValueError(f"workspace_bytes {have:,} is too small: {what} needs {need:,} bytes for this launch ({sizer})")
+    return device_ptr("workspace", workspace, align)

@@ -14,6 +14,7 @@ from typing import Any
 from ..core.device import Device
 from ..core.staging import BatchedAttnMetadata
 from . import attention as _attn
+from . import attention_decode as _dec
 from . import attention_wgmma as _attnw
 from . import kv_write as _kvw
 from . import args as _args
@@ -40,10 +41,12 @@ _rope_params = lru_cache(maxsize=256, typed=True)(_rope.check_params)
 
 
 #: Attention kernels (``ops.attention(..., algo=)``): ``"mma"`` (``attention/mma.cu``, mma.sync, any sm_90
-#: build, head dims 64/128/256), ``"wgmma"`` (``attention/wgmma.cu``, sm_90a, head dims 128/256) and
-#: ``"auto"``: wgmma where it exists (Hopper, head dims 128 and 256; faster on every measured case,
-#: bench/RESULTS.md), mma.sync elsewhere.
-ATTN_ALGOS = ("auto", "mma", "wgmma")
+#: build, head dims 64/128/256), ``"wgmma"`` (``attention/wgmma.cu``, sm_90a, head dims 128/256),
+#: ``"decode"`` (``attention/decode.cu``: split-KV decode, streams of at most 8 new tokens, head dims 64/128/256; two
+#: launches and a workspace, so :func:`attention` and ``Q12Pass.attention`` only) and ``"auto"``: wgmma where it
+#: exists (Hopper, head dims 128 and 256; faster on every measured case, bench/RESULTS.md), mma.sync elsewhere (decode
+#: batches too, until the decode kernel's GPU tests pass and it is measured).
+ATTN_ALGOS = ("auto", "mma", "wgmma", "decode")
 _ATTN_MODULES = {"mma": _attn, "wgmma": _attnw}
 
 
@@ -65,6 +68,9 @@ def attention_entry(algo: str, head_dim: int, arch: str = "sm_90") -> str:
     """
     if algo == "auto":
         algo = "wgmma" if head_dim in _attnw.HEAD_DIMS and arch in ("sm_90", "sm_90a") else "mma"
+    if algo == "decode":
+        raise ValueError("algo='decode' is a split launch and a merge with a workspace, not one kernel: run it through "
+                         "ops.attention or Q12Pass.attention (after Q12Pass.rope and .kv_write), not attention_layer")
     mod = _ATTN_MODULES.get(algo) if isinstance(algo, str) else None
     if mod is None:
         raise ValueError(f"attention algo must be one of {ATTN_ALGOS}, got {algo!r}")
@@ -211,18 +217,29 @@ def enqueue_rope(device: Device, meta: BatchedAttnMetadata, q: int, k: int, num_
 
 def attention(device: Device, meta: BatchedAttnMetadata, q: int, k_pool: int, v_pool: int, o: int, *,
               num_q_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None,
-              algo: str = "auto", window_left: int | None = None, stream: Any = None) -> None:
+              algo: str = "auto", window_left: int | None = None, stream: Any = None, num_splits: int | None = None,
+              workspace=None, workspace_bytes: int | None = None) -> None:
     """Batched varlen paged causal attention: O ``[T, Hq, D]`` from Q and the paged K/V pools.
 
     ``algo`` (:data:`ATTN_ALGOS`): ``"auto"`` (default: wgmma on Hopper for head dims 128 and 256,
-    else mma.sync), ``"mma"`` (mma.sync, head dims 64/128/256) or ``"wgmma"`` (Hopper's warpgroup
-    MMA, compiled for sm_90a; head dims 128/256). The kernels agree to bf16 rounding.
+    else mma.sync), ``"mma"`` (mma.sync, head dims 64/128/256), ``"wgmma"`` (Hopper's warpgroup
+    MMA, compiled for sm_90a; head dims 128/256) or ``"decode"`` (split-KV decode attention,
+    :mod:`~q12drv.kernels.attention_decode`: every stream at most 8 new tokens, else refused; its keys split
+    ``num_splits`` ways, default planned from the batch; with splits it needs ``workspace`` and
+    ``workspace_bytes``, :meth:`~q12drv.kernels.attention_decode.DecodePlan.workspace_bytes_for`; the other algos
+    ignore these three). ``"auto"`` does not pick ``"decode"`` yet: it will for decode batches once the decode
+    kernel's GPU tests pass and it is measured. The kernels agree to bf16 rounding.
 
     ``window_left``: sliding window in FlashAttention's convention (``window_size=(window_left, 0)``): the query
     at position ``p`` sees the keys ``p - window_left .. p``; transformers' ``sliding_window = W`` is
-    ``window_left = W - 1`` (``AttentionShape(sliding_window=W)`` converts). None or -1: full causal. Both
-    kernels honour it.
+    ``window_left = W - 1`` (``AttentionShape(sliding_window=W)`` converts). None or -1: full causal. Every
+    kernel honours it.
     """
+    if algo == "decode":
+        _dec.attention(device, meta, q, k_pool, v_pool, o, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                       head_dim=head_dim, scale=scale, window_left=window_left, num_splits=num_splits,
+                       workspace=workspace, workspace_bytes=workspace_bytes, stream=stream)
+        return
     _check(device, meta)
     if scale is not None:
         _args.positive_float("scale", scale)

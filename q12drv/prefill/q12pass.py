@@ -29,6 +29,7 @@ from ..core.errors import CapacityError, Q12Error
 from ..kernels import ops
 from ..kernels.expand import ExpandPlan, stage_on_device
 from ..kernels import attention as _attn
+from ..kernels import attention_decode as _dec
 from ..kernels import rope as _rope
 from ..kernels.gdn import GdnConfig, GdnPlan, GdnShape, GdnTensors, enqueue_gdn
 from ..kernels.gdn.launch import check_workspace, resolve_plan
@@ -330,6 +331,7 @@ class Q12Pass:
         self.stream_meta: list = []
         self._checked: dict = {}  # id(shape) -> (shape, {num_blocks}) already validated for this pass
         self._gdn_plans: dict = {}  # (GdnShape, GdnConfig or id(GdnPlan)) -> (what was given, this pass's plan)
+        self._decode_plans: dict = {}  # (Hq, Hkv, D, window, num_splits asked) -> this pass's DecodePlan
         self._longest = max(counts)  # tokens of the longest stream: a GDN plan's extent, batched or per stream
         plan = self.admission.plan
         if not self.batched:
@@ -608,20 +610,27 @@ class Q12Pass:
             k_scale, v_scale, d, hkv * d, slots, st))
 
     def attention(self, q, k_pool, v_pool, o, shape: AttentionShape, *, num_blocks: int | None = None,
-                  algo: str = "auto") -> None:
+                  algo: str = "auto", num_splits: int | None = None, workspace=None,
+                  workspace_bytes: int | None = None) -> None:
         """Batched varlen paged causal attention: O ``[T, Hq, D]`` from Q (positions already applied) and the paged
         pools (bottom-right causal over each stream's ``kv_len``, within ``shape.sliding_window`` where it is set),
-        for a runtime with its own RoPE or KV layout. ``algo``: :data:`q12drv.kernels.ops.ATTN_ALGOS`.
+        for a runtime with its own RoPE or KV layout. ``algo``: :data:`q12drv.kernels.ops.ATTN_ALGOS`; ``"decode"``
+        (every stream at most 8 new tokens) runs :meth:`decode_plan`'s split count (``num_splits``, default planned
+        from the pass) and, with splits, needs ``workspace`` of :meth:`decode_workspace_bytes` (a device address with
+        ``workspace_bytes``, or a tensor).
 
         Raises
         ------
         TypeError, ValueError
-            A bad tensor, address, shape, block count or ``algo``, or a block table entry attention would read past
-            the pools, before anything is enqueued.
+            A bad tensor, address, shape, block count or ``algo``, a block table entry attention would read past
+            the pools, or for ``"decode"`` a stream longer than the kernel takes or a missing or small workspace,
+            before anything is enqueued.
         """
         check_attention_pools(shape)
         a, nb = self._attention_ops(shape, num_blocks, (k_pool, v_pool),
                                     {"q": q, "k_pool": k_pool, "v_pool": v_pool, "o": o})
+        if algo == "decode":
+            return self._attention_decode(a, shape, num_splits, workspace, workspace_bytes)
         entry = ops.attention_entry(algo, shape.head_dim, self.device.arch)
         hq, hkv, d = shape.num_q_heads, shape.num_kv_heads, shape.head_dim
         scale = float(d ** -0.5 if shape.scale is None else shape.scale)
@@ -790,3 +799,44 @@ class Q12Pass:
             run(self.meta, int(self.h_slot.ptr), 0)
         else:
             self._per_stream(lambda meta, b, row: run(meta, int(self.h_slot.entry(b)), row))
+
+    # decode attention --------------------------------------------------------------------------------------
+    def decode_plan(self, shape: AttentionShape, num_splits: int | None = None) -> _dec.DecodePlan:
+        """The decode attention plan (:func:`~q12drv.kernels.attention_decode.plan_decode`) of ``shape`` for this
+        pass: its split count decided once from the whole batch (its streams, the longest stream's tokens and keys,
+        ``shape``'s sliding window, this device's SMs; ``num_splits`` forces it) and run as is whether the pass runs
+        batched or stream by stream, so both give the same bits.
+
+        Raises
+        ------
+        ValueError
+            A stream longer than the decode kernel takes (the message names it), or a bad shape or ``num_splits``.
+        """
+        if num_splits is not None:  # checked before it keys the cache (2.0 == 2)
+            num_splits = count("num_splits", num_splits, 1, _dec.MAX_SPLITS)
+        key = (shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.window_left, num_splits)
+        plan = self._decode_plans.get(key)
+        if plan is None:
+            batch = self._batch
+            plan = self._decode_plans[key] = _dec.plan_decode(
+                len(self.streams), self._longest, max(batch.kv_list), shape.num_q_heads, shape.num_kv_heads,
+                shape.head_dim, num_sms=self.device.sm_count, window_left=shape.window_left, num_splits=num_splits,
+                q_lens=batch.count_list)
+        return plan
+
+    def decode_workspace_bytes(self, shape: AttentionShape, num_splits: int | None = None) -> int:
+        """Workspace ``attention(..., algo="decode", num_splits=num_splits)`` needs for this pass and ``shape`` (0:
+        none, one split): the batched launch's, which covers every stream's own."""
+        return self.decode_plan(shape, num_splits).workspace_bytes_for(self._batch.total)
+
+    def _attention_decode(self, a: dict, shape: AttentionShape, num_splits, workspace, workspace_bytes) -> None:
+        """:meth:`attention` with ``algo="decode"``, its tensors checked (``a``): plan, workspace, launches."""
+        plan = self.decode_plan(shape, num_splits)
+        ws = _dec.check_workspace(self.device, plan, plan.workspace_bytes_for(self._batch.total), workspace,
+                                  workspace_bytes)
+        hq, d = shape.num_q_heads, shape.head_dim
+        scale = float(d ** -0.5 if shape.scale is None else shape.scale)
+        dev, st, q, o = self.device, self.stream, int(a["q"]), int(a["o"])
+        kp, vp = int(a["k_pool"]), int(a["v_pool"])
+        self._each(lambda meta, row: _dec.enqueue_decode(dev, meta, plan, q + row_offset(row, hq * d, _BF16), kp, vp,
+                                                         o + row_offset(row, hq * d, _BF16), ws, scale, st))

@@ -9,7 +9,7 @@ from typing import Any
 
 from ...core.device import Device
 from ...core.staging import BatchedAttnMetadata
-from ..args import ALIGN, check_launch, count, device_ptr
+from ..args import ALIGN, check_launch, workspace_ptr
 from ..meta import meta_struct
 from ..registry import prepared
 from .plan import GdnConfig, GdnPlan, GdnShape, check_shape, plan_gdn
@@ -65,17 +65,8 @@ def check_workspace(plan: GdnPlan, need: int, workspace, workspace_bytes) -> int
         A plan that needs a workspace without one (the message names the bytes, and ``schedule="fused"`` as the
         way to run without one), a NULL or misaligned workspace, or one smaller than ``need``.
     """
-    if not need:
-        return 0
-    if workspace is None or workspace_bytes is None:
-        raise ValueError(f"the GDN plan (schedule {plan.schedule!r} on {plan.isa}) needs workspace= (a device "
-                         f"pointer) and workspace_bytes= (its size) of {need:,} bytes (GdnPlan.workspace_bytes); "
-                         f"GdnConfig(schedule='fused') runs without one")
-    have = count("workspace_bytes", workspace_bytes, 0, None)
-    if have < need:
-        raise ValueError(f"workspace_bytes {have:,} is too small: the GDN plan (schedule {plan.schedule!r} on "
-                         f"{plan.isa}) needs {need:,} bytes for this launch (GdnPlan.workspace_bytes_for)")
-    return device_ptr("workspace", workspace, 16)
+    return workspace_ptr(need, workspace, workspace_bytes, f"the GDN plan (schedule {plan.schedule!r} on {plan.isa})",
+                         "GdnPlan.workspace_bytes_for", "GdnConfig(schedule='fused') runs without one")
 
 
 def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, tensors: GdnTensors, shape: GdnShape,

@@ -1,0 +1,244 @@
+"""GPU test of ``cuda_src/attention/decode.cu`` (split-KV decode attention) on a real device (H200).
+
+Raw launches (torch allocates and copies, ``cuda.bindings`` launches the split kernel and the merge; the metadata
+from ``tests/gpu/test_attention_gpu.py``'s :class:`Case`) against torch SDPA in fp32 on each stream's gathered K/V
+(an independent reference), against the prefill kernels (``attention/mma.cu``, ``attention/wgmma.cu``) on the same
+batch, batched against each stream alone bit for bit (the same ``num_splits``), split against unsplit, sliding
+windows, an oversized grid, guard bands around O and a workspace poisoned with NaN (the merge must read only what the
+splits wrote); then
+once through q12drv's own path (``Q12Pass.attention(algo="decode")``, the merge as a programmatic dependent launch)
+against the raw launches, bit for bit. Inputs are fresh random every run (the seed is in every failure message).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from q12drv import ScratchArena, StreamStageInfo, make_scratch_plan  # noqa: E402
+from q12drv.core.bf16 import from_bf16_bits  # noqa: E402
+from q12drv.core.nvrtc import compile_source  # noqa: E402
+from q12drv.kernels import attention_decode as dec  # noqa: E402
+from q12drv.kernels.registry import compile_defines  # noqa: E402
+from q12drv.prefill import AttentionShape, Q12Pass  # noqa: E402
+from tests.gpu.raw_harness import check  # noqa: E402
+from tests.gpu.test_attention_gpu import ALGOS, Case, _fresh_case, kernels  # noqa: E402,F401  (kernels: a fixture)
+from tests.helpers import rel_err, rel_err_bf16  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+GUARD = 256  # poisoned bf16 elements on each side of O
+SMS = 132
+
+
+@pytest.fixture(scope="module")
+def decode_kernels():
+    """``{entry: CUfunction}`` of every decode entry, dynamic shared memory raised where the split kernel needs it."""
+    from cuda.bindings import driver as cu
+
+    torch.zeros(1, device="cuda")
+    module = check(cu.cuModuleLoadData(compile_source(dec.SOURCE, defines=compile_defines(dec.SOURCE)).image))
+    funcs = {}
+    for entry in dec.ENTRIES:
+        funcs[entry] = check(cu.cuModuleGetFunction(module, entry.encode()))
+    for d, entry in dec.HEAD_DIMS.items():
+        check(cu.cuFuncSetAttribute(funcs[entry], cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    dec.TILES[d].smem))
+    yield funcs
+    check(cu.cuModuleUnload(module))
+
+
+def _launch(func, grid, block, smem, params) -> None:
+    from cuda.bindings import driver as cu
+
+    argv = (ctypes.c_void_p * len(params))(*[ctypes.addressof(p) for p in params])
+    stream = cu.CUstream(torch.cuda.current_stream().cuda_stream)
+    check(cu.cuLaunchKernel(func, *grid, *block, smem, stream, ctypes.addressof(argv), 0))
+
+
+def run_decode(funcs, c: Case, streams, scale: float, num_splits: int, grid_extra=(0, 0, 0),
+               window_left: int = dec.NO_WINDOW) -> np.ndarray:
+    """The split kernel (and with splits the merge) over ``streams`` of ``c`` (``window_left``: the kernels'
+    argument); their O rows (uint16 bits) after the guards are checked. The workspace is exactly the plan's, filled
+    with NaN first."""
+    keep = []
+    meta = c.meta(streams, keep)
+    rows = int(meta.total_tokens)
+    obuf = torch.full((rows * c.hq * c.d + 2 * GUARD,), -1, dtype=torch.int16, device="cuda")
+    o_ptr = obuf.data_ptr() + GUARD * 2
+    q_ptr = c.dq.data_ptr() + (int(c.cu[streams[0]]) * c.hq * c.d * 2 if len(streams) == 1 else 0)
+    assert len(streams) == 1 or list(streams) == list(range(len(c.q_lens)))
+    plan = dec.DecodePlan(c.d, c.hq, c.hkv, num_splits, window_left)
+    ws = torch.full((max(4, plan.workspace_bytes_for(rows) // 4),), float("nan"), dtype=torch.float32, device="cuda")
+    (grid, block, smem), merge = plan.launches(len(streams), int(meta.chunk_len))
+    grid = tuple(g + e for g, e in zip(grid, grid_extra))
+    _launch(funcs[plan.entry], grid, block, smem,
+            [meta, ctypes.c_uint64(q_ptr), ctypes.c_uint64(c.dk.data_ptr()), ctypes.c_uint64(c.dv.data_ptr()),
+             ctypes.c_uint64(o_ptr), ctypes.c_uint64(ws.data_ptr() if merge else 0), ctypes.c_int(c.hq),
+             ctypes.c_int(c.hkv), ctypes.c_int(c.bs), ctypes.c_float(scale), ctypes.c_int(window_left),
+             ctypes.c_int(num_splits)])
+    if merge is not None:
+        mgrid = tuple(g + e for g, e in zip(merge[0], (grid_extra[0], 0, grid_extra[2])))
+        _launch(funcs[plan.merge_entry], mgrid, merge[1], 0,
+                [meta, ctypes.c_uint64(ws.data_ptr()), ctypes.c_uint64(o_ptr), ctypes.c_int(c.hq), ctypes.c_int(c.hkv),
+                 ctypes.c_int(window_left), ctypes.c_int(num_splits)])
+    torch.cuda.synchronize()
+    out = obuf.cpu().numpy().view(np.uint16)
+    assert (out[:GUARD] == 0xFFFF).all() and (out[-GUARD:] == 0xFFFF).all(), "guard elements overwritten"
+    return out[GUARD:-GUARD].reshape(rows, c.hq, c.d)
+
+
+def sdpa_fp32(c: Case, scale: float, window_left: int | None = None) -> np.ndarray:
+    """torch SDPA in fp32 per stream on its gathered K/V (heads expanded for GQA), the bottom-right causal mask (and
+    the sliding window, ``window_left`` keys left of the query) explicit: ``[T, Hq, D]`` float32."""
+    import torch.nn.functional as F
+
+    g = c.hq // c.hkv
+    k_rows = torch.from_numpy(from_bf16_bits(c.k_pool).reshape(-1, c.hkv, c.d)).cuda()
+    v_rows = torch.from_numpy(from_bf16_bits(c.v_pool).reshape(-1, c.hkv, c.d)).cuda()
+    qf = torch.from_numpy(from_bf16_bits(c.q)).cuda()
+    out = torch.zeros_like(qf)
+    for b in range(len(c.q_lens)):
+        ql, kv = int(c.q_lens[b]), int(c.kv_lens[b])
+        pos = torch.arange(kv, device="cuda")
+        table = torch.from_numpy(c.tables[b].astype(np.int64)).cuda()
+        slots = table[pos // c.bs] * c.bs + pos % c.bs
+        k = k_rows[slots].permute(1, 0, 2).repeat_interleave(g, dim=0)[None]  # [1, Hq, kv, D]
+        v = v_rows[slots].permute(1, 0, 2).repeat_interleave(g, dim=0)[None]
+        qb = qf[c.cu[b]:c.cu[b + 1]].permute(1, 0, 2)[None]  # [1, Hq, q_len, D]
+        mask = torch.ones(ql, kv, dtype=torch.bool, device="cuda").tril(diagonal=kv - ql)
+        if window_left is not None:  # key j visible from token i when j >= kv - ql + i - window_left
+            mask &= torch.ones(ql, kv, dtype=torch.bool, device="cuda").triu(diagonal=kv - ql - window_left)
+        out[c.cu[b]:c.cu[b + 1]] = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale)[0].permute(1, 0, 2)
+    return out.cpu().numpy()
+
+
+#: (D, block size, Hq, Hkv, q_lens, cached keys before the new tokens): ragged kv lengths around the key tiles, q_len
+#: 1 to 8, GQA 1, 4, 8 and 16, the CTA's 1, 2 and 4 m-tiles (q_len * G up to 64 rows), blocks of 16, 32 and 64.
+CASES = [
+    (256, 16, 16, 2, [1] * 8, [0, 15, 16, 31, 300, 1000, 4095, 8000]),
+    (256, 64, 16, 2, [4, 1, 4, 2, 3], [60, 199, 0, 7000, 1]),
+    (256, 16, 8, 8, [1, 1, 8], [500, 70, 33]),
+    (128, 16, 32, 8, [1, 4, 1, 4, 3], [31, 32, 513, 9999, 1]),
+    (128, 64, 16, 4, [4, 4, 1, 8], [0, 127, 20000, 64]),
+    (128, 16, 32, 2, [2, 4, 1], [17, 3333, 0]),
+    (128, 32, 8, 1, [8, 1, 5], [100, 5000, 63]),
+    (64, 16, 8, 2, [1, 2, 8, 1], [40, 1, 900, 12000]),
+    (64, 64, 4, 4, [1, 8], [3, 640]),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"d{c[0]}-bs{c[1]}-gqa{c[2] // c[3]}-{i}" for i, c in enumerate(CASES)])
+def test_decode_matches_sdpa_and_the_prefill_kernels(decode_kernels, kernels, case):
+    d, bs, hq, hkv, q_lens, prefixes = case
+    seed, c = _fresh_case(q_lens, prefixes, hq=hq, hkv=hkv, d=d, bs=bs)
+    scale, n = d ** -0.5, len(q_lens)
+    ref = sdpa_fp32(c, scale)
+    planned = dec.plan_decode(n, max(q_lens), int(c.kv_lens.max()), hq, hkv, d, num_sms=SMS).num_splits
+    outs = {}
+    for splits in sorted({1, planned, 7}):
+        out = outs[splits] = run_decode(decode_kernels, c, list(range(n)), scale, splits)
+        assert not (out == 0xFFFF).any(), f"seed {seed}, {splits} splits: some O rows were not written"
+        for b in range(n):  # per stream, so a short stream cannot hide behind a long one
+            s = slice(c.cu[b], c.cu[b + 1])
+            err = rel_err(from_bf16_bits(out[s]), ref[s])
+            assert err < 1e-2, f"seed {seed}, {splits} splits: stream {b} (q {q_lens[b]}, kv {c.kv_lens[b]}) rel {err:.3e}"
+        # batched == each stream alone with the same split count, bit for bit
+        for b in range(n):
+            one = run_decode(decode_kernels, c, [b], scale, splits)
+            assert np.array_equal(one, out[c.cu[b]:c.cu[b + 1]]), f"seed {seed}, {splits} splits: stream {b} differs"
+        # a grid larger than needed (extra splits, kv heads, streams) changes nothing
+        again = run_decode(decode_kernels, c, list(range(n)), scale, splits, grid_extra=(1, 1, 2))
+        assert np.array_equal(again, out), f"seed {seed}, {splits} splits: oversized grid changed the output"
+    for splits, out in outs.items():  # split == unsplit to fp32 reassociation before the bf16 rounding
+        assert rel_err_bf16(out, outs[1]) < 5e-3, f"seed {seed}: {splits} splits vs 1: {rel_err_bf16(out, outs[1]):.3e}"
+    # the prefill kernels on the same batch: equal within bf16 tolerance, and no less accurate than them
+    for algo, (mod, _) in ALGOS.items():
+        if d not in mod.HEAD_DIMS:
+            continue
+        pre = c.run(kernels[algo, d], list(range(n)), scale)
+        assert rel_err_bf16(outs[1], pre) < 1e-2, f"seed {seed}: decode vs {algo} {rel_err_bf16(outs[1], pre):.3e}"
+        assert rel_err(from_bf16_bits(outs[planned]), ref) < 2 * rel_err(from_bf16_bits(pre), ref) + 1e-3, f"seed {seed}, {algo}"
+
+
+#: (D, Hq, Hkv, window_left): the window inside one key tile, across tiles and splits, and longer than every stream.
+WINDOWS = [(256, 16, 2, 0), (256, 16, 2, 5), (128, 32, 8, 100), (128, 16, 2, 4095), (64, 8, 2, 1000), (256, 8, 1, 70000)]
+
+
+@pytest.mark.parametrize("d,hq,hkv,window", WINDOWS, ids=[f"d{w[0]}-w{w[3]}" for w in WINDOWS])
+def test_decode_sliding_window(decode_kernels, kernels, d, hq, hkv, window):
+    seed, c = _fresh_case([1, 4, 2, 1], [9000, 3000, 30, 40000], hq=hq, hkv=hkv, d=d, bs=16)
+    scale = d ** -0.5
+    ref = sdpa_fp32(c, scale, window)
+    planned = dec.plan_decode(4, 4, int(c.kv_lens.max()), hq, hkv, d, num_sms=SMS, window_left=window).num_splits
+    outs = {}
+    for splits in sorted({1, planned, 6}):
+        out = outs[splits] = run_decode(decode_kernels, c, [0, 1, 2, 3], scale, splits, window_left=window)
+        assert not (out == 0xFFFF).any(), f"seed {seed}: some O rows were not written"
+        for b in range(4):
+            s = slice(c.cu[b], c.cu[b + 1])
+            err = rel_err(from_bf16_bits(out[s]), ref[s])
+            assert err < 1e-2, f"seed {seed}, {splits} splits: stream {b} rel {err:.3e}"
+        one = run_decode(decode_kernels, c, [1], scale, splits, window_left=window)
+        assert np.array_equal(one, out[c.cu[1]:c.cu[2]]), f"seed {seed}, {splits} splits: batched != alone"
+    for algo, (mod, _) in ALGOS.items():  # the prefill kernels with the same window
+        if d in mod.HEAD_DIMS:
+            pre = c.run(kernels[algo, d], [0, 1, 2, 3], scale, window_left=window)
+            assert rel_err_bf16(outs[1], pre) < 1e-2, f"seed {seed}: decode vs {algo}"
+
+
+@pytest.mark.parametrize("d,hq,hkv", [(256, 16, 2), (128, 32, 8)])
+def test_decode_long_context_many_splits(decode_kernels, d, hq, hkv):
+    # 4 streams of 32k keys, decode and a 4-token speculative step: the split plan's count (16 or 4 on the H200) and
+    # the most splits a plan takes.
+    seed, c = _fresh_case([1, 4, 1, 1], [32767, 30000, 20000, 1], hq=hq, hkv=hkv, d=d, bs=64)
+    scale = d ** -0.5
+    ref = sdpa_fp32(c, scale)
+    planned = dec.plan_decode(4, 4, int(c.kv_lens.max()), hq, hkv, d, num_sms=SMS).num_splits
+    assert planned > 1
+    for splits in (planned, dec.MAX_SPLITS):
+        out = run_decode(decode_kernels, c, [0, 1, 2, 3], scale, splits)
+        assert not (out == 0xFFFF).any(), f"seed {seed}: some O rows were not written"
+        for b in range(4):
+            s = slice(c.cu[b], c.cu[b + 1])
+            err = rel_err(from_bf16_bits(out[s]), ref[s])
+            assert err < 1e-2, f"seed {seed}, {splits} splits: stream {b} rel {err:.3e}"
+
+
+@pytest.mark.parametrize("d", [128, 256])
+def test_decode_large_logits(decode_kernels, d):
+    # Peaked softmax (logits of order 10-50): the running max moves across tiles, key groups and splits.
+    seed, c = _fresh_case([1, 4, 2], [3000, 700, 60], hq=8, hkv=1, d=d, bs=16, std=4.0)
+    ref = sdpa_fp32(c, 128 ** -0.5)
+    for splits in (1, 5):
+        out = run_decode(decode_kernels, c, [0, 1, 2], 128 ** -0.5, splits)
+        assert rel_err(from_bf16_bits(out), ref) < 1e-2, f"seed {seed}, {splits} splits"
+
+
+@pytest.mark.parametrize("mode", ["batched", "per_stream"])
+def test_q12pass_decode_equals_the_raw_launches(gpu, decode_kernels, mode):
+    # q12drv's own path (plan, workspace checks, the merge as a programmatic dependent launch) on the raw case's
+    # tensors gives the raw launches' bits.
+    seed, c = _fresh_case([1, 4, 1, 2], [5000, 700, 33, 12000], hq=16, hkv=2, d=256, bs=16)
+    streams = [StreamStageInfo(int(c.kv_lens[b] - c.q_lens[b]), int(c.q_lens[b]), c.tables[b],
+                               c.dtables[b].data_ptr()) for b in range(4)]
+    shape = AttentionShape(16, 2, 256, 256)
+    o = torch.full((int(c.cu[-1]), 16, 256), -1, dtype=torch.int16, device="cuda")
+    counts = [int(x) for x in c.q_lens]
+    with ScratchArena(gpu, make_scratch_plan(counts, 0, False, "exact").total_bytes + 4096) as arena:
+        p = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, head_dim=256, mode=mode)
+        plan = p.decode_plan(shape)
+        need = p.decode_workspace_bytes(shape)
+        ws = torch.full((need // 4,), float("nan"), dtype=torch.float32, device="cuda")
+        p.attention(c.dq.data_ptr(), c.dk.data_ptr(), c.dv.data_ptr(), o.data_ptr(), shape,
+                    num_blocks=c.k_pool.shape[0], algo="decode", workspace=ws.data_ptr(), workspace_bytes=need)
+        gpu.synchronize()
+    raw = run_decode(decode_kernels, c, [0, 1, 2, 3], 256 ** -0.5, plan.num_splits)
+    assert plan.num_splits > 1 and np.array_equal(o.cpu().numpy().view(np.uint16), raw), f"seed {seed}"
