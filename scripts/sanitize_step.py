@@ -26,6 +26,7 @@ Exit status 0 when every check passes, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from types import SimpleNamespace
@@ -123,6 +124,11 @@ def step(dev, name: str, problems: list) -> None:
     n, total = len(streams), sum(COUNTS)
     host = layer_inputs(rng, total, n, num_blocks, BLOCK, attn, gdn or GDN64)
     host.update(conv_inputs(rng, total, n, width))
+    hkv, d = attn.num_kv_heads, attn.head_dim  # FP8 pools beside the bf16 ones: the FP8 KV write
+    host.update({"k_pool8": np.zeros((num_blocks, BLOCK, hkv, d), np.uint8),
+                 "v_pool8": np.zeros((num_blocks, BLOCK, hkv, d), np.uint8),
+                 "k_scale": np.full(hkv, 0.02, np.float32), "v_scale": np.full(hkv, 0.01, np.float32)})
+    fp8 = dataclasses.replace(attn, kv_dtype="fp8_e4m3")
     also_mma = ops.attention_entry("auto", attn.head_dim, dev.arch) != ops.attention_entry("mma", attn.head_dim,
                                                                                             dev.arch)
     if also_mma:  # the mma.sync kernel on the same inputs, into its own output
@@ -141,6 +147,8 @@ def step(dev, name: str, problems: list) -> None:
                 problems.append(f"{name}: asked for {mode}, ran {q12.mode} ({q12.reason})")
             p = {k: b.ptr for k, b in bufs.items()}
             q12.attention_layer(p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], attn, num_blocks=num_blocks)
+            q12.kv_write(p["k"], p["v"], p["k_pool8"], p["v_pool8"], fp8, num_blocks=num_blocks,
+                         k_scale=p["k_scale"], v_scale=p["v_scale"])
             if also_mma:  # q as RoPE left it, the pools as the KV write left them
                 q12.attention(p["q"], p["k_pool"], p["v_pool"], p["o_mma"], attn, num_blocks=num_blocks, algo="mma")
             conv_states = [p["cstates"] + b * host["cstates"][0].nbytes for b in range(n)]
