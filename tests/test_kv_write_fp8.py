@@ -4,6 +4,8 @@ built with ml_dtypes, and bad input refused with nothing written."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -43,57 +45,60 @@ def _expected(k_bits, scale, slots, num_slots):
     return pool
 
 
-def _inputs(emu, rng):
+def _world(emu, seed: int, fill: int) -> SimpleNamespace:
+    """Streams, their bf16 K and V, the scales (K's second head small enough to saturate) and two FP8 pools filled
+    with ``fill``, in device memory; ``free()`` lets it all go."""
+    rng = np.random.default_rng(seed)
+    streams, tables = make_streams(emu, COUNTS, STARTS, block_size=BS)
+    nb = int(max(s.block_table.max() for s in streams)) + 1
     t = sum(COUNTS)
-    k = to_bf16_bits(rng.standard_normal((t, HKV, D)).astype(np.float32) * 4)
-    v = to_bf16_bits(rng.standard_normal((t, HKV, D)).astype(np.float32))
-    scales = {"k": np.array([4 * 4 / 448, 1e-3], np.float32), "v": np.array([0.01, 0.5], np.float32)}  # 1e-3: saturates
-    bufs = {n: emu.alloc(a.nbytes, n) for n, a in (("k", k), ("v", v), ("ks", scales["k"]), ("vs", scales["v"]))}
-    for n, a in (("k", k), ("v", v), ("ks", scales["k"]), ("vs", scales["v"])):
+    host = {"k": to_bf16_bits(rng.standard_normal((t, HKV, D)).astype(np.float32) * 4),
+            "v": to_bf16_bits(rng.standard_normal((t, HKV, D)).astype(np.float32)),
+            "ks": np.array([4 * 4 / 448, 1e-3], np.float32), "vs": np.array([0.01, 0.5], np.float32)}
+    bufs = {n: emu.alloc(a.nbytes, n) for n, a in host.items()}
+    for n, a in host.items():
         emu.upload(bufs[n].ptr, a)
-    return k, v, scales, bufs
+    pools = [emu.alloc(nb * BS * HKV * D, "pool") for _ in range(2)]
+    for p in pools:
+        emu.memset(p.ptr, fill, p.nbytes)
+
+    def free():
+        for b in (*bufs.values(), *pools, tables):
+            b.free()
+
+    return SimpleNamespace(streams=streams, nb=nb, host=host, p={n: int(b.ptr) for n, b in bufs.items()},
+                           kp=int(pools[0].ptr), vp=int(pools[1].ptr), pool_bytes=pools[0].nbytes, free=free)
+
+
+def _pools(emu, w) -> tuple:
+    return tuple(np.frombuffer(emu.download(p, w.pool_bytes), np.uint8).reshape(-1, HKV, D) for p in (w.kp, w.vp))
 
 
 @pytest.mark.parametrize("mode", ["batched", "per_stream"])
 def test_a_pass_writes_fp8_pools_as_ml_dtypes_quantizes(emu, mode):
-    rng = np.random.default_rng(1)
-    streams, tables = make_streams(emu, COUNTS, STARTS, block_size=BS)
-    nb = int(max(s.block_table.max() for s in streams)) + 1
-    k, v, scales, bufs = _inputs(emu, rng)
-    pools = [emu.alloc(nb * BS * HKV * D, "pool") for _ in range(2)]
-    for p in pools:
-        emu.memset(p.ptr, 0, p.nbytes)
+    w = _world(emu, 1, 0)
     with ScratchArena(emu, 1 << 16) as arena:
-        q12 = Q12Pass(arena, streams, block_size=BS, use_mrope=False, dummy_kv_block=0, head_dim=D, mode=mode)
-        q12.kv_write(int(bufs["k"].ptr), int(bufs["v"].ptr), int(pools[0].ptr), int(pools[1].ptr), SHAPE,
-                     num_blocks=nb, k_scale=int(bufs["ks"].ptr), v_scale=int(bufs["vs"].ptr))
+        q12 = Q12Pass(arena, w.streams, block_size=BS, use_mrope=False, dummy_kv_block=0, head_dim=D, mode=mode)
+        q12.kv_write(w.p["k"], w.p["v"], w.kp, w.vp, SHAPE, num_blocks=w.nb, k_scale=w.p["ks"], v_scale=w.p["vs"])
         emu.synchronize()
     slots = np.concatenate([s.block_table[(s.proc_start + np.arange(s.proc_count)) // BS] * BS
-                            + (s.proc_start + np.arange(s.proc_count)) % BS for s in streams])
-    got_k = np.frombuffer(emu.download(pools[0].ptr, pools[0].nbytes), np.uint8).reshape(-1, HKV, D)
-    got_v = np.frombuffer(emu.download(pools[1].ptr, pools[1].nbytes), np.uint8).reshape(-1, HKV, D)
-    assert np.array_equal(got_k, _expected(k, scales["k"], slots, nb * BS))
-    assert np.array_equal(got_v, _expected(v, scales["v"], slots, nb * BS))
+                            + (s.proc_start + np.arange(s.proc_count)) % BS for s in w.streams])
+    got_k, got_v = _pools(emu, w)
+    assert np.array_equal(got_k, _expected(w.host["k"], w.host["ks"], slots, w.nb * BS))
+    assert np.array_equal(got_v, _expected(w.host["v"], w.host["vs"], slots, w.nb * BS))
     assert (got_k[slots, 1] & 0x7F).max() == 0x7E  # the 1e-3 head saturates at +-448, never NaN
     # dequantized, an in-range head is within e4m3's half step (2**-4 relative) of the bf16 input
-    x = from_bf16_bits(k).reshape(-1, HKV, D)[:, 0]
-    back = from_e4m3_bits(got_k[slots, 0]) * scales["k"][0]
-    assert np.all(np.abs(back - x) <= np.abs(x) * 2 ** -4 + 2 ** -9 * scales["k"][0])
-    for b in (*bufs.values(), *pools, tables):
-        b.free()
+    x = from_bf16_bits(w.host["k"]).reshape(-1, HKV, D)[:, 0]
+    back = from_e4m3_bits(got_k[slots, 0]) * w.host["ks"][0]
+    assert np.all(np.abs(back - x) <= np.abs(x) * 2 ** -4 + 2 ** -9 * w.host["ks"][0])
+    w.free()
 
 
 def test_fp8_pools_are_refused_where_they_cannot_be_used_and_nothing_is_written(emu):
-    rng = np.random.default_rng(2)
-    streams, tables = make_streams(emu, COUNTS, STARTS, block_size=BS)
-    nb = int(max(s.block_table.max() for s in streams)) + 1
-    k, v, scales, bufs = _inputs(emu, rng)
-    pool = emu.alloc(nb * BS * HKV * D * 2, "pool")
-    emu.memset(pool.ptr, 0x5A, pool.nbytes)
-    p = {n: int(b.ptr) for n, b in bufs.items()}
+    w = _world(emu, 2, 0x5A)
+    p, kp, vp, nb = w.p, w.kp, w.vp, w.nb
     with ScratchArena(emu, 1 << 16) as arena:
-        q12 = Q12Pass(arena, streams, block_size=BS, use_mrope=False, dummy_kv_block=0, head_dim=D)
-        kp, vp = int(pool.ptr), int(pool.ptr) + nb * BS * HKV * D
+        q12 = Q12Pass(arena, w.streams, block_size=BS, use_mrope=False, dummy_kv_block=0, head_dim=D)
         with pytest.raises(ValueError, match="needs k_scale and v_scale"):
             q12.kv_write(p["k"], p["v"], kp, vp, SHAPE, num_blocks=nb)
         with pytest.raises(ValueError, match=r"k_scale must be 4-byte aligned"):
@@ -101,9 +106,9 @@ def test_fp8_pools_are_refused_where_they_cannot_be_used_and_nothing_is_written(
         with pytest.raises(ValueError, match="scales are for shape.kv_dtype='fp8_e4m3'"):
             q12.kv_write(p["k"], p["v"], kp, vp, AttentionShape(4, HKV, D, D), num_blocks=nb, k_scale=p["ks"],
                          v_scale=p["vs"])
-        with pytest.raises(ValueError, match="no attention kernel reads FP8 pools yet"):
+        with pytest.raises(ValueError, match="no attention kernel reads FP8 pools"):
             q12.attention_layer(p["k"], p["k"], p["v"], kp, vp, p["k"], SHAPE, num_blocks=nb)
-        with pytest.raises(ValueError, match="no attention kernel reads FP8 pools yet"):
+        with pytest.raises(ValueError, match="no attention kernel reads FP8 pools"):
             q12.attention(p["k"], kp, vp, p["k"], SHAPE, num_blocks=nb)
         with pytest.raises(ValueError, match=r"shape.kv_dtype must be one of \('bf16', 'fp8_e4m3'\)"):
             q12.kv_write(p["k"], p["v"], kp, vp, AttentionShape(4, HKV, D, D, kv_dtype="fp8"), num_blocks=nb)
@@ -111,31 +116,21 @@ def test_fp8_pools_are_refused_where_they_cannot_be_used_and_nothing_is_written(
             ops.kv_write(emu, q12.meta, p["k"], p["v"], kp, vp, num_kv_heads=HKV, head_dim=D, num_blocks=nb,
                          kv_dtype="e4m3")
         emu.synchronize()
-    assert emu.download(pool.ptr, pool.nbytes) == b"\x5a" * pool.nbytes
-    for b in (*bufs.values(), pool, tables):
-        b.free()
+    assert all(np.all(x == 0x5A) for x in _pools(emu, w))
+    w.free()
 
 
 def test_ops_kv_write_fp8_equals_the_reference(emu):
     from q12drv.kernels import kv_write as kw
 
-    rng = np.random.default_rng(3)
-    streams, tables = make_streams(emu, COUNTS, STARTS, block_size=BS)
-    nb = int(max(s.block_table.max() for s in streams)) + 1
-    k, v, scales, bufs = _inputs(emu, rng)
-    pools = [emu.alloc(nb * BS * HKV * D, "pool") for _ in range(2)]
-    for p in pools:
-        emu.memset(p.ptr, 7, p.nbytes)
+    w = _world(emu, 3, 7)
     with ScratchArena(emu, 1 << 16) as arena:
-        q12 = Q12Pass(arena, streams, block_size=BS, use_mrope=False, dummy_kv_block=0, head_dim=D)
-        ops.kv_write(emu, q12.meta, bufs["k"].ptr, bufs["v"].ptr, pools[0].ptr, pools[1].ptr, num_kv_heads=HKV,
-                     head_dim=D, num_blocks=nb, kv_dtype="fp8_e4m3", k_scale=bufs["ks"].ptr, v_scale=bufs["vs"].ptr)
+        q12 = Q12Pass(arena, w.streams, block_size=BS, use_mrope=False, dummy_kv_block=0, head_dim=D)
+        ops.kv_write(emu, q12.meta, w.p["k"], w.p["v"], w.kp, w.vp, num_kv_heads=HKV, head_dim=D, num_blocks=w.nb,
+                     kv_dtype="fp8_e4m3", k_scale=w.p["ks"], v_scale=w.p["vs"])
         slots = np.frombuffer(arena.read(q12.meta.slot_stacked - arena.base, 8 * sum(COUNTS)), np.int64)
         emu.synchronize()
-    start = np.full((nb * BS, HKV, D), 7, np.uint8)
-    want_k, want_v = kw.reference_fp8(k.reshape(-1, HKV, D), v.reshape(-1, HKV, D), slots, start, start,
-                                      scales["k"], scales["v"])
-    assert np.array_equal(np.frombuffer(emu.download(pools[0].ptr, pools[0].nbytes), np.uint8), want_k.reshape(-1))
-    assert np.array_equal(np.frombuffer(emu.download(pools[1].ptr, pools[1].nbytes), np.uint8), want_v.reshape(-1))
-    for b in (*bufs.values(), *pools, tables):
-        b.free()
+    start = np.full((w.nb * BS, HKV, D), 7, np.uint8)
+    want = kw.reference_fp8(w.host["k"], w.host["v"], slots, start, start, w.host["ks"], w.host["vs"])
+    assert all(np.array_equal(got, x) for got, x in zip(_pools(emu, w), want))
+    w.free()
