@@ -6,6 +6,8 @@
 #   Q12_SKIP_BENCH=1 Q12_SKIP_SANITIZE=1 Q12_SKIP_SOAK=1 scripts/gpu_check.sh
 #   Q12_BENCH_SECTIONS=gdn,attention scripts/gpu_check.sh   # only those gpu_compare.py sections (no host profile)
 #   Q12_PYTEST_ARGS="-k conv1d" scripts/gpu_check.sh         # a subset of the GPU tests
+#   Q12_SKIP_BENCH=1 scripts/gpu_check.sh; Q12_SKIP_TESTS=1 Q12_SKIP_SOAK=1 Q12_SKIP_SANITIZE=1 scripts/gpu_check.sh
+#                                   # the whole check in two runs of under 10 minutes each (tests, then benchmarks)
 # Comparators that are not on the machine travel as wheels in .whl/ (git-ignored; see bench/README.md)
 # and are installed into /tmp/site without the network; only the benchmark sees them (the GPU tests compare
 # against transformers' torch code, which transformers swaps for fla-core's kernels where fla-core imports).
@@ -34,8 +36,11 @@ step() {  # step NAME LOG SECONDS COMMAND...   (each step has its own time limit
 # at most 8 files come back from the H200 machine: one log per step and the bench JSON (the plot is
 # drawn from the JSON afterwards: python3 bench/plot_staging_curve.py bench.json -o bench/staging_curve.png)
 step doctor doctor.log 60 python3 -m q12drv doctor --driver cuda
-step gpu-tests gpu_tests.log 300 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider --timeout=120 ${Q12_PYTEST_ARGS:-}
-step demo demo.log 40 python3 -m q12drv demo --driver cuda
+if [ -z "${Q12_SKIP_TESTS:-}" ]; then
+  per_test=$(python3 -c "import pytest_timeout" 2>/dev/null && echo --timeout=120)  # where pytest-timeout is installed
+  step gpu-tests gpu_tests.log 300 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider $per_test ${Q12_PYTEST_ARGS:-}
+  step demo demo.log 40 python3 -m q12drv demo --driver cuda
+fi
 if [ -z "${Q12_SKIP_SOAK:-}" ] && [ -f scripts/gpu_soak.py ]; then
   step soak soak.log 60 python3 scripts/gpu_soak.py --passes 10000 --driver cuda
 fi
