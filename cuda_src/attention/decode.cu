@@ -1,6 +1,8 @@
 // attention/decode.cu: split-KV paged decode attention (sm_90, mma.sync) for passes whose every stream has few new
 // tokens (at most kMaxQLen, and q_len * Hq / Hkv <= kMaxRows). Entries q12_attn_decode_d64 / _d128 / _d256
-// (DECODE_PARAMS) and their merges q12_attn_decode_merge_d64 / _d128 / _d256 (DECODE_MERGE_PARAMS).
+// (DECODE_PARAMS, bf16 pools), q12_attn_decode_fp8_d64 / _d128 / _d256 (DECODE_FP8_PARAMS, FP8 e4m3 pools, the same
+// template with one-byte K/V elements: "FP8 pools" below) and their merges q12_attn_decode_merge_d64 / _d128 / _d256
+// (DECODE_MERGE_PARAMS, shared by both).
 //
 // Semantics, as the prefill kernels (attention/mma.cu): stream b owns the packed rows cu[b] .. cu[b+1] of Q and O
 // ([T, Hq, D] bf16); q_len = cu[b+1] - cu[b], kv_len = kv_lens[b]; token i (0-based in the stream's chunk) of query
@@ -40,16 +42,39 @@
 // then the row maxima and sums float [warps][2][16].
 // Fragment layouts: attention/mma.cu's header comment (Q as A, K as B, P as A from the S accumulators, V as B by
 // ldmatrix.trans).
+//
+// FP8 pools (q12_kv_write_fp8's: a value is stored as e4m3(x * rcp(scale[h])), h its kv head, and stands for
+// q * scale[h]; k_scale, v_scale fp32 [Hkv]): the 16-byte cp.async copies move e4m3 rows (D bytes, half the bf16
+// bytes) into a ring of decode_config(D).fp8_stages stages; all the CTA's threads convert each tile, 8 values at a
+// time, e4m3 -> f16x2 (cvt) -> fp32 -> bf16x2, exactly (every e4m3 value is a bf16 value), into two bf16 tiles of the
+// bf16 entries' layout, which the same MMA code reads. Iteration j computes bf16 tile j & 1 (converted in iteration
+// j - 1, tile 0 before the loop) and converts tile j + 1 into the other one, so one __syncthreads a tile still
+// separates every write from its reads; it waits for tile j + 1's copies (not tile j's) and issues tile j +
+// fp8_stages into the ring stage tile j left. The scales are not multiplied into the elements: the MMAs see the raw
+// e4m3 values, the scores' one constant is (scale * k_scale[kvh]) * log2(e) (computed in that order, once a CTA), and
+// V's scale multiplies the row's normaliser where the key groups are combined: O = x * ((1 / L) * v_scale[kvh]), x
+// the combined fp32 accumulator, before the bf16 store (one split) or the split's fp32 partial (the merge, linear in
+// the partials, is the bf16 entries'; the log-sum-exp does not involve V). Shared memory (decode_smem_bytes(D, true)):
+// Q, then K and V [2][BN][LD] bf16 each, then the e4m3 ring K and V [fp8_stages][BN][D] each, then the slot array.
 #include "attention/common.cuh"
 #include "common/mma_sync.cuh"
 
-// Every split entry takes these parameters (q12drv.core.launch.parse_signatures reads the macro); partial is the
+// Every bf16 split entry takes these parameters (q12drv.core.launch.parse_signatures reads the macro); partial is the
 // workspace (NULL and unread where num_splits == 1).
 #define DECODE_PARAMS                                                                                             \
     Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool, bf16* o, float* partial, int num_q_heads, \
         int num_kv_heads, int block_size, float scale, int window_left, int num_splits
-#define DECODE_ARGS \
-    m, q, k_pool, v_pool, o, partial, num_q_heads, num_kv_heads, block_size, scale, window_left, num_splits
+#define DECODE_ARGS                                                                                         \
+    m, q, k_pool, v_pool, nullptr, nullptr, o, partial, num_q_heads, num_kv_heads, block_size, scale, window_left, \
+        num_splits
+// The FP8 split entries: e4m3 pools (one byte an element, [num_blocks, block_size, Hkv, D]) and each kv head's fp32
+// scales k_scale, v_scale [Hkv] (a value is q * scale).
+#define DECODE_FP8_PARAMS                                                                                        \
+    Q12Meta m, const bf16* q, const unsigned char* k_pool, const unsigned char* v_pool, const float* k_scale,  \
+        const float* v_scale, bf16* o, float* partial, int num_q_heads, int num_kv_heads, int block_size, float scale, \
+        int window_left, int num_splits
+#define DECODE_FP8_ARGS \
+    m, q, k_pool, v_pool, k_scale, v_scale, o, partial, num_q_heads, num_kv_heads, block_size, scale, window_left, num_splits
 // Every merge entry takes these.
 #define DECODE_MERGE_PARAMS \
     Q12Meta m, const float* partial, bf16* o, int num_q_heads, int num_kv_heads, int window_left, int num_splits
@@ -62,13 +87,16 @@ using namespace mma_sync;
 
 // Tiles of the entry for head dim D (64, 128 or 256).
 struct DecodeConfig {
-    int block_n;  // BN: keys per K/V tile
-    int stages;   // K/V stages of the cp.async ring
+    int block_n;     // BN: keys per K/V tile
+    int stages;      // K/V stages of the cp.async ring (bf16 pools)
+    int fp8_stages;  // e4m3 K/V stages of the cp.async ring (FP8 pools)
 };
 __host__ __device__ constexpr DecodeConfig decode_config(int d) {
     // D 64 and 128: BN 64, so that four warps of 16 keys compute a one-m-tile CTA; four stages. D 256: BN 32 and five
-    // stages (four tiles, 128 KiB, in flight) inside the shared memory one CTA may have.
-    return d == 256 ? DecodeConfig{32, 5} : DecodeConfig{64, 4};
+    // stages (four tiles, 128 KiB, in flight) inside the shared memory one CTA may have. FP8 pools: the most e4m3
+    // stages beside the two bf16 tiles the MMAs read that keep D 64 at two CTAs an SM and D 128 / 256 inside one
+    // CTA's 227 KiB (8, 8, 7: 56, 112 and 96 KiB in flight a CTA).
+    return d == 256 ? DecodeConfig{32, 5, 7} : DecodeConfig{64, 4, 8};
 }
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
@@ -78,12 +106,15 @@ constexpr int kPad = 8;        // bf16 of padding per K/V/Q smem row
 constexpr int kAccPad = 4;     // fp32 of padding per row of the key groups' exchange
 constexpr int kMergeThreads = 128;
 __host__ __device__ constexpr bool decode_head_dim(int d) { return d == 64 || d == 128 || d == 256; }
-__host__ __device__ constexpr int decode_kv_bytes(int d) {  // the K and V stages
-    return 2 * decode_config(d).stages * decode_config(d).block_n * (d + kPad) * 2;
+// The K and V stages: bf16 pools [stages][BN][LD] each; FP8 pools the two bf16 tiles [2][BN][LD] each the MMAs read,
+// then the e4m3 ring [fp8_stages][BN][D] each.
+__host__ __device__ constexpr int decode_kv_bytes(int d, bool fp8 = false) {
+    return fp8 ? 2 * 2 * decode_config(d).block_n * (d + kPad) * 2 + 2 * decode_config(d).fp8_stages * decode_config(d).block_n * d
+               : 2 * decode_config(d).stages * decode_config(d).block_n * (d + kPad) * 2;
 }
 // Dynamic shared memory of one split CTA (the layout in the header).
-__host__ __device__ constexpr int decode_smem_bytes(int d) {
-    return kMaxRows * (d + kPad) * 2 + decode_kv_bytes(d) + 2 * decode_config(d).block_n * 4;
+__host__ __device__ constexpr int decode_smem_bytes(int d, bool fp8 = false) {
+    return kMaxRows * (d + kPad) * 2 + decode_kv_bytes(d, fp8) + 2 * decode_config(d).block_n * 4;
 }
 // The key groups' exchange after the loop, inside the K/V stages: acc, then the row maxima and sums.
 __host__ __device__ constexpr int decode_exchange_bytes(int d) {
@@ -94,7 +125,8 @@ __host__ __device__ constexpr int decode_exchange_bytes(int d) {
 #if !defined(Q12_DECODE_MAX_Q_LEN) || !defined(Q12_DECODE_MAX_ROWS) || !defined(Q12_DECODE_MERGE_THREADS) ||    \
     !defined(Q12_DECODE_D64_THREADS) || !defined(Q12_DECODE_D64_BLOCK_N) || !defined(Q12_DECODE_D64_SMEM) ||    \
     !defined(Q12_DECODE_D128_THREADS) || !defined(Q12_DECODE_D128_BLOCK_N) || !defined(Q12_DECODE_D128_SMEM) || \
-    !defined(Q12_DECODE_D256_THREADS) || !defined(Q12_DECODE_D256_BLOCK_N) || !defined(Q12_DECODE_D256_SMEM)
+    !defined(Q12_DECODE_D256_THREADS) || !defined(Q12_DECODE_D256_BLOCK_N) || !defined(Q12_DECODE_D256_SMEM) || \
+    !defined(Q12_DECODE_D64_FP8_SMEM) || !defined(Q12_DECODE_D128_FP8_SMEM) || !defined(Q12_DECODE_D256_FP8_SMEM)
 #error "compile through q12drv (registry.compile_defines): it passes the host's tiles (-DQ12_DECODE_*)"
 #endif
 static_assert(Q12_DECODE_MAX_Q_LEN == kMaxQLen, "the new tokens a stream may have differ from the host's");
@@ -104,7 +136,10 @@ static_assert(Q12_DECODE_MERGE_THREADS == kMergeThreads, "the merge's threads pe
     static_assert(Q12_DECODE_D##D##_THREADS == kThreads, "D" #D ": threads per CTA differ from the host's");       \
     static_assert(Q12_DECODE_D##D##_BLOCK_N == decode_config(D).block_n, "D" #D ": keys per tile differ from the host's"); \
     static_assert(Q12_DECODE_D##D##_SMEM == decode_smem_bytes(D), "D" #D ": shared memory differs from the host's");  \
-    static_assert(decode_exchange_bytes(D) <= decode_kv_bytes(D), "D" #D ": the exchange must fit the K/V stages");
+    static_assert(Q12_DECODE_D##D##_FP8_SMEM == decode_smem_bytes(D, true),                                       \
+                  "D" #D ": shared memory (FP8 pools) differs from the host's");                                   \
+    static_assert(decode_exchange_bytes(D) <= decode_kv_bytes(D), "D" #D ": the exchange must fit the K/V stages");  \
+    static_assert(decode_exchange_bytes(D) <= decode_kv_bytes(D, true), "D" #D ": the exchange must fit (FP8)");
 DECODE_CONTRACT(64)
 DECODE_CONTRACT(128)
 DECODE_CONTRACT(256)
@@ -149,6 +184,24 @@ __device__ __forceinline__ void store_bf16x8(bf16* dst, const float (&x)[8], flo
     *reinterpret_cast<uint4*>(dst) = v;
 }
 
+// Eight e4m3 values (8 bytes, the first in the low byte) as eight bf16 (16 bytes), exactly: every e4m3 value is a bf16
+// value. cvt gives f16x2 (the low byte in the low half), each half widened to fp32 and the pair packed as bf16x2.
+__device__ __forceinline__ uint4 e4m3x8_to_bf16x8(const uint2 v) {
+    const unsigned int w[2] = {v.x, v.y};
+    unsigned int r[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const unsigned short pair = static_cast<unsigned short>(w[i >> 1] >> (16 * (i & 1)));
+        unsigned int h;
+        float lo, hi;
+        asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h) : "h"(pair));
+        asm("cvt.f32.f16 %0, %1;\n" : "=f"(lo) : "h"(static_cast<unsigned short>(h & 0xffffu)));
+        asm("cvt.f32.f16 %0, %1;\n" : "=f"(hi) : "h"(static_cast<unsigned short>(h >> 16)));
+        r[i] = pack_bf16x2(lo, hi);
+    }
+    return make_uint4(r[0], r[1], r[2], r[3]);
+}
+
 // What every warp of a split CTA knows about its work.
 struct DecodeCta {
     int b, kvh, split, G;
@@ -156,14 +209,20 @@ struct DecodeCta {
     int t0, t1;                     // the split's key tiles
 };
 
-template <int D, int MT>
-__device__ __forceinline__ void decode_body(const Q12Meta& m, const bf16* q, const bf16* k_pool, const bf16* v_pool,
+// KV: the pools' element type, bf16 or e4m3 (one byte; k_scale and v_scale the kv head's scales, unread for bf16).
+template <typename KV, int D, int MT>
+__device__ __forceinline__ void decode_body(const Q12Meta& m, const bf16* q, const KV* k_pool, const KV* v_pool,
                                             bf16* o, float* partial, int num_q_heads, int num_kv_heads,
                                             int block_size, float scale, int window_left, int num_splits,
-                                            const DecodeCta& c) {
+                                            const DecodeCta& c, float k_scale, float v_scale) {
+    constexpr bool kFp8 = sizeof(KV) == 1;
     constexpr DecodeConfig C = decode_config(D);
     constexpr int BN = C.block_n;
     constexpr int ST = C.stages;
+    constexpr int SF = C.fp8_stages;
+    constexpr int RING = kFp8 ? SF : ST;    // stages of the cp.async ring
+    constexpr int PRO = kFp8 ? SF : ST - 1; // tiles the prologue issues; iteration j issues tile j + PRO
+    constexpr int KST = kFp8 ? 2 : ST;      // bf16 K/V tiles the MMAs read: the ring itself, or two converted ones
     constexpr int KW = kWarps / MT < BN / 16 ? kWarps / MT : BN / 16;  // key groups
     constexpr int CW = MT * KW;                                        // warps that compute
     constexpr int KPW = BN / KW;     // keys of a tile per computing warp
@@ -177,17 +236,26 @@ __device__ __forceinline__ void decode_body(const Q12Meta& m, const bf16* q, con
     constexpr int RPT = BN * CPR / kThreads;      // K/V rows each thread copies per tile
     constexpr int QPT = MT * 16 * CPR / kThreads; // Q rows each thread copies
     constexpr int kRowStep = kThreads / CPR;
+    constexpr int KCE = 16 / static_cast<int>(sizeof(KV));  // K/V elements a 16-byte copy moves
+    constexpr int KCPR = D / KCE;                            // 16-byte copies per K/V row
+    constexpr int KRPT = BN * KCPR / kThreads;               // K/V rows each thread copies per tile
+    constexpr int kKvRowStep = kThreads / KCPR;
+    constexpr int UPT = BN * (D / 8) / kThreads;  // FP8: 8-value units of a tile each thread converts, K and V each
     static_assert(kThreads % CPR == 0 && RPT * kThreads == BN * CPR && QPT >= 1 && QPT * kThreads == MT * 16 * CPR,
                   "copy split");
+    static_assert(kThreads % KCPR == 0 && KRPT * kThreads == BN * KCPR && UPT * kThreads == BN * (D / 8),
+                  "K/V copy split");
     static_assert(KPW % 16 == 0 && KW * KPW == BN && CW <= kWarps && MT * 16 <= kMaxRows, "warp split");
     static_assert(BN <= kThreads, "one thread per key row fills the slot array");
-    static_assert(ST >= 2, "a ring of at least two stages");
+    static_assert(ST >= 2 && SF >= 3, "a ring of at least two stages (FP8: three, one being converted)");
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const unsigned int sQa = smem_addr(smem_raw);
-    const unsigned int sKa = sQa + kMaxRows * LD * 2;  // [ST][BN][LD]
-    const unsigned int sVa = sKa + ST * BN * LD * 2;   // [ST][BN][LD]
-    int* sSlot = reinterpret_cast<int*>(smem_raw + kMaxRows * LD * 2 + decode_kv_bytes(D));  // [2][BN]
+    const unsigned int sKa = sQa + kMaxRows * LD * 2;  // [KST][BN][LD]
+    const unsigned int sVa = sKa + KST * BN * LD * 2;  // [KST][BN][LD]
+    // FP8: the e4m3 ring after them, K [SF][BN][D] then V (byte offsets in smem_raw)
+    constexpr int kRing8 = kMaxRows * LD * 2 + 2 * KST * BN * LD * 2;
+    int* sSlot = reinterpret_cast<int*>(smem_raw + kMaxRows * LD * 2 + decode_kv_bytes(D, kFp8));  // [2][BN]
     float* sAcc = reinterpret_cast<float*>(smem_raw + kMaxRows * LD * 2);  // after the loop: [kWarps][16][ALD]
     float* sStat = sAcc + kWarps * 16 * ALD;                                // [kWarps][2][16]: max, sum
 
@@ -196,8 +264,10 @@ __device__ __forceinline__ void decode_body(const Q12Meta& m, const bf16* q, con
     const int lane = tid & 31;
     const int g = lane >> 2;
     const int t = lane & 3;
-    const int cr = tid / CPR;  // first row this thread copies
+    const int cr = tid / CPR;  // first Q row this thread copies
     const int cc = tid % CPR;  // its 16-byte chunk within a row
+    const int kcr = tid / KCPR;  // and of K/V
+    const int kcc = tid % KCPR;
     const int G = c.G;
     const long long head_stride = static_cast<long long>(num_kv_heads) * D;
     const int bs_shift = __ffs(block_size) - 1;
@@ -229,44 +299,76 @@ __device__ __forceinline__ void decode_body(const Q12Meta& m, const bf16* q, con
     auto copy_row = [&](int slot, int r, int stage) {
         const bool ok = slot >= 0;
         long long off = 0;
-        if (ok) off = static_cast<long long>(slot) * head_stride + static_cast<long long>(c.kvh) * D + cc * 8;
-        const unsigned int dst = ((stage * BN + r) * LD + cc * 8) * 2;
-        cp_async16(sKa + dst, k_pool + off, ok ? 16 : 0);
-        cp_async16(sVa + dst, v_pool + off, ok ? 16 : 0);
+        if (ok) off = static_cast<long long>(slot) * head_stride + static_cast<long long>(c.kvh) * D + kcc * KCE;
+        if constexpr (kFp8) {
+            const unsigned int dst = sQa + kRing8 + (stage * BN + r) * D + kcc * 16;
+            cp_async16(dst, k_pool + off, ok ? 16 : 0);
+            cp_async16(dst + SF * BN * D, v_pool + off, ok ? 16 : 0);
+        } else {
+            const unsigned int dst = ((stage * BN + r) * LD + kcc * 8) * 2;
+            cp_async16(sKa + dst, k_pool + off, ok ? 16 : 0);
+            cp_async16(sVa + dst, v_pool + off, ok ? 16 : 0);
+        }
     };
     // K and V of the split's tile j into `stage`, their slots from the [2][BN] array (written by the threads
     // tid < BN beforehand).
     auto issue_kv = [&](int j, int stage) {
         const int* sl = sSlot + (j & 1) * BN;
 #pragma unroll
-        for (int i = 0; i < RPT; ++i) {
-            const int r = cr + i * kRowStep;
+        for (int i = 0; i < KRPT; ++i) {
+            const int r = kcr + i * kKvRowStep;
             copy_row(sl[r], r, stage);
+        }
+    };
+    // FP8: the e4m3 tile in ring stage fs as bf16 into tile b of the K and V the MMAs read, 8 values a unit, the
+    // units of a warp contiguous (conflict-free 8-byte loads and 16-byte stores).
+    auto convert_kv = [&](int fs, int b) {
+        constexpr int UPR = D / 8;  // units per row
+#pragma unroll
+        for (int i = 0; i < UPT; ++i) {
+            const int u = tid + i * kThreads;
+            const int r = u / UPR;
+            const int col = u % UPR;
+            const unsigned char* src = smem_raw + kRing8 + (fs * BN + r) * D + col * 8;
+            unsigned char* dst = smem_raw + kMaxRows * LD * 2 + ((b * BN + r) * LD + col * 8) * 2;
+            *reinterpret_cast<uint4*>(dst) = e4m3x8_to_bf16x8(*reinterpret_cast<const uint2*>(src));
+            *reinterpret_cast<uint4*>(dst + KST * BN * LD * 2) =
+                e4m3x8_to_bf16x8(*reinterpret_cast<const uint2*>(src + SF * BN * D));
         }
     };
     const int nt = c.t1 - c.t0;  // tiles of this split; tile j holds keys (t0 + j) * BN ..
     const int key0 = c.t0 * BN;
     int pend_slot = -1;  // slot of row tid of the tile two issues ahead (loaded, not yet stored)
 
-    // Tiles 0 .. ST-2 now, one commit group each (possibly empty; Q rides in the first).
+    // Tiles 0 .. PRO-1 now, one commit group each (possibly empty; Q rides in the first).
 #pragma unroll
-    for (int s = 0; s < ST - 1; ++s) {
+    for (int s = 0; s < PRO; ++s) {
         if (s < nt) {
 #pragma unroll
-            for (int i = 0; i < RPT; ++i) {
-                const int r = cr + i * kRowStep;
+            for (int i = 0; i < KRPT; ++i) {
+                const int r = kcr + i * kKvRowStep;
                 copy_row(slot_of(key0 + s * BN + r), r, s);
             }
         }
         cp_async_commit();
     }
-    // Tile ST-1 (issued in iteration 0) into the slot array; tile ST pending in a register.
+    // Tile PRO (issued in iteration 0) into the slot array; tile PRO + 1 pending in a register.
     if (tid < BN) {
-        sSlot[((ST - 1) & 1) * BN + tid] = slot_of(key0 + (ST - 1) * BN + tid);
-        pend_slot = slot_of(key0 + ST * BN + tid);
+        sSlot[(PRO & 1) * BN + tid] = slot_of(key0 + PRO * BN + tid);
+        pend_slot = slot_of(key0 + (PRO + 1) * BN + tid);
+    }
+    // FP8: iteration j computes bf16 tile j & 1, converted in iteration j - 1 (tile 0 here), and converts tile j + 1
+    // into the other, which every warp finished reading in iteration j - 1; so the ring holds tiles j + 1 (being
+    // converted) .. j + SF (issued in iteration j into the stage tile j left before that iteration's barrier).
+    if constexpr (kFp8) {
+        cp_async_wait<SF - 1>();  // group 0 (tile 0 and Q) complete
+        __syncthreads();
+        if (nt > 0) convert_kv(0, 0);
     }
 
-    const float sl2 = scale * 1.4426950408889634f;  // scores in log2 units: exp(s*scale) = 2^(s*sl2)
+    // scores in log2 units: exp(s*scale) = 2^(s*sl2); FP8: the raw e4m3 keys' scores, so scale * k_scale (one
+    // constant a CTA, (scale * k_scale) * log2(e) in that order) instead of a product per key element
+    const float sl2 = (kFp8 ? scale * k_scale : scale) * 1.4426950408889634f;
     const bool computes = warp < CW;
     const int mw = warp % MT;  // this warp's m-tile
     const int kg = warp / MT;  // and key group
@@ -286,16 +388,20 @@ __device__ __forceinline__ void decode_body(const Q12Meta& m, const bf16* q, con
     const unsigned int v_lane = (((lane & 15) * LD) + (lane >> 4) * 8) * 2;
 
     for (int j = 0; j < nt; ++j) {
-        const int stage = j % ST;
-        cp_async_wait<ST - 2>();  // groups 0..j (tiles 0..j) complete
-        __syncthreads();          // ... for every thread; and every warp is done with tile j-1's stage
-        const int jj = j + ST - 1;
-        if (jj < nt) issue_kv(jj, jj % ST);
+        const int stage = kFp8 ? (j & 1) : j % ST;  // the bf16 tile the MMAs read
+        // bf16: groups 0..j (tiles 0..j) complete; FP8: groups 0..j+1 (tile j+1, converted in this iteration)
+        cp_async_wait<kFp8 ? SF - 2 : ST - 2>();
+        __syncthreads();  // ... for every thread; and every warp is done with tile j-1's stage (FP8: and bf16 tile)
+        const int jj = j + PRO;
+        if (jj < nt) issue_kv(jj, jj % RING);
         cp_async_commit();  // one group per iteration, possibly empty
         // slot array half (jj + 1) & 1 was last read in iteration j - 1 (before the barrier)
         if (tid < BN) {
             sSlot[((jj + 1) & 1) * BN + tid] = pend_slot;
             pend_slot = slot_of(key0 + (jj + 2) * BN + tid);
+        }
+        if constexpr (kFp8) {
+            if (j + 1 < nt) convert_kv((j + 1) % SF, (j + 1) & 1);
         }
         if (!computes) continue;
 
@@ -423,7 +529,8 @@ __device__ __forceinline__ void decode_body(const Q12Meta& m, const bf16* q, con
                 axpy8(x, a, sAcc + (w * 16 + rr) * ALD + ch * 8);
             }
         }
-        const float inv = l > 0.f ? 1.f / l : 0.f;
+        float inv = l > 0.f ? 1.f / l : 0.f;
+        if constexpr (kFp8) inv *= v_scale;  // the raw e4m3 values' sum: V's scale on the row's 1 / L
         const long long grow = q_row(r);
         if (num_splits == 1) {
             store_bf16x8(o + grow * D + ch * 8, x, inv);
@@ -437,10 +544,12 @@ __device__ __forceinline__ void decode_body(const Q12Meta& m, const bf16* q, con
     }
 }
 
-template <int D>
-__device__ __forceinline__ void attn_decode(const Q12Meta& m, const bf16* q, const bf16* k_pool, const bf16* v_pool,
-                                            bf16* o, float* partial, int num_q_heads, int num_kv_heads,
-                                            int block_size, float scale, int window_left, int num_splits) {
+// KV: bf16, or e4m3 (one byte) with the kv heads' fp32 scales k_scale, v_scale [Hkv] (NULL and unread for bf16).
+template <typename KV, int D>
+__device__ __forceinline__ void attn_decode(const Q12Meta& m, const bf16* q, const KV* k_pool, const KV* v_pool,
+                                            const float* k_scale, const float* v_scale, bf16* o, float* partial,
+                                            int num_q_heads, int num_kv_heads, int block_size, float scale,
+                                            int window_left, int num_splits) {
     static_assert(decode_head_dim(D), "head dims 64, 128 and 256");
     constexpr int BN = decode_config(D).block_n;
     DecodeCta c;
@@ -463,15 +572,20 @@ __device__ __forceinline__ void attn_decode(const Q12Meta& m, const bf16* q, con
     // An empty split writes nothing (the merge reads only the non-empty ones); without splits the CTA writes O
     // whatever its range (zeros for a row that sees no key).
     if (num_splits > 1 && c.t0 >= c.t1) return;
+    float ks = 1.f, vs = 1.f;
+    if constexpr (sizeof(KV) == 1) {
+        ks = __ldg(k_scale + c.kvh);
+        vs = __ldg(v_scale + c.kvh);
+    }
     if (c.rows <= 16) {
-        decode_body<D, 1>(m, q, k_pool, v_pool, o, partial, num_q_heads, num_kv_heads, block_size, scale, window_left,
-                          num_splits, c);
+        decode_body<KV, D, 1>(m, q, k_pool, v_pool, o, partial, num_q_heads, num_kv_heads, block_size, scale,
+                              window_left, num_splits, c, ks, vs);
     } else if (c.rows <= 32) {
-        decode_body<D, 2>(m, q, k_pool, v_pool, o, partial, num_q_heads, num_kv_heads, block_size, scale, window_left,
-                          num_splits, c);
+        decode_body<KV, D, 2>(m, q, k_pool, v_pool, o, partial, num_q_heads, num_kv_heads, block_size, scale,
+                              window_left, num_splits, c, ks, vs);
     } else {
-        decode_body<D, 4>(m, q, k_pool, v_pool, o, partial, num_q_heads, num_kv_heads, block_size, scale, window_left,
-                          num_splits, c);
+        decode_body<KV, D, 4>(m, q, k_pool, v_pool, o, partial, num_q_heads, num_kv_heads, block_size, scale,
+                              window_left, num_splits, c, ks, vs);
     }
 }
 
@@ -517,9 +631,20 @@ __device__ __forceinline__ void attn_decode_merge(const Q12Meta& m, const float*
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(kThreads) q12_attn_decode_d64(DECODE_PARAMS) { attn_decode<64>(DECODE_ARGS); }
-extern "C" __global__ void __launch_bounds__(kThreads) q12_attn_decode_d128(DECODE_PARAMS) { attn_decode<128>(DECODE_ARGS); }
-extern "C" __global__ void __launch_bounds__(kThreads) q12_attn_decode_d256(DECODE_PARAMS) { attn_decode<256>(DECODE_ARGS); }
+extern "C" __global__ void __launch_bounds__(kThreads) q12_attn_decode_d64(DECODE_PARAMS) { attn_decode<bf16, 64>(DECODE_ARGS); }
+extern "C" __global__ void __launch_bounds__(kThreads) q12_attn_decode_d128(DECODE_PARAMS) { attn_decode<bf16, 128>(DECODE_ARGS); }
+extern "C" __global__ void __launch_bounds__(kThreads) q12_attn_decode_d256(DECODE_PARAMS) { attn_decode<bf16, 256>(DECODE_ARGS); }
+// The FP8 entries ask for one CTA an SM at least (D 64's shared memory fits two, its registers too): without a
+// minimum ptxas trades registers for occupancy on them and spills (docs/kernels/attention_decode.md).
+extern "C" __global__ void __launch_bounds__(kThreads, 1) q12_attn_decode_fp8_d64(DECODE_FP8_PARAMS) {
+    attn_decode<unsigned char, 64>(DECODE_FP8_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(kThreads, 1) q12_attn_decode_fp8_d128(DECODE_FP8_PARAMS) {
+    attn_decode<unsigned char, 128>(DECODE_FP8_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(kThreads, 1) q12_attn_decode_fp8_d256(DECODE_FP8_PARAMS) {
+    attn_decode<unsigned char, 256>(DECODE_FP8_ARGS);
+}
 extern "C" __global__ void __launch_bounds__(kMergeThreads) q12_attn_decode_merge_d64(DECODE_MERGE_PARAMS) {
     attn_decode_merge<64>(DECODE_MERGE_ARGS);
 }

@@ -16,15 +16,23 @@ from ..core.ptr import device_ptr
 from ..core.staging import BatchedAttnMetadata
 from ..core.staging.validate import STATE_ALIGN
 
-__all__ = ["I32_MAX", "ALIGN", "check_launch", "device_ptr", "count", "head_group", "positive_float", "workspace_ptr"]
+__all__ = ["I32_MAX", "ALIGN", "KV_DTYPES", "FP8_E4M3", "FP8_POOL_DTYPES", "check_launch", "device_ptr", "count",
+           "head_group", "positive_float", "workspace_ptr", "check_kv_scales"]
 
 I32_MAX = (1 << 31) - 1
+#: The KV-cache element type of FP8 (e4m3) pools with per-KV-head fp32 scales (written by ``q12_kv_write_fp8``).
+FP8_E4M3 = "fp8_e4m3"
+#: The KV-cache element types: bf16, or :data:`FP8_E4M3`.
+KV_DTYPES = ("bf16", FP8_E4M3)
+#: The dtypes an FP8 pool tensor may have (torch's float8_e4m3fn, or bytes).
+FP8_POOL_DTYPES = ("f8e4m3", "u8")
 _F32_MAX = float(np.finfo(np.float32).max)
 
 #: Byte alignment each kernel's accesses need, per pointer parameter (2 = one bf16; the kernels
 #: that vectorise opportunistically fall back to 2-byte accesses, the others do not).
 ALIGN = {
     "attention": {"q": 16, "k_pool": 16, "v_pool": 16, "o": 16},  # cp.async 16 B loads, uint4 stores
+    "attention_fp8": {"q": 16, "k_pool": 16, "v_pool": 16, "o": 16, "k_scale": 4, "v_scale": 4},  # decode, FP8 pools
     "gdn": {"h_state_ptrs": 8, "q": 16, "k": 16, "v": 8, "o": 8, "g": 4, "beta": 4, "state": STATE_ALIGN},
     "kv_write": {"k": 2, "v": 2, "k_pool": 2, "v_pool": 2},
     "kv_write_fp8": {"k": 16, "v": 16, "k_pool": 8, "v_pool": 8, "k_scale": 4, "v_scale": 4},
@@ -90,3 +98,24 @@ def workspace_ptr(need: int, workspace, workspace_bytes, what: str, sizer: str, 
     if have < need:
         raise ValueError(f"workspace_bytes {have:,} is too small: {what} needs {need:,} bytes for this launch ({sizer})")
     return device_ptr("workspace", workspace, align)
+
+
+def check_kv_scales(kv_dtype: str, k_scale, v_scale, what: str = "kv_dtype") -> bool:
+    """Whether pools of ``kv_dtype`` are FP8, after checking that the per-KV-head scales come with FP8 pools and only
+    with them (``what`` names the argument that says the type in the messages, e.g. ``"shape.kv_dtype"``).
+
+    Raises
+    ------
+    ValueError
+        An unknown ``kv_dtype``, FP8 pools without ``k_scale`` and ``v_scale``, or a scale given for bf16 pools.
+    """
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"{what} must be one of {KV_DTYPES}, got {kv_dtype!r:.60}")
+    if kv_dtype == FP8_E4M3:
+        if k_scale is None or v_scale is None:
+            raise ValueError(f"{what}='{FP8_E4M3}' needs k_scale and v_scale: each KV head's fp32 scale, [Hkv] (a "
+                             f"pool value q stands for q * scale)")
+        return True
+    if k_scale is not None or v_scale is not None:
+        raise ValueError(f"k_scale / v_scale given for bf16 pools: scales are for {what}='{FP8_E4M3}'")
+    return False

@@ -9,18 +9,22 @@ fp32 of ``scale * q.k``), for passes whose every stream has at most
 ``num_splits`` CTAs where the batch alone would leave SMs idle. ``ops.attention(..., algo="decode")`` and
 ``Q12Pass.attention(..., algo="decode")`` run it; ``algo="auto"`` does not pick it yet: it will for decode batches
 once the GPU tests (``tests/gpu/test_attention_decode_gpu.py``) pass and ``bench/gpu_compare.py``'s ``decode`` section
-has measured it.
+has measured it. It is also the kernel that reads FP8 (e4m3) pools (``kv_dtype="fp8_e4m3"``, written by
+``q12_kv_write_fp8`` with each KV head's fp32 scales): the prefill kernels read bf16 pools only.
 
-Entries (``DECODE_PARAMS`` / ``DECODE_MERGE_PARAMS`` in the source)::
+Entries (``DECODE_PARAMS`` / ``DECODE_FP8_PARAMS`` / ``DECODE_MERGE_PARAMS`` in the source)::
 
     q12_attn_decode_d64 / _d128 / _d256(Q12Meta m, const bf16* q, const bf16* k_pool, const bf16* v_pool,
         bf16* o, float* partial, int num_q_heads, int num_kv_heads, int block_size, float scale, int window_left,
         int num_splits)
+    q12_attn_decode_fp8_d64 / _d128 / _d256(Q12Meta m, const bf16* q, const u8* k_pool, const u8* v_pool,
+        const float* k_scale, const float* v_scale, bf16* o, float* partial, int num_q_heads, int num_kv_heads,
+        int block_size, float scale, int window_left, int num_splits)
     q12_attn_decode_merge_d64 / _d128 / _d256(Q12Meta m, const float* partial, bf16* o, int num_q_heads,
         int num_kv_heads, int window_left, int num_splits)
 
 The split kernel's grid is ``(num_splits, Hkv, n)``, :attr:`Tiles.threads` threads, :attr:`Tiles.smem` bytes of
-dynamic shared memory. Stream ``b``'s key tiles (``BN = Tiles.block_n`` keys, from the tile of the first key its first
+dynamic shared memory (:attr:`Tiles.smem_fp8` for FP8 pools). Stream ``b``'s key tiles (``BN = Tiles.block_n`` keys, from the tile of the first key its first
 token sees, 0 without a window, to ``n_tiles = ceil(kv_len / BN)``) go to the splits in contiguous ranges of ``tps``
 tiles (:func:`split_ranges`): a stream's partition depends on its ``q_len``, ``kv_len``, the window and
 ``num_splits`` only, so batched and single-stream launches with the same ``num_splits`` give the same bits. ``num_splits == 1``: the split kernel writes O. ``num_splits > 1``: each non-empty
@@ -37,6 +41,17 @@ plus the split merge in fp32. :func:`model` is the numpy model of exactly this m
 CTA, its splits and the merge), which the emulated driver runs: batched equals per stream bit for bit, and a split
 result equals the unsplit one to fp32 rounding before the bf16 output (``tests/test_kernel_attention_decode.py``
 states the tolerance).
+
+FP8 pools: the same template with one-byte K/V elements. 16-byte cp.async copies move the e4m3 rows (half the bf16
+bytes) into a ring of :attr:`Tiles.fp8_stages` stages; each tile is converted, by all the CTA's threads, to bf16
+(exactly: every e4m3 value is a bf16 value) into the shared-memory layout the bf16 entries' MMAs read (two tiles:
+tile j + 1 is converted while tile j is computed, one barrier a tile). The scales are folded into the math, not
+multiplied into the elements: the scores use ``(scale * k_scale[h]) * log2(e)`` (one fp32 constant a CTA) and the
+row's ``1 / L`` becomes ``(1 / L) * v_scale[h]`` where the key groups are combined, before the bf16 store (one split)
+or the fp32 partial (splits; the merge, linear in the partials, is the bf16 entries'). :func:`model` takes the same
+steps in the same order. Against the bf16 decode of the K/V the pools were quantized from, the result differs by
+e4m3's rounding (3 mantissa bits): 2.8% to 3.7% relative L2 error on Gaussian K/V with amax / 448 scales
+(``docs/kernels/attention_decode.md`` states the measurement and the bound the tests hold).
 """
 
 from __future__ import annotations
@@ -48,25 +63,30 @@ from typing import Any
 import numpy as np
 
 from ..core.bf16 import from_bf16_bits, round_to_bf16, to_bf16_bits
+from ..core.fp8 import from_e4m3_bits
 from ..core.interop import describe
-from .args import check_launch, count, head_group, positive_float, workspace_ptr
+from .args import (ALIGN, FP8_E4M3 as FP8, FP8_POOL_DTYPES, KV_DTYPES, check_kv_scales, check_launch, count,
+                   head_group, positive_float, workspace_ptr)
 from .attention import NO_WINDOW, window_argument
 from .meta import meta_struct
 from . import registry
 
 __all__ = [
-    "SOURCE", "HEAD_DIMS", "MERGE_ENTRIES", "ENTRIES", "WARPS", "MAX_Q_LEN", "MAX_ROWS", "MERGE_THREADS",
+    "SOURCE", "HEAD_DIMS", "FP8_ENTRIES", "MERGE_ENTRIES", "ENTRIES", "WARPS", "MAX_Q_LEN", "MAX_ROWS", "MERGE_THREADS",
     "MAX_SPLITS", "MIN_SPLIT_TILES", "EFFICIENCY", "Tiles", "TILES", "CONTRACTS", "entry_for_head_dim", "check_rows",
-    "split_count", "split_ranges", "DecodePlan", "plan_decode", "check_workspace", "attention", "enqueue_decode",
+    "split_count", "split_ranges", "DecodePlan", "plan_decode", "check_workspace", "check_pools", "attention",
+    "enqueue_decode",
     "model", "EMULATORS",
 ]
 
 SOURCE = "attention/decode.cu"
-#: Head dim -> split entry.
+#: Head dim -> split entry (bf16 pools).
 HEAD_DIMS = {64: "q12_attn_decode_d64", 128: "q12_attn_decode_d128", 256: "q12_attn_decode_d256"}
-#: Head dim -> merge entry.
+#: Head dim -> split entry (FP8 e4m3 pools with per-KV-head scales).
+FP8_ENTRIES = {64: "q12_attn_decode_fp8_d64", 128: "q12_attn_decode_fp8_d128", 256: "q12_attn_decode_fp8_d256"}
+#: Head dim -> merge entry (both pool types: the splits' partials are fp32).
 MERGE_ENTRIES = {64: "q12_attn_decode_merge_d64", 128: "q12_attn_decode_merge_d128", 256: "q12_attn_decode_merge_d256"}
-ENTRIES = tuple(HEAD_DIMS.values()) + tuple(MERGE_ENTRIES.values())
+ENTRIES = tuple(HEAD_DIMS.values()) + tuple(FP8_ENTRIES.values()) + tuple(MERGE_ENTRIES.values())
 #: Warps per split CTA (``kWarps``).
 WARPS = 4
 #: New tokens a stream may have (``kMaxQLen``): decode steps and speculative decode of up to 8 tokens.
@@ -95,8 +115,10 @@ class Tiles:
     head_dim: int
     #: Keys per K/V tile.
     block_n: int
-    #: K/V stages of the cp.async ring.
+    #: K/V stages of the cp.async ring (bf16 pools).
     stages: int
+    #: e4m3 K/V stages of the cp.async ring (FP8 pools; the MMAs read two bf16 tiles converted from it).
+    fp8_stages: int
 
     @property
     def threads(self) -> int:
@@ -105,15 +127,25 @@ class Tiles:
 
     @property
     def smem(self) -> int:
-        """Dynamic shared-memory bytes: Q (:data:`MAX_ROWS` rows), the K and V stages (rows padded by 16 bytes), the
-        ``[2][BN]`` slot array."""
+        """Dynamic shared-memory bytes (bf16 pools): Q (:data:`MAX_ROWS` rows), the K and V stages (rows padded by 16
+        bytes), the ``[2][BN]`` slot array."""
         return (MAX_ROWS + 2 * self.stages * self.block_n) * (self.head_dim + _SMEM_PAD) * 2 + 2 * self.block_n * 4
 
     @property
-    def ctas_per_sm(self) -> int:
-        """Split CTAs an SM holds at once: by shared memory, and at most two by registers (128 threads of up to 255
-        registers)."""
-        return max(1, min(2, _SM_SMEM // (self.smem + _CTA_RESERVED)))
+    def smem_fp8(self) -> int:
+        """Dynamic shared-memory bytes (FP8 pools): Q, two bf16 K and V tiles (rows padded by 16 bytes), the e4m3 K
+        and V stages (unpadded rows of D bytes), the slot array."""
+        return ((MAX_ROWS + 2 * 2 * self.block_n) * (self.head_dim + _SMEM_PAD) * 2
+                + 2 * self.fp8_stages * self.block_n * self.head_dim + 2 * self.block_n * 4)
+
+    def smem_for(self, kv_dtype: str) -> int:
+        """:attr:`smem` or :attr:`smem_fp8` for pools of ``kv_dtype`` (:data:`KV_DTYPES`)."""
+        return self.smem_fp8 if kv_dtype == FP8 else self.smem
+
+    def ctas_per_sm(self, kv_dtype: str = "bf16") -> int:
+        """Split CTAs an SM holds at once for pools of ``kv_dtype``: by shared memory, and at most two by registers
+        (128 threads of up to 255 registers)."""
+        return max(1, min(2, _SM_SMEM // (self.smem_for(kv_dtype) + _CTA_RESERVED)))
 
     def key_groups(self, rows: int) -> tuple[int, int, int]:
         """``(MT, KW, KPW)`` of a stream of ``rows`` CTA rows: its 16-row m-tiles (1, 2 or 4), the key groups each
@@ -125,26 +157,30 @@ class Tiles:
 
 
 #: Head dim -> tiles: the table the launch geometry and the split count come from (the source checks it).
-TILES = {64: Tiles(64, block_n=64, stages=4), 128: Tiles(128, block_n=64, stages=4),
-         256: Tiles(256, block_n=32, stages=5)}
+TILES = {64: Tiles(64, block_n=64, stages=4, fp8_stages=8), 128: Tiles(128, block_n=64, stages=4, fp8_stages=8),
+         256: Tiles(256, block_n=32, stages=5, fp8_stages=7)}
 #: The host/device contract: the numbers :func:`plan_decode` and :func:`check_rows` take from :data:`TILES` and this
 #: module, passed as ``-D`` to every build of ``attention/decode.cu`` and checked there against ``decode_config(D)``.
 CONTRACTS = {"Q12_DECODE_MAX_Q_LEN": MAX_Q_LEN, "Q12_DECODE_MAX_ROWS": MAX_ROWS,
              "Q12_DECODE_MERGE_THREADS": MERGE_THREADS,
              **{f"Q12_DECODE_D{d}_{field}": value for d, t in TILES.items()
-                for field, value in (("THREADS", t.threads), ("BLOCK_N", t.block_n), ("SMEM", t.smem))}}
+                for field, value in (("THREADS", t.threads), ("BLOCK_N", t.block_n), ("SMEM", t.smem),
+                                     ("FP8_SMEM", t.smem_fp8))}}
 
 
-def entry_for_head_dim(head_dim: int) -> str:
-    """The split entry for ``head_dim`` (64, 128 or 256).
+def entry_for_head_dim(head_dim: int, kv_dtype: str = "bf16") -> str:
+    """The split entry for ``head_dim`` (64, 128 or 256) and pools of ``kv_dtype`` (:data:`KV_DTYPES`).
 
     Raises
     ------
     ValueError
-        For any other head dim.
+        For any other head dim or pool type.
     """
+    entries = {"bf16": HEAD_DIMS, FP8: FP8_ENTRIES}.get(kv_dtype) if isinstance(kv_dtype, str) else None
+    if entries is None:
+        raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r:.60}")
     try:
-        return HEAD_DIMS[int(head_dim)]
+        return entries[int(head_dim)]
     except KeyError:
         raise ValueError(f"no decode attention kernel for head_dim={head_dim}; supported: {sorted(HEAD_DIMS)}") from None
 
@@ -220,11 +256,13 @@ class DecodePlan:
     num_kv_heads: int
     num_splits: int
     window_left: int = NO_WINDOW
+    #: The pools' element type (:data:`KV_DTYPES`): the split entry and its shared memory.
+    kv_dtype: str = "bf16"
 
     @property
     def entry(self) -> str:
         """The split entry."""
-        return HEAD_DIMS[self.head_dim]
+        return entry_for_head_dim(self.head_dim, self.kv_dtype)
 
     @property
     def merge_entry(self) -> str | None:
@@ -236,7 +274,7 @@ class DecodePlan:
         kernel's geometry, and the merge's ``(grid, block, 0)`` or None (one split)."""
         t = TILES[self.head_dim]
         n = max(1, int(batch_size))
-        split = ((self.num_splits, self.num_kv_heads, n), (t.threads, 1, 1), t.smem)
+        split = ((self.num_splits, self.num_kv_heads, n), (t.threads, 1, 1), t.smem_for(self.kv_dtype))
         if self.num_splits == 1:
             return split, None
         rows_per_cta = MERGE_THREADS // (self.head_dim // 8)
@@ -258,7 +296,7 @@ class DecodePlan:
 
 def plan_decode(batch_size: int, chunk_len: int, max_kv_len: int, num_q_heads: int, num_kv_heads: int,
                 head_dim: int, *, num_sms: int, window_left: int | None = None, num_splits: int | None = None,
-                q_lens=None) -> DecodePlan:
+                q_lens=None, kv_dtype: str = "bf16") -> DecodePlan:
     """The decode plan for ``batch_size`` streams of at most ``chunk_len`` new tokens and ``max_kv_len`` keys.
 
     Parameters
@@ -274,17 +312,20 @@ def plan_decode(batch_size: int, chunk_len: int, max_kv_len: int, num_q_heads: i
     num_splits : int, optional
         Force the split count (1 .. :data:`MAX_SPLITS`); default :func:`split_count` over ``batch_size * num_kv_heads``
         CTAs, the key tiles the longest stream reads (at most its window's) and ``num_sms *
-        TILES[head_dim].ctas_per_sm`` slots.
+        TILES[head_dim].ctas_per_sm(kv_dtype)`` slots.
     q_lens : sequence of int, optional
         Each stream's new tokens, to name the stream a refusal is about.
+    kv_dtype : str
+        The pools' element type (:data:`KV_DTYPES`): ``"fp8_e4m3"`` runs the FP8 entries (the same split count
+        wherever their CTAs an SM are bf16's, as on every head dim today).
 
     Raises
     ------
     ValueError
-        An unknown head dim, a head layout or count out of range, a stream the kernel does not take
+        An unknown head dim or pool type, a head layout or count out of range, a stream the kernel does not take
         (:func:`check_rows`) or ``num_splits`` out of range.
     """
-    entry_for_head_dim(head_dim)
+    entry_for_head_dim(head_dim, kv_dtype)
     hq, hkv = head_group("num_q_heads", num_q_heads, "num_kv_heads", num_kv_heads)
     n = count("batch_size", batch_size, 0)
     chunk, kv = count("chunk_len", chunk_len, 0), count("max_kv_len", max_kv_len, 0)
@@ -295,10 +336,10 @@ def plan_decode(batch_size: int, chunk_len: int, max_kv_len: int, num_q_heads: i
     if num_splits is None:
         span = min(kv, window + chunk)  # keys a stream's tokens see together
         tiles = min(-(-kv // t.block_n), -(-span // t.block_n) + 1)
-        splits = split_count(n * hkv, tiles, count("num_sms", num_sms) * t.ctas_per_sm)
+        splits = split_count(n * hkv, tiles, count("num_sms", num_sms) * t.ctas_per_sm(kv_dtype))
     else:
         splits = count("num_splits", num_splits, 1, MAX_SPLITS)
-    return DecodePlan(d, hq, hkv, splits, window)
+    return DecodePlan(d, hq, hkv, splits, window, kv_dtype)
 
 
 def check_workspace(device, plan: DecodePlan, need: int, workspace, workspace_bytes) -> int:
@@ -324,42 +365,72 @@ def check_workspace(device, plan: DecodePlan, need: int, workspace, workspace_by
                          "num_splits=1 runs without one", plan.workspace_align)
 
 
-def attention(device, meta, q, k_pool, v_pool, o, *, num_q_heads: int, num_kv_heads: int, head_dim: int,
-              scale: float | None = None, window_left: int | None = None, num_splits: int | None = None,
-              workspace=None, workspace_bytes: int | None = None, stream: Any = None) -> DecodePlan:
-    """``ops.attention(..., algo="decode")``: check every argument, plan (:func:`plan_decode` from ``meta``'s streams
-    and the device's SMs), launch. Returns the plan launched.
+def check_pools(device, kv_dtype: str, k_pool, v_pool, k_scale, v_scale, num_kv_heads: int, pool_shape=None,
+                what: str = "kv_dtype") -> tuple[int, int, int, int]:
+    """The checked addresses ``(k_pool, v_pool, k_scale, v_scale)`` of a decode launch over pools of ``kv_dtype``
+    (:data:`KV_DTYPES`; the scales 0 for bf16 pools): bf16 pools, or FP8 ones (``f8e4m3`` or ``u8`` tensors, or raw
+    addresses) with each KV head's fp32 scales ``[num_kv_heads]``, both required; the pools 16-byte aligned (of
+    ``pool_shape`` where given and a tensor says its shape), the scales 4. ``what`` names the argument that says the
+    pools' type in the messages.
 
     Raises
     ------
     TypeError, ValueError
-        A bad argument, a stream the kernel does not take or a missing or small workspace, before anything is
-        enqueued.
+        FP8 pools without both scales, a scale given for bf16 pools, a pool of the other type (a tensor says its
+        dtype), or a bad address, alignment or shape.
+    """
+    fp8 = check_kv_scales(kv_dtype, k_scale, v_scale, what)
+    align = ALIGN["attention_fp8"]
+    dtype = FP8_POOL_DTYPES if fp8 else "bf16"
+    kp = device.pointer(k_pool, "k_pool", dtype=dtype, shape=pool_shape, align=align["k_pool"])
+    vp = device.pointer(v_pool, "v_pool", dtype=dtype, shape=pool_shape, align=align["v_pool"])
+    if not fp8:
+        return kp, vp, 0, 0
+    return (kp, vp, device.pointer(k_scale, "k_scale", dtype="f32", shape=(num_kv_heads,), align=align["k_scale"]),
+            device.pointer(v_scale, "v_scale", dtype="f32", shape=(num_kv_heads,), align=align["v_scale"]))
+
+
+def attention(device, meta, q, k_pool, v_pool, o, *, num_q_heads: int, num_kv_heads: int, head_dim: int,
+              scale: float | None = None, window_left: int | None = None, num_splits: int | None = None,
+              workspace=None, workspace_bytes: int | None = None, stream: Any = None, kv_dtype: str = "bf16",
+              k_scale=None, v_scale=None) -> DecodePlan:
+    """``ops.attention(..., algo="decode")``: check every argument, plan (:func:`plan_decode` from ``meta``'s streams
+    and the device's SMs), launch. Returns the plan launched. ``kv_dtype="fp8_e4m3"``: the pools hold e4m3 bytes
+    and ``k_scale``, ``v_scale`` (fp32 ``[Hkv]``, device memory) each KV head's scales, as the FP8 KV write took them.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A bad argument, missing scales (FP8 pools) or scales for bf16 pools, a stream the kernel does not take or a
+        missing or small workspace, before anything is enqueued.
     """
     check_launch(device, meta)
     d = count("head_dim", head_dim)
-    entry_for_head_dim(d)
     hq, hkv = head_group("num_q_heads", num_q_heads, "num_kv_heads", num_kv_heads)
+    kp, vp, ks, vs = check_pools(device, kv_dtype, k_pool, v_pool, k_scale, v_scale, hkv)
+    entry_for_head_dim(d)
     sc = float(d ** -0.5 if scale is None else positive_float("scale", scale))
     kv_max = int(meta.kv_lens_host.max()) if meta.batch_size else 0
     plan = plan_decode(meta.batch_size, meta.chunk_len, kv_max, hq, hkv, d, num_sms=device.sm_count,
-                       window_left=window_left, num_splits=num_splits, q_lens=meta.counts)
+                       window_left=window_left, num_splits=num_splits, q_lens=meta.counts, kv_dtype=kv_dtype)
     bf16 = lambda name, value: device.pointer(value, name, dtype="bf16", align=16)  # noqa: E731
-    ptrs = (bf16("q", q), bf16("k_pool", k_pool), bf16("v_pool", v_pool), bf16("o", o))
     ws = check_workspace(device, plan, plan.workspace_bytes_for(meta.total_tokens), workspace, workspace_bytes)
-    enqueue_decode(device, meta, plan, *ptrs, ws, sc, stream)
+    enqueue_decode(device, meta, plan, bf16("q", q), kp, vp, bf16("o", o), ws, sc, stream, ks, vs)
     return plan
 
 
 def enqueue_decode(device, meta, plan: DecodePlan, q: int, k_pool: int, v_pool: int, o: int, workspace: int,
-                   scale: float, stream: Any) -> None:
+                   scale: float, stream: Any, k_scale: int = 0, v_scale: int = 0) -> None:
     """:func:`attention` with every argument already checked (ints; ``plan`` taking ``meta``'s streams, ``workspace``
-    from :func:`check_workspace`): the split launch and, with splits, the merge."""
+    from :func:`check_workspace`, the scales from :func:`check_pools`: FP8 plans only): the split launch and, with
+    splits, the merge."""
     (grid, block, smem), merge = plan.launches(meta.batch_size, meta.chunk_len)
     mc = meta_struct(meta)
     launch = registry.prepared(device, plan.entry)
     a = launch.args
     a.q, a.k_pool, a.v_pool, a.o, a.partial = q, k_pool, v_pool, o, workspace
+    if plan.kv_dtype == FP8:
+        a.k_scale, a.v_scale = k_scale, v_scale
     a.num_q_heads, a.num_kv_heads, a.block_size, a.scale = plan.num_q_heads, plan.num_kv_heads, meta.block_size, scale
     a.window_left, a.num_splits = plan.window_left, plan.num_splits
     a.m = mc
@@ -375,17 +446,19 @@ def enqueue_decode(device, meta, plan: DecodePlan, q: int, k_pool: int, v_pool: 
 
 # ---------------------------------------------------------------------------------------------------- numpy model
 def _cta(qg: np.ndarray, kg: np.ndarray, vg: np.ndarray, q_len: int, kv_len: int, group: int, scale: float,
-         window_left: int, tiles: Tiles, t0: int, t1: int) -> tuple[np.ndarray, np.ndarray]:
+         window_left: int, tiles: Tiles, t0: int, t1: int, ks: np.ndarray, vs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """One split CTA of every kv head of a stream: ``qg`` ``[Hkv, R, D]`` (R = q_len * G rows, row r = token r // G),
-    ``kg``, ``vg`` ``[Hkv, n_tiles * BN, D]`` (zeros past kv_len) as float32; tiles ``t0 .. t1 - 1``. Returns the
-    normalised O ``[Hkv, R, D]`` and the log-sum-exp ``[Hkv, R]`` (log2 units, -inf where a row saw no key), float32,
-    with the kernel's steps: per key group the online softmax tile by tile (raw-score max, ``2^(s * sl2 - m)``, P
-    rounded to bf16 for P V, fp32 sums), then the groups combined in order."""
+    ``kg``, ``vg`` ``[Hkv, n_tiles * BN, D]`` (zeros past kv_len) as float32: the pools' values as the kernels' MMAs
+    read them (bf16, or the raw e4m3 values, each exactly a bf16 value); ``ks``, ``vs`` ``[Hkv]`` float32 the kv heads'
+    scales (ones for bf16 pools); tiles ``t0 .. t1 - 1``. Returns the normalised O ``[Hkv, R, D]`` and the
+    log-sum-exp ``[Hkv, R]`` (log2 units, -inf where a row saw no key), float32, with the kernel's steps: per key
+    group the online softmax tile by tile (raw-score max, ``2^(s * sl2 - m)`` with ``sl2 = (scale * ks) * log2(e)``,
+    P rounded to bf16 for P V, fp32 sums), then the groups combined in order, the row's ``1 / L`` times ``vs``."""
     f32 = np.float32
     h, rows, d = qg.shape
     bn = tiles.block_n
     _, kw, kpw = tiles.key_groups(rows)
-    sl2 = f32(f32(scale) * f32(_LOG2E))
+    sl2 = ((f32(scale) * ks).astype(f32) * f32(_LOG2E)).astype(f32)[:, None, None]  # [H, 1, 1]
     bound = (kv_len - q_len) + np.arange(rows) // group  # last key each row sees
     first = bound - window_left  # and its first (int64: no overflow)
     m = np.full((h, rows, kw), -np.inf, f32)
@@ -400,7 +473,7 @@ def _cta(qg: np.ndarray, kg: np.ndarray, vg: np.ndarray, q_len: int, kv_len: int
             mnew = np.maximum(m, s.max(-1) * sl2)
             muse = np.where(mnew == -np.inf, f32(0), mnew)
             alpha = np.exp2(m - muse)
-            p = np.exp2(s * sl2 - muse[..., None])
+            p = np.exp2(s * sl2[..., None] - muse[..., None])
             l = l * alpha + p.sum(-1, dtype=f32)
             pb = round_to_bf16(p).transpose(0, 2, 1, 3)  # [H, KW, R, KPW]
             pv = np.matmul(pb, vg[:, n * bn:(n + 1) * bn].reshape(h, kw, kpw, d))  # [H, KW, R, D]
@@ -413,7 +486,7 @@ def _cta(qg: np.ndarray, kg: np.ndarray, vg: np.ndarray, q_len: int, kv_len: int
             a = np.where(mx == -np.inf, f32(0), np.exp2(m[..., k] - mx))
             lsum = lsum + a * l[..., k]
             o = o + a[..., None] * acc[:, k]
-        inv = np.where(lsum > 0, f32(1) / np.where(lsum > 0, lsum, f32(1)), f32(0))
+        inv = np.where(lsum > 0, f32(1) / np.where(lsum > 0, lsum, f32(1)), f32(0)) * vs[:, None]
         lse = np.where(lsum > 0, mx + np.log2(np.where(lsum > 0, lsum, f32(1))), f32(-np.inf))
     return (o * inv[..., None]).astype(f32), lse.astype(f32)
 
@@ -438,10 +511,15 @@ def _merge(parts: np.ndarray, lses: np.ndarray) -> np.ndarray:
 
 def _stream_parts(q_b: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray, q_len: int, kv_len: int, table,
                   num_kv_heads: int, block_size: int, scale: float, head_dim: int, num_splits: int,
-                  window_left: int) -> tuple:
+                  window_left: int, k_scale=None, v_scale=None) -> tuple:
     """A stream's splits: ``(ranges, parts [S, q_len, Hq, D], lses [S, q_len, Hq])`` over its non-empty splits (for
-    one split, the one range). ``q_b`` uint16 ``[q_len, Hq, D]``; ``k_rows``/``v_rows`` uint16 ``[slots, Hkv, D]``."""
+    one split, the one range). ``q_b`` uint16 ``[q_len, Hq, D]``; ``k_rows``/``v_rows`` ``[slots, Hkv, D]``, uint16
+    bf16 bits, or uint8 e4m3 bytes with the kv heads' float32 scales ``k_scale``, ``v_scale`` ``[Hkv]``."""
     hq, d, hkv = q_b.shape[1], head_dim, num_kv_heads
+    fp8 = k_rows.dtype == np.uint8
+    values = from_e4m3_bits if fp8 else from_bf16_bits
+    ks = np.asarray(k_scale, np.float32) if fp8 else np.ones(hkv, np.float32)
+    vs = np.asarray(v_scale, np.float32) if fp8 else np.ones(hkv, np.float32)
     g = hq // hkv
     tiles = TILES[d]
     ranges = split_ranges(kv_len, d, num_splits, q_len, window_left)
@@ -451,12 +529,12 @@ def _stream_parts(q_b: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray, q_len
     slots = table[pos // block_size] * block_size + pos % block_size
     kg = np.zeros((hkv, n_pad, d), np.float32)
     vg = np.zeros((hkv, n_pad, d), np.float32)
-    kg[:, :kv_len] = from_bf16_bits(k_rows[slots]).transpose(1, 0, 2)
-    vg[:, :kv_len] = from_bf16_bits(v_rows[slots]).transpose(1, 0, 2)
+    kg[:, :kv_len] = values(k_rows[slots]).transpose(1, 0, 2)
+    vg[:, :kv_len] = values(v_rows[slots]).transpose(1, 0, 2)
     qg = from_bf16_bits(q_b).reshape(q_len, hkv, g, d).transpose(1, 0, 2, 3).reshape(hkv, q_len * g, d)
     parts, lses = [np.zeros((0, q_len, hq, d), np.float32)], [np.zeros((0, q_len, hq), np.float32)]
     for t0, t1 in ranges:
-        o, lse = _cta(np.ascontiguousarray(qg), kg, vg, q_len, kv_len, g, scale, window_left, tiles, t0, t1)
+        o, lse = _cta(np.ascontiguousarray(qg), kg, vg, q_len, kv_len, g, scale, window_left, tiles, t0, t1, ks, vs)
         parts.append(o.reshape(hkv, q_len, g, d).transpose(1, 0, 2, 3).reshape(1, q_len, hq, d))
         lses.append(lse.reshape(hkv, q_len, g).transpose(1, 0, 2).reshape(1, q_len, hq))
     return ranges, np.concatenate(parts), np.concatenate(lses)
@@ -464,15 +542,18 @@ def _stream_parts(q_b: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray, q_len
 
 def model(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, cu_seqlens, kv_lens, block_tables, num_q_heads: int,
           num_kv_heads: int, block_size: int, scale: float, num_splits: int,
-          window_left: int | None = None) -> np.ndarray:
+          window_left: int | None = None, *, k_scale=None, v_scale=None) -> np.ndarray:
     """The decode kernels' result in numpy: every stream through :func:`_cta` per split and, with splits, the merge.
+
+    FP8 pools (uint8): the kernels' own steps, not a dequantized copy: the raw e4m3 values (each exactly a bf16 value)
+    in the MMAs, ``scale * k_scale[h]`` folded into the scores' one constant, ``v_scale[h]`` into the row's ``1 / L``.
 
     Parameters
     ----------
     q : numpy.ndarray
         uint16 bf16 bits ``[T, Hq, D]``.
     k_pool, v_pool : numpy.ndarray
-        uint16 bf16 bits ``[num_blocks, block_size, Hkv, D]``.
+        uint16 bf16 bits, or uint8 e4m3 bytes (FP8 pools), ``[num_blocks, block_size, Hkv, D]``.
     cu_seqlens, kv_lens, block_tables
         As :func:`q12drv.kernels.attention.reference` (every stream at most :data:`MAX_Q_LEN` rows).
     num_q_heads, num_kv_heads, block_size : int
@@ -480,6 +561,8 @@ def model(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, cu_seqlens, kv_
     num_splits : int
     window_left : int, optional
         Sliding window (:func:`~q12drv.kernels.attention.window_argument`: None or -1 for none).
+    k_scale, v_scale : array_like, optional
+        float32 ``[Hkv]``: the kv heads' scales of FP8 pools (required with them, refused with bf16 ones).
 
     Returns
     -------
@@ -490,6 +573,11 @@ def model(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, cu_seqlens, kv_
     t_total, hq, d = q.shape
     if hq != num_q_heads or hq % num_kv_heads:
         raise ValueError(f"q has {hq} heads; num_q_heads={num_q_heads}, num_kv_heads={num_kv_heads}")
+    k_pool, v_pool = np.asarray(k_pool), np.asarray(v_pool)
+    if k_pool.dtype != v_pool.dtype or k_pool.dtype not in (np.uint16, np.uint8):
+        raise ValueError(f"the pools must both be uint16 (bf16 bits) or uint8 (e4m3 bytes), got {k_pool.dtype} and "
+                         f"{v_pool.dtype}")
+    check_kv_scales(FP8 if k_pool.dtype == np.uint8 else "bf16", k_scale, v_scale)
     k_rows = np.asarray(k_pool).reshape(-1, num_kv_heads, d)
     v_rows = np.asarray(v_pool).reshape(-1, num_kv_heads, d)
     cu = np.asarray(cu_seqlens, np.int64)
@@ -501,7 +589,7 @@ def model(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, cu_seqlens, kv_
             continue
         check_rows(s1 - s0, hq, num_kv_heads)
         _, parts, lses = _stream_parts(q[s0:s1], k_rows, v_rows, s1 - s0, kv, block_tables[b], num_kv_heads,
-                                       block_size, scale, d, num_splits, window)
+                                       block_size, scale, d, num_splits, window, k_scale, v_scale)
         out[s0:s1] = parts[0] if num_splits == 1 else _merge(parts, lses)
     return to_bf16_bits(out)
 
@@ -546,8 +634,10 @@ def _partial_views(mem, args: dict, splits: int, t_total: int, hq: int, d: int) 
     return po, pl
 
 
-def _emulate_split(head_dim: int):
-    name, tiles = HEAD_DIMS[head_dim], TILES[head_dim]
+def _emulate_split(head_dim: int, kv_dtype: str = "bf16"):
+    name, tiles = entry_for_head_dim(head_dim, kv_dtype), TILES[head_dim]
+    fp8 = kv_dtype == FP8
+    pool_dtype = np.uint8 if fp8 else np.uint16
 
     def emulate(args: dict, mem, grid, block) -> None:
         hq, hkv, bs = int(args["num_q_heads"]), int(args["num_kv_heads"]), int(args["block_size"])
@@ -563,6 +653,8 @@ def _emulate_split(head_dim: int):
         q = mem.array(int(args["q"]), np.uint16, (int(cu[-1]), hq, d))
         o = mem.array(int(args["o"]), np.uint16, (int(cu[-1]), hq, d)) if splits == 1 else None
         po, pl = _partial_views(mem, args, splits, t_total, hq, d) if splits > 1 else (None, None)
+        scales = ((np.array(mem.array(int(args["k_scale"]), np.float32, (hkv,))),
+                   np.array(mem.array(int(args["v_scale"]), np.float32, (hkv,)))) if fp8 else (None, None))
         for b in range(n):
             ql, kv = int(q_lens[b]), int(kv_lens[b])
             if ql == 0:
@@ -571,11 +663,11 @@ def _emulate_split(head_dim: int):
             tab = np.array(mem.array(int(ptrs[b]), np.int32, (nblk,)), dtype=np.int64) if nblk else np.zeros(0, np.int64)
             top = int(tab.max()) + 1 if nblk else 0
             pool = (top * bs, hkv, d)
-            k_rows = mem.array(int(args["k_pool"]), np.uint16, pool) if top else np.zeros(pool, np.uint16)
-            v_rows = mem.array(int(args["v_pool"]), np.uint16, pool) if top else np.zeros(pool, np.uint16)
+            k_rows = mem.array(int(args["k_pool"]), pool_dtype, pool) if top else np.zeros(pool, pool_dtype)
+            v_rows = mem.array(int(args["v_pool"]), pool_dtype, pool) if top else np.zeros(pool, pool_dtype)
             s0 = int(cu[b])
             ranges, parts, lses = _stream_parts(q[s0:s0 + ql], k_rows, v_rows, ql, kv, tab, hkv, bs,
-                                                float(args["scale"]), d, splits, int(args["window_left"]))
+                                                float(args["scale"]), d, splits, int(args["window_left"]), *scales)
             if splits == 1:
                 o[s0:s0 + ql] = to_bf16_bits(parts[0])
             else:
@@ -614,6 +706,7 @@ def _emulate_merge(head_dim: int):
 
 #: Entry name -> emulator, for q12drv's emulated driver.
 EMULATORS = {**{entry: _emulate_split(d) for d, entry in HEAD_DIMS.items()},
+             **{entry: _emulate_split(d, FP8) for d, entry in FP8_ENTRIES.items()},
              **{entry: _emulate_merge(d) for d, entry in MERGE_ENTRIES.items()}}
 
 registry.register(SOURCE, ENTRIES, EMULATORS, defines=CONTRACTS)
