@@ -89,8 +89,9 @@ def _attn_geometry(entry: str, batch_size: int, chunk_len: int, num_q_heads: int
 _check = _args.check_launch
 
 
-#: The KV-cache element types: bf16, or FP8 e4m3 with per-head fp32 scales (written by ``q12_kv_write_fp8``).
-KV_DTYPES = ("bf16", "fp8_e4m3")
+#: The KV-cache element types: bf16, or FP8 e4m3 with per-head fp32 scales (written by ``q12_kv_write_fp8``, read by
+#: ``algo="decode"``).
+KV_DTYPES = _args.KV_DTYPES
 
 
 def kv_write(device: Device, meta: BatchedAttnMetadata, k: int, v: int, k_pool: int, v_pool: int, *,
@@ -109,22 +110,19 @@ def kv_write(device: Device, meta: BatchedAttnMetadata, k: int, v: int, k_pool: 
     if row % 8 or row > _args.I32_MAX:
         raise ValueError(f"num_kv_heads * head_dim = {row} must be a multiple of 8 (16-byte rows) and fit an int32")
     slots = _positive("num_blocks", num_blocks) * meta.block_size
-    if kv_dtype == "fp8_e4m3":
+    if _args.check_kv_scales(kv_dtype, k_scale, v_scale):
         if d % 8:
             raise ValueError(f"an FP8 KV write needs head_dim % 8 == 0 (16-byte chunks of one head), got {d}")
-        if k_scale is None or v_scale is None:
-            raise ValueError("kv_dtype='fp8_e4m3' needs k_scale and v_scale: the fp32 scale of each KV head, [Hkv]")
         a = _args.ALIGN["kv_write_fp8"]
         t = int(meta.total_tokens)
         ptr = lambda name, value, dtype, shape: device.pointer(  # noqa: E731
             value, name, dtype=dtype, shape=shape, align=a[name])
         enqueue_kv_write_fp8(device, meta, ptr("k", k, "bf16", (t, hkv, d)), ptr("v", v, "bf16", (t, hkv, d)),
-                             ptr("k_pool", k_pool, "f8e4m3", None), ptr("v_pool", v_pool, "f8e4m3", None),
+                             ptr("k_pool", k_pool, _args.FP8_POOL_DTYPES, None),
+                             ptr("v_pool", v_pool, _args.FP8_POOL_DTYPES, None),
                              ptr("k_scale", k_scale, "f32", (hkv,)), ptr("v_scale", v_scale, "f32", (hkv,)), d, row,
                              slots, stream)
         return
-    if kv_dtype != "bf16":
-        raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
     bf16 = lambda name, value, align=2: device.pointer(value, name, dtype="bf16", align=align)  # noqa: E731
     enqueue_kv_write(device, meta, bf16("k", k), bf16("v", v), bf16("k_pool", k_pool), bf16("v_pool", v_pool), row,
                      slots, stream)
@@ -218,7 +216,8 @@ def enqueue_rope(device: Device, meta: BatchedAttnMetadata, q: int, k: int, num_
 def attention(device: Device, meta: BatchedAttnMetadata, q: int, k_pool: int, v_pool: int, o: int, *,
               num_q_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None,
               algo: str = "auto", window_left: int | None = None, stream: Any = None, num_splits: int | None = None,
-              workspace=None, workspace_bytes: int | None = None) -> None:
+              workspace=None, workspace_bytes: int | None = None, kv_dtype: str = "bf16", k_scale: Any = None,
+              v_scale: Any = None) -> None:
     """Batched varlen paged causal attention: O ``[T, Hq, D]`` from Q and the paged K/V pools.
 
     ``algo`` (:data:`ATTN_ALGOS`): ``"auto"`` (default: wgmma on Hopper for head dims 128 and 256,
@@ -230,6 +229,10 @@ def attention(device: Device, meta: BatchedAttnMetadata, q: int, k_pool: int, v_
     ignore these three). ``"auto"`` does not pick ``"decode"`` yet: it will for decode batches once the decode
     kernel's GPU tests pass and it is measured. The kernels agree to bf16 rounding.
 
+    ``kv_dtype`` (:data:`KV_DTYPES`): the pools' element type. FP8 pools (``"fp8_e4m3"``, as :func:`kv_write` writes
+    them, with the same ``k_scale`` and ``v_scale``: each KV head's fp32 scale, ``[Hkv]``) are read by
+    ``algo="decode"`` only (streams of at most 8 new tokens); the other algos refuse them.
+
     ``window_left``: sliding window in FlashAttention's convention (``window_size=(window_left, 0)``): the query
     at position ``p`` sees the keys ``p - window_left .. p``; transformers' ``sliding_window = W`` is
     ``window_left = W - 1`` (``AttentionShape(sliding_window=W)`` converts). None or -1: full causal. Every
@@ -238,8 +241,13 @@ def attention(device: Device, meta: BatchedAttnMetadata, q: int, k_pool: int, v_
     if algo == "decode":
         _dec.attention(device, meta, q, k_pool, v_pool, o, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
                        head_dim=head_dim, scale=scale, window_left=window_left, num_splits=num_splits,
-                       workspace=workspace, workspace_bytes=workspace_bytes, stream=stream)
+                       workspace=workspace, workspace_bytes=workspace_bytes, stream=stream, kv_dtype=kv_dtype,
+                       k_scale=k_scale, v_scale=v_scale)
         return
+    if _args.check_kv_scales(kv_dtype, k_scale, v_scale):
+        raise ValueError(f"kv_dtype='fp8_e4m3': algo={algo!r} runs a prefill kernel, which reads bf16 pools; "
+                         f"algo='decode' reads FP8 pools (passes whose every stream has at most {_dec.MAX_Q_LEN} new "
+                         f"tokens)")
     _check(device, meta)
     if scale is not None:
         _args.positive_float("scale", scale)

@@ -34,7 +34,7 @@ from ..kernels import rope as _rope
 from ..kernels.gdn import GdnConfig, GdnPlan, GdnShape, GdnTensors, enqueue_gdn
 from ..kernels.gdn.launch import check_workspace, resolve_plan
 from ..kernels.gdn.plan import check_shape
-from ..kernels.args import ALIGN, I32_MAX, count, head_group, positive_float
+from ..kernels.args import ALIGN, FP8_POOL_DTYPES, I32_MAX, check_kv_scales, count, head_group, positive_float
 from ..kernels.conv1d import check_conv1d, enqueue_conv1d
 from ..core.interop import describe
 from .tensors import count_of, row_view
@@ -85,8 +85,10 @@ class AttentionShape:
 
     ``kv_dtype``: the element type of the layer's KV pools (:data:`q12drv.kernels.ops.KV_DTYPES`): ``"bf16"``
     (default), or ``"fp8_e4m3"`` (one byte an element, each value stored as ``e4m3(x / scale[h])`` with the fp32
-    per-KV-head scales given to :meth:`Q12Pass.kv_write`). The KV write writes FP8 pools; no attention kernel reads
-    them yet, so :meth:`Q12Pass.attention` and :meth:`Q12Pass.attention_layer` refuse such a shape.
+    per-KV-head scales given to :meth:`Q12Pass.kv_write`). The KV write writes FP8 pools and the decode kernel reads
+    them (:meth:`Q12Pass.attention` with ``algo="decode"`` and the same scales: passes whose every stream has at most
+    8 new tokens); the prefill kernels read bf16 pools only, so the other algos and :meth:`Q12Pass.attention_layer`
+    refuse such a shape.
     """
 
     num_q_heads: int
@@ -166,12 +168,18 @@ def _plain_aligned(ptrs: tuple, masks: tuple) -> bool:
             and not any(map(and_, ptrs, masks)))
 
 
-def check_attention_pools(shape) -> None:
-    """ValueError for a layer whose KV pools no attention kernel reads (FP8 pools: the KV write writes them)."""
+def check_attention_pools(shape, algo: str | None = None) -> None:
+    """ValueError for FP8 pools where the attention that would run reads bf16 pools only: a prefill kernel (``algo``
+    ``"auto"``, ``"mma"``, ``"wgmma"``) or a layer (``algo`` None: an attention layer runs one prefill kernel). The
+    decode kernel (``algo="decode"``) reads them."""
     kv = getattr(shape, "kv_dtype", "bf16")
-    if kv != "bf16":
-        raise ValueError(f"shape.kv_dtype is {kv!r}: no attention kernel reads FP8 pools yet (the KV write writes "
-                         f"them: Q12Pass.kv_write); attention reads bf16 pools")
+    if kv == "bf16" or algo == "decode":
+        return
+    what = "an attention layer runs a prefill kernel" if algo is None else f"algo={algo!r} runs a prefill kernel"
+    raise ValueError(f"shape.kv_dtype is {kv!r:.60}: {what}, which reads bf16 pools; FP8 pools are read by "
+                     f"algo='decode' (passes whose every stream has at most {_dec.MAX_Q_LEN} new tokens and "
+                     f"{_dec.MAX_ROWS} (token, query head) rows a kv head): Q12Pass.rope, Q12Pass.kv_write(..., "
+                     f"k_scale=, v_scale=), then Q12Pass.attention(..., algo='decode', k_scale=, v_scale=)")
 
 
 def _remember_shape(shape, use_mrope, *fields) -> None:
@@ -331,7 +339,7 @@ class Q12Pass:
         self.stream_meta: list = []
         self._checked: dict = {}  # id(shape) -> (shape, {num_blocks}) already validated for this pass
         self._gdn_plans: dict = {}  # (GdnShape, GdnConfig or id(GdnPlan)) -> (what was given, this pass's plan)
-        self._decode_plans: dict = {}  # (Hq, Hkv, D, window, num_splits asked) -> this pass's DecodePlan
+        self._decode_plans: dict = {}  # (Hq, Hkv, D, window, num_splits asked, kv_dtype) -> this pass's DecodePlan
         self._longest = max(counts)  # tokens of the longest stream: a GDN plan's extent, batched or per stream
         plan = self.admission.plan
         if not self.batched:
@@ -577,11 +585,9 @@ class Q12Pass:
             A bad tensor, address, shape or block count, a missing scale, or a block table (host copy) with an entry
             past the pools, before anything is enqueued.
         """
-        if getattr(shape, "kv_dtype", None) == "fp8_e4m3":
+        if check_kv_scales(getattr(shape, "kv_dtype", "bf16"), k_scale, v_scale, "shape.kv_dtype"):
             self._kv_write_fp8(k, v, k_pool, v_pool, shape, num_blocks, k_scale, v_scale)
             return
-        if k_scale is not None or v_scale is not None:
-            raise ValueError("k_scale / v_scale given for bf16 pools: scales are for shape.kv_dtype='fp8_e4m3'")
         a, nb = self._attention_ops(shape, num_blocks, (k_pool, v_pool),
                                     {"k": k, "v": v, "k_pool": k_pool, "v_pool": v_pool})
         hkv, d = shape.num_kv_heads, shape.head_dim
@@ -595,38 +601,56 @@ class Q12Pass:
         hkv, d = shape.num_kv_heads, shape.head_dim
         if d % 8:
             raise ValueError(f"an FP8 KV write needs shape.head_dim % 8 == 0 (16-byte chunks of one head), got {d}")
-        if k_scale is None or v_scale is None:
-            raise ValueError("shape.kv_dtype='fp8_e4m3' needs k_scale and v_scale: each KV head's fp32 scale, [Hkv]")
-        dev, t, align = self.device, self._batch.total, ALIGN["kv_write_fp8"]
-        pool = (int(nb), self.block_size, hkv, d)
-        k, v, k_pool, v_pool, k_scale, v_scale = (
-            dev.pointer(x, name, dtype=dtype, shape=shp, align=align[name])
-            for name, x, dtype, shp in (("k", k, "bf16", (t, hkv, d)), ("v", v, "bf16", (t, hkv, d)),
-                                        ("k_pool", k_pool, "f8e4m3", pool), ("v_pool", v_pool, "f8e4m3", pool),
-                                        ("k_scale", k_scale, "f32", (hkv,)), ("v_scale", v_scale, "f32", (hkv,))))
-        st, slots = self.stream, int(nb) * self.block_size
+        t = self._batch.total
+        k, v, k_pool, v_pool, k_scale, v_scale = self._fp8_pointers(
+            "kv_write_fp8", shape, nb, (("k", k, (t, hkv, d)), ("v", v, (t, hkv, d))), k_pool, v_pool, k_scale,
+            v_scale)
+        dev, st, slots = self.device, self.stream, int(nb) * self.block_size
         self._each(lambda meta, row: ops.enqueue_kv_write_fp8(
             dev, meta, k + row_offset(row, hkv * d, _BF16), v + row_offset(row, hkv * d, _BF16), k_pool, v_pool,
             k_scale, v_scale, d, hkv * d, slots, st))
 
+    def _fp8_pointers(self, op: str, shape: AttentionShape, nb: int, bf16: tuple, k_pool, v_pool, k_scale,
+                      v_scale) -> tuple:
+        """The checked addresses of an op on FP8 pools (``op``: its :data:`~q12drv.kernels.args.ALIGN` entry):
+        ``bf16`` ``((name, tensor, shape), ...)`` bf16 tensors, then the pools (e4m3 or bytes ``[nb, block_size, Hkv,
+        D]``) and the scales (fp32 ``[Hkv]``), in that order."""
+        dev, align, hkv, d = self.device, ALIGN[op], shape.num_kv_heads, shape.head_dim
+        pool = (int(nb), self.block_size, hkv, d)
+        specs = (*((name, x, "bf16", shp) for name, x, shp in bf16),
+                 ("k_pool", k_pool, FP8_POOL_DTYPES, pool), ("v_pool", v_pool, FP8_POOL_DTYPES, pool),
+                 ("k_scale", k_scale, "f32", (hkv,)), ("v_scale", v_scale, "f32", (hkv,)))
+        return tuple(dev.pointer(x, name, dtype=dtype, shape=shp, align=align[name]) for name, x, dtype, shp in specs)
+
     def attention(self, q, k_pool, v_pool, o, shape: AttentionShape, *, num_blocks: int | None = None,
                   algo: str = "auto", num_splits: int | None = None, workspace=None,
-                  workspace_bytes: int | None = None) -> None:
+                  workspace_bytes: int | None = None, k_scale=None, v_scale=None) -> None:
         """Batched varlen paged causal attention: O ``[T, Hq, D]`` from Q (positions already applied) and the paged
         pools (bottom-right causal over each stream's ``kv_len``, within ``shape.sliding_window`` where it is set),
         for a runtime with its own RoPE or KV layout. ``algo``: :data:`q12drv.kernels.ops.ATTN_ALGOS`; ``"decode"``
         (every stream at most 8 new tokens) runs :meth:`decode_plan`'s split count (``num_splits``, default planned
         from the pass) and, with splits, needs ``workspace`` of :meth:`decode_workspace_bytes` (a device address with
-        ``workspace_bytes``, or a tensor).
+        ``workspace_bytes``, or a tensor). FP8 pools (``shape.kv_dtype="fp8_e4m3"``, written by :meth:`kv_write`) are
+        read by ``"decode"`` only, with ``k_scale`` and ``v_scale`` as :meth:`kv_write` took them (each KV head's
+        fp32 scale, ``[Hkv]``).
 
         Raises
         ------
         TypeError, ValueError
             A bad tensor, address, shape, block count or ``algo``, a block table entry attention would read past
-            the pools, or for ``"decode"`` a stream longer than the kernel takes or a missing or small workspace,
-            before anything is enqueued.
+            the pools, FP8 pools without their scales or with another algo than ``"decode"``, scales given for bf16
+            pools, or for ``"decode"`` a stream longer than the kernel takes or a missing or small workspace, before
+            anything is enqueued.
         """
-        check_attention_pools(shape)
+        check_attention_pools(shape, algo)
+        if check_kv_scales(getattr(shape, "kv_dtype", "bf16"), k_scale, v_scale, "shape.kv_dtype"):
+            _, nb = self._attention_ops(shape, num_blocks, (k_pool, v_pool), {})
+            t, hq, d = self._batch.total, shape.num_q_heads, shape.head_dim
+            names = ("q", "o", "k_pool", "v_pool", "k_scale", "v_scale")
+            a = dict(zip(names, self._fp8_pointers("attention_fp8", shape, nb, (("q", q, (t, hq, d)),
+                                                                                ("o", o, (t, hq, d))),
+                                                   k_pool, v_pool, k_scale, v_scale)))
+            return self._attention_decode(a, shape, num_splits, workspace, workspace_bytes)
         a, nb = self._attention_ops(shape, num_blocks, (k_pool, v_pool),
                                     {"q": q, "k_pool": k_pool, "v_pool": v_pool, "o": o})
         if algo == "decode":
@@ -804,8 +828,8 @@ class Q12Pass:
     def decode_plan(self, shape: AttentionShape, num_splits: int | None = None) -> _dec.DecodePlan:
         """The decode attention plan (:func:`~q12drv.kernels.attention_decode.plan_decode`) of ``shape`` for this
         pass: its split count decided once from the whole batch (its streams, the longest stream's tokens and keys,
-        ``shape``'s sliding window, this device's SMs; ``num_splits`` forces it) and run as is whether the pass runs
-        batched or stream by stream, so both give the same bits.
+        ``shape``'s sliding window and pool type, this device's SMs; ``num_splits`` forces it) and run as is whether
+        the pass runs batched or stream by stream, so both give the same bits.
 
         Raises
         ------
@@ -814,14 +838,14 @@ class Q12Pass:
         """
         if num_splits is not None:  # checked before it keys the cache (2.0 == 2)
             num_splits = count("num_splits", num_splits, 1, _dec.MAX_SPLITS)
-        key = (shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.window_left, num_splits)
+        key = (shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.window_left, num_splits, shape.kv_dtype)
         plan = self._decode_plans.get(key)
         if plan is None:
             batch = self._batch
             plan = self._decode_plans[key] = _dec.plan_decode(
                 len(self.streams), self._longest, max(batch.kv_list), shape.num_q_heads, shape.num_kv_heads,
                 shape.head_dim, num_sms=self.device.sm_count, window_left=shape.window_left, num_splits=num_splits,
-                q_lens=batch.count_list)
+                q_lens=batch.count_list, kv_dtype=shape.kv_dtype)
         return plan
 
     def decode_workspace_bytes(self, shape: AttentionShape, num_splits: int | None = None) -> int:
@@ -830,13 +854,14 @@ class Q12Pass:
         return self.decode_plan(shape, num_splits).workspace_bytes_for(self._batch.total)
 
     def _attention_decode(self, a: dict, shape: AttentionShape, num_splits, workspace, workspace_bytes) -> None:
-        """:meth:`attention` with ``algo="decode"``, its tensors checked (``a``): plan, workspace, launches."""
+        """:meth:`attention` with ``algo="decode"``, its tensors checked (``a``; FP8 pools: with the scales): plan,
+        workspace, launches."""
         plan = self.decode_plan(shape, num_splits)
         ws = _dec.check_workspace(self.device, plan, plan.workspace_bytes_for(self._batch.total), workspace,
                                   workspace_bytes)
         hq, d = shape.num_q_heads, shape.head_dim
         scale = float(d ** -0.5 if shape.scale is None else shape.scale)
         dev, st, q, o = self.device, self.stream, int(a["q"]), int(a["o"])
-        kp, vp = int(a["k_pool"]), int(a["v_pool"])
+        kp, vp, ks, vs = (int(a.get(n, 0)) for n in ("k_pool", "v_pool", "k_scale", "v_scale"))
         self._each(lambda meta, row: _dec.enqueue_decode(dev, meta, plan, q + row_offset(row, hq * d, _BF16), kp, vp,
-                                                         o + row_offset(row, hq * d, _BF16), ws, scale, st))
+                                                         o + row_offset(row, hq * d, _BF16), ws, scale, st, ks, vs))
