@@ -40,8 +40,8 @@ def test_compiles_without_spills(kernel_build):
     img = kernel_build(dec.SOURCE)
     report = spill_free(img, dec.ENTRIES)
     assert all(report[e].registers <= 255 for e in dec.ENTRIES)
-    # 128 threads: two D=64 CTAs an SM by registers too (the split rule's slots count on it)
-    assert report[dec.HEAD_DIMS[64]].registers * 128 * 2 <= 65536
+    # 128 threads: two D=64 CTAs an SM by registers too (the split rule's slots count on it), FP8 pools too
+    assert all(report[e[64]].registers * 128 * 2 <= 65536 for e in (dec.HEAD_DIMS, dec.FP8_ENTRIES))
 
 
 def test_every_entry_takes_its_one_parameter_list():
@@ -49,19 +49,28 @@ def test_every_entry_takes_its_one_parameter_list():
              ("o", ctypes.c_uint64), ("partial", ctypes.c_uint64), ("num_q_heads", ctypes.c_int32),
              ("num_kv_heads", ctypes.c_int32), ("block_size", ctypes.c_int32), ("scale", ctypes.c_float),
              ("window_left", ctypes.c_int32), ("num_splits", ctypes.c_int32))
+    fp8 = split[:4] + (("k_scale", ctypes.c_uint64), ("v_scale", ctypes.c_uint64)) + split[4:]
     merge = (("m", Q12MetaC), ("partial", ctypes.c_uint64), ("o", ctypes.c_uint64), ("num_q_heads", ctypes.c_int32),
              ("num_kv_heads", ctypes.c_int32), ("window_left", ctypes.c_int32), ("num_splits", ctypes.c_int32))
     src = (cuda_src_dir() / dec.SOURCE).read_text()
     sigs = parse_signatures(src, {"Q12Meta": Q12MetaC}, local_headers(src))
-    assert sigs == {**{e: split for e in dec.HEAD_DIMS.values()}, **{e: merge for e in dec.MERGE_ENTRIES.values()}}
+    assert sigs == {**{e: split for e in dec.HEAD_DIMS.values()}, **{e: fp8 for e in dec.FP8_ENTRIES.values()},
+                    **{e: merge for e in dec.MERGE_ENTRIES.values()}}
 
 
 def test_tiles_and_smem():
-    assert {d: (t.block_n, t.stages, t.threads, t.smem, t.ctas_per_sm) for d, t in dec.TILES.items()} == {
+    assert {d: (t.block_n, t.stages, t.threads, t.smem, t.ctas_per_sm()) for d, t in dec.TILES.items()} == {
         64: (64, 4, 128, (64 + 8 * 64) * 72 * 2 + 512, 2),
         128: (64, 4, 128, (64 + 8 * 64) * 136 * 2 + 512, 1),
         256: (32, 5, 128, (64 + 10 * 32) * 264 * 2 + 256, 1)}
-    assert all(t.smem <= 227 * 1024 for t in dec.TILES.values())
+    # FP8 pools: two bf16 tiles the MMAs read, then the e4m3 ring of unpadded rows; as many CTAs an SM as bf16 (so
+    # the same split count and the same key partition)
+    assert {d: (t.fp8_stages, t.smem_fp8, t.ctas_per_sm("fp8_e4m3")) for d, t in dec.TILES.items()} == {
+        64: (8, (64 + 4 * 64) * 72 * 2 + 2 * 8 * 64 * 64 + 512, 2),
+        128: (8, (64 + 4 * 64) * 136 * 2 + 2 * 8 * 64 * 128 + 512, 1),
+        256: (7, (64 + 4 * 32) * 264 * 2 + 2 * 7 * 32 * 256 + 256, 1)}
+    assert all(max(t.smem, t.smem_fp8) <= 227 * 1024 for t in dec.TILES.values())
+    assert all(t.smem_for("fp8_e4m3") == t.smem_fp8 and t.smem_for("bf16") == t.smem for t in dec.TILES.values())
     # (m-tiles, key groups, keys of a tile per group) by CTA rows: every warp computes where BN allows
     assert [dec.TILES[128].key_groups(r) for r in (1, 16, 17, 32, 33, 64)] == \
         [(1, 4, 16), (1, 4, 16), (2, 2, 32), (2, 2, 32), (4, 1, 64), (4, 1, 64)]
@@ -70,10 +79,11 @@ def test_tiles_and_smem():
 
 def test_contract_defines_and_a_host_that_disagrees_with_the_source():
     defs = tuple(f"{k}={v}" for k, v in dec.CONTRACTS.items())
-    assert "Q12_DECODE_MAX_Q_LEN=8" in defs and "Q12_DECODE_D256_BLOCK_N=32" in defs and len(defs) == 3 + 3 * 3
+    assert "Q12_DECODE_MAX_Q_LEN=8" in defs and "Q12_DECODE_D256_BLOCK_N=32" in defs and len(defs) == 3 + 3 * 4
     assert compile_defines(dec.SOURCE) == tuple(meta_defines()) + defs
     for define, says in (("Q12_DECODE_D128_BLOCK_N=32", "D128: keys per tile"), ("Q12_DECODE_D64_SMEM=1024", "D64: "),
                          ("Q12_DECODE_D256_THREADS=256", "D256: threads"), ("Q12_DECODE_MAX_Q_LEN=16", "new tokens"),
+                         ("Q12_DECODE_D128_FP8_SMEM=1024", "D128: shared memory (FP8 pools)"),
                          ("Q12_DECODE_MAX_ROWS=128", "CTA rows"), ("Q12_DECODE_MERGE_THREADS=256", "merge")):
         name = define.split("=")[0]
         defines = [define if d.startswith(name + "=") else d for d in compile_defines(dec.SOURCE)]
@@ -97,6 +107,8 @@ def test_split_count_on_the_issue_shapes(shape, splits):
     n, kv, hq, hkv, d = shape
     plan = dec.plan_decode(n, 1, kv, hq, hkv, d, num_sms=132)
     assert plan.num_splits == splits
+    fp8 = dec.plan_decode(n, 1, kv, hq, hkv, d, num_sms=132, kv_dtype="fp8_e4m3")  # FP8 pools: the same splits
+    assert fp8 == dataclasses.replace(plan, kv_dtype="fp8_e4m3") and fp8.entry == dec.FP8_ENTRIES[d]
     # at least 95% of the H200's SMs busy in the one wave (the 128-CTA cases: 4 SMs idle)
     assert n * hkv * splits >= 0.95 * 132 and n * hkv * splits <= 132 or n * hkv >= 0.8 * 132
 
@@ -140,12 +152,16 @@ def test_plan_geometry_and_workspace():
     assert grid == (plan.num_splits, 2, 3) and block == (128, 1, 1) and smem == dec.TILES[256].smem
     assert merge == ((4 * 16 // 4, 1, 3), (128, 1, 1), 0)  # D/8 = 32 threads a row: 4 rows a CTA
     assert plan.workspace_bytes_for(7) == plan.num_splits * 7 * 16 * 257 * 4
+    fp8 = dataclasses.replace(plan, kv_dtype="fp8_e4m3")
+    assert fp8.launches(3, 4) == (((plan.num_splits, 2, 3), (128, 1, 1), dec.TILES[256].smem_fp8), merge)
+    assert fp8.merge_entry == plan.merge_entry and fp8.workspace_bytes_for(7) == plan.workspace_bytes_for(7)
     one = dec.plan_decode(3, 4, 900, 16, 2, 256, num_sms=132, num_splits=1)
     assert one.launches(3, 4)[1] is None and one.workspace_bytes_for(7) == 0 and one.merge_entry is None
     assert dec.DecodePlan(64, 8, 8, 2).launches(0, 0) == (((2, 8, 1), (128, 1, 1), dec.TILES[64].smem),
                                                           ((1, 1, 1), (128, 1, 1), 0))
     for bad, match in (({"num_splits": 0}, "num_splits"), ({"num_splits": 65}, "num_splits"),
                        ({"head_dim": 96}, "no decode attention kernel"), ({"num_kv_heads": 3}, "multiple"),
+                       ({"kv_dtype": "fp8"}, "kv_dtype must be one of"),
                        ({"chunk_len": 9}, "at most 8 new tokens"), ({"chunk_len": 5, "num_kv_heads": 1},
                                                                     "at most 4 new tokens at 16 query heads")):
         args = dict(batch_size=3, chunk_len=4, max_kv_len=900, num_q_heads=16, num_kv_heads=2, head_dim=256,

@@ -106,10 +106,11 @@ def test_fp8_pools_are_refused_where_they_cannot_be_used_and_nothing_is_written(
         with pytest.raises(ValueError, match="scales are for shape.kv_dtype='fp8_e4m3'"):
             q12.kv_write(p["k"], p["v"], kp, vp, AttentionShape(4, HKV, D, D), num_blocks=nb, k_scale=p["ks"],
                          v_scale=p["vs"])
-        with pytest.raises(ValueError, match="no attention kernel reads FP8 pools"):
+        # the prefill kernels read bf16 pools: the layer and algo='auto' refuse FP8 ones, naming the decode kernel
+        with pytest.raises(ValueError, match="an attention layer runs a prefill kernel, .* read by algo='decode'"):
             q12.attention_layer(p["k"], p["k"], p["v"], kp, vp, p["k"], SHAPE, num_blocks=nb)
-        with pytest.raises(ValueError, match="no attention kernel reads FP8 pools"):
-            q12.attention(p["k"], kp, vp, p["k"], SHAPE, num_blocks=nb)
+        with pytest.raises(ValueError, match="algo='auto' runs a prefill kernel, .* read by algo='decode'"):
+            q12.attention(p["k"], kp, vp, p["k"], SHAPE, num_blocks=nb, k_scale=p["ks"], v_scale=p["vs"])
         with pytest.raises(ValueError, match=r"shape.kv_dtype must be one of \('bf16', 'fp8_e4m3'\)"):
             q12.kv_write(p["k"], p["v"], kp, vp, AttentionShape(4, HKV, D, D, kv_dtype="fp8"), num_blocks=nb)
         with pytest.raises(ValueError, match="kv_dtype must be one of"):

@@ -45,6 +45,8 @@ from q12drv.kernels.gdn import gdn as gdn_launch
 from q12drv.prefill import GdnShape, Q12Pass
 from tests.reliability import ATTN, BLOCK, FUSED, GDN, World, assert_same, snapshot
 
+ATTN_FP8 = dataclasses.replace(ATTN, kv_dtype="fp8_e4m3")
+
 
 @dataclass(frozen=True)
 class Case:
@@ -560,6 +562,20 @@ CASES = [
     Case("pass attention decode, a long stream", "Q12Pass.attention(algo='decode')",
          lambda w: w.q12.attention(w.p("q"), w.p("k_pool"), w.p("v_pool"), w.p("o"), ATTN, num_blocks=w.num_blocks,
                                    algo="decode", num_splits=1), ValueError, "at most 8 new tokens"),
+    Case("pass attention FP8 without scales", "Q12Pass.attention(algo='decode'), kv_dtype='fp8_e4m3', no k_scale",
+         lambda w: w.q12.attention(w.p("q"), w.p("k_pool"), w.p("v_pool"), w.p("o"), ATTN_FP8,
+                                   num_blocks=w.num_blocks, algo="decode", num_splits=1, v_scale=w.p("o")),
+         ValueError, "shape.kv_dtype='fp8_e4m3' needs k_scale and v_scale"),
+    Case("pass attention FP8 on a prefill kernel", "Q12Pass.attention(algo='auto'), kv_dtype='fp8_e4m3'",
+         lambda w: w.q12.attention(w.p("q"), w.p("k_pool"), w.p("v_pool"), w.p("o"), ATTN_FP8,
+                                   num_blocks=w.num_blocks, k_scale=w.p("o"), v_scale=w.p("o")),
+         ValueError, "algo='auto' runs a prefill kernel, which reads bf16 pools; FP8 pools are read by algo='decode'"),
+    Case("attention op FP8 on mma", "algo='mma', kv_dtype='fp8_e4m3'",
+         lambda w: _op_attention(w, algo="mma", kv_dtype="fp8_e4m3", k_scale=w.p("o"), v_scale=w.p("o")), ValueError,
+         "algo='mma' runs a prefill kernel, which reads bf16 pools; algo='decode' reads FP8 pools"),
+    Case("attention op scales for bf16 pools", "algo='decode', k_scale= and v_scale= with kv_dtype='bf16'",
+         lambda w: _op_attention(w, algo="decode", k_scale=w.p("o"), v_scale=w.p("o")), ValueError,
+         "k_scale / v_scale given for bf16 pools: scales are for kv_dtype='fp8_e4m3'"),
     Case("gdn op misaligned h_state_ptrs", "h_state_ptrs=ptr+4",
          lambda w: _op_gdn(w, h_state_ptrs=int(w.q12.h_slot.ptr) + 4), ValueError, "h_state_ptrs must be 8-byte aligned"),
     Case("gdn op config", "plan_or_config='fast'", lambda w: _op_gdn(w, plan_or_config="fast"), TypeError,
