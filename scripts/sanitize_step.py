@@ -10,7 +10,8 @@ attention layer, a width-2 convolution and a d=128 GDN layer. Each attention lay
 device's default kernel (``algo="auto"``: wgmma on Hopper at D=128 and 256) and, where that is not
 the mma.sync kernel, ``Q12Pass.attention`` with ``algo="mma"`` too; each GDN layer runs every GDN
 kernel in turn. At each head dim a decode pass (3 streams of 1, 4 and 2 new tokens on cached prompts, the layer's
-window) runs ``Q12Pass.attention`` with ``algo="decode"``, its keys split three ways (the split kernel and the merge). The metadata is also expanded on the device, for the 3 streams
+window) runs ``Q12Pass.attention`` with ``algo="decode"``, its keys split three ways (the split kernel and the merge),
+on bf16 pools and on the same pools quantized to FP8 (the FP8 split kernel, per-head scales). The metadata is also expanded on the device, for the 3 streams
 (``q12_expand_meta_tail``) and for 65 (``q12_expand_meta``), and compared with the host stager's
 bytes. Each pass runs batched and per stream. Everything goes through q12drv's own driver API (no
 torch). Every buffer the step writes has a 256-byte guard band before and after it, filled with 0xA5
@@ -39,8 +40,10 @@ from q12drv import (ScratchArena, StreamStageInfo, make_scratch_plan, open_devic
                     stage_batched_attn_metadata)
 from q12drv.core.staging import verify_readback  # noqa: E402
 from q12drv.tools.demo import layer_inputs  # noqa: E402
-from q12drv.core.bf16 import to_bf16_bits  # noqa: E402
+from q12drv.core.bf16 import from_bf16_bits, to_bf16_bits  # noqa: E402
+from q12drv.core.fp8 import E4M3_MAX  # noqa: E402
 from q12drv.kernels import ops  # noqa: E402
+from q12drv.kernels.kv_write import quantize_rows  # noqa: E402
 from q12drv.kernels.expand import stage_on_device  # noqa: E402
 from q12drv.kernels.meta import TAIL_STREAMS  # noqa: E402
 from q12drv.kernels.gdn import GdnConfig, GdnTensors, plan_gdn  # noqa: E402
@@ -187,18 +190,25 @@ def step(dev, name: str, problems: list) -> None:
 
 def decode_step(dev, name: str, problems: list) -> None:
     """``Q12Pass.attention(algo="decode")`` at the layer's heads and sliding window over DECODE_COUNTS new tokens after
-    DECODE_STARTS cached ones, split DECODE_SPLITS ways, batched and per stream: the two equal bit for bit, every O
-    element written, the guard bands around O and the workspace intact."""
+    DECODE_STARTS cached ones, split DECODE_SPLITS ways, batched and per stream, on bf16 pools (into ``o``) and on
+    the same pools quantized to e4m3 with per-head scales (into ``o8``): batched and per stream equal bit for bit,
+    every O element written, the guard bands around O and the workspace intact."""
     attn = LAYERS[name][1]
     hq, hkv, d = attn.num_q_heads, attn.num_kv_heads, attn.head_dim
     shape = AttentionShape(hq, hkv, d, d, sliding_window=attn.sliding_window)
+    fp8 = dataclasses.replace(shape, kv_dtype="fp8_e4m3")
     rng = np.random.default_rng(14)
     streams, tbuf, num_blocks = make_streams(dev, rng, False, DECODE_COUNTS, DECODE_STARTS)
     total = sum(DECODE_COUNTS)
     host = {"q": to_bf16_bits(rng.standard_normal((total, hq, d))),
             "k_pool": to_bf16_bits(rng.standard_normal((num_blocks, BLOCK, hkv, d))),
             "v_pool": to_bf16_bits(rng.standard_normal((num_blocks, BLOCK, hkv, d))),
-            "o": np.full((total, hq, d), 0xFFFF, np.uint16)}
+            "o": np.full((total, hq, d), 0xFFFF, np.uint16), "o8": np.full((total, hq, d), 0xFFFF, np.uint16)}
+    for pool in ("k_pool", "v_pool"):  # as q12_kv_write_fp8 writes them, each head's scale its amax / 448
+        x = host[pool]
+        scale = (np.abs(from_bf16_bits(x).reshape(-1, hkv, d)).max(axis=(0, 2)) / E4M3_MAX).astype(np.float32)
+        host[pool[0] + "_scale"] = scale
+        host[pool + "8"] = quantize_rows(x.reshape(-1, hkv * d), scale, d).reshape(x.shape)
     bufs = {k: Guarded(dev, f"{name} decode {k}", a) for k, a in host.items()}
     results = {}
     with ScratchArena(dev, make_scratch_plan(list(DECODE_COUNTS), 0, False, "exact").total_bytes + 512) as arena:
@@ -207,19 +217,23 @@ def decode_step(dev, name: str, problems: list) -> None:
                 b.reset()
             q12 = Q12Pass(arena, streams, block_size=BLOCK, use_mrope=False, dummy_kv_block=0, head_dim=d,
                           policy="exact", mode=mode)
-            ws_bytes = q12.decode_workspace_bytes(shape, DECODE_SPLITS)
+            ws_bytes = max(q12.decode_workspace_bytes(s, DECODE_SPLITS) for s in (shape, fp8))
             ws = Guarded(dev, f"{name} decode workspace", np.zeros(ws_bytes, np.uint8))
             p = {k: b.ptr for k, b in bufs.items()}
             q12.attention(p["q"], p["k_pool"], p["v_pool"], p["o"], shape, num_blocks=num_blocks, algo="decode",
                           num_splits=DECODE_SPLITS, workspace=ws.ptr, workspace_bytes=ws_bytes)
+            q12.attention(p["q"], p["k_pool8"], p["v_pool8"], p["o8"], fp8, num_blocks=num_blocks, algo="decode",
+                          num_splits=DECODE_SPLITS, workspace=ws.ptr, workspace_bytes=ws_bytes, k_scale=p["k_scale"],
+                          v_scale=p["v_scale"])
             dev.synchronize()
-            results[mode] = bufs["o"].get(problems)
+            results[mode] = {k: bufs[k].get(problems) for k in ("o", "o8")}
             ws.get(problems)
             ws.buf.free()
-    if np.any(np.frombuffer(results["batched"], np.uint16) == 0xFFFF):
-        problems.append(f"{name} decode: O has elements the kernels never wrote")
-    if results["batched"] != results["per_stream"]:
-        problems.append(f"{name} decode: batched and per stream differ")
+    for k, what in (("o", "decode"), ("o8", "FP8 decode")):
+        if np.any(np.frombuffer(results["batched"][k], np.uint16) == 0xFFFF):
+            problems.append(f"{name} {what}: O has elements the kernels never wrote")
+        if results["batched"][k] != results["per_stream"][k]:
+            problems.append(f"{name} {what}: batched and per stream differ")
     tbuf.get(problems)
     for b in list(bufs.values()) + [tbuf]:
         b.buf.free()
