@@ -71,7 +71,14 @@ def test_gpu_compare_and_plot_plumbing(tmp_path):
         row = rows[(f"decode {name}: vs KV-read floor", f"floor: {case['floor_bytes'] / 1e6:,.0f} MB at 4.8 TB/s")]
         assert row["goal"] == f"<= {1 / 0.85:g}" and "of 4.8 TB/s" in row["note"]
         assert rows[(f"decode {name}", "q12drv wgmma kernel, same batch")]["ratio"] > 0
+        if "fp8" in case:  # the first batch on FP8 pools: against the bf16 decode (goal 0.6) and its own floor
+            f = case["fp8"]
+            assert f["floor_bytes"] * 2 == case["floor_bytes"] and f["q12drv_us"] > 0 and f["num_splits"] >= 1
+            assert rows[(f"decode {name} FP8", "q12drv decode kernel, bf16 pools, same batch")]["goal"] == "<= 0.6"
+            assert rows[(f"decode {name} FP8: vs FP8 KV-read floor",
+                         f"floor: {f['floor_bytes'] / 1e6:,.0f} MB at 4.8 TB/s")]["q12drv_us"] > 0
     assert len(decode) == 2 * 2 + 1
+    assert sum("fp8" in case for case in decode.values()) == 2  # one batch a layout
     # scaled RoPE (a RopeScaling table, linear factor 4) beside the plain rows
     tokens = data["sections"]["rope"]["tokens"] // 1024
     scaled = data["sections"]["rope"]["scaled"]

@@ -7,10 +7,13 @@ Rows: each decode batch against its KV-read floor (every stream's K and V read o
 bytes each, at the H200's 4.8 TB/s: the goal is 85% of it) and against the wgmma prefill kernel fed the same batch
 (``algo="wgmma"``, what ``"auto"`` runs today); the mixed batch as one pass through the wgmma kernel (what ``"auto"``
 runs today) against its parts run separately, the prefill chunks through the wgmma kernel and the decode streams
-through the decode kernel (two staged passes; the goal: the mixed batch no slower). K and V hold one bf16 value (the
-kernels' time does not depend on the values; the pools, over 1 GB, are far past L2); Q is random. Device time from
-events around 8 back-to-back calls of the op (a decode call is its split launch and, with splits, the merge), median
-of 20 after 3 warm-ups."""
+through the decode kernel (two staged passes; the goal: the mixed batch no slower). The first decode batch (64 x 8k)
+also runs on FP8 (e4m3) pools with per-head scales (``kv_dtype="fp8_e4m3"``, the FP8 split entries): against the
+same batch's bf16 decode (issue 27's goal: at most 0.6 of its time, the pools being half the bytes) and against its
+own KV-read floor (``sum(kv_len) * Hkv * D`` bytes each for K and V at 4.8 TB/s). K and V hold one value (the kernels'
+time does not depend on the values; the pools, over 1 GB, are far past L2); Q is random. Device time from events
+around 8 back-to-back calls of the op (a decode call is its split launch and, with splits, the merge), median of 20
+after 3 warm-ups."""
 
 from __future__ import annotations
 
@@ -24,6 +27,10 @@ __all__ = ["run", "LAYOUTS"]
 LAYOUTS = ((16, 2, 256), (32, 8, 128))
 _BS = 16
 _KV_BYTE = 0x3C  # every K and V element 0x3C3C (about 0.0115)
+_FP8_BYTE = 0x38  # every FP8 K and V element e4m3 1.0, times the scale
+_FP8_SCALE = 0.0115
+#: The FP8 rows' goal: the FP8 decode at most this fraction of the bf16 decode's time on the same batch.
+FP8_GOAL = 0.6
 
 
 def run(ctx: Context) -> None:
@@ -32,22 +39,25 @@ def run(ctx: Context) -> None:
     cases = inputs.DECODE_CASES if ctx.gpu else inputs.DECODE_EMU_CASES
     res = ctx.section("decode", {"block_size": _BS, "cases": {}})
     for hq, hkv, d in LAYOUTS:
-        for cname, (q_lens, prefixes) in cases.items():
-            _case(ctx, dec, f"{cname} Hq{hq}/Hkv{hkv} D{d}", q_lens, prefixes, hq, hkv, d, res)
+        for i, (cname, (q_lens, prefixes)) in enumerate(cases.items()):
+            _case(ctx, dec, f"{cname} Hq{hq}/Hkv{hkv} D{d}", q_lens, prefixes, hq, hkv, d, res, fp8=i == 0)
     _mixed(ctx, inputs.MIXED_CASE if ctx.gpu else inputs.MIXED_EMU_CASE, res)
 
 
-def _pools(ctx: Context, num_blocks: int, hkv: int, d: int, bufs: list) -> tuple:
-    """K and V pools of ``num_blocks`` blocks, every element one bf16 value, appended to ``bufs``."""
-    nbytes = num_blocks * _BS * hkv * d * 2
+def _pools(ctx: Context, num_blocks: int, hkv: int, d: int, bufs: list, elem_bytes: int = 2,
+           fill: int = _KV_BYTE) -> tuple:
+    """K and V pools of ``num_blocks`` blocks of ``elem_bytes`` elements (2: bf16, 1: e4m3), every byte ``fill``,
+    appended to ``bufs``."""
+    nbytes = num_blocks * _BS * hkv * d * elem_bytes
     kp, vp = ctx.dev.alloc(nbytes, "decode k_pool"), ctx.dev.alloc(nbytes, "decode v_pool")
     bufs += [kp, vp]
     for p in (kp, vp):
-        ctx.dev.memset(p.ptr, _KV_BYTE, nbytes)
+        ctx.dev.memset(p.ptr, fill, nbytes)
     return kp, vp
 
 
-def _case(ctx: Context, dec, name: str, q_lens, prefixes, hq: int, hkv: int, d: int, res: dict) -> None:
+def _case(ctx: Context, dec, name: str, q_lens, prefixes, hq: int, hkv: int, d: int, res: dict,
+          fp8: bool = False) -> None:
     from q12drv.kernels import ops
 
     dev = ctx.dev
@@ -76,6 +86,8 @@ def _case(ctx: Context, dec, name: str, q_lens, prefixes, hq: int, hkv: int, d: 
 
         r["q12drv_us"] = q12_events_us(dev, decode, ctx.reps(20, 1))
         r["wgmma_us"] = q12_events_us(dev, wgmma, ctx.reps(20, 1))
+        if fp8:
+            _fp8(ctx, dec, name, meta, q, o, num_blocks, hq, hkv, d, r, bufs)
     tbps = {k: floor / (r[f"{k}_us"] * 1e-6) / 1e12 for k in ("q12drv", "wgmma")}
     print(f"   decode {name:32s}: {r['q12drv_us']:9.1f} us {tbps['q12drv']:5.2f} TB/s ({plan.num_splits} splits); "
           f"wgmma {r['wgmma_us']:9.1f} us {tbps['wgmma']:5.2f} TB/s", flush=True)
@@ -83,6 +95,43 @@ def _case(ctx: Context, dec, name: str, q_lens, prefixes, hq: int, hkv: int, d: 
                     of=f"{HBM_TBPS} TB/s")
     ctx.row(f"decode {name}", r["q12drv_us"], "q12drv wgmma kernel, same batch", r["wgmma_us"], ("<=", 1.0),
             note=f"{plan.num_splits} splits; wgmma {tbps['wgmma']:.2f} TB/s of KV read")
+    if fp8:
+        f = r["fp8"]
+        print(f"   decode {name + ' FP8':32s}: {f['q12drv_us']:9.1f} us "
+              f"{f['floor_bytes'] / (f['q12drv_us'] * 1e-6) / 1e12:5.2f} TB/s ({f['num_splits']} splits); "
+              f"{f['q12drv_us'] / r['q12drv_us']:.2f} of bf16", flush=True)
+        ctx.memory_rows(f"decode {name} FP8: vs FP8 KV-read floor", f, "q12drv_us", f["floor_bytes"], None,
+                        tbps=HBM_TBPS, of=f"{HBM_TBPS} TB/s")
+        ctx.row(f"decode {name} FP8", f["q12drv_us"], "q12drv decode kernel, bf16 pools, same batch", r["q12drv_us"],
+                ("<=", FP8_GOAL), note=f"{f['num_splits']} splits; FP8 pools are half the bf16 bytes")
+
+
+def _fp8(ctx: Context, dec, name: str, meta, q, o, num_blocks: int, hq: int, hkv: int, d: int, r: dict,
+         bufs: list) -> None:
+    """The same decode batch on FP8 pools (every element e4m3 1.0, each head's scale :data:`_FP8_SCALE`) through
+    ``ops.attention(algo="decode", kv_dtype="fp8_e4m3")``: ``r["fp8"]`` its time, split count and KV-read floor."""
+    import numpy as np
+
+    from q12drv.kernels import ops
+
+    dev = ctx.dev
+    kp, vp = _pools(ctx, num_blocks, hkv, d, bufs, elem_bytes=1, fill=_FP8_BYTE)
+    scales = dev.alloc(2 * hkv * 4, "decode fp8 scales")
+    bufs.append(scales)
+    dev.upload(scales.ptr, np.full(2 * hkv, _FP8_SCALE, np.float32))
+    plan = dec.plan_decode(meta.batch_size, meta.chunk_len, max(r["kv_lens"]), hq, hkv, d, num_sms=dev.sm_count,
+                           kv_dtype="fp8_e4m3")
+    wsb = plan.workspace_bytes_for(meta.total_tokens)
+    ws = dev.alloc(max(16, wsb))
+    bufs.append(ws)
+    f = r["fp8"] = {"num_splits": plan.num_splits, "floor_bytes": r["floor_bytes"] // 2}
+
+    def decode():
+        ops.attention(dev, meta, q.ptr, kp.ptr, vp.ptr, o.ptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
+                      algo="decode", workspace=ws.ptr, workspace_bytes=wsb, kv_dtype="fp8_e4m3",
+                      k_scale=scales.ptr, v_scale=scales.ptr + hkv * 4)
+
+    f["q12drv_us"] = q12_events_us(dev, decode, ctx.reps(20, 1))
 
 
 def _mixed(ctx: Context, case: dict, res: dict) -> None:
