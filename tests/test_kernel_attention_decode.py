@@ -307,6 +307,23 @@ class DecodeBatch:
         return np.frombuffer(self.dev.download(self.o.ptr, self.t * self.hq * self.d * 2), np.uint16).reshape(
             self.t, self.hq, self.d).copy()
 
+    def refusal_pass(self, shape: AttentionShape, splits: int) -> tuple:
+        """A batched pass over the streams and a workspace of what ``shape`` needs at ``splits`` splits, O and the
+        workspace poisoned: ``(pass, workspace, its bytes)``; :meth:`unchanged` says later whether either changed."""
+        p = Q12Pass(self.arena, self.streams, block_size=self.bs, use_mrope=False, dummy_kv_block=0, head_dim=self.d)
+        need = p.decode_workspace_bytes(shape, splits)
+        ws = self.workspace(need)
+        self.poison()
+        self._before = self._written()
+        return p, ws, need
+
+    def _written(self) -> tuple:
+        return self.out().tobytes(), self.dev.download(self.ws.ptr, max(16, self.ws_bytes))
+
+    def unchanged(self) -> bool:
+        """O and the workspace as :meth:`refusal_pass` left them."""
+        return self._written() == self._before
+
     def model(self, splits: int, window_left: int | None = None) -> np.ndarray:
         return dec.model(self.host["q"], self.host["k_pool"], self.host["v_pool"], self.cu, self.kv,
                          [s.block_table for s in self.streams], self.hq, self.hkv, self.bs, self.d ** -0.5, splits,
@@ -387,11 +404,7 @@ def test_ops_attention_decode_plans_from_the_metadata(batch, emu):
 def test_bad_input_is_refused_with_nothing_written(batch, emu):
     c = batch([1, 2, 1], [500, 600, 700], 16, 2, 128)
     long = batch([1, 9], [5, 20], 16, 2, 128, seed=1)
-    p = Q12Pass(c.arena, c.streams, block_size=c.bs, use_mrope=False, dummy_kv_block=0, head_dim=128)
-    need = p.decode_workspace_bytes(c.shape, 2)
-    ws = c.workspace(need)
-    c.poison()
-    before = (c.out(), emu.download(c.ws.ptr, need))
+    p, ws, need = c.refusal_pass(c.shape, 2)
     q, kp, vp, o = c.ptrs()
     call = lambda **kw: p.attention(q, kp, vp, o, c.shape, num_blocks=c.num_blocks, **{  # noqa: E731
         "algo": "decode", "num_splits": 2, "workspace": ws, "workspace_bytes": need, **kw})
@@ -419,8 +432,7 @@ def test_bad_input_is_refused_with_nothing_written(batch, emu):
         p.attention_layer(q, q, q, kp, vp, o, c.shape, num_blocks=c.num_blocks, algo="decode")
     with pytest.raises(ValueError, match="not one kernel"):
         ops.attention_entry("decode", 128)
-    emu.synchronize()
-    assert c.out().tobytes() == before[0].tobytes() and emu.download(c.ws.ptr, need) == before[1]
+    assert c.unchanged()
     # and the same call with its arguments right runs
     emu.driver.start_trace()
     call()

@@ -240,14 +240,18 @@ def test_decode_large_logits(decode_kernels, d):
         assert rel_err(from_bf16_bits(out), ref) < 1e-2, f"seed {seed}, {splits} splits"
 
 
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])
 @pytest.mark.parametrize("mode", ["batched", "per_stream"])
-def test_q12pass_decode_equals_the_raw_launches(gpu, decode_kernels, mode):
-    # q12drv's own path (plan, workspace checks, the merge as a programmatic dependent launch) on the raw case's
-    # tensors gives the raw launches' bits.
+def test_q12pass_decode_equals_the_raw_launches(gpu, decode_kernels, mode, kv_dtype):
+    # q12drv's own path (plan, workspace checks, the merge as a programmatic dependent launch; FP8 pools: the FP8
+    # split entry and the scales, as tensors) on the raw case's tensors gives the raw launches' bits.
     seed, c = _fresh_case([1, 4, 1, 2], [5000, 700, 33, 12000], hq=16, hkv=2, d=256, bs=16)
+    f8 = Fp8Pools(decode_kernels, c) if kv_dtype == "fp8_e4m3" else None
     streams = [StreamStageInfo(int(c.kv_lens[b] - c.q_lens[b]), int(c.q_lens[b]), c.tables[b],
                                c.dtables[b].data_ptr()) for b in range(4)]
-    shape = AttentionShape(16, 2, 256, 256)
+    shape = AttentionShape(16, 2, 256, 256, kv_dtype=kv_dtype)
+    kp, vp, extra = ((c.dk.data_ptr(), c.dv.data_ptr(), {"num_blocks": c.k_pool.shape[0]}) if f8 is None
+                     else (f8.k, f8.v, {"k_scale": f8.ks, "v_scale": f8.vs}))  # FP8: tensors say their shapes
     o = torch.full((int(c.cu[-1]), 16, 256), -1, dtype=torch.int16, device="cuda")
     counts = [int(x) for x in c.q_lens]
     with ScratchArena(gpu, make_scratch_plan(counts, 0, False, "exact").total_bytes + 4096) as arena:
@@ -255,10 +259,10 @@ def test_q12pass_decode_equals_the_raw_launches(gpu, decode_kernels, mode):
         plan = p.decode_plan(shape)
         need = p.decode_workspace_bytes(shape)
         ws = torch.full((need // 4,), float("nan"), dtype=torch.float32, device="cuda")
-        p.attention(c.dq.data_ptr(), c.dk.data_ptr(), c.dv.data_ptr(), o.data_ptr(), shape,
-                    num_blocks=c.k_pool.shape[0], algo="decode", workspace=ws.data_ptr(), workspace_bytes=need)
+        p.attention(c.dq.data_ptr(), kp, vp, o.data_ptr(), shape, algo="decode", workspace=ws.data_ptr(),
+                    workspace_bytes=need, **extra)
         gpu.synchronize()
-    raw = run_decode(decode_kernels, c, [0, 1, 2, 3], 256 ** -0.5, plan.num_splits)
+    raw = run_decode(decode_kernels, c, [0, 1, 2, 3], 256 ** -0.5, plan.num_splits, fp8=f8)
     assert plan.num_splits > 1 and np.array_equal(o.cpu().numpy().view(np.uint16), raw), f"seed {seed}"
 
 
@@ -340,26 +344,3 @@ def test_decode_reads_fp8_pools(decode_kernels, case, window):
         assert err < 4e-3, f"seed {seed}, {splits} splits: vs the emulator's model {err:.3e}"
     for splits, out in outs.items():
         assert rel_err_bf16(out, outs[1]) < 5e-3, f"seed {seed}: {splits} splits vs 1"
-
-
-@pytest.mark.parametrize("mode", ["batched", "per_stream"])
-def test_q12pass_decode_fp8_equals_the_raw_launches(gpu, decode_kernels, mode):
-    # FP8 pools through q12drv's own path (Q12Pass.attention(algo="decode") with the scales, the FP8 split entry and
-    # the merge as a programmatic dependent launch) give the raw launches' bits.
-    seed, c = _fresh_case([1, 4, 1, 2], [5000, 700, 33, 12000], hq=16, hkv=2, d=256, bs=16)
-    f8 = Fp8Pools(decode_kernels, c)
-    streams = [StreamStageInfo(int(c.kv_lens[b] - c.q_lens[b]), int(c.q_lens[b]), c.tables[b],
-                               c.dtables[b].data_ptr()) for b in range(4)]
-    shape = AttentionShape(16, 2, 256, 256, kv_dtype="fp8_e4m3")
-    o = torch.full((int(c.cu[-1]), 16, 256), -1, dtype=torch.int16, device="cuda")
-    counts = [int(x) for x in c.q_lens]
-    with ScratchArena(gpu, make_scratch_plan(counts, 0, False, "exact").total_bytes + 4096) as arena:
-        p = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, head_dim=256, mode=mode)
-        plan = p.decode_plan(shape)
-        need = p.decode_workspace_bytes(shape)
-        ws = torch.full((need // 4,), float("nan"), dtype=torch.float32, device="cuda")
-        p.attention(c.dq.data_ptr(), f8.k, f8.v, o.data_ptr(), shape, algo="decode", workspace=ws.data_ptr(),
-                    workspace_bytes=need, k_scale=f8.ks, v_scale=f8.vs)
-        gpu.synchronize()
-    raw = run_decode(decode_kernels, c, [0, 1, 2, 3], 256 ** -0.5, plan.num_splits, fp8=f8)
-    assert plan.num_splits > 1 and np.array_equal(o.cpu().numpy().view(np.uint16), raw), f"seed {seed}"
