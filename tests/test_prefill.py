@@ -443,3 +443,22 @@ def test_sliding_window_layers_batched_and_per_stream(emu):
                               window_left=window).tobytes()
         assert outs["batched", name] == outs["per_stream", name] == want, name
     assert outs["batched", "wide"] == outs["batched", "full"] != outs["batched", "sliding"]
+
+
+def test_a_layer_op_checked_once_still_refuses_a_bad_pointer_a_new_block_count_or_a_stale_pass(emu):
+    """The attention ops remember a (shape, num_blocks) they checked; a later call with the same ones still has its
+    pointers checked, another block count is checked again, and a pass whose arena was reset is refused."""
+    from q12drv.core.errors import Q12Error
+
+    with two_streams(emu, 4) as (arena, streams, host, p, nb):
+        q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, head_dim=64)
+        q12.attention(p["q"], p["kp"], p["vp"], p["o"], SHAPE, num_blocks=nb)  # checked, remembered
+        with pytest.raises(ValueError, match=r"q must be 16-byte aligned"):
+            q12.attention(p["q"] + 2, p["kp"], p["vp"], p["o"], SHAPE, num_blocks=nb)
+        with pytest.raises(TypeError, match="q must be a device pointer"):
+            q12.attention(float(p["q"]), p["kp"], p["vp"], p["o"], SHAPE, num_blocks=nb)
+        with pytest.raises(ValueError, match="past the pools' num_blocks=1"):
+            q12.kv_write(p["k"], p["v"], p["kp"], p["vp"], SHAPE, num_blocks=1)
+        Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, head_dim=64)  # resets the arena
+        with pytest.raises(Q12Error, match="stale"):
+            q12.attention(p["q"], p["kp"], p["vp"], p["o"], SHAPE, num_blocks=nb)

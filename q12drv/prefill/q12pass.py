@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import repeat
-from operator import and_, is_not
+from operator import is_not
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -59,7 +59,7 @@ EXPANDS = ("auto", "host", "device")
 _ATTENTION_ALIGN = {**ALIGN["rope"], **ALIGN["kv_write"], **ALIGN["attention"]}
 #: Each op's argument names (in its order) -> their alignment masks.
 _ATTENTION_MASKS = {names: tuple(_ATTENTION_ALIGN.get(n, 2) - 1 for n in names)
-                    for names in (("q", "k"), ("k", "v", "k_pool", "v_pool"), ("q", "k_pool", "v_pool", "o"),
+                    for names in ((), ("q", "k"), ("k", "v", "k_pool", "v_pool"), ("q", "k_pool", "v_pool", "o"),
                                   ("q", "k", "v", "k_pool", "v_pool", "o"))}
 _STATE_ALIGN = ALIGN["gdn"]["state"]
 _BF16 = 2
@@ -155,17 +155,18 @@ def _admit(parsed: list, arena_tokens, is_mla, head_dim, scratch_cap, top_k, use
     return hit
 
 
-_PTR_TYPES = frozenset((int, DevicePtr))
 _U64_MAX = (1 << 64) - 1
 #: The alignment masks of the layers' pointer arguments, in their argument order.
 _GDN_MASKS = tuple(ALIGN["gdn"][n] - 1 for n in ("q", "k", "v", "g", "beta", "o"))
 
 
-def _plain_aligned(ptrs: tuple, masks: tuple) -> bool:
+def _plain_aligned(ptrs, masks: tuple) -> bool:
     """Whether every pointer is an exact int/DevicePtr in (0, 2**64) with none of its mask's bits set (the
     alignments are powers of two): :func:`~q12drv.kernels.args.device_ptr`'s common case, all at once."""
-    return (set(map(type, ptrs)) <= _PTR_TYPES and min(ptrs) > 0 and max(ptrs) <= _U64_MAX
-            and not any(map(and_, ptrs, masks)))
+    for p, m in zip(ptrs, masks):
+        if (type(p) is not int and type(p) is not DevicePtr) or not 0 < p <= _U64_MAX or p & m:
+            return False
+    return True
 
 
 def check_attention_pools(shape, algo: str | None = None) -> None:
@@ -521,6 +522,12 @@ class Q12Pass:
     def _attention_ops(self, shape: AttentionShape, num_blocks, pools: tuple, tensors: dict) -> tuple:
         """The checked addresses of ``tensors`` (name -> raw address or described object) and the pools' block
         count: the shape, the tensors and the block tables checked once, before anything is enqueued."""
+        arena = self.arena
+        if arena._buffer is not None and arena.generation == self._generation:  # the common case, first
+            hit = self._checked.get(id(shape))  # this very (immutable) shape object, checked with these pools
+            if (hit is not None and hit[0] is shape and type(num_blocks) is int and num_blocks in hit[1]
+                    and _plain_aligned(tensors.values(), _ATTENTION_MASKS[tuple(tensors)])):
+                return tensors, num_blocks
         self._require_current()
         if not isinstance(shape, AttentionShape):
             raise TypeError(f"shape must be an AttentionShape, got {type(shape).__name__}")
@@ -530,7 +537,7 @@ class Q12Pass:
             if num_blocks is None:
                 raise TypeError("num_blocks is needed when the KV pools are raw addresses (a pool tensor of shape "
                                 "[num_blocks, block_size, Hkv, D] says it itself)")
-        if not tensors or _plain_aligned(tuple(tensors.values()), _ATTENTION_MASKS[tuple(tensors)]):
+        if _plain_aligned(tensors.values(), _ATTENTION_MASKS[tuple(tensors)]):
             addrs = tensors
         else:
             t, dev = self._batch.total, self.device
