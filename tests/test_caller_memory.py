@@ -356,3 +356,15 @@ def test_an_expand_plan_or_pass_graph_made_before_the_arena_grew_is_refused(emu)
             graph.run_eager(lambda g: None)
         graph.close()
     tables.free()
+
+
+def test_growing_onto_too_small_a_buffer_writes_nothing_there(emu):
+    small = emu.alloc(ScratchArena.buffer_bytes(2048))
+    emu.memset(small.ptr, 0x11, small.nbytes)
+    first = emu.alloc(ScratchArena.buffer_bytes(1024))
+    with ScratchArena.over(emu, first) as arena:
+        with pytest.raises(ValueError, match="holds a 2,048-byte arena, 4,096 bytes are needed"):
+            arena.grow(4096, small)
+    assert emu.download(small.ptr, small.nbytes) == b"\x11" * small.nbytes  # no guard band written
+    first.free()
+    small.free()

@@ -254,13 +254,14 @@ class ScratchArena:
                 raise ValueError(f"ScratchArena.grow: the arena is over your memory ({self.capacity:,} bytes) and "
                                  f"never allocates; pass a buffer of at least ScratchArena.buffer_bytes({need}) = "
                                  f"{self.buffer_bytes(need):,} bytes")
+            size = buffer_bytes if buffer_bytes is not None else buffer.nbytes if isinstance(buffer, DeviceBuffer) \
+                else caller_memory(buffer, None, "ScratchArena.grow")[1]
+            if type(size) is int and size - GUARD_BYTES < need:  # refused before over() writes its guard band
+                raise ValueError(f"ScratchArena.grow: the new buffer holds a {max(size - GUARD_BYTES, 0):,}-byte "
+                                 f"arena, {need:,} bytes are needed; pass ScratchArena.buffer_bytes({need}) = "
+                                 f"{self.buffer_bytes(need):,} bytes")
             new = ScratchArena.over(device, buffer, buffer_bytes)
-            device._dependents.discard(new)
             capacity, buf = new.capacity, new._buffer
-            if capacity < need:
-                raise ValueError(f"ScratchArena.grow: the new buffer holds a {capacity:,}-byte arena, {need:,} bytes "
-                                 f"are needed; pass ScratchArena.buffer_bytes({need}) = {self.buffer_bytes(need):,} "
-                                 f"bytes")
         device._dependents.discard(new)
         new._buffer = None  # the new memory is this arena's now
         device.synchronize()  # queued work may still read the old memory
