@@ -92,6 +92,20 @@ def check_chunked_equals_one_shot(setup: tuple, splits: list, **sizes) -> tuple:
     return one, s1, rt, s2
 
 
+def check_batched_equals_per_stream(setup: tuple, **sizes) -> None:
+    """The runtime batched and forced per stream give the same logits bit for bit, over two passes (each prompt's
+    first half, then the rest: the second pass continues every stream from its cache and states)."""
+    ex, model, prompts, _ = setup
+    out = {}
+    for mode in ("batched", "per_stream"):
+        rt = ex.HybridRuntime(model, **sizes)
+        streams = [rt.add_stream() for _ in prompts]
+        first = rt.step([(s, p[:len(p) // 2 or 1]) for s, p in zip(streams, prompts)], mode=mode)
+        rest = [(s, p[len(p) // 2 or 1:]) for s, p in zip(streams, prompts) if len(p) > 1]
+        out[mode] = first + rt.step(rest, mode=mode)
+    assert all(torch.equal(a, b) for a, b in zip(out["batched"], out["per_stream"]))
+
+
 def rel_l2(a, b) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 

@@ -11,8 +11,8 @@ import dataclasses
 
 import pytest
 
-from tests.client import (MODELS, MROPE_MODELS, check_batched_prefill, check_chunked_equals_one_shot, check_close,
-                          image_positions, reference_logits, rel_l2, setup_on, torch)
+from tests.client import (MODELS, MROPE_MODELS, check_batched_equals_per_stream, check_batched_prefill,
+                          check_chunked_equals_one_shot, check_close, image_positions, reference_logits, rel_l2, setup_on, torch)
 
 PROMPTS_LENGTHS = (1, 7, 33, 64, 2, 19)
 SIZES = dict(max_streams=8, max_tokens=128, max_pass_tokens=256)
@@ -47,16 +47,7 @@ def test_chunks_and_decode_steps_equal_one_shot(setup):
 
 
 def test_batched_equals_per_stream_bit_for_bit(setup):
-    ex, model, prompts, _ = setup
-    out = {}
-    for mode in ("batched", "per_stream"):
-        rt = ex.HybridRuntime(model, **SIZES)
-        streams = [rt.add_stream() for _ in prompts]
-        first = rt.step([(s, p[:len(p) // 2 or 1]) for s, p in zip(streams, prompts)], mode=mode)
-        rest = [(s, p[len(p) // 2 or 1:]) for s, p in zip(streams, prompts) if len(p) > 1]
-        out[mode] = first + rt.step(rest, mode=mode)
-    for a, b in zip(out["batched"], out["per_stream"]):
-        assert torch.equal(a, b)
+    check_batched_equals_per_stream(setup, **SIZES)
 
 
 def test_a_broken_layer_fails_the_comparison(setup):

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.client import (MODELS, MROPE_MODELS, check_batched_prefill, check_chunked_equals_one_shot, check_close,
-                          image_positions, reference_logits, setup_on, torch)
+from tests.client import (MODELS, MROPE_MODELS, check_batched_equals_per_stream, check_batched_prefill,
+                          check_chunked_equals_one_shot, check_close, image_positions, reference_logits, setup_on, torch)
 
 pytestmark = pytest.mark.gpu
 
@@ -31,14 +31,7 @@ def test_chunks_and_decode_steps_equal_one_shot(setup):
 
 
 def test_batched_equals_per_stream_bit_for_bit(setup):
-    ex, model, prompts, _ = setup
-    out = {}
-    for mode in ("batched", "per_stream"):
-        rt = ex.HybridRuntime(model, **SIZES)
-        streams = [rt.add_stream() for _ in prompts]
-        out[mode] = rt.step(list(zip(streams, prompts)), mode=mode)
-    for a, b in zip(out["batched"], out["per_stream"]):
-        assert torch.equal(a, b)
+    check_batched_equals_per_stream(setup, **SIZES)
 
 
 @pytest.mark.parametrize("setup", MROPE_MODELS, indirect=True)
