@@ -12,7 +12,8 @@ import dataclasses
 import pytest
 
 from tests.client import (MODELS, MROPE_MODELS, check_batched_equals_per_stream, check_batched_prefill,
-                          check_chunked_equals_one_shot, check_close, image_positions, reference_logits, rel_l2, setup_on, torch)
+                          check_chunked_equals_one_shot, check_close, image_positions, reference_logits, rel_l2,
+                          setup_on, torch)
 
 PROMPTS_LENGTHS = (1, 7, 33, 64, 2, 19)
 SIZES = dict(max_streams=8, max_tokens=128, max_pass_tokens=256)

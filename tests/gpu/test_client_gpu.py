@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from tests.client import (MODELS, MROPE_MODELS, check_batched_equals_per_stream, check_batched_prefill,
-                          check_chunked_equals_one_shot, check_close, image_positions, reference_logits, setup_on, torch)
+                          check_chunked_equals_one_shot, check_close, image_positions, reference_logits,
+                          setup_on, torch)
 
 pytestmark = pytest.mark.gpu
 
