@@ -34,7 +34,8 @@ from ..kernels import rope as _rope
 from ..kernels.gdn import GdnConfig, GdnPlan, GdnShape, GdnTensors, enqueue_gdn
 from ..kernels.gdn.launch import check_workspace, resolve_plan
 from ..kernels.gdn.plan import check_shape
-from ..kernels.args import ALIGN, FP8_POOL_DTYPES, I32_MAX, check_kv_scales, count, head_group, positive_float
+from ..kernels.args import (ALIGN, FP8_E4M3, FP8_POOL_DTYPES, I32_MAX, check_kv_scales, count, head_group,
+                           positive_float)
 from ..kernels.conv1d import check_conv1d, enqueue_conv1d
 from ..core.interop import describe
 from .tensors import count_of, row_view
@@ -56,11 +57,11 @@ __all__ = ["AttentionShape", "GdnShape", "GdnConfig", "GdnTensors", "Q12Pass", "
 MODES = ("auto", "batched", "per_stream")
 #: Where a batched pass writes its per-token metadata (positions, slots): see ``Q12Pass(expand=...)``.
 EXPANDS = ("auto", "host", "device")
+#: The alignments of the bf16 attention ops' arguments (RoPE, KV write, attention: one table, a layer's union).
 _ATTENTION_ALIGN = {**ALIGN["rope"], **ALIGN["kv_write"], **ALIGN["attention"]}
-#: Each op's argument names (in its order) -> their alignment masks.
-_ATTENTION_MASKS = {names: tuple(_ATTENTION_ALIGN.get(n, 2) - 1 for n in names)
-                    for names in ((), ("q", "k"), ("k", "v", "k_pool", "v_pool"), ("q", "k_pool", "v_pool", "o"),
-                                  ("q", "k", "v", "k_pool", "v_pool", "o"))}
+#: (id of an alignment table, argument names in order) -> their alignment masks, made on first use.
+_MASKS: dict = {}
+_SCALES = ("k_scale", "v_scale")
 _STATE_ALIGN = ALIGN["gdn"]["state"]
 _BF16 = 2
 _F32 = 4
@@ -519,14 +520,21 @@ class Q12Pass:
             run(meta, b, int(self.cu_seqlens[b]))
 
     # attention: RoPE, KV write, paged attention, alone or as one layer -------------------------------------
-    def _attention_ops(self, shape: AttentionShape, num_blocks, pools: tuple, tensors: dict) -> tuple:
-        """The checked addresses of ``tensors`` (name -> raw address or described object) and the pools' block
-        count: the shape, the tensors and the block tables checked once, before anything is enqueued."""
+    def _attention_ops(self, shape: AttentionShape, num_blocks, pools: tuple, tensors: dict,
+                       align: dict = _ATTENTION_ALIGN) -> tuple:
+        """The checked addresses of ``tensors`` (name -> raw address or described object: bf16 activations, the
+        pools in ``shape.kv_dtype``, fp32 scales) and the pools' block count: the shape, the tensors (aligned as
+        ``align``, the op's :data:`~q12drv.kernels.args.ALIGN` entry, says) and the block tables checked once,
+        before anything is enqueued."""
+        key = (id(align), tuple(tensors))
+        masks = _MASKS.get(key)
+        if masks is None:
+            masks = _MASKS[key] = tuple(align.get(n, 2) - 1 for n in key[1])
         arena = self.arena
         if arena._buffer is not None and arena.generation == self._generation:  # the common case, first
             hit = self._checked.get(id(shape))  # this very (immutable) shape object, checked with these pools
             if (hit is not None and hit[0] is shape and type(num_blocks) is int and num_blocks in hit[1]
-                    and _plain_aligned(tensors.values(), _ATTENTION_MASKS[tuple(tensors)])):
+                    and _plain_aligned(tensors.values(), masks)):
                 return tensors, num_blocks
         self._require_current()
         if not isinstance(shape, AttentionShape):
@@ -537,13 +545,15 @@ class Q12Pass:
             if num_blocks is None:
                 raise TypeError("num_blocks is needed when the KV pools are raw addresses (a pool tensor of shape "
                                 "[num_blocks, block_size, Hkv, D] says it itself)")
-        if _plain_aligned(tensors.values(), _ATTENTION_MASKS[tuple(tensors)]):
+        if _plain_aligned(tensors.values(), masks):
             addrs = tensors
         else:
-            t, dev = self._batch.total, self.device
-            rows = {"q": (t, hq, d), "o": (t, hq, d), "k": (t, hkv, d), "v": (t, hkv, d),
-                    "k_pool": (num_blocks, self.block_size, hkv, d), "v_pool": (num_blocks, self.block_size, hkv, d)}
-            addrs = {n: dev.pointer(x, n, dtype="bf16", shape=rows[n], align=_ATTENTION_ALIGN.get(n, 2))
+            t, dev, pool = self._batch.total, self.device, (num_blocks, self.block_size, hkv, d)
+            pool_dtype = FP8_POOL_DTYPES if getattr(shape, "kv_dtype", "bf16") == FP8_E4M3 else "bf16"
+            spec = {"q": ("bf16", (t, hq, d)), "o": ("bf16", (t, hq, d)), "k": ("bf16", (t, hkv, d)),
+                    "v": ("bf16", (t, hkv, d)), "k_pool": (pool_dtype, pool), "v_pool": (pool_dtype, pool),
+                    "k_scale": ("f32", (hkv,)), "v_scale": ("f32", (hkv,))}
+            addrs = {n: dev.pointer(x, n, dtype=spec[n][0], shape=spec[n][1], align=align.get(n, 2))
                      for n, x in tensors.items()}
         hit = self._checked.get(id(shape))  # this very (immutable) shape object, checked before
         if hit is None or hit[0] is not shape or type(num_blocks) is not int or num_blocks not in hit[1]:
@@ -604,30 +614,17 @@ class Q12Pass:
                                                           a["v_pool"], hkv * d, slots, st))
 
     def _kv_write_fp8(self, k, v, k_pool, v_pool, shape: AttentionShape, num_blocks, k_scale, v_scale) -> None:
-        _, nb = self._attention_ops(shape, num_blocks, (k_pool, v_pool), {})
+        a, nb = self._attention_ops(shape, num_blocks, (k_pool, v_pool), {
+            "k": k, "v": v, "k_pool": k_pool, "v_pool": v_pool, "k_scale": k_scale, "v_scale": v_scale},
+            ALIGN["kv_write_fp8"])
         hkv, d = shape.num_kv_heads, shape.head_dim
         if d % 8:
             raise ValueError(f"an FP8 KV write needs shape.head_dim % 8 == 0 (16-byte chunks of one head), got {d}")
-        t = self._batch.total
-        k, v, k_pool, v_pool, k_scale, v_scale = self._fp8_pointers(
-            "kv_write_fp8", shape, nb, (("k", k, (t, hkv, d)), ("v", v, (t, hkv, d))), k_pool, v_pool, k_scale,
-            v_scale)
+        k, v, k_pool, v_pool, k_scale, v_scale = (int(a[n]) for n in ("k", "v", "k_pool", "v_pool", *_SCALES))
         dev, st, slots = self.device, self.stream, int(nb) * self.block_size
         self._each(lambda meta, row: ops.enqueue_kv_write_fp8(
             dev, meta, k + row_offset(row, hkv * d, _BF16), v + row_offset(row, hkv * d, _BF16), k_pool, v_pool,
             k_scale, v_scale, d, hkv * d, slots, st))
-
-    def _fp8_pointers(self, op: str, shape: AttentionShape, nb: int, bf16: tuple, k_pool, v_pool, k_scale,
-                      v_scale) -> tuple:
-        """The checked addresses of an op on FP8 pools (``op``: its :data:`~q12drv.kernels.args.ALIGN` entry):
-        ``bf16`` ``((name, tensor, shape), ...)`` bf16 tensors, then the pools (e4m3 or bytes ``[nb, block_size, Hkv,
-        D]``) and the scales (fp32 ``[Hkv]``), in that order."""
-        dev, align, hkv, d = self.device, ALIGN[op], shape.num_kv_heads, shape.head_dim
-        pool = (int(nb), self.block_size, hkv, d)
-        specs = (*((name, x, "bf16", shp) for name, x, shp in bf16),
-                 ("k_pool", k_pool, FP8_POOL_DTYPES, pool), ("v_pool", v_pool, FP8_POOL_DTYPES, pool),
-                 ("k_scale", k_scale, "f32", (hkv,)), ("v_scale", v_scale, "f32", (hkv,)))
-        return tuple(dev.pointer(x, name, dtype=dtype, shape=shp, align=align[name]) for name, x, dtype, shp in specs)
 
     def attention(self, q, k_pool, v_pool, o, shape: AttentionShape, *, num_blocks: int | None = None,
                   algo: str = "auto", num_splits: int | None = None, workspace=None,
@@ -651,12 +648,9 @@ class Q12Pass:
         """
         check_attention_pools(shape, algo)
         if check_kv_scales(getattr(shape, "kv_dtype", "bf16"), k_scale, v_scale, "shape.kv_dtype"):
-            _, nb = self._attention_ops(shape, num_blocks, (k_pool, v_pool), {})
-            t, hq, d = self._batch.total, shape.num_q_heads, shape.head_dim
-            names = ("q", "o", "k_pool", "v_pool", "k_scale", "v_scale")
-            a = dict(zip(names, self._fp8_pointers("attention_fp8", shape, nb, (("q", q, (t, hq, d)),
-                                                                                ("o", o, (t, hq, d))),
-                                                   k_pool, v_pool, k_scale, v_scale)))
+            a, _ = self._attention_ops(shape, num_blocks, (k_pool, v_pool), {
+                "q": q, "k_pool": k_pool, "v_pool": v_pool, "o": o, "k_scale": k_scale, "v_scale": v_scale},
+                ALIGN["attention_fp8"])
             return self._attention_decode(a, shape, num_splits, workspace, workspace_bytes)
         a, nb = self._attention_ops(shape, num_blocks, (k_pool, v_pool),
                                     {"q": q, "k_pool": k_pool, "v_pool": v_pool, "o": o})
