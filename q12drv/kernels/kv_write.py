@@ -46,6 +46,7 @@ __all__ = [
     "reference",
     "emulate_kv_write",
     "geometry_fp8",
+    "check_fp8_head_dim",
     "quantize_rows",
     "reference_fp8",
     "emulate_kv_write_fp8",
@@ -224,6 +225,14 @@ def emulate_kv_write(args: dict, mem, grid, block) -> None:
     v_pool = mem.array(args["v_pool"], np.uint16, (num_slots, row))
     # Same copy as :func:`reference`, done in place on the views (no copy of the whole pools).
     _write_rows(k, v, slots, k_pool, v_pool)
+
+
+def check_fp8_head_dim(head_dim: int, what: str = "head_dim") -> None:
+    """ValueError unless ``head_dim`` suits ``q12_kv_write_fp8``, whose 16-byte chunks of 8 values lie in one head
+    (one scale)."""
+    if head_dim % _CHUNK_ELEMS:
+        raise ValueError(f"an FP8 KV write needs {what} % {_CHUNK_ELEMS} == 0 (16-byte chunks of one head), got "
+                         f"{head_dim}")
 
 
 def geometry_fp8(total_tokens: int, row_elems: int, *, num_sms: int = 132, threads: int = THREADS) -> tuple:

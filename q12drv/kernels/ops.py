@@ -111,8 +111,7 @@ def kv_write(device: Device, meta: BatchedAttnMetadata, k: int, v: int, k_pool: 
         raise ValueError(f"num_kv_heads * head_dim = {row} must be a multiple of 8 (16-byte rows) and fit an int32")
     slots = _positive("num_blocks", num_blocks) * meta.block_size
     if _args.check_kv_scales(kv_dtype, k_scale, v_scale):
-        if d % 8:
-            raise ValueError(f"an FP8 KV write needs head_dim % 8 == 0 (16-byte chunks of one head), got {d}")
+        _kvw.check_fp8_head_dim(d)
         a = _args.ALIGN["kv_write_fp8"]
         t = int(meta.total_tokens)
         ptr = lambda name, value, dtype, shape: device.pointer(  # noqa: E731

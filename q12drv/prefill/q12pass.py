@@ -29,6 +29,7 @@ from ..core.errors import CapacityError, Q12Error
 from ..kernels import ops
 from ..kernels.expand import ExpandPlan, stage_on_device
 from ..kernels import attention as _attn
+from ..kernels import kv_write as _kvw
 from ..kernels import attention_decode as _dec
 from ..kernels import rope as _rope
 from ..kernels.gdn import GdnConfig, GdnPlan, GdnShape, GdnTensors, enqueue_gdn
@@ -618,8 +619,7 @@ class Q12Pass:
             "k": k, "v": v, "k_pool": k_pool, "v_pool": v_pool, "k_scale": k_scale, "v_scale": v_scale},
             ALIGN["kv_write_fp8"])
         hkv, d = shape.num_kv_heads, shape.head_dim
-        if d % 8:
-            raise ValueError(f"an FP8 KV write needs shape.head_dim % 8 == 0 (16-byte chunks of one head), got {d}")
+        _kvw.check_fp8_head_dim(d, "shape.head_dim")
         k, v, k_pool, v_pool, k_scale, v_scale = (int(a[n]) for n in ("k", "v", "k_pool", "v_pool", *_SCALES))
         dev, st, slots = self.device, self.stream, int(nb) * self.block_size
         self._each(lambda meta, row: ops.enqueue_kv_write_fp8(
