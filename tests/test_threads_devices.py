@@ -300,6 +300,21 @@ def test_streams_in_every_form_and_q12drv_streams_speak_the_protocol(emu):
         emu.as_stream(s)
 
 
+def test_a_framework_stream_first_seen_while_it_captures_keeps_the_capture_valid(emu):
+    """torch.cuda.graph captures on a side stream q12drv has not seen: asking its device then would be refused by
+    the driver and invalidate the capture, so it is taken unchecked while capturing and checked after."""
+    s = emu.new_stream()
+    emu.driver.begin_capture(s.raw)
+    assert emu.as_stream(ProtocolStream(s.handle)) is s.raw
+    emu.driver.end_capture(s.raw)  # still valid
+    assert emu.as_stream(TorchLikeStream(s.handle)) is s.raw  # checked now
+    emu.driver.begin_capture(s.raw)
+    with pytest.raises(CudaError, match="CAPTURE_UNSUPPORTED"):
+        emu.driver.stream_device(s.raw)  # what the check would have done
+    with pytest.raises(CudaError, match="CAPTURE_INVALIDATED"):
+        emu.driver.end_capture(s.raw)
+
+
 def test_a_stream_of_another_device_is_refused_in_every_form(emu2):
     d0, d1 = emu2
     s1 = d1.new_stream()

@@ -386,6 +386,11 @@ class Device:
         if raw is None:
             try:
                 raw = self.driver.stream_from_handle(handle)
+                if handle > 2 and self.driver.stream_is_capturing(raw):
+                    # the driver refuses cuStreamGetDevice on a capturing stream and invalidates the capture:
+                    # the stream is taken unchecked (a stream of another device fails at the first launch, in
+                    # the driver's words) and checked on its first use after the capture
+                    return raw
                 owner = self.driver.stream_device(raw)
             except CudaError as exc:
                 raise ValueError(f"stream handle {handle:#x} ({type(stream).__name__}) is no stream this device's "

@@ -67,15 +67,15 @@ def test_cuda_core_buffers_and_streams(gpu):
     device = core.Device(gpu.ordinal)
     device.set_current()
     need = make_scratch_plan(COUNTS, 0, False).total_bytes
-    buf = device.memory_resource.allocate(ScratchArena.buffer_bytes(need))
     stream = device.create_stream()
+    buf = device.memory_resource.allocate(ScratchArena.buffer_bytes(need), stream=stream)  # keyword-only in 1.x
     with ScratchArena.over(gpu, buf) as arena:
         assert arena.base == int(buf.handle) and not arena.owns_memory
         assert attention_pass(gpu, 3, stream, arena=arena) == expected
     wrapped = device.create_stream(gpu.new_stream())  # q12drv's Stream exports __cuda_stream__
     assert attention_pass(gpu, 3, wrapped) == expected
     stream.sync()
-    buf.close()
+    buf.close(stream)
 
 
 def test_a_pass_on_torch_tensors_between_torch_ops_and_replayed_from_a_torch_graph(gpu):

@@ -325,6 +325,7 @@ class _Stream:
     ctx: Any = None
     queue: deque = field(default_factory=deque)
     capture: list | None = None
+    capture_invalidated: bool = False  # a call the real driver refuses during capture was made on it
     # one thread at a time runs a stream's queued work (another thread's event wait may drain it), in order
     lock: Any = field(default_factory=threading.RLock)
 
@@ -729,7 +730,11 @@ class EmuDriver(Driver):
         and 2, which name the current context's own null stream."""
         if isinstance(stream, (int, np.integer)) and 0 <= int(stream) <= 2:
             return None
-        return self._stream(stream, "cuStreamGetDevice").ctx.ordinal
+        s = self._stream(stream, "cuStreamGetDevice")
+        if s.capture is not None:  # as the real driver: refused, and the capture is invalidated
+            s.capture_invalidated = True
+            fail("cuStreamGetDevice", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED")
+        return s.ctx.ordinal
 
     def event_create(self, timing: bool = False) -> Any:
         self._fault("cuEventCreate")
@@ -867,10 +872,13 @@ class EmuDriver(Driver):
         if s.capture is None:
             fail("cuStreamEndCapture", "CUDA_ERROR_ILLEGAL_STATE")
         ops, s.capture = s.capture, None
+        if s.capture_invalidated:
+            s.capture_invalidated = False
+            fail("cuStreamEndCapture", "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED")
         return (s.ctx, tuple(ops))
 
     def stream_is_capturing(self, stream: Any) -> bool:
-        return self._work_stream(stream, "cuStreamIsCapturing").capture is not None
+        return self._stream(stream, "cuStreamIsCapturing").capture is not None  # any context's stream
 
     def graph_instantiate(self, graph: Any) -> Any:
         self._fault("cuGraphInstantiate")
