@@ -449,7 +449,7 @@ GDN_CASES = {"8x2048": [2048] * 8, "1x8192": [8192], "ragged8": [256, 2048, 512,
 #: The same on the emulator: cut down.
 GDN_EMU_CASES = {"2x16": [16, 16], "ragged8": [3, 16, 1, 7, 2, 9, 5, 4]}
 #: Decode steps (every stream one token; four: speculative decode), memory-bound on the streams' fp32 states.
-GDN_DECODE_CASES = {"64x1": [1] * 64, "256x1": [1] * 256, "64x4": [4] * 64}
+GDN_DECODE_CASES = {"64x1": [1] * 64, "256x1": [1] * 256, "64x4": [4] * 64, "64x8": [8] * 64, "64x16": [16] * 64}
 #: The same on the emulator: cut down.
 GDN_DECODE_EMU_CASES = {"4x1": [1] * 4, "4x4": [4] * 4}
 

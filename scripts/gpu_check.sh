@@ -52,7 +52,7 @@ if [ -z "${Q12_SKIP_BENCH:-}" ] && [ -f bench/gpu_compare.py ]; then
   # host-side profile first (cProfile of staging and the 8 x 128 step), into the bench log
   : >"$OUT/bench.log"
   [ -z "${Q12_BENCH_SECTIONS:-}" ] && timeout 60 python3 bench/profile_host.py --reps 200 --top 25 >"$OUT/bench.log" 2>&1
-  step bench bench.log.tmp 240 env PYTHONPATH="$BENCH_PATH" python3 bench/gpu_compare.py --budget-s ${Q12_BENCH_BUDGET:-90} --out "$OUT/bench.json" \
+  step bench bench.log.tmp 420 env PYTHONPATH="$BENCH_PATH" python3 bench/gpu_compare.py --budget-s ${Q12_BENCH_BUDGET:-300} --out "$OUT/bench.json" \
     ${Q12_BENCH_SECTIONS:+--sections "$Q12_BENCH_SECTIONS"}
   cat "$OUT/bench.log.tmp" >>"$OUT/bench.log" && rm -f "$OUT/bench.log.tmp"
   if [ -z "${Q12_BENCH_SECTIONS:-}" ] && [ -f bench/breakdown.py ]; then  # where the step's and staging's time goes

@@ -32,7 +32,7 @@ def test_gpu_compare_and_plot_plumbing(tmp_path):
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     data = json.loads(out.read_text())
     missing = {"launch", "staging", "curve", "jit_slot", "step", "kv_write", "rope", "conv1d", "attention", "graph",
-               "gdn", "layer_ops", "attention_window", "decode"} - set(data["sections"])
+               "gdn", "gdn_decode", "layer_ops", "attention_window", "decode"} - set(data["sections"])
     assert not missing, (missing, data["errors"])
     assert not [k for k in data["errors"] if "torch" not in k], data["errors"]  # only torch is absent here
     assert all(data["sections"]["staging"]["verified"].values())

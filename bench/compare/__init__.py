@@ -23,6 +23,7 @@ SECTIONS = {
     "attention": attention.run,
     "graph": graph.run,
     "gdn": gdn.run,
+    "gdn_decode": gdn.run_decode,
     "conv1d": conv1d.run,
     "attention_window": attention.run_window,
     "layer_ops": layer_ops.run,

@@ -3,9 +3,9 @@ the mma.sync two-pass schedule; the fused kernel; the fp32 recurrent kernel) at 
 d 128) on :data:`bench.inputs.GDN_CASES` (8 x 2048, 1 x 8192, ragged 8 streams of 256..2048), against each other and
 against fla-core's ``chunk_gated_delta_rule`` timed in its own process (``bench/fla_gdn.py``: replayed from a CUDA
 graph, its device time alone). q12drv's device time from events around 8 back-to-back calls, median of 30 after 3
-warm-ups. Then decode steps (64 x 1, 256 x 1, 64 x 4 tokens) against their byte floor (every stream's fp32 state
-read and written) at 4.8 TB/s, the default (the recurrence there) against the chunked form, buffer sets rotated
-past 3x L2."""
+warm-ups. Section ``gdn_decode``: decode steps (64 x 1, 256 x 1, 64 x 4 tokens; 64 x 8 and 64 x 16 for the
+recurrence's bound) against their byte floor (every stream's fp32 state read and written) at 4.8 TB/s, the default
+(the recurrence there) and the recurrence against the chunked form, buffer sets rotated past 3x L2."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from bench.report import ROOT
 from bench.timing import q12_events_us
 from q12drv.kernels.gdn import GdnConfig
 
-__all__ = ["run", "GDN_CONFIGS"]
+__all__ = ["run", "run_decode", "GDN_CONFIGS"]
 
 #: The section's configs (``gdn.gdn``'s plans for each case): the device's default, the mma.sync schedules, the
 #: fp32 recurrent kernel.
@@ -59,23 +59,24 @@ def run(ctx: Context) -> None:
                     "q12drv mma two-pass schedule", out["mma_two_pass_us"], note="info: device time")
     if ctx.gpu:
         ctx.comparator("gdn/fla", lambda: _fla(ctx, res, list(cases)))
-    _decode(ctx, res)
 
 
-#: The decode rows' configs: the default (the recurrence on a decode step) and the chunked form's best.
-DECODE_CONFIGS = {"default": GdnConfig(), "chunked": GdnConfig(math="chunked")}
+#: The decode rows' configs: the default (the recurrence on a decode step), the chunked form's best and the
+#: recurrence (where the default's bound on tokens a stream should sit).
+DECODE_CONFIGS = {"default": GdnConfig(), "chunked": GdnConfig(math="chunked"),
+                  "recurrent": GdnConfig(math="recurrent")}
 
 
-def _decode(ctx: Context, res: dict) -> None:
-    """Decode steps against their byte floor (every state read and written) at 4.8 TB/s: the goal >= 85% for one
-    token a stream, and four tokens (speculative decode) within 1.2x of one token's time."""
+def run_decode(ctx: Context) -> None:
+    """Section ``gdn_decode``: decode steps against their byte floor (every state read and written) at 4.8 TB/s:
+    the goal >= 85% for one token a stream, and four tokens (speculative decode) within 1.2x of one token's time."""
     from q12drv.kernels.gdn import GdnTensors, gdn, plan_gdn
 
     dev = ctx.dev
     shape = inputs.QWEN3_NEXT["gdn"]
     hk, hv, d = shape.num_k_heads, shape.num_v_heads, shape.head_dim
     cases = inputs.GDN_DECODE_CASES if ctx.gpu else inputs.GDN_DECODE_EMU_CASES
-    out = res["decode"] = {}
+    out = ctx.section("gdn_decode", {"shape": [hk, hv, d], "cases": {}})["cases"]
     for key, counts in cases.items():
         n = len(counts)
         floor = inputs.gdn_decode_floor_bytes(counts, hk, hv, d)
@@ -102,6 +103,9 @@ def _decode(ctx: Context, res: dict) -> None:
                             tbps=HBM_TBPS, of=f"the {HBM_TBPS} TB/s floor; default = {r['paths']['default']}")
             ctx.row(f"gdn decode {key} Hv{hv} d{d}: default", r["default_us"], "q12drv chunked form",
                     r["chunked_us"], note=f"device time, cold L2; default = {r['paths']['default']}")
+            ctx.row(f"gdn decode {key} Hv{hv} d{d}: recurrence", r["recurrent_us"], "q12drv chunked form",
+                    r["chunked_us"],
+                    note=f"info: where math='auto' stops taking the recurrence ({r['paths']['recurrent']})")
     one, four = (("64x1", "64x4") if ctx.gpu else ("4x1", "4x4"))
     ctx.row(f"gdn decode {four}: default", out[four]["default_us"], f"{one}: default", out[one]["default_us"],
             ("<=", 1.2), note="speculative decode: four tokens a stream against one")
