@@ -192,8 +192,10 @@ def decode_step(dev, name: str, problems: list) -> None:
     """``Q12Pass.attention(algo="decode")`` at the layer's heads and sliding window over DECODE_COUNTS new tokens after
     DECODE_STARTS cached ones, split DECODE_SPLITS ways, batched and per stream, on bf16 pools (into ``o``) and on
     the same pools quantized to e4m3 with per-head scales (into ``o8``): batched and per stream equal bit for bit,
-    every O element written, the guard bands around O and the workspace intact."""
-    attn = LAYERS[name][1]
+    every O element written, the guard bands around O and the workspace intact. Then the layer's Gated DeltaNet
+    (GDN64 where it has none) over the same streams with the default plan (the recurrence's decode build): batched
+    and per stream equal bit for bit (output and states), every output element written."""
+    attn, gshape = LAYERS[name][1], LAYERS[name][3] or GDN64
     hq, hkv, d = attn.num_q_heads, attn.num_kv_heads, attn.head_dim
     shape = AttentionShape(hq, hkv, d, d, sliding_window=attn.sliding_window)
     fp8 = dataclasses.replace(shape, kv_dtype="fp8_e4m3")
@@ -204,6 +206,8 @@ def decode_step(dev, name: str, problems: list) -> None:
             "k_pool": to_bf16_bits(rng.standard_normal((num_blocks, BLOCK, hkv, d))),
             "v_pool": to_bf16_bits(rng.standard_normal((num_blocks, BLOCK, hkv, d))),
             "o": np.full((total, hq, d), 0xFFFF, np.uint16), "o8": np.full((total, hq, d), 0xFFFF, np.uint16)}
+    gdn_host = layer_inputs(rng, total, len(streams), 1, BLOCK, attn, gshape)
+    host.update({k: gdn_host[k] for k in ("gq", "gk", "gv", "g", "beta", "go", "states")})
     for pool in ("k_pool", "v_pool"):  # as q12_kv_write_fp8 writes them, each head's scale its amax / 448
         x = host[pool]
         scale = (np.abs(from_bf16_bits(x).reshape(-1, hkv, d)).max(axis=(0, 2)) / E4M3_MAX).astype(np.float32)
@@ -225,15 +229,23 @@ def decode_step(dev, name: str, problems: list) -> None:
             q12.attention(p["q"], p["k_pool8"], p["v_pool8"], p["o8"], fp8, num_blocks=num_blocks, algo="decode",
                           num_splits=DECODE_SPLITS, workspace=ws.ptr, workspace_bytes=ws_bytes, k_scale=p["k_scale"],
                           v_scale=p["v_scale"])
+            plan = plan_gdn(GdnConfig(), gshape, len(streams), max(DECODE_COUNTS), dev)
+            if plan.sequential != "decode":
+                problems.append(f"{name}: a decode step planned {plan.kernels[0].entry}, not the decode build")
+            states = [p["states"] + b * host["states"][0].nbytes for b in range(len(streams))]
+            q12.gdn_layer(states, GdnTensors(p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"]), gshape,
+                          config=plan)
             dev.synchronize()
-            results[mode] = {k: bufs[k].get(problems) for k in ("o", "o8")}
+            results[mode] = {k: bufs[k].get(problems) for k in ("o", "o8", "go", "states")}
             ws.get(problems)
             ws.buf.free()
-    for k, what in (("o", "decode"), ("o8", "FP8 decode")):
+    for k, what in (("o", "decode"), ("o8", "FP8 decode"), ("go", "GDN decode")):
         if np.any(np.frombuffer(results["batched"][k], np.uint16) == 0xFFFF):
             problems.append(f"{name} {what}: O has elements the kernels never wrote")
         if results["batched"][k] != results["per_stream"][k]:
             problems.append(f"{name} {what}: batched and per stream differ")
+    if results["batched"]["states"] != results["per_stream"]["states"]:
+        problems.append(f"{name} GDN decode: the states differ batched and per stream")
     tbuf.get(problems)
     for b in list(bufs.values()) + [tbuf]:
         b.buf.free()

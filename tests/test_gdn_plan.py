@@ -61,9 +61,14 @@ def test_a_decode_step_runs_the_recurrence_by_default(device):
     assert RECURRENT_MAX_TOKENS == 4
     for n, tokens in ((64, 1), (256, 1), (64, 4)):  # decode, speculative decode
         plan = plan_gdn(GdnConfig(), QWEN, n, tokens, device)
-        assert _path(plan) == ("recurrent", "fused", "fp32", "", (recurrent.entry(128),))
+        assert _path(plan) == ("recurrent", "fused", "fp32", "decode", (recurrent.decode_entry(128),))
         assert plan.workspace_bytes == 0 and plan.config.math == "auto"
+        assert plan.kernels[0].grid == (32 * 128 // 32, n, 1) and plan.kernels[0].block == (256, 1, 1)
     assert plan_gdn(GdnConfig(), QWEN, 64, 5, device).math == "chunked"  # past the bound: the chunked form
+    # the recurrence asked for: its decode build up to the bound, the token-chunked one past it
+    assert plan_gdn(GdnConfig(math="recurrent"), QWEN, 64, 4, device).sequential == "decode"
+    long = plan_gdn(GdnConfig(math="recurrent"), QWEN, 64, 5, device)
+    assert (long.sequential, long.kernels[0].entry) == ("", recurrent.entry(128))
     # a choice of schedule, isa or math is the chunked form's (or the asked math), whatever the length
     assert plan_gdn(GdnConfig(schedule="two_pass"), QWEN, 64, 1, device).math == "chunked"
     assert plan_gdn(GdnConfig(isa="mma"), QWEN, 64, 1, device).math == "chunked"

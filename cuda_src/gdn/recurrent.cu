@@ -242,6 +242,195 @@ __device__ __forceinline__ void recurrent_body(GDN_BODY_PARAMS) {
             for (int j = 0; j < CPT; ++j) state[(4 * LPC * c + 4 * sub + e) * DV + col + j] = S[j][4 * c + e];
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// The decode build: the same recurrence for streams of a few tokens (a decode or speculative-decode step), where
+// the state's bytes are the whole cost (64 KB read and written per (stream, value head) at d128, against 512 bytes
+// of q and k a token). The state is read and written once, in coalesced 16-byte rows, by CTAs light enough that
+// eight share an SM.
+//
+// A CTA owns `columns` (32) dv columns of one (stream, value head) and all dk rows: lane = 8 * rg + cg holds
+// columns col0 + 4cg .. +3 of rows 32i + 4w + rg (warp w, i < dk/32), so each warp-wide access is four 128-byte
+// rows. Per token, with S already decayed (S <- exp(g) S):
+//     m = S^T k^ and p = S^T q~ (column sums over dk: lanes rg by xor shuffles, then the warps through shared
+//     memory, summed in warp order by every thread that needs them, so all copies of a column agree);
+//     delta = beta (v - m);  o = p + (k^ . q~) delta  (= (S + k^ delta^T)^T q~);  S <- S + k^ delta^T.
+// Tokens are staged `tokens` (4) at a time: warp t < 4 normalises token t's q and k (and their dot product), warp
+// 4 + t loads its v slice, exp(g) and beta. A state pointer that is not 16-byte aligned takes scalar accesses (the
+// same bits). A stream of no tokens leaves its state untouched. Five CTAs an SM (47 registers at d128; six would
+// spill).
+struct DecodeConfig {
+    int threads, tokens, columns, min_blocks;   // min_blocks: CTAs an SM the registers must allow
+    __host__ __device__ constexpr int rows_per_pass() const { return threads / (columns / 4); }
+};
+__host__ __device__ constexpr DecodeConfig decode_config() { return {256, 4, 32, 5}; }
+
+#if !defined(Q12_GDN_DECODE_THREADS) || !defined(Q12_GDN_DECODE_COLUMNS)
+#error "compile through q12drv: it passes the host's geometry (-DQ12_GDN_DECODE_THREADS=... -DQ12_GDN_DECODE_COLUMNS=...)"
+#endif
+static_assert(decode_config().threads == Q12_GDN_DECODE_THREADS, "decode: threads a CTA differ from the host's");
+static_assert(decode_config().columns == Q12_GDN_DECODE_COLUMNS, "decode: dv columns a CTA differ from the host's");
+
+template <int DK, int DV>
+__device__ __forceinline__ void decode_body(GDN_BODY_PARAMS) {
+    constexpr DecodeConfig CFG = decode_config();
+    constexpr int THREADS = CFG.threads, CT = CFG.tokens, COLS = CFG.columns;
+    constexpr int WARPS = THREADS / 32;
+    constexpr int GROUPS = COLS / 4;                 // lanes across a row (one float4 each)
+    constexpr int RPP = CFG.rows_per_pass();         // rows a CTA-wide pass covers
+    constexpr int NR = DK / RPP;                     // rows a thread owns
+    constexpr int SEGS = DK / 8;                     // 16-byte segments of a q/k row
+    constexpr int SLICES = DV / COLS;
+    static_assert(GROUPS == 8 && 32 % GROUPS == 0 && DK % RPP == 0 && DV % COLS == 0, "decode: tile");
+    static_assert(WARPS == 2 * CT && 2 * SEGS <= 32, "decode: one warp stages a token's q and k, one its v");
+
+    __shared__ __align__(16) float s_q[CT][DK];
+    __shared__ __align__(16) float s_k[CT][DK];
+    __shared__ __align__(16) float s_v[CT][COLS];
+    __shared__ float s_alpha[CT], s_beta[CT], s_kq[CT];
+    __shared__ __align__(16) float s_red[2][WARPS][2][COLS];   // per-warp column sums (m, p), by token parity
+
+    const int b = blockIdx.y;
+    if (b >= (int)m.batch_size || (int)blockIdx.x >= num_v_heads * SLICES) return;
+    const int* cu = q12_cu_seqlens(m);
+    const int tok0 = cu[b];
+    const int len = cu[b + 1] - tok0;
+    if (len <= 0) return;
+    const int h = blockIdx.x / SLICES;
+    const int col0 = (blockIdx.x % SLICES) * COLS;
+    const int kh = h / (num_v_heads / num_k_heads);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int cg = lane % GROUPS, rg = lane / GROUPS;
+    const int row0 = warp * (32 / GROUPS) + rg;      // rows row0 + RPP*i
+
+    float* state = reinterpret_cast<float*>(h_state_ptrs[b]) + (long long)h * DK * DV + col0 + 4 * cg;
+    const bool vec = (reinterpret_cast<unsigned long long>(h_state_ptrs[b]) & 15ull) == 0;
+    float4 S[NR];
+#pragma unroll
+    for (int i = 0; i < NR; ++i) {
+        const float* p = state + (long long)(row0 + RPP * i) * DV;
+        S[i] = vec ? *reinterpret_cast<const float4*>(p) : make_float4(p[0], p[1], p[2], p[3]);
+    }
+
+    for (int c0 = 0; c0 < len; c0 += CT) {
+        const int nt = min(CT, len - c0);
+        if (warp < CT) {                              // token c0 + warp: q~ and k^ (the whole warp shuffles)
+            const int t = warp;
+            if (t < nt) {
+                const bool mine = lane < 2 * SEGS, is_q = lane < SEGS;
+                const int seg = lane % SEGS;
+                uint4 raw = make_uint4(0u, 0u, 0u, 0u);
+                if (mine)
+                    raw = *reinterpret_cast<const uint4*>((is_q ? q : k) +
+                                                          ((long long)(tok0 + c0 + t) * num_k_heads + kh) * DK + seg * 8);
+                float x[8];
+                const float inv = gdn_row_inv_norm<SEGS>(raw, x);
+                if (mine) {
+                    const float qscale = 1.0f / sqrtf((float)DK);
+                    float y[8];
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) y[e] = is_q ? (x[e] * inv) * qscale : x[e] * inv;
+                    float* dst = is_q ? &s_q[t][seg * 8] : &s_k[t][seg * 8];
+                    reinterpret_cast<float4*>(dst)[0] = make_float4(y[0], y[1], y[2], y[3]);
+                    reinterpret_cast<float4*>(dst)[1] = make_float4(y[4], y[5], y[6], y[7]);
+                }
+            }
+        } else {                                      // token c0 + warp - CT: v slice, exp(g), beta
+            const int t = warp - CT;
+            if (t < nt) {
+                const long long hv_idx = (long long)(tok0 + c0 + t) * num_v_heads + h;
+                if (lane < GROUPS) {
+                    const uint2 raw = *reinterpret_cast<const uint2*>(v + hv_idx * DV + col0 + 4 * lane);
+                    const __nv_bfloat162* pv = reinterpret_cast<const __nv_bfloat162*>(&raw);
+                    const float2 a = __bfloat1622float2(pv[0]), c = __bfloat1622float2(pv[1]);
+                    reinterpret_cast<float4*>(&s_v[t][4 * lane])[0] = make_float4(a.x, a.y, c.x, c.y);
+                } else if (lane == GROUPS) {
+                    s_alpha[t] = expf(g[hv_idx]);
+                } else if (lane == GROUPS + 1) {
+                    s_beta[t] = beta[hv_idx];
+                }
+            }
+        }
+        __syncthreads();
+        if (warp < CT && warp < nt) {                 // k^ . q~ of token c0 + warp, over the staged rows
+            float kq = 0.f;
+#pragma unroll
+            for (int e = lane; e < DK; e += 32) kq = fmaf(s_k[warp][e], s_q[warp][e], kq);
+#pragma unroll
+            for (int off = 16; off >= 1; off >>= 1) kq += __shfl_xor_sync(0xffffffffu, kq, off);
+            if (lane == 0) s_kq[warp] = kq;
+        }
+        __syncthreads();
+
+        for (int t = 0; t < nt; ++t) {
+            const int par = (c0 + t) & 1;
+            const float a = s_alpha[t];
+            float mk[4] = {0.f, 0.f, 0.f, 0.f}, pq[4] = {0.f, 0.f, 0.f, 0.f};
+            float kr[NR];
+#pragma unroll
+            for (int i = 0; i < NR; ++i) {
+                const int r = row0 + RPP * i;
+                kr[i] = s_k[t][r];
+                const float qr = s_q[t][r];
+                S[i].x *= a; S[i].y *= a; S[i].z *= a; S[i].w *= a;
+                mk[0] = fmaf(S[i].x, kr[i], mk[0]); mk[1] = fmaf(S[i].y, kr[i], mk[1]);
+                mk[2] = fmaf(S[i].z, kr[i], mk[2]); mk[3] = fmaf(S[i].w, kr[i], mk[3]);
+                pq[0] = fmaf(S[i].x, qr, pq[0]); pq[1] = fmaf(S[i].y, qr, pq[1]);
+                pq[2] = fmaf(S[i].z, qr, pq[2]); pq[3] = fmaf(S[i].w, qr, pq[3]);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+#pragma unroll
+                for (int off = GROUPS; off < 32; off <<= 1) {
+                    mk[j] += __shfl_xor_sync(0xffffffffu, mk[j], off);
+                    pq[j] += __shfl_xor_sync(0xffffffffu, pq[j], off);
+                }
+            }
+            if (rg == 0) {
+                reinterpret_cast<float4*>(&s_red[par][warp][0][4 * cg])[0] = make_float4(mk[0], mk[1], mk[2], mk[3]);
+                reinterpret_cast<float4*>(&s_red[par][warp][1][4 * cg])[0] = make_float4(pq[0], pq[1], pq[2], pq[3]);
+            }
+            __syncthreads();
+            float4 M = make_float4(0.f, 0.f, 0.f, 0.f), P = M;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) {
+                const float4 x = reinterpret_cast<const float4*>(&s_red[par][w][0][4 * cg])[0];
+                const float4 y = reinterpret_cast<const float4*>(&s_red[par][w][1][4 * cg])[0];
+                M.x += x.x; M.y += x.y; M.z += x.z; M.w += x.w;
+                P.x += y.x; P.y += y.y; P.z += y.z; P.w += y.w;
+            }
+            const float bt = s_beta[t], kq = s_kq[t];
+            const float4 vv = reinterpret_cast<const float4*>(&s_v[t][4 * cg])[0];
+            const float4 d = make_float4(bt * (vv.x - M.x), bt * (vv.y - M.y), bt * (vv.z - M.z), bt * (vv.w - M.w));
+#pragma unroll
+            for (int i = 0; i < NR; ++i) {
+                S[i].x = fmaf(kr[i], d.x, S[i].x); S[i].y = fmaf(kr[i], d.y, S[i].y);
+                S[i].z = fmaf(kr[i], d.z, S[i].z); S[i].w = fmaf(kr[i], d.w, S[i].w);
+            }
+            if (warp == 0 && rg == 0) {
+                __nv_bfloat162 o2[2] = {__floats2bfloat162_rn(fmaf(kq, d.x, P.x), fmaf(kq, d.y, P.y)),
+                                        __floats2bfloat162_rn(fmaf(kq, d.z, P.z), fmaf(kq, d.w, P.w))};
+                *reinterpret_cast<uint2*>(o + ((long long)(tok0 + c0 + t) * num_v_heads + h) * DV + col0 + 4 * cg) =
+                    *reinterpret_cast<const uint2*>(o2);
+            }
+        }
+        __syncthreads();                              // the staged chunk is read; the next may overwrite it
+    }
+
+#pragma unroll
+    for (int i = 0; i < NR; ++i) {
+        float* p = state + (long long)(row0 + RPP * i) * DV;
+        if (vec) {
+            *reinterpret_cast<float4*>(p) = S[i];
+        } else {
+            p[0] = S[i].x; p[1] = S[i].y; p[2] = S[i].z; p[3] = S[i].w;
+        }
+    }
+}
+
 // dk = dv = 128 and 64.
 extern "C" __global__ void q12_gdn_recurrent_d128(GDN_PARAMS) { recurrent_body<128, 128>(GDN_ARGS); }
 extern "C" __global__ void q12_gdn_recurrent_d64(GDN_PARAMS) { recurrent_body<64, 64>(GDN_ARGS); }
+extern "C" __global__ void __launch_bounds__(decode_config().threads, decode_config().min_blocks)
+    q12_gdn_recurrent_decode_d128(GDN_PARAMS) { decode_body<128, 128>(GDN_ARGS); }
+extern "C" __global__ void __launch_bounds__(decode_config().threads, decode_config().min_blocks)
+    q12_gdn_recurrent_decode_d64(GDN_PARAMS) { decode_body<64, 64>(GDN_ARGS); }

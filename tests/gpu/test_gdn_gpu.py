@@ -154,25 +154,37 @@ def launch(funcs, name, grid, block, smem, values, dependent=False):
     check(cu.cuLaunchKernel(funcs[name], *grid, *block, smem, cu.CUstream(0), ctypes.addressof(arr), 0))
 
 
-def run_gpu(torch, funcs, inputs, hk, hv, d, rng):
-    """One launch over all streams of `inputs`: returns (o bits, final states, all guards intact)."""
+def run_gpu(torch, funcs, inputs, hk, hv, d, rng, decode=False, state_shift=0):
+    """One launch over all streams of `inputs` (``decode``: the decode build): returns (o bits, final states, all
+    guards intact). ``state_shift``: each state that many bytes past a 256-byte boundary (4: the alignment a state
+    needs). Streams of no tokens are allowed (their output is nothing, their state untouched)."""
     q, k, v, g, beta, cu, s0 = inputs
     lens = np.diff(cu).tolist()
     n, T = len(lens), int(cu[-1])
-    meta, keep = build_meta(torch, lens, rng)
+    meta, keep = build_meta(torch, [max(L, 1) for L in lens], rng)
+    cu_buf = Guarded.of(torch, cu.astype(np.int32))  # the real cu_seqlens
+    meta.cu_seqlens, meta.total_tokens = cu_buf.ptr, T
+    keep.append(cu_buf)
     bufs = [Guarded.of(torch, x) for x in (q, k, v, g, beta)]
-    o = Guarded(torch, T * hv * d * 2, fill=0xFF)  # 0xFFFF = bf16 NaN
-    states = [Guarded.of(torch, s0[b]) for b in range(n)]
+    o = Guarded(torch, max(T, 1) * hv * d * 2, fill=0xFF)  # 0xFFFF = bf16 NaN
+    if state_shift:
+        states = [Guarded.of(torch, np.concatenate([np.zeros(state_shift, np.uint8), s0[b].view(np.uint8).ravel()]))
+                  for b in range(n)]
+        for st in states:
+            st.ptr += state_shift
+    else:
+        states = [Guarded.of(torch, s0[b]) for b in range(n)]
     ptrs = Guarded.of(torch, np.array([s.ptr for s in states], np.uint64))
-    grid, block, smem = gdn.geometry(n, hv, d)
+    grid, block, smem = (gdn.decode_geometry if decode else gdn.geometry)(n, hv, d)
     values = [meta, ctypes.c_uint64(ptrs.ptr)]
     values += [ctypes.c_uint64(b.ptr) for b in bufs] + [ctypes.c_uint64(o.ptr)]
     values += [ctypes.c_int(hk), ctypes.c_int(hv), ctypes.c_uint64(0)]   # no workspace
     torch.cuda.synchronize()
-    launch(funcs, gdn.entry(d), grid, block, smem, values)
+    launch(funcs, (gdn.decode_entry if decode else gdn.entry)(d), grid, block, smem, values)
     torch.cuda.synchronize()
-    out = o.read(np.uint16, (T, hv, d))
-    fin = np.stack([s.read(np.float32, (hv, d, d)) for s in states])
+    out = o.read(np.uint16, (max(T, 1), hv, d))[:T]
+    fin = np.stack([s.buf[GUARD + state_shift:GUARD + state_shift + hv * d * d * 4].cpu().numpy().view(np.float32)
+                    .reshape(hv, d, d).copy() for s in states])
     guards = all(b.guards_ok() for b in [o, ptrs, *states, *bufs, *keep])
     return out, fin, guards
 
@@ -213,6 +225,48 @@ def test_gdn_prefill_matches_reference_and_is_batch_invariant(kernels, d, hk, hv
         assert guards1
         assert np.array_equal(o[s:e], o1), f"stream {b}: output differs batched vs alone"
         assert np.array_equal(fin[b], fin1[0]), f"stream {b}: final state differs batched vs alone"
+
+
+DECODE_CASES = [
+    # (d, hk, hv, lens): decode, speculative decode and empty streams; the tokens a chunk of the staging (4) and past
+    (128, 16, 32, [1] * 8),
+    (128, 16, 32, [4, 1, 0, 3, 2, 4, 0, 1]),
+    (128, 2, 4, [9, 1, 5]),
+    (64, 2, 6, [1, 4, 0, 2, 7]),
+]
+
+
+@pytest.mark.parametrize("d,hk,hv,lens", DECODE_CASES, ids=[f"d{c[0]}-hk{c[1]}-hv{c[2]}-{'-'.join(map(str, c[3]))}"
+                                                           for c in DECODE_CASES])
+def test_gdn_decode_build_matches_reference_and_is_batch_invariant(kernels, d, hk, hv, lens):
+    """The recurrence's decode build: the float64 reference, the token-chunked build (same math, another summation
+    order), batched == each stream alone bit for bit, a 4-byte-aligned state (scalar accesses) == a 16-byte-aligned
+    one bit for bit, empty streams' states untouched, no byte written outside o and the states."""
+    torch, funcs = kernels
+    rng = np.random.default_rng()
+    inputs = make_inputs(rng, lens, hk, hv, d)
+    o, fin, guards = run_gpu(torch, funcs, inputs, hk, hv, d, rng, decode=True)
+    assert guards, "a guard byte around a written buffer changed"
+    of = from_bf16_bits(o)
+    assert np.isfinite(of).all(), "output rows left unwritten (NaN poison) or non-finite"
+    o_ref, fin_ref = reference(*inputs)
+    q, k, v, g, beta, cu, s0 = inputs
+    o_tc, fin_tc, _ = run_gpu(torch, funcs, inputs, hk, hv, d, rng)
+    for b in range(len(lens)):
+        s, e = cu[b], cu[b + 1]
+        if e == s:
+            assert np.array_equal(fin[b], s0[b]), f"stream {b} has no tokens but its state changed"
+            continue
+        assert rel_err(of[s:e], from_bf16_bits(o_ref[s:e])) < 1e-2, f"stream {b}: output"
+        assert rel_err(fin[b], fin_ref[b]) < 1e-4, f"stream {b}: state"
+        assert rel_err(of[s:e], from_bf16_bits(o_tc[s:e])) < 1e-2 and rel_err(fin[b], fin_tc[b]) < 1e-5, b
+    o4, fin4, guards4 = run_gpu(torch, funcs, inputs, hk, hv, d, rng, decode=True, state_shift=4)
+    assert guards4 and np.array_equal(o4, o) and np.array_equal(fin4, fin), "scalar state accesses differ"
+    for b in range(len(lens)):
+        s, e = cu[b], cu[b + 1]
+        one = (q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], np.array([0, e - s], np.int32), s0[b:b + 1])
+        o1, fin1, guards1 = run_gpu(torch, funcs, one, hk, hv, d, rng, decode=True)
+        assert guards1 and np.array_equal(o[s:e], o1) and np.array_equal(fin[b], fin1[0]), f"stream {b} alone"
 
 
 # --------------------------------------------------------------------------- chunked (WY) kernels

@@ -133,9 +133,12 @@ def _resolve(config: GdnConfig, hv: int, d: int, n: int, max_tokens: int, arch: 
     return math, schedule, isa
 
 
-def _sequential(schedule: str, isa: str, hv: int, d: int, n: int, sms: int) -> str:
-    """The two-pass sequential kernel's build the rules take: ``"wide"`` (wgmma, a full device at d128), else
-    ``"1stage"`` or ``"2stage"`` by grid size; ``""`` for the other schedules."""
+def _sequential(math: str, schedule: str, isa: str, hv: int, d: int, n: int, max_tokens: int, sms: int) -> str:
+    """The build the rules take: the recurrence's ``"decode"`` one for at most :data:`RECURRENT_MAX_TOKENS` tokens a
+    stream (``""``, the token-chunked one, for longer); the two-pass sequential kernel's ``"wide"`` (wgmma, a full
+    device at d128), else ``"1stage"`` or ``"2stage"`` by grid size; ``""`` for the other schedules."""
+    if math == "recurrent":
+        return "decode" if max_tokens <= RECURRENT_MAX_TOKENS else ""
     if schedule != "two_pass":
         return ""
     if isa == "wgmma" and _wg.uses_wide(n, hv, d, sms):
@@ -151,6 +154,8 @@ def _launches(math: str, schedule: str, isa: str, sequential: str, hk: int, hv: 
     workspace ``(offset, bytes)`` cleared before the launches (the overlapped schedule's ready flags and item
     counter) or None; ``kernels``, the :class:`GdnKernel` launches in order."""
     if math == "recurrent":
+        if sequential == "decode":
+            return None, (GdnKernel(_rec.decode_entry(d), *_rec.decode_geometry(n, hv, d), False),)
         return None, (GdnKernel(_rec.entry(d), *_rec.geometry(n, hv, d), False),)
     if schedule == "fused":
         return None, (GdnKernel(_mma.fused_entry(d), *_mma.fused_geometry(n, hv, d), False),)
@@ -202,7 +207,8 @@ class GdnPlan:
     isa : {"fp32", "mma", "wgmma"}
         The instruction set of the chosen kernels (``"fp32"``: the recurrent kernel, no tensor cores).
     sequential : str
-        The two-pass sequential kernel's build: ``"2stage"``, ``"1stage"`` or ``"wide"``; ``""`` otherwise.
+        The build: the two-pass sequential kernel's ``"2stage"``, ``"1stage"`` or ``"wide"``; the recurrence's
+        ``"decode"`` (at most :data:`RECURRENT_MAX_TOKENS` tokens a stream); ``""`` otherwise.
     kernels : tuple of GdnKernel
         The launches, in order, for the planned extent.
     zero : tuple of int or None
@@ -268,7 +274,8 @@ def plan_gdn(config: GdnConfig, shape: GdnShape, n_streams: int, max_tokens: int
     tokens: the kernels, their geometry and the workspace they need.
 
     The rules for each ``"auto"``: ``math`` the recurrence for a pass of at most :data:`RECURRENT_MAX_TOKENS` tokens a
-    stream (schedule and isa ``"auto"``), else the chunked form; ``isa`` the device's best (wgmma on Hopper, sm_90; mma.sync elsewhere, and for
+    stream (schedule and isa ``"auto"``), else the chunked form (the recurrence, asked for or chosen, runs its decode
+    build at that length, its token-chunked build beyond); ``isa`` the device's best (wgmma on Hopper, sm_90; mma.sync elsewhere, and for
     ``schedule="fused"``, which has no wgmma kernel); ``schedule`` on wgmma ``"overlapped"`` when the sequential
     grid (``n * Hv * dv / 64`` CTAs) leaves at least half of the SMs free and the longest stream has 8192 tokens or
     more, else ``"two_pass"`` (mma.sync: ``"two_pass"``, faster than ``"fused"`` on every case measured); the
@@ -307,7 +314,7 @@ def plan_gdn(config: GdnConfig, shape: GdnShape, n_streams: int, max_tokens: int
     if plan is not None:
         return plan
     math, schedule, isa = _resolve(config, hv, d, n, tokens, arch, sms)
-    sequential = _sequential(schedule, isa, hv, d, n, sms)
+    sequential = _sequential(math, schedule, isa, hv, d, n, tokens, sms)
     zero, kernels = _launches(math, schedule, isa, sequential, hk, hv, d, n, tokens, sms)
     plan = GdnPlan(config, GdnShape(hk, hv, d), n, tokens, arch, sms, math, schedule, isa, sequential, kernels,
                    zero, _workspace_bytes(schedule, isa, hk, hv, d, n, tokens))
