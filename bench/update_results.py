@@ -1,6 +1,6 @@
 """Replace rows of ``bench/RESULTS.md`` with the rows a ``gpu_compare.py`` run measured (its ``--out`` JSON).
 
-    python3 bench/update_results.py bench.json [--results bench/RESULTS.md] [--machine H200] [--check]
+    python3 bench/update_results.py bench.json [--results bench/RESULTS.md] [--machine H200] [--commit C] [--check]
 
 A measured row replaces the table row with the same name and comparator; where the comparator's text has changed
 (a floor's byte count, a renamed schedule) and the name names one row only, that row. A name's trailing
@@ -44,11 +44,13 @@ def _key(line: str) -> tuple[str, str] | None:
     return (cells[0], cells[2]) if line.startswith("| ") and len(cells) == 11 else None
 
 
-def update(lines: list[str], run: dict, machine: str) -> tuple[list[str], list[str], list[str]]:
-    """``lines`` with the run's rows in place; also the replaced rows' names and the rows with no place."""
+def update(lines: list[str], run: dict, machine: str, commit: str | None = None) -> tuple[list[str], list[str],
+                                                                                   list[str]]:
+    """``lines`` with the run's rows in place; also the replaced rows' names and the rows with no place. ``commit``:
+    the tree measured, where the run's own record of it is wrong (a device copy with stale git metadata)."""
     meta = run["meta"]
     measured = meta["date_utc"][:16].replace("T", " ")
-    commit = meta["commit"] + ("+" if meta.get("dirty") else "")
+    commit = commit or (meta["commit"] + ("+" if meta.get("dirty") else ""))
     keys = [_key(line) for line in lines]
     by_name: dict[str, list[int]] = {}
     for i, key in enumerate(keys):
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run", type=Path, help="the JSON gpu_compare.py --out wrote")
     ap.add_argument("--results", type=Path, default=RESULTS, help="the table to update (default: %(default)s)")
     ap.add_argument("--machine", default="H200", help="the machine column's value (default: %(default)s)")
+    ap.add_argument("--commit", help="the commit measured, where the run recorded another (default: the run's)")
     ap.add_argument("--check", action="store_true", help="print what would change; write nothing")
     args = ap.parse_args(argv)
     run = json.loads(args.run.read_text())
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.run}: no measured rows (errors: {run.get('errors')})", file=sys.stderr)
         return 1
     lines = args.results.read_text().splitlines()
-    new, replaced, unplaced = update(lines, run, args.machine)
+    new, replaced, unplaced = update(lines, run, args.machine, args.commit)
     print(f"{len(replaced)} rows replaced, {len(unplaced)} with no row in {args.results.name}")
     for name in unplaced:
         print(f"  no row: {name}")

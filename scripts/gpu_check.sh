@@ -8,6 +8,8 @@
 #   Q12_PYTEST_ARGS="-k conv1d" scripts/gpu_check.sh         # a subset of the GPU tests
 #   Q12_SKIP_BENCH=1 scripts/gpu_check.sh; Q12_SKIP_TESTS=1 Q12_SKIP_SOAK=1 Q12_SKIP_SANITIZE=1 scripts/gpu_check.sh
 #                                   # the whole check in two runs of under 10 minutes each (tests, then benchmarks)
+# The commit the logs and the bench JSON name is Q12_COMMIT where set, else git's HEAD here: a copied tree's git
+# metadata may be stale, so pass Q12_COMMIT=$(git rev-parse --short HEAD) from the checkout the tree came from.
 # Comparators that are not on the machine travel as wheels in .whl/ (git-ignored; see bench/README.md)
 # and are installed into /tmp/site without the network; only the benchmark sees them (the GPU tests compare
 # against transformers' torch code, which transformers swaps for fla-core's kernels where fla-core imports).

@@ -36,6 +36,8 @@ def test_measured_rows_replace_theirs_and_the_rest_stay():
     # what a default resolved to is dropped from the name where the file has the name without it
     assert lines[5].startswith("| gdn 8x2048: default | 414.6 | mma two-pass | 687.5 | 0.603 | - | - |")
     assert len(replaced) == 3 and unplaced == ["new row | x"]
+    lines, _, _ = update(HEAD + OLD, RUN, "H200", commit="def5678")  # the tree measured, where the run says another
+    assert lines[2].endswith("| H200 | def5678 | 3.6 TB/s |")
 
 
 def test_a_dirty_tree_is_marked_and_pipes_in_text_are_kept_out_of_the_cells():
