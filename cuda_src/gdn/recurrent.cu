@@ -280,7 +280,7 @@ __device__ __forceinline__ void decode_body(GDN_BODY_PARAMS) {
     constexpr int NR = DK / RPP;                     // rows a thread owns
     constexpr int SEGS = DK / 8;                     // 16-byte segments of a q/k row
     constexpr int SLICES = DV / COLS;
-    static_assert(GROUPS == 8 && 32 % GROUPS == 0 && DK % RPP == 0 && DV % COLS == 0, "decode: tile");
+    static_assert(GROUPS <= 16 && 32 % GROUPS == 0 && DK % RPP == 0 && DV % COLS == 0, "decode: tile");
     static_assert(WARPS == 2 * CT && 2 * SEGS <= 32, "decode: one warp stages a token's q and k, one its v");
 
     __shared__ __align__(16) float s_q[CT][DK];

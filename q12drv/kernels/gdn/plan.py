@@ -18,16 +18,19 @@ from . import chunked_wgmma as _wg
 from . import recurrent as _rec
 
 __all__ = ["GdnShape", "GdnConfig", "GdnKernel", "GdnPlan", "plan_gdn", "check_shape", "MATHS", "SCHEDULES", "ISAS",
-           "PATHS", "HOPPER", "RECURRENT_MAX_TOKENS"]
+           "PATHS", "HOPPER", "RECURRENT_MAX_TOKENS", "DECODE_MAX_TOKENS"]
 
 #: ``GdnConfig.math``: the chunked (WY) form on tensor cores, the fp32 token-by-token recurrence, or ``"auto"`` (the
 #: rules': the recurrence for decode-sized passes, :data:`RECURRENT_MAX_TOKENS`).
 MATHS = ("auto", "chunked", "recurrent")
 #: ``math="auto"`` runs the recurrence when the longest stream of the pass has at most this many tokens (a decode or
-#: speculative-decode step), with ``schedule`` and ``isa`` left ``"auto"``: measured on the H200 (Hv 32, d 128) it
-#: moved each stream's state at 2.58 TB/s for 64 x 1 token and 2.05 TB/s for 64 x 4, where the chunked paths,
-#: which pad every stream to a 64-token chunk, reached 0.87-1.38 TB/s. Longer streams: the chunked form.
-RECURRENT_MAX_TOKENS = 4
+#: speculative-decode step), with ``schedule`` and ``isa`` left ``"auto"``. Measured on the H200 (64 streams, Hv 32,
+#: d 128) against the chunked form, which pads every stream to a 64-token chunk: 0.44x its time at 1 token a stream,
+#: 0.60x at 4, 0.85x at 8 (the token-chunked build), 1.19x at 16. Longer streams: the chunked form.
+RECURRENT_MAX_TOKENS = 8
+#: The recurrence runs its decode build (one coalesced pass over the state) up to this many tokens a stream, its
+#: token-chunked build beyond: measured at 1 and 4 tokens (64 x 1: 85.7 us against the token-chunked build's 103.8).
+DECODE_MAX_TOKENS = 4
 #: ``GdnConfig.schedule``: ``"fused"`` one launch; ``"two_pass"`` a precompute into a workspace, then the sequential
 #: walk; ``"overlapped"`` the precompute running beside the sequential kernel; ``"auto"`` the rules'.
 SCHEDULES = ("auto", "fused", "two_pass", "overlapped")
@@ -134,11 +137,11 @@ def _resolve(config: GdnConfig, hv: int, d: int, n: int, max_tokens: int, arch: 
 
 
 def _sequential(math: str, schedule: str, isa: str, hv: int, d: int, n: int, max_tokens: int, sms: int) -> str:
-    """The build the rules take: the recurrence's ``"decode"`` one for at most :data:`RECURRENT_MAX_TOKENS` tokens a
+    """The build the rules take: the recurrence's ``"decode"`` one for at most :data:`DECODE_MAX_TOKENS` tokens a
     stream (``""``, the token-chunked one, for longer); the two-pass sequential kernel's ``"wide"`` (wgmma, a full
     device at d128), else ``"1stage"`` or ``"2stage"`` by grid size; ``""`` for the other schedules."""
     if math == "recurrent":
-        return "decode" if max_tokens <= RECURRENT_MAX_TOKENS else ""
+        return "decode" if max_tokens <= DECODE_MAX_TOKENS else ""
     if schedule != "two_pass":
         return ""
     if isa == "wgmma" and _wg.uses_wide(n, hv, d, sms):
@@ -208,7 +211,7 @@ class GdnPlan:
         The instruction set of the chosen kernels (``"fp32"``: the recurrent kernel, no tensor cores).
     sequential : str
         The build: the two-pass sequential kernel's ``"2stage"``, ``"1stage"`` or ``"wide"``; the recurrence's
-        ``"decode"`` (at most :data:`RECURRENT_MAX_TOKENS` tokens a stream); ``""`` otherwise.
+        ``"decode"`` (at most :data:`DECODE_MAX_TOKENS` tokens a stream); ``""`` otherwise.
     kernels : tuple of GdnKernel
         The launches, in order, for the planned extent.
     zero : tuple of int or None
@@ -275,7 +278,8 @@ def plan_gdn(config: GdnConfig, shape: GdnShape, n_streams: int, max_tokens: int
 
     The rules for each ``"auto"``: ``math`` the recurrence for a pass of at most :data:`RECURRENT_MAX_TOKENS` tokens a
     stream (schedule and isa ``"auto"``), else the chunked form (the recurrence, asked for or chosen, runs its decode
-    build at that length, its token-chunked build beyond); ``isa`` the device's best (wgmma on Hopper, sm_90; mma.sync elsewhere, and for
+    build up to :data:`DECODE_MAX_TOKENS` tokens a stream, its token-chunked build beyond); ``isa`` the device's best
+    (wgmma on Hopper, sm_90; mma.sync elsewhere, and for
     ``schedule="fused"``, which has no wgmma kernel); ``schedule`` on wgmma ``"overlapped"`` when the sequential
     grid (``n * Hv * dv / 64`` CTAs) leaves at least half of the SMs free and the longest stream has 8192 tokens or
     more, else ``"two_pass"`` (mma.sync: ``"two_pass"``, faster than ``"fused"`` on every case measured); the
