@@ -225,8 +225,8 @@ def attention(device: Device, meta: BatchedAttnMetadata, q: int, k_pool: int, v_
     :mod:`~q12drv.kernels.attention_decode`: every stream at most 8 new tokens, else refused; its keys split
     ``num_splits`` ways, default planned from the batch; with splits it needs ``workspace`` and
     ``workspace_bytes``, :meth:`~q12drv.kernels.attention_decode.DecodePlan.workspace_bytes_for`; the other algos
-    ignore these three). ``"auto"`` does not pick ``"decode"`` yet: it will for decode batches once the decode
-    kernel's GPU tests pass and it is measured. The kernels agree to bf16 rounding.
+    ignore these three). ``"auto"`` does not pick ``"decode"``: it is the faster choice for few long streams (it splits
+    their keys over the SMs), the wgmma kernel where streams x kv heads fill them. The kernels agree to bf16 rounding.
 
     ``kv_dtype`` (:data:`KV_DTYPES`): the pools' element type. FP8 pools (``"fp8_e4m3"``, as :func:`kv_write` writes
     them, with the same ``k_scale`` and ``v_scale``: each KV head's fp32 scale, ``[Hkv]``) are read by
