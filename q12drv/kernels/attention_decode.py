@@ -9,8 +9,9 @@ fp32 of ``scale * q.k``), for passes whose every stream has at most
 ``num_splits`` CTAs where the batch alone would leave SMs idle. ``ops.attention(..., algo="decode")`` and
 ``Q12Pass.attention(..., algo="decode")`` run it; ``algo="auto"`` does not pick it: measured on the H200, the wgmma
 prefill kernel reads a decode batch faster where one split suffices (streams x kv heads fill the SMs), and where
-splits pay they need a workspace (``docs/kernels/attention_decode.md``). It is also the kernel that reads FP8 (e4m3) pools (``kv_dtype="fp8_e4m3"``, written by
-``q12_kv_write_fp8`` with each KV head's fp32 scales): the prefill kernels read bf16 pools only.
+splits pay they need a workspace (``docs/kernels/attention_decode.md``). It is also the kernel that reads FP8 (e4m3)
+pools (``kv_dtype="fp8_e4m3"``, written by ``q12_kv_write_fp8`` with each KV head's fp32 scales): the prefill kernels
+read bf16 pools only.
 
 Entries (``DECODE_PARAMS`` / ``DECODE_FP8_PARAMS`` / ``DECODE_MERGE_PARAMS`` in the source)::
 

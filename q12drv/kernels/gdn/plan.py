@@ -279,10 +279,10 @@ def plan_gdn(config: GdnConfig, shape: GdnShape, n_streams: int, max_tokens: int
     The rules for each ``"auto"``: ``math`` the recurrence for a pass of at most :data:`RECURRENT_MAX_TOKENS` tokens a
     stream (schedule and isa ``"auto"``), else the chunked form (the recurrence, asked for or chosen, runs its decode
     build up to :data:`DECODE_MAX_TOKENS` tokens a stream, its token-chunked build beyond); ``isa`` the device's best
-    (wgmma on Hopper, sm_90; mma.sync elsewhere, and for
-    ``schedule="fused"``, which has no wgmma kernel); ``schedule`` on wgmma ``"overlapped"`` when the sequential
-    grid (``n * Hv * dv / 64`` CTAs) leaves at least half of the SMs free and the longest stream has 8192 tokens or
-    more, else ``"two_pass"`` (mma.sync: ``"two_pass"``, faster than ``"fused"`` on every case measured); the
+    (wgmma on Hopper, sm_90; mma.sync elsewhere, and for ``schedule="fused"``, which has no wgmma kernel); ``schedule``
+    on wgmma ``"overlapped"`` when the sequential grid (``n * Hv * dv / 64`` CTAs) leaves at least half of the SMs
+    free and the longest stream has 8192 tokens or more, else ``"two_pass"`` (mma.sync: ``"two_pass"``, faster than
+    ``"fused"`` on every case measured); the
     two-pass sequential kernel: on wgmma the wide CTA where its grid fills two CTAs an SM at d128, else one stage
     where the grid fills two CTAs an SM, two stages below that.
 

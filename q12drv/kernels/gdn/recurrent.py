@@ -3,9 +3,9 @@ chunked kernels. Their entries, launch geometry, contract defines and emulators.
 
 Two builds of the same recurrence: the token-chunked one (a CTA owns :data:`COLS_PER_CTA` dv columns of one (stream,
 value head), its state slice in registers while it streams the tokens) and the decode one (a CTA owns
-:data:`DECODE_COLS_PER_CTA` dv columns and all dk rows, 256 threads light enough for eight CTAs an SM, the state
-read and written once in 16-byte rows: for a few tokens a stream, where moving the state is the whole cost). Static
-shared memory only.
+:data:`DECODE_COLS_PER_CTA` dv columns and all dk rows in 256 threads, five CTAs an SM, the state read and written
+once in 16-byte rows: for a few tokens a stream, where moving the state is the whole cost). Static shared memory
+only.
 """
 
 from __future__ import annotations
