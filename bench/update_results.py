@@ -3,7 +3,8 @@
     python3 bench/update_results.py bench.json [--results bench/RESULTS.md] [--machine H200] [--commit C] [--check]
 
 A measured row replaces the table row with the same name and comparator; where the comparator's text has changed
-(a floor's byte count, a renamed schedule) and the name names one row only, that row. A name's trailing
+(a floor's byte count, a renamed schedule) and both the file and the run have one row of the name, that row; no row
+is replaced twice. A name's trailing
 parenthesis (what a default resolved to) is dropped where the file has the name without it. Rows the run did not measure
 are left as they are (with their own date and commit), and measured rows with no row in the file are listed, not
 placed: a new row goes in by hand, in its section, once. ``--check`` prints what would change and writes nothing.
@@ -56,17 +57,24 @@ def update(lines: list[str], run: dict, machine: str, commit: str | None = None)
     for i, key in enumerate(keys):
         if key is not None:
             by_name.setdefault(key[0], []).append(i)
-    out, replaced, unplaced = list(lines), [], []
-    for row in run["table"]:
-        name, comparator = _cell(row["name"]), _cell(row.get("comparator"))
+    def place(name: str) -> str:  # a suffix saying what a default resolved to, e.g. "(wgmma wide)", dropped
         if name not in by_name and name.endswith(")") and " (" in name:
-            name = name[:name.rindex(" (")]  # a suffix saying what a default resolved to, e.g. "(wgmma wide)"
-        at = [i for i in by_name.get(name, []) if keys[i][1] == comparator]
-        if not at and len(by_name.get(name, [])) == 1:
-            at = by_name[name]
+            return name[:name.rindex(" (")]
+        return name
+
+    rows = [(place(_cell(r["name"])), _cell(r.get("comparator")), r) for r in run["table"]]
+    per_name: dict[str, int] = {}
+    for name, _, _ in rows:
+        per_name[name] = per_name.get(name, 0) + 1
+    out, replaced, unplaced, used = list(lines), [], [], set()
+    for name, comparator, row in rows:
+        at = [i for i in by_name.get(name, []) if keys[i][1] == comparator and i not in used]
+        if not at and len(by_name.get(name, [])) == 1 and per_name[name] == 1 and by_name[name][0] not in used:
+            at = by_name[name]  # the one row of the name, for the run's one row of it (its comparator's text changed)
         if len(at) != 1:
             unplaced.append(f"{name} | {comparator}")
             continue
+        used.add(at[0])
         out[at[0]] = format_row(dict(row, name=name), measured, machine, commit)
         replaced.append(f"{name} | {comparator}")
     return out, replaced, unplaced

@@ -250,21 +250,33 @@ def test_pass_graph_host_padding_with_vision_positions(emu):
 
 def test_a_layer_that_uploads_state_pointers_refuses_a_foreign_graph_capture(emu):
     """gdn_layer and conv1d copy their state pointers from a pinned slot that later uploads reuse: captured by
-    someone else's graph, a replay would read stale pointers. They refuse, naming PassGraph; nothing is enqueued."""
-    from q12drv import Q12Pass, ScratchArena
+    someone else's graph, a replay would read stale pointers. They refuse, naming PassGraph; nothing is captured, and
+    outside the capture they run as before."""
+    from bench.inputs import CONV_CHANNELS, CONV_WIDTH, StepCase, conv1d_inputs, step_counts
     from q12drv.core.errors import Q12Error
-    from tests.helpers import make_streams
 
-    streams, tables = make_streams(emu, [5, 3])
-    s = emu.new_stream()
-    with ScratchArena(emu, 1 << 16) as arena:
-        q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, stream=s)
-        states = emu.alloc(2 * 4096)
-        emu.driver.begin_capture(s.raw)
-        with pytest.raises(Q12Error, match="capturing a CUDA graph.*q12drv.PassGraph"):
-            q12.h_slot.upload([int(states.ptr), int(states.ptr) + 4096], s)
-        graph = emu.driver.end_capture(s.raw)
-        assert graph[1] == ()  # nothing was captured
-        q12.h_slot.upload([int(states.ptr), int(states.ptr) + 4096], s)  # outside a capture, as before
-        states.free()
-    tables.free()
+    step = StepCase(emu, step_counts("8x128", False))
+    bufs: list = []
+    try:
+        q12 = step.run("batched")
+        conv = conv1d_inputs(emu, step.counts, bufs)
+        row = (CONV_WIDTH - 1) * CONV_CHANNELS * 2
+        conv_states = [int(conv["states"].ptr) + b * row for b in range(len(step.counts))]
+        x, y, w = (int(conv[k].ptr) for k in ("x", "y", "w"))
+        layers = {"gdn_layer": lambda: q12.gdn_layer(step.state_ptrs, step.gdn_tensors, step.gdn, **step.gdn_kwargs()),
+                  "conv1d": lambda: q12.conv1d(conv_states, x, y, w, channels=CONV_CHANNELS, width=CONV_WIDTH),
+                  "h_slot.upload": lambda: q12.h_slot.upload(step.state_ptrs, q12.stream)}
+        emu.synchronize()
+        s = emu.new_stream()
+        q12.stream = s
+        for name, layer in layers.items():
+            emu.driver.begin_capture(s.raw)
+            with pytest.raises(Q12Error, match="capturing a CUDA graph.*q12drv.PassGraph"):
+                layer()
+            assert emu.driver.end_capture(s.raw)[1] == (), name  # nothing was captured
+            layer()  # outside a capture, as before
+        emu.synchronize()
+    finally:
+        for b in bufs:
+            b.free()
+        step.close()

@@ -36,6 +36,10 @@ def test_measured_rows_replace_theirs_and_the_rest_stay():
     # what a default resolved to is dropped from the name where the file has the name without it
     assert lines[5].startswith("| gdn 8x2048: default | 414.6 | mma two-pass | 687.5 | 0.603 | - | - |")
     assert len(replaced) == 3 and unplaced == ["new row | x"]
+    # a name with one row in the file but two in the run: each comparator finds its own row or none, never another's
+    two = dict(RUN, table=[dict(RUN["table"][0], comparator="floor: x"), dict(RUN["table"][0], comparator="floor: y")])
+    lines2, replaced2, unplaced2 = update(HEAD + OLD, two, "H200")
+    assert lines2 == HEAD + OLD and not replaced2 and len(unplaced2) == 2
     lines, _, _ = update(HEAD + OLD, RUN, "H200", commit="def5678")  # the tree measured, where the run says another
     assert lines[2].endswith("| H200 | def5678 | 3.6 TB/s |")
 

@@ -32,12 +32,12 @@ _F32_MAX = float(np.finfo(np.float32).max)
 #: that vectorise opportunistically fall back to 2-byte accesses, the others do not).
 ALIGN = {
     "attention": {"q": 16, "k_pool": 16, "v_pool": 16, "o": 16},  # cp.async 16 B loads, uint4 stores
-    "attention_fp8": {"q": 16, "k_pool": 16, "v_pool": 16, "o": 16, "k_scale": 4, "v_scale": 4},  # decode, FP8 pools
     "gdn": {"h_state_ptrs": 8, "q": 16, "k": 16, "v": 8, "o": 8, "g": 4, "beta": 4, "state": STATE_ALIGN},
     "kv_write": {"k": 2, "v": 2, "k_pool": 2, "v_pool": 2},
     "kv_write_fp8": {"k": 16, "v": 16, "k_pool": 8, "v_pool": 8, "k_scale": 4, "v_scale": 4},
     "rope": {"q": 2, "k": 2},
 }
+ALIGN["attention_fp8"] = {**ALIGN["attention"], "k_scale": 4, "v_scale": 4}  # the decode kernel on FP8 pools
 
 
 def check_launch(device, meta) -> None:

@@ -68,7 +68,7 @@ from ..core.fp8 import from_e4m3_bits
 from ..core.interop import describe
 from .args import (ALIGN, FP8_E4M3 as FP8, FP8_POOL_DTYPES, KV_DTYPES, check_kv_scales, check_launch, count,
                    head_group, positive_float, workspace_ptr)
-from .attention import NO_WINDOW, window_argument
+from .attention import _SMEM_PAD, NO_WINDOW, window_argument
 from .meta import meta_struct
 from . import registry
 
@@ -104,7 +104,6 @@ MIN_SPLIT_TILES = 4
 EFFICIENCY = 0.95
 #: An sm_90 SM's shared memory for its CTAs and what the driver reserves per CTA (bytes).
 _SM_SMEM, _CTA_RESERVED = 233472, 1024
-_SMEM_PAD = 8  # bf16 of padding per shared-memory row
 _LOG2E = 1.4426950408889634
 
 
@@ -289,11 +288,6 @@ class DecodePlan:
             return 0
         return self.num_splits * int(total_tokens) * self.num_q_heads * (self.head_dim + 1) * 4
 
-    @property
-    def workspace_align(self) -> int:
-        """The workspace's byte alignment (the kernels' 16-byte stores)."""
-        return 16
-
 
 def plan_decode(batch_size: int, chunk_len: int, max_kv_len: int, num_q_heads: int, num_kv_heads: int,
                 head_dim: int, *, num_sms: int, window_left: int | None = None, num_splits: int | None = None,
@@ -359,11 +353,11 @@ def check_workspace(device, plan: DecodePlan, need: int, workspace, workspace_by
     if workspace is not None and type(workspace) is not int:
         info = describe(workspace, "workspace")
         if info is not None:
-            workspace = device.pointer(workspace, "workspace", align=plan.workspace_align)
+            workspace = device.pointer(workspace, "workspace", align=16)  # the kernels' 16-byte stores
             workspace_bytes = info.nbytes if workspace_bytes is None else workspace_bytes
     return workspace_ptr(need, workspace, workspace_bytes, f"algo='decode' with {plan.num_splits} splits",
                          "DecodePlan.workspace_bytes_for, Q12Pass.decode_workspace_bytes",
-                         "num_splits=1 runs without one", plan.workspace_align)
+                         "num_splits=1 runs without one")
 
 
 def check_pools(device, kv_dtype: str, k_pool, v_pool, k_scale, v_scale, num_kv_heads: int, pool_shape=None,

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.bf16 import from_bf16_bits
 from ..core.fp8 import to_e4m3_bits
 from .grid import check_1d_launch, persistent_geometry
 from .meta import Q12MetaC
@@ -248,7 +249,7 @@ def quantize_rows(x_bits: np.ndarray, scale: np.ndarray, head_dim: int) -> np.nd
     """e4m3 bytes of bf16 rows ``x_bits`` (uint16, ``[T, Hkv * head_dim]``) scaled by ``1 / scale[h]`` as the kernel
     does: ``x * rcp(scale)`` in fp32, each product rounded once."""
     t, row = x_bits.shape
-    x = (x_bits.astype(np.uint32) << 16).view(np.float32).reshape(t, row // head_dim, head_dim)
+    x = from_bf16_bits(x_bits).reshape(t, row // head_dim, head_dim)
     inv = (np.float32(1) / np.asarray(scale, np.float32)).astype(np.float32)
     return to_e4m3_bits(x * inv[None, :, None]).reshape(t, row)
 

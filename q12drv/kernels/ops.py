@@ -45,7 +45,7 @@ _rope_params = lru_cache(maxsize=256, typed=True)(_rope.check_params)
 #: ``"decode"`` (``attention/decode.cu``: split-KV decode, streams of at most 8 new tokens, head dims 64/128/256; two
 #: launches and a workspace, so :func:`attention` and ``Q12Pass.attention`` only) and ``"auto"``: wgmma where it
 #: exists (Hopper, head dims 128 and 256; faster on every measured case, bench/RESULTS.md), mma.sync elsewhere (decode
-#: batches too, until the decode kernel's GPU tests pass and it is measured).
+#: batches too: where one split suffices the wgmma kernel reads them faster, docs/kernels/attention_decode.md).
 ATTN_ALGOS = ("auto", "mma", "wgmma", "decode")
 _ATTN_MODULES = {"mma": _attn, "wgmma": _attnw}
 
