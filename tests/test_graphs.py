@@ -280,3 +280,22 @@ def test_a_layer_that_uploads_state_pointers_refuses_a_foreign_graph_capture(emu
         for b in bufs:
             b.free()
         step.close()
+
+
+def test_staging_on_a_foreign_graph_capture_is_refused(emu):
+    """Staging copies the metadata from a pinned ring slot that later passes refill: under someone else's capture a
+    replay would upload whatever the slot holds then. Refused, naming PassGraph; nothing captured; outside, staged."""
+    from q12drv import Q12Pass, ScratchArena
+    from q12drv.core.errors import Q12Error
+    from tests.helpers import make_streams
+
+    streams, tables = make_streams(emu, [5, 3])
+    s = emu.new_stream()
+    with ScratchArena(emu, 1 << 16) as arena:
+        emu.driver.begin_capture(s.raw)
+        with pytest.raises(Q12Error, match="capturing a CUDA graph: the pass's metadata.*q12drv.PassGraph"):
+            Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, stream=s, expand="host")
+        assert emu.driver.end_capture(s.raw)[1] == ()
+        arena.reset()
+        assert Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, stream=s).batched
+    tables.free()

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .device import Device, Event, PinnedBuffer
-from .errors import CapacityError
+from .errors import CapacityError, Q12Error
 from .interop import caller_memory
 from .layout import RING_SLOT_ALIGN, ring_slots
 
@@ -212,6 +212,25 @@ class PinnedRing:
         self._next = (self._next + 1) % len(self._slots)
         self.uses += 1
         return slot
+
+    def copy_htod(self, dst: int, slot: PinnedSlot, nbytes: int, stream: Any, what: str) -> None:
+        """Copy ``nbytes`` of ``slot`` to device address ``dst`` on the driver stream ``stream``, then
+        :meth:`commit` the slot.
+
+        Raises
+        ------
+        Q12Error
+            ``stream`` is capturing a CUDA graph (nothing enqueued): the copy's source is a slot that later uses of
+            the ring refill, so a replay would copy whatever it holds then. ``what`` names the copy in the message.
+        """
+        driver = self.device.driver
+        if driver.stream_is_capturing(stream):
+            raise Q12Error(f"the stream is capturing a CUDA graph: {what} is copied from a pinned staging slot that "
+                           f"later uploads reuse, so a replay would read whatever the slot holds then; capture the "
+                           f"pass with q12drv.PassGraph (its metadata and pointer tables stay put), or do this outside "
+                           f"the capture")
+        driver.memcpy_htod_async(dst, slot.addr, nbytes, stream)
+        self.commit(slot, stream)
 
     def commit(self, slot: PinnedSlot, stream: Any) -> None:
         """Record ``slot``'s guard event on ``stream`` right after the copy that reads it.

@@ -85,16 +85,10 @@ class HStateSlot:
         self.arena.check_range("h_state_ptrs", self.offset, nbytes)
         device = self.arena.device
         s = device.as_stream(stream)
-        if device.driver.stream_is_capturing(s):
-            raise Q12Error("the stream is capturing a CUDA graph: this layer's state pointers are copied from a pinned "
-                           "staging slot that later uploads reuse, so a replay would read whatever the slot holds "
-                           "then; capture the pass with q12drv.PassGraph (its per-layer pointer tables stay put), or "
-                           "run the conv1d / Gated DeltaNet layers outside the capture")
         ring = staging_ring(self.arena, "h_state")
         slot = ring.acquire(nbytes)
         self._packer.pack_into(slot.array, 0, *values)
-        device.driver.memcpy_htod_async(int(self.ptr), slot.addr, nbytes, s)
-        ring.commit(slot, s)
+        ring.copy_htod(int(self.ptr), slot, nbytes, s, "this layer's state-pointer table (conv1d, Gated DeltaNet)")
         self.uploads += 1
 
 

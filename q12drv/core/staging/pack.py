@@ -269,9 +269,8 @@ def upload_packed(arena: ScratchArena, offset: int, packed: np.ndarray, batch: _
     out = slot.array
     out[:layout.staged_bytes] = packed[:layout.staged_bytes]
     _pack_tail(batch, _views(out, layout))
-    s = arena.device.as_stream(stream)
-    arena.device.driver.memcpy_htod_async(int(arena.base) + offset, slot.addr, layout.staged_bytes, s)
-    ring.commit(slot, s)
+    ring.copy_htod(int(arena.base) + offset, slot, layout.staged_bytes, arena.device.as_stream(stream),
+                   "the pass's metadata")
 
 
 def _upload(arena: ScratchArena, offset: int, batch: _Batch, layout: StackedLayout, block_size: int,
@@ -284,7 +283,6 @@ def _upload(arena: ScratchArena, offset: int, batch: _Batch, layout: StackedLayo
         cu, kv = pack_tail(batch, layout, slot.array)
     else:
         cu, kv = pack_metadata(batch, layout, block_size, dummy_kv_block, slot.array)
-    s = arena.device.as_stream(stream)
-    arena.device.driver.memcpy_htod_async(int(arena.base) + offset + start, slot.addr, nbytes, s)
-    ring.commit(slot, s)
+    ring.copy_htod(int(arena.base) + offset + start, slot, nbytes, arena.device.as_stream(stream),
+                   "the pass's metadata")
     return cu, kv
