@@ -52,6 +52,7 @@ __all__ = [
     "h_state_slot_offset",
     "h_state_entry_offset",
     "row_offset",
+    "decode_partials",
     "Region",
     "ScratchPlan",
     "make_scratch_plan",
@@ -325,6 +326,13 @@ def row_offset(row: int, row_elems: int, itemsize: int) -> int:
     """Byte offset of packed token ``row`` of a ``[T, ...]`` tensor with ``row_elems`` elements of ``itemsize``
     bytes per token: where stream b's rows start (``row = cu_seqlens[b]``) for a launch over that stream alone."""
     return row * row_elems * itemsize
+
+
+def decode_partials(num_splits: int, total_tokens: int, num_q_heads: int, head_dim: int) -> tuple[int, int]:
+    """``(lse_offset, nbytes)`` of the split-KV decode workspace (``attention/decode.cu``): ``partial_o [S, T, Hq, D]``
+    fp32 at 0, then ``partial_lse [S, T, Hq]`` fp32 at ``lse_offset``; ``nbytes`` in all."""
+    rows = num_splits * total_tokens * num_q_heads
+    return rows * head_dim * 4, rows * (head_dim + 1) * 4
 
 
 # --- the scratch plan ---------------------------------------------------------------------

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 from typing import Any
 
 import numpy as np
@@ -66,6 +67,7 @@ import numpy as np
 from ..core.bf16 import from_bf16_bits, round_to_bf16, to_bf16_bits
 from ..core.fp8 import from_e4m3_bits
 from ..core.interop import describe
+from ..core.layout import decode_partials
 from .args import (ALIGN, FP8_E4M3 as FP8, FP8_POOL_DTYPES, KV_DTYPES, check_kv_scales, check_launch, count,
                    head_group, positive_float, workspace_ptr)
 from .attention import _SMEM_PAD, NO_WINDOW, window_argument
@@ -209,6 +211,7 @@ def check_rows(chunk_len: int, num_q_heads: int, num_kv_heads: int, q_lens=None)
                      f"{chunk_len}{where}: run it with algo='auto' (the prefill kernels)")
 
 
+@lru_cache(maxsize=1024)
 def split_count(ctas: int, n_tiles: int, slots: int) -> int:
     """How many splits each stream's keys get: 1 when ``ctas`` (streams x kv heads) fill at least 80% of ``slots``
     (SMs x CTAs an SM holds); otherwise the fewest splits ``s`` whose wave efficiency ``w / ceil(w)``, ``w = ctas * s /
@@ -259,12 +262,12 @@ class DecodePlan:
     #: The pools' element type (:data:`KV_DTYPES`): the split entry and its shared memory.
     kv_dtype: str = "bf16"
 
-    @property
+    @cached_property
     def entry(self) -> str:
         """The split entry."""
         return entry_for_head_dim(self.head_dim, self.kv_dtype)
 
-    @property
+    @cached_property
     def merge_entry(self) -> str | None:
         """The merge entry (None: one split, no merge)."""
         return MERGE_ENTRIES[self.head_dim] if self.num_splits > 1 else None
@@ -272,21 +275,25 @@ class DecodePlan:
     def launches(self, batch_size: int, chunk_len: int) -> tuple:
         """``((grid, block, smem), merge)`` for ``batch_size`` streams of at most ``chunk_len`` tokens: the split
         kernel's geometry, and the merge's ``(grid, block, 0)`` or None (one split)."""
-        t = TILES[self.head_dim]
-        n = max(1, int(batch_size))
-        split = ((self.num_splits, self.num_kv_heads, n), (t.threads, 1, 1), t.smem_for(self.kv_dtype))
-        if self.num_splits == 1:
-            return split, None
-        rows_per_cta = MERGE_THREADS // (self.head_dim // 8)
-        merge = ((max(1, -(-int(chunk_len) * self.num_q_heads // rows_per_cta)), 1, n), (MERGE_THREADS, 1, 1), 0)
-        return split, merge
+        return _launches(self.head_dim, self.num_q_heads, self.num_kv_heads, self.num_splits, self.kv_dtype,
+                         max(1, int(batch_size)), int(chunk_len))
 
     def workspace_bytes_for(self, total_tokens: int) -> int:
         """The workspace a launch over ``total_tokens`` packed rows needs: ``num_splits * T * Hq * (D + 1)`` fp32 (0 for
         one split)."""
         if self.num_splits == 1:
             return 0
-        return self.num_splits * int(total_tokens) * self.num_q_heads * (self.head_dim + 1) * 4
+        return decode_partials(self.num_splits, int(total_tokens), self.num_q_heads, self.head_dim)[1]
+
+
+@lru_cache(maxsize=1024)
+def _launches(d: int, hq: int, hkv: int, splits: int, kv_dtype: str, n: int, chunk_len: int) -> tuple:
+    t = TILES[d]
+    split = ((splits, hkv, n), (t.threads, 1, 1), t.smem_for(kv_dtype))
+    if splits == 1:
+        return split, None
+    rows_per_cta = MERGE_THREADS // (d // 8)
+    return split, ((max(1, -(-chunk_len * hq // rows_per_cta)), 1, n), (MERGE_THREADS, 1, 1), 0)
 
 
 def plan_decode(batch_size: int, chunk_len: int, max_kv_len: int, num_q_heads: int, num_kv_heads: int,
@@ -400,14 +407,12 @@ def attention(device, meta, q, k_pool, v_pool, o, *, num_q_heads: int, num_kv_he
         missing or small workspace, before anything is enqueued.
     """
     check_launch(device, meta)
-    d = count("head_dim", head_dim)
     hq, hkv = head_group("num_q_heads", num_q_heads, "num_kv_heads", num_kv_heads)
-    kp, vp, ks, vs = check_pools(device, kv_dtype, k_pool, v_pool, k_scale, v_scale, hkv)
-    entry_for_head_dim(d)
-    sc = float(d ** -0.5 if scale is None else positive_float("scale", scale))
+    kp, vp, ks, vs = check_pools(device, kv_dtype, k_pool, v_pool, k_scale, v_scale, hkv)  # the arguments first
     kv_max = int(meta.kv_lens_host.max()) if meta.batch_size else 0
-    plan = plan_decode(meta.batch_size, meta.chunk_len, kv_max, hq, hkv, d, num_sms=device.sm_count,
+    plan = plan_decode(meta.batch_size, meta.chunk_len, kv_max, hq, hkv, head_dim, num_sms=device.sm_count,
                        window_left=window_left, num_splits=num_splits, q_lens=meta.counts, kv_dtype=kv_dtype)
+    sc = float(plan.head_dim ** -0.5 if scale is None else positive_float("scale", scale))
     bf16 = lambda name, value: device.pointer(value, name, dtype="bf16", align=16)  # noqa: E731
     ws = check_workspace(device, plan, plan.workspace_bytes_for(meta.total_tokens), workspace, workspace_bytes)
     enqueue_decode(device, meta, plan, bf16("q", q), kp, vp, bf16("o", o), ws, sc, stream, ks, vs)
@@ -625,7 +630,7 @@ def _partial_views(mem, args: dict, splits: int, t_total: int, hq: int, d: int) 
     """The workspace's ``partial_o [S, T, Hq, D]`` and ``partial_lse [S, T, Hq]`` (float32)."""
     base = int(args["partial"])
     po = mem.array(base, np.float32, (splits, t_total, hq, d))
-    pl = mem.array(base + splits * t_total * hq * d * 4, np.float32, (splits, t_total, hq))
+    pl = mem.array(base + decode_partials(splits, t_total, hq, d)[0], np.float32, (splits, t_total, hq))
     return po, pl
 
 
