@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.layout import H_STATE_ENTRY_BYTES, Region, h_state_slot_bytes
 from .dump import DEFAULT_MAX_BYTES, ArenaDump, load_dump
 
 __all__ = ["Difference", "diff_dumps", "format_diff"]
@@ -110,12 +111,11 @@ def _spans(d: ArenaDump) -> tuple:
     regions = list(d.region_map())
     names = {r.name for r in regions}
     if d.h_state is not None and "h_state_ptrs" not in names:
-        from ..core.layout import Region, h_state_slot_bytes
-
         regions.append(Region("h_state_ptrs", d.h_state.offset, h_state_slot_bytes(d.h_state.n), "jit_slot"))
+    e = H_STATE_ENTRY_BYTES
     for r in regions:
         if r.nbytes and not covered[r.offset:r.end].all():
-            dtype = "<u8" if r.name == "h_state_ptrs" and r.offset % 8 == 0 and r.nbytes % 8 == 0 else "u1"
+            dtype = "<u8" if r.name == "h_state_ptrs" and r.offset % e == 0 and r.nbytes % e == 0 else "u1"
             spans[f"region {r.name}"] = (r.offset, r.nbytes, dtype)
             covered[r.offset:r.end] = True
     return spans, covered

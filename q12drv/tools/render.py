@@ -150,13 +150,8 @@ def render_dump(source, out, *, report=None, num_blocks: int | None = None, dpi:
     ticks = []
     for m in d.metas:
         cu = m.cu_seqlens_host
-        for f in m.fields:
-            size = np.dtype(f.dtype).itemsize
-            if f.count == m.total_tokens:
-                bounds = cu[1:-1]  # per-stream segments of a stacked field
-            else:
-                bounds = np.arange(1, f.count)  # one entry per stream
-            ticks.append(f.offset + bounds.astype(np.int64) * size)
+        for f in m.fields:  # per-stream segments of a stacked field, or one entry per stream
+            ticks.append(f.element_offset(cu[1:-1] if f.count == m.total_tokens else np.arange(1, f.count)))
     ticks = np.concatenate(ticks) if ticks else np.zeros(0, np.int64)
     if ticks.size > MAX_TICKS:  # more than the panel's pixels can tell apart: evenly spaced ones
         ticks = ticks[np.linspace(0, ticks.size - 1, MAX_TICKS).astype(np.int64)]
