@@ -18,10 +18,15 @@ and how, is in its docstring); each fails alone: an error is recorded and the re
 * ``attention_window``: the sliding window's cost against the same kernel without one on 1/8 of the context, and
   against torch FA2 with the same window;
 * ``graph``: a captured pass replayed against the eager pass;
-* ``gdn``: the Gated DeltaNet plans against each other and fla-core.
+* ``gdn``: the Gated DeltaNet plans against each other and fla-core; ``gdn_decode``: decode steps against their
+  byte floor and the chunked form;
+* ``layer_ops``: each layer op's host time against the raw driver calls it issues;
+* ``client``: ``examples/hybrid_prefill.py``'s batched prefill against transformers per prompt and padded;
+* ``decode``: decode attention against its KV-read floor and the wgmma kernel, and a mixed batch against its parts.
 
 The JSON (``--out``) holds every measurement (``sections``), the table (``table``), the errors (``errors``) and the
-environment (``meta``). Expected runtime on the H200: about 30-60 s (plus NVRTC compiles on a cold cubin cache).
+environment (``meta``). Expected runtime on the H200: about 4-5 minutes for every section (``gdn`` alone about 100 s),
+plus NVRTC compiles on a cold cubin cache.
 """
 
 from __future__ import annotations

@@ -5,8 +5,10 @@ The timer is :class:`bench.timing.DeviceClock`: a round's time is the device tim
 :data:`bench.timing.BATCH` calls back to back (divided by it), so the host's work for a call overlaps the device's
 work for the one before and is not counted. Inside the timed region: the op's launches only (the pass is staged
 before). The batch is Qwen3-Next-like (``bench.inputs.QWEN3_NEXT``), eight ragged streams of 256..2048 tokens
-(10,240 in all): every op's inputs exceed the H200's 50 MiB L2 (Q alone is 84 MB; the convolution's input 168 MB),
-so each call reads them from HBM. On the emulator the streams are cut down to 4..32 tokens and the times are the
+(9,216 in all). Attention's, the GDN layer's and the convolution's inputs exceed the H200's 50 MiB L2 (Q alone is
+75 MB, the convolution's input 151 MB), so each call reads them from HBM; the KV write's (about 38 MB) and RoPE's
+(about 21 MB, in place) fit in it, so their times here are warm-L2 times (``gpu_compare``'s ``kv_write`` and ``rope``
+sections rotate inputs past L2 and compare with the byte floor). On the emulator the streams are cut down to 4..32 tokens and the times are the
 numpy emulation's (labelled ``driver: emu``): a plumbing check, not a measurement.
 """
 

@@ -154,6 +154,11 @@ def run(ctx: Context) -> None:
         dev.synchronize()
         ctx.dev.synchronize()
         batch, batches = (20, ctx.reps(40, 2)) if ctx.gpu else (2, 2)
+
+        def sync():
+            dev.synchronize()
+            ctx.dev.synchronize()
+
         for name, op in recorded.items():
             op()  # warm: every launch of this op prepared before the recording
             timed[name]()
@@ -164,11 +169,6 @@ def run(ctx: Context) -> None:
             calls = recorder.stop()
             dev.synchronize()
             kinds = [k for k, _ in calls]
-
-            def sync():
-                dev.synchronize()
-                ctx.dev.synchronize()
-
             t = per_call_batches({"op": timed[name], "raw": raw_replay(dev, calls)}, batch, batches, sync)
             res[name] = {**t, "launches": kinds.count("launch"), "copies": kinds.count("memcpy_htod_async"),
                          "event_records": kinds.count("event_record")}
