@@ -9,16 +9,20 @@ prompts (staging, every layer, the LM head; the streams are made and their state
 region); transformers' ``model(ids)`` per prompt, one after another; transformers' ``model(ids, attention_mask)``
 on the prompts padded to the longest. transformers uses fla-core's and causal-conv1d's kernels for Gated DeltaNet
 and the convolution where they import (the row's note says which). The share row: the device time inside q12drv's
-layer ops (events around each ``attention_layer``, ``conv1d`` and ``gdn_layer`` call of one pass) against the pass's.
+layer ops (events around each ``attention_layer``, ``conv1d`` and ``gdn_layer`` call, summed over a pass) against the
+pass's wall clock, each the median of as many profiled passes as the other rows take; the events of a host-bound
+pass also hold the host's gaps between an op's launches.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import statistics
 import time
 
 from bench.compare.context import Context
+from bench.timing import host_and_round_trip
 
 __all__ = ["run", "CASES", "EMU_CASES"]
 
@@ -60,7 +64,7 @@ def run(ctx: Context) -> None:
             streams = [rt.add_stream() for _ in prompts]
             sync()
             t0 = time.perf_counter()
-            with profile or _nothing():
+            with profile or contextlib.nullcontext():
                 rt.step(list(zip(streams, prompts)))
             sync()
             t = (time.perf_counter() - t0) * 1e6
@@ -80,35 +84,18 @@ def run(ctx: Context) -> None:
             for name, fn in (("per_prompt_us", lambda: [model(x) for x in ids]),
                              ("padded_us", lambda: model(padded, attention_mask=mask))):
                 ctx.comparator(f"client/{name} {key}", lambda name=name, fn=fn: r.__setitem__(
-                    name, _median_us(fn, reps, sync)))
-        ops = _OpTimes(torch, Q12Pass, ctx.gpu)
-        r["pass_us_profiled"] = ours(ops)
-        r["q12drv_ops_us"] = ops.total_us()
+                    name, host_and_round_trip({name: fn}, reps, sync, warmup=1)[name]["round_trip_us"]))
+        profiled = []
+        for _ in range(reps):  # the share from the median of profiled passes (events around every op slow a pass)
+            ops = _OpTimes(torch, Q12Pass, ctx.gpu)
+            profiled.append((ours(ops), ops.total_us()))
+        r["pass_us_profiled"] = statistics.median(p for p, _ in profiled)
+        r["q12drv_ops_us"] = statistics.median(o for _, o in profiled)
         label = f"client {key}: prefill ({layers} layers)"
         ctx.row(label, r["q12drv_us"], "transformers per prompt (eager)", r.get("per_prompt_us"), note=note)
         ctx.row(label, r["q12drv_us"], "transformers batched, right-padded (eager)", r.get("padded_us"), note=note)
-        ctx.row(f"client {key}: time in q12drv's ops", r["q12drv_ops_us"], "the whole pass (profiled run)",
+        ctx.row(f"client {key}: time in q12drv's ops", r["q12drv_ops_us"], "the whole pass (profiled runs)",
                 r["pass_us_profiled"], note="the ratio is q12drv's share of the pass")
-
-
-def _median_us(fn, reps: int, sync) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - t0) * 1e6)
-    return float(statistics.median(times))
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 class _OpTimes:
