@@ -331,3 +331,16 @@ def test_seq_len_pointer_is_optional(emu, tmp_path):
         dump_arena(arena, path, meta=meta, streams=streams)
     report = inspect_dump(load_dump(path))
     assert report.ok, report.format()
+    # every spelling of "none" takes either validation path (the fast one for plain ints and q12drv.NULL, the checked
+    # one where another field sends the batch there): the same NULL entries
+    from q12drv import NULL
+
+    for none in (0, NULL, np.int64(0)):
+        for as_list in (False, True):  # a block table as a list: the checked path
+            ss = [dataclasses.replace(s, seq_len_dev=none if b != 1 else s.seq_len_dev,
+                                      block_table=s.block_table.tolist() if as_list else s.block_table)
+                  for b, s in enumerate(streams)]
+            with ScratchArena(emu, 1 << 16) as arena:
+                _, meta = run_pass(emu, arena, ss, mrope=False)
+                assert np.frombuffer(arena.read(meta.seq_len_ptrs - arena.base, 8 * 3), np.uint64)[[0, 2]].tolist() \
+                    == [0, 0], (none, as_list)

@@ -149,7 +149,8 @@ def _validate_checked(streams: Sequence[StreamStageInfo], block_size, use_mrope,
         table_ptrs.append(device_ptr(f"streams[{b}].block_table_dev", s.block_table_dev, TABLE_ALIGN,
                                           "the attention kernel reads the int32 block table there"))
         sl = s.seq_len_dev
-        seq_len_ptrs.append(0 if type(sl) is int and sl == 0 else  # none given: nothing of q12drv's reads it
+        none = isinstance(sl, (int, np.integer)) and not isinstance(sl, bool) and sl == 0  # 0, q12drv.NULL, np 0
+        seq_len_ptrs.append(0 if none else  # none given: nothing of q12drv's reads it
                             device_ptr(f"streams[{b}].seq_len_dev", sl, SEQ_LEN_ALIGN, "a u32 seq_len"))
         tables.append(_checked_table(b, s.block_table, block_size, kv_len))
         mp = s.mrope_positions
