@@ -33,8 +33,9 @@
 // Merge kernel (only where num_splits > 1): grid (ceil(max q_len * Hq / rows per CTA), 1, n), kMergeThreads
 // threads, D / 8 threads per (token, head) row, 8 dims each: over the stream's non-empty splits (ns = ceil((n_tiles -
 // t_lo) / tps)), M* = max lse_s, w_s = 2^(lse_s - M*), O = sum_s w_s O_s / sum_s w_s (in split order) -> bf16. It
-// waits for the split grid with griddepcontrol.wait (launched as a programmatic dependent launch, its launch overlaps
-// the split kernel; launched plainly the wait is a no-op).
+// waits for the split grid with griddepcontrol.wait (launched as a programmatic dependent launch: the split kernel
+// triggers nothing early, so the merge is set up while the split grid's last CTAs run and starts as they exit;
+// launched plainly the wait is a no-op).
 //
 // Shared memory of the split kernel (decode_smem_bytes(D), dynamic): Q [kMaxRows][LD] (only MT * 16 rows used), K
 // and V [stages][BN][LD] each (LD = D + 8: the padding that makes ldmatrix conflict-free, as attention/mma.cu), the

@@ -32,8 +32,8 @@ tiles (:func:`split_ranges`): a stream's partition depends on its ``q_len``, ``k
 split writes its normalised fp32 O and its log-sum-exp (log2 units) into the workspace, ``partial_o[s][t][h][D]``
 then ``partial_lse[s][t][h]`` (``t < T = total_tokens``; :meth:`DecodePlan.workspace_bytes_for`), and the merge
 kernel (grid ``(ceil(chunk_len * Hq / rows_per_cta), 1, n)``, :data:`MERGE_THREADS` threads, ``D / 8`` a row)
-combines the stream's non-empty splits into O; it is launched as a programmatic dependent launch (its launch
-overlaps the split kernel's run). :func:`plan_decode` is the one place the split count is decided
+combines the stream's non-empty splits into O; it is launched as a programmatic dependent launch (set up while the
+split grid's last CTAs run; the split kernel triggers nothing early, so it starts as they exit). :func:`plan_decode` is the one place the split count is decided
 (:func:`split_count`) and the launch geometry computed; :data:`TILES` is the table of tile sizes every compile checks
 against the source's ``decode_config(D)`` (:data:`CONTRACTS`).
 
