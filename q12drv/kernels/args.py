@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from ..core.device import Device
+from ..core.interop import describe
 from ..core.ints import checked_int
 from ..core.ptr import device_ptr
 from ..core.staging import BatchedAttnMetadata
@@ -78,10 +79,12 @@ def positive_float(name: str, value) -> float:
     return v
 
 
-def workspace_ptr(need: int, workspace, workspace_bytes, what: str, sizer: str, without: str, align: int = 16) -> int:
+def workspace_ptr(need: int, workspace, workspace_bytes, what: str, sizer: str, without: str, align: int = 16,
+                  device: Device | None = None) -> int:
     """The checked address of a caller's workspace for a launch that needs ``need`` bytes (0: none needed, none
-    read). ``what`` names the launch in the messages (``"the GDN plan (schedule 'two_pass' on mma)"``), ``sizer`` the
-    function that says the size, ``without`` how to run without a workspace.
+    read): a device address with ``workspace_bytes``, or (given ``device``) a tensor, whose size is the default for
+    ``workspace_bytes``. ``what`` names the launch in the messages (``"the GDN plan (schedule 'two_pass' on mma)"``),
+    ``sizer`` the function that says the size, ``without`` how to run without a workspace.
 
     Raises
     ------
@@ -91,6 +94,11 @@ def workspace_ptr(need: int, workspace, workspace_bytes, what: str, sizer: str, 
     """
     if not need:
         return 0
+    if device is not None and workspace is not None and type(workspace) is not int:
+        info = describe(workspace, "workspace")
+        if info is not None:  # a tensor says how large it is
+            workspace = device.pointer(workspace, "workspace", align=align)
+            workspace_bytes = info.nbytes if workspace_bytes is None else workspace_bytes
     if workspace is None or workspace_bytes is None:
         raise ValueError(f"{what} needs workspace= (a device pointer) and workspace_bytes= (its size) of {need:,} bytes "
                          f"({sizer}); {without}")

@@ -33,8 +33,8 @@ split writes its normalised fp32 O and its log-sum-exp (log2 units) into the wor
 then ``partial_lse[s][t][h]`` (``t < T = total_tokens``; :meth:`DecodePlan.workspace_bytes_for`), and the merge
 kernel (grid ``(ceil(chunk_len * Hq / rows_per_cta), 1, n)``, :data:`MERGE_THREADS` threads, ``D / 8`` a row)
 combines the stream's non-empty splits into O; it is launched as a programmatic dependent launch (set up while the
-split grid's last CTAs run; the split kernel triggers nothing early, so it starts as they exit). :func:`plan_decode` is the one place the split count is decided
-(:func:`split_count`) and the launch geometry computed; :data:`TILES` is the table of tile sizes every compile checks
+split grid's last CTAs run; the split kernel triggers nothing early, so it starts as they exit). :func:`plan_decode`
+is the one place the split count is decided (:func:`split_count`) and the launch geometry computed; :data:`TILES` is the table of tile sizes every compile checks
 against the source's ``decode_config(D)`` (:data:`CONTRACTS`).
 
 Numerics: as the prefill kernels (fp32 accumulation on the tensor cores, P rounded to bf16, ``ex2.approx.ftz``),
@@ -66,7 +66,6 @@ import numpy as np
 
 from ..core.bf16 import from_bf16_bits, round_to_bf16, to_bf16_bits
 from ..core.fp8 import from_e4m3_bits
-from ..core.interop import describe
 from ..core.layout import decode_partials
 from .args import (ALIGN, FP8_E4M3 as FP8, FP8_POOL_DTYPES, KV_DTYPES, check_kv_scales, check_launch, count,
                    head_group, positive_float, workspace_ptr)
@@ -355,16 +354,9 @@ def check_workspace(device, plan: DecodePlan, need: int, workspace, workspace_by
         A plan that needs a workspace without one (the message names the bytes, and ``num_splits=1`` as the way to run
         without one), a NULL or misaligned one, or one smaller than ``need``.
     """
-    if not need:
-        return 0
-    if workspace is not None and type(workspace) is not int:
-        info = describe(workspace, "workspace")
-        if info is not None:
-            workspace = device.pointer(workspace, "workspace", align=16)  # the kernels' 16-byte stores
-            workspace_bytes = info.nbytes if workspace_bytes is None else workspace_bytes
     return workspace_ptr(need, workspace, workspace_bytes, f"algo='decode' with {plan.num_splits} splits",
                          "DecodePlan.workspace_bytes_for, Q12Pass.decode_workspace_bytes",
-                         "num_splits=1 runs without one")
+                         "num_splits=1 runs without one", device=device)  # 16-byte aligned: the kernels' stores
 
 
 def check_pools(device, kv_dtype: str, k_pool, v_pool, k_scale, v_scale, num_kv_heads: int, pool_shape=None,

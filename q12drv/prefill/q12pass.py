@@ -805,11 +805,7 @@ class Q12Pass:
         q, k, v, g, beta, o = self._check_gdn(tensors, shape)
         states = self._state_addresses(state_ptrs, "state_ptrs", _STATE_ALIGN, dtype="f32")
         plan = self.gdn_plan(shape, config)
-        info = None if workspace is None or type(workspace) is int else describe(workspace, "workspace")
-        if info is not None:  # a tensor says how large it is
-            workspace, workspace_bytes = self.device.pointer(workspace, "workspace", align=16), \
-                info.nbytes if workspace_bytes is None else workspace_bytes
-        ws = check_workspace(plan, plan.workspace_bytes_for(*self._gdn_extent), workspace, workspace_bytes)
+        ws = check_workspace(plan, plan.workspace_bytes_for(*self._gdn_extent), workspace, workspace_bytes, self.device)
         self.h_slot.write_checked(states, self.stream)
         dev, st = self.device, self.stream
         hk, hv, d = plan.shape.num_k_heads, plan.shape.num_v_heads, plan.shape.head_dim

@@ -56,8 +56,9 @@ def resolve_plan(plan_or_config, shape: GdnShape, n_streams: int, max_tokens: in
     return plan_or_config
 
 
-def check_workspace(plan: GdnPlan, need: int, workspace, workspace_bytes) -> int:
-    """The checked workspace pointer for a launch of ``plan`` that needs ``need`` bytes (0 when it needs none).
+def check_workspace(plan: GdnPlan, need: int, workspace, workspace_bytes, device: Device | None = None) -> int:
+    """The checked workspace pointer for a launch of ``plan`` that needs ``need`` bytes (0 when it needs none):
+    a device address with ``workspace_bytes``, or (given ``device``) a tensor (its size the default).
 
     Raises
     ------
@@ -66,7 +67,8 @@ def check_workspace(plan: GdnPlan, need: int, workspace, workspace_bytes) -> int
         way to run without one), a NULL or misaligned workspace, or one smaller than ``need``.
     """
     return workspace_ptr(need, workspace, workspace_bytes, f"the GDN plan (schedule {plan.schedule!r} on {plan.isa})",
-                         "GdnPlan.workspace_bytes_for", "GdnConfig(schedule='fused') runs without one")
+                         "GdnPlan.workspace_bytes_for", "GdnConfig(schedule='fused') runs without one",
+                         device=device)
 
 
 def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, tensors: GdnTensors, shape: GdnShape,
