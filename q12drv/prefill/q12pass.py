@@ -534,9 +534,9 @@ class Q12Pass:
         arena = self.arena
         if arena._buffer is not None and arena.generation == self._generation:  # the common case, first
             hit = self._checked.get(id(shape))  # this very (immutable) shape object, checked with these pools
-            if (hit is not None and hit[0] is shape and type(num_blocks) is int and num_blocks in hit[1]
-                    and _plain_aligned(tensors.values(), masks)):
-                return tensors, num_blocks
+            if (hit is not None and hit[0] is shape and num_blocks in hit[1]
+                    and (type(num_blocks) is int or not pools) and _plain_aligned(tensors.values(), masks)):
+                return tensors, num_blocks  # (None in the set: the shape checked for an op without pools, RoPE)
         self._require_current()
         if not isinstance(shape, AttentionShape):
             raise TypeError(f"shape must be an AttentionShape, got {type(shape).__name__}")
@@ -563,6 +563,8 @@ class Q12Pass:
                 _remember_shape(shape, self.use_mrope, shape.mrope_section)
             if pools:
                 self._check_tables(shape, count("num_blocks", num_blocks, 1, I32_MAX // self.block_size))
+            else:
+                self._checked.setdefault(id(shape), (shape, set()))[1].add(None)
         return addrs, num_blocks
 
     def _each(self, run: Callable) -> None:
