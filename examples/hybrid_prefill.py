@@ -167,10 +167,9 @@ class HybridRuntime:
                                   cfg.linear_value_head_dim, **f32)
                 weight = layer.linear_attn.conv1d.weight.detach()[:, 0, :].contiguous()  # [C, W]
                 self.layers.append(("gdn", layer, conv, ssm, weight))
-        # per-stream block tables (the device copy attention reads; the host copy the stager validates) and
-        # the seq_len words the metadata points at
+        # per-stream block tables (the device copy attention reads; the host copy the stager validates); no seq_len
+        # words: no q12drv kernel reads them (StreamStageInfo.seq_len_dev stays NULL)
         self.tables = torch.zeros(max_streams, self.max_blocks, dtype=torch.int32, device=self.tdev)
-        self.seq_lens = torch.zeros(max_streams, dtype=torch.int32, device=self.tdev)
         self.host_tables = np.zeros((max_streams, self.max_blocks), np.int32)
         plan = q12drv.make_scratch_plan([1] * (max_streams - 1) + [max_pass_tokens - max_streams + 1], 0,
                                         self.use_mrope, "exact")
@@ -206,7 +205,6 @@ class HybridRuntime:
             s.blocks.append(self.free_blocks.pop())
         self.host_tables[s.slot, :need] = s.blocks
         self.tables[s.slot, :need] = torch.tensor(s.blocks, dtype=torch.int32).to(self.tdev)
-        self.seq_lens[s.slot] = kv_len
 
     # one pass ---------------------------------------------------------------------------------------------
     def stage(self, chunks: list[tuple[StreamState, list[int]]], *, mode: str = "auto",
@@ -225,7 +223,6 @@ class HybridRuntime:
             infos.append(q12drv.StreamStageInfo(
                 proc_start=s.cached, proc_count=len(tokens), block_table=self.host_tables[s.slot],
                 block_table_dev=self.dev.pointer(self.tables[s.slot], "block table", dtype="i32"),
-                seq_len_dev=self.dev.pointer(self.seq_lens[s.slot:s.slot + 1], "seq_len", dtype="i32"),
                 mrope_positions=rows))
         stream = torch.cuda.current_stream() if self.tdev.type == "cuda" else None
         return q12drv.Q12Pass(self.arena, infos, block_size=self.block_size, use_mrope=self.use_mrope,
