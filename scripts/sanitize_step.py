@@ -230,7 +230,7 @@ def decode_step(dev, name: str, problems: list) -> None:
                           num_splits=DECODE_SPLITS, workspace=ws.ptr, workspace_bytes=ws_bytes, k_scale=p["k_scale"],
                           v_scale=p["v_scale"])
             plan = plan_gdn(GdnConfig(), gshape, len(streams), max(DECODE_COUNTS), dev)
-            if plan.sequential != "decode":
+            if plan.build != "decode":
                 problems.append(f"{name}: a decode step planned {plan.kernels[0].entry}, not the decode build")
             states = [p["states"] + b * host["states"][0].nbytes for b in range(len(streams))]
             q12.gdn_layer(states, GdnTensors(p["gq"], p["gk"], p["gv"], p["g"], p["beta"], p["go"]), gshape,

@@ -21,7 +21,7 @@ QWEN = GdnShape(16, 32, 128)
 
 
 def _path(plan: GdnPlan) -> tuple:
-    return plan.math, plan.schedule, plan.isa, plan.sequential, tuple(k.entry for k in plan.kernels)
+    return plan.math, plan.schedule, plan.isa, plan.build, tuple(k.entry for k in plan.kernels)
 
 
 @pytest.mark.parametrize("shape,n,tokens,want", [
@@ -37,7 +37,7 @@ def _path(plan: GdnPlan) -> tuple:
 ])
 def test_the_default_on_hopper_is_what_the_rules_say(shape, n, tokens, want):
     plan = plan_gdn(GdnConfig(), shape, n, tokens, H200)
-    assert (plan.schedule, plan.isa, plan.sequential, tuple(k.entry for k in plan.kernels)) == want
+    assert (plan.schedule, plan.isa, plan.build, tuple(k.entry for k in plan.kernels)) == want
     assert plan.workspace_bytes == plan.workspace_bytes_for(n, tokens) > 0
     assert plan.numerics == ("overlapped" if plan.schedule == "overlapped" else "wgmma")
     assert [k.dependent for k in plan.kernels] == [False, True]   # the sequential kernel by PDL
@@ -69,9 +69,9 @@ def test_a_decode_step_runs_the_recurrence_by_default(device):
         assert _path(plan) == ("recurrent", "fused", "fp32", "", (recurrent.entry(128),))
     assert plan_gdn(GdnConfig(), QWEN, 64, 9, device).math == "chunked"  # past the bound: the chunked form
     # the recurrence asked for: its decode build up to the bound, the token-chunked one past it
-    assert plan_gdn(GdnConfig(math="recurrent"), QWEN, 64, 4, device).sequential == "decode"
+    assert plan_gdn(GdnConfig(math="recurrent"), QWEN, 64, 4, device).build == "decode"
     long = plan_gdn(GdnConfig(math="recurrent"), QWEN, 64, 5, device)
-    assert (long.sequential, long.kernels[0].entry) == ("", recurrent.entry(128))
+    assert (long.build, long.kernels[0].entry) == ("", recurrent.entry(128))
     # a choice of schedule, isa or math is the chunked form's (or the asked math), whatever the length
     assert plan_gdn(GdnConfig(schedule="two_pass"), QWEN, 64, 1, device).math == "chunked"
     assert plan_gdn(GdnConfig(isa="mma"), QWEN, 64, 1, device).math == "chunked"
@@ -83,7 +83,7 @@ def test_each_choice_resolves_the_other_autos():
     assert _path(fused) == ("chunked", "fused", "mma", "", (chunked_mma.fused_entry(128),))
     assert fused.workspace_bytes == 0 and fused.kernels[0].grid == (2, 32, 8)
     mma = plan_gdn(GdnConfig(isa="mma"), QWEN, 1, 8192, H200)           # no mma overlapped kernel: two-pass
-    assert (mma.schedule, mma.isa, mma.sequential) == ("two_pass", "mma", "2stage")
+    assert (mma.schedule, mma.isa, mma.build) == ("two_pass", "mma", "2stage")
     rec = plan_gdn(GdnConfig(math="recurrent"), QWEN, 1, 8192, A100)
     assert _path(rec) == ("recurrent", "fused", "fp32", "", ("q12_gdn_recurrent_d128",))
     assert rec.numerics == "recurrent" and rec.workspace_bytes == 0

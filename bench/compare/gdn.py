@@ -43,7 +43,7 @@ def run(ctx: Context) -> None:
             ws_bytes = max(16, *(p.workspace_bytes for p in plans.values()))
             x = inputs.gdn_inputs(dev, counts, hk, hv, d, ws_bytes, bufs)
             tensors = GdnTensors(*(int(x[k].ptr) for k in ("q", "k", "v", "g", "beta", "o")))
-            out = res["cases"][key] = {"paths": {name: f"{p.math} {p.schedule} {p.isa} {p.sequential}".strip()
+            out = res["cases"][key] = {"paths": {name: f"{p.math} {p.schedule} {p.isa} {p.build}".strip()
                                                  for name, p in plans.items()}}
             for name, plan in plans.items():
                 def call(plan=plan):
@@ -86,7 +86,7 @@ def run_decode(ctx: Context) -> None:
             ws_bytes = max(16, *(p.workspace_bytes for p in plans.values()))
             n_sets = ctx.cold_sets(floor)
             sets = [inputs.gdn_inputs(dev, counts, hk, hv, d, ws_bytes, bufs) for _ in range(n_sets)]
-            r["paths"] = {name: f"{p.math} {p.schedule} {p.isa} {p.sequential}".strip() for name, p in plans.items()}
+            r["paths"] = {name: f"{p.math} {p.schedule} {p.isa} {p.build}".strip() for name, p in plans.items()}
             for name, plan in plans.items():
                 turn = [0]
 

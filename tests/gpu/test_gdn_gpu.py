@@ -324,7 +324,7 @@ def kind_plan(torch, kind, hk, hv, d, n, chunk_len):
     want = {"mma-2stage": "2stage", "mma-1stage": "1stage", "wgmma-2stage": "2stage", "wide": "wide"}.get(kind)
     if kind == "wgmma-1stage":
         want = "wide" if d == 128 else "1stage"
-    assert want is None or plan.sequential == want, (kind, plan.sequential)
+    assert want is None or plan.build == want, (kind, plan.build)
     return plan
 
 

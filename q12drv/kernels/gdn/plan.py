@@ -136,7 +136,7 @@ def _resolve(config: GdnConfig, hv: int, d: int, n: int, max_tokens: int, arch: 
     return math, schedule, isa
 
 
-def _sequential(math: str, schedule: str, isa: str, hv: int, d: int, n: int, max_tokens: int, sms: int) -> str:
+def _build(math: str, schedule: str, isa: str, hv: int, d: int, n: int, max_tokens: int, sms: int) -> str:
     """The build the rules take: the recurrence's ``"decode"`` one for at most :data:`DECODE_MAX_TOKENS` tokens a
     stream (``""``, the token-chunked one, for longer); the two-pass sequential kernel's ``"wide"`` (wgmma, a full
     device at d128), else ``"1stage"`` or ``"2stage"`` by grid size; ``""`` for the other schedules."""
@@ -151,13 +151,13 @@ def _sequential(math: str, schedule: str, isa: str, hv: int, d: int, n: int, max
 
 
 @lru_cache(maxsize=1024)
-def _launches(math: str, schedule: str, isa: str, sequential: str, hk: int, hv: int, d: int, n: int, max_tokens: int,
+def _launches(math: str, schedule: str, isa: str, build: str, hk: int, hv: int, d: int, n: int, max_tokens: int,
               sms: int) -> tuple:
     """``(zero, kernels)`` of a resolved path over ``n`` streams of at most ``max_tokens`` tokens: ``zero``, the
     workspace ``(offset, bytes)`` cleared before the launches (the overlapped schedule's ready flags and item
     counter) or None; ``kernels``, the :class:`GdnKernel` launches in order."""
     if math == "recurrent":
-        if sequential == "decode":
+        if build == "decode":
             return None, (GdnKernel(_rec.decode_entry(d), *_rec.decode_geometry(n, hv, d), False),)
         return None, (GdnKernel(_rec.entry(d), *_rec.geometry(n, hv, d), False),)
     if schedule == "fused":
@@ -169,13 +169,13 @@ def _launches(math: str, schedule: str, isa: str, sequential: str, hk: int, hv: 
         return zero, (GdnKernel(prep_e, *prep, False), GdnKernel(seq_e, *seq, True))
     prep = GdnKernel(_mma.precompute_entry(d, isa), *_mma.precompute_geometry(n, max_tokens, hk, d), False)
     if isa == "mma":   # the sequential kernel after the precompute, in stream order
-        stages = int(sequential[0])
+        stages = int(build[0])
         return None, (prep, GdnKernel(_mma.sequential_entry(d, stages), *_mma.sequential_geometry(n, hv, d, stages),
                                       False))
     # wgmma: the sequential kernel by PDL (it loads its inputs and state while the precompute finishes)
-    if sequential == "wide":
+    if build == "wide":
         return None, (prep, GdnKernel(_wg.WIDE_ENTRY, *_wg.wide_geometry(n, hv), True))
-    stages = int(sequential[0])
+    stages = int(build[0])
     return None, (prep, GdnKernel(_wg.sequential_entry(d, stages), *_wg.sequential_geometry(n, hv, d, stages), True))
 
 
@@ -209,8 +209,8 @@ class GdnPlan:
     schedule : {"fused", "two_pass", "overlapped"}
     isa : {"fp32", "mma", "wgmma"}
         The instruction set of the chosen kernels (``"fp32"``: the recurrent kernel, no tensor cores).
-    sequential : str
-        The build: the two-pass sequential kernel's ``"2stage"``, ``"1stage"`` or ``"wide"``; the recurrence's
+    build : str
+        The kernels' build: the two-pass sequential kernel's ``"2stage"``, ``"1stage"`` or ``"wide"``; the recurrence's
         ``"decode"`` (at most :data:`DECODE_MAX_TOKENS` tokens a stream); ``""`` otherwise.
     kernels : tuple of GdnKernel
         The launches, in order, for the planned extent.
@@ -229,7 +229,7 @@ class GdnPlan:
     math: str
     schedule: str
     isa: str
-    sequential: str
+    build: str
     kernels: tuple
     zero: tuple | None
     workspace_bytes: int
@@ -246,7 +246,7 @@ class GdnPlan:
     def launches(self, n_streams: int, max_tokens: int) -> tuple:
         """``(zero, kernels)`` for a launch over ``n_streams`` streams of at most ``max_tokens`` tokens, within the
         planned extent: the same entries, the geometry of that launch (see :attr:`kernels`, :attr:`zero`)."""
-        return _launches(self.math, self.schedule, self.isa, self.sequential, self.shape.num_k_heads,
+        return _launches(self.math, self.schedule, self.isa, self.build, self.shape.num_k_heads,
                          self.shape.num_v_heads, self.shape.head_dim, n_streams, max_tokens, self.sm_count)
 
     def workspace_bytes_for(self, n_streams: int, max_tokens: int) -> int:
@@ -318,9 +318,9 @@ def plan_gdn(config: GdnConfig, shape: GdnShape, n_streams: int, max_tokens: int
     if plan is not None:
         return plan
     math, schedule, isa = _resolve(config, hv, d, n, tokens, arch, sms)
-    sequential = _sequential(math, schedule, isa, hv, d, n, tokens, sms)
-    zero, kernels = _launches(math, schedule, isa, sequential, hk, hv, d, n, tokens, sms)
-    plan = GdnPlan(config, GdnShape(hk, hv, d), n, tokens, arch, sms, math, schedule, isa, sequential, kernels,
+    build = _build(math, schedule, isa, hv, d, n, tokens, sms)
+    zero, kernels = _launches(math, schedule, isa, build, hk, hv, d, n, tokens, sms)
+    plan = GdnPlan(config, GdnShape(hk, hv, d), n, tokens, arch, sms, math, schedule, isa, build, kernels,
                    zero, _workspace_bytes(schedule, isa, hk, hv, d, n, tokens))
     if len(_PLANS) >= 1024:
         _PLANS.clear()
