@@ -17,7 +17,7 @@ from ..core.ptr import device_ptr
 from ..core.staging import BatchedAttnMetadata
 from ..core.staging.validate import STATE_ALIGN
 
-__all__ = ["I32_MAX", "ALIGN", "KV_DTYPES", "FP8_E4M3", "FP8_POOL_DTYPES", "check_launch", "device_ptr", "count",
+__all__ = ["I32_MAX", "ALIGN", "KV_DTYPES", "FP8_E4M3", "FP8_POOL_DTYPES", "check_launch", "check_kv_pools", "count",
            "head_group", "positive_float", "workspace_ptr", "check_kv_scales"]
 
 I32_MAX = (1 << 31) - 1
@@ -77,6 +77,30 @@ def positive_float(name: str, value) -> float:
     if not (v > 0 and math.isfinite(v) and v <= _F32_MAX):
         raise ValueError(f"{name} must be a positive finite number that fits a float32, got {v}")
     return v
+
+
+def check_kv_pools(device, kv_dtype: str, k_pool, v_pool, k_scale, v_scale, num_kv_heads: int, align: dict,
+                   pool_shape=None, what: str = "kv_dtype") -> tuple[int, int, int, int]:
+    """The checked addresses ``(k_pool, v_pool, k_scale, v_scale)`` of paged KV pools of ``kv_dtype``
+    (:data:`KV_DTYPES`; the scales 0 for bf16 pools): bf16 pools, or FP8 ones (``f8e4m3`` or ``u8`` tensors, or raw
+    addresses) with each KV head's fp32 scales ``[num_kv_heads]``, both required; aligned as ``align`` (the op's
+    :data:`ALIGN` entry) says, of ``pool_shape`` where given and a tensor says its shape. ``what`` names the argument
+    that says the pools' type in the messages.
+
+    Raises
+    ------
+    TypeError, ValueError
+        FP8 pools without both scales, a scale given for bf16 pools, a pool of the other type (a tensor says its
+        dtype), or a bad address, alignment or shape.
+    """
+    fp8 = check_kv_scales(kv_dtype, k_scale, v_scale, what)
+    dtype = FP8_POOL_DTYPES if fp8 else "bf16"
+    kp = device.pointer(k_pool, "k_pool", dtype=dtype, shape=pool_shape, align=align["k_pool"])
+    vp = device.pointer(v_pool, "v_pool", dtype=dtype, shape=pool_shape, align=align["v_pool"])
+    if not fp8:
+        return kp, vp, 0, 0
+    return (kp, vp, device.pointer(k_scale, "k_scale", dtype="f32", shape=(num_kv_heads,), align=align["k_scale"]),
+            device.pointer(v_scale, "v_scale", dtype="f32", shape=(num_kv_heads,), align=align["v_scale"]))
 
 
 def workspace_ptr(need: int, workspace, workspace_bytes, what: str, sizer: str, without: str, align: int = 16,

@@ -67,8 +67,8 @@ import numpy as np
 from ..core.bf16 import from_bf16_bits, round_to_bf16, to_bf16_bits
 from ..core.fp8 import from_e4m3_bits
 from ..core.layout import decode_partials
-from .args import (ALIGN, FP8_E4M3 as FP8, FP8_POOL_DTYPES, KV_DTYPES, check_kv_scales, check_launch, count,
-                   head_group, positive_float, workspace_ptr)
+from .args import (ALIGN, FP8_E4M3 as FP8, KV_DTYPES, check_kv_pools, check_kv_scales, check_launch, count, head_group,
+                   positive_float, workspace_ptr)
 from .attention import _SMEM_PAD, NO_WINDOW, window_argument
 from .meta import meta_struct
 from . import registry
@@ -76,7 +76,7 @@ from . import registry
 __all__ = [
     "SOURCE", "HEAD_DIMS", "FP8_ENTRIES", "MERGE_ENTRIES", "ENTRIES", "WARPS", "MAX_Q_LEN", "MAX_ROWS", "MERGE_THREADS",
     "MAX_SPLITS", "MIN_SPLIT_TILES", "EFFICIENCY", "Tiles", "TILES", "CONTRACTS", "entry_for_head_dim", "check_rows",
-    "split_count", "split_ranges", "DecodePlan", "plan_decode", "check_workspace", "check_pools", "attention",
+    "split_count", "split_ranges", "DecodePlan", "plan_decode", "check_workspace", "attention",
     "enqueue_decode",
     "model", "EMULATORS",
 ]
@@ -359,31 +359,6 @@ def check_workspace(device, plan: DecodePlan, need: int, workspace, workspace_by
                          "num_splits=1 runs without one", device=device)  # 16-byte aligned: the kernels' stores
 
 
-def check_pools(device, kv_dtype: str, k_pool, v_pool, k_scale, v_scale, num_kv_heads: int, pool_shape=None,
-                what: str = "kv_dtype") -> tuple[int, int, int, int]:
-    """The checked addresses ``(k_pool, v_pool, k_scale, v_scale)`` of a decode launch over pools of ``kv_dtype``
-    (:data:`KV_DTYPES`; the scales 0 for bf16 pools): bf16 pools, or FP8 ones (``f8e4m3`` or ``u8`` tensors, or raw
-    addresses) with each KV head's fp32 scales ``[num_kv_heads]``, both required; the pools 16-byte aligned (of
-    ``pool_shape`` where given and a tensor says its shape), the scales 4. ``what`` names the argument that says the
-    pools' type in the messages.
-
-    Raises
-    ------
-    TypeError, ValueError
-        FP8 pools without both scales, a scale given for bf16 pools, a pool of the other type (a tensor says its
-        dtype), or a bad address, alignment or shape.
-    """
-    fp8 = check_kv_scales(kv_dtype, k_scale, v_scale, what)
-    align = ALIGN["attention_fp8"]
-    dtype = FP8_POOL_DTYPES if fp8 else "bf16"
-    kp = device.pointer(k_pool, "k_pool", dtype=dtype, shape=pool_shape, align=align["k_pool"])
-    vp = device.pointer(v_pool, "v_pool", dtype=dtype, shape=pool_shape, align=align["v_pool"])
-    if not fp8:
-        return kp, vp, 0, 0
-    return (kp, vp, device.pointer(k_scale, "k_scale", dtype="f32", shape=(num_kv_heads,), align=align["k_scale"]),
-            device.pointer(v_scale, "v_scale", dtype="f32", shape=(num_kv_heads,), align=align["v_scale"]))
-
-
 def attention(device, meta, q, k_pool, v_pool, o, *, num_q_heads: int, num_kv_heads: int, head_dim: int,
               scale: float | None = None, window_left: int | None = None, num_splits: int | None = None,
               workspace=None, workspace_bytes: int | None = None, stream: Any = None, kv_dtype: str = "bf16",
@@ -400,7 +375,8 @@ def attention(device, meta, q, k_pool, v_pool, o, *, num_q_heads: int, num_kv_he
     """
     check_launch(device, meta)
     hq, hkv = head_group("num_q_heads", num_q_heads, "num_kv_heads", num_kv_heads)
-    kp, vp, ks, vs = check_pools(device, kv_dtype, k_pool, v_pool, k_scale, v_scale, hkv)  # the arguments first
+    kp, vp, ks, vs = check_kv_pools(device, kv_dtype, k_pool, v_pool, k_scale, v_scale, hkv,
+                                    ALIGN["attention_fp8"])  # the arguments first
     kv_max = int(meta.kv_lens_host.max()) if meta.batch_size else 0
     plan = plan_decode(meta.batch_size, meta.chunk_len, kv_max, hq, hkv, head_dim, num_sms=device.sm_count,
                        window_left=window_left, num_splits=num_splits, q_lens=meta.counts, kv_dtype=kv_dtype)
@@ -414,7 +390,7 @@ def attention(device, meta, q, k_pool, v_pool, o, *, num_q_heads: int, num_kv_he
 def enqueue_decode(device, meta, plan: DecodePlan, q: int, k_pool: int, v_pool: int, o: int, workspace: int,
                    scale: float, stream: Any, k_scale: int = 0, v_scale: int = 0) -> None:
     """:func:`attention` with every argument already checked (ints; ``plan`` taking ``meta``'s streams, ``workspace``
-    from :func:`check_workspace`, the scales from :func:`check_pools`: FP8 plans only): the split launch and, with
+    from :func:`check_workspace`, the scales from :func:`~q12drv.kernels.args.check_kv_pools`: FP8 plans only): the split launch and, with
     splits, the merge."""
     (grid, block, smem), merge = plan.launches(meta.batch_size, meta.chunk_len)
     mc = meta_struct(meta)

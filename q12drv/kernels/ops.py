@@ -110,21 +110,17 @@ def kv_write(device: Device, meta: BatchedAttnMetadata, k: int, v: int, k_pool: 
     if row % 8 or row > _args.I32_MAX:
         raise ValueError(f"num_kv_heads * head_dim = {row} must be a multiple of 8 (16-byte rows) and fit an int32")
     slots = _positive("num_blocks", num_blocks) * meta.block_size
-    if _args.check_kv_scales(kv_dtype, k_scale, v_scale):
+    fp8 = _args.check_kv_scales(kv_dtype, k_scale, v_scale)
+    if fp8:
         _kvw.check_fp8_head_dim(d)
-        a = _args.ALIGN["kv_write_fp8"]
-        t = int(meta.total_tokens)
-        ptr = lambda name, value, dtype, shape: device.pointer(  # noqa: E731
-            value, name, dtype=dtype, shape=shape, align=a[name])
-        enqueue_kv_write_fp8(device, meta, ptr("k", k, "bf16", (t, hkv, d)), ptr("v", v, "bf16", (t, hkv, d)),
-                             ptr("k_pool", k_pool, _args.FP8_POOL_DTYPES, None),
-                             ptr("v_pool", v_pool, _args.FP8_POOL_DTYPES, None),
-                             ptr("k_scale", k_scale, "f32", (hkv,)), ptr("v_scale", v_scale, "f32", (hkv,)), d, row,
-                             slots, stream)
-        return
-    bf16 = lambda name, value, align=2: device.pointer(value, name, dtype="bf16", align=align)  # noqa: E731
-    enqueue_kv_write(device, meta, bf16("k", k), bf16("v", v), bf16("k_pool", k_pool), bf16("v_pool", v_pool), row,
-                     slots, stream)
+    a = _args.ALIGN["kv_write_fp8" if fp8 else "kv_write"]
+    t = int(meta.total_tokens)
+    k, v = (device.pointer(x, name, dtype="bf16", shape=(t, hkv, d), align=a[name]) for name, x in (("k", k), ("v", v)))
+    kp, vp, ks, vs = _args.check_kv_pools(device, kv_dtype, k_pool, v_pool, k_scale, v_scale, hkv, a)
+    if fp8:
+        enqueue_kv_write_fp8(device, meta, k, v, kp, vp, ks, vs, d, row, slots, stream)
+    else:
+        enqueue_kv_write(device, meta, k, v, kp, vp, row, slots, stream)
 
 
 def enqueue_kv_write(device: Device, meta: BatchedAttnMetadata, k: int, v: int, k_pool: int, v_pool: int,
