@@ -176,6 +176,8 @@ def test_decode_matches_sdpa_and_the_prefill_kernels(decode_kernels, kernels, ca
         again = run_decode(decode_kernels, c, list(range(n)), scale, splits, grid_extra=(1, 1, 2))
         assert np.array_equal(again, out), f"seed {seed}, {splits} splits: oversized grid changed the output"
     for splits, out in outs.items():  # split == unsplit to fp32 reassociation before the bf16 rounding
+        if splits == 1:
+            continue
         assert rel_err_bf16(out, outs[1]) < 5e-3, f"seed {seed}: {splits} splits vs 1: {rel_err_bf16(out, outs[1]):.3e}"
     # the prefill kernels on the same batch: equal within bf16 tolerance, and no less accurate than them
     for algo, (mod, _) in ALGOS.items():
@@ -343,4 +345,6 @@ def test_decode_reads_fp8_pools(decode_kernels, case, window):
         err = rel_err_bf16(out, f8.model(c, scale, splits, window))  # the emulator's model of these entries
         assert err < 4e-3, f"seed {seed}, {splits} splits: vs the emulator's model {err:.3e}"
     for splits, out in outs.items():
+        if splits == 1:
+            continue
         assert rel_err_bf16(out, outs[1]) < 5e-3, f"seed {seed}: {splits} splits vs 1"

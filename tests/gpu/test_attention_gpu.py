@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from q12drv.core.bf16 import to_bf16_bits  # noqa: E402
+from q12drv.core.bf16 import from_bf16_bits, to_bf16_bits  # noqa: E402
 from q12drv.kernels import attention as attn  # noqa: E402
 from q12drv.kernels import attention_wgmma as attnw  # noqa: E402
 from q12drv.kernels.meta import Q12MetaC  # noqa: E402
@@ -321,9 +321,6 @@ def torch_window_reference(c: Case, scale: float, window_left: int | None) -> np
     return out.cpu().numpy()
 
 
-def _bf16_f32(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
 
 WINDOW_CASES = [
     # (d, block_size, Hq, Hkv, q_lens, prefixes, window_left): ragged streams, each with its own cached prefix;
@@ -354,13 +351,13 @@ def test_window_matches_torch(kernels, algo, case):
     out = c.run(kernel, list(range(n)), scale, window_left=window)
     assert not (out == 0xFFFF).any(), f"seed {seed}: some O rows were not written"
     ref = torch_window_reference(c, scale, window)
-    got = _bf16_f32(out)
+    got = from_bf16_bits(out)
     for b in range(n):  # per stream, so a short stream cannot hide behind a long one
         s = slice(c.cu[b], c.cu[b + 1])
         err = rel_err(got[s], ref[s])
         assert err < 1e-2, f"seed {seed}: stream {b} (q {q_lens[b]}, kv {c.kv_lens[b]}) rel err {err:.3e}"
     # the numpy reference (the emulator's) agrees with torch's
-    assert rel_err(_bf16_f32(attn.reference(c.q, c.k_pool, c.v_pool, c.cu, c.kv_lens, c.tables, hq, hkv, bs, scale,
+    assert rel_err(from_bf16_bits(attn.reference(c.q, c.k_pool, c.v_pool, c.cu, c.kv_lens, c.tables, hq, hkv, bs, scale,
                                             window_left=window)), ref) < 1e-2, f"seed {seed}"
     # the window changes the result where a row has more keys than it (else the case would test nothing)
     assert rel_err(torch_window_reference(c, scale, None), ref) > 1e-2, f"seed {seed}"
@@ -399,7 +396,7 @@ def test_window_chunked_long(kernels, algo, dims):
     out = c.run(kernels[algo, d], [0, 1, 2], scale, window_left=1000)
     assert not (out == 0xFFFF).any(), f"seed {seed}: some O rows were not written"
     ref = torch_window_reference(c, scale, 1000)
-    got = _bf16_f32(out)
+    got = from_bf16_bits(out)
     for b in range(3):
         s = slice(c.cu[b], c.cu[b + 1])
         err = rel_err(got[s], ref[s])

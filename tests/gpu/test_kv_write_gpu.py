@@ -323,5 +323,5 @@ def test_fp8_kv_write_equals_torch_float8(gpu, mode):
     assert torch.equal(vp.view(-1, hkv, d)[slots], want(v, vs))
     untouched = torch.ones(nb * bs, dtype=torch.bool, device=dev)
     untouched[slots] = False
-    assert not kp.view(-1, hkv, d)[untouched].any()  # nothing written outside the tokens' slots
+    assert not kp.view(-1, hkv, d)[untouched].any() and not vp.view(-1, hkv, d)[untouched].any()  # only the slots
     tables.free()
