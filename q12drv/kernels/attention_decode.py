@@ -285,14 +285,18 @@ class DecodePlan:
         return decode_partials(self.num_splits, int(total_tokens), self.num_q_heads, self.head_dim)[1]
 
 
+def _merge_rows(head_dim: int) -> int:
+    """(token, head) rows a merge CTA combines: D / 8 threads a row."""
+    return MERGE_THREADS // (head_dim // 8)
+
+
 @lru_cache(maxsize=1024)
 def _launches(d: int, hq: int, hkv: int, splits: int, kv_dtype: str, n: int, chunk_len: int) -> tuple:
     t = TILES[d]
     split = ((splits, hkv, n), (t.threads, 1, 1), t.smem_for(kv_dtype))
     if splits == 1:
         return split, None
-    rows_per_cta = MERGE_THREADS // (d // 8)
-    return split, ((max(1, -(-chunk_len * hq // rows_per_cta)), 1, n), (MERGE_THREADS, 1, 1), 0)
+    return split, ((max(1, -(-chunk_len * hq // _merge_rows(d))), 1, n), (MERGE_THREADS, 1, 1), 0)
 
 
 def plan_decode(batch_size: int, chunk_len: int, max_kv_len: int, num_q_heads: int, num_kv_heads: int,
@@ -648,7 +652,7 @@ def _emulate_split(head_dim: int, kv_dtype: str = "bf16"):
 
 def _emulate_merge(head_dim: int):
     name = MERGE_ENTRIES[head_dim]
-    rows_per_cta = MERGE_THREADS // (head_dim // 8)
+    rows_per_cta = _merge_rows(head_dim)
 
     def emulate(args: dict, mem, grid, block) -> None:
         hq = int(args["num_q_heads"])
