@@ -63,7 +63,7 @@ def test_a_decode_step_runs_the_recurrence_by_default(device):
         plan = plan_gdn(GdnConfig(), QWEN, n, tokens, device)
         assert _path(plan) == ("recurrent", "fused", "fp32", "decode", (recurrent.decode_entry(128),))
         assert plan.workspace_bytes == 0 and plan.config.math == "auto"
-        assert plan.kernels[0].grid == (32 * 128 // 32, n, 1) and plan.kernels[0].block == (256, 1, 1)
+        assert plan.kernels[0].grid == (32 * 128 // 64, n, 1) and plan.kernels[0].block == (256, 1, 1)
     for tokens in (5, 8):  # the recurrence's token-chunked build
         plan = plan_gdn(GdnConfig(), QWEN, 64, tokens, device)
         assert _path(plan) == ("recurrent", "fused", "fp32", "", (recurrent.entry(128),))

@@ -246,33 +246,40 @@ __device__ __forceinline__ void recurrent_body(GDN_BODY_PARAMS) {
 // The decode build: the same recurrence for streams of a few tokens (a decode or speculative-decode step), where
 // the state's bytes are the whole cost (64 KB read and written per (stream, value head) at d128, against 512 bytes
 // of q and k a token). The state is read and written once, in coalesced 16-byte rows, by CTAs light enough that
-// eight share an SM.
+// several share an SM.
 //
-// A CTA owns `columns` (32) dv columns of one (stream, value head) and all dk rows: lane = 8 * rg + cg holds
-// columns col0 + 4cg .. +3 of rows 32i + 4w + rg (warp w, i < dk/32), so each warp-wide access is four 128-byte
-// rows. Per token, with S already decayed (S <- exp(g) S):
+// A CTA owns `columns` dv columns of one (stream, value head) and all dk rows: lane = GROUPS * rg + cg (GROUPS =
+// columns / 4 lanes across a row, each one float4) holds columns col0 + 4cg .. +3 of rows RPP * i + (32 / GROUPS) * w
+// + rg (warp w; RPP = threads / GROUPS rows a CTA-wide pass), so each warp-wide access is 32 / GROUPS rows of
+// 16 * GROUPS contiguous bytes. Per token, with S already decayed (S <- exp(g) S):
 //     m = S^T k^ and p = S^T q~ (column sums over dk: lanes rg by xor shuffles, then the warps through shared
 //     memory, summed in warp order by every thread that needs them, so all copies of a column agree);
 //     delta = beta (v - m);  o = p + (k^ . q~) delta  (= (S + k^ delta^T)^T q~);  S <- S + k^ delta^T.
-// Tokens are staged `tokens` (4) at a time: warp t < 4 normalises token t's q and k (and their dot product), warp
-// 4 + t loads its v slice, exp(g) and beta. A state pointer that is not 16-byte aligned takes scalar accesses (the
-// same bits). A stream of no tokens leaves its state untouched. Five CTAs an SM (47 registers at d128; six would
-// spill).
+// Tokens are staged `tokens` at a time: warp t < tokens normalises token t's q and k (and their dot product), warp
+// tokens + t loads its v slice, exp(g) and beta. A state pointer that is not 16-byte aligned takes scalar accesses
+// (the same bits). A stream of no tokens leaves its state untouched.
+//   d128: 64 columns (256-byte row pieces), three CTAs an SM (80 registers, no spill); d64: 32 columns, five CTAs an
+// SM (47 registers). docs/kernels/gdn.md has the shapes measured against each other.
 struct DecodeConfig {
     int threads, tokens, columns, min_blocks;   // min_blocks: CTAs an SM the registers must allow
     __host__ __device__ constexpr int rows_per_pass() const { return threads / (columns / 4); }
 };
-__host__ __device__ constexpr DecodeConfig decode_config() { return {256, 4, 32, 5}; }
+__host__ __device__ constexpr DecodeConfig decode_config(int d) {
+    return d == 128 ? DecodeConfig{256, 4, 64, 3} : DecodeConfig{256, 4, 32, 5};
+}
 
-#if !defined(Q12_GDN_DECODE_THREADS) || !defined(Q12_GDN_DECODE_COLUMNS)
-#error "compile through q12drv: it passes the host's geometry (-DQ12_GDN_DECODE_THREADS=... -DQ12_GDN_DECODE_COLUMNS=...)"
+#if !defined(Q12_GDN_DECODE_D128_THREADS) || !defined(Q12_GDN_DECODE_D128_COLUMNS) || \
+    !defined(Q12_GDN_DECODE_D64_THREADS) || !defined(Q12_GDN_DECODE_D64_COLUMNS)
+#error "compile through q12drv: it passes the host's geometry (-DQ12_GDN_DECODE_D128_THREADS=... and the rest)"
 #endif
-static_assert(decode_config().threads == Q12_GDN_DECODE_THREADS, "decode: threads a CTA differ from the host's");
-static_assert(decode_config().columns == Q12_GDN_DECODE_COLUMNS, "decode: dv columns a CTA differ from the host's");
+static_assert(decode_config(128).threads == Q12_GDN_DECODE_D128_THREADS, "decode d128: threads a CTA differ from the host's");
+static_assert(decode_config(128).columns == Q12_GDN_DECODE_D128_COLUMNS, "decode d128: dv columns a CTA differ from the host's");
+static_assert(decode_config(64).threads == Q12_GDN_DECODE_D64_THREADS, "decode d64: threads a CTA differ from the host's");
+static_assert(decode_config(64).columns == Q12_GDN_DECODE_D64_COLUMNS, "decode d64: dv columns a CTA differ from the host's");
 
 template <int DK, int DV>
 __device__ __forceinline__ void decode_body(GDN_BODY_PARAMS) {
-    constexpr DecodeConfig CFG = decode_config();
+    constexpr DecodeConfig CFG = decode_config(DK);
     constexpr int THREADS = CFG.threads, CT = CFG.tokens, COLS = CFG.columns;
     constexpr int WARPS = THREADS / 32;
     constexpr int GROUPS = COLS / 4;                 // lanes across a row (one float4 each)
@@ -280,7 +287,7 @@ __device__ __forceinline__ void decode_body(GDN_BODY_PARAMS) {
     constexpr int NR = DK / RPP;                     // rows a thread owns
     constexpr int SEGS = DK / 8;                     // 16-byte segments of a q/k row
     constexpr int SLICES = DV / COLS;
-    static_assert(GROUPS <= 16 && 32 % GROUPS == 0 && DK % RPP == 0 && DV % COLS == 0, "decode: tile");
+    static_assert(GROUPS <= 32 && 32 % GROUPS == 0 && DK % RPP == 0 && DV % COLS == 0, "decode: tile");
     static_assert(WARPS == 2 * CT && 2 * SEGS <= 32, "decode: one warp stages a token's q and k, one its v");
 
     __shared__ __align__(16) float s_q[CT][DK];
@@ -343,11 +350,9 @@ __device__ __forceinline__ void decode_body(GDN_BODY_PARAMS) {
                     const __nv_bfloat162* pv = reinterpret_cast<const __nv_bfloat162*>(&raw);
                     const float2 a = __bfloat1622float2(pv[0]), c = __bfloat1622float2(pv[1]);
                     reinterpret_cast<float4*>(&s_v[t][4 * lane])[0] = make_float4(a.x, a.y, c.x, c.y);
-                } else if (lane == GROUPS) {
-                    s_alpha[t] = expf(g[hv_idx]);
-                } else if (lane == GROUPS + 1) {
-                    s_beta[t] = beta[hv_idx];
                 }
+                if (lane == GROUPS % 32) s_alpha[t] = expf(g[hv_idx]);   // lanes past the v slice where there are
+                if (lane == (GROUPS + 1) % 32) s_beta[t] = beta[hv_idx];  // (lanes 0 and 1 where there are not)
             }
         }
         __syncthreads();
@@ -430,7 +435,7 @@ __device__ __forceinline__ void decode_body(GDN_BODY_PARAMS) {
 // dk = dv = 128 and 64.
 extern "C" __global__ void q12_gdn_recurrent_d128(GDN_PARAMS) { recurrent_body<128, 128>(GDN_ARGS); }
 extern "C" __global__ void q12_gdn_recurrent_d64(GDN_PARAMS) { recurrent_body<64, 64>(GDN_ARGS); }
-extern "C" __global__ void __launch_bounds__(decode_config().threads, decode_config().min_blocks)
+extern "C" __global__ void __launch_bounds__(decode_config(128).threads, decode_config(128).min_blocks)
     q12_gdn_recurrent_decode_d128(GDN_PARAMS) { decode_body<128, 128>(GDN_ARGS); }
-extern "C" __global__ void __launch_bounds__(decode_config().threads, decode_config().min_blocks)
+extern "C" __global__ void __launch_bounds__(decode_config(64).threads, decode_config(64).min_blocks)
     q12_gdn_recurrent_decode_d64(GDN_PARAMS) { decode_body<64, 64>(GDN_ARGS); }

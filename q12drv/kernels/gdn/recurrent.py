@@ -3,9 +3,8 @@ chunked kernels. Their entries, launch geometry, contract defines and emulators.
 
 Two builds of the same recurrence: the token-chunked one (a CTA owns :data:`COLS_PER_CTA` dv columns of one (stream,
 value head), its state slice in registers while it streams the tokens) and the decode one (a CTA owns
-:data:`DECODE_COLS_PER_CTA` dv columns and all dk rows in 256 threads, five CTAs an SM, the state read and written
-once in 16-byte rows: for a few tokens a stream, where moving the state is the whole cost). Static shared memory
-only.
+``DECODE_TILES[d][1]`` dv columns and all dk rows in 256 threads, the state read and written once in 16-byte rows:
+for a few tokens a stream, where moving the state is the whole cost). Static shared memory only.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from .. import registry
 from . import emulate
 
 __all__ = ["SOURCE", "ENTRIES", "HEAD_DIMS", "THREADS", "LANES_PER_COLUMN", "COLS_PER_THREAD", "COLS_PER_CTA",
-           "DECODE_ENTRIES", "DECODE_THREADS", "DECODE_COLS_PER_CTA", "entry", "geometry", "decode_entry",
+           "DECODE_ENTRIES", "DECODE_TILES", "entry", "geometry", "decode_entry",
            "decode_geometry", "CONTRACTS", "EMULATORS"]
 
 #: Kernel source file in ``cuda_src/``.
@@ -33,10 +32,8 @@ LANES_PER_COLUMN = 8
 COLS_PER_THREAD = 2
 #: dv columns one CTA owns.
 COLS_PER_CTA = THREADS // LANES_PER_COLUMN * COLS_PER_THREAD
-#: The decode build's threads per CTA (``decode_config().threads``).
-DECODE_THREADS = 256
-#: dv columns one decode CTA owns (``decode_config().columns``): 8 lanes of 4 floats across a row.
-DECODE_COLS_PER_CTA = 32
+#: The decode build's tiles by head dim: (threads per CTA, dv columns a CTA owns), ``decode_config(d)``'s.
+DECODE_TILES = {128: (256, 64), 64: (256, 32)}
 
 
 def entry(head_dim: int) -> str:
@@ -75,9 +72,11 @@ def geometry(n: int, num_v_heads: int, head_dim: int) -> tuple[tuple[int, int, i
 
 def decode_geometry(n: int, num_v_heads: int, head_dim: int) -> tuple[tuple[int, int, int], tuple[int, int, int],
                                                                        int]:
-    """The decode build's ``(grid, block, dynamic smem)``: grid ``(Hv * dv / DECODE_COLS_PER_CTA, n, 1)``,
-    :data:`DECODE_THREADS` threads, none (parameters as :func:`geometry`)."""
-    return _grid(n, num_v_heads, head_dim, DECODE_COLS_PER_CTA), (DECODE_THREADS, 1, 1), 0
+    """The decode build's ``(grid, block, dynamic smem)``: grid ``(Hv * dv / columns, n, 1)`` and ``threads`` a CTA
+    from :data:`DECODE_TILES`, none (parameters as :func:`geometry`)."""
+    entry(head_dim)
+    threads, columns = DECODE_TILES[head_dim]
+    return _grid(n, num_v_heads, head_dim, columns), (threads, 1, 1), 0
 
 
 def _grid(n: int, num_v_heads: int, head_dim: int, columns: int) -> tuple[int, int, int]:
@@ -90,7 +89,8 @@ def _grid(n: int, num_v_heads: int, head_dim: int, columns: int) -> tuple[int, i
 def _contracts() -> dict[str, int]:
     """The host's numbers ``gdn/recurrent.cu`` checks at compile time."""
     return {"Q12_GDN_RECURRENT_THREADS": THREADS, "Q12_GDN_RECURRENT_COLUMNS": COLS_PER_CTA,
-            "Q12_GDN_DECODE_THREADS": DECODE_THREADS, "Q12_GDN_DECODE_COLUMNS": DECODE_COLS_PER_CTA}
+            **{f"Q12_GDN_DECODE_D{d}_{k}": v for d, (t, c) in DECODE_TILES.items()
+               for k, v in (("THREADS", t), ("COLUMNS", c))}}
 
 
 def _emulator(head_dim: int, geometry_of, columns: int):
@@ -110,7 +110,7 @@ def _emulator(head_dim: int, geometry_of, columns: int):
 
 #: What the emulated driver runs instead of each entry point.
 EMULATORS = {**{entry(d): _emulator(d, geometry, COLS_PER_CTA) for d in HEAD_DIMS},
-             **{decode_entry(d): _emulator(d, decode_geometry, DECODE_COLS_PER_CTA) for d in HEAD_DIMS}}
+             **{decode_entry(d): _emulator(d, decode_geometry, DECODE_TILES[d][1]) for d in HEAD_DIMS}}
 
 #: The host/device contract: the numbers above, passed as ``-D`` to every build of the source and checked there.
 CONTRACTS = _contracts()
