@@ -4,7 +4,8 @@ on 8k cached keys, 16 x 1 on 32k, 4 x 1 on 128k), each at Hq 16 / Hkv 2 / D 256 
 16; and a mixed batch (a few prefill chunks beside many decode streams, :data:`bench.inputs.MIXED_CASE`).
 
 Rows: each decode batch against its KV-read floor (every stream's K and V read once, ``sum(kv_len) * Hkv * D * 2``
-bytes each, at the H200's 4.8 TB/s: the goal is 85% of it) and against the wgmma prefill kernel fed the same batch
+bytes each, at the H200's 4.8 TB/s: the goal is 85% of it), against torch's ``sum`` reading the same bytes (the
+practical ceiling of a read) and against the wgmma prefill kernel fed the same batch
 (``algo="wgmma"``, what ``"auto"`` runs today); the mixed batch as one pass through the wgmma kernel (what ``"auto"``
 runs today) against its parts run separately, the prefill chunks through the wgmma kernel and the decode streams
 through the decode kernel (two staged passes; the goal: the mixed batch no slower). The first decode batch (64 x 8k)
@@ -18,6 +19,7 @@ after 3 warm-ups."""
 from __future__ import annotations
 
 from bench import inputs
+from bench.compare import ceiling
 from bench.compare.context import HBM_TBPS, Context
 from bench.timing import q12_events_us
 
@@ -93,6 +95,10 @@ def _case(ctx: Context, dec, name: str, q_lens, prefixes, hq: int, hkv: int, d: 
           f"wgmma {r['wgmma_us']:9.1f} us {tbps['wgmma']:5.2f} TB/s", flush=True)
     ctx.memory_rows(f"decode {name}: vs KV-read floor", r, "q12drv_us", floor, 0.85, tbps=HBM_TBPS,
                     of=f"{HBM_TBPS} TB/s")
+    if ctx.gpu:
+        r["torch_read_us"] = ceiling.read_us(ctx, floor)
+        ctx.row(f"decode {name}", r["q12drv_us"], "torch x.sum() over the same K/V bytes", r["torch_read_us"],
+                note="info: the practical ceiling of reading the K/V once (cold L2)")
     ctx.row(f"decode {name}", r["q12drv_us"], "q12drv wgmma kernel, same batch", r["wgmma_us"], ("<=", 1.0),
             note=f"{plan.num_splits} splits; wgmma {tbps['wgmma']:.2f} TB/s of KV read")
     if fp8:

@@ -4,8 +4,9 @@ d 128) on :data:`bench.inputs.GDN_CASES` (8 x 2048, 1 x 8192, ragged 8 streams o
 against fla-core's ``chunk_gated_delta_rule`` timed in its own process (``bench/fla_gdn.py``: replayed from a CUDA
 graph, its device time alone). q12drv's device time from events around 8 back-to-back calls, median of 30 after 3
 warm-ups. Section ``gdn_decode``: decode steps (64 x 1, 256 x 1, 64 x 4 tokens; 64 x 8 and 64 x 16 for the
-recurrence's bound) against their byte floor (every stream's fp32 state read and written) at 4.8 TB/s, the default
-(the recurrence there) and the recurrence against the chunked form, buffer sets rotated past 3x L2."""
+recurrence's bound) against their byte floor (every stream's fp32 state read and written) at 4.8 TB/s and, for one
+token a stream, against torch's in-place ``mul_`` over the same state bytes (the practical ceiling); the default (the
+recurrence there) and the recurrence against the chunked form, buffer sets rotated past 3x L2."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import subprocess
 import sys
 
 from bench import inputs
+from bench.compare import ceiling
 from bench.compare.context import HBM_TBPS, Context, faster
 from bench.report import ROOT
 from bench.timing import q12_events_us
@@ -99,6 +101,11 @@ def run_decode(ctx: Context) -> None:
 
                 r[f"{name}_us"] = q12_events_us(dev, call, ctx.reps(30, 1))
             goal = 0.85 if counts[0] == 1 else None
+            if ctx.gpu and counts[0] == 1:
+                r["torch_in_place_us"] = ceiling.in_place_us(ctx, n * hv * d * d * 4)
+                ctx.row(f"gdn decode {key} Hv{hv} d{d}: default", r["default_us"],
+                        "torch x.mul_(1.0) over the same state bytes", r["torch_in_place_us"],
+                        note="info: the practical ceiling of an in-place update of the states (cold L2)")
             ctx.memory_rows(f"gdn decode {key} Hv{hv} d{d}: default vs floor", r, "default_us", floor, goal,
                             tbps=HBM_TBPS, of=f"the {HBM_TBPS} TB/s floor; default = {r['paths']['default']}")
             ctx.row(f"gdn decode {key} Hv{hv} d{d}: default", r["default_us"], "q12drv chunked form",
