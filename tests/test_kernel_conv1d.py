@@ -164,6 +164,8 @@ def test_bad_input_is_refused_before_anything_runs(emu):
             conv.conv1d(emu, case.meta, case.ptrs.ptr, case.x.ptr, case.y.ptr, case.w.ptr, **kw)
     with pytest.raises(ValueError, match="x must be 16-byte aligned"):
         conv.conv1d(emu, case.meta, case.ptrs.ptr, case.x.ptr + 2, case.y.ptr, case.w.ptr, **common)
+    with pytest.raises(ValueError, match="w must be 16-byte aligned"):  # the taps are read as 16-byte vectors
+        conv.conv1d(emu, case.meta, case.ptrs.ptr, case.x.ptr, case.y.ptr, case.w.ptr + 2, **common)
     with pytest.raises(ValueError, match="overlap"):  # in place would feed outputs to later tokens
         conv.conv1d(emu, case.meta, case.ptrs.ptr, case.x.ptr, case.x.ptr, case.w.ptr, **common)
     with pytest.raises(ValueError, match="state_ptrs must be 8-byte aligned"):

@@ -6,7 +6,7 @@ before the delta rule. Layouts (bf16 throughout):
 
 * ``x``, ``y``: ``[T, C]`` rows of the packed tokens, ``x_stride`` / ``y_stride`` elements apart (a strided slice
   of a wider projection is fine: the strides say where each row starts); x and y must not overlap;
-* ``w``: ``[C, W]`` (PyTorch's depthwise ``Conv1d.weight[:, 0, :]``), ``bias``: ``[C]`` or none;
+* ``w``: ``[C, W]`` (PyTorch's depthwise ``Conv1d.weight[:, 0, :]``), 16-byte aligned; ``bias``: ``[C]`` or none;
 * stream b's state at ``state_ptrs[b]``: ``[W - 1, C]`` bf16, rows ``state_stride`` elements apart, the last row
   the newest input; read before the pass, overwritten with the last ``W - 1`` inputs after it (a new prompt's
   state is zeros).
@@ -165,7 +165,7 @@ def conv1d(device: Device, meta: BatchedAttnMetadata, state_ptrs: int, x: int, y
     x, y : int
         Inputs and outputs ``[T, C]`` bf16, 16-byte aligned, not overlapping.
     w : int
-        Taps ``[C, W]`` bf16.
+        Taps ``[C, W]`` bf16, 16-byte aligned (a thread reads its 8 channels' taps as 16-byte vectors).
     channels : int
         C, a multiple of 8.
     width : int
@@ -191,7 +191,7 @@ def conv1d(device: Device, meta: BatchedAttnMetadata, state_ptrs: int, x: int, y
                                              bias=None if bias is None else bf16("bias", bias, 2), x_stride=x_stride,
                                              y_stride=y_stride, state_stride=state_stride, silu=silu)
     enqueue_conv1d(device, meta, entry, device.pointer(state_ptrs, "state_ptrs", dtype="u64", align=8), x, y,
-                   bf16("w", w, 2), bias_addr, int(channels), *strides, silu, stream)
+                   bf16("w", w, 16), bias_addr, int(channels), *strides, silu, stream)
 
 
 def check_conv1d(total_tokens: int, x: int, y: int, *, channels: int, width: int, bias: int | None,

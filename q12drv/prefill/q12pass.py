@@ -738,7 +738,7 @@ class Q12Pass:
             width = info.shape[-1]
         xp, sx = row_view(dev, x, "x", columns=c, dtype="bf16")
         yp, sy = row_view(dev, y, "y", columns=c, dtype="bf16")
-        wp = dev.pointer(w, "w", dtype="bf16", align=2)
+        wp = dev.pointer(w, "w", dtype="bf16", align=16)
         bp = None if bias is None else dev.pointer(bias, "bias", dtype="bf16", shape=(c,), align=2)
         states = self._state_addresses(state_ptrs, "state_ptrs", 16, dtype="bf16")
         # the op's own checks (widths, strides, overlap over the whole batch's rows), before the slot is rewritten

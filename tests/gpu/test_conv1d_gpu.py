@@ -46,7 +46,7 @@ def run(dev, counts, x, w, states, starts=None, stream=None):
 @pytest.mark.parametrize("width", conv.WIDTHS)
 def test_against_torch_conv1d(gpu, width):
     g = torch.Generator(device="cuda").manual_seed(width)
-    counts = [1, 2, 3, 31, 32, 33, 700, 2048]
+    counts = [1, 2, 3, 17, 31, 32, 33, 63, 64, 65, 700, 2048]  # segment and ring edges
     c = 8192 + 64  # Qwen3-Next's 2*16*128 + 32*128, plus a partial CTA of channel groups
     x = torch.randn(sum(counts), c, device="cuda", generator=g).to(torch.bfloat16)
     w = (0.5 * torch.randn(c, width, device="cuda", generator=g)).to(torch.bfloat16)
