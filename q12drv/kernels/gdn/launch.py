@@ -10,11 +10,12 @@ from typing import Any
 from ...core.device import Device
 from ...core.staging import BatchedAttnMetadata
 from ..args import ALIGN, check_launch, workspace_ptr
+from ..layer_launch import LayerLaunch
 from ..meta import meta_struct
 from ..registry import prepared
 from .plan import GdnConfig, GdnPlan, GdnShape, check_shape, plan_gdn
 
-__all__ = ["GdnTensors", "gdn", "enqueue_gdn", "check_workspace", "resolve_plan"]
+__all__ = ["GdnTensors", "gdn", "enqueue_gdn", "GdnLaunch", "check_workspace", "resolve_plan"]
 
 _ALIGN = ALIGN["gdn"]
 
@@ -133,3 +134,30 @@ def enqueue_gdn(device: Device, meta: BatchedAttnMetadata, plan: GdnPlan, h_stat
         a.num_k_heads, a.num_v_heads, a.workspace = hk, hv, workspace
         a.m = mc
         (launch.launch_dependent if kern.dependent else launch.launch)(kern.grid, kern.block, kern.smem, stream)
+
+
+class GdnLaunch:
+    """:func:`enqueue_gdn` for every layer of a pass: ``plan``'s launches for ``meta`` with all but the layer's tensors
+    fixed (``h_state_ptrs``, the checked ``workspace``); call it with a stream and ``(q, k, v, g, beta, o)`` (checked
+    ints) to zero the workspace range the plan needs zeroed and launch its kernels."""
+
+    __slots__ = ("device", "zero", "kernels")
+
+    def __init__(self, device: Device, meta: BatchedAttnMetadata, plan: GdnPlan, h_state_ptrs: int, workspace: int):
+        zero, kernels = plan.launches(meta.batch_size, meta.chunk_len)
+        self.device = device
+        self.zero = None if zero is None else (workspace + zero[0], zero[1])
+        fixed = dict(m=meta_struct(meta), h_state_ptrs=h_state_ptrs, num_k_heads=plan.shape.num_k_heads,
+                     num_v_heads=plan.shape.num_v_heads, workspace=workspace)
+        self.kernels = tuple(LayerLaunch(device, kern.entry, kern.grid, kern.block, kern.smem, _POINTERS,
+                                         dependent=kern.dependent, **fixed) for kern in kernels)
+
+    def __call__(self, stream: Any, *ptrs: int) -> None:
+        if self.zero is not None:
+            self.device.memset(self.zero[0], 0, self.zero[1], stream)
+        for launch in self.kernels:
+            launch(stream, *ptrs)
+
+
+#: The GDN kernels' per-layer pointer parameters, in their order.
+_POINTERS = ("q", "k", "v", "g", "beta", "o")

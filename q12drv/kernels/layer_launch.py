@@ -1,0 +1,99 @@
+"""A kernel's launch as every layer of a pass makes it: everything but the layer's pointers fixed once.
+
+A pass runs the same kernels in every layer with the same metadata, head counts and geometry; only the
+layer's tensors (its activations, its KV pools) change. :class:`LayerLaunch` checks and packs the fixed arguments
+into bytes once, so that a layer's launch is one write of the whole argument block (``struct.pack_into``: the
+fixed bytes around the layer's pointers) and the driver call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from typing import Any
+
+from ..core.device import Device
+from .registry import prepared
+
+__all__ = ["LayerLaunch"]
+
+
+class LayerLaunch:
+    """One kernel's launch with every argument but a run of consecutive pointer parameters fixed: call it with a
+    stream (as :meth:`q12drv.core.launch.Launch.launch` takes it) and those pointers (already checked: ints in
+    ``(0, 2**64)``) to write the whole argument block and launch.
+
+    The block written is the calling thread's pre-packed one (:func:`~q12drv.kernels.registry.prepared`): every
+    launcher writes all of a block's arguments before it launches it, so nothing another launch left there is read,
+    and any thread may call a LayerLaunch.
+
+    Parameters
+    ----------
+    device : Device
+    entry : str
+        The kernel entry (registered).
+    grid, block : tuple
+        The launch geometry (three positive ints each).
+    smem : int
+        Dynamic shared memory bytes.
+    pointers : tuple of str
+        The parameters each call passes, consecutive and 64-bit, in the kernel's order.
+    dependent : bool
+        Launch with programmatic stream serialization (:meth:`~q12drv.core.launch.Launch.launch_dependent`).
+    **fixed
+        Every other parameter's value (checked against its C type, as :meth:`~q12drv.core.launch.Launch.set` does).
+
+    Raises
+    ------
+    ValueError
+        ``pointers`` are not consecutive 64-bit parameters of the kernel, or ``fixed`` does not name exactly the
+        other parameters.
+    TypeError, OverflowError
+        A fixed value that does not fit its parameter.
+    """
+
+    __slots__ = ("entry", "grid", "block", "smem", "_device", "_dependent", "_pack", "_head", "_tail")
+
+    def __init__(self, device: Device, entry: str, grid: tuple, block: tuple, smem: int, pointers: tuple, *, dependent: bool = False, **fixed: Any):
+        launch = prepared(device, entry)
+        kernel = launch.kernel
+        names = [n for n, _ in kernel.params]
+        first = names.index(pointers[0]) if pointers and pointers[0] in names else -1
+        run = names[first:first + len(pointers)]
+        if first < 0 or tuple(run) != tuple(pointers) or any(t is not ctypes.c_uint64 for n, t in kernel.params if n in run):
+            raise ValueError(f"kernel {entry}: {pointers} are not consecutive pointer parameters of ({', '.join(names)})")
+        others = set(names) - set(pointers)
+        if set(fixed) != others:
+            raise ValueError(f"kernel {entry}: fixed arguments {sorted(fixed)} must be exactly {sorted(others)}")
+        # the fixed values, checked as set() checks them, in this thread's block; their bytes kept
+        raw = bytes(launch.set(**fixed).args)
+        start = getattr(kernel.args_type, pointers[0]).offset
+        end = start + 8 * len(pointers)
+        self._head, self._tail = raw[:start], raw[end:]
+        self._pack = _struct(f"<{start}s{len(pointers)}Q{len(raw) - end}s").pack_into
+        if smem > kernel.smem_limit:
+            kernel.allow_dynamic_smem(smem)
+        self._device = device
+        self._dependent = dependent
+        self.entry, self.grid, self.block, self.smem = entry, grid, block, smem
+
+    def __call__(self, stream: Any, *pointers: int) -> None:
+        launch = self._device.local.launches.get(self.entry) or prepared(self._device, self.entry)
+        self._pack(launch.args, 0, self._head, *pointers, self._tail)
+        if self._dependent:
+            launch.launch_dependent(self.grid, self.block, self.smem, stream)
+        else:
+            launch.launch(self.grid, self.block, self.smem, stream)
+
+
+#: struct format -> its compiled Struct (a pass makes a few LayerLaunches of the same few layouts).
+_STRUCTS: dict = {}
+
+
+def _struct(fmt: str) -> struct.Struct:
+    st = _STRUCTS.get(fmt)
+    if st is None:
+        if len(_STRUCTS) >= 256:
+            _STRUCTS.clear()
+        st = _STRUCTS[fmt] = struct.Struct(fmt)
+    return st
