@@ -155,14 +155,14 @@ class Tracer:
         self._restore.append(lambda: setattr(obj, name, orig) if had else delattr(obj, name))
 
     def _wrap_launch(self, launch, name: str) -> None:
-        orig = launch._fire
+        orig = launch.fire
 
         def fire(grid, block, smem, stream, _orig=orig, _mark=self.mark, _name=name):
             _orig(grid, block, smem, stream)
             _mark((_name, tuple(grid)), stream)
 
-        launch._fire = fire
-        self._restore.append(lambda: setattr(launch, "_fire", orig))
+        launch.fire = fire
+        self._restore.append(lambda: setattr(launch, "fire", orig))
 
     def uninstall(self) -> None:
         while self._restore:

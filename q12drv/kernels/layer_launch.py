@@ -12,20 +12,19 @@ import ctypes
 import struct
 from typing import Any
 
-from ..core.device import Device
+from ..core.device import CURRENT, Device
 from .registry import prepared
 
 __all__ = ["LayerLaunch"]
 
 
 class LayerLaunch:
-    """One kernel's launch with every argument but a run of consecutive pointer parameters fixed: call it with a
-    stream (as :meth:`q12drv.core.launch.Launch.launch` takes it) and those pointers (already checked: ints in
-    ``(0, 2**64)``) to write the whole argument block and launch.
+    """One kernel's launch with every argument but a run of consecutive pointer parameters fixed: :meth:`launch`
+    writes the whole argument block with the layer's pointers and launches it.
 
     The block written is the calling thread's pre-packed one (:func:`~q12drv.kernels.registry.prepared`): every
     launcher writes all of a block's arguments before it launches it, so nothing another launch left there is read,
-    and any thread may call a LayerLaunch.
+    and any thread may launch a LayerLaunch.
 
     Parameters
     ----------
@@ -77,13 +76,19 @@ class LayerLaunch:
         self._dependent = dependent
         self.entry, self.grid, self.block, self.smem = entry, grid, block, smem
 
-    def __call__(self, stream: Any, *pointers: int) -> None:
-        launch = self._device.local.launches.get(self.entry) or prepared(self._device, self.entry)
+    def launch(self, stream: Any, pointers: tuple) -> None:
+        """Launch on the driver stream ``stream`` (:meth:`Device.as_stream <q12drv.core.device.Device.as_stream>`'s
+        result) with ``pointers`` (the parameters named at construction, in order; already checked: ints in
+        ``(0, 2**64)``). The device's context is made current in the calling thread first where it is not."""
+        dev = self._device
+        launch = dev.local.launches.get(self.entry) or prepared(dev, self.entry)
         self._pack(launch.args, 0, self._head, *pointers, self._tail)
+        if CURRENT.device is not dev:
+            dev.set_current()
         if self._dependent:
-            launch.launch_dependent(self.grid, self.block, self.smem, stream)
+            launch.fire_dependent(self.grid, self.block, self.smem, stream)
         else:
-            launch.launch(self.grid, self.block, self.smem, stream)
+            launch.fire(self.grid, self.block, self.smem, stream)
 
 
 #: struct format -> its compiled Struct (a pass makes a few LayerLaunches of the same few layouts).

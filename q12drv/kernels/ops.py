@@ -159,7 +159,7 @@ def enqueue_kv_write_fp8(device: Device, meta: BatchedAttnMetadata, k: int, v: i
 def kv_write_fp8_launch(device: Device, meta: BatchedAttnMetadata, head_dim: int, row_elems: int,
                         num_slots: int) -> LayerLaunch:
     """:func:`enqueue_kv_write_fp8` for every layer of a pass: its launch with all but ``(k, v, k_pool, v_pool,
-    k_scale, v_scale)`` fixed; call it with a stream and those."""
+    k_scale, v_scale)`` fixed."""
     grid, block, smem = _kvw_fp8_geometry(meta.total_tokens, row_elems, num_sms=device.sm_count)
     return LayerLaunch(device, "q12_kv_write_fp8", grid, block, smem,
                        ("k", "v", "k_pool", "v_pool", "k_scale", "v_scale"), m=meta_struct(meta), head_dim=head_dim,
@@ -229,8 +229,7 @@ def enqueue_rope(device: Device, meta: BatchedAttnMetadata, q: int, k: int, num_
 
 def rope_launch(device: Device, meta: BatchedAttnMetadata, num_q_heads: int, num_kv_heads: int, head_dim: int,
                 rotary_dim: int, theta: float, mrope_mode: int, sections: tuple, table=_rope.NO_TABLE) -> LayerLaunch:
-    """:func:`enqueue_rope` for every layer of a pass: its launch with all but ``(q, k)`` fixed; call it with a
-    stream and those."""
+    """:func:`enqueue_rope` for every layer of a pass: its launch with all but ``(q, k)`` fixed."""
     grid, block, smem = _rope_geometry(meta.total_tokens, num_q_heads, num_kv_heads, head_dim, rotary_dim,
                                        num_sms=device.sm_count)
     return LayerLaunch(device, "q12_rope", grid, block, smem, ("q", "k"), m=meta_struct(meta),
@@ -304,7 +303,7 @@ def enqueue_attention(device: Device, meta: BatchedAttnMetadata, entry: str, q: 
 def attention_launch(device: Device, meta: BatchedAttnMetadata, entry: str, num_q_heads: int, num_kv_heads: int,
                      head_dim: int, scale: float, window_left: int = _attn.NO_WINDOW) -> LayerLaunch:
     """:func:`enqueue_attention` for every layer of a pass: its launch with all but ``(q, k_pool, v_pool, o)``
-    fixed; call it with a stream and those."""
+    fixed."""
     grid, block, smem = _attn_geometry(entry, meta.batch_size, meta.chunk_len, num_q_heads, num_kv_heads, head_dim)
     return LayerLaunch(device, entry, grid, block, smem, ("q", "k_pool", "v_pool", "o"), m=meta_struct(meta),
                        num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, block_size=meta.block_size, scale=scale,

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..core.admission import Admission, decide, parse_chunks
 from ..core.arena import ScratchArena
+from ..core.device import Stream
 from ..core.errors import CapacityError, Q12Error
 from ..kernels import ops
 from ..kernels.expand import ExpandPlan, stage_on_device
@@ -60,19 +61,19 @@ MODES = ("auto", "batched", "per_stream")
 EXPANDS = ("auto", "host", "device")
 #: The alignments of the bf16 attention ops' arguments (RoPE, KV write, attention: one table, a layer's union).
 _ATTENTION_ALIGN = {**ALIGN["rope"], **ALIGN["kv_write"], **ALIGN["attention"]}
-#: (id of an alignment table, argument names in order) -> their alignment masks, made on first use.
-_MASKS: dict = {}
+#: (id of an alignment table, argument names in order) -> their bad bits (:func:`_bad_bits`), made on first use.
+_BAD: dict = {}
 
 
-def _masks(align: dict, names: tuple) -> tuple:
-    """The alignment masks of ``names`` in ``align`` (2 bytes where it names none)."""
-    return tuple(align.get(n, 2) - 1 for n in names)
+def _bad_bits(align: dict, names: tuple) -> tuple:
+    """The bits each address of ``names`` must not have, aligned as ``align`` says (2 bytes where it names none):
+    any at or above bit 64 (a negative int has them all) and any below its alignment (a power of two)."""
+    return tuple(-(1 << 64) | (align.get(n, 2) - 1) for n in names)
 
 
-#: The bf16 layer ops' pointers in their kernels' order, and their alignment masks (the layer table's).
+#: The bf16 layer ops' pointers in their kernels' order, and their bad bits (the layer table's alignments).
 _ROPE_PTRS, _KV_PTRS, _ATTN_PTRS = ("q", "k"), ("k", "v", "k_pool", "v_pool"), ("q", "k_pool", "v_pool", "o")
-_ROPE_MASKS, _KV_MASKS, _ATTN_MASKS = (_masks(_ATTENTION_ALIGN, n) for n in (_ROPE_PTRS, _KV_PTRS, _ATTN_PTRS))
-_LAYER_MASKS = _masks(_ATTENTION_ALIGN, ("q", "k", "v", "k_pool", "v_pool", "o"))
+_ROPE_BAD, _KV_BAD, _ATTN_BAD = (_bad_bits(_ATTENTION_ALIGN, n) for n in (_ROPE_PTRS, _KV_PTRS, _ATTN_PTRS))
 _SCALES = ("k_scale", "v_scale")
 _STATE_ALIGN = ALIGN["gdn"]["state"]
 _BF16 = 2
@@ -168,18 +169,30 @@ def _admit(parsed: list, arena_tokens, is_mla, head_dim, scratch_cap, top_k, use
     return hit
 
 
-_U64_MAX = (1 << 64) - 1
-#: The alignment masks of the layers' pointer arguments, in their argument order.
-_GDN_MASKS = _masks(ALIGN["gdn"], ("q", "k", "v", "g", "beta", "o"))
+_PTR_TYPES = frozenset((int, DevicePtr))
+#: The bad bits of the GDN layers' pointer arguments: (q, k, v, o) and (g, beta).
+_GDN_BAD, _GATE_BAD = _bad_bits(ALIGN["gdn"], ("q", "k", "v", "o")), _bad_bits(ALIGN["gdn"], ("g", "beta"))
 
 
-def _plain_aligned(ptrs, masks: tuple) -> bool:
-    """Whether every pointer is an exact int/DevicePtr in (0, 2**64) with none of its mask's bits set (the
-    alignments are powers of two): :func:`~q12drv.kernels.args.device_ptr`'s common case, all at once."""
-    for p, m in zip(ptrs, masks):
-        if (type(p) is not int and type(p) is not DevicePtr) or not 0 < p <= _U64_MAX or p & m:
+def _plain_aligned(ptrs, bad: tuple) -> bool:
+    """Whether every pointer is an exact int/DevicePtr, not 0, with none of its ``bad`` bits set (:func:`_bad_bits`):
+    :func:`~q12drv.kernels.args.device_ptr`'s common case, all at once."""
+    for p, b in zip(ptrs, bad):
+        if (type(p) is not int and type(p) is not DevicePtr) or not p or p & b:
             return False
     return True
+
+
+def _plain_gdn(ptrs: tuple) -> bool:
+    """:func:`_plain_aligned` of a GDN layer's ``(q, k, v, g, beta, o)``."""
+    q, k, v, g, beta, o = ptrs
+    return _plain4(q, k, v, o, _GDN_BAD) and _plain_aligned((g, beta), _GATE_BAD)
+
+
+def _plain4(a, b, c, d, bad: tuple) -> bool:
+    """:func:`_plain_aligned` of four pointers, unrolled: the layer ops' common case in half the loop's time."""
+    return (type(a) in _PTR_TYPES and type(b) in _PTR_TYPES and type(c) in _PTR_TYPES and type(d) in _PTR_TYPES
+            and a != 0 and b != 0 and c != 0 and d != 0 and not (a & bad[0] | b & bad[1] | c & bad[2] | d & bad[3]))
 
 
 class _AttentionLayer:
@@ -202,19 +215,22 @@ class _AttentionLayer:
 
 class _GdnLayer:
     """What :meth:`Q12Pass.gdn_layer` runs for one :class:`GdnShape` in a pass: the config asked for last and its
-    plan, the workspace as given (``workspace``, ``workspace_bytes``) and as checked (``ws``), and the plan's launches
-    (``run``, a :class:`~q12drv.kernels.gdn.launch.GdnLaunch` or one per stream)."""
+    plan, the workspace as given (``workspace``: ``(workspace, workspace_bytes)``) and as checked (``ws``), and the
+    plan's launches (``run``, a :class:`~q12drv.kernels.gdn.launch.GdnLaunch` or one per stream)."""
 
-    __slots__ = ("shape", "config", "plan", "workspace", "workspace_bytes", "ws", "run")
+    __slots__ = ("shape", "config", "plan", "workspace", "ws", "run")
 
 
-def _same_arg(given, before) -> bool:
-    """Whether an argument is the one given before: the same object, or an equal exact int."""
-    return given is before or (type(given) is int and type(before) is int and given == before)
+def _same_args(given: tuple, before: tuple) -> bool:
+    """Whether arguments are the ones given before: each the same object, or an equal exact int."""
+    for a, b in zip(given, before):
+        if a is not b and not (type(a) is int and type(b) is int and a == b):
+            return False
+    return True
 
 
 class _PerStream:
-    """A pass launch made once per stream (the per-stream fallback): each stream's launch, called with the layer's
+    """A pass launch made once per stream (the per-stream fallback): each stream's launch, with the layer's
     pointers advanced to that stream's rows."""
 
     __slots__ = ("launches", "offsets")
@@ -222,9 +238,9 @@ class _PerStream:
     def __init__(self, launches: list, offsets: list):
         self.launches, self.offsets = launches, offsets  # offsets[b][i]: stream b's byte offset of pointer i
 
-    def __call__(self, stream: Any, *ptrs: int) -> None:
+    def launch(self, stream: Any, pointers: tuple) -> None:
         for launch, offsets in zip(self.launches, self.offsets):
-            launch(stream, *map(add, ptrs, offsets))
+            launch(stream, tuple(map(add, pointers, offsets)))
 
 
 def check_attention_pools(shape, algo: str | None = None) -> None:
@@ -398,6 +414,7 @@ class Q12Pass:
         self.stream_meta: list = []
         self._layers: dict = {}  # id(shape) -> _AttentionLayer: the shape checked for this pass, its launches
         self._gdn_layers: dict = {}  # id(GdnShape) -> _GdnLayer
+        self._resolved_stream: tuple = (None, None)  # (stream as given, its driver stream): _driver_stream's
         self._gdn_plans: dict = {}  # (GdnShape, GdnConfig or id(GdnPlan)) -> (what was given, this pass's plan)
         self._decode_plans: dict = {}  # (Hq, Hkv, D, window, num_splits asked, kv_dtype) -> this pass's DecodePlan
         self._longest = max(counts)  # tokens of the longest stream: a GDN plan's extent, batched or per stream
@@ -548,7 +565,7 @@ class Q12Pass:
             check_shape(shape)
             _remember_shape(shape, None)
         ptrs = (tensors.q, tensors.k, tensors.v, tensors.g, tensors.beta, tensors.o)
-        ptrs = tuple(map(int, ptrs)) if _plain_aligned(ptrs, _GDN_MASKS) else \
+        ptrs = tuple(map(int, ptrs)) if _plain_gdn(ptrs) else \
             tensors.checked(self.device, self._batch.total, shape)
         return ptrs
 
@@ -576,15 +593,31 @@ class Q12Pass:
         for b, meta in enumerate(self.stream_meta):
             run(meta, b, int(self.cu_seqlens[b]))
 
-    def _launcher(self, make: Callable[[BatchedAttnMetadata, int | None], Callable], rows: tuple) -> Callable:
-        """A launch of this pass, called with a stream and the layer's pointers: ``make(meta, b)`` (the launch for
-        ``meta``, stream ``b``'s own or the batch's, ``b`` None) once for the batch, or once per stream with the
-        pointers advanced to the stream's first row (``rows[i]``: pointer i's ``(elements, bytes)`` a token; ``(0,
-        0)`` for one that is not a row of tokens, a pool)."""
+    def _launcher(self, make: Callable[[BatchedAttnMetadata, int | None], Any], rows: tuple) -> Callable:
+        """A launch of this pass, ``launch(stream, pointers)`` (the layer's pointers, a tuple): ``make(meta, b)`` (a
+        :class:`~q12drv.kernels.layer_launch.LayerLaunch` or the like for ``meta``, stream ``b``'s own or the batch's,
+        ``b`` None) made once for the batch, or once per stream with the pointers advanced to the stream's first row
+        (``rows[i]``: pointer i's ``(elements, bytes)`` a token; ``(0, 0)`` for one that is not a row of tokens, a
+        pool)."""
         if self.batched:
-            return make(self.meta, None)
+            return make(self.meta, None).launch
         offsets = [tuple(row_offset(int(row), n, size) for n, size in rows) for row in self.cu_seqlens[:-1]]
-        return _PerStream([make(meta, b) for b, meta in enumerate(self.stream_meta)], offsets)
+        return _PerStream([make(meta, b).launch for b, meta in enumerate(self.stream_meta)], offsets).launch
+
+    def _driver_stream(self) -> Any:
+        """The driver stream of :attr:`stream` (as :meth:`Device.as_stream <q12drv.core.device.Device.as_stream>`
+        resolves it): the device's; a q12drv :class:`~q12drv.core.device.Stream`'s own (read at each call: a
+        destroyed one is refused there); any other form resolved once for as long as it stays this pass's stream."""
+        st, dev = self.stream, self.device
+        if st is None:
+            return dev.stream.raw
+        if type(st) is Stream and st.device is dev and st.raw is not None:
+            return st.raw
+        given, raw = self._resolved_stream
+        if not _same_args((st,), (given,)):
+            raw = dev.as_stream(st)
+            self._resolved_stream = (st, raw)
+        return raw
 
     def _layer(self, shape) -> _AttentionLayer | None:
         """``shape``'s layer record when this pass is current and ``shape`` was checked in it (None: check)."""
@@ -604,12 +637,12 @@ class Q12Pass:
         :data:`~q12drv.kernels.args.ALIGN` entry, says) and the block tables checked once, before anything is
         enqueued."""
         key = (id(align), tuple(tensors))
-        masks = _MASKS.get(key)
-        if masks is None:
-            masks = _MASKS[key] = _masks(align, key[1])
+        bad = _BAD.get(key)
+        if bad is None:
+            bad = _BAD[key] = _bad_bits(align, key[1])
         layer = self._layer(shape)  # the common case first: this very (immutable) shape, checked with these pools
         if (layer is not None and num_blocks in layer.blocks and (type(num_blocks) is int or not pools)
-                and _plain_aligned(tensors.values(), masks)):
+                and _plain_aligned(tensors.values(), bad)):
             return tensors, num_blocks, layer  # (None in the set: the shape checked for an op without pools, RoPE)
         self._require_current()
         if not isinstance(shape, AttentionShape):
@@ -620,7 +653,7 @@ class Q12Pass:
             if num_blocks is None:
                 raise TypeError("num_blocks is needed when the KV pools are raw addresses (a pool tensor of shape "
                                 "[num_blocks, block_size, Hkv, D] says it itself)")
-        if _plain_aligned(tensors.values(), masks):
+        if _plain_aligned(tensors.values(), bad):
             addrs = tensors
         else:
             t, dev, pool = self._batch.total, self.device, (num_blocks, self.block_size, hkv, d)
@@ -696,11 +729,11 @@ class Q12Pass:
         TypeError, ValueError
             A bad tensor, address or shape, before anything is enqueued.
         """
-        layer = self._layer(shape)
-        if layer is None or layer.rope is None or not _plain_aligned((q, k), _ROPE_MASKS):
+        layer, ptrs = self._layer(shape), (q, k)
+        if layer is None or layer.rope is None or not _plain_aligned(ptrs, _ROPE_BAD):
             a, _, layer = self._attention_ops(shape, None, (), {"q": q, "k": k})
-            q, k = int(a["q"]), int(a["k"])
-        self._rope_launch(layer)(self.stream, q, k)
+            ptrs = (int(a["q"]), int(a["k"]))
+        self._rope_launch(layer)(self._driver_stream(), ptrs)
 
     def kv_write(self, k, v, k_pool, v_pool, shape: AttentionShape, *, num_blocks: int | None = None,
                  k_scale=None, v_scale=None) -> None:
@@ -716,18 +749,17 @@ class Q12Pass:
             A bad tensor, address, shape or block count, a missing scale, or a block table (host copy) with an entry
             past the pools, before anything is enqueued.
         """
-        layer = self._layer(shape)
+        layer, ptrs = self._layer(shape), (k, v, k_pool, v_pool)
         run = layer.kv_write.get(num_blocks) if layer is not None and type(num_blocks) is int else None
-        if (run is None or k_scale is not None or v_scale is not None
-                or not _plain_aligned((k, v, k_pool, v_pool), _KV_MASKS)):
+        if run is None or k_scale is not None or v_scale is not None or not _plain4(k, v, k_pool, v_pool, _KV_BAD):
             if check_kv_scales(getattr(shape, "kv_dtype", "bf16"), k_scale, v_scale, "shape.kv_dtype"):
                 self._kv_write_fp8(k, v, k_pool, v_pool, shape, num_blocks, k_scale, v_scale)
                 return
             a, nb, layer = self._attention_ops(shape, num_blocks, (k_pool, v_pool),
                                                {"k": k, "v": v, "k_pool": k_pool, "v_pool": v_pool})
-            k, v, k_pool, v_pool = (int(a[n]) for n in _KV_PTRS)
+            ptrs = tuple(int(a[n]) for n in _KV_PTRS)
             run = self._kv_write_launch(layer, nb)
-        run(self.stream, k, v, k_pool, v_pool)
+        run(self._driver_stream(), ptrs)
 
     def _kv_write_fp8(self, k, v, k_pool, v_pool, shape: AttentionShape, num_blocks, k_scale, v_scale) -> None:
         a, nb, layer = self._attention_ops(shape, num_blocks, (k_pool, v_pool), {
@@ -741,7 +773,7 @@ class Q12Pass:
             run = layer.kv_write_fp8[nb] = self._launcher(
                 lambda meta, b: ops.kv_write_fp8_launch(dev, meta, d, row, slots),
                 ((row, _BF16), (row, _BF16), (0, 0), (0, 0), (0, 0), (0, 0)))
-        run(self.stream, *(int(a[n]) for n in (*_KV_PTRS, *_SCALES)))
+        run(self._driver_stream(), tuple(int(a[n]) for n in (*_KV_PTRS, *_SCALES)))
 
     def attention(self, q, k_pool, v_pool, o, shape: AttentionShape, *, num_blocks: int | None = None,
                   algo: str = "auto", num_splits: int | None = None, workspace=None,
@@ -763,12 +795,10 @@ class Q12Pass:
             pools, or for ``"decode"`` a stream longer than the kernel takes or a missing or small workspace, before
             anything is enqueued.
         """
-        layer = self._layer(shape)
-        run = None
+        layer, ptrs, run = self._layer(shape), (q, k_pool, v_pool, o), None
         if layer is not None and type(num_blocks) is int and num_blocks in layer.blocks and type(algo) is str:
             run = layer.attention.get(algo)  # (a prefill kernel: "decode" is never one)
-        if (run is None or k_scale is not None or v_scale is not None
-                or not _plain_aligned((q, k_pool, v_pool, o), _ATTN_MASKS)):
+        if run is None or k_scale is not None or v_scale is not None or not _plain4(q, k_pool, v_pool, o, _ATTN_BAD):
             check_attention_pools(shape, algo)
             if check_kv_scales(getattr(shape, "kv_dtype", "bf16"), k_scale, v_scale, "shape.kv_dtype"):
                 a, _, _ = self._attention_ops(shape, num_blocks, (k_pool, v_pool), {
@@ -779,9 +809,9 @@ class Q12Pass:
                                               {"q": q, "k_pool": k_pool, "v_pool": v_pool, "o": o})
             if algo == "decode":
                 return self._attention_decode(a, shape, num_splits, workspace, workspace_bytes)
-            q, k_pool, v_pool, o = (int(a[n]) for n in _ATTN_PTRS)
+            ptrs = tuple(int(a[n]) for n in _ATTN_PTRS)
             run = self._attention_launch(layer, algo)
-        run(self.stream, q, k_pool, v_pool, o)
+        run(self._driver_stream(), ptrs)
 
     def attention_layer(self, q, k, v, k_pool, v_pool, o, shape: AttentionShape, *, num_blocks: int | None = None,
                         algo: str = "auto") -> None:
@@ -803,7 +833,8 @@ class Q12Pass:
         runs = None
         if layer is not None and type(num_blocks) is int and type(algo) is str:
             runs = (layer.rope, layer.kv_write.get(num_blocks), layer.attention.get(algo))
-        if runs is None or None in runs or not _plain_aligned((q, k, v, k_pool, v_pool, o), _LAYER_MASKS):
+        if (runs is None or None in runs or not _plain4(q, k_pool, v_pool, o, _ATTN_BAD)
+                or not _plain_aligned((k, v), _KV_BAD)):
             check_attention_pools(shape)
             a, nb, layer = self._attention_ops(shape, num_blocks, (k_pool, v_pool),
                                                {"q": q, "k": k, "v": v, "k_pool": k_pool, "v_pool": v_pool, "o": o})
@@ -811,10 +842,10 @@ class Q12Pass:
             runs = (self._rope_launch(layer), self._kv_write_launch(layer, nb), self._attention_launch(layer, algo))
             q, k, v, k_pool, v_pool, o = (int(a[n]) for n in ("q", "k", "v", "k_pool", "v_pool", "o"))
         rope, kv_write, attention = runs
-        st = self.stream
-        rope(st, q, k)
-        kv_write(st, k, v, k_pool, v_pool)
-        attention(st, q, k_pool, v_pool, o)
+        st = self._driver_stream()
+        rope(st, (q, k))
+        kv_write(st, (k, v, k_pool, v_pool))
+        attention(st, (q, k_pool, v_pool, o))
 
     # the short convolution -------------------------------------------------------------------------------
     def conv1d(self, state_ptrs: Sequence, x, y, w, *, channels: int | None = None, width: int | None = None,
@@ -916,12 +947,12 @@ class Q12Pass:
         layer = self._gdn_layers.get(id(shape))
         arena = self.arena
         if (layer is not None and layer.shape is shape and layer.config is config and type(tensors) is GdnTensors
-                and _same_arg(workspace, layer.workspace) and _same_arg(workspace_bytes, layer.workspace_bytes)
+                and _same_args((workspace, workspace_bytes), layer.workspace)
                 and arena._buffer is not None and arena.generation == self._generation):
             # the shape, the plan and the workspace checked for this pass already: the tensors and states are this
             # layer's own
             ptrs = (tensors.q, tensors.k, tensors.v, tensors.g, tensors.beta, tensors.o)
-            if not _plain_aligned(ptrs, _GDN_MASKS):
+            if not _plain_gdn(ptrs):
                 ptrs = tensors.checked(self.device, self._batch.total, shape)
             states = self._state_addresses(state_ptrs, "state_ptrs", _STATE_ALIGN, dtype="f32")
         else:
@@ -929,7 +960,7 @@ class Q12Pass:
             states = self._state_addresses(state_ptrs, "state_ptrs", _STATE_ALIGN, dtype="f32")
             layer = self._gdn_layer(shape, config, workspace, workspace_bytes)
         self.h_slot.write_checked(states, self.stream)
-        layer.run(self.stream, *ptrs)
+        layer.run(self._driver_stream(), ptrs)
 
     def _gdn_layer(self, shape: GdnShape, config: GdnConfig | GdnPlan, workspace, workspace_bytes) -> _GdnLayer:
         """The :class:`_GdnLayer` of ``shape`` (checked) run with ``config`` and this workspace: the plan, the
@@ -945,7 +976,7 @@ class Q12Pass:
             layer.run = self._launcher(
                 lambda meta, b: GdnLaunch(dev, meta, plan, int(slot.ptr if b is None else slot.entry(b)), ws),
                 ((hk * d, _BF16), (hk * d, _BF16), (hv * d, _BF16), (hv, _F32), (hv, _F32), (hv * d, _BF16)))
-        layer.config, layer.workspace, layer.workspace_bytes = config, workspace, workspace_bytes
+        layer.config, layer.workspace = config, (workspace, workspace_bytes)
         return layer
 
     # decode attention --------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...core.device import Device
+from ...core.device import CURRENT, Device
 from ...core.staging import BatchedAttnMetadata
 from ..args import ALIGN, check_launch, workspace_ptr
 from ..layer_launch import LayerLaunch
@@ -138,25 +138,31 @@ def enqueue_gdn(device: Device, meta: BatchedAttnMetadata, plan: GdnPlan, h_stat
 
 class GdnLaunch:
     """:func:`enqueue_gdn` for every layer of a pass: ``plan``'s launches for ``meta`` with all but the layer's tensors
-    fixed (``h_state_ptrs``, the checked ``workspace``); call it with a stream and ``(q, k, v, g, beta, o)`` (checked
-    ints) to zero the workspace range the plan needs zeroed and launch its kernels."""
+    fixed (``h_state_ptrs``, the checked ``workspace``): :meth:`launch` zeroes the workspace range the plan needs
+    zeroed and launches its kernels."""
 
     __slots__ = ("device", "zero", "kernels")
 
     def __init__(self, device: Device, meta: BatchedAttnMetadata, plan: GdnPlan, h_state_ptrs: int, workspace: int):
         zero, kernels = plan.launches(meta.batch_size, meta.chunk_len)
         self.device = device
-        self.zero = None if zero is None else (workspace + zero[0], zero[1])
+        self.zero = None if zero is None else (int(workspace) + zero[0], int(zero[1]))
         fixed = dict(m=meta_struct(meta), h_state_ptrs=h_state_ptrs, num_k_heads=plan.shape.num_k_heads,
                      num_v_heads=plan.shape.num_v_heads, workspace=workspace)
         self.kernels = tuple(LayerLaunch(device, kern.entry, kern.grid, kern.block, kern.smem, _POINTERS,
                                          dependent=kern.dependent, **fixed) for kern in kernels)
 
-    def __call__(self, stream: Any, *ptrs: int) -> None:
+    def launch(self, stream: Any, pointers: tuple) -> None:
+        """Launch on the driver stream ``stream`` (as :meth:`LayerLaunch.launch
+        <q12drv.kernels.layer_launch.LayerLaunch.launch>` takes it) with ``pointers``: the layer's ``(q, k, v, g, beta,
+        o)`` (checked ints)."""
         if self.zero is not None:
-            self.device.memset(self.zero[0], 0, self.zero[1], stream)
-        for launch in self.kernels:
-            launch(stream, *ptrs)
+            dev = self.device
+            if CURRENT.device is not dev:
+                dev.set_current()
+            dev.driver.memset_d8_async(self.zero[0], 0, self.zero[1], stream)
+        for kernel in self.kernels:
+            kernel.launch(stream, pointers)
 
 
 #: The GDN kernels' per-layer pointer parameters, in their order.
