@@ -53,23 +53,17 @@ class LayerLaunch:
 
     __slots__ = ("entry", "grid", "block", "smem", "_device", "_dependent", "_pack", "_head", "_tail")
 
-    def __init__(self, device: Device, entry: str, grid: tuple, block: tuple, smem: int, pointers: tuple, *, dependent: bool = False, **fixed: Any):
+    def __init__(self, device: Device, entry: str, grid: tuple, block: tuple, smem: int, pointers: tuple, *,
+                 dependent: bool = False, **fixed: Any):
         launch = prepared(device, entry)
         kernel = launch.kernel
-        names = [n for n, _ in kernel.params]
-        first = names.index(pointers[0]) if pointers and pointers[0] in names else -1
-        run = names[first:first + len(pointers)]
-        if first < 0 or tuple(run) != tuple(pointers) or any(t is not ctypes.c_uint64 for n, t in kernel.params if n in run):
-            raise ValueError(f"kernel {entry}: {pointers} are not consecutive pointer parameters of ({', '.join(names)})")
-        others = set(names) - set(pointers)
-        if set(fixed) != others:
-            raise ValueError(f"kernel {entry}: fixed arguments {sorted(fixed)} must be exactly {sorted(others)}")
+        fixed_names, start, pack = _layout(kernel.args_type, tuple(pointers), entry)
+        if fixed.keys() != fixed_names:
+            raise ValueError(f"kernel {entry}: fixed arguments {sorted(fixed)} must be exactly {sorted(fixed_names)}")
         # the fixed values, checked as set() checks them, in this thread's block; their bytes kept
         raw = bytes(launch.set(**fixed).args)
-        start = getattr(kernel.args_type, pointers[0]).offset
-        end = start + 8 * len(pointers)
-        self._head, self._tail = raw[:start], raw[end:]
-        self._pack = _struct(f"<{start}s{len(pointers)}Q{len(raw) - end}s").pack_into
+        self._head, self._tail = raw[:start], raw[start + 8 * len(pointers):]
+        self._pack = pack
         if smem > kernel.smem_limit:
             kernel.allow_dynamic_smem(smem)
         self._device = device
@@ -91,14 +85,34 @@ class LayerLaunch:
             launch.fire(self.grid, self.block, self.smem, stream)
 
 
-#: struct format -> its compiled Struct (a pass makes a few LayerLaunches of the same few layouts).
-_STRUCTS: dict = {}
+#: (argument block type, pointer names) -> their layout (:func:`_layout`): a pass makes LayerLaunches of a few kinds.
+_LAYOUTS: dict = {}
 
 
-def _struct(fmt: str) -> struct.Struct:
-    st = _STRUCTS.get(fmt)
-    if st is None:
-        if len(_STRUCTS) >= 256:
-            _STRUCTS.clear()
-        st = _STRUCTS[fmt] = struct.Struct(fmt)
-    return st
+def _layout(args_type: type, pointers: tuple, entry: str) -> tuple:
+    """``(names of the other parameters, byte offset of the first pointer, the block's pack_into)`` for a kernel
+    whose argument block is ``args_type`` (a ctypes structure, :attr:`q12drv.core.launch.Kernel.args_type`) called
+    with ``pointers``: the block as its bytes before them, the pointers (u64) and its bytes after.
+
+    Raises
+    ------
+    ValueError
+        ``pointers`` are not consecutive pointer (64-bit) parameters of the kernel (``entry``, for the message).
+    """
+    key = (args_type, pointers)
+    hit = _LAYOUTS.get(key)
+    if hit is None:
+        params = args_type._fields_
+        names = [n for n, _ in params]
+        first = names.index(pointers[0]) if pointers and pointers[0] in names else -1
+        run = params[first:first + len(pointers)] if first >= 0 else ()
+        if not run or tuple(n for n, _ in run) != pointers or any(t is not ctypes.c_uint64 for _, t in run):
+            raise ValueError(f"kernel {entry}: {pointers} are not consecutive pointer parameters of "
+                             f"({', '.join(names)})")
+        start = getattr(args_type, pointers[0]).offset
+        tail = ctypes.sizeof(args_type) - start - 8 * len(pointers)
+        if len(_LAYOUTS) >= 256:
+            _LAYOUTS.clear()
+        hit = _LAYOUTS[key] = (set(names) - set(pointers), start,
+                               struct.Struct(f"<{start}s{len(pointers)}Q{tail}s").pack_into)
+    return hit

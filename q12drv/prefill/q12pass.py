@@ -215,18 +215,15 @@ class _AttentionLayer:
 
 class _GdnLayer:
     """What :meth:`Q12Pass.gdn_layer` runs for one :class:`GdnShape` in a pass: the config asked for last and its
-    plan, the workspace as given (``workspace``: ``(workspace, workspace_bytes)``) and as checked (``ws``), and the
-    plan's launches (``run``, a :class:`~q12drv.kernels.gdn.launch.GdnLaunch` or one per stream)."""
+    plan, the workspace as given (``workspace``, ``workspace_bytes``) and as checked (``ws``), and the plan's launches
+    (``run``, a :class:`~q12drv.kernels.gdn.launch.GdnLaunch` or one per stream)."""
 
-    __slots__ = ("shape", "config", "plan", "workspace", "ws", "run")
+    __slots__ = ("shape", "config", "plan", "workspace", "workspace_bytes", "ws", "run")
 
 
-def _same_args(given: tuple, before: tuple) -> bool:
-    """Whether arguments are the ones given before: each the same object, or an equal exact int."""
-    for a, b in zip(given, before):
-        if a is not b and not (type(a) is int and type(b) is int and a == b):
-            return False
-    return True
+def _same_arg(given, before) -> bool:
+    """Whether an argument is the one given before: the same object, or an equal exact int."""
+    return given is before or (type(given) is int and type(before) is int and given == before)
 
 
 class _PerStream:
@@ -614,7 +611,7 @@ class Q12Pass:
         if type(st) is Stream and st.device is dev and st.raw is not None:
             return st.raw
         given, raw = self._resolved_stream
-        if not _same_args((st,), (given,)):
+        if not _same_arg(st, given):
             raw = dev.as_stream(st)
             self._resolved_stream = (st, raw)
         return raw
@@ -947,7 +944,7 @@ class Q12Pass:
         layer = self._gdn_layers.get(id(shape))
         arena = self.arena
         if (layer is not None and layer.shape is shape and layer.config is config and type(tensors) is GdnTensors
-                and _same_args((workspace, workspace_bytes), layer.workspace)
+                and _same_arg(workspace, layer.workspace) and _same_arg(workspace_bytes, layer.workspace_bytes)
                 and arena._buffer is not None and arena.generation == self._generation):
             # the shape, the plan and the workspace checked for this pass already: the tensors and states are this
             # layer's own
@@ -976,7 +973,7 @@ class Q12Pass:
             layer.run = self._launcher(
                 lambda meta, b: GdnLaunch(dev, meta, plan, int(slot.ptr if b is None else slot.entry(b)), ws),
                 ((hk * d, _BF16), (hk * d, _BF16), (hv * d, _BF16), (hv, _F32), (hv, _F32), (hv * d, _BF16)))
-        layer.config, layer.workspace = config, (workspace, workspace_bytes)
+        layer.config, layer.workspace, layer.workspace_bytes = config, workspace, workspace_bytes
         return layer
 
     # decode attention --------------------------------------------------------------------------------------

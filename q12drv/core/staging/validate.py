@@ -240,12 +240,12 @@ def plain_pointers(values, align: int = 1) -> bool:
     """Whether ``values`` (a list or tuple) are all exact ``int``/``DevicePtr`` addresses in (0, 2**64),
     multiples of ``align``: the common case, checked in bulk (callers name the bad entry otherwise)."""
     if not (type(values) in (list, tuple) and len(values) > 0 and set(map(type, values)) <= _PTR_TYPES
-            and min(values) > 0):
+            and all(values)):
         return False
-    if align & (align - 1) == 0:  # a power of two: the bits of every address at once (none >= 2**64, none below align)
+    if align & (align - 1) == 0:  # a power of two: every address's bits at once (negative, >= 2**64, below align)
         bits = reduce(or_, values)
-        return bits <= _U64_MAX and not bits & (align - 1)
-    return max(values) <= _U64_MAX and not any(p % align for p in values)
+        return 0 <= bits <= _U64_MAX and not bits & (align - 1)
+    return 0 < min(values) and max(values) <= _U64_MAX and not any(p % align for p in values)
 
 
 def require_arena(arena) -> None:
