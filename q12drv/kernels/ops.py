@@ -3,7 +3,9 @@
 Each launcher validates the shapes it is given, computes the launch geometry from host-known
 values (never from device memory), writes the arguments into the kernel's pre-packed argument
 block and enqueues one launch. The metadata struct is built once per staged
-:class:`~q12drv.core.staging.BatchedAttnMetadata` and passed by value.
+:class:`~q12drv.core.staging.BatchedAttnMetadata` and passed by value. Each ``enqueue_*`` (a launch of checked
+arguments) has a ``*_launch`` twin for the layers of a pass: a :class:`~q12drv.kernels.layer_launch.LayerLaunch` with
+all but the layer's pointers fixed once.
 """
 
 from __future__ import annotations
