@@ -58,19 +58,19 @@ def test_a_decode_step_runs_the_recurrence_by_default(device):
     from q12drv.kernels.gdn import recurrent
     from q12drv.kernels.gdn.plan import DECODE_MAX_TOKENS, RECURRENT_MAX_TOKENS
 
-    assert (RECURRENT_MAX_TOKENS, DECODE_MAX_TOKENS) == (8, 4)
-    for n, tokens in ((64, 1), (256, 1), (64, 4)):  # decode, speculative decode: the decode build
+    assert (RECURRENT_MAX_TOKENS, DECODE_MAX_TOKENS) == (8, 8)
+    for n, tokens in ((64, 1), (256, 1), (64, 4), (64, 8)):  # decode, speculative decode: the decode build
         plan = plan_gdn(GdnConfig(), QWEN, n, tokens, device)
         assert _path(plan) == ("recurrent", "fused", "fp32", "decode", (recurrent.decode_entry(128),))
         assert plan.workspace_bytes == 0 and plan.config.math == "auto"
         assert plan.kernels[0].grid == (32 * 128 // 64, n, 1) and plan.kernels[0].block == (256, 1, 1)
-    for tokens in (5, 8):  # the recurrence's token-chunked build
-        plan = plan_gdn(GdnConfig(), QWEN, 64, tokens, device)
+    for tokens in (9, 64):  # the recurrence asked for, past the decode build's bound: its token-chunked build
+        plan = plan_gdn(GdnConfig(math="recurrent"), QWEN, 64, tokens, device)
         assert _path(plan) == ("recurrent", "fused", "fp32", "", (recurrent.entry(128),))
     assert plan_gdn(GdnConfig(), QWEN, 64, 9, device).math == "chunked"  # past the bound: the chunked form
     # the recurrence asked for: its decode build up to the bound, the token-chunked one past it
     assert plan_gdn(GdnConfig(math="recurrent"), QWEN, 64, 4, device).build == "decode"
-    long = plan_gdn(GdnConfig(math="recurrent"), QWEN, 64, 5, device)
+    long = plan_gdn(GdnConfig(math="recurrent"), QWEN, 64, 9, device)
     assert (long.build, long.kernels[0].entry) == ("", recurrent.entry(128))
     # a choice of schedule, isa or math is the chunked form's (or the asked math), whatever the length
     assert plan_gdn(GdnConfig(schedule="two_pass"), QWEN, 64, 1, device).math == "chunked"

@@ -175,7 +175,7 @@ def test_bad_input_is_refused_before_anything_runs(emu):
 
 
 def test_geometry():
-    assert conv.geometry(8, 2048, 8192) == ((8, 64, 8), (128, 1, 1), 0)
+    assert conv.geometry(8, 2048, 8192) == ((8, 2048 // conv.SEGMENT, 8), (128, 1, 1), 0)
     assert conv.geometry(3, 1, 8) == ((1, 1, 3), (128, 1, 1), 0)
 
 

@@ -43,7 +43,7 @@ ENTRIES = tuple(f"q12_conv1d_w{w}" for w in WIDTHS)
 #: Threads per CTA (``conv1d_config().threads`` in the source).
 THREADS = 128
 #: Tokens one thread walks (``kSegment``).
-SEGMENT = 32
+SEGMENT = 64
 #: Channels one thread owns (one 16-byte vector of bf16).
 VEC = 8
 #: The host/device contract: the launch numbers :func:`geometry` uses, passed as ``-D`` to every build of

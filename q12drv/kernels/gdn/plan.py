@@ -29,8 +29,9 @@ MATHS = ("auto", "chunked", "recurrent")
 #: 0.60x at 4, 0.85x at 8 (the token-chunked build), 1.19x at 16. Longer streams: the chunked form.
 RECURRENT_MAX_TOKENS = 8
 #: The recurrence runs its decode build (one coalesced pass over the state) up to this many tokens a stream, its
-#: token-chunked build beyond: measured at 1 and 4 tokens (64 x 1: 85.7 us against the token-chunked build's 103.8).
-DECODE_MAX_TOKENS = 4
+#: token-chunked build beyond. Measured on the H200 (64 streams, Hv 32, d 128): the decode build 77.1 us at 1 token,
+#: 96.5 at 4, 146.0 at 8 (the token-chunked build 174.2, the chunked form 199.0), 198.7 at 12 (chunked 203.7).
+DECODE_MAX_TOKENS = 8
 #: ``GdnConfig.schedule``: ``"fused"`` one launch; ``"two_pass"`` a precompute into a workspace, then the sequential
 #: walk; ``"overlapped"`` the precompute running beside the sequential kernel; ``"auto"`` the rules'.
 SCHEDULES = ("auto", "fused", "two_pass", "overlapped")
