@@ -272,10 +272,13 @@ __host__ __device__ constexpr DecodeConfig decode_config(int d) {
     !defined(Q12_GDN_DECODE_D64_THREADS) || !defined(Q12_GDN_DECODE_D64_COLUMNS)
 #error "compile through q12drv: it passes the host's geometry (-DQ12_GDN_DECODE_D128_THREADS=... and the rest)"
 #endif
-static_assert(decode_config(128).threads == Q12_GDN_DECODE_D128_THREADS, "decode d128: threads a CTA differ from the host's");
-static_assert(decode_config(128).columns == Q12_GDN_DECODE_D128_COLUMNS, "decode d128: dv columns a CTA differ from the host's");
-static_assert(decode_config(64).threads == Q12_GDN_DECODE_D64_THREADS, "decode d64: threads a CTA differ from the host's");
-static_assert(decode_config(64).columns == Q12_GDN_DECODE_D64_COLUMNS, "decode d64: dv columns a CTA differ from the host's");
+#define GDN_DECODE_CONTRACT(D)                                                                                  \
+    static_assert(decode_config(D).threads == Q12_GDN_DECODE_D##D##_THREADS,                                    \
+                  "decode d" #D ": threads a CTA differ from the host's");                                      \
+    static_assert(decode_config(D).columns == Q12_GDN_DECODE_D##D##_COLUMNS,                                    \
+                  "decode d" #D ": dv columns a CTA differ from the host's");
+GDN_DECODE_CONTRACT(128)
+GDN_DECODE_CONTRACT(64)
 
 template <int DK, int DV>
 __device__ __forceinline__ void decode_body(GDN_BODY_PARAMS) {
