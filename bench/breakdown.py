@@ -55,7 +55,8 @@ from bench import inputs, report  # noqa: E402
 from bench.timing import host_and_round_trip, q12_events_us  # noqa: E402
 from q12drv.prefill import q12pass as prefill  # noqa: E402
 from q12drv.core import staging  # noqa: E402
-from q12drv.kernels import expand, ops  # noqa: E402
+from q12drv.kernels import expand  # noqa: E402
+from q12drv.kernels.gdn.launch import GdnLaunch  # noqa: E402
 from q12drv.kernels.registry import prepared_launches  # noqa: E402
 from q12drv.core.pinned import PinnedRing  # noqa: E402
 from q12drv.prefill import Q12Pass  # noqa: E402
@@ -155,14 +156,14 @@ class Tracer:
         self._restore.append(lambda: setattr(obj, name, orig) if had else delattr(obj, name))
 
     def _wrap_launch(self, launch, name: str) -> None:
-        orig = launch._fire
+        orig = launch.fire
 
         def fire(grid, block, smem, stream, _orig=orig, _mark=self.mark, _name=name):
             _orig(grid, block, smem, stream)
             _mark((_name, tuple(grid)), stream)
 
-        launch._fire = fire
-        self._restore.append(lambda: setattr(launch, "_fire", orig))
+        launch.fire = fire
+        self._restore.append(lambda: setattr(launch, "fire", orig))
 
     def uninstall(self) -> None:
         while self._restore:
@@ -200,13 +201,14 @@ HOOKS = [
     (prefill, "stage_stream_metadata", "init: staging (per-stream blocks)"),
     (prefill, "place_h_state_slot", "init: h_state slot"),
     (prefill, "reserve_h_state_slot", "init: h_state slot"),
-    (Q12Pass, "_check_attention", "attention: checks"),
-    (ops, "enqueue_rope", "attention: rope enqueue"),
-    (ops, "enqueue_kv_write", "attention: kv_write enqueue"),
-    (ops, "enqueue_attention", "attention: attention enqueue"),
+    (Q12Pass, "_attention_ops", "attention: checks"),
+    (Q12Pass, "_rope_launch", "attention: launches made (once a pass)"),
+    (Q12Pass, "_kv_write_launch", "attention: launches made (once a pass)"),
+    (Q12Pass, "_attention_launch", "attention: launches made (once a pass)"),
     (Q12Pass, "_check_gdn", "gdn: checks"),
-    (staging.HStateSlot, "_write", "gdn: h_state_ptrs upload"),
-    (prefill, "enqueue_gdn", "gdn: enqueue"),
+    (Q12Pass, "_gdn_layer", "gdn: plan, workspace, launches made (once a pass)"),
+    (staging.HStateSlot, "write_checked", "gdn: h_state_ptrs upload"),
+    (GdnLaunch, "launch", "gdn: launches"),
 ]
 PHASE_ORDER = ["init", "attention", "gdn"]
 

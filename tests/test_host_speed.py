@@ -226,7 +226,7 @@ def test_launch_accepts_every_stream_kind_and_bind_reads_current_args(emu):
     launch = _kv_launch(emu)
     calls = []
     emu.driver.launch = lambda func, grid, block, smem, stream, addr: calls.append((grid, stream, addr))
-    launch._fire = emu.driver.launcher(launch.kernel.func, launch._addr)
+    launch.fire = emu.driver.launcher(launch.kernel.func, launch._addr)
     other = emu.new_stream()
 
     class TorchLike:

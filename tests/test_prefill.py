@@ -363,6 +363,111 @@ def test_the_ops_alone_equal_the_layer_batched_and_per_stream(emu):
     assert not np.any(np.frombuffer(first["o"], np.uint16) == 0xFFFF)
 
 
+@pytest.mark.parametrize("mode", ["batched", "per_stream"])
+def test_layers_of_one_pass_each_read_and_write_their_own_buffers(emu, mode):
+    """A runtime's step: one pass, every layer's own activations and pools (the ops' launches are made on a shape's
+    first layer and then only take each layer's pointers); each layer equals that layer run alone in a pass of its
+    own, and the GDN layers likewise (their own tensors and states, one workspace)."""
+    rng = np.random.default_rng(11)
+    counts, starts = [5, 33, 1, 17], [0, 40, 7, 100]
+    streams, _keep = make_streams(emu, counts, starts, rng=rng)
+    num_blocks = int(max(s.block_table.max() for s in streams)) + 1
+    layers = [inputs(rng, counts, num_blocks) for _ in range(3)]
+    n = len(counts)
+    config = GdnConfig(schedule="two_pass", isa="mma")
+
+    def step(arena, which: list) -> list:
+        q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, head_dim=64, mode=mode)
+        need = q12.gdn_workspace_bytes(GSHAPE, config)
+        ws = emu.alloc(need, "gdn workspace")
+        out = []
+        for i in which:
+            host = layers[i]
+            bufs = {k: emu.alloc(v.nbytes, k) for k, v in host.items()}
+            for k, v in host.items():
+                emu.upload(bufs[k].ptr, v)
+            p = {k: int(b.ptr) for k, b in bufs.items()}
+            if i == 1:  # the ops alone in the middle layer
+                q12.rope(p["q"], p["k"], SHAPE)
+                q12.kv_write(p["k"], p["v"], p["kp"], p["vp"], SHAPE, num_blocks=num_blocks)
+                q12.attention(p["q"], p["kp"], p["vp"], p["o"], SHAPE, num_blocks=num_blocks)
+            else:
+                q12.attention_layer(p["q"], p["k"], p["v"], p["kp"], p["vp"], p["o"], SHAPE, num_blocks=num_blocks)
+            q12.gdn_layer([p["st"] + b * host["st"][0].nbytes for b in range(n)], gdn_tensors(p), GSHAPE,
+                          config=config, workspace=int(ws.ptr), workspace_bytes=need)
+            out.append({k: emu.download(bufs[k].ptr, bufs[k].nbytes) for k in ("o", "kp", "vp", "q", "go", "st")})
+            for b in bufs.values():
+                b.free()
+        ws.free()
+        return out
+
+    with ScratchArena(emu, 1 << 18) as arena:
+        together = step(arena, [0, 1, 2])
+        alone = [step(arena, [i])[0] for i in range(3)]
+    assert together == alone
+    assert together[0]["o"] != together[2]["o"] and together[0]["go"] != together[2]["go"]
+
+
+def test_a_gdn_layer_checks_a_workspace_that_differs_from_the_last_layers(emu):
+    from q12drv.kernels import registry
+
+    config = GdnConfig(schedule="overlapped")  # a workspace, and a range of it zeroed before the launches
+    with two_streams(emu, 5) as (arena, streams, host, p, num_blocks):
+        q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, top_k=4)
+        args = ([p["st"] + b * host["st"][0].nbytes for b in range(2)], gdn_tensors(p), GSHAPE)
+        need = q12.gdn_workspace_bytes(GSHAPE, config)
+        ws = emu.alloc(2 * need + 16, "gdn workspace")
+        try:
+            q12.gdn_layer(*args, config=config, workspace=int(ws.ptr), workspace_bytes=need)
+            with pytest.raises(ValueError, match=f"too small: .* needs {need:,}"):
+                q12.gdn_layer(*args, config=config, workspace=int(ws.ptr), workspace_bytes=need - 1)
+            with pytest.raises(ValueError, match="workspace must be 16-byte aligned"):
+                q12.gdn_layer(*args, config=config, workspace=int(ws.ptr) + 8, workspace_bytes=need)
+            with pytest.raises(ValueError, match="needs workspace="):
+                q12.gdn_layer(*args, config=config)
+            launched = []
+            real = emu.driver.memset_d8_async
+            emu.driver.memset_d8_async = lambda dst, *a: (launched.append(dst), real(dst, *a))[1]
+            try:
+                zero, kernels = q12.gdn_plan(GSHAPE, config).launches(2, 9)
+                for ws_ptr in (int(ws.ptr) + need + 16 - (int(ws.ptr) + need) % 16, int(ws.ptr)):
+                    q12.gdn_layer(*args, config=config, workspace=ws_ptr, workspace_bytes=need)
+                    assert launched[-1] == ws_ptr + zero[0]  # the plan's launches use this workspace
+                    assert all(registry.prepared(emu, k.entry).args.workspace == ws_ptr for k in kernels)
+            finally:
+                emu.driver.memset_d8_async = real
+            assert q12.h_slot.uploads == 3  # the refused layers wrote nothing
+        finally:
+            emu.synchronize()
+            ws.free()
+
+
+def test_a_pass_resolves_a_foreign_stream_once_and_refuses_a_destroyed_one(emu):
+    with two_streams(emu, 6) as (arena, streams, host, p, num_blocks):
+        other = emu.new_stream()
+
+        class TorchLike:  # a framework's stream: resolved through Device.as_stream
+            cuda_stream = other.handle
+
+        q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, head_dim=64)
+        resolved, as_stream = [], emu.as_stream
+        emu.as_stream = lambda s=None: (resolved.append(s), as_stream(s))[1]
+        try:
+            torch_like = TorchLike()
+            for st, times in ((torch_like, 1), (other.handle, 2), (other, 2), (None, 2)):
+                q12.stream = st
+                for _ in range(3):
+                    q12.attention(p["q"], p["kp"], p["vp"], p["o"], SHAPE, num_blocks=num_blocks)
+                assert sum(1 for s in resolved if s is not None and not isinstance(s, type(other))) == times
+            other.synchronize()
+            q12.stream = other
+            other.destroy()
+            with pytest.raises(ValueError, match="destroyed"):
+                q12.attention(p["q"], p["kp"], p["vp"], p["o"], SHAPE, num_blocks=num_blocks)
+        finally:
+            emu.as_stream = as_stream
+
+
 def test_the_pass_runs_the_short_convolution_through_its_pointer_slot(emu):
     from q12drv.kernels import conv1d as conv
 

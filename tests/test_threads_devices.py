@@ -184,18 +184,16 @@ def test_set_current_recovers_after_code_outside_q12drv_switched_the_context(emu
 def test_another_thread_launching_the_same_kernels_between_argument_writes_and_launch(emu, monkeypatch):
     """The worst interleaving, made to happen: every time this thread is about to launch (its arguments written),
     another thread runs a whole pass of the same kernels. Each thread's launches keep their own arguments."""
-    from q12drv.core.launch import Launch
-
     mine, theirs = attention_pass(emu, 1, layers=2), attention_pass(emu, 2)
-    launch, seen = Launch.launch, []
+    launch, seen = emu.driver.launch, []
     me = threading.current_thread()
 
-    def launch_after_another_thread(self, *args, **kwargs):
+    def launch_after_another_thread(*args):  # the driver's launch call: the arguments are in the block it reads
         if threading.current_thread() is me:
             seen.append(in_thread(attention_pass, emu, 2))
-        return launch(self, *args, **kwargs)
+        return launch(*args)
 
-    monkeypatch.setattr(Launch, "launch", launch_after_another_thread)
+    monkeypatch.setattr(emu.driver, "launch", launch_after_another_thread)
     assert attention_pass(emu, 1, layers=2) == mine
     assert len(seen) >= 6 and all(out == theirs for out in seen)  # rope, kv_write, attention per layer
 

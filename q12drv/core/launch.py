@@ -117,6 +117,11 @@ class Launch:
     kernel each use their own (:func:`q12drv.kernels.registry.prepared` keeps one per thread). Any thread may
     launch it; the device's context is made current there first (a thread-local check).
 
+    ``fire(grid, block, smem, driver_stream)`` is the driver's launch call with this kernel and this argument block
+    bound: :meth:`launch` without its checks, for a caller that made the context current, allowed ``smem`` and
+    resolved the stream (:meth:`Device.as_stream <q12drv.core.device.Device.as_stream>`) already;
+    :meth:`fire_dependent` likewise for :meth:`launch_dependent`.
+
     Examples
     --------
     >>> launch = kernel.prepare(n=4)              # doctest: +SKIP
@@ -124,7 +129,7 @@ class Launch:
     >>> launch.launch((8, 1, 1), (128, 1, 1))    # doctest: +SKIP
     """
 
-    __slots__ = ("kernel", "args", "_ptrs", "_addr", "_ranges", "_device", "_fire", "_fire_dependent")
+    __slots__ = ("kernel", "args", "_ptrs", "_addr", "_ranges", "_device", "fire", "_fire_dependent")
 
     def __init__(self, kernel: "Kernel"):
         self.kernel = kernel
@@ -136,7 +141,7 @@ class Launch:
         self._ranges = {name: _INT_RANGES.get(t) for name, t in kernel.params}
         self._device = kernel.device
         # the driver's launch call with this kernel and this argument block already bound
-        self._fire = kernel.device.driver.launcher(kernel.func, self._addr)
+        self.fire = kernel.device.driver.launcher(kernel.func, self._addr)
         self._fire_dependent = None   # launch_dependent's, made on its first call (few kernels are launched so)
 
     def set(self, **values: Any) -> "Launch":
@@ -173,11 +178,11 @@ class Launch:
         if smem and smem > self.kernel.smem_limit:
             self.kernel.allow_dynamic_smem(smem)
         if stream is None:
-            self._fire(grid, block, smem, dev.stream.raw)
+            self.fire(grid, block, smem, dev.stream.raw)
         elif type(stream) is Stream and stream.device is dev and stream.raw is not None:
-            self._fire(grid, block, smem, stream.raw)
+            self.fire(grid, block, smem, stream.raw)
         else:
-            self._fire(grid, block, smem, dev.as_stream(stream))
+            self.fire(grid, block, smem, dev.as_stream(stream))
 
     def launch_dependent(self, grid: tuple, block: tuple, smem: int = 0, stream: Any = None) -> None:
         """:meth:`launch` with programmatic stream serialization (:meth:`q12drv.core.driver.base.Driver.launch_dependent`):
@@ -193,10 +198,14 @@ class Launch:
         raw = dev.stream.raw if stream is None else (
             stream.raw if type(stream) is Stream and stream.device is dev and stream.raw is not None
             else dev.as_stream(stream))
+        self.fire_dependent(grid, block, smem, raw)
+
+    def fire_dependent(self, grid: tuple, block: tuple, smem: int, stream: Any) -> None:
+        """:meth:`launch_dependent` on the driver stream ``stream`` without its checks (see :attr:`fire`)."""
         fire = self._fire_dependent
         if fire is None:
             fire = self._fire_dependent = self._device.driver.dependent_launcher(self.kernel.func, self._addr)
-        fire(grid, block, smem, raw)
+        fire(grid, block, smem, stream)
 
     def bind(self, grid: tuple, block: tuple, smem: int = 0, stream: Any = None) -> Callable[[], None]:
         """A zero-argument callable that enqueues this launch: the cheapest way to repeat it.

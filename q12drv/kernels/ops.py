@@ -3,7 +3,9 @@
 Each launcher validates the shapes it is given, computes the launch geometry from host-known
 values (never from device memory), writes the arguments into the kernel's pre-packed argument
 block and enqueues one launch. The metadata struct is built once per staged
-:class:`~q12drv.core.staging.BatchedAttnMetadata` and passed by value.
+:class:`~q12drv.core.staging.BatchedAttnMetadata` and passed by value. Each ``enqueue_*`` (a launch of checked
+arguments) has a ``*_launch`` twin for the layers of a pass: a :class:`~q12drv.kernels.layer_launch.LayerLaunch` with
+all but the layer's pointers fixed once.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ from . import args as _args
 from . import rope as _rope
 from .conv1d import conv1d
 from .gdn import gdn
+from .layer_launch import LayerLaunch
 from .meta import meta_struct
 from .registry import ENTRIES, SOURCES, prepared, struct_types
 
 __all__ = ["kv_write", "rope", "rope_table", "attention", "gdn", "conv1d", "ATTN_ALGOS", "attention_entry",
            "attention_head_dims", "enqueue_kv_write", "enqueue_kv_write_fp8", "enqueue_rope", "enqueue_attention",
-           "prepared", "KV_DTYPES", "SOURCES", "ENTRIES", "struct_types"]
+           "kv_write_launch", "kv_write_fp8_launch", "rope_launch", "attention_launch", "LayerLaunch", "prepared", "KV_DTYPES", "SOURCES", "ENTRIES", "struct_types"]
 
 def _positive(name: str, value) -> int:
     return _args.count(name, value)  # an int in [1, 2**31 - 1] (TypeError/ValueError)
@@ -134,6 +137,14 @@ def enqueue_kv_write(device: Device, meta: BatchedAttnMetadata, k: int, v: int, 
     launch.launch(grid, block, smem, stream)
 
 
+def kv_write_launch(device: Device, meta: BatchedAttnMetadata, row_elems: int, num_slots: int) -> LayerLaunch:
+    """:func:`enqueue_kv_write` for every layer of a pass: its launch with all but ``(k, v, k_pool, v_pool)`` fixed
+    (checked ints, as there); call it with those."""
+    grid, block, smem = _kvw_geometry(meta.total_tokens, row_elems, num_sms=device.sm_count)
+    return LayerLaunch(device, "q12_kv_write", grid, block, smem, ("k", "v", "k_pool", "v_pool"),
+                       m=meta_struct(meta), row_elems=row_elems, num_slots=num_slots)
+
+
 def enqueue_kv_write_fp8(device: Device, meta: BatchedAttnMetadata, k: int, v: int, k_pool: int, v_pool: int,
                          k_scale: int, v_scale: int, head_dim: int, row_elems: int, num_slots: int,
                          stream: Any) -> None:
@@ -145,6 +156,16 @@ def enqueue_kv_write_fp8(device: Device, meta: BatchedAttnMetadata, k: int, v: i
     a.head_dim, a.row_elems, a.num_slots = head_dim, row_elems, num_slots
     a.m = meta_struct(meta)
     launch.launch(grid, block, smem, stream)
+
+
+def kv_write_fp8_launch(device: Device, meta: BatchedAttnMetadata, head_dim: int, row_elems: int,
+                        num_slots: int) -> LayerLaunch:
+    """:func:`enqueue_kv_write_fp8` for every layer of a pass: its launch with all but ``(k, v, k_pool, v_pool,
+    k_scale, v_scale)`` fixed."""
+    grid, block, smem = _kvw_fp8_geometry(meta.total_tokens, row_elems, num_sms=device.sm_count)
+    return LayerLaunch(device, "q12_kv_write_fp8", grid, block, smem,
+                       ("k", "v", "k_pool", "v_pool", "k_scale", "v_scale"), m=meta_struct(meta), head_dim=head_dim,
+                       row_elems=row_elems, num_slots=num_slots)
 
 
 def rope(device: Device, meta: BatchedAttnMetadata, q: int, k: int, *, num_q_heads: int, num_kv_heads: int,
@@ -208,6 +229,17 @@ def enqueue_rope(device: Device, meta: BatchedAttnMetadata, q: int, k: int, num_
     launch.launch(grid, block, smem, stream)
 
 
+def rope_launch(device: Device, meta: BatchedAttnMetadata, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                rotary_dim: int, theta: float, mrope_mode: int, sections: tuple, table=_rope.NO_TABLE) -> LayerLaunch:
+    """:func:`enqueue_rope` for every layer of a pass: its launch with all but ``(q, k)`` fixed."""
+    grid, block, smem = _rope_geometry(meta.total_tokens, num_q_heads, num_kv_heads, head_dim, rotary_dim,
+                                       num_sms=device.sm_count)
+    return LayerLaunch(device, "q12_rope", grid, block, smem, ("q", "k"), m=meta_struct(meta),
+                       num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, rotary_dim=rotary_dim,
+                       theta=theta, mrope_mode=mrope_mode, sec_t=sections[0], sec_h=sections[1], sec_w=sections[2],
+                       table=table)
+
+
 def attention(device: Device, meta: BatchedAttnMetadata, q: int, k_pool: int, v_pool: int, o: int, *,
               num_q_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None,
               algo: str = "auto", window_left: int | None = None, stream: Any = None, num_splits: int | None = None,
@@ -268,3 +300,13 @@ def enqueue_attention(device: Device, meta: BatchedAttnMetadata, entry: str, q: 
     a.block_size, a.scale, a.window_left = meta.block_size, scale, window_left
     a.m = meta_struct(meta)
     launch.launch(grid, block, smem, stream)
+
+
+def attention_launch(device: Device, meta: BatchedAttnMetadata, entry: str, num_q_heads: int, num_kv_heads: int,
+                     head_dim: int, scale: float, window_left: int = _attn.NO_WINDOW) -> LayerLaunch:
+    """:func:`enqueue_attention` for every layer of a pass: its launch with all but ``(q, k_pool, v_pool, o)``
+    fixed."""
+    grid, block, smem = _attn_geometry(entry, meta.batch_size, meta.chunk_len, num_q_heads, num_kv_heads, head_dim)
+    return LayerLaunch(device, entry, grid, block, smem, ("q", "k_pool", "v_pool", "o"), m=meta_struct(meta),
+                       num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, block_size=meta.block_size, scale=scale,
+                       window_left=window_left)

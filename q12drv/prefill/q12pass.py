@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import repeat
-from operator import is_not
+from operator import add, is_not
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ..core.admission import Admission, decide, parse_chunks
 from ..core.arena import ScratchArena
+from ..core.device import Stream
 from ..core.errors import CapacityError, Q12Error
 from ..kernels import ops
 from ..kernels.expand import ExpandPlan, stage_on_device
@@ -32,8 +33,8 @@ from ..kernels import attention as _attn
 from ..kernels import kv_write as _kvw
 from ..kernels import attention_decode as _dec
 from ..kernels import rope as _rope
-from ..kernels.gdn import GdnConfig, GdnPlan, GdnShape, GdnTensors, enqueue_gdn
-from ..kernels.gdn.launch import check_workspace, resolve_plan
+from ..kernels.gdn import GdnConfig, GdnPlan, GdnShape, GdnTensors
+from ..kernels.gdn.launch import GdnLaunch, check_workspace, resolve_plan
 from ..kernels.gdn.plan import check_shape
 from ..kernels.args import (ALIGN, FP8_E4M3, FP8_POOL_DTYPES, I32_MAX, check_kv_scales, count, head_group,
                            positive_float)
@@ -60,8 +61,19 @@ MODES = ("auto", "batched", "per_stream")
 EXPANDS = ("auto", "host", "device")
 #: The alignments of the bf16 attention ops' arguments (RoPE, KV write, attention: one table, a layer's union).
 _ATTENTION_ALIGN = {**ALIGN["rope"], **ALIGN["kv_write"], **ALIGN["attention"]}
-#: (id of an alignment table, argument names in order) -> their alignment masks, made on first use.
-_MASKS: dict = {}
+#: (id of an alignment table, argument names in order) -> their bad bits (:func:`_bad_bits`), made on first use.
+_BAD: dict = {}
+
+
+def _bad_bits(align: dict, names: tuple) -> tuple:
+    """The bits each address of ``names`` must not have, aligned as ``align`` says (2 bytes where it names none):
+    any at or above bit 64 (a negative int has them all) and any below its alignment (a power of two)."""
+    return tuple(-(1 << 64) | (align.get(n, 2) - 1) for n in names)
+
+
+#: The bf16 layer ops' pointers in their kernels' order, and their bad bits (the layer table's alignments).
+_ROPE_PTRS, _KV_PTRS, _ATTN_PTRS = ("q", "k"), ("k", "v", "k_pool", "v_pool"), ("q", "k_pool", "v_pool", "o")
+_ROPE_BAD, _KV_BAD, _ATTN_BAD = (_bad_bits(_ATTENTION_ALIGN, n) for n in (_ROPE_PTRS, _KV_PTRS, _ATTN_PTRS))
 _SCALES = ("k_scale", "v_scale")
 _STATE_ALIGN = ALIGN["gdn"]["state"]
 _BF16 = 2
@@ -157,18 +169,75 @@ def _admit(parsed: list, arena_tokens, is_mla, head_dim, scratch_cap, top_k, use
     return hit
 
 
-_U64_MAX = (1 << 64) - 1
-#: The alignment masks of the layers' pointer arguments, in their argument order.
-_GDN_MASKS = tuple(ALIGN["gdn"][n] - 1 for n in ("q", "k", "v", "g", "beta", "o"))
+_PTR_TYPES = frozenset((int, DevicePtr))
+#: The bad bits of the GDN layers' pointer arguments: (q, k, v, o) and (g, beta).
+_GDN_BAD, _GATE_BAD = _bad_bits(ALIGN["gdn"], ("q", "k", "v", "o")), _bad_bits(ALIGN["gdn"], ("g", "beta"))
 
 
-def _plain_aligned(ptrs, masks: tuple) -> bool:
-    """Whether every pointer is an exact int/DevicePtr in (0, 2**64) with none of its mask's bits set (the
-    alignments are powers of two): :func:`~q12drv.kernels.args.device_ptr`'s common case, all at once."""
-    for p, m in zip(ptrs, masks):
-        if (type(p) is not int and type(p) is not DevicePtr) or not 0 < p <= _U64_MAX or p & m:
+def _plain_aligned(ptrs, bad: tuple) -> bool:
+    """Whether every pointer is an exact int/DevicePtr, not 0, with none of its ``bad`` bits set (:func:`_bad_bits`):
+    :func:`~q12drv.kernels.args.device_ptr`'s common case, all at once."""
+    for p, b in zip(ptrs, bad):
+        if (type(p) is not int and type(p) is not DevicePtr) or not p or p & b:
             return False
     return True
+
+
+def _plain_gdn(ptrs: tuple) -> bool:
+    """:func:`_plain_aligned` of a GDN layer's ``(q, k, v, g, beta, o)``."""
+    q, k, v, g, beta, o = ptrs
+    return _plain4(q, k, v, o, _GDN_BAD) and _plain_aligned((g, beta), _GATE_BAD)
+
+
+def _plain4(a, b, c, d, bad: tuple) -> bool:
+    """:func:`_plain_aligned` of four pointers, unrolled: the layer ops' common case in half the loop's time."""
+    return (type(a) in _PTR_TYPES and type(b) in _PTR_TYPES and type(c) in _PTR_TYPES and type(d) in _PTR_TYPES
+            and a != 0 and b != 0 and c != 0 and d != 0 and not (a & bad[0] | b & bad[1] | c & bad[2] | d & bad[3]))
+
+
+class _AttentionLayer:
+    """What the attention ops of one :class:`AttentionShape` run in a pass, made on the shape's first checked op and
+    shared by every layer of that shape: the pools' block counts its block tables were checked against (None: the
+    shape checked for RoPE, which reads no pool) and its launches (per block count for the KV writes, per algo for
+    attention), each a :class:`~q12drv.kernels.layer_launch.LayerLaunch` (or one per stream) with everything but the
+    layer's pointers fixed."""
+
+    __slots__ = ("shape", "blocks", "rope", "kv_write", "kv_write_fp8", "attention")
+
+    def __init__(self, shape: AttentionShape):
+        self.shape = shape
+        self.blocks: set = set()
+        self.rope: Callable | None = None
+        self.kv_write: dict = {}
+        self.kv_write_fp8: dict = {}
+        self.attention: dict = {}
+
+
+class _GdnLayer:
+    """What :meth:`Q12Pass.gdn_layer` runs for one :class:`GdnShape` in a pass: the config asked for last and its
+    plan, the workspace as given (``workspace``, ``workspace_bytes``) and as checked (``ws``), and the plan's launches
+    (``run``, a :class:`~q12drv.kernels.gdn.launch.GdnLaunch` or one per stream)."""
+
+    __slots__ = ("shape", "config", "plan", "workspace", "workspace_bytes", "ws", "run")
+
+
+def _same_arg(given, before) -> bool:
+    """Whether an argument is the one given before: the same object, or an equal exact int."""
+    return given is before or (type(given) is int and type(before) is int and given == before)
+
+
+class _PerStream:
+    """A pass launch made once per stream (the per-stream fallback): each stream's launch, with the layer's
+    pointers advanced to that stream's rows."""
+
+    __slots__ = ("launches", "offsets")
+
+    def __init__(self, launches: list, offsets: list):
+        self.launches, self.offsets = launches, offsets  # offsets[b][i]: stream b's byte offset of pointer i
+
+    def launch(self, stream: Any, pointers: tuple) -> None:
+        for launch, offsets in zip(self.launches, self.offsets):
+            launch(stream, tuple(map(add, pointers, offsets)))
 
 
 def check_attention_pools(shape, algo: str | None = None) -> None:
@@ -340,7 +409,9 @@ class Q12Pass:
         self.reason = "" if self.batched else ("per_stream requested" if mode == "per_stream" else str(self.admission))
         self.meta: BatchedAttnMetadata | None = None
         self.stream_meta: list = []
-        self._checked: dict = {}  # id(shape) -> (shape, {num_blocks}) already validated for this pass
+        self._layers: dict = {}  # id(shape) -> _AttentionLayer: the shape checked for this pass, its launches
+        self._gdn_layers: dict = {}  # id(GdnShape) -> _GdnLayer
+        self._resolved_stream: tuple = (None, None)  # (stream as given, its driver stream): _driver_stream's
         self._gdn_plans: dict = {}  # (GdnShape, GdnConfig or id(GdnPlan)) -> (what was given, this pass's plan)
         self._decode_plans: dict = {}  # (Hq, Hkv, D, window, num_splits asked, kv_dtype) -> this pass's DecodePlan
         self._longest = max(counts)  # tokens of the longest stream: a GDN plan's extent, batched or per stream
@@ -464,12 +535,12 @@ class Q12Pass:
         if shape.kv_dtype not in ops.KV_DTYPES:
             raise ValueError(f"shape.kv_dtype must be one of {ops.KV_DTYPES}, got {shape.kv_dtype!r:.60}")
 
-    def _check_tables(self, shape: AttentionShape, nb: int) -> None:
+    def _check_tables(self, nb: int) -> None:
+        """ValueError unless every block table entry attention reads lies in ``[0, nb)``."""
         bound = self._table_bound
         if bound is False:  # every entry below kv_len, all streams at once
             bound = self._table_bound = _table_bound(self._batch, self.block_size)
         if bound is not None and bound <= nb:
-            self._checked.setdefault(id(shape), (shape, set()))[1].add(nb)
             return
         for b, s in enumerate(self.streams):  # find the stream to name
             table = np.asarray(s.block_table)[:-(-(s.proc_start + s.proc_count) // self.block_size)]
@@ -481,7 +552,6 @@ class Q12Pass:
                 # every key below kv_len: a missing block there has no defined meaning
                 raise ValueError(f"streams[{b}].block_table has a negative (missing) entry where attention reads "
                                  f"keys 0..{s.proc_start + s.proc_count - 1}; every block below kv_len must exist")
-        self._checked.setdefault(id(shape), (shape, set()))[1].add(nb)
 
     def _check_gdn(self, tensors, shape) -> tuple:
         """The layer's checked pointers ``(q, k, v, g, beta, o)``, the shape checked."""
@@ -492,7 +562,7 @@ class Q12Pass:
             check_shape(shape)
             _remember_shape(shape, None)
         ptrs = (tensors.q, tensors.k, tensors.v, tensors.g, tensors.beta, tensors.o)
-        ptrs = tuple(map(int, ptrs)) if _plain_aligned(ptrs, _GDN_MASKS) else \
+        ptrs = tuple(map(int, ptrs)) if _plain_gdn(ptrs) else \
             tensors.checked(self.device, self._batch.total, shape)
         return ptrs
 
@@ -520,23 +590,57 @@ class Q12Pass:
         for b, meta in enumerate(self.stream_meta):
             run(meta, b, int(self.cu_seqlens[b]))
 
+    def _launcher(self, make: Callable[[BatchedAttnMetadata, int | None], Any], rows: tuple) -> Callable:
+        """A launch of this pass, ``launch(stream, pointers)`` (the layer's pointers, a tuple): ``make(meta, b)`` (a
+        :class:`~q12drv.kernels.layer_launch.LayerLaunch` or the like for ``meta``, stream ``b``'s own or the batch's,
+        ``b`` None) made once for the batch, or once per stream with the pointers advanced to the stream's first row
+        (``rows[i]``: pointer i's ``(elements, bytes)`` a token; ``(0, 0)`` for one that is not a row of tokens, a
+        pool)."""
+        if self.batched:
+            return make(self.meta, None).launch
+        offsets = [tuple(row_offset(int(row), n, size) for n, size in rows) for row in self.cu_seqlens[:-1]]
+        return _PerStream([make(meta, b).launch for b, meta in enumerate(self.stream_meta)], offsets).launch
+
+    def _driver_stream(self) -> Any:
+        """The driver stream of :attr:`stream` (as :meth:`Device.as_stream <q12drv.core.device.Device.as_stream>`
+        resolves it): the device's; a q12drv :class:`~q12drv.core.device.Stream`'s own (read at each call: a
+        destroyed one is refused there); any other form resolved once for as long as it stays this pass's stream."""
+        st, dev = self.stream, self.device
+        if st is None:
+            return dev.stream.raw
+        if type(st) is Stream and st.device is dev and st.raw is not None:
+            return st.raw
+        given, raw = self._resolved_stream
+        if not _same_arg(st, given):
+            raw = dev.as_stream(st)
+            self._resolved_stream = (st, raw)
+        return raw
+
+    def _layer(self, shape) -> _AttentionLayer | None:
+        """``shape``'s layer record when this pass is current and ``shape`` was checked in it (None: check)."""
+        layer = self._layers.get(id(shape))
+        if layer is not None and layer.shape is shape:
+            arena = self.arena
+            if arena._buffer is not None and arena.generation == self._generation:
+                return layer
+        return None
+
     # attention: RoPE, KV write, paged attention, alone or as one layer -------------------------------------
     def _attention_ops(self, shape: AttentionShape, num_blocks, pools: tuple, tensors: dict,
                        align: dict = _ATTENTION_ALIGN) -> tuple:
-        """The checked addresses of ``tensors`` (name -> raw address or described object: bf16 activations, the
-        pools in ``shape.kv_dtype``, fp32 scales) and the pools' block count: the shape, the tensors (aligned as
-        ``align``, the op's :data:`~q12drv.kernels.args.ALIGN` entry, says) and the block tables checked once,
-        before anything is enqueued."""
+        """``(addresses, num_blocks, layer)``: the checked addresses of ``tensors`` (name -> raw address or described
+        object: bf16 activations, the pools in ``shape.kv_dtype``, fp32 scales), the pools' block count and the
+        shape's :class:`_AttentionLayer`: the shape, the tensors (aligned as ``align``, the op's
+        :data:`~q12drv.kernels.args.ALIGN` entry, says) and the block tables checked once, before anything is
+        enqueued."""
         key = (id(align), tuple(tensors))
-        masks = _MASKS.get(key)
-        if masks is None:
-            masks = _MASKS[key] = tuple(align.get(n, 2) - 1 for n in key[1])
-        arena = self.arena
-        if arena._buffer is not None and arena.generation == self._generation:  # the common case, first
-            hit = self._checked.get(id(shape))  # this very (immutable) shape object, checked with these pools
-            if (hit is not None and hit[0] is shape and num_blocks in hit[1]
-                    and (type(num_blocks) is int or not pools) and _plain_aligned(tensors.values(), masks)):
-                return tensors, num_blocks  # (None in the set: the shape checked for an op without pools, RoPE)
+        bad = _BAD.get(key)
+        if bad is None:
+            bad = _BAD[key] = _bad_bits(align, key[1])
+        layer = self._layer(shape)  # the common case first: this very (immutable) shape, checked with these pools
+        if (layer is not None and num_blocks in layer.blocks and (type(num_blocks) is int or not pools)
+                and _plain_aligned(tensors.values(), bad)):
+            return tensors, num_blocks, layer  # (None in the set: the shape checked for an op without pools, RoPE)
         self._require_current()
         if not isinstance(shape, AttentionShape):
             raise TypeError(f"shape must be an AttentionShape, got {type(shape).__name__}")
@@ -546,7 +650,7 @@ class Q12Pass:
             if num_blocks is None:
                 raise TypeError("num_blocks is needed when the KV pools are raw addresses (a pool tensor of shape "
                                 "[num_blocks, block_size, Hkv, D] says it itself)")
-        if _plain_aligned(tensors.values(), masks):
+        if _plain_aligned(tensors.values(), bad):
             addrs = tensors
         else:
             t, dev, pool = self._batch.total, self.device, (num_blocks, self.block_size, hkv, d)
@@ -556,16 +660,20 @@ class Q12Pass:
                     "k_scale": ("f32", (hkv,)), "v_scale": ("f32", (hkv,))}
             addrs = {n: dev.pointer(x, n, dtype=spec[n][0], shape=spec[n][1], align=align.get(n, 2))
                      for n, x in tensors.items()}
-        hit = self._checked.get(id(shape))  # this very (immutable) shape object, checked before
-        if hit is None or hit[0] is not shape or type(num_blocks) is not int or num_blocks not in hit[1]:
+        layer = self._layers.get(id(shape))
+        if layer is None or layer.shape is not shape or type(num_blocks) is not int or num_blocks not in layer.blocks:
             if _SHAPES_OK.get((id(shape), self.use_mrope)) is not shape:
                 self._check_attention_shape(shape)
                 _remember_shape(shape, self.use_mrope, shape.mrope_section)
+            if layer is None or layer.shape is not shape:
+                layer = self._layers[id(shape)] = _AttentionLayer(shape)
             if pools:
-                self._check_tables(shape, count("num_blocks", num_blocks, 1, I32_MAX // self.block_size))
+                num_blocks = count("num_blocks", num_blocks, 1, I32_MAX // self.block_size)
+                self._check_tables(num_blocks)
+                layer.blocks.add(num_blocks)
             else:
-                self._checked.setdefault(id(shape), (shape, set()))[1].add(None)
-        return addrs, num_blocks
+                layer.blocks.add(None)
+        return addrs, num_blocks, layer
 
     def _each(self, run: Callable) -> None:
         """``run(meta, row)`` once for the batch, or once per stream with its first packed row."""
@@ -573,6 +681,41 @@ class Q12Pass:
             run(self.meta, 0)
         else:
             self._per_stream(lambda meta, b, row: run(meta, row))
+
+    def _rope_launch(self, layer: _AttentionLayer) -> Callable:
+        """The RoPE launch of ``layer``'s (checked) shape in this pass, made on first use."""
+        if layer.rope is None:
+            shape, dev = layer.shape, self.device
+            hq, hkv, d, rd = shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.rotary_dim
+            theta, mode, sections = float(shape.rope_theta), shape.mrope_mode, tuple(shape.mrope_section)
+            table = ops.rope_table(shape.rope_scaling, rd)
+            layer.rope = self._launcher(lambda meta, b: ops.rope_launch(dev, meta, hq, hkv, d, rd, theta, mode, sections,
+                                                                        table), ((hq * d, _BF16), (hkv * d, _BF16)))
+        return layer.rope
+
+    def _kv_write_launch(self, layer: _AttentionLayer, nb: int) -> Callable:
+        """The bf16 KV write of ``layer``'s shape into pools of ``nb`` (checked) blocks in this pass."""
+        run = layer.kv_write.get(nb)
+        if run is None:
+            dev, row, slots = self.device, layer.shape.num_kv_heads * layer.shape.head_dim, nb * self.block_size
+            run = layer.kv_write[nb] = self._launcher(lambda meta, b: ops.kv_write_launch(dev, meta, row, slots),
+                                                      ((row, _BF16), (row, _BF16), (0, 0), (0, 0)))
+        return run
+
+    def _attention_launch(self, layer: _AttentionLayer, algo: str) -> Callable:
+        """The prefill attention kernel of ``algo`` for ``layer``'s shape in this pass (ValueError for an algo with
+        no such kernel, :func:`~q12drv.kernels.ops.attention_entry`)."""
+        run = layer.attention.get(algo) if type(algo) is str else None
+        if run is None:
+            shape, dev = layer.shape, self.device
+            entry = ops.attention_entry(algo, shape.head_dim, dev.arch)
+            hq, hkv, d = shape.num_q_heads, shape.num_kv_heads, shape.head_dim
+            scale = float(d ** -0.5 if shape.scale is None else shape.scale)
+            window = _attn.window_argument(shape.window_left)
+            run = layer.attention[algo] = self._launcher(
+                lambda meta, b: ops.attention_launch(dev, meta, entry, hq, hkv, d, scale, window),
+                ((hq * d, _BF16), (0, 0), (0, 0), (hq * d, _BF16)))
+        return run
 
     def rope(self, q, k, shape: AttentionShape) -> None:
         """RoPE / MRoPE in place on Q ``[T, Hq, D]`` and K ``[T, Hkv, D]`` (bf16) at each token's position, for a
@@ -583,13 +726,11 @@ class Q12Pass:
         TypeError, ValueError
             A bad tensor, address or shape, before anything is enqueued.
         """
-        a, _ = self._attention_ops(shape, None, (), {"q": q, "k": k})
-        hq, hkv, d, rd = shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.rotary_dim
-        theta, mode, sections = float(shape.rope_theta), shape.mrope_mode, tuple(shape.mrope_section)
-        table, dev, st, qp, kp = ops.rope_table(shape.rope_scaling, rd), self.device, self.stream, a["q"], a["k"]
-        self._each(lambda meta, row: ops.enqueue_rope(dev, meta, qp + row_offset(row, hq * d, _BF16),
-                                                      kp + row_offset(row, hkv * d, _BF16), hq, hkv, d, rd, theta,
-                                                      mode, sections, st, table))
+        layer, ptrs = self._layer(shape), (q, k)
+        if layer is None or layer.rope is None or not _plain_aligned(ptrs, _ROPE_BAD):
+            a, _, layer = self._attention_ops(shape, None, (), {"q": q, "k": k})
+            ptrs = (int(a["q"]), int(a["k"]))
+        self._rope_launch(layer)(self._driver_stream(), ptrs)
 
     def kv_write(self, k, v, k_pool, v_pool, shape: AttentionShape, *, num_blocks: int | None = None,
                  k_scale=None, v_scale=None) -> None:
@@ -605,28 +746,31 @@ class Q12Pass:
             A bad tensor, address, shape or block count, a missing scale, or a block table (host copy) with an entry
             past the pools, before anything is enqueued.
         """
-        if check_kv_scales(getattr(shape, "kv_dtype", "bf16"), k_scale, v_scale, "shape.kv_dtype"):
-            self._kv_write_fp8(k, v, k_pool, v_pool, shape, num_blocks, k_scale, v_scale)
-            return
-        a, nb = self._attention_ops(shape, num_blocks, (k_pool, v_pool),
-                                    {"k": k, "v": v, "k_pool": k_pool, "v_pool": v_pool})
-        hkv, d = shape.num_kv_heads, shape.head_dim
-        dev, st, slots = self.device, self.stream, int(nb) * self.block_size
-        self._each(lambda meta, row: ops.enqueue_kv_write(dev, meta, a["k"] + row_offset(row, hkv * d, _BF16),
-                                                          a["v"] + row_offset(row, hkv * d, _BF16), a["k_pool"],
-                                                          a["v_pool"], hkv * d, slots, st))
+        layer, ptrs = self._layer(shape), (k, v, k_pool, v_pool)
+        run = layer.kv_write.get(num_blocks) if layer is not None and type(num_blocks) is int else None
+        if run is None or k_scale is not None or v_scale is not None or not _plain4(k, v, k_pool, v_pool, _KV_BAD):
+            if check_kv_scales(getattr(shape, "kv_dtype", "bf16"), k_scale, v_scale, "shape.kv_dtype"):
+                self._kv_write_fp8(k, v, k_pool, v_pool, shape, num_blocks, k_scale, v_scale)
+                return
+            a, nb, layer = self._attention_ops(shape, num_blocks, (k_pool, v_pool),
+                                               {"k": k, "v": v, "k_pool": k_pool, "v_pool": v_pool})
+            ptrs = tuple(int(a[n]) for n in _KV_PTRS)
+            run = self._kv_write_launch(layer, nb)
+        run(self._driver_stream(), ptrs)
 
     def _kv_write_fp8(self, k, v, k_pool, v_pool, shape: AttentionShape, num_blocks, k_scale, v_scale) -> None:
-        a, nb = self._attention_ops(shape, num_blocks, (k_pool, v_pool), {
+        a, nb, layer = self._attention_ops(shape, num_blocks, (k_pool, v_pool), {
             "k": k, "v": v, "k_pool": k_pool, "v_pool": v_pool, "k_scale": k_scale, "v_scale": v_scale},
             ALIGN["kv_write_fp8"])
         hkv, d = shape.num_kv_heads, shape.head_dim
         _kvw.check_fp8_head_dim(d, "shape.head_dim")
-        k, v, k_pool, v_pool, k_scale, v_scale = (int(a[n]) for n in ("k", "v", "k_pool", "v_pool", *_SCALES))
-        dev, st, slots = self.device, self.stream, int(nb) * self.block_size
-        self._each(lambda meta, row: ops.enqueue_kv_write_fp8(
-            dev, meta, k + row_offset(row, hkv * d, _BF16), v + row_offset(row, hkv * d, _BF16), k_pool, v_pool,
-            k_scale, v_scale, d, hkv * d, slots, st))
+        run = layer.kv_write_fp8.get(nb)
+        if run is None:
+            dev, row, slots = self.device, hkv * d, nb * self.block_size
+            run = layer.kv_write_fp8[nb] = self._launcher(
+                lambda meta, b: ops.kv_write_fp8_launch(dev, meta, d, row, slots),
+                ((row, _BF16), (row, _BF16), (0, 0), (0, 0), (0, 0), (0, 0)))
+        run(self._driver_stream(), tuple(int(a[n]) for n in (*_KV_PTRS, *_SCALES)))
 
     def attention(self, q, k_pool, v_pool, o, shape: AttentionShape, *, num_blocks: int | None = None,
                   algo: str = "auto", num_splits: int | None = None, workspace=None,
@@ -648,25 +792,23 @@ class Q12Pass:
             pools, or for ``"decode"`` a stream longer than the kernel takes or a missing or small workspace, before
             anything is enqueued.
         """
-        check_attention_pools(shape, algo)
-        if check_kv_scales(getattr(shape, "kv_dtype", "bf16"), k_scale, v_scale, "shape.kv_dtype"):
-            a, _ = self._attention_ops(shape, num_blocks, (k_pool, v_pool), {
-                "q": q, "k_pool": k_pool, "v_pool": v_pool, "o": o, "k_scale": k_scale, "v_scale": v_scale},
-                ALIGN["attention_fp8"])
-            return self._attention_decode(a, shape, num_splits, workspace, workspace_bytes)
-        a, nb = self._attention_ops(shape, num_blocks, (k_pool, v_pool),
-                                    {"q": q, "k_pool": k_pool, "v_pool": v_pool, "o": o})
-        if algo == "decode":
-            return self._attention_decode(a, shape, num_splits, workspace, workspace_bytes)
-        entry = ops.attention_entry(algo, shape.head_dim, self.device.arch)
-        hq, hkv, d = shape.num_q_heads, shape.num_kv_heads, shape.head_dim
-        scale = float(d ** -0.5 if shape.scale is None else shape.scale)
-        window = _attn.window_argument(shape.window_left)
-        dev, st = self.device, self.stream
-        self._each(lambda meta, row: ops.enqueue_attention(dev, meta, entry, a["q"] + row_offset(row, hq * d, _BF16),
-                                                           a["k_pool"], a["v_pool"],
-                                                           a["o"] + row_offset(row, hq * d, _BF16), hq, hkv, d, scale,
-                                                           st, window))
+        layer, ptrs, run = self._layer(shape), (q, k_pool, v_pool, o), None
+        if layer is not None and type(num_blocks) is int and num_blocks in layer.blocks and type(algo) is str:
+            run = layer.attention.get(algo)  # (a prefill kernel: "decode" is never one)
+        if run is None or k_scale is not None or v_scale is not None or not _plain4(q, k_pool, v_pool, o, _ATTN_BAD):
+            check_attention_pools(shape, algo)
+            if check_kv_scales(getattr(shape, "kv_dtype", "bf16"), k_scale, v_scale, "shape.kv_dtype"):
+                a, _, _ = self._attention_ops(shape, num_blocks, (k_pool, v_pool), {
+                    "q": q, "k_pool": k_pool, "v_pool": v_pool, "o": o, "k_scale": k_scale, "v_scale": v_scale},
+                    ALIGN["attention_fp8"])
+                return self._attention_decode(a, shape, num_splits, workspace, workspace_bytes)
+            a, _, layer = self._attention_ops(shape, num_blocks, (k_pool, v_pool),
+                                              {"q": q, "k_pool": k_pool, "v_pool": v_pool, "o": o})
+            if algo == "decode":
+                return self._attention_decode(a, shape, num_splits, workspace, workspace_bytes)
+            ptrs = tuple(int(a[n]) for n in _ATTN_PTRS)
+            run = self._attention_launch(layer, algo)
+        run(self._driver_stream(), ptrs)
 
     def attention_layer(self, q, k, v, k_pool, v_pool, o, shape: AttentionShape, *, num_blocks: int | None = None,
                         algo: str = "auto") -> None:
@@ -680,32 +822,27 @@ class Q12Pass:
         Raises
         ------
         TypeError, ValueError
-            A bad tensor or address (NULL, misaligned, wrong dtype or shape), shape, ``num_blocks`` or ``algo`` (or a
+            A bad tensor, address (NULL, misaligned, wrong dtype or shape), shape, ``num_blocks`` or ``algo`` (or a
             head dim it has no kernel for), or a block table (host copy) with an entry ``>= num_blocks`` where
             attention reads it: raised before anything is enqueued, so no buffer has changed.
         """
-        check_attention_pools(shape)
-        a, nb = self._attention_ops(shape, num_blocks, (k_pool, v_pool),
-                                    {"q": q, "k": k, "v": v, "k_pool": k_pool, "v_pool": v_pool, "o": o})
-        entry = ops.attention_entry(algo, shape.head_dim, self.device.arch)
-        # every argument is checked now: the launches go straight to the kernels' argument blocks
-        hq, hkv, d, rd = shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.rotary_dim
-        theta, mode, sections = float(shape.rope_theta), shape.mrope_mode, tuple(shape.mrope_section)
-        table = ops.rope_table(shape.rope_scaling, rd)
-        scale = float(d ** -0.5 if shape.scale is None else shape.scale)
-        window = _attn.window_argument(shape.window_left)
-        dev, st, row_elems = self.device, self.stream, hkv * d
-        num_slots = int(nb) * self.block_size
-        q, k, v, k_pool, v_pool, o = (int(a[n]) for n in ("q", "k", "v", "k_pool", "v_pool", "o"))
-
-        def run(meta, row):
-            row_q, row_k = row_offset(row, hq * d, _BF16), row_offset(row, hkv * d, _BF16)
-            ops.enqueue_rope(dev, meta, q + row_q, k + row_k, hq, hkv, d, rd, theta, mode, sections, st, table)
-            ops.enqueue_kv_write(dev, meta, k + row_k, v + row_k, k_pool, v_pool, row_elems, num_slots, st)
-            ops.enqueue_attention(dev, meta, entry, q + row_q, k_pool, v_pool, o + row_q, hq, hkv, d, scale, st,
-                                  window)
-
-        self._each(run)
+        layer = self._layer(shape)
+        runs = None
+        if layer is not None and type(num_blocks) is int and type(algo) is str:
+            runs = (layer.rope, layer.kv_write.get(num_blocks), layer.attention.get(algo))
+        if (runs is None or None in runs or not _plain4(q, k_pool, v_pool, o, _ATTN_BAD)
+                or not _plain_aligned((k, v), _KV_BAD)):
+            check_attention_pools(shape)
+            a, nb, layer = self._attention_ops(shape, num_blocks, (k_pool, v_pool),
+                                               {"q": q, "k": k, "v": v, "k_pool": k_pool, "v_pool": v_pool, "o": o})
+            # every argument is checked now (the algo by its launch): the launches write the kernels' blocks
+            runs = (self._rope_launch(layer), self._kv_write_launch(layer, nb), self._attention_launch(layer, algo))
+            q, k, v, k_pool, v_pool, o = (int(a[n]) for n in ("q", "k", "v", "k_pool", "v_pool", "o"))
+        rope, kv_write, attention = runs
+        st = self._driver_stream()
+        rope(st, (q, k))
+        kv_write(st, (k, v, k_pool, v_pool))
+        attention(st, (q, k_pool, v_pool, o))
 
     # the short convolution -------------------------------------------------------------------------------
     def conv1d(self, state_ptrs: Sequence, x, y, w, *, channels: int | None = None, width: int | None = None,
@@ -804,24 +941,40 @@ class Q12Pass:
             A bad pointer, shape, config, state pointer list or workspace: raised before the slot is rewritten or
             anything is enqueued.
         """
-        q, k, v, g, beta, o = self._check_gdn(tensors, shape)
-        states = self._state_addresses(state_ptrs, "state_ptrs", _STATE_ALIGN, dtype="f32")
+        layer = self._gdn_layers.get(id(shape))
+        arena = self.arena
+        if (layer is not None and layer.shape is shape and layer.config is config and type(tensors) is GdnTensors
+                and _same_arg(workspace, layer.workspace) and _same_arg(workspace_bytes, layer.workspace_bytes)
+                and arena._buffer is not None and arena.generation == self._generation):
+            # the shape, the plan and the workspace checked for this pass already: the tensors and states are this
+            # layer's own
+            ptrs = (tensors.q, tensors.k, tensors.v, tensors.g, tensors.beta, tensors.o)
+            if not _plain_gdn(ptrs):
+                ptrs = tensors.checked(self.device, self._batch.total, shape)
+            states = self._state_addresses(state_ptrs, "state_ptrs", _STATE_ALIGN, dtype="f32")
+        else:
+            ptrs = self._check_gdn(tensors, shape)
+            states = self._state_addresses(state_ptrs, "state_ptrs", _STATE_ALIGN, dtype="f32")
+            layer = self._gdn_layer(shape, config, workspace, workspace_bytes)
+        self.h_slot.write_checked(states, self.stream)
+        layer.run(self._driver_stream(), ptrs)
+
+    def _gdn_layer(self, shape: GdnShape, config: GdnConfig | GdnPlan, workspace, workspace_bytes) -> _GdnLayer:
+        """The :class:`_GdnLayer` of ``shape`` (checked) run with ``config`` and this workspace: the plan, the
+        workspace checked, the launches (made again only where the plan or the workspace differ)."""
         plan = self.gdn_plan(shape, config)
         ws = check_workspace(plan, plan.workspace_bytes_for(*self._gdn_extent), workspace, workspace_bytes, self.device)
-        self.h_slot.write_checked(states, self.stream)
-        dev, st = self.device, self.stream
-        hk, hv, d = plan.shape.num_k_heads, plan.shape.num_v_heads, plan.shape.head_dim
-
-        def run(meta, slot_ptr, row):
-            enqueue_gdn(dev, meta, plan, slot_ptr, q + row_offset(row, hk * d, _BF16),
-                        k + row_offset(row, hk * d, _BF16), v + row_offset(row, hv * d, _BF16),
-                        g + row_offset(row, hv, _F32), beta + row_offset(row, hv, _F32),
-                        o + row_offset(row, hv * d, _BF16), ws, st)
-
-        if self.batched:
-            run(self.meta, int(self.h_slot.ptr), 0)
-        else:
-            self._per_stream(lambda meta, b, row: run(meta, int(self.h_slot.entry(b)), row))
+        layer = self._gdn_layers.get(id(shape))
+        if layer is None or layer.shape is not shape or layer.plan is not plan or layer.ws != ws:
+            hk, hv, d = plan.shape.num_k_heads, plan.shape.num_v_heads, plan.shape.head_dim
+            dev, slot = self.device, self.h_slot
+            layer = self._gdn_layers[id(shape)] = _GdnLayer()
+            layer.shape, layer.plan, layer.ws = shape, plan, ws
+            layer.run = self._launcher(
+                lambda meta, b: GdnLaunch(dev, meta, plan, int(slot.ptr if b is None else slot.entry(b)), ws),
+                ((hk * d, _BF16), (hk * d, _BF16), (hv * d, _BF16), (hv, _F32), (hv, _F32), (hv * d, _BF16)))
+        layer.config, layer.workspace, layer.workspace_bytes = config, workspace, workspace_bytes
+        return layer
 
     # decode attention --------------------------------------------------------------------------------------
     def decode_plan(self, shape: AttentionShape, num_splits: int | None = None) -> _dec.DecodePlan:

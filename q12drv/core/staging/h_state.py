@@ -42,6 +42,7 @@ class HStateSlot:
         self.ptr = ptr
         self.uploads = 0
         self._packer = _PACKERS.get(n) or _packer(n)
+        self._nbytes, self._addr = h_state_slot_bytes(n), int(ptr)
         self._generation = arena.generation  # the pass this slot belongs to (see ScratchArena.generation)
 
     def entry(self, b: int) -> DevicePtr:
@@ -81,14 +82,13 @@ class HStateSlot:
     def write_checked(self, values: Sequence[int], stream: Any) -> None:
         """:meth:`upload` for a caller that has checked ``values`` already: exactly n ints in (0, 2**64), aligned as
         the layer's kernel needs (``Q12Pass.gdn_layer``, ``Q12Pass.conv1d``), for this slot's current pass."""
-        nbytes = h_state_slot_bytes(self.n)
+        nbytes = self._nbytes
         self.arena.check_range("h_state_ptrs", self.offset, nbytes)
-        device = self.arena.device
-        s = device.as_stream(stream)
+        s = self.arena.device.as_stream(stream)
         ring = staging_ring(self.arena, "h_state")
         slot = ring.acquire(nbytes)
         self._packer.pack_into(slot.array, 0, *values)
-        ring.copy_htod(int(self.ptr), slot, nbytes, s, "this layer's state-pointer table (conv1d, Gated DeltaNet)")
+        ring.copy_htod(self._addr, slot, nbytes, s, "this layer's state-pointer table (conv1d, Gated DeltaNet)")
         self.uploads += 1
 
 

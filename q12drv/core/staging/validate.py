@@ -7,8 +7,9 @@ field and the bound.
 
 from __future__ import annotations
 
+from functools import reduce
 from itertools import accumulate
-from operator import add
+from operator import add, or_
 from typing import Sequence
 
 import numpy as np
@@ -238,8 +239,13 @@ _PTR_TYPES = frozenset((int, DevicePtr))
 def plain_pointers(values, align: int = 1) -> bool:
     """Whether ``values`` (a list or tuple) are all exact ``int``/``DevicePtr`` addresses in (0, 2**64),
     multiples of ``align``: the common case, checked in bulk (callers name the bad entry otherwise)."""
-    return (type(values) in (list, tuple) and len(values) > 0 and set(map(type, values)) <= _PTR_TYPES
-            and min(values) > 0 and max(values) <= _U64_MAX and (align == 1 or not any(p % align for p in values)))
+    if not (type(values) in (list, tuple) and len(values) > 0 and set(map(type, values)) <= _PTR_TYPES
+            and all(values)):
+        return False
+    if align & (align - 1) == 0:  # a power of two: every address's bits at once (negative, >= 2**64, below align)
+        bits = reduce(or_, values)
+        return 0 <= bits <= _U64_MAX and not bits & (align - 1)
+    return 0 < min(values) and max(values) <= _U64_MAX and not any(p % align for p in values)
 
 
 def require_arena(arena) -> None:

@@ -7,14 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...core.device import Device
+from ...core.device import CURRENT, Device
 from ...core.staging import BatchedAttnMetadata
 from ..args import ALIGN, check_launch, workspace_ptr
+from ..layer_launch import LayerLaunch
 from ..meta import meta_struct
 from ..registry import prepared
 from .plan import GdnConfig, GdnPlan, GdnShape, check_shape, plan_gdn
 
-__all__ = ["GdnTensors", "gdn", "enqueue_gdn", "check_workspace", "resolve_plan"]
+__all__ = ["GdnTensors", "gdn", "enqueue_gdn", "GdnLaunch", "check_workspace", "resolve_plan"]
 
 _ALIGN = ALIGN["gdn"]
 
@@ -133,3 +134,36 @@ def enqueue_gdn(device: Device, meta: BatchedAttnMetadata, plan: GdnPlan, h_stat
         a.num_k_heads, a.num_v_heads, a.workspace = hk, hv, workspace
         a.m = mc
         (launch.launch_dependent if kern.dependent else launch.launch)(kern.grid, kern.block, kern.smem, stream)
+
+
+class GdnLaunch:
+    """:func:`enqueue_gdn` for every layer of a pass: ``plan``'s launches for ``meta`` with all but the layer's tensors
+    fixed (``h_state_ptrs``, the checked ``workspace``): :meth:`launch` zeroes the workspace range the plan needs
+    zeroed and launches its kernels."""
+
+    __slots__ = ("device", "zero", "kernels")
+
+    def __init__(self, device: Device, meta: BatchedAttnMetadata, plan: GdnPlan, h_state_ptrs: int, workspace: int):
+        zero, kernels = plan.launches(meta.batch_size, meta.chunk_len)
+        self.device = device
+        self.zero = None if zero is None else (int(workspace) + zero[0], int(zero[1]))
+        fixed = dict(m=meta_struct(meta), h_state_ptrs=h_state_ptrs, num_k_heads=plan.shape.num_k_heads,
+                     num_v_heads=plan.shape.num_v_heads, workspace=workspace)
+        self.kernels = tuple(LayerLaunch(device, kern.entry, kern.grid, kern.block, kern.smem, _POINTERS,
+                                         dependent=kern.dependent, **fixed) for kern in kernels)
+
+    def launch(self, stream: Any, pointers: tuple) -> None:
+        """Launch on the driver stream ``stream`` (as :meth:`LayerLaunch.launch
+        <q12drv.kernels.layer_launch.LayerLaunch.launch>` takes it) with ``pointers``: the layer's ``(q, k, v, g, beta,
+        o)`` (checked ints)."""
+        if self.zero is not None:
+            dev = self.device
+            if CURRENT.device is not dev:
+                dev.set_current()
+            dev.driver.memset_d8_async(self.zero[0], 0, self.zero[1], stream)
+        for kernel in self.kernels:
+            kernel.launch(stream, pointers)
+
+
+#: The GDN kernels' per-layer pointer parameters, in their order.
+_POINTERS = ("q", "k", "v", "g", "beta", "o")

@@ -1,0 +1,118 @@
+"""A kernel's launch as every layer of a pass makes it: everything but the layer's pointers fixed once.
+
+A pass runs the same kernels in every layer with the same metadata, head counts and geometry; only the
+layer's tensors (its activations, its KV pools) change. :class:`LayerLaunch` checks and packs the fixed arguments
+into bytes once, so that a layer's launch is one write of the whole argument block (``struct.pack_into``: the
+fixed bytes around the layer's pointers) and the driver call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from typing import Any
+
+from ..core.device import CURRENT, Device
+from .registry import prepared
+
+__all__ = ["LayerLaunch"]
+
+
+class LayerLaunch:
+    """One kernel's launch with every argument but a run of consecutive pointer parameters fixed: :meth:`launch`
+    writes the whole argument block with the layer's pointers and launches it.
+
+    The block written is the calling thread's pre-packed one (:func:`~q12drv.kernels.registry.prepared`): every
+    launcher writes all of a block's arguments before it launches it, so nothing another launch left there is read,
+    and any thread may launch a LayerLaunch.
+
+    Parameters
+    ----------
+    device : Device
+    entry : str
+        The kernel entry (registered).
+    grid, block : tuple
+        The launch geometry (three positive ints each).
+    smem : int
+        Dynamic shared memory bytes.
+    pointers : tuple of str
+        The parameters each call passes, consecutive and 64-bit, in the kernel's order.
+    dependent : bool
+        Launch with programmatic stream serialization (:meth:`~q12drv.core.launch.Launch.launch_dependent`).
+    **fixed
+        Every other parameter's value (checked against its C type, as :meth:`~q12drv.core.launch.Launch.set` does).
+
+    Raises
+    ------
+    ValueError
+        ``pointers`` are not consecutive 64-bit parameters of the kernel, or ``fixed`` does not name exactly the
+        other parameters.
+    TypeError, OverflowError
+        A fixed value that does not fit its parameter.
+    """
+
+    __slots__ = ("entry", "grid", "block", "smem", "_device", "_dependent", "_pack", "_head", "_tail")
+
+    def __init__(self, device: Device, entry: str, grid: tuple, block: tuple, smem: int, pointers: tuple, *,
+                 dependent: bool = False, **fixed: Any):
+        launch = prepared(device, entry)
+        kernel = launch.kernel
+        fixed_names, start, pack = _layout(kernel.args_type, tuple(pointers), entry)
+        if fixed.keys() != fixed_names:
+            raise ValueError(f"kernel {entry}: fixed arguments {sorted(fixed)} must be exactly {sorted(fixed_names)}")
+        # the fixed values, checked as set() checks them, in this thread's block; their bytes kept
+        raw = bytes(launch.set(**fixed).args)
+        self._head, self._tail = raw[:start], raw[start + 8 * len(pointers):]
+        self._pack = pack
+        if smem > kernel.smem_limit:
+            kernel.allow_dynamic_smem(smem)
+        self._device = device
+        self._dependent = dependent
+        self.entry, self.grid, self.block, self.smem = entry, grid, block, smem
+
+    def launch(self, stream: Any, pointers: tuple) -> None:
+        """Launch on the driver stream ``stream`` (:meth:`Device.as_stream <q12drv.core.device.Device.as_stream>`'s
+        result) with ``pointers`` (the parameters named at construction, in order; already checked: ints in
+        ``(0, 2**64)``). The device's context is made current in the calling thread first where it is not."""
+        dev = self._device
+        launch = dev.local.launches.get(self.entry) or prepared(dev, self.entry)
+        self._pack(launch.args, 0, self._head, *pointers, self._tail)
+        if CURRENT.device is not dev:
+            dev.set_current()
+        if self._dependent:
+            launch.fire_dependent(self.grid, self.block, self.smem, stream)
+        else:
+            launch.fire(self.grid, self.block, self.smem, stream)
+
+
+#: (argument block type, pointer names) -> their layout (:func:`_layout`): a pass makes LayerLaunches of a few kinds.
+_LAYOUTS: dict = {}
+
+
+def _layout(args_type: type, pointers: tuple, entry: str) -> tuple:
+    """``(names of the other parameters, byte offset of the first pointer, the block's pack_into)`` for a kernel
+    whose argument block is ``args_type`` (a ctypes structure, :attr:`q12drv.core.launch.Kernel.args_type`) called
+    with ``pointers``: the block as its bytes before them, the pointers (u64) and its bytes after.
+
+    Raises
+    ------
+    ValueError
+        ``pointers`` are not consecutive pointer (64-bit) parameters of the kernel (``entry``, for the message).
+    """
+    key = (args_type, pointers)
+    hit = _LAYOUTS.get(key)
+    if hit is None:
+        params = args_type._fields_
+        names = [n for n, _ in params]
+        first = names.index(pointers[0]) if pointers and pointers[0] in names else -1
+        run = params[first:first + len(pointers)] if first >= 0 else ()
+        if not run or tuple(n for n, _ in run) != pointers or any(t is not ctypes.c_uint64 for _, t in run):
+            raise ValueError(f"kernel {entry}: {pointers} are not consecutive pointer parameters of "
+                             f"({', '.join(names)})")
+        start = getattr(args_type, pointers[0]).offset
+        tail = ctypes.sizeof(args_type) - start - 8 * len(pointers)
+        if len(_LAYOUTS) >= 256:
+            _LAYOUTS.clear()
+        hit = _LAYOUTS[key] = (set(names) - set(pointers), start,
+                               struct.Struct(f"<{start}s{len(pointers)}Q{tail}s").pack_into)
+    return hit

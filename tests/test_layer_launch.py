@@ -1,0 +1,91 @@
+"""LayerLaunch (a kernel's launch with everything but the layer's pointers fixed for a pass): it writes the very
+argument block the per-call launchers write, and refuses a layout it cannot pack."""
+
+import pytest
+
+from q12drv import ScratchArena, make_scratch_plan
+from q12drv.kernels import ops, registry
+from q12drv.kernels import rope as _rope
+from q12drv.kernels.gdn import GdnConfig, GdnShape, enqueue_gdn, plan_gdn
+from q12drv.kernels.gdn.launch import GdnLaunch
+from q12drv.kernels.layer_launch import LayerLaunch
+from q12drv.kernels.meta import meta_struct
+from q12drv.prefill import Q12Pass
+from tests.helpers import make_streams
+
+PTRS = [0x7F00_0000_0000 + 0x10000 * i for i in range(6)]
+
+
+@pytest.fixture
+def meta(emu):
+    """A batched pass's staged metadata (three streams)."""
+    streams, tables = make_streams(emu, [5, 17, 9], [0, 3, 16])
+    with ScratchArena(emu, make_scratch_plan([5, 17, 9], 0, False).total_bytes) as arena:
+        yield Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, head_dim=64,
+                      mode="batched").meta
+    tables.free()
+
+
+def _fired(emu, entries, run) -> list:
+    """``(entry, grid, block, smem, argument bytes)`` of each launch of ``entries`` that ``run()`` makes, in order (the
+    thread's blocks as the driver would read them; nothing runs)."""
+    seen = []
+    for entry in entries:
+        launch = registry.prepared(emu, entry)
+
+        def fire(grid, block, smem, stream, launch=launch, entry=entry):
+            seen.append((entry, tuple(grid), tuple(block), smem, bytes(launch.args)))
+
+        launch.fire = fire
+        launch._fire_dependent = fire
+    run()
+    return seen
+
+
+def test_a_layer_launch_writes_the_block_its_per_call_launcher_writes(emu, meta):
+    raw = emu.stream.raw
+    scaling = _rope.RopeScaling(tuple(_rope.inv_freq(32, 1e4) / 8), attention_factor=1.25)
+    cases = [
+        (["q12_kv_write"], lambda: ops.enqueue_kv_write(emu, meta, *PTRS[:4], 128, 4096, None),
+         lambda: ops.kv_write_launch(emu, meta, 128, 4096).launch(raw, tuple(PTRS[:4]))),
+        (["q12_kv_write_fp8"], lambda: ops.enqueue_kv_write_fp8(emu, meta, *PTRS, 64, 128, 4096, None),
+         lambda: ops.kv_write_fp8_launch(emu, meta, 64, 128, 4096).launch(raw, tuple(PTRS))),
+        (["q12_attn_prefill_d64"],
+         lambda: ops.enqueue_attention(emu, meta, "q12_attn_prefill_d64", *PTRS[:4], 4, 2, 64, 0.125, None, 7),
+         lambda: ops.attention_launch(emu, meta, "q12_attn_prefill_d64", 4, 2, 64, 0.125, 7).launch(
+             raw, tuple(PTRS[:4]))),
+    ]
+    for table in (_rope.NO_TABLE, scaling.table(), _rope.NO_TABLE):  # a table after none, then none after one
+        cases.append((["q12_rope"], lambda t=table: ops.enqueue_rope(emu, meta, *PTRS[:2], 4, 2, 64, 32, 1e4, 0,
+                                                                       (0, 0, 0), None, t),
+                      lambda t=table: ops.rope_launch(emu, meta, 4, 2, 64, 32, 1e4, 0, (0, 0, 0), t).launch(
+                          raw, tuple(PTRS[:2]))))
+    for entries, per_call, layer in cases:
+        want = _fired(emu, entries, per_call)
+        registry.prepared(emu, entries[0]).args.m.batch_size = 999  # a stale block: the layer launch rewrites it all
+        assert _fired(emu, entries, layer) == want and len(want) == 1
+
+
+@pytest.mark.parametrize("config", [GdnConfig(math="recurrent"), GdnConfig(schedule="two_pass", isa="mma")])
+def test_a_gdn_launch_writes_the_blocks_enqueue_gdn_writes(emu, meta, config):
+    shape = GdnShape(num_k_heads=2, num_v_heads=4, head_dim=64)
+    plan = plan_gdn(config, shape, meta.batch_size, meta.chunk_len, emu)
+    entries = [k.entry for k in plan.launches(meta.batch_size, meta.chunk_len)[1]]
+    ws = 0x7E00_0000_0000 if plan.workspace_bytes else 0
+    want = _fired(emu, entries, lambda: enqueue_gdn(emu, meta, plan, PTRS[0] - 4096, *PTRS, ws, None))
+    got = _fired(emu, entries, lambda: GdnLaunch(emu, meta, plan, PTRS[0] - 4096, ws).launch(emu.stream.raw,
+                                                                                              tuple(PTRS)))
+    assert got == want and len(want) == len(entries)
+
+
+def test_a_layer_launch_refuses_what_it_cannot_pack(emu, meta):
+    grid, block = (1, 1, 1), (128, 1, 1)
+    fixed = dict(m=meta_struct(meta), row_elems=128, num_slots=4096)
+    for pointers in (("k", "k_pool"), ("v", "k"), ("row_elems",), ("nope",), ()):
+        with pytest.raises(ValueError, match="not consecutive pointer parameters"):
+            LayerLaunch(emu, "q12_kv_write", grid, block, 0, pointers, **fixed)
+    with pytest.raises(ValueError, match="fixed arguments .* must be exactly"):
+        LayerLaunch(emu, "q12_kv_write", grid, block, 0, ("k", "v", "k_pool", "v_pool"), m=fixed["m"], row_elems=128)
+    with pytest.raises(OverflowError, match="row_elems=4294967296 does not fit"):
+        LayerLaunch(emu, "q12_kv_write", grid, block, 0, ("k", "v", "k_pool", "v_pool"),
+                    **{**fixed, "row_elems": 1 << 32})
