@@ -48,6 +48,26 @@ def test_stage_decodes_back_and_advances_cursor_exactly(emu):
         assert arena.guard_intact()
 
 
+def test_metadata_at_one_address_from_two_arenas_carries_each_its_own_offset(emu):
+    """Two arenas over one buffer, 256 bytes apart, stage the same batch at the same address (offsets 512 and 256):
+    each metadata names its own arena's offset (the memoised fields were once keyed by the address alone, and
+    the second pass got the first one's offset: a flaky per-stream readback, arenas landing where others were)."""
+    streams, _ = make_streams(emu, [20, 30])
+    buf = emu.alloc(1 << 16)
+    first, second = ScratchArena.over(emu, buf.ptr, 1 << 15), ScratchArena.over(emu, int(buf.ptr) + 256, 1 << 15)
+    metas = []
+    for arena, offset in ((first, 512), (second, 256)):
+        arena.reserve("before", offset)
+        metas.append(stage_batched_attn_metadata(arena, streams, block_size=16, use_mrope=False,
+                                                 scratch_offset_bytes=offset, dummy_kv_block=0))
+    assert [m.scratch_offset_bytes for m in metas] == [512, 256]
+    assert metas[0].positions_stacked == metas[1].positions_stacked  # the same address, seen from both
+    assert place_h_state_slot(second, metas[1]).offset == 256 + metas[1].staged_bytes
+    first.close()
+    second.close()
+    buf.free()
+
+
 def test_verify_readback_catches_a_wrong_byte(emu):
     streams, _ = make_streams(emu, [20, 30])
     with ScratchArena(emu, 1 << 16) as arena:

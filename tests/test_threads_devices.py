@@ -149,6 +149,33 @@ def test_a_kernel_reading_another_devices_memory_faults(emu2):
     del _EMULATORS["q12_probe_peer"]
 
 
+def test_a_lookup_is_not_disturbed_by_a_free_in_another_thread_between_its_steps(monkeypatch):
+    """The emulated memory's allocation list is looked up without a lock (a bisect, then an index). Another thread
+    freeing an allocation below between those two steps must not make a live allocation look like its neighbour
+    (it did: the list shifted under the lookup, which then read the next allocation at a negative offset)."""
+    from q12drv.core.driver import emu as emu_module
+
+    mem = EmuDriver().memory
+    low, mid, high = sorted(mem.add(4096, "device") for _ in range(3))
+    real = emu_module.bisect.bisect_right
+
+    class Interleaved:  # bisect as the lookup calls it, with another thread's free run right after it
+        bisect_left = staticmethod(emu_module.bisect.bisect_left)
+
+        @staticmethod
+        def bisect_right(a, x):
+            i = real(a, x)
+            if x == mid + 64 and mem.owner(low) is not None:
+                monkeypatch.setattr(emu_module, "bisect", emu_module.bisect)
+                mem.remove(low, "device")
+                monkeypatch.setattr(emu_module, "bisect", Interleaved)
+            return i
+
+    monkeypatch.setattr(emu_module, "bisect", Interleaved)
+    assert mem.owner(mid + 64) == ("device", 0, mid, 4096)
+    assert mem.owner(low) is None and mem.owner(high + 64) == ("device", 0, high, 4096)
+
+
 # --- q12drv makes the context current where it is used ---------------------------------------------------
 
 def test_a_call_from_a_fresh_thread_works_without_the_caller_doing_anything(emu):

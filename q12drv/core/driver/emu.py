@@ -113,6 +113,8 @@ class EmuMemory:
     """
 
     def __init__(self, limit: int | None = None):
+        #: Allocation bases, sorted; replaced (copy-on-write), never changed in place, so that a lookup in one thread
+        #: bisects a list that another thread's allocation or free cannot shift under it.
         self._bases: list[int] = []
         self._allocs: dict[int, tuple[np.ndarray, int, str, int]] = {}
         self.limit = _default_memory_bytes() if limit is None else int(limit)
@@ -142,7 +144,8 @@ class EmuMemory:
         view = backing[base - addr: base - addr + max(int(nbytes), 1)]
         with self._lock:
             self._allocs[base] = (view, int(nbytes), kind, int(ordinal))
-            bisect.insort(self._bases, base)
+            i = bisect.bisect_right(self._bases, base)
+            self._bases = self._bases[:i] + [base] + self._bases[i:]
         return base
 
     def remove(self, base: int, kind: str) -> bool:
@@ -151,7 +154,8 @@ class EmuMemory:
             if entry is None or entry[2] != kind:
                 return False
             del self._allocs[int(base)]
-            self._bases.remove(int(base))
+            i = bisect.bisect_left(self._bases, int(base))
+            self._bases = self._bases[:i] + self._bases[i + 1:]
             self._live[kind] -= entry[1]
         return True
 
@@ -160,14 +164,14 @@ class EmuMemory:
 
     def _allocation(self, ptr: int):
         """``(base, (view, nbytes, kind, ordinal))`` of the allocation holding ``ptr``'s byte, or None."""
-        i = bisect.bisect_right(self._bases, int(ptr)) - 1
+        bases = self._bases  # this list is never changed: bisect and index agree
+        i = bisect.bisect_right(bases, int(ptr)) - 1
         if i < 0:
             return None
-        try:
-            base = self._bases[i]
-            entry = self._allocs[base]
-        except (IndexError, KeyError):  # freed by another thread meanwhile
+        entry = self._allocs.get(bases[i])
+        if entry is None:  # freed by another thread meanwhile
             return None
+        base = bases[i]
         return (base, entry) if int(ptr) < base + max(entry[1], 1) else None
 
     def _adoption(self, ptr: int, nbytes: int) -> _Adopted | None:

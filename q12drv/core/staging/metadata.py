@@ -155,7 +155,9 @@ def metadata_at(arena, offset: int, layout: StackedLayout, cu: np.ndarray, kv: n
 def _template(arena, offset: int, layout: StackedLayout, block_size: int, use_mrope: bool, dummy_kv_block: int) -> dict:
     """:func:`_metadata_template` for ``layout`` at arena ``offset``, memoised (the dict is shared: never write it)."""
     base = int(arena.base) + offset
-    key = (base, layout.n, layout.total_tokens, layout.mrope, block_size, bool(use_mrope), int(dummy_kv_block))
+    # the offset too, not only the address: two arenas (or one arena before and after it grows) can put different
+    # offsets at the same address, and the fields hold the offset
+    key = (base, offset, layout.n, layout.total_tokens, layout.mrope, block_size, bool(use_mrope), int(dummy_kv_block))
     fields = _META_TEMPLATES.get(key)
     if fields is None:
         if len(_META_TEMPLATES) >= _META_CACHE_MAX:
@@ -180,8 +182,8 @@ def pass_fields(arena, offset: int, layout: StackedLayout, *, max_blocks_per_seq
     max_blocks_per_seq, block_size, use_mrope, dummy_kv_block
         As :func:`metadata_at` takes them.
     """
-    key = (id(arena), int(arena.base) + offset, layout.n, layout.total_tokens, layout.mrope, int(max_blocks_per_seq),
-           block_size, bool(use_mrope), int(dummy_kv_block))
+    key = (id(arena), int(arena.base) + offset, offset, layout.n, layout.total_tokens, layout.mrope,
+           int(max_blocks_per_seq), block_size, bool(use_mrope), int(dummy_kv_block))
     fields = _PASS_FIELDS.get(key)
     if fields is None or fields["arena"] is not arena:
         # built compact, with every key metadata_of_pass sets already in: its copy never grows
@@ -196,7 +198,7 @@ def pass_fields(arena, offset: int, layout: StackedLayout, *, max_blocks_per_seq
     return fields
 
 
-#: pass_fields per (absolute address of the block, layout, settings).
+#: pass_fields per (arena, absolute address and offset of the block, layout, settings).
 _PASS_FIELDS: dict = {}
 
 
