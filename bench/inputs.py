@@ -370,7 +370,8 @@ class StepCase:
         self.state_ptrs = [self.ptrs["states"] + b * hv * dg * dg * 4 for b in range(n)]
         self.gdn_tensors = GdnTensors(*(self.ptrs[k] for k in ("gq", "gk", "gv", "g", "beta", "go")))
         self.plan = make_scratch_plan(self.counts, 0, False, "exact")
-        self.arena = ScratchArena(dev, self.plan.total_bytes + 4096)
+        #: 48 layers' GDN state tables, staged once a pass (``run(mode, 12)``)
+        self.arena = ScratchArena(dev, Q12Pass.arena_bytes(self.counts, state_rows=36))
         dev.synchronize()
 
     def reset(self) -> None:
@@ -417,8 +418,9 @@ class StepCase:
         return {"config": self.gdn_plan, "workspace": self.ptrs["workspace"], "workspace_bytes": self.sizes["workspace"]}
 
     def run(self, mode: str, blocks: int = 0) -> Q12Pass:
-        """One pass: one attention layer and one GDN layer; ``blocks`` > 0: instead that many of
-        Qwen3-Next's layer blocks (three GDN layers, then one attention layer; its 48 layers are 12)."""
+        """One pass: one attention layer and one GDN layer (its state pointers as a list: the layer copies them);
+        ``blocks`` > 0: instead that many of Qwen3-Next's layer blocks (three GDN layers, then one attention layer;
+        its 48 layers are 12), every GDN layer's state table staged once for the pass (``Q12Pass.stage_states``)."""
         p = self.ptrs
         q12 = Q12Pass(self.arena, self.streams, block_size=self.bs, use_mrope=False, dummy_kv_block=0,
                       head_dim=self.att.head_dim, policy="exact", mode=mode)
@@ -428,10 +430,11 @@ class StepCase:
         if not blocks:
             q12.attention_layer(*att, num_blocks=self.num_blocks)
             q12.gdn_layer(*gdn, **kw)
+        rows = iter(q12.stage_states([self.state_ptrs] * (3 * blocks)) if blocks else ())
         for _ in range(blocks):
-            q12.gdn_layer(*gdn, **kw)
-            q12.gdn_layer(*gdn, **kw)
-            q12.gdn_layer(*gdn, **kw)
+            q12.gdn_layer(next(rows), *gdn[1:], **kw)
+            q12.gdn_layer(next(rows), *gdn[1:], **kw)
+            q12.gdn_layer(next(rows), *gdn[1:], **kw)
             q12.attention_layer(*att, num_blocks=self.num_blocks)
         return q12
 

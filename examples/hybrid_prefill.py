@@ -171,9 +171,12 @@ class HybridRuntime:
         # words: no q12drv kernel reads them (StreamStageInfo.seq_len_dev stays NULL)
         self.tables = torch.zeros(max_streams, self.max_blocks, dtype=torch.int32, device=self.tdev)
         self.host_tables = np.zeros((max_streams, self.max_blocks), np.int32)
-        plan = q12drv.make_scratch_plan([1] * (max_streams - 1) + [max_pass_tokens - max_streams + 1], 0,
-                                        self.use_mrope, "exact")
-        self.arena = q12drv.ScratchArena(self.dev, plan.total_bytes)
+        # the largest pass (max_streams streams, max_pass_tokens tokens) and its state-pointer tables: a conv and an
+        # SSM table for every GDN layer, staged once a pass (Q12Pass.stage_states)
+        gdn_layers = sum(e[0] == "gdn" for e in self.layers)
+        self.arena = q12drv.ScratchArena(self.dev, q12drv.Q12Pass.arena_bytes(
+            [1] * (max_streams - 1) + [max_pass_tokens - max_streams + 1], use_mrope=self.use_mrope,
+            state_rows=2 * gdn_layers))
         self.workspace = torch.empty(0, dtype=torch.uint8, device=self.tdev)
         self.free_slots = list(range(max_streams - 1, -1, -1))
 
@@ -245,10 +248,14 @@ class HybridRuntime:
         ids = torch.tensor([t for _, tokens in chunks for t in tokens], dtype=torch.long, device=self.tdev)
         h = self.model.model.embed_tokens(ids)  # [T, hidden]
         slots = [s.slot for s, _ in chunks]
+        # every GDN layer's per-stream conv and SSM states, one table each, staged with one copy for the pass
+        rows = iter(step.stage_states([[states[i] for i in slots] for e in self.layers if e[0] == "gdn"
+                                       for states in (e[2], e[3])]))
         for entry in self.layers:
             layer = entry[1]
             x = layer.input_layernorm(h)
-            mix = self._attention(step, x, entry) if entry[0] == "attention" else self._gdn(step, x, entry, slots)
+            mix = self._attention(step, x, entry) if entry[0] == "attention" else \
+                self._gdn(step, x, entry, next(rows), next(rows))
             h = h + mix
             h = h + layer.mlp(layer.post_attention_layernorm(h)[None])[0]
         logits = self.model.lm_head(self.model.model.norm(h))
@@ -284,15 +291,15 @@ class HybridRuntime:
         step.attention_layer(q, k, v, k_pool, v_pool, o, self.attn_shape)  # RoPE, KV write, paged attention
         return a.o_proj(o.reshape(t, hq * hd) * torch.sigmoid(gate.reshape(t, hq * hd)))
 
-    def _gdn(self, step, x, entry, slots) -> torch.Tensor:
-        _, layer, conv_states, ssm_states, weight = entry
+    def _gdn(self, step, x, entry, conv_row, ssm_row) -> torch.Tensor:
+        _, layer, _, _, weight = entry
         g_mod, t = layer.linear_attn, x.shape[0]
         cfg = self.cfg
         hk, hv, dk, dv = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, \
             cfg.linear_value_head_dim
         mixed, z, b, a = self.family.gdn_projections(g_mod, x)  # [T, C] as q | k | v; z [T, Hv, dv]; b, a [T, Hv]
         conv_out = torch.empty_like(mixed)
-        step.conv1d([conv_states[i] for i in slots], mixed, conv_out, weight)  # per-stream states, in place
+        step.conv1d(conv_row, mixed, conv_out, weight)  # per-stream states (staged rows), in place
         kd = hk * dk
         q = conv_out[:, :kd].reshape(t, hk, dk).contiguous()
         k = conv_out[:, kd:2 * kd].reshape(t, hk, dk).contiguous()
@@ -304,7 +311,7 @@ class HybridRuntime:
         need = step.gdn_workspace_bytes(self.gdn_shape, gdn_config)
         if need > self.workspace.numel():
             self.workspace = torch.empty(need, dtype=torch.uint8, device=self.tdev)
-        step.gdn_layer([ssm_states[i] for i in slots], q12drv.GdnTensors(q, k, v, g, beta, o), self.gdn_shape,
+        step.gdn_layer(ssm_row, q12drv.GdnTensors(q, k, v, g, beta, o), self.gdn_shape,
                        config=gdn_config, workspace=self.workspace if need else None)
         core = g_mod.norm(o.reshape(-1, dv), z.reshape(-1, dv)).reshape(t, hv * dv)
         return g_mod.out_proj(core)

@@ -73,8 +73,8 @@ def test_a_gdn_launch_writes_the_blocks_enqueue_gdn_writes(emu, meta, config):
     entries = [k.entry for k in plan.launches(meta.batch_size, meta.chunk_len)[1]]
     ws = 0x7E00_0000_0000 if plan.workspace_bytes else 0
     want = _fired(emu, entries, lambda: enqueue_gdn(emu, meta, plan, PTRS[0] - 4096, *PTRS, ws, None))
-    got = _fired(emu, entries, lambda: GdnLaunch(emu, meta, plan, PTRS[0] - 4096, ws).launch(emu.stream.raw,
-                                                                                              tuple(PTRS)))
+    got = _fired(emu, entries, lambda: GdnLaunch(emu, meta, plan, ws).launch(emu.stream.raw,
+                                                                              (PTRS[0] - 4096, *PTRS)))
     assert got == want and len(want) == len(entries)
 
 

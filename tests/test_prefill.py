@@ -5,7 +5,7 @@ import contextlib
 import numpy as np
 import pytest
 
-from q12drv import CapacityError, ScratchArena, make_scratch_plan
+from q12drv import CapacityError, Q12Error, ScratchArena, make_scratch_plan
 from q12drv.core.bf16 import from_bf16_bits, to_bf16_bits
 from q12drv.kernels.gdn import GdnPlan, chunked_mma, chunked_wgmma
 from q12drv.prefill import AttentionShape, GdnConfig, GdnShape, GdnTensors, Q12Pass
@@ -567,3 +567,89 @@ def test_a_layer_op_checked_once_still_refuses_a_bad_pointer_a_new_block_count_o
         Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, head_dim=64)  # resets the arena
         with pytest.raises(Q12Error, match="stale"):
             q12.attention(p["q"], p["kp"], p["vp"], p["o"], SHAPE, num_blocks=nb)
+
+
+@pytest.mark.parametrize("mode", ["batched", "per_stream"])
+def test_state_rows_staged_once_give_the_bits_of_pointer_lists_with_one_copy(emu, mode, monkeypatch):
+    """``stage_states``: every GDN and short-convolution layer's state-pointer table staged with one copy for the
+    pass; each layer given its row copies nothing and computes what it computes from a pointer list."""
+    rng = np.random.default_rng(21)
+    counts, starts = [5, 33, 1, 17], [0, 40, 7, 100]
+    streams, _keep = make_streams(emu, counts, starts, rng=rng)
+    n, c, width, t = len(counts), 24, 4, sum(counts)
+    layers = [inputs(rng, counts, 4) for _ in range(3)]
+    x = to_bf16_bits(rng.standard_normal((t, c)))
+    w = to_bf16_bits(rng.standard_normal((c, width)) * 0.5)
+    conv0 = to_bf16_bits(rng.standard_normal((n, width - 1, c)))
+    names = ("gq", "gk", "gv", "g", "beta", "go", "st")
+
+    def run_pass(arena, staged: bool) -> tuple:
+        bufs = [{k: emu.alloc(h[k].nbytes, k) for k in names} for h in layers]
+        for h, b in zip(layers, bufs):
+            for k in names:
+                emu.upload(b[k].ptr, h[k])
+        xb, yb, wb, cb = emu.alloc(x.nbytes), emu.alloc(x.nbytes), emu.alloc(w.nbytes), emu.alloc(conv0.nbytes)
+        for buf, a in ((xb, x), (wb, w), (cb, conv0)):
+            emu.upload(buf.ptr, a)
+        q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, head_dim=64, mode=mode)
+        p = [{k: int(v.ptr) for k, v in b.items()} for b in bufs]
+        tables = [[int(cb.ptr) + s * conv0[0].nbytes for s in range(n)]]
+        tables += [[q["st"] + s * layers[0]["st"][0].nbytes for s in range(n)] for q in p]
+        copies = []
+        monkeypatch.setattr(emu.driver, "memcpy_htod_async", lambda *a, _f=emu.driver.memcpy_htod_async: (
+            copies.append(a[2]), _f(*a))[1])
+        rows = q12.stage_states(tables) if staged else tables
+        q12.conv1d(rows[0], int(xb.ptr), int(yb.ptr), int(wb.ptr), channels=c, width=width)
+        for i, q in enumerate(p):
+            q12.gdn_layer(rows[1 + i], gdn_tensors(q), GSHAPE, config=FUSED)
+        monkeypatch.undo()
+        out = [emu.download(yb.ptr, x.nbytes), emu.download(cb.ptr, conv0.nbytes)]
+        out += [emu.download(b[k].ptr, b[k].nbytes) for b in bufs for k in ("go", "st")]
+        for buf in (xb, yb, wb, cb, *(v for b in bufs for v in b.values())):
+            buf.free()
+        return out, copies
+
+    with ScratchArena(emu, Q12Pass.arena_bytes(counts, state_rows=4)) as arena:
+        lists, list_copies = run_pass(arena, staged=False)
+        rows, row_copies = run_pass(arena, staged=True)
+    assert rows == lists
+    assert list_copies == [8 * n] * 4 and row_copies == [8 * n * 4]  # a copy a layer, against one for the pass
+
+
+def test_stage_states_refuses_bad_rows_a_small_arena_and_another_pass_with_nothing_written(emu):
+    counts = [3, 5]
+    streams, _keep = make_streams(emu, counts, [0, 9])
+    st = emu.alloc(2 * 4 * 64 * 64 * 4)
+    good = [int(st.ptr), int(st.ptr) + 4 * 64 * 64 * 4]
+    need = Q12Pass.arena_bytes(counts, state_rows=2)
+    assert need == Q12Pass.arena_bytes(counts) + 2 * 8 * len(counts)
+    with ScratchArena(emu, need - 1) as arena:
+        q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, mode="batched")
+        cursor, regions = arena.cursor, arena.regions
+        for rows, error, match in (([good, good[:1]], ValueError, r"rows\[1\] needs exactly 2 pointers"),
+                                   ([good, [good[0], 0]], ValueError, r"rows\[1\]\[1\]"),
+                                   ([], TypeError, "non-empty sequence"),
+                                   ("rows", TypeError, "non-empty sequence"),
+                                   ([good, good], CapacityError, r"state_rows=2")):
+            with pytest.raises(error, match=match):
+                q12.stage_states(rows)
+            assert (arena.cursor, arena.regions) == (cursor, regions)
+        (row,) = q12.stage_states([good])  # one table fits
+        assert arena.cursor == cursor + 8 * len(counts) and row.index == 0
+        tensors = GdnTensors(*([int(st.ptr)] * 6))
+        q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, mode="batched")
+        (odd,) = q12.stage_states([[good[0] + 4, good[1]]])
+        with pytest.raises(ValueError, match="not 16-byte aligned, as the short convolution.s states need"):
+            q12.conv1d(odd, int(st.ptr), int(st.ptr) + 4096, int(st.ptr), channels=8, width=4)
+        host_states = [np.zeros((4, 64, 64), np.float32) for _ in counts]  # tensors (host arrays: adopted on emu)
+        q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, mode="batched")
+        (f32,) = q12.stage_states([host_states])
+        assert f32.dtype == "f32"
+        with pytest.raises(ValueError, match="staged from f32 tensors; the short convolution's states are bf16"):
+            q12.conv1d(f32, int(st.ptr), int(st.ptr) + 4096, int(st.ptr), channels=8, width=4)
+        with pytest.raises(ValueError, match=r"rows\[0\] mixes tensors of \['f32', 'i32'\]"):
+            q12.stage_states([[host_states[0], np.zeros(4, np.int32)]])
+        later = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, mode="batched")
+        with pytest.raises(Q12Error, match="staged for another pass"):
+            later.gdn_layer(odd, tensors, GSHAPE, config=FUSED)
+    st.free()

@@ -132,6 +132,7 @@ def _ops(q12, step) -> dict:
     """The layer ops of ``q12`` (a pass of ``step``) as no-argument calls."""
     p, att, nb = step.ptrs, step.att, step.num_blocks
     kw = step.gdn_kwargs()
+    (row,) = q12.stage_states([step.state_ptrs])  # staged once for the pass, outside the op
     return {
         "attention_layer": lambda: q12.attention_layer(p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], att,
                                                        num_blocks=nb),
@@ -139,6 +140,7 @@ def _ops(q12, step) -> dict:
         "kv_write": lambda: q12.kv_write(p["k"], p["v"], p["k_pool"], p["v_pool"], att, num_blocks=nb),
         "attention": lambda: q12.attention(p["q"], p["k_pool"], p["v_pool"], p["o"], att, num_blocks=nb),
         "gdn_layer": lambda: q12.gdn_layer(step.state_ptrs, step.gdn_tensors, step.gdn, **kw),
+        "gdn_layer (staged states)": lambda: q12.gdn_layer(row, step.gdn_tensors, step.gdn, **kw),
     }
 
 

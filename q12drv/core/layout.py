@@ -48,6 +48,7 @@ __all__ = [
     "stacked_layout",
     "single_stream_payload",
     "H_STATE_ENTRY_BYTES",
+    "state_tables_bytes",
     "h_state_slot_bytes",
     "h_state_slot_offset",
     "h_state_entry_offset",
@@ -312,6 +313,12 @@ def h_state_slot_bytes(n: int) -> int:
 def h_state_entry_offset(b: int) -> int:
     """Byte offset of stream ``b``'s entry from the slot's start."""
     return H_STATE_ENTRY_BYTES * b
+
+
+def state_tables_bytes(n: int, rows: int) -> int:
+    """Bytes of ``rows`` state-pointer tables of ``n`` streams staged at once (``Q12Pass.stage_states``): each an
+    ``h_state_ptrs`` slot's size, back to back at the cursor after the pass's own slot."""
+    return h_state_slot_bytes(n) * rows
 
 
 def h_state_slot_offset(scratch_offset_bytes: int, staged: int) -> int:

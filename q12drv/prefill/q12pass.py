@@ -41,11 +41,13 @@ from ..kernels.args import (ALIGN, FP8_E4M3, FP8_POOL_DTYPES, I32_MAX, check_kv_
 from ..kernels.conv1d import check_conv1d, enqueue_conv1d
 from ..core.interop import describe
 from .tensors import count_of, row_view
-from ..core.layout import make_scratch_plan, row_offset
+from ..core.layout import h_state_entry_offset, make_scratch_plan, row_offset, state_tables_bytes
 from ..core.ptr import DevicePtr
 from ..core.staging import (
     BatchedAttnMetadata,
+    StateRow,
     StreamStageInfo,
+    stage_state_rows,
     validate_streams,
     place_h_state_slot,
     plain_pointers,
@@ -76,8 +78,12 @@ _ROPE_PTRS, _KV_PTRS, _ATTN_PTRS = ("q", "k"), ("k", "v", "k_pool", "v_pool"), (
 _ROPE_BAD, _KV_BAD, _ATTN_BAD = (_bad_bits(_ATTENTION_ALIGN, n) for n in (_ROPE_PTRS, _KV_PTRS, _ATTN_PTRS))
 _SCALES = ("k_scale", "v_scale")
 _STATE_ALIGN = ALIGN["gdn"]["state"]
+#: The short convolution's bf16 states: 16-byte vectors.
+_CONV_STATE_ALIGN = 16
 _BF16 = 2
 _F32 = 4
+#: A :meth:`Q12Pass._launcher` pointer that is a state-pointer table: advanced by one entry a stream, not by rows.
+_TABLE = ("table",)
 
 
 @dataclass(frozen=True)
@@ -174,6 +180,15 @@ _PTR_TYPES = frozenset((int, DevicePtr))
 _GDN_BAD, _GATE_BAD = _bad_bits(ALIGN["gdn"], ("q", "k", "v", "o")), _bad_bits(ALIGN["gdn"], ("g", "beta"))
 
 
+def _tensor_dtype(row, name: str) -> str | None:
+    """The one dtype of the tensors in ``row`` (None: raw addresses only); ValueError for two."""
+    infos = (describe(p, f"{name}[{b}]") for b, p in enumerate(row) if type(p) not in _PTR_TYPES)
+    found = {info.dtype for info in infos if info is not None}
+    if len(found) > 1:
+        raise ValueError(f"{name} mixes tensors of {sorted(found)}: one table holds the states of one op")
+    return found.pop() if found else None
+
+
 def _plain_aligned(ptrs, bad: tuple) -> bool:
     """Whether every pointer is an exact int/DevicePtr, not 0, with none of its ``bad`` bits set (:func:`_bad_bits`):
     :func:`~q12drv.kernels.args.device_ptr`'s common case, all at once."""
@@ -184,9 +199,10 @@ def _plain_aligned(ptrs, bad: tuple) -> bool:
 
 
 def _plain_gdn(ptrs: tuple) -> bool:
-    """:func:`_plain_aligned` of a GDN layer's ``(q, k, v, g, beta, o)``."""
+    """:func:`_plain_aligned` of a GDN layer's ``(q, k, v, g, beta, o)``, unrolled."""
     q, k, v, g, beta, o = ptrs
-    return _plain4(q, k, v, o, _GDN_BAD) and _plain_aligned((g, beta), _GATE_BAD)
+    return (_plain4(q, k, v, o, _GDN_BAD) and type(g) in _PTR_TYPES and type(beta) in _PTR_TYPES and g != 0
+            and beta != 0 and not (g & _GATE_BAD[0] | beta & _GATE_BAD[1]))
 
 
 def _plain4(a, b, c, d, bad: tuple) -> bool:
@@ -458,16 +474,19 @@ class Q12Pass:
         self._generation = arena.generation
 
     @staticmethod
-    def arena_bytes(counts: Sequence[int], *, top_k: int = 0, use_mrope: bool = False, policy: str = "exact") -> int:
+    def arena_bytes(counts: Sequence[int], *, top_k: int = 0, use_mrope: bool = False, policy: str = "exact",
+                    state_rows: int = 0) -> int:
         """The arena capacity a batched pass of streams with ``counts`` new tokens needs (its whole layout: the MoE
-        area, the per-stream blocks, the stacked metadata and the ``h_state_ptrs`` slot), for
-        :class:`~q12drv.core.arena.ScratchArena` or :meth:`ScratchArena.grow <q12drv.core.arena.ScratchArena.grow>`.
+        area, the per-stream blocks, the stacked metadata and the ``h_state_ptrs`` slot; and ``state_rows``
+        state-pointer tables for :meth:`stage_states`), for :class:`~q12drv.core.arena.ScratchArena` or
+        :meth:`ScratchArena.grow <q12drv.core.arena.ScratchArena.grow>`.
 
         Examples
         --------
         >>> arena.grow(Q12Pass.arena_bytes([s.proc_count for s in streams], top_k=8))   # doctest: +SKIP
         """
-        return make_scratch_plan(counts, top_k, use_mrope, policy).total_bytes
+        plan = make_scratch_plan(counts, top_k, use_mrope, policy)
+        return plan.total_bytes + state_tables_bytes(len(plan.counts), count("state_rows", state_rows, 0))
 
     def check_block_tables(self) -> None:
         """Check that each stream's device table (``block_table_dev``, what attention reads) holds its host table
@@ -595,10 +614,11 @@ class Q12Pass:
         :class:`~q12drv.kernels.layer_launch.LayerLaunch` or the like for ``meta``, stream ``b``'s own or the batch's,
         ``b`` None) made once for the batch, or once per stream with the pointers advanced to the stream's first row
         (``rows[i]``: pointer i's ``(elements, bytes)`` a token; ``(0, 0)`` for one that is not a row of tokens, a
-        pool)."""
+        pool; ``_TABLE`` for a state-pointer table, advanced to stream ``b``'s entry)."""
         if self.batched:
             return make(self.meta, None).launch
-        offsets = [tuple(row_offset(int(row), n, size) for n, size in rows) for row in self.cu_seqlens[:-1]]
+        offsets = [tuple(h_state_entry_offset(b) if spec is _TABLE else row_offset(int(row), *spec) for spec in rows)
+                   for b, row in enumerate(self.cu_seqlens[:-1])]
         return _PerStream([make(meta, b).launch for b, meta in enumerate(self.stream_meta)], offsets).launch
 
     def _driver_stream(self) -> Any:
@@ -844,8 +864,52 @@ class Q12Pass:
         kv_write(st, (k, v, k_pool, v_pool))
         attention(st, (q, k_pool, v_pool, o))
 
+    # state-pointer tables, staged once for every layer ------------------------------------------------------
+    def stage_states(self, rows: Sequence[Sequence]) -> tuple[StateRow, ...]:
+        """Stage the state-pointer tables of this pass's layers at once: ``rows[r][b]``, stream b's state in table r
+        (a Gated DeltaNet layer's fp32 ``[Hv, D, D]`` states, a short convolution's bf16 ``[W - 1, C]`` states; raw
+        addresses or tensors), one copy for all of them, at the arena's cursor (after the pass's ``h_state_ptrs``
+        slot). Give row r to :meth:`gdn_layer` or :meth:`conv1d` in place of a pointer list: the layer then copies
+        nothing (a list costs each layer a copy into the slot, its event and their host time). Size the arena for
+        the rows with :meth:`arena_bytes` (``state_rows=``).
+
+        Returns
+        -------
+        tuple of StateRow
+            One per table, valid for this pass (a later pass stages its own).
+
+        Raises
+        ------
+        TypeError, ValueError
+            Not a non-empty sequence of rows, a row that is not one pointer per stream, or a NULL, out-of-range or
+            misaligned pointer (the message names the row and the stream); nothing reserved or written.
+        CapacityError
+            The tables do not fit after the cursor; nothing reserved or written.
+        Q12Error
+            The pass is stale, or its stream is capturing a CUDA graph (capture :class:`~q12drv.PassGraph` instead).
+
+        Examples
+        --------
+        >>> rows = step.stage_states([conv_states, ssm_states])       # doctest: +SKIP
+        >>> step.conv1d(rows[0], x, y, w)                              # doctest: +SKIP
+        >>> step.gdn_layer(rows[1], tensors, shape)                    # doctest: +SKIP
+        """
+        self._require_current()
+        if isinstance(rows, (str, bytes)) or not isinstance(rows, (Sequence, np.ndarray)) or len(rows) == 0:
+            raise TypeError(f"rows must be a non-empty sequence of state pointer lists (one per table), got "
+                            f"{type(rows).__name__ if not isinstance(rows, Sequence) else 'an empty sequence'}")
+        values = [self._state_addresses(row, f"rows[{r}]", _STATE_ALIGN) for r, row in enumerate(rows)]
+        dtypes = [_tensor_dtype(row, f"rows[{r}]") for r, row in enumerate(rows)]
+        arena, n = self.arena, len(self.streams)
+        need = state_tables_bytes(n, len(values))
+        if arena.cursor + need > arena.capacity:
+            raise CapacityError("state_tables", arena.cursor + need, arena.capacity,
+                                f"{len(values)} tables of {n} streams after the cursor at {arena.cursor:,}; size the "
+                                f"arena with Q12Pass.arena_bytes(counts, ..., state_rows={len(values)})")
+        return stage_state_rows(arena, [list(map(int, row)) for row in values], self.stream, dtypes)
+
     # the short convolution -------------------------------------------------------------------------------
-    def conv1d(self, state_ptrs: Sequence, x, y, w, *, channels: int | None = None, width: int | None = None,
+    def conv1d(self, state_ptrs: Sequence | StateRow, x, y, w, *, channels: int | None = None, width: int | None = None,
                bias=None, state_stride: int | None = None, silu: bool = True) -> None:
         """The short convolution of a Gated DeltaNet layer: causal depthwise conv1d (+ SiLU) over ``x`` ``[T, C]``
         into ``y`` ``[T, C]`` (bf16; rows may be a strided slice of a wider buffer: a tensor says its row stride),
@@ -854,13 +918,16 @@ class Q12Pass:
         depthwise ``Conv1d.weight``); ``channels`` and ``width`` are read from a tensor when not given.
 
         The state pointers travel through the pass's per-layer pointer slot (the same slot :meth:`gdn_layer` uses
-        next, rewritten stream-ordered), so a layer needs no pointer table of its own.
+        next, rewritten stream-ordered), so a layer needs no pointer table of its own; or ``state_ptrs`` is a row
+        :meth:`stage_states` staged for this pass, read where it was staged (no copy).
 
         Raises
         ------
         TypeError, ValueError
             A bad tensor, address, stride, width or channel count, x and y overlapping, or a state pointer list of
             the wrong length: before the slot is rewritten or anything is enqueued.
+        Q12Error
+            A state row staged for another pass.
         """
         self._require_current()
         dev = self.device
@@ -877,11 +944,17 @@ class Q12Pass:
         yp, sy = row_view(dev, y, "y", columns=c, dtype="bf16")
         wp = dev.pointer(w, "w", dtype="bf16", align=16)
         bp = None if bias is None else dev.pointer(bias, "bias", dtype="bf16", shape=(c,), align=2)
-        states = self._state_addresses(state_ptrs, "state_ptrs", 16, dtype="bf16")
+        if type(state_ptrs) is StateRow:
+            table, states = state_ptrs.check(self.arena, self._generation, _CONV_STATE_ALIGN, "bf16",
+                                             "the short convolution's states"), None
+        else:
+            table, states = int(self.h_slot.ptr), self._state_addresses(state_ptrs, "state_ptrs", _CONV_STATE_ALIGN,
+                                                                        dtype="bf16")
         # the op's own checks (widths, strides, overlap over the whole batch's rows), before the slot is rewritten
         entry, strides, bias_addr = check_conv1d(self._batch.total, xp, yp, channels=c, width=width, bias=bp,
                                                  x_stride=sx, y_stride=sy, state_stride=state_stride, silu=silu)
-        self.h_slot.write_checked(states, self.stream)
+        if states is not None:
+            self.h_slot.write_checked(states, self.stream)
         st = self.stream
 
         def run(meta, slot, row):
@@ -889,9 +962,9 @@ class Q12Pass:
                            yp + row_offset(row, strides[1], _BF16), wp, bias_addr, c, *strides, silu, st)
 
         if self.batched:
-            run(self.meta, int(self.h_slot.ptr), 0)
+            run(self.meta, table, 0)
         else:
-            self._per_stream(lambda meta, b, row: run(meta, int(self.h_slot.entry(b)), row))
+            self._per_stream(lambda meta, b, row: run(meta, table + h_state_entry_offset(b), row))
 
     def _state_addresses(self, state_ptrs, name: str, align: int, dtype: str | None = None) -> list:
         """One state address per stream (raw addresses or tensors), checked."""
@@ -922,14 +995,15 @@ class Q12Pass:
         the launches this pass makes (per stream: one stream of the longest)."""
         return self.gdn_plan(shape, config).workspace_bytes_for(*self._gdn_extent)
 
-    def gdn_layer(self, state_ptrs: Sequence[int], tensors: GdnTensors, shape: GdnShape, *,
+    def gdn_layer(self, state_ptrs: Sequence[int] | StateRow, tensors: GdnTensors, shape: GdnShape, *,
                   config: GdnConfig | GdnPlan = GdnConfig(), workspace: int | None = None,
                   workspace_bytes: int | None = None) -> None:
         """Upload this layer's per-stream state pointers into the JIT slot, then run Gated DeltaNet.
 
         ``tensors``: q, k ``[T, Hk, D]`` bf16; v, o ``[T, Hv, D]`` bf16; g, beta ``[T, Hv]`` fp32
         (:class:`~q12drv.kernels.gdn.GdnTensors`); ``state_ptrs[b]``: stream b's fp32 ``[Hv, D, D]`` state, updated
-        in place. ``config`` (:class:`~q12drv.kernels.gdn.GdnConfig`, default the fastest path on this device, or a
+        in place. ``state_ptrs`` may instead be a row :meth:`stage_states` staged for this pass: then nothing is
+        copied (the layer reads its table where it was staged). ``config`` (:class:`~q12drv.kernels.gdn.GdnConfig`, default the fastest path on this device, or a
         :class:`~q12drv.kernels.gdn.GdnPlan` made for at least this pass) is planned once for the pass
         (:meth:`gdn_plan`) and the same kernels run batched or per stream. The two-pass and overlapped schedules
         need ``workspace`` (a device address with ``workspace_bytes`` >= :meth:`gdn_workspace_bytes`, or a tensor that
@@ -940,6 +1014,8 @@ class Q12Pass:
         TypeError, ValueError
             A bad pointer, shape, config, state pointer list or workspace: raised before the slot is rewritten or
             anything is enqueued.
+        Q12Error
+            A state row staged for another pass.
         """
         layer = self._gdn_layers.get(id(shape))
         arena = self.arena
@@ -951,13 +1027,20 @@ class Q12Pass:
             ptrs = (tensors.q, tensors.k, tensors.v, tensors.g, tensors.beta, tensors.o)
             if not _plain_gdn(ptrs):
                 ptrs = tensors.checked(self.device, self._batch.total, shape)
-            states = self._state_addresses(state_ptrs, "state_ptrs", _STATE_ALIGN, dtype="f32")
         else:
             ptrs = self._check_gdn(tensors, shape)
+            layer = None
+        if type(state_ptrs) is StateRow:
+            table = state_ptrs.check(arena, self._generation, _STATE_ALIGN, "f32", "Gated DeltaNet's states")
+            states = None
+        else:
             states = self._state_addresses(state_ptrs, "state_ptrs", _STATE_ALIGN, dtype="f32")
+            table = int(self.h_slot.ptr)
+        if layer is None:
             layer = self._gdn_layer(shape, config, workspace, workspace_bytes)
-        self.h_slot.write_checked(states, self.stream)
-        layer.run(self._driver_stream(), ptrs)
+        if states is not None:
+            self.h_slot.write_checked(states, self.stream)
+        layer.run(self._driver_stream(), (table, *ptrs))
 
     def _gdn_layer(self, shape: GdnShape, config: GdnConfig | GdnPlan, workspace, workspace_bytes) -> _GdnLayer:
         """The :class:`_GdnLayer` of ``shape`` (checked) run with ``config`` and this workspace: the plan, the
@@ -967,12 +1050,12 @@ class Q12Pass:
         layer = self._gdn_layers.get(id(shape))
         if layer is None or layer.shape is not shape or layer.plan is not plan or layer.ws != ws:
             hk, hv, d = plan.shape.num_k_heads, plan.shape.num_v_heads, plan.shape.head_dim
-            dev, slot = self.device, self.h_slot
+            dev = self.device
             layer = self._gdn_layers[id(shape)] = _GdnLayer()
             layer.shape, layer.plan, layer.ws = shape, plan, ws
             layer.run = self._launcher(
-                lambda meta, b: GdnLaunch(dev, meta, plan, int(slot.ptr if b is None else slot.entry(b)), ws),
-                ((hk * d, _BF16), (hk * d, _BF16), (hv * d, _BF16), (hv, _F32), (hv, _F32), (hv * d, _BF16)))
+                lambda meta, b: GdnLaunch(dev, meta, plan, ws),
+                (_TABLE, (hk * d, _BF16), (hk * d, _BF16), (hv * d, _BF16), (hv, _F32), (hv, _F32), (hv * d, _BF16)))
         layer.config, layer.workspace, layer.workspace_bytes = config, workspace, workspace_bytes
         return layer
 

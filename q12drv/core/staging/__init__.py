@@ -7,7 +7,7 @@ input) -> :mod:`.pack` (the fields at the layout's offsets in a pinned ring slot
 the slow, obvious way, to verify a read-back.
 """
 
-from .h_state import HStateSlot, place_h_state_slot, reserve_h_state_slot
+from .h_state import HStateSlot, StateRow, place_h_state_slot, reserve_h_state_slot, stage_state_rows
 from .metadata import (
     BatchedAttnMetadata,
     StreamStageInfo,
@@ -28,6 +28,7 @@ __all__ = [
     "TABLE_ALIGN",
     "BatchedAttnMetadata",
     "HStateSlot",
+    "StateRow",
     "StreamStageInfo",
     "UPLOADS",
     "expected_fields",
@@ -43,6 +44,7 @@ __all__ = [
     "reserve_h_state_slot",
     "stage_batched_attn_metadata",
     "stage_replicated",
+    "stage_state_rows",
     "stage_stacked",
     "stage_stream_metadata",
     "staging_ring",

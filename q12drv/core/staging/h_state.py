@@ -1,9 +1,12 @@
 """The per-SSM-layer ``h_state_ptrs`` slot: ``n`` u64 right after the stacked metadata, rewritten before every
-SSM layer with one stream-ordered, event-guarded pinned copy."""
+SSM layer with one stream-ordered, event-guarded pinned copy; or a pass's state-pointer tables staged all at once
+after it (:class:`StateRow`: one copy for every layer, none per layer)."""
 
 from __future__ import annotations
 
 import struct
+from functools import reduce
+from operator import or_
 from typing import Any, Sequence
 
 import numpy as np
@@ -11,7 +14,7 @@ import numpy as np
 from ..arena import ScratchArena
 from ..errors import Q12Error
 from ..ints import checked_int as _int
-from ..layout import h_state_entry_offset, h_state_slot_bytes, h_state_slot_offset
+from ..layout import h_state_entry_offset, h_state_slot_bytes, h_state_slot_offset, state_tables_bytes
 from ..ptr import DevicePtr, device_ptr
 from .metadata import BatchedAttnMetadata
 from .pack import staging_ring
@@ -128,3 +131,86 @@ def place_h_state_slot(arena: ScratchArena, meta: BatchedAttnMetadata) -> HState
                          f"scratch_offset_bytes + staged_bytes = {offset:,}; reserve nothing between staging and the slot")
     region = arena.reserve("h_state_ptrs", h_state_slot_bytes(meta.batch_size), offset=offset, align=8)
     return HStateSlot(arena, region.offset, meta.batch_size, region.ptr)
+
+
+class StateRow:
+    """One state-pointer table staged for a whole pass (:func:`stage_state_rows`): ``n`` u64 in the arena, stream
+    b's state pointer at ``ptr + 8 b``. A layer op given a row reads its table where it is, with no copy of its
+    own (an op given a list copies it into the pass's ``h_state_ptrs`` slot first).
+
+    Attributes
+    ----------
+    index : int
+        Its row among those staged together.
+    ptr : DevicePtr
+        Device address of the table's entry 0.
+    n : int
+        Streams.
+    dtype : str or None
+        The dtype of the tensors the row was given (``"f32"``, ``"bf16"``), checked by the op that reads it; None
+        for raw addresses.
+    """
+
+    __slots__ = ("index", "ptr", "n", "dtype", "arena", "generation", "_bits")
+
+    def __init__(self, index: int, ptr: DevicePtr, n: int, arena: ScratchArena, bits: int, dtype: str | None = None):
+        self.index, self.ptr, self.n, self.arena, self.dtype = index, ptr, n, arena, dtype
+        self.generation = arena.generation  # the pass it belongs to (see ScratchArena.generation)
+        self._bits = bits  # every pointer of the row OR-ed: its alignment, for the op that reads it
+
+    def check(self, arena: ScratchArena, generation: int, align: int, dtype: str, what: str) -> int:
+        """The table's address for a layer op of the pass of ``arena`` at ``generation`` whose states are ``dtype``
+        and need ``align``-byte alignment (``what``: the op's states, for the message).
+
+        Raises
+        ------
+        Q12Error
+            A row of another pass (the arena was reset since it was staged, or it is another arena's).
+        ValueError
+            A pointer of the row is not ``align``-byte aligned, or the row was given tensors of another dtype.
+        """
+        if self.arena is not arena or self.generation != generation:
+            raise Q12Error(f"state row {self.index} was staged for another pass (the arena was reset since, or it is "
+                           f"another arena's); stage the rows of each pass with its own Q12Pass.stage_states")
+        if self._bits & (align - 1):
+            raise ValueError(f"state row {self.index} holds a pointer that is not {align}-byte aligned, as {what} "
+                             f"need")
+        if self.dtype is not None and self.dtype != dtype:
+            raise ValueError(f"state row {self.index} was staged from {self.dtype} tensors; {what} are {dtype}")
+        return int(self.ptr)
+
+    def __repr__(self) -> str:
+        return f"StateRow(index={self.index}, ptr={int(self.ptr):#x}, n={self.n})"
+
+
+def stage_state_rows(arena: ScratchArena, rows: Sequence[Sequence[int]], stream: Any,
+                     dtypes: Sequence[str | None] | None = None) -> tuple:
+    """Stage ``rows`` (each ``n`` checked state pointers: ints in (0, 2**64), one per stream, every row the same
+    ``n``) at the arena's cursor as back-to-back tables, with one copy through the arena's pinned ring; return a
+    :class:`StateRow` for each (``dtypes[r]``: the dtype of row r's tensors, None for addresses).
+
+    Raises
+    ------
+    CapacityError
+        The tables do not fit the arena's capacity (nothing reserved, nothing written).
+    Q12Error
+        ``stream`` is capturing a CUDA graph (see :meth:`PinnedRing.copy_htod
+        <q12drv.core.pinned.PinnedRing.copy_htod>`).
+    """
+    n, count = len(rows[0]), len(rows)
+    nbytes = state_tables_bytes(n, count)
+    region = arena.reserve("state_tables", nbytes, align=8)
+    ring = staging_ring(arena, "h_state")
+    try:
+        slot = ring.acquire(nbytes)
+        values = np.asarray(rows, np.uint64).reshape(-1)
+        slot.array[:nbytes] = values.view(np.uint8)
+        ring.copy_htod(int(region.ptr), slot, nbytes, arena.device.as_stream(stream),
+                       "the pass's state-pointer tables")
+    except BaseException:
+        arena.unreserve(region)
+        raise
+    stride = h_state_slot_bytes(n)
+    dtypes = dtypes or [None] * count
+    return tuple(StateRow(r, DevicePtr(int(region.ptr) + r * stride), n, arena, reduce(or_, row), dtypes[r])
+                 for r, row in enumerate(rows))

@@ -137,25 +137,25 @@ def enqueue_gdn(device: Device, meta: BatchedAttnMetadata, plan: GdnPlan, h_stat
 
 
 class GdnLaunch:
-    """:func:`enqueue_gdn` for every layer of a pass: ``plan``'s launches for ``meta`` with all but the layer's tensors
-    fixed (``h_state_ptrs``, the checked ``workspace``): :meth:`launch` zeroes the workspace range the plan needs
-    zeroed and launches its kernels."""
+    """:func:`enqueue_gdn` for every layer of a pass: ``plan``'s launches for ``meta`` with all but the layer's
+    pointers fixed (the checked ``workspace``): :meth:`launch` zeroes the workspace range the plan needs zeroed and
+    launches its kernels."""
 
     __slots__ = ("device", "zero", "kernels")
 
-    def __init__(self, device: Device, meta: BatchedAttnMetadata, plan: GdnPlan, h_state_ptrs: int, workspace: int):
+    def __init__(self, device: Device, meta: BatchedAttnMetadata, plan: GdnPlan, workspace: int):
         zero, kernels = plan.launches(meta.batch_size, meta.chunk_len)
         self.device = device
         self.zero = None if zero is None else (int(workspace) + zero[0], int(zero[1]))
-        fixed = dict(m=meta_struct(meta), h_state_ptrs=h_state_ptrs, num_k_heads=plan.shape.num_k_heads,
-                     num_v_heads=plan.shape.num_v_heads, workspace=workspace)
+        fixed = dict(m=meta_struct(meta), num_k_heads=plan.shape.num_k_heads, num_v_heads=plan.shape.num_v_heads,
+                     workspace=workspace)
         self.kernels = tuple(LayerLaunch(device, kern.entry, kern.grid, kern.block, kern.smem, _POINTERS,
                                          dependent=kern.dependent, **fixed) for kern in kernels)
 
     def launch(self, stream: Any, pointers: tuple) -> None:
         """Launch on the driver stream ``stream`` (as :meth:`LayerLaunch.launch
-        <q12drv.kernels.layer_launch.LayerLaunch.launch>` takes it) with ``pointers``: the layer's ``(q, k, v, g, beta,
-        o)`` (checked ints)."""
+        <q12drv.kernels.layer_launch.LayerLaunch.launch>` takes it) with ``pointers``: the layer's ``(h_state_ptrs, q,
+        k, v, g, beta, o)`` (checked ints; ``h_state_ptrs`` the device address of its state-pointer table)."""
         if self.zero is not None:
             dev = self.device
             if CURRENT.device is not dev:
@@ -166,4 +166,4 @@ class GdnLaunch:
 
 
 #: The GDN kernels' per-layer pointer parameters, in their order.
-_POINTERS = ("q", "k", "v", "g", "beta", "o")
+_POINTERS = ("h_state_ptrs", "q", "k", "v", "g", "beta", "o")
