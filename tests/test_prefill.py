@@ -634,8 +634,12 @@ def test_stage_states_refuses_bad_rows_a_small_arena_and_another_pass_with_nothi
             with pytest.raises(error, match=match):
                 q12.stage_states(rows)
             assert (arena.cursor, arena.regions) == (cursor, regions)
-        (row,) = q12.stage_states([good])  # one table fits
-        assert arena.cursor == cursor + 8 * len(counts) and row.index == 0
+        with pytest.raises(ValueError, match=r"rows\[0\]\[1\]"):  # an integer array: the same checks
+            q12.stage_states(np.array([[good[0], 0]], np.uint64))
+        assert (arena.cursor, arena.regions) == (cursor, regions)
+        (row,) = q12.stage_states(np.array([good], np.uint64))  # one table fits
+        assert arena.cursor == cursor + 8 * len(counts) and row.index == 0 and row.dtype is None
+        assert np.array_equal(np.frombuffer(arena.read(row.ptr - int(arena.base), 16), np.uint64), good)
         tensors = GdnTensors(*([int(st.ptr)] * 6))
         q12 = Q12Pass(arena, streams, block_size=16, use_mrope=False, dummy_kv_block=0, mode="batched")
         (odd,) = q12.stage_states([[good[0] + 4, good[1]]])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+from threading import get_ident
 from typing import Any
 
 from ..core.device import CURRENT, Device
@@ -51,7 +52,7 @@ class LayerLaunch:
         A fixed value that does not fit its parameter.
     """
 
-    __slots__ = ("entry", "grid", "block", "smem", "_device", "_dependent", "_pack", "_head", "_tail")
+    __slots__ = ("entry", "grid", "block", "smem", "_device", "_dependent", "_pack", "_head", "_tail", "_mine")
 
     def __init__(self, device: Device, entry: str, grid: tuple, block: tuple, smem: int, pointers: tuple, *,
                  dependent: bool = False, **fixed: Any):
@@ -69,20 +70,25 @@ class LayerLaunch:
         self._device = device
         self._dependent = dependent
         self.entry, self.grid, self.block, self.smem = entry, grid, block, smem
+        self._mine = (None, None, None)  # (thread id, its argument block, its driver launch call): the last thread's
 
     def launch(self, stream: Any, pointers: tuple) -> None:
         """Launch on the driver stream ``stream`` (:meth:`Device.as_stream <q12drv.core.device.Device.as_stream>`'s
         result) with ``pointers`` (the parameters named at construction, in order; already checked: ints in
         ``(0, 2**64)``). The device's context is made current in the calling thread first where it is not."""
+        ident, args, fire = self._mine  # one read: another thread replaces the tuple, never changes it
+        if ident != get_ident():
+            ident, args, fire = self._mine = self._thread_block()
+        self._pack(args, 0, self._head, *pointers, self._tail)
         dev = self._device
-        launch = dev.local.launches.get(self.entry) or prepared(dev, self.entry)
-        self._pack(launch.args, 0, self._head, *pointers, self._tail)
         if CURRENT.device is not dev:
             dev.set_current()
-        if self._dependent:
-            launch.fire_dependent(self.grid, self.block, self.smem, stream)
-        else:
-            launch.fire(self.grid, self.block, self.smem, stream)
+        fire(self.grid, self.block, self.smem, stream)
+
+    def _thread_block(self) -> tuple:
+        """``(thread id, argument block, driver launch call)`` of the calling thread's pre-packed launch."""
+        launch = prepared(self._device, self.entry)
+        return get_ident(), launch.args, launch.fire_dependent if self._dependent else launch.fire
 
 
 #: (argument block type, pointer names) -> their layout (:func:`_layout`): a pass makes LayerLaunches of a few kinds.

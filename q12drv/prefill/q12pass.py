@@ -180,6 +180,31 @@ _PTR_TYPES = frozenset((int, DevicePtr))
 _GDN_BAD, _GATE_BAD = _bad_bits(ALIGN["gdn"], ("q", "k", "v", "o")), _bad_bits(ALIGN["gdn"], ("g", "beta"))
 
 
+def _plain_table(rows, n: int) -> np.ndarray | None:
+    """``rows`` as a uint64 ``[tables, n]`` array when every entry is a plain address (an int, or an integer array's
+    element) in (0, 2**64) aligned for any state (:data:`_STATE_ALIGN`), all rows ``n`` long: the common case,
+    checked at once. None otherwise (the caller names what is wrong, or reads the tensors)."""
+    if isinstance(rows, np.ndarray):
+        if rows.ndim != 2 or rows.shape[1] != n or rows.dtype.kind not in "iu" or rows.dtype.itemsize > 8:
+            return None
+        if rows.dtype.kind == "i" and (rows <= 0).any():
+            return None
+        table = np.ascontiguousarray(rows, np.uint64)
+    else:
+        if not all(type(row) in (list, tuple) and len(row) == n for row in rows):
+            return None
+        flat = [p for row in rows for p in row]
+        if not set(map(type, flat)) <= _PTR_TYPES:
+            return None
+        try:
+            table = np.array(flat, np.uint64).reshape(len(rows), n)
+        except OverflowError:  # negative, or 2**64 and above
+            return None
+    if not table.all() or int(np.bitwise_or.reduce(table, axis=None)) & (_STATE_ALIGN - 1):
+        return None
+    return table
+
+
 def _tensor_dtype(row, name: str) -> str | None:
     """The one dtype of the tensors in ``row`` (None: raw addresses only); ValueError for two."""
     infos = (describe(p, f"{name}[{b}]") for b, p in enumerate(row) if type(p) not in _PTR_TYPES)
@@ -199,16 +224,20 @@ def _plain_aligned(ptrs, bad: tuple) -> bool:
 
 
 def _plain_gdn(ptrs: tuple) -> bool:
-    """:func:`_plain_aligned` of a GDN layer's ``(q, k, v, g, beta, o)``, unrolled."""
+    """:func:`_plain_aligned` of a GDN layer's ``(q, k, v, g, beta, o)``, unrolled for exact ints."""
     q, k, v, g, beta, o = ptrs
-    return (_plain4(q, k, v, o, _GDN_BAD) and type(g) in _PTR_TYPES and type(beta) in _PTR_TYPES and g != 0
-            and beta != 0 and not (g & _GATE_BAD[0] | beta & _GATE_BAD[1]))
+    if int is type(q) is type(k) is type(v) is type(g) is type(beta) is type(o) and q and k and v and g and beta and o:
+        return not (q & _GDN_BAD[0] | k & _GDN_BAD[1] | v & _GDN_BAD[2] | o & _GDN_BAD[3] | g & _GATE_BAD[0]
+                    | beta & _GATE_BAD[1])
+    return _plain_aligned((q, k, v, o), _GDN_BAD) and _plain_aligned((g, beta), _GATE_BAD)
 
 
 def _plain4(a, b, c, d, bad: tuple) -> bool:
-    """:func:`_plain_aligned` of four pointers, unrolled: the layer ops' common case in half the loop's time."""
-    return (type(a) in _PTR_TYPES and type(b) in _PTR_TYPES and type(c) in _PTR_TYPES and type(d) in _PTR_TYPES
-            and a != 0 and b != 0 and c != 0 and d != 0 and not (a & bad[0] | b & bad[1] | c & bad[2] | d & bad[3]))
+    """:func:`_plain_aligned` of four pointers, unrolled for exact ints: the layer ops' common case in a fraction of
+    the loop's time."""
+    if int is type(a) is type(b) is type(c) is type(d) and a and b and c and d:
+        return not (a & bad[0] | b & bad[1] | c & bad[2] | d & bad[3])
+    return _plain_aligned((a, b, c, d), bad)
 
 
 class _AttentionLayer:
@@ -865,11 +894,11 @@ class Q12Pass:
         attention(st, (q, k_pool, v_pool, o))
 
     # state-pointer tables, staged once for every layer ------------------------------------------------------
-    def stage_states(self, rows: Sequence[Sequence]) -> tuple[StateRow, ...]:
+    def stage_states(self, rows: Sequence[Sequence] | np.ndarray) -> tuple[StateRow, ...]:
         """Stage the state-pointer tables of this pass's layers at once: ``rows[r][b]``, stream b's state in table r
         (a Gated DeltaNet layer's fp32 ``[Hv, D, D]`` states, a short convolution's bf16 ``[W - 1, C]`` states; raw
-        addresses or tensors), one copy for all of them, at the arena's cursor (after the pass's ``h_state_ptrs``
-        slot). Give row r to :meth:`gdn_layer` or :meth:`conv1d` in place of a pointer list: the layer then copies
+        addresses or tensors, or every address at once as an integer array ``[tables, n]``), one copy for all of
+        them, at the arena's cursor (after the pass's ``h_state_ptrs`` slot). Give row r to :meth:`gdn_layer` or :meth:`conv1d` in place of a pointer list: the layer then copies
         nothing (a list costs each layer a copy into the slot, its event and their host time). Size the arena for
         the rows with :meth:`arena_bytes` (``state_rows=``).
 
@@ -898,15 +927,18 @@ class Q12Pass:
         if isinstance(rows, (str, bytes)) or not isinstance(rows, (Sequence, np.ndarray)) or len(rows) == 0:
             raise TypeError(f"rows must be a non-empty sequence of state pointer lists (one per table), got "
                             f"{type(rows).__name__ if not isinstance(rows, Sequence) else 'an empty sequence'}")
-        values = [self._state_addresses(row, f"rows[{r}]", _STATE_ALIGN) for r, row in enumerate(rows)]
-        dtypes = [_tensor_dtype(row, f"rows[{r}]") for r, row in enumerate(rows)]
         arena, n = self.arena, len(self.streams)
-        need = state_tables_bytes(n, len(values))
+        table, dtypes = _plain_table(rows, n), None
+        if table is None:  # tensors, or something to name: each row checked as a layer checks its list
+            values = [self._state_addresses(row, f"rows[{r}]", _STATE_ALIGN) for r, row in enumerate(rows)]
+            dtypes = [_tensor_dtype(row, f"rows[{r}]") for r, row in enumerate(rows)]
+            table = np.array([[int(p) for p in row] for row in values], np.uint64)
+        need = state_tables_bytes(n, len(table))
         if arena.cursor + need > arena.capacity:
             raise CapacityError("state_tables", arena.cursor + need, arena.capacity,
-                                f"{len(values)} tables of {n} streams after the cursor at {arena.cursor:,}; size the "
-                                f"arena with Q12Pass.arena_bytes(counts, ..., state_rows={len(values)})")
-        return stage_state_rows(arena, [list(map(int, row)) for row in values], self.stream, dtypes)
+                                f"{len(table)} tables of {n} streams after the cursor at {arena.cursor:,}; size the "
+                                f"arena with Q12Pass.arena_bytes(counts, ..., state_rows={len(table)})")
+        return stage_state_rows(arena, table, self.stream, dtypes)
 
     # the short convolution -------------------------------------------------------------------------------
     def conv1d(self, state_ptrs: Sequence | StateRow, x, y, w, *, channels: int | None = None, width: int | None = None,
@@ -998,13 +1030,15 @@ class Q12Pass:
     def gdn_layer(self, state_ptrs: Sequence[int] | StateRow, tensors: GdnTensors, shape: GdnShape, *,
                   config: GdnConfig | GdnPlan = GdnConfig(), workspace: int | None = None,
                   workspace_bytes: int | None = None) -> None:
-        """Upload this layer's per-stream state pointers into the JIT slot, then run Gated DeltaNet.
+        """Run Gated DeltaNet over this layer's per-stream states: their pointers copied into the pass's JIT slot
+        first, or read where :meth:`stage_states` staged them.
 
         ``tensors``: q, k ``[T, Hk, D]`` bf16; v, o ``[T, Hv, D]`` bf16; g, beta ``[T, Hv]`` fp32
         (:class:`~q12drv.kernels.gdn.GdnTensors`); ``state_ptrs[b]``: stream b's fp32 ``[Hv, D, D]`` state, updated
         in place. ``state_ptrs`` may instead be a row :meth:`stage_states` staged for this pass: then nothing is
-        copied (the layer reads its table where it was staged). ``config`` (:class:`~q12drv.kernels.gdn.GdnConfig`, default the fastest path on this device, or a
-        :class:`~q12drv.kernels.gdn.GdnPlan` made for at least this pass) is planned once for the pass
+        copied (the layer reads its table where it was staged). ``config`` (:class:`~q12drv.kernels.gdn.GdnConfig`,
+        default the fastest path on this device, or a :class:`~q12drv.kernels.gdn.GdnPlan` made for at least this
+        pass) is planned once for the pass
         (:meth:`gdn_plan`) and the same kernels run batched or per stream. The two-pass and overlapped schedules
         need ``workspace`` (a device address with ``workspace_bytes`` >= :meth:`gdn_workspace_bytes`, or a tensor that
         large); ``GdnConfig(schedule="fused")`` runs without one.
@@ -1020,7 +1054,8 @@ class Q12Pass:
         layer = self._gdn_layers.get(id(shape))
         arena = self.arena
         if (layer is not None and layer.shape is shape and layer.config is config and type(tensors) is GdnTensors
-                and _same_arg(workspace, layer.workspace) and _same_arg(workspace_bytes, layer.workspace_bytes)
+                and (workspace is layer.workspace or _same_arg(workspace, layer.workspace))
+                and (workspace_bytes is layer.workspace_bytes or _same_arg(workspace_bytes, layer.workspace_bytes))
                 and arena._buffer is not None and arena.generation == self._generation):
             # the shape, the plan and the workspace checked for this pass already: the tensors and states are this
             # layer's own

@@ -5,8 +5,7 @@ after it (:class:`StateRow`: one copy for every layer, none per layer)."""
 from __future__ import annotations
 
 import struct
-from functools import reduce
-from operator import or_
+from itertools import repeat
 from typing import Any, Sequence
 
 import numpy as np
@@ -142,7 +141,7 @@ class StateRow:
     ----------
     index : int
         Its row among those staged together.
-    ptr : DevicePtr
+    ptr : int
         Device address of the table's entry 0.
     n : int
         Streams.
@@ -153,10 +152,11 @@ class StateRow:
 
     __slots__ = ("index", "ptr", "n", "dtype", "arena", "generation", "_bits")
 
-    def __init__(self, index: int, ptr: DevicePtr, n: int, arena: ScratchArena, bits: int, dtype: str | None = None):
+    def __init__(self, index: int, ptr: int, n: int, arena: ScratchArena, generation: int, bits: int,
+                 dtype: str | None = None):
         self.index, self.ptr, self.n, self.arena, self.dtype = index, ptr, n, arena, dtype
-        self.generation = arena.generation  # the pass it belongs to (see ScratchArena.generation)
-        self._bits = bits  # every pointer of the row OR-ed: its alignment, for the op that reads it
+        self.generation = generation  # the pass it belongs to (see ScratchArena.generation)
+        self._bits = bits  # the low bits of every pointer of the row OR-ed: its alignment, for the op that reads it
 
     def check(self, arena: ScratchArena, generation: int, align: int, dtype: str, what: str) -> int:
         """The table's address for a layer op of the pass of ``arena`` at ``generation`` whose states are ``dtype``
@@ -177,17 +177,17 @@ class StateRow:
                              f"need")
         if self.dtype is not None and self.dtype != dtype:
             raise ValueError(f"state row {self.index} was staged from {self.dtype} tensors; {what} are {dtype}")
-        return int(self.ptr)
+        return self.ptr
 
     def __repr__(self) -> str:
-        return f"StateRow(index={self.index}, ptr={int(self.ptr):#x}, n={self.n})"
+        return f"StateRow(index={self.index}, ptr={self.ptr:#x}, n={self.n})"
 
 
-def stage_state_rows(arena: ScratchArena, rows: Sequence[Sequence[int]], stream: Any,
+def stage_state_rows(arena: ScratchArena, table: np.ndarray, stream: Any,
                      dtypes: Sequence[str | None] | None = None) -> tuple:
-    """Stage ``rows`` (each ``n`` checked state pointers: ints in (0, 2**64), one per stream, every row the same
-    ``n``) at the arena's cursor as back-to-back tables, with one copy through the arena's pinned ring; return a
-    :class:`StateRow` for each (``dtypes[r]``: the dtype of row r's tensors, None for addresses).
+    """Stage ``table`` (uint64 ``[rows, n]``, C-contiguous: checked state pointers, row r's pointer of stream b at
+    ``[r, b]``) at the arena's cursor as back-to-back tables, with one copy through the arena's pinned ring; return
+    a :class:`StateRow` for each row (``dtypes[r]``: the dtype of row r's tensors, None for addresses).
 
     Raises
     ------
@@ -197,20 +197,20 @@ def stage_state_rows(arena: ScratchArena, rows: Sequence[Sequence[int]], stream:
         ``stream`` is capturing a CUDA graph (see :meth:`PinnedRing.copy_htod
         <q12drv.core.pinned.PinnedRing.copy_htod>`).
     """
-    n, count = len(rows[0]), len(rows)
+    count, n = table.shape
     nbytes = state_tables_bytes(n, count)
     region = arena.reserve("state_tables", nbytes, align=8)
     ring = staging_ring(arena, "h_state")
     try:
         slot = ring.acquire(nbytes)
-        values = np.asarray(rows, np.uint64).reshape(-1)
-        slot.array[:nbytes] = values.view(np.uint8)
+        slot.array[:nbytes] = table.reshape(-1).view(np.uint8)
         ring.copy_htod(int(region.ptr), slot, nbytes, arena.device.as_stream(stream),
                        "the pass's state-pointer tables")
     except BaseException:
         arena.unreserve(region)
         raise
-    stride = h_state_slot_bytes(n)
-    dtypes = dtypes or [None] * count
-    return tuple(StateRow(r, DevicePtr(int(region.ptr) + r * stride), n, arena, reduce(or_, row), dtypes[r])
-                 for r, row in enumerate(rows))
+    base, stride, generation = int(region.ptr), h_state_slot_bytes(n), arena.generation
+    bits = (np.bitwise_or.reduce(table, axis=1) & np.uint64(0xFFFF)).tolist()
+    dtypes = dtypes or repeat(None)
+    return tuple(StateRow(r, base + r * stride, n, arena, generation, b, dt)
+                 for r, b, dt in zip(range(count), bits, dtypes))
