@@ -387,30 +387,42 @@ class StepCase:
         nbytes = self.host[name].nbytes if self.host[name] is not None else self.sizes[name]
         return self.dev.download(self.ptrs[name], nbytes)
 
-    def body(self, gp) -> None:
-        """The same two layers inside a :class:`~q12drv.prefill.graphs.PassGraph` (what gets captured)."""
-        p = self.ptrs
-        gp.attention_layer(p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], self.att, num_blocks=self.num_blocks)
-        gp.gdn_layer(0, self.gdn_tensors, self.gdn, **self.gdn_kwargs())
+    def body(self, gp, blocks: int = 0) -> None:
+        """The layers of :meth:`run` inside a :class:`~q12drv.prefill.graphs.PassGraph` (what gets captured): one
+        attention and one GDN layer, or ``blocks`` of Qwen3-Next's (three GDN layers, each its own state table, then
+        one attention layer)."""
+        p, kw = self.ptrs, self.gdn_kwargs()
+        att = (p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], self.att)
+        if not blocks:
+            gp.attention_layer(*att, num_blocks=self.num_blocks)
+            gp.gdn_layer(0, self.gdn_tensors, self.gdn, **kw)
+        for i in range(blocks):
+            for j in range(3):
+                gp.gdn_layer(3 * i + j, self.gdn_tensors, self.gdn, **kw)
+            gp.attention_layer(*att, num_blocks=self.num_blocks)
 
-    def pass_graph(self, expand: str = "host"):
-        """A :class:`~q12drv.prefill.graphs.PassGraph` sized exactly for these streams, captured (its eager run included)."""
+    def pass_graph(self, expand: str = "host", blocks: int = 0):
+        """A :class:`~q12drv.prefill.graphs.PassGraph` sized exactly for these streams, captured (its eager run
+        included) with :meth:`body`'s layers."""
         from q12drv.prefill.graphs import PassGraph
 
         n, total = len(self.counts), sum(self.counts)
         arena = ScratchArena(self.dev, 1 << 20)
         gp = PassGraph(arena, max_streams=n, max_tokens=total, max_chunk=max(self.counts), block_size=self.bs,
-                       use_mrope=False, dummy_kv_block=0, num_ssm_layers=1,
+                       use_mrope=False, dummy_kv_block=0, num_ssm_layers=3 * blocks or 1,
                        state_bytes=self.gdn.num_v_heads * self.gdn.head_dim ** 2 * 4, expand=expand)
-        gp.set_streams(self.streams)
-        gp.set_states(0, self.state_ptrs)
-        gp.capture(self.body)
+        self.set_graph_batch(gp)
+        gp.capture(lambda g: self.body(g, blocks))
         self.dev.synchronize()
         return gp, arena
 
-    def replay(self, gp) -> None:
+    def set_graph_batch(self, gp) -> None:
+        """The streams and every SSM layer's states (here the same for each) for ``gp``'s next replay."""
         gp.set_streams(self.streams)
-        gp.set_states(0, self.state_ptrs)
+        gp.set_state_tables([self.state_ptrs] * gp.num_ssm_layers)
+
+    def replay(self, gp) -> None:
+        self.set_graph_batch(gp)
         gp.replay()
 
     def gdn_kwargs(self) -> dict:

@@ -171,12 +171,11 @@ class HybridRuntime:
         # words: no q12drv kernel reads them (StreamStageInfo.seq_len_dev stays NULL)
         self.tables = torch.zeros(max_streams, self.max_blocks, dtype=torch.int32, device=self.tdev)
         self.host_tables = np.zeros((max_streams, self.max_blocks), np.int32)
-        # the largest pass (max_streams streams, max_pass_tokens tokens) and its state-pointer tables: a conv and an
-        # SSM table for every GDN layer, staged once a pass (Q12Pass.stage_states)
+        # any pass of at most max_streams streams and max_pass_tokens tokens, and its state-pointer tables: a conv
+        # and an SSM table for every GDN layer, staged once a pass (Q12Pass.stage_states)
         gdn_layers = sum(e[0] == "gdn" for e in self.layers)
-        self.arena = q12drv.ScratchArena(self.dev, q12drv.Q12Pass.arena_bytes(
-            [1] * (max_streams - 1) + [max_pass_tokens - max_streams + 1], use_mrope=self.use_mrope,
-            state_rows=2 * gdn_layers))
+        self.arena = q12drv.ScratchArena(self.dev, q12drv.Q12Pass.max_arena_bytes(
+            max_streams, max_pass_tokens, use_mrope=self.use_mrope, state_rows=2 * gdn_layers, max_chunk=max_tokens))
         self.workspace = torch.empty(0, dtype=torch.uint8, device=self.tdev)
         self.free_slots = list(range(max_streams - 1, -1, -1))
 

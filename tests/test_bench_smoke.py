@@ -49,9 +49,11 @@ def test_gpu_compare_and_plot_plumbing(tmp_path):
     assert {k for k in conv["cases"]} == {"2x16", "ragged8"}
     # each layer op against the driver calls it issues, recorded and replayed bare
     ops = data["sections"]["layer_ops"]
-    assert {k: (v["launches"], v["copies"]) for k, v in ops.items() if k != "gdn_layer"} == {
+    assert {k: (v["launches"], v["copies"]) for k, v in ops.items() if not k.startswith("gdn_layer")} == {
         "attention_layer": (3, 0), "rope": (1, 0), "kv_write": (1, 0), "attention": (1, 0)}
     assert ops["gdn_layer"]["launches"] >= 1 and ops["gdn_layer"]["copies"] == 1  # the state pointers' upload
+    staged = ops["gdn_layer (staged states)"]  # its state table staged once for the pass: launches only
+    assert staged["launches"] == ops["gdn_layer"]["launches"] and staged["copies"] == staged["event_records"] == 0
     assert all(v["op"] > 0 and v["raw"] > 0 for v in ops.values())
     # the client against transformers, where torch and transformers import
     if "client" in data["sections"]:

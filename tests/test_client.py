@@ -67,6 +67,18 @@ def test_a_broken_layer_fails_the_comparison(setup):
         check_close(torch.cat([first, second]).float(), refs[3], "states dropped")
 
 
+def test_every_batch_within_the_runtimes_maxima_runs_batched(setup):
+    """The runtime sizes its arena for any batch within its maxima (``Q12Pass.max_arena_bytes``): a ragged batch
+    whose rounded per-stream blocks outgrow those of a skewed one of the same size is still admitted batched, not
+    sent stream by stream for lack of space, and its layers' state tables fit beside it."""
+    ex, model, _, _ = setup
+    rt = ex.HybridRuntime(model, max_streams=3, max_tokens=8, max_pass_tokens=9)
+    chunks = [(rt.add_stream(), list(range(n))) for n in (1, 5, 3)]
+    step = rt.stage(chunks)
+    assert step.batched, step.reason
+    assert [len(x) for x in rt.step(chunks)] == [1, 5, 3]
+
+
 def test_bad_input_is_refused_before_the_pass_writes(setup):
     ex, model, prompts, _ = setup
     rt = ex.HybridRuntime(model, max_streams=2, max_tokens=32, max_pass_tokens=64)

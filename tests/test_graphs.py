@@ -178,6 +178,71 @@ def test_pass_graph_replay_with_new_metadata_equals_eager(expand, deferred, conf
         arena.close()
 
 
+def test_pass_graph_uploads_every_ssm_layers_table_with_one_copy(emu, monkeypatch):
+    """Three GDN layers, each with its own states: a replay copies the metadata and all three state tables (two
+    copies, not one a layer) and equals the eager pass run with pointer lists; a closed graph refuses new states."""
+    w = World(emu, np.random.default_rng(5))
+    rng = np.random.default_rng(6)
+    sb = w.state_bytes
+    init = [(rng.standard_normal((MAX_STREAMS, sb // 4)) * 0.1).astype(np.float32) for _ in range(3)]
+    states = [emu.alloc(MAX_STREAMS * sb, f"states {i}") for i in range(3)]
+    tables = lambda n: [[int(s.ptr) + b * sb for b in range(n)] for s in states]  # noqa: E731
+
+    def run(name, graph=None) -> list:
+        streams = w.batches[name][0]
+        w.reset()
+        for s, a in zip(states, init):
+            emu.upload(s.ptr, a)
+        if graph is None:
+            counts = [x.proc_count for x in streams]
+            with ScratchArena(emu, make_scratch_plan(counts, 0, False, "exact").total_bytes + 4096) as arena:
+                q12 = Q12Pass(arena, streams, block_size=BS, use_mrope=False, dummy_kv_block=0, mode="batched")
+                for table in tables(len(streams)):
+                    q12.gdn_layer(table, w.gdn_tensors(), GDN, config=FUSED)
+        else:
+            graph.set_streams(streams)
+            if name == "B":  # every layer's table at once (as an array), or layer by layer
+                graph.set_state_tables(np.array(tables(len(streams)), np.uint64))
+            else:
+                for i, table in enumerate(tables(len(streams))):
+                    graph.set_states(i, table)
+            graph.replay()
+        emu.synchronize()
+        return [emu.download(w.bufs["go"].ptr, w.bufs["go"].nbytes)] + [emu.download(s.ptr, len(streams) * sb)
+                                                                       for s in states]
+
+    want = {name: run(name) for name in ("A", "B")}
+    with ScratchArena(emu, 1 << 20) as arena:
+        gp = PassGraph(arena, max_streams=MAX_STREAMS, max_tokens=MAX_TOKENS, max_chunk=48, block_size=BS,
+                       use_mrope=False, dummy_kv_block=0, num_ssm_layers=3, state_bytes=sb)
+        assert gp.h_region.nbytes == 3 * 8 * MAX_STREAMS
+        assert [gp.state_table(i) for i in range(3)] == [int(gp.h_region.ptr) + 8 * MAX_STREAMS * i for i in range(3)]
+        gp.set_streams(w.batches["A"][0])
+        for i, table in enumerate(tables(3)):
+            gp.set_states(i, table)
+        copies = []
+        monkeypatch.setattr(emu.driver, "memcpy_htod_async", lambda *a, _f=emu.driver.memcpy_htod_async: (
+            copies.append(a[2]), _f(*a))[1])
+        gp.capture(lambda g: [g.gdn_layer(i, w.gdn_tensors(), GDN, config=FUSED) for i in range(3)])
+        monkeypatch.undo()
+        assert copies == [gp.layout.staged_bytes, 3 * 8 * MAX_STREAMS] * 2  # the eager run, then the capture
+        for name in ("B", "A"):
+            assert run(name, gp) == want[name]
+        before = gp._tables.copy()
+        for rows, error, match in ((tables(3)[:2], ValueError, "2 state tables for a pass made with num_ssm_layers=3"),
+                                   ([*tables(3)[:2], [1, 2]], ValueError, r"rows\[2\] has 2 pointers"),
+                                   ([*tables(3)[:2], [1, 0, 3]], ValueError, r"state_ptrs\[1\] must be a non-NULL"),
+                                   ([[1] * 5] * 3, CapacityError, "more streams than the pass holds")):
+            with pytest.raises(error, match=match):
+                gp.set_state_tables(rows)
+            assert np.array_equal(gp._tables, before)  # nothing written
+        gp.close()
+        with pytest.raises(Q12Error, match="closed"):
+            gp.set_states(0, tables(3)[0])
+    for s in states:
+        s.free()
+
+
 def test_pass_graph_sliding_window_equals_eager():
     """A sliding-window layer in a captured pass: each replay equals the eager batched pass with the same window
     (and differs from full attention); a bad window is refused before the first launch."""

@@ -16,6 +16,7 @@ from q12drv.core.layout import (
     q12_batched_scratch_bytes,
     q12_batched_scratch_bytes_varlen,
     ring_slots,
+    scratch_bytes_bound,
     single_stream_payload,
     stacked_layout,
     staged_bytes,
@@ -125,6 +126,31 @@ def test_plan_invariants(counts, top_k, mrope, policy):
     else:
         assert plan.first_unfit_stream() is None
         assert all(r.offset % 64 == 0 for r in plan.stream_blocks)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    counts=st.lists(st.integers(1, 3000), min_size=1, max_size=32),
+    more_streams=st.integers(0, 8),
+    more_tokens=st.integers(0, 500),
+    top_k=st.integers(0, 16),
+    mrope=st.booleans(),
+    policy=st.sampled_from(["seed", "exact"]),
+)
+def test_the_bound_holds_every_batch_within_the_maxima(counts, more_streams, more_tokens, top_k, mrope, policy):
+    n, t = len(counts) + more_streams, sum(counts) + more_tokens
+    bound = scratch_bytes_bound(n, t, top_k, mrope, policy, max_chunk_len=max(counts) + more_tokens)
+    assert make_scratch_plan(counts, top_k, mrope, policy).total_bytes <= bound
+
+
+def test_the_bound_covers_a_batch_a_worst_looking_one_does_not():
+    # 1 + 5 + 3 tokens need more than 1 + 1 + 7 (each exact per-stream block rounds up to 64 bytes)
+    assert make_scratch_plan([1, 5, 3], 0, False, "exact").total_bytes > make_scratch_plan([1, 1, 7], 0, False,
+                                                                                            "exact").total_bytes
+    assert make_scratch_plan([1, 5, 3], 0, False, "exact").total_bytes <= scratch_bytes_bound(3, 9, 0, False)
+    assert scratch_bytes_bound(4, 100, 8, True, "seed", 40) == q12_batched_scratch_bytes_varlen(4, 100, 40, 8, True)
+    with pytest.raises(ValueError, match="policy"):
+        scratch_bytes_bound(1, 1, 0, False, "guess")
 
 
 def test_plan_rejects_bad_input():

@@ -49,6 +49,7 @@ __all__ = [
     "single_stream_payload",
     "H_STATE_ENTRY_BYTES",
     "state_tables_bytes",
+    "scratch_bytes_bound",
     "h_state_slot_bytes",
     "h_state_slot_offset",
     "h_state_entry_offset",
@@ -452,6 +453,31 @@ class ScratchPlan:
             lines.append(f"{r.name:<28}{r.offset:>12,}{r.nbytes:>12,}{r.end:>12,}")
         lines.append(f"{'total':<28}{'':>12}{self.total_bytes:>12,}")
         return "\n".join(lines)
+
+
+def scratch_bytes_bound(max_streams: int, max_total_tokens: int, top_k: int, mrope: bool, policy: str = "exact",
+                        max_chunk_len: int | None = None) -> int:
+    """Arena bytes that every batch of at most ``max_streams`` streams and ``max_total_tokens`` tokens (each stream
+    at most ``max_chunk_len``, default ``max_total_tokens``) fits: ``make_scratch_plan(counts, ...).total_bytes`` of
+    any such ``counts`` is at most this, so an arena of this size never refuses one of them for lack of space.
+
+    Every region grows with the streams and the tokens but the ``"exact"`` per-stream blocks, which are rounded up
+    to 64 bytes each: a batch of 1 + 5 + 3 tokens needs more than one of 1 + 1 + 7. They are bounded here by their
+    payloads for all the tokens at once plus each block's largest rounding.
+    """
+    n = checked_int("max_streams", max_streams, 1)
+    t = checked_int("max_total_tokens", max_total_tokens)
+    m = t if max_chunk_len is None else checked_int("max_chunk_len", max_chunk_len)
+    k = checked_int("top_k", top_k)
+    mrope = _flag("mrope", mrope)
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if policy == "seed":
+        return q12_batched_scratch_bytes_varlen(n, t, min(m, t), k, mrope)
+    s = 3 if mrope else 1
+    # a stream of c tokens: a64(S*a8(4c) + 8c + 32) <= S*4c + 8c + (4S + 32 + 63); summed over at most n streams
+    blocks = (4 * s + 8) * t + n * (4 * s + 32 + 63)
+    return moe_bytes(t, k) + blocks + staged_bytes(n, t, mrope) + h_state_slot_bytes(n)
 
 
 def make_scratch_plan(counts: Sequence[int], top_k: int, mrope: bool, policy: str = "seed") -> ScratchPlan:

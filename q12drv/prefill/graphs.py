@@ -9,7 +9,9 @@
   captured copy re-reads at every replay (a captured host-to-device copy reads its host buffer when
   the graph runs, not when it was captured). Fewer streams or tokens than the maxima are padding:
   tokens past the real ones have position 0 and slot -1 (the KV write skips them), absent streams
-  have no tokens and ``kv_len`` 0, and their ``h_state_ptrs`` entry points at a dummy state.
+  have no tokens and ``kv_len`` 0, and their ``h_state_ptrs`` entry points at a dummy state. Every SSM layer's
+  state-pointer table lives in the arena too (layer 0's at the ``h_state_ptrs`` slot, the others after it),
+  uploaded from one pinned buffer with one captured copy beside the metadata's.
 
 Rules a graph imposes (checked where they can be): nothing in the body may allocate, synchronize
 or read back; the launch geometry is fixed at capture (q12drv's kernels size their grids from the
@@ -29,10 +31,11 @@ from ..core.device import Device, PinnedBuffer
 from ..core.errors import CapacityError, Q12Error
 from ..kernels import ops
 from ..kernels.expand import MAX_STREAMS as _EXPAND_MAX_STREAMS, enqueue_expand
-from ..core.layout import h_state_slot_bytes, stacked_layout
+from ..core.layout import h_state_slot_bytes, stacked_layout, state_tables_bytes
 from ..kernels.gdn import GdnConfig, GdnPlan, GdnTensors, gdn, plan_gdn
 from .q12pass import AttentionShape, GdnShape, check_attention_pools
-from ..core.staging import BatchedAttnMetadata, StreamStageInfo, validate_streams, metadata_at, pack_padded
+from ..core.staging import (BatchedAttnMetadata, StreamStageInfo, validate_streams, metadata_at, pack_padded,
+                            plain_table)
 
 __all__ = ["Graph", "capture", "PassGraph", "EXPAND_MODES"]
 
@@ -106,7 +109,8 @@ class PassGraph:
     ----------
     arena : ScratchArena
         Reset and laid out by the pass: the stacked block for the maxima at offset 0, the
-        ``h_state_ptrs`` slot right after it (offset + ``staged_bytes``).
+        ``h_state_ptrs`` slot right after it (offset + ``staged_bytes``), followed by the other SSM layers' tables
+        (:func:`~q12drv.core.layout.state_tables_bytes` of ``num_ssm_layers`` tables in all).
     max_streams, max_tokens : int
         The maxima the pass is sized for (stacked layout ``(max_streams, max_tokens)``).
     max_chunk : int, optional
@@ -116,7 +120,7 @@ class PassGraph:
     max_blocks_per_seq : int
         Recorded in the metadata (informational; the kernels read each stream's own table).
     num_ssm_layers : int
-        Gated DeltaNet layers the body runs (one pinned ``h_state_ptrs`` table each).
+        Gated DeltaNet layers the body runs (one state-pointer table each, :meth:`set_states`).
     state_bytes : int
         Bytes of one stream's recurrent state, for the dummy state absent streams point at.
     expand : {"host", "device"}
@@ -132,6 +136,8 @@ class PassGraph:
         ``max_streams``, ``total_tokens`` = ``max_tokens``, ``chunk_len`` = ``max_chunk``).
     cu_seqlens, kv_lens : numpy.ndarray
         Host copies of the current batch's padded fields (after :meth:`set_streams`).
+    num_ssm_layers : int
+        As given: the state tables :meth:`set_state_tables` takes.
     replays : int
     """
 
@@ -161,6 +167,7 @@ class PassGraph:
         self.max_streams, self.max_tokens, self.max_chunk = int(max_streams), int(max_tokens), int(max_chunk)
         self.block_size, self.use_mrope, self.dummy_kv_block = int(block_size), bool(use_mrope), int(dummy_kv_block)
         self.expand = expand
+        self.num_ssm_layers = int(num_ssm_layers)
         self.layout = stacked_layout(self.max_streams, self.max_tokens, self.use_mrope)
         self._upload_from = self.layout.tail_offset if expand == "device" else 0
         self._owned: list = []
@@ -168,7 +175,8 @@ class PassGraph:
         arena.reset()
         self.region = arena.reserve("stacked_metadata", self.layout.staged_bytes, offset=0, align=8)
         self._slot_bytes = h_state_slot_bytes(self.max_streams)
-        self.h_region = arena.reserve("h_state_ptrs", self._slot_bytes, align=8)
+        self.h_region = arena.reserve("h_state_ptrs", state_tables_bytes(self.max_streams, max(1, num_ssm_layers)),
+                                      align=8)
         empty_cu = np.zeros(self.max_streams + 1, np.int32)
         self.meta: BatchedAttnMetadata = metadata_at(
             arena, self.region.offset, self.layout, empty_cu, np.zeros(self.max_streams, np.int32),
@@ -178,8 +186,11 @@ class PassGraph:
         try:
             self._pinned: PinnedBuffer = self._own(self.device.pinned(self.layout.staged_bytes - self._upload_from,
                                                                       "pass graph metadata"))
-            self._tables: list = [self._own(self.device.pinned(self._slot_bytes, f"pass graph h_state_ptrs[{i}]"))
-                                  for i in range(num_ssm_layers)]
+            self._tables_pinned = self._own(self.device.pinned(self.h_region.nbytes, "pass graph state tables")) \
+                if num_ssm_layers else None
+            #: the tables as the host writes them: ``[num_ssm_layers, max_streams]`` u64 over the pinned buffer
+            self._tables = np.zeros((0, self.max_streams), np.uint64) if self._tables_pinned is None else \
+                self._tables_pinned.array.view(np.uint64).reshape(num_ssm_layers, self.max_streams)
             self._dummy_state = self._own(self.device.alloc(state_bytes, "pass graph dummy state")) if num_ssm_layers else None
             if self._dummy_state is not None:
                 self.device.memset(int(self._dummy_state.ptr), 0, state_bytes, stream)
@@ -189,6 +200,7 @@ class PassGraph:
             raise
         self._done_pending = False
         self._batch_set = False
+        self._closed = False
         self._generation = arena.generation  # the reservations above hold while it does
         self.graph: Graph | None = None
         self.replays = 0
@@ -216,6 +228,7 @@ class PassGraph:
         ValueError, TypeError
             What the stager refuses; vision ``mrope_positions`` in ``expand="device"`` mode.
         """
+        self._require_open()
         batch = validate_streams(streams, self.block_size, self.use_mrope, self.dummy_kv_block)
         if batch.chunk > self.max_chunk:
             raise CapacityError("stacked_metadata chunk", batch.chunk, self.max_chunk,
@@ -234,8 +247,46 @@ class PassGraph:
 
     def set_states(self, layer: int, state_ptrs: Sequence[int]) -> None:
         """Write SSM layer ``layer``'s per-stream state pointers (absent streams: the dummy state)."""
+        self._require_open()
         if not 0 <= layer < len(self._tables):
             raise IndexError(f"SSM layer {layer} out of range: the pass was made with num_ssm_layers={len(self._tables)}")
+        values = self._checked_states(state_ptrs)
+        self._wait_for_replay()
+        self._tables[layer] = values
+
+    def set_state_tables(self, rows: Sequence[Sequence[int]] | np.ndarray) -> None:
+        """:meth:`set_states` for every SSM layer at once: ``rows[layer][b]`` (``num_ssm_layers`` rows of the same
+        number of streams, at most ``max_streams``; or an integer array ``[num_ssm_layers, n]``), checked at once.
+
+        Raises
+        ------
+        ValueError
+            Not one row per SSM layer, rows of different lengths, or a pointer :meth:`set_states` refuses (named
+            there); nothing is written.
+        CapacityError
+            More streams than the pass holds.
+        """
+        self._require_open()
+        if len(rows) != len(self._tables):
+            raise ValueError(f"{len(rows)} state tables for a pass made with num_ssm_layers={len(self._tables)}")
+        n = len(rows[0]) if len(rows) else 0
+        if n > self.max_streams:
+            raise CapacityError("h_state_ptrs", n, self.max_streams, "more streams than the pass holds")
+        table = plain_table(rows, n) if n else None
+        if table is None:  # the per-layer checks name what is wrong (every row checked before any is written)
+            for layer, row in enumerate(rows):
+                if len(row) != n:
+                    raise ValueError(f"rows[{layer}] has {len(row)} pointers, rows[0] {n}: one per stream in each")
+                self._checked_states(row)
+            table = np.array([[int(p) for p in row] for row in rows], np.uint64).reshape(len(rows), n)
+        self._wait_for_replay()
+        self._tables[:, :n] = table
+        if self._dummy_state is not None:
+            self._tables[:, n:] = int(self._dummy_state.ptr)
+
+    def _checked_states(self, state_ptrs: Sequence[int]) -> list:
+        """``state_ptrs`` as ints, each a non-NULL address in (0, 2**64) (ValueError naming the first that is not),
+        padded to ``max_streams`` with the dummy state."""
         if len(state_ptrs) > self.max_streams:
             raise CapacityError("h_state_ptrs", len(state_ptrs), self.max_streams, "more streams than the pass holds")
         values = []
@@ -243,19 +294,15 @@ class PassGraph:
             if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or not 0 < int(p) < 1 << 64:
                 raise ValueError(f"state_ptrs[{b}] must be a non-NULL device pointer, got {p!r}")
             values.append(int(p))
-        values += [int(self._dummy_state.ptr)] * (self.max_streams - len(values))
-        self._wait_for_replay()
-        self._tables[layer].array.view(np.uint64)[:] = values
+        return values + [int(self._dummy_state.ptr)] * (self.max_streams - len(values))
 
     # --- what the body enqueues ------------------------------------------------------------------
-    def h_state_upload(self, layer: int) -> int:
-        """Enqueue the copy of layer ``layer``'s pinned state table into the ``h_state_ptrs`` slot; return the slot."""
+    def state_table(self, layer: int) -> int:
+        """Device address of SSM layer ``layer``'s state-pointer table (uploaded with the metadata, before the
+        layers run)."""
         if not 0 <= layer < len(self._tables):
             raise IndexError(f"SSM layer {layer} out of range: the pass was made with num_ssm_layers={len(self._tables)}")
-        slot = int(self.h_region.ptr)
-        self.device.use()
-        self.device.driver.memcpy_htod_async(slot, self._tables[layer].addr, self._slot_bytes, self._raw)
-        return slot
+        return int(self.h_region.ptr) + layer * self._slot_bytes
 
     def attention_layer(self, q: int, k: int, v: int, k_pool: int, v_pool: int, o: int, shape: AttentionShape, *,
                         num_blocks: int, algo: str = "auto") -> None:
@@ -288,17 +335,20 @@ class PassGraph:
 
     def gdn_layer(self, layer: int, tensors: GdnTensors, shape: GdnShape, *, config: GdnConfig | GdnPlan = GdnConfig(),
                   workspace: int | None = None, workspace_bytes: int | None = None) -> None:
-        """Upload SSM layer ``layer``'s state table into the slot, then Gated DeltaNet over the padded pass
+        """Gated DeltaNet over the padded pass with SSM layer ``layer``'s state table (:meth:`set_states`)
         (``config``, ``workspace`` and ``workspace_bytes`` as for :func:`q12drv.kernels.gdn.gdn`; the plan is made
         for the graph's maxima, :meth:`gdn_plan`, so is the workspace)."""
         plan = self.gdn_plan(shape, config) if isinstance(config, GdnConfig) else config
-        gdn(self.device, self.meta, self.h_state_upload(layer), tensors, shape, plan, workspace=workspace,
+        gdn(self.device, self.meta, self.state_table(layer), tensors, shape, plan, workspace=workspace,
             workspace_bytes=workspace_bytes, stream=self.stream)
 
     def _enqueue_metadata(self) -> None:
         dst = int(self.region.ptr) + self._upload_from
         self.device.use()
         self.device.driver.memcpy_htod_async(dst, self._pinned.addr, self._pinned.nbytes, self._raw)
+        if self._tables_pinned is not None:  # every SSM layer's table, one copy
+            self.device.driver.memcpy_htod_async(int(self.h_region.ptr), self._tables_pinned.addr,
+                                                 self.h_region.nbytes, self._raw)
         if self.expand == "device":  # self.meta: max_streams streams of max_chunk tokens, the padded grid
             enqueue_expand(ops.prepared(self.device, "q12_expand_meta"), self.meta, self.stream)
 
@@ -345,7 +395,12 @@ class PassGraph:
         self.device.driver.event_record(self._done.raw, self._raw)
         self._done_pending = True
 
+    def _require_open(self) -> None:
+        if self._closed:
+            raise Q12Error("this PassGraph is closed (its pinned buffers are freed); make a new one")
+
     def _require_batch(self) -> None:
+        self._require_open()
         if self.arena.generation != self._generation:
             raise Q12Error("the arena was reset since this PassGraph was made (by a Q12Pass on it, or grown by "
                            "ScratchArena.grow): its metadata region may hold other bytes; make a new PassGraph")
@@ -354,6 +409,8 @@ class PassGraph:
 
     def close(self) -> None:
         """Wait for a pending replay and free the graph, the pinned buffers and the dummy state."""
+        self._closed = True
+        self._tables = np.zeros((0, self.max_streams), np.uint64)  # no view of the freed pinned buffer is left
         if self.device.closed:
             self._owned.clear()
             return

@@ -41,7 +41,8 @@ from ..kernels.args import (ALIGN, FP8_E4M3, FP8_POOL_DTYPES, I32_MAX, check_kv_
 from ..kernels.conv1d import check_conv1d, enqueue_conv1d
 from ..core.interop import describe
 from .tensors import count_of, row_view
-from ..core.layout import h_state_entry_offset, make_scratch_plan, row_offset, state_tables_bytes
+from ..core.layout import (h_state_entry_offset, make_scratch_plan, row_offset, scratch_bytes_bound,
+                           state_tables_bytes)
 from ..core.ptr import DevicePtr
 from ..core.staging import (
     BatchedAttnMetadata,
@@ -51,6 +52,7 @@ from ..core.staging import (
     validate_streams,
     place_h_state_slot,
     plain_pointers,
+    plain_table,
     reserve_h_state_slot,
     stage_stacked,
     stage_stream_metadata,
@@ -178,31 +180,6 @@ def _admit(parsed: list, arena_tokens, is_mla, head_dim, scratch_cap, top_k, use
 _PTR_TYPES = frozenset((int, DevicePtr))
 #: The bad bits of the GDN layers' pointer arguments: (q, k, v, o) and (g, beta).
 _GDN_BAD, _GATE_BAD = _bad_bits(ALIGN["gdn"], ("q", "k", "v", "o")), _bad_bits(ALIGN["gdn"], ("g", "beta"))
-
-
-def _plain_table(rows, n: int) -> np.ndarray | None:
-    """``rows`` as a uint64 ``[tables, n]`` array when every entry is a plain address (an int, or an integer array's
-    element) in (0, 2**64) aligned for any state (:data:`_STATE_ALIGN`), all rows ``n`` long: the common case,
-    checked at once. None otherwise (the caller names what is wrong, or reads the tensors)."""
-    if isinstance(rows, np.ndarray):
-        if rows.ndim != 2 or rows.shape[1] != n or rows.dtype.kind not in "iu" or rows.dtype.itemsize > 8:
-            return None
-        if rows.dtype.kind == "i" and (rows <= 0).any():
-            return None
-        table = np.ascontiguousarray(rows, np.uint64)
-    else:
-        if not all(type(row) in (list, tuple) and len(row) == n for row in rows):
-            return None
-        flat = [p for row in rows for p in row]
-        if not set(map(type, flat)) <= _PTR_TYPES:
-            return None
-        try:
-            table = np.array(flat, np.uint64).reshape(len(rows), n)
-        except OverflowError:  # negative, or 2**64 and above
-            return None
-    if not table.all() or int(np.bitwise_or.reduce(table, axis=None)) & (_STATE_ALIGN - 1):
-        return None
-    return table
 
 
 def _tensor_dtype(row, name: str) -> str | None:
@@ -516,6 +493,22 @@ class Q12Pass:
         """
         plan = make_scratch_plan(counts, top_k, use_mrope, policy)
         return plan.total_bytes + state_tables_bytes(len(plan.counts), count("state_rows", state_rows, 0))
+
+    @staticmethod
+    def max_arena_bytes(max_streams: int, max_tokens: int, *, top_k: int = 0, use_mrope: bool = False,
+                        policy: str = "exact", state_rows: int = 0, max_chunk: int | None = None) -> int:
+        """The arena capacity every pass of at most ``max_streams`` streams and ``max_tokens`` tokens (each stream
+        at most ``max_chunk``) needs, with ``state_rows`` state tables: what a runtime sizes its arena with once
+        (:func:`~q12drv.core.layout.scratch_bytes_bound`). A smaller arena may make some of those batches run per
+        stream (admission's ``"scratch"`` rule), though a batch of the same size fitted.
+
+        Examples
+        --------
+        >>> arena = ScratchArena(dev, Q12Pass.max_arena_bytes(8, 16384, state_rows=72))   # doctest: +SKIP
+        """
+        n = count("max_streams", max_streams)
+        return (scratch_bytes_bound(n, count("max_tokens", max_tokens), top_k, use_mrope, policy, max_chunk)
+                + state_tables_bytes(n, count("state_rows", state_rows, 0)))
 
     def check_block_tables(self) -> None:
         """Check that each stream's device table (``block_table_dev``, what attention reads) holds its host table
@@ -928,7 +921,7 @@ class Q12Pass:
             raise TypeError(f"rows must be a non-empty sequence of state pointer lists (one per table), got "
                             f"{type(rows).__name__ if not isinstance(rows, Sequence) else 'an empty sequence'}")
         arena, n = self.arena, len(self.streams)
-        table, dtypes = _plain_table(rows, n), None
+        table, dtypes = plain_table(rows, n, _STATE_ALIGN), None
         if table is None:  # tensors, or something to name: each row checked as a layer checks its list
             values = [self._state_addresses(row, f"rows[{r}]", _STATE_ALIGN) for r, row in enumerate(rows)]
             dtypes = [_tensor_dtype(row, f"rows[{r}]") for r, row in enumerate(rows)]

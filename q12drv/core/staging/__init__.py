@@ -20,7 +20,7 @@ from .metadata import (
 from .pack import pack_metadata, pack_padded, pack_tail, staging_ring
 from .reference import expected_fields, verify_readback
 from .stage import UPLOADS, stage_batched_attn_metadata, stage_replicated, stage_stacked, stage_stream_metadata
-from .validate import SEQ_LEN_ALIGN, STATE_ALIGN, TABLE_ALIGN, plain_pointers, validate_streams
+from .validate import SEQ_LEN_ALIGN, STATE_ALIGN, TABLE_ALIGN, plain_pointers, plain_table, validate_streams
 
 __all__ = [
     "SEQ_LEN_ALIGN",
@@ -41,6 +41,7 @@ __all__ = [
     "pass_fields",
     "place_h_state_slot",
     "plain_pointers",
+    "plain_table",
     "reserve_h_state_slot",
     "stage_batched_attn_metadata",
     "stage_replicated",

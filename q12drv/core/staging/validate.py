@@ -248,6 +248,32 @@ def plain_pointers(values, align: int = 1) -> bool:
     return 0 < min(values) and max(values) <= _U64_MAX and not any(p % align for p in values)
 
 
+def plain_table(rows, n: int, align: int = 1) -> np.ndarray | None:
+    """``rows`` as a uint64 ``[len(rows), n]`` array when every entry is a plain address (an exact int or
+    ``DevicePtr``, or an element of an integer array) in (0, 2**64), a multiple of ``align`` (a power of two), every
+    row ``n`` long: the common case of a table of pointers, checked at once. None otherwise (the caller names what is
+    wrong, or reads the tensors)."""
+    if isinstance(rows, np.ndarray):
+        if rows.ndim != 2 or rows.shape[1] != n or rows.dtype.kind not in "iu" or rows.dtype.itemsize > 8:
+            return None
+        if rows.dtype.kind == "i" and (rows <= 0).any():
+            return None
+        table = np.ascontiguousarray(rows, np.uint64)
+    else:
+        if not all(type(row) in (list, tuple) and len(row) == n for row in rows):
+            return None
+        flat = [p for row in rows for p in row]
+        if not set(map(type, flat)) <= _PTR_TYPES:
+            return None
+        try:
+            table = np.array(flat, np.uint64).reshape(len(rows), n)
+        except OverflowError:  # negative, or 2**64 and above
+            return None
+    if not table.all() or int(np.bitwise_or.reduce(table, axis=None)) & (align - 1):
+        return None
+    return table
+
+
 def require_arena(arena) -> None:
     if not isinstance(arena, ScratchArena):
         raise TypeError(f"arena must be a ScratchArena, got {type(arena).__name__}")
