@@ -181,6 +181,11 @@ def test_pass_graph_replay_with_new_metadata_equals_eager(expand, deferred, conf
 def test_pass_graph_uploads_every_ssm_layers_table_with_one_copy(emu, monkeypatch):
     """Three GDN layers, each with its own states: a replay copies the metadata and all three state tables (two
     copies, not one a layer) and equals the eager pass run with pointer lists; a closed graph refuses new states."""
+    check_multi_layer_graph(emu, monkeypatch)
+
+
+def check_multi_layer_graph(emu, monkeypatch) -> None:
+    """:func:`test_pass_graph_uploads_every_ssm_layers_table_with_one_copy` on ``emu`` (any device)."""
     w = World(emu, np.random.default_rng(5))
     rng = np.random.default_rng(6)
     sb = w.state_bytes

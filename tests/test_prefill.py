@@ -573,8 +573,12 @@ def test_a_layer_op_checked_once_still_refuses_a_bad_pointer_a_new_block_count_o
 def test_state_rows_staged_once_give_the_bits_of_pointer_lists_with_one_copy(emu, mode, monkeypatch):
     """``stage_states``: every GDN and short-convolution layer's state-pointer table staged with one copy for the
     pass; each layer given its row copies nothing and computes what it computes from a pointer list."""
+    check_state_rows(emu, mode, monkeypatch, [5, 33, 1, 17], [0, 40, 7, 100])
+
+
+def check_state_rows(emu, mode, monkeypatch, counts, starts) -> None:
+    """:func:`test_state_rows_staged_once_give_the_bits_of_pointer_lists_with_one_copy` on ``emu`` (any device)."""
     rng = np.random.default_rng(21)
-    counts, starts = [5, 33, 1, 17], [0, 40, 7, 100]
     streams, _keep = make_streams(emu, counts, starts, rng=rng)
     n, c, width, t = len(counts), 24, 4, sum(counts)
     layers = [inputs(rng, counts, 4) for _ in range(3)]

@@ -14,7 +14,7 @@ from q12drv.kernels.gdn import GdnConfig, plan_gdn
 from q12drv.kernels.meta import TAIL_STREAMS
 from q12drv.kernels.ops import prepared
 from tests.helpers import make_streams
-from tests.test_graphs import BS, GDN, MAX_STREAMS, MAX_TOKENS, World, _assert_same
+from tests.test_graphs import BS, GDN, MAX_STREAMS, MAX_TOKENS, World, _assert_same, check_multi_layer_graph
 
 pytestmark = pytest.mark.gpu
 
@@ -175,3 +175,8 @@ def test_q12pass_through_an_expand_plan_stages_what_it_stages_without(gpu):
                 assert q12.expand == ("plan" if use else "device")
                 images.append(arena.read(q12.meta.scratch_offset_bytes, q12.meta.staged_bytes))
             assert images[0] == images[1]
+
+
+def test_pass_graph_uploads_every_ssm_layers_table_with_one_copy(gpu, monkeypatch):
+    """Three GDN layers with their own states in one captured pass: one copy of every table, replay == eager."""
+    check_multi_layer_graph(gpu, monkeypatch)

@@ -17,6 +17,7 @@ from q12drv.kernels.gdn.reference import reference as gdn_reference
 from q12drv.kernels import rope as rope_ref
 from q12drv.prefill import AttentionShape, GdnShape, Q12Pass
 from tests.helpers import LayerBuffers, make_streams, rel_err, rel_err_bf16
+from tests.test_prefill import check_state_rows
 
 pytestmark = pytest.mark.gpu
 
@@ -210,3 +211,10 @@ def test_gdn_batched_equals_per_stream_for_every_config(gpu, counts, config):
         assert not np.any(batched["go"] == 0xFFFF), "GDN output rows left unwritten"
         for k in ("go", "states"):
             assert np.array_equal(batched[k], per_stream[k]), f"{k}: batched != per stream ({config})"
+
+
+@pytest.mark.parametrize("mode", ["batched", "per_stream"])
+def test_state_rows_staged_once_give_the_bits_of_pointer_lists_on_gpu(gpu, mode, monkeypatch):
+    """Every convolution and GDN layer's state table staged with one copy (``Q12Pass.stage_states``): the same bits
+    as pointer lists copied layer by layer, through the real driver and kernels."""
+    check_state_rows(gpu, mode, monkeypatch, [5, 300, 1, 77, 1024], [0, 40, 7, 100, 3])
