@@ -27,14 +27,7 @@ def run(ctx: Context) -> None:
         for expand in ("host", "device"):
             gp, arena = step.pass_graph(expand)
             try:
-                step.reset()
-                step.run("batched")
-                dev.synchronize()
-                eager = {k: step.read(k) for k in ("o", "go", "k_pool", "states")}
-                step.reset()
-                step.replay(gp)
-                dev.synchronize()
-                equal = all(step.read(k) == v for k, v in eager.items())
+                equal = replay_equals_eager(step, gp)
                 t = host_and_round_trip({"eager": lambda: step.run("batched"), "replay": lambda: step.replay(gp),
                                          "per_stream": lambda: step.run("per_stream")}, ctx.reps(50, 2), dev.synchronize)
                 res[expand] = {"replay_equals_eager": equal, **t}
@@ -54,6 +47,19 @@ def run(ctx: Context) -> None:
     ctx.section("graph", res)
 
 
+def replay_equals_eager(step: inputs.StepCase, gp, blocks: int = 0) -> bool:
+    """Whether a replay of ``gp`` (``step``'s layers, ``blocks`` as :meth:`~bench.inputs.StepCase.run` takes it)
+    writes what the eager batched pass writes (o, the GDN output, the K pool, the states), each from fresh inputs."""
+    step.reset()
+    step.run("batched", blocks)
+    step.dev.synchronize()
+    eager = {k: step.read(k) for k in ("o", "go", "k_pool", "states")}
+    step.reset()
+    step.replay(gp)
+    step.dev.synchronize()
+    return all(step.read(k) == v for k, v in eager.items())
+
+
 def whole_step(ctx: Context, step: inputs.StepCase, res: dict) -> None:
     """The 48-layer pass as one graph (on the emulator one block of 4 layers): replay round trip against device
     time, and the new batch's host time."""
@@ -62,14 +68,7 @@ def whole_step(ctx: Context, step: inputs.StepCase, res: dict) -> None:
     layers = f"{4 * blocks}_layers"
     gp, arena = step.pass_graph("device", blocks=blocks)
     try:
-        step.reset()
-        step.run("batched", blocks)
-        dev.synchronize()
-        eager = {k: step.read(k) for k in ("o", "go", "k_pool", "states")}
-        step.reset()
-        step.replay(gp)
-        dev.synchronize()
-        equal = all(step.read(k) == v for k, v in eager.items())
+        equal = replay_equals_eager(step, gp, blocks)
         reps = ctx.reps(50, 2)
         t = host_and_round_trip({"set_batch": lambda: step.set_graph_batch(gp), "replay": gp.replay}, reps,
                                 dev.synchronize)
