@@ -891,9 +891,10 @@ class Q12Pass:
         """Stage the state-pointer tables of this pass's layers at once: ``rows[r][b]``, stream b's state in table r
         (a Gated DeltaNet layer's fp32 ``[Hv, D, D]`` states, a short convolution's bf16 ``[W - 1, C]`` states; raw
         addresses or tensors, or every address at once as an integer array ``[tables, n]``), one copy for all of
-        them, at the arena's cursor (after the pass's ``h_state_ptrs`` slot). Give row r to :meth:`gdn_layer` or :meth:`conv1d` in place of a pointer list: the layer then copies
-        nothing (a list costs each layer a copy into the slot, its event and their host time). Size the arena for
-        the rows with :meth:`arena_bytes` (``state_rows=``).
+        them, at the arena's cursor (after the pass's ``h_state_ptrs`` slot). Give row r to :meth:`gdn_layer` or
+        :meth:`conv1d` in place of a pointer list: the layer then copies nothing (a list costs each layer a copy into
+        the slot, its event and their host time). Size the arena for the rows with :meth:`arena_bytes` or
+        :meth:`max_arena_bytes` (``state_rows=``).
 
         Returns
         -------
