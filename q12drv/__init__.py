@@ -41,6 +41,7 @@ from .core.ptr import NULL, DevicePtr
 from .core.staging import (
     BatchedAttnMetadata,
     HStateSlot,
+    StateRow,
     StreamStageInfo,
     place_h_state_slot,
     stage_batched_attn_metadata,
@@ -82,6 +83,7 @@ __all__ = [
     "RopeScaling",
     "ScratchArena",
     "ScratchPlan",
+    "StateRow",
     "Stream",
     "StreamStageInfo",
     "capture",
