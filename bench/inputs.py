@@ -337,6 +337,8 @@ class StepCase:
     def __init__(self, dev, counts, *, shapes=QWEN3_NEXT, seed=0, gdn_config=GdnConfig()):
         self.dev, self.counts = dev, list(counts)
         att, gdn, bs = shapes["attention"], shapes["gdn"], shapes["block_size"]
+        #: the short convolution's channels: Qwen3-Next's [q | k | v], 2 Hk dk + Hv dv
+        self.conv_channels = (2 * gdn.num_k_heads + gdn.num_v_heads) * gdn.head_dim
         self.att, self.gdn, self.bs = att, gdn, bs
         self.gdn_plan = plan_gdn(gdn_config, gdn, len(counts), max(counts), dev)
         n, total = len(counts), sum(counts)
@@ -355,10 +357,13 @@ class StepCase:
             "g": (-np.exp(rng.standard_normal((total, hv))) * 0.1).astype(np.float32),
             "beta": (1 / (1 + np.exp(-rng.standard_normal((total, hv))))).astype(np.float32),
             "states": (rng.standard_normal((n, hv, dg, dg)) * 0.1).astype(np.float32),
+            # the short convolution over [q | k | v] (width 4), its taps and per-stream states
+            "conv_x": bf16(total, self.conv_channels), "conv_y": None, "conv_w": bf16(self.conv_channels, 4),
+            "conv_states": bf16(n, 3, self.conv_channels),
         }
         sizes = {"o": total * hq * d * 2, "k_pool": self.num_blocks * bs * hkv * d * 2,
                  "v_pool": self.num_blocks * bs * hkv * d * 2, "go": total * hv * dg * 2,
-                 "workspace": max(16, self.gdn_plan.workspace_bytes)}
+                 "workspace": max(16, self.gdn_plan.workspace_bytes), "conv_y": total * self.conv_channels * 2}
         host["workspace"] = None
         self.host, self.sizes = host, sizes
         self.ptrs, self._owned = {}, []
@@ -368,6 +373,7 @@ class StepCase:
             self.ptrs[name] = int(buf.ptr)
         self.reset()
         self.state_ptrs = [self.ptrs["states"] + b * hv * dg * dg * 4 for b in range(n)]
+        self.conv_state_ptrs = [self.ptrs["conv_states"] + b * 3 * self.conv_channels * 2 for b in range(n)]
         self.gdn_tensors = GdnTensors(*(self.ptrs[k] for k in ("gq", "gk", "gv", "g", "beta", "go")))
         self.plan = make_scratch_plan(self.counts, 0, False, "exact")
         #: 48 layers' GDN state tables, staged once a pass (``run(mode, 12)``)

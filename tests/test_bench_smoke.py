@@ -50,7 +50,8 @@ def test_gpu_compare_and_plot_plumbing(tmp_path):
     # each layer op against the driver calls it issues, recorded and replayed bare
     ops = data["sections"]["layer_ops"]
     assert {k: (v["launches"], v["copies"]) for k, v in ops.items() if not k.startswith("gdn_layer")} == {
-        "attention_layer": (3, 0), "rope": (1, 0), "kv_write": (1, 0), "attention": (1, 0)}
+        "attention_layer": (3, 0), "rope": (1, 0), "kv_write": (1, 0), "attention": (1, 0), "conv1d": (1, 1),
+        "conv1d (staged states)": (1, 0)}
     assert ops["gdn_layer"]["launches"] >= 1 and ops["gdn_layer"]["copies"] == 1  # the state pointers' upload
     staged = ops["gdn_layer (staged states)"]  # its state table staged once for the pass: launches only
     assert staged["launches"] == ops["gdn_layer"]["launches"] and staged["copies"] == staged["event_records"] == 0

@@ -6,6 +6,7 @@ import pytest
 from q12drv import ScratchArena, make_scratch_plan
 from q12drv.kernels import ops, registry
 from q12drv.kernels import rope as _rope
+from q12drv.kernels.conv1d import conv1d_launch, enqueue_conv1d
 from q12drv.kernels.gdn import GdnConfig, GdnShape, enqueue_gdn, plan_gdn
 from q12drv.kernels.gdn.launch import GdnLaunch
 from q12drv.kernels.layer_launch import LayerLaunch
@@ -50,6 +51,8 @@ def test_a_layer_launch_writes_the_block_its_per_call_launcher_writes(emu, meta)
          lambda: ops.kv_write_launch(emu, meta, 128, 4096).launch(raw, tuple(PTRS[:4]))),
         (["q12_kv_write_fp8"], lambda: ops.enqueue_kv_write_fp8(emu, meta, *PTRS, 64, 128, 4096, None),
          lambda: ops.kv_write_fp8_launch(emu, meta, 64, 128, 4096).launch(raw, tuple(PTRS))),
+        (["q12_conv1d_w4"], lambda: enqueue_conv1d(emu, meta, "q12_conv1d_w4", *PTRS[:5], 64, 64, 72, 80, True, None),
+         lambda: conv1d_launch(emu, meta, "q12_conv1d_w4", 64, 64, 72, 80, True).launch(raw, (*PTRS[1:5], PTRS[0]))),
         (["q12_attn_prefill_d64"],
          lambda: ops.enqueue_attention(emu, meta, "q12_attn_prefill_d64", *PTRS[:4], 4, 2, 64, 0.125, None, 7),
          lambda: ops.attention_launch(emu, meta, "q12_attn_prefill_d64", 4, 2, 64, 0.125, 7).launch(

@@ -497,6 +497,19 @@ def test_the_pass_runs_the_short_convolution_through_its_pointer_slot(emu):
             with pytest.raises(ValueError, match="overlap"):  # past stream 0's 9 rows: the batch's rows count
                 q12.conv1d([int(b.ptr) for b in sb], int(xb.ptr), int(xb.ptr) + 10 * c * 2, int(wb.ptr), channels=c,
                            width=width)
+            # a layer like the first (its launch remembered) still has its own pointers checked
+            states = [int(b.ptr) for b in sb]
+            for args, error, match in (((int(xb.ptr) + 2, int(yb.ptr), int(wb.ptr)), ValueError, "x must be 16-byte"),
+                                       ((int(xb.ptr), int(yb.ptr) + 8, int(wb.ptr)), ValueError, "y must be 16-byte"),
+                                       ((int(xb.ptr), int(yb.ptr), 0), ValueError, "w must be a non-NULL"),
+                                       ((float(xb.ptr), int(yb.ptr), int(wb.ptr)), TypeError, "x must be"),
+                                       ((int(yb.ptr), int(yb.ptr), int(wb.ptr)), ValueError, "overlap")):
+                with pytest.raises(error, match=match):
+                    q12.conv1d(states, *args, channels=c, width=width)
+            with pytest.raises(ValueError, match="bias must be 2-byte aligned"):
+                q12.conv1d(states, int(xb.ptr), int(yb.ptr), int(wb.ptr), channels=c, width=width,
+                           bias=int(wb.ptr) + 1)
+            assert emu.download(yb.ptr, x.nbytes) == outs[mode][0]  # none of them wrote
     assert outs["batched"] == outs["per_stream"]
     want, _ = conv.reference(from_bf16_bits(x), from_bf16_bits(w), [from_bf16_bits(s) for s in s0],
                              np.concatenate([[0], np.cumsum(counts)]))

@@ -132,7 +132,8 @@ def _ops(q12, step) -> dict:
     """The layer ops of ``q12`` (a pass of ``step``) as no-argument calls."""
     p, att, nb = step.ptrs, step.att, step.num_blocks
     kw = step.gdn_kwargs()
-    (row,) = q12.stage_states([step.state_ptrs])  # staged once for the pass, outside the op
+    row, conv_row = q12.stage_states([step.state_ptrs, step.conv_state_ptrs])  # once a pass, outside the ops
+    c, conv = step.conv_channels, (p["conv_x"], p["conv_y"], p["conv_w"])
     return {
         "attention_layer": lambda: q12.attention_layer(p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], att,
                                                        num_blocks=nb),
@@ -141,6 +142,8 @@ def _ops(q12, step) -> dict:
         "attention": lambda: q12.attention(p["q"], p["k_pool"], p["v_pool"], p["o"], att, num_blocks=nb),
         "gdn_layer": lambda: q12.gdn_layer(step.state_ptrs, step.gdn_tensors, step.gdn, **kw),
         "gdn_layer (staged states)": lambda: q12.gdn_layer(row, step.gdn_tensors, step.gdn, **kw),
+        "conv1d": lambda: q12.conv1d(step.conv_state_ptrs, *conv, channels=c, width=4),
+        "conv1d (staged states)": lambda: q12.conv1d(conv_row, *conv, channels=c, width=4),
     }
 
 

@@ -31,10 +31,11 @@ from ..core.device import Device
 from ..core.staging import BatchedAttnMetadata
 from . import args as _args
 from . import registry
+from .layer_launch import LayerLaunch
 from .meta import Q12MetaC, meta_struct
 
 __all__ = ["SOURCE", "ENTRIES", "WIDTHS", "THREADS", "SEGMENT", "CONTRACTS", "geometry", "reference", "emulate_conv1d",
-           "EMULATORS", "conv1d", "check_conv1d", "enqueue_conv1d", "entry_for_width"]
+           "EMULATORS", "conv1d", "check_conv1d", "enqueue_conv1d", "conv1d_launch", "entry_for_width", "POINTERS"]
 
 SOURCE = "conv1d.cu"
 #: Kernel widths there is an entry for.
@@ -237,5 +238,17 @@ def enqueue_conv1d(device: Device, meta: BatchedAttnMetadata, entry: str, state_
     a.m = meta_struct(meta)
     launch.launch(grid, block, smem, stream)
 
+
+def conv1d_launch(device: Device, meta: BatchedAttnMetadata, entry: str, channels: int, x_stride: int, y_stride: int,
+                  state_stride: int, silu: bool) -> LayerLaunch:
+    """:func:`enqueue_conv1d` for every layer of a pass: its launch with all but ``(x, y, w, bias, state_ptrs)``
+    fixed (checked values, as there; ``bias`` 0 for none); call it with those."""
+    grid, block, smem = geometry(meta.batch_size, meta.chunk_len, channels)
+    return LayerLaunch(device, entry, grid, block, smem, POINTERS, m=meta_struct(meta), channels=channels,
+                       x_stride=x_stride, y_stride=y_stride, state_stride=state_stride, silu=int(silu))
+
+
+#: The short convolution's per-layer pointer parameters, in their order.
+POINTERS = ("x", "y", "w", "bias", "state_ptrs")
 
 registry.register(SOURCE, ENTRIES, EMULATORS, defines=CONTRACTS)

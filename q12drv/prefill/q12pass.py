@@ -38,7 +38,7 @@ from ..kernels.gdn.launch import GdnLaunch, check_workspace, resolve_plan
 from ..kernels.gdn.plan import check_shape
 from ..kernels.args import (ALIGN, FP8_E4M3, FP8_POOL_DTYPES, I32_MAX, check_kv_scales, count, head_group,
                            positive_float)
-from ..kernels.conv1d import check_conv1d, enqueue_conv1d
+from ..kernels.conv1d import check_conv1d, conv1d_launch
 from ..core.interop import describe
 from .tensors import count_of, row_view
 from ..core.layout import (h_state_entry_offset, make_scratch_plan, row_offset, scratch_bytes_bound,
@@ -207,6 +207,14 @@ def _plain_gdn(ptrs: tuple) -> bool:
         return not (q & _GDN_BAD[0] | k & _GDN_BAD[1] | v & _GDN_BAD[2] | o & _GDN_BAD[3] | g & _GATE_BAD[0]
                     | beta & _GATE_BAD[1])
     return _plain_aligned((q, k, v, o), _GDN_BAD) and _plain_aligned((g, beta), _GATE_BAD)
+
+
+_CONV_BAD = _bad_bits({"x": 16, "y": 16, "w": 16, "bias": 2}, ("x", "y", "w", "bias"))
+
+
+def _plain_conv(x, y, w, bias) -> bool:
+    """:func:`_plain_aligned` of a short convolution's ``(x, y, w, bias)`` (``bias`` None: none)."""
+    return _plain4(x, y, w, 2 if bias is None else bias, _CONV_BAD)  # (2: an address the check passes)
 
 
 def _plain4(a, b, c, d, bad: tuple) -> bool:
@@ -433,6 +441,9 @@ class Q12Pass:
         self.stream_meta: list = []
         self._layers: dict = {}  # id(shape) -> _AttentionLayer: the shape checked for this pass, its launches
         self._gdn_layers: dict = {}  # id(GdnShape) -> _GdnLayer
+        self._conv_launches: dict = {}  # (entry, channels, strides, silu) -> the short convolution's launch
+        #: (channels, width, state_stride, silu) as given -> (launch, bytes of x's rows): raw addresses' fast path
+        self._conv_layers: dict = {}
         self._resolved_stream: tuple = (None, None)  # (stream as given, its driver stream): _driver_stream's
         self._gdn_plans: dict = {}  # (GdnShape, GdnConfig or id(GdnPlan)) -> (what was given, this pass's plan)
         self._decode_plans: dict = {}  # (Hq, Hkv, D, window, num_splits asked, kv_dtype) -> this pass's DecodePlan
@@ -956,6 +967,30 @@ class Q12Pass:
             A state row staged for another pass.
         """
         self._require_current()
+        # the common case first: raw addresses for a layer like one this pass checked (its channels, width, state
+        # stride and flag: the same launch); only this layer's pointers are checked
+        key = (channels, width, state_stride, silu) if (
+            type(channels) is int and type(width) is int and type(silu) is bool
+            and (state_stride is None or type(state_stride) is int)) else None
+        hit = None if key is None else self._conv_layers.get(key)
+        if hit is not None and _plain_conv(x, y, w, bias) and (x + hit[1] <= y or y + hit[1] <= x):
+            run, args = hit[0], (x, y, w, 0 if bias is None else bias)
+        else:
+            run, args = self._conv1d_checked(key, x, y, w, channels, width, bias, state_stride, silu)
+        if type(state_ptrs) is StateRow:
+            table = state_ptrs.check(self.arena, self._generation, _CONV_STATE_ALIGN, "bf16",
+                                     "the short convolution's states")
+        else:
+            states = self._state_addresses(state_ptrs, "state_ptrs", _CONV_STATE_ALIGN, dtype="bf16")
+            table = int(self.h_slot.ptr)
+            self.h_slot.write_checked(states, self.stream)
+        run(self._driver_stream(), (*args, table))
+
+    def _conv1d_checked(self, key: tuple | None, x, y, w, channels, width, bias, state_stride, silu) -> tuple:
+        """:meth:`conv1d`'s checks of everything but the states (tensors or addresses, channels, width, strides,
+        overlap over the whole batch's rows) and its launch for this pass (made once per channels, width, strides and
+        flag; remembered under ``key``, the arguments as given where they are exact ints and a bool, for later layers
+        on raw addresses): ``(launch, (x, y, w, bias) addresses)``."""
         dev = self.device
         c = channels if channels is not None else count_of(x, 1)
         if c is None:
@@ -970,27 +1005,17 @@ class Q12Pass:
         yp, sy = row_view(dev, y, "y", columns=c, dtype="bf16")
         wp = dev.pointer(w, "w", dtype="bf16", align=16)
         bp = None if bias is None else dev.pointer(bias, "bias", dtype="bf16", shape=(c,), align=2)
-        if type(state_ptrs) is StateRow:
-            table, states = state_ptrs.check(self.arena, self._generation, _CONV_STATE_ALIGN, "bf16",
-                                             "the short convolution's states"), None
-        else:
-            table, states = int(self.h_slot.ptr), self._state_addresses(state_ptrs, "state_ptrs", _CONV_STATE_ALIGN,
-                                                                        dtype="bf16")
-        # the op's own checks (widths, strides, overlap over the whole batch's rows), before the slot is rewritten
         entry, strides, bias_addr = check_conv1d(self._batch.total, xp, yp, channels=c, width=width, bias=bp,
                                                  x_stride=sx, y_stride=sy, state_stride=state_stride, silu=silu)
-        if states is not None:
-            self.h_slot.write_checked(states, self.stream)
-        st = self.stream
-
-        def run(meta, slot, row):
-            enqueue_conv1d(dev, meta, entry, slot, xp + row_offset(row, strides[0], _BF16),
-                           yp + row_offset(row, strides[1], _BF16), wp, bias_addr, c, *strides, silu, st)
-
-        if self.batched:
-            run(self.meta, table, 0)
-        else:
-            self._per_stream(lambda meta, b, row: run(meta, table + h_state_entry_offset(b), row))
+        launches = self._conv_launches.get((entry, c, strides, silu))
+        if launches is None:
+            launches = self._conv_launches[(entry, c, strides, silu)] = self._launcher(
+                lambda meta, b: conv1d_launch(dev, meta, entry, c, *strides, silu),
+                ((strides[0], _BF16), (strides[1], _BF16), (0, 0), (0, 0), _TABLE))
+        if key is not None and strides[:2] == (c, c):
+            # raw addresses' rows are c apart: a later layer with the same key needs only its pointers checked
+            self._conv_layers[key] = (launches, 2 * self._batch.total * c)
+        return launches, (int(xp), int(yp), int(wp), bias_addr)
 
     def _state_addresses(self, state_ptrs, name: str, align: int, dtype: str | None = None) -> list:
         """One state address per stream (raw addresses or tensors), checked."""
