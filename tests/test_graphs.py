@@ -248,6 +248,58 @@ def check_multi_layer_graph(emu, monkeypatch) -> None:
         s.free()
 
 
+def test_pass_graph_runs_the_short_convolution_with_its_state_table(emu):
+    """A captured short convolution (its per-stream states through a state table) replayed for two batches equals
+    the eager pass's convolution, outputs and states."""
+    check_graph_conv1d(emu)
+
+
+def check_graph_conv1d(emu) -> None:
+    """:func:`test_pass_graph_runs_the_short_convolution_with_its_state_table` on ``emu`` (any device)."""
+    w = World(emu, np.random.default_rng(9))
+    rng = np.random.default_rng(10)
+    c, width = 32, 4
+    x = to_bf16_bits(rng.standard_normal((MAX_TOKENS, c)))
+    taps = to_bf16_bits(rng.standard_normal((c, width)) * 0.5)
+    init = to_bf16_bits(rng.standard_normal((MAX_STREAMS, width - 1, c)))
+    bufs = {k: emu.alloc(a.nbytes, k) for k, a in (("x", x), ("y", x), ("w", taps), ("states", init))}
+    emu.upload(bufs["x"].ptr, x)
+    emu.upload(bufs["w"].ptr, taps)
+    p = {k: int(b.ptr) for k, b in bufs.items()}
+    table = lambda n: [p["states"] + b * init[0].nbytes for b in range(n)]  # noqa: E731
+
+    def outputs(n, real):
+        return (emu.download(bufs["y"].ptr, real * c * 2), emu.download(bufs["states"].ptr, n * init[0].nbytes))
+
+    want = {}
+    for name in ("A", "B"):
+        streams = w.batches[name][0]
+        emu.upload(bufs["states"].ptr, init)
+        with ScratchArena(emu, 1 << 16) as arena:
+            q12 = Q12Pass(arena, streams, block_size=BS, use_mrope=False, dummy_kv_block=0, mode="batched")
+            q12.conv1d(table(len(streams)), p["x"], p["y"], p["w"], channels=c, width=width)
+        emu.synchronize()
+        want[name] = outputs(len(streams), sum(s.proc_count for s in streams))
+    with ScratchArena(emu, 1 << 20) as arena:
+        gp = PassGraph(arena, max_streams=MAX_STREAMS, max_tokens=MAX_TOKENS, max_chunk=48, block_size=BS,
+                       use_mrope=False, dummy_kv_block=0, num_ssm_layers=1, state_bytes=init[0].nbytes)
+        gp.set_streams(w.batches["A"][0])
+        gp.set_states(0, table(3))
+        emu.upload(bufs["states"].ptr, init)
+        gp.capture(lambda g: g.conv1d(0, p["x"], p["y"], p["w"], channels=c, width=width))
+        for name in ("B", "A"):
+            streams = w.batches[name][0]
+            gp.set_streams(streams)
+            gp.set_states(0, table(len(streams)))
+            emu.upload(bufs["states"].ptr, init)
+            gp.replay()
+            emu.synchronize()
+            assert outputs(len(streams), sum(s.proc_count for s in streams)) == want[name], name
+        gp.close()
+    for b in bufs.values():
+        b.free()
+
+
 def test_pass_graph_sliding_window_equals_eager():
     """A sliding-window layer in a captured pass: each replay equals the eager batched pass with the same window
     (and differs from full attention); a bad window is refused before the first launch."""

@@ -30,6 +30,7 @@ from ..core.arena import ScratchArena
 from ..core.device import Device, PinnedBuffer
 from ..core.errors import CapacityError, Q12Error
 from ..kernels import ops
+from ..kernels.conv1d import conv1d as _conv1d
 from ..kernels.expand import MAX_STREAMS as _EXPAND_MAX_STREAMS, enqueue_expand
 from ..core.layout import h_state_slot_bytes, stacked_layout, state_tables_bytes
 from ..kernels.gdn import GdnConfig, GdnPlan, GdnTensors, gdn, plan_gdn
@@ -120,7 +121,8 @@ class PassGraph:
     max_blocks_per_seq : int
         Recorded in the metadata (informational; the kernels read each stream's own table).
     num_ssm_layers : int
-        Gated DeltaNet layers the body runs (one state-pointer table each, :meth:`set_states`).
+        State-pointer tables the body reads (:meth:`set_states`): one for each Gated DeltaNet layer and each short
+        convolution it runs (Qwen3-Next: two a linear-attention layer).
     state_bytes : int
         Bytes of one stream's recurrent state, for the dummy state absent streams point at.
     expand : {"host", "device"}
@@ -341,6 +343,16 @@ class PassGraph:
         plan = self.gdn_plan(shape, config) if isinstance(config, GdnConfig) else config
         gdn(self.device, self.meta, self.state_table(layer), tensors, shape, plan, workspace=workspace,
             workspace_bytes=workspace_bytes, stream=self.stream)
+
+    def conv1d(self, table: int, x: int, y: int, w: int, *, channels: int, width: int = 4, bias: int | None = None,
+               x_stride: int | None = None, y_stride: int | None = None, state_stride: int | None = None,
+               silu: bool = True) -> None:
+        """The short convolution over the padded pass (as :meth:`Q12Pass.conv1d`, batched: :func:`q12drv.kernels.conv1d
+        .conv1d`'s arguments, raw addresses) with state table ``table`` (:meth:`set_states`: each stream's bf16
+        ``[W - 1, C]`` state; absent streams have no tokens, so the dummy state they point at is never read). X and
+        Y hold ``max_tokens`` rows; rows past the real tokens are scratch."""
+        _conv1d(self.device, self.meta, self.state_table(table), x, y, w, channels=channels, width=width, bias=bias,
+                x_stride=x_stride, y_stride=y_stride, state_stride=state_stride, silu=silu, stream=self.stream)
 
     def _enqueue_metadata(self) -> None:
         dst = int(self.region.ptr) + self._upload_from

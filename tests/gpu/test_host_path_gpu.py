@@ -14,7 +14,8 @@ from q12drv.kernels.gdn import GdnConfig, plan_gdn
 from q12drv.kernels.meta import TAIL_STREAMS
 from q12drv.kernels.ops import prepared
 from tests.helpers import make_streams
-from tests.test_graphs import BS, GDN, MAX_STREAMS, MAX_TOKENS, World, _assert_same, check_multi_layer_graph
+from tests.test_graphs import (BS, GDN, MAX_STREAMS, MAX_TOKENS, World, _assert_same, check_graph_conv1d,
+                               check_multi_layer_graph)
 
 pytestmark = pytest.mark.gpu
 
@@ -180,3 +181,8 @@ def test_q12pass_through_an_expand_plan_stages_what_it_stages_without(gpu):
 def test_pass_graph_uploads_every_ssm_layers_table_with_one_copy(gpu, monkeypatch):
     """Three GDN layers with their own states in one captured pass: one copy of every table, replay == eager."""
     check_multi_layer_graph(gpu, monkeypatch)
+
+
+def test_pass_graph_runs_the_short_convolution_with_its_state_table(gpu):
+    """The captured short convolution replayed for two batches equals the eager pass's, on the GPU."""
+    check_graph_conv1d(gpu)
