@@ -376,8 +376,8 @@ class StepCase:
         self.conv_state_ptrs = [self.ptrs["conv_states"] + b * 3 * self.conv_channels * 2 for b in range(n)]
         self.gdn_tensors = GdnTensors(*(self.ptrs[k] for k in ("gq", "gk", "gv", "g", "beta", "go")))
         self.plan = make_scratch_plan(self.counts, 0, False, "exact")
-        #: 48 layers' GDN state tables, staged once a pass (``run(mode, 12)``)
-        self.arena = ScratchArena(dev, Q12Pass.arena_bytes(self.counts, state_rows=36))
+        #: 48 layers' state tables (a convolution's and a GDN layer's for each of 36), staged once a pass
+        self.arena = ScratchArena(dev, Q12Pass.arena_bytes(self.counts, state_rows=72))
         dev.synchronize()
 
     def reset(self) -> None:
@@ -399,12 +399,14 @@ class StepCase:
         one attention layer)."""
         p, kw = self.ptrs, self.gdn_kwargs()
         att = (p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], self.att)
+        conv = (p["conv_x"], p["conv_y"], p["conv_w"])
         if not blocks:
             gp.attention_layer(*att, num_blocks=self.num_blocks)
             gp.gdn_layer(0, self.gdn_tensors, self.gdn, **kw)
         for i in range(blocks):
             for j in range(3):
-                gp.gdn_layer(3 * i + j, self.gdn_tensors, self.gdn, **kw)
+                gp.conv1d(6 * i + 2 * j, *conv, channels=self.conv_channels, width=4)
+                gp.gdn_layer(6 * i + 2 * j + 1, self.gdn_tensors, self.gdn, **kw)
             gp.attention_layer(*att, num_blocks=self.num_blocks)
 
     def pass_graph(self, expand: str = "host", blocks: int = 0):
@@ -415,7 +417,7 @@ class StepCase:
         n, total = len(self.counts), sum(self.counts)
         arena = ScratchArena(self.dev, 1 << 20)
         gp = PassGraph(arena, max_streams=n, max_tokens=total, max_chunk=max(self.counts), block_size=self.bs,
-                       use_mrope=False, dummy_kv_block=0, num_ssm_layers=3 * blocks or 1,
+                       use_mrope=False, dummy_kv_block=0, num_ssm_layers=6 * blocks or 1,
                        state_bytes=self.gdn.num_v_heads * self.gdn.head_dim ** 2 * 4, expand=expand)
         self.set_graph_batch(gp)
         gp.capture(lambda g: self.body(g, blocks))
@@ -423,9 +425,14 @@ class StepCase:
         return gp, arena
 
     def set_graph_batch(self, gp) -> None:
-        """The streams and every SSM layer's states (here the same for each) for ``gp``'s next replay."""
+        """The streams and every state table (:meth:`state_tables`) for ``gp``'s next replay."""
         gp.set_streams(self.streams)
-        gp.set_state_tables([self.state_ptrs] * gp.num_ssm_layers)
+        gp.set_state_tables(self.state_tables(gp.num_ssm_layers))
+
+    def state_tables(self, count: int) -> list:
+        """``count`` state tables as :meth:`run` and :meth:`body` read them: one, the GDN states; or per
+        linear-attention layer the convolution's, then the GDN layer's (here every layer's the same states)."""
+        return [self.state_ptrs] if count == 1 else [self.conv_state_ptrs, self.state_ptrs] * (count // 2)
 
     def replay(self, gp) -> None:
         self.set_graph_batch(gp)
@@ -437,8 +444,9 @@ class StepCase:
 
     def run(self, mode: str, blocks: int = 0) -> Q12Pass:
         """One pass: one attention layer and one GDN layer (its state pointers as a list: the layer copies them);
-        ``blocks`` > 0: instead that many of Qwen3-Next's layer blocks (three GDN layers, then one attention layer;
-        its 48 layers are 12), every GDN layer's state table staged once for the pass (``Q12Pass.stage_states``)."""
+        ``blocks`` > 0: instead that many of Qwen3-Next's layer blocks (three linear-attention layers, each the short
+        convolution and Gated DeltaNet, then one attention layer; its 48 layers are 12), every convolution's and GDN
+        layer's state table staged once for the pass (``Q12Pass.stage_states``)."""
         p = self.ptrs
         q12 = Q12Pass(self.arena, self.streams, block_size=self.bs, use_mrope=False, dummy_kv_block=0,
                       head_dim=self.att.head_dim, policy="exact", mode=mode)
@@ -448,11 +456,12 @@ class StepCase:
         if not blocks:
             q12.attention_layer(*att, num_blocks=self.num_blocks)
             q12.gdn_layer(*gdn, **kw)
-        rows = iter(q12.stage_states([self.state_ptrs] * (3 * blocks)) if blocks else ())
+        rows = iter(q12.stage_states(self.state_tables(6 * blocks)) if blocks else ())
+        conv = (p["conv_x"], p["conv_y"], p["conv_w"])
         for _ in range(blocks):
-            q12.gdn_layer(next(rows), *gdn[1:], **kw)
-            q12.gdn_layer(next(rows), *gdn[1:], **kw)
-            q12.gdn_layer(next(rows), *gdn[1:], **kw)
+            for _ in range(3):
+                q12.conv1d(next(rows), *conv, channels=self.conv_channels, width=4)
+                q12.gdn_layer(next(rows), *gdn[1:], **kw)
             q12.attention_layer(*att, num_blocks=self.num_blocks)
         return q12
 

@@ -4,11 +4,11 @@ streams' metadata set anew, against the eager batched step and the per-stream fa
 50 repetitions, the three interleaved. The replay's outputs (o, the GDN output, the K pool, the states) are checked
 against the eager pass's.
 
-Then the same 8 x 128 pass through Qwen3-Next's 48 layers (12 x (3 GDN + 1 attention), device expansion) captured
-whole: its replay's round trip (the graph launch and a stream synchronize) against its device time (events recorded
-around the replay), the goal being device time plus a few microseconds; and the host time of giving it a new batch
-(``set_streams`` and every SSM layer's states, ``set_state_tables``), work a runtime does while the previous step
-runs."""
+Then the same 8 x 128 pass through Qwen3-Next's 48 layers (12 x (3 x (conv1d + GDN) + 1 attention), device
+expansion) captured whole: its replay's round trip (the graph launch and a stream synchronize) against its device
+time (events recorded around the replay), the goal being device time plus a few microseconds; and the host time of
+giving it a new batch (``set_streams`` and every state table, ``set_state_tables``), work a runtime does while the
+previous step runs."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def replay_equals_eager(step: inputs.StepCase, gp, blocks: int = 0) -> bool:
     step.reset()
     step.run("batched", blocks)
     step.dev.synchronize()
-    eager = {k: step.read(k) for k in ("o", "go", "k_pool", "states")}
+    eager = {k: step.read(k) for k in ("o", "go", "k_pool", "states", "conv_y", "conv_states")}
     step.reset()
     step.replay(gp)
     step.dev.synchronize()

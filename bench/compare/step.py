@@ -1,8 +1,9 @@
 """Section ``step``: one prefill step (admission, staging, one attention layer and one Gated DeltaNet layer,
 Qwen3-Next-like: :data:`bench.inputs.QWEN3_NEXT`), batched against the per-stream fallback, 8 x 128 and 8 ragged
 256..2048 tokens: wall-clock round trip (the step and a stream synchronize), medians over 50 repetitions after 5
-warm-ups, the two modes interleaved. Also the 8 x 128 pass through Qwen3-Next's 48 layers (12 x (3 GDN + 1
-attention)), for information: there the per-layer work, not the per-pass work, dominates."""
+warm-ups, the two modes interleaved. Also the 8 x 128 pass through Qwen3-Next's 48 layers (12 x (3 x (conv1d +
+GDN) + 1 attention), every state table staged once), for information: there the per-layer work, not the per-pass
+work, dominates."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def run(ctx: Context) -> None:
         goal = 4 if name == "8x128" else 1.5
         ctx.row(f"step {name}: batched (stage+attn+GDN)", res[name]["batched"]["round_trip_us"], "per-stream fallback",
                 res[name]["per_stream"]["round_trip_us"], faster(goal))
-    # the same 8 x 128 pass through all 48 layers of Qwen3-Next (12 x (3 GDN + 1 attention)): what a
+    # the same 8 x 128 pass through all 48 layers of Qwen3-Next (12 x (3 x (conv1d + GDN) + 1 attention)): what a
     # runtime's pass costs once the per-layer work, not the per-pass work, dominates
     step = inputs.StepCase(dev, inputs.step_counts("8x128", ctx.gpu))
     try:
@@ -42,5 +43,6 @@ def run(ctx: Context) -> None:
         ctx.row(f"step 8x128 48 layers: {mode} host time", res["8x128_48_layers"][mode]["host_us"], "its round trip",
                 res["8x128_48_layers"][mode]["round_trip_us"], note="info")
     ctx.row("step 8x128 48 layers: batched", res["8x128_48_layers"]["batched"]["round_trip_us"], "per-stream fallback",
-            res["8x128_48_layers"]["per_stream"]["round_trip_us"], note="info: Qwen3-Next's 12 x (3 GDN + attn)")
+            res["8x128_48_layers"]["per_stream"]["round_trip_us"],
+            note="info: Qwen3-Next's 12 x (3 x (conv1d + GDN) + attn)")
     ctx.section("step", res)
