@@ -12,7 +12,7 @@ import zipfile
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from q12drv import (
@@ -259,6 +259,56 @@ def test_admission_decides_or_names_the_malformed_argument(tuples, n_off, arena_
         assert sum(t[1] for t in tuples) <= arena_cap
     else:
         assert a.rule in RULES and a.reason
+
+
+# --- state tables: any rows stage and read back, or are refused with nothing written ------------------
+
+@pytest.fixture(scope="module")
+def three_streams(dev):
+    from tests.helpers import make_streams
+
+    streams, tables = make_streams(dev, [3, 1, 6], [0, 5, 2])
+    yield streams
+    tables.free()
+
+
+entry = st.one_of(st.integers(1, 1 << 48).map(lambda p: p * 4), st.integers(-5, 1 << 65), weird)
+
+
+@SETTINGS
+@given(rows=st.one_of(st.lists(st.lists(entry, min_size=2, max_size=4), max_size=6),
+                      st.lists(st.lists(st.integers(1, 1 << 40).map(lambda p: p * 16), min_size=3, max_size=3),
+                               min_size=1, max_size=6)),
+       as_array=st.booleans(), spare=st.integers(-24, 48))
+def test_state_rows_stage_and_read_back_or_are_refused_with_nothing_written(dev, three_streams, rows, as_array, spare):
+    """Any rows given to ``Q12Pass.stage_states`` (three streams; lists of ints of any size or type, or an integer
+    array) are staged, each table reading back as given at its row's address, or refused with a named error and the
+    arena, its rings and every buffer untouched."""
+    n = len(three_streams)
+    if as_array:
+        try:
+            rows = np.array(rows, np.int64)
+        except (ValueError, TypeError, OverflowError):  # not an integer table: given as lists
+            pass
+    with ScratchArena(dev, max(64, Q12Pass.arena_bytes([3, 1, 6]) + spare)) as arena:
+        try:
+            q12 = Q12Pass(arena, three_streams, block_size=16, use_mrope=False, dummy_kv_block=0)  # or per stream
+        except CapacityError:
+            return  # the arena is too small for the pass itself
+        before = snapshot(dev, arena)
+        try:
+            staged = q12.stage_states(rows)
+        except REFUSALS as exc:
+            event(f"refused: {type(exc).__name__}")
+            assert str(exc)
+            assert_same(before, snapshot(dev, arena))
+        else:
+            event("staged")
+            assert len(staged) == len(rows) and all(len(r) == n for r in rows)
+            for row, want in zip(staged, rows):
+                got = np.frombuffer(arena.read(row.ptr - int(arena.base), 8 * n), np.uint64)
+                assert got.tolist() == [int(p) for p in want] and row.dtype is None
+            assert arena.cursor == before["arena"][0] + 8 * n * len(rows)
 
 
 # --- the dump reader ---------------------------------------------------------------------------
