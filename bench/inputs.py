@@ -375,7 +375,6 @@ class StepCase:
         self.state_ptrs = [self.ptrs["states"] + b * hv * dg * dg * 4 for b in range(n)]
         self.conv_state_ptrs = [self.ptrs["conv_states"] + b * 3 * self.conv_channels * 2 for b in range(n)]
         self.gdn_tensors = GdnTensors(*(self.ptrs[k] for k in ("gq", "gk", "gv", "g", "beta", "go")))
-        self.plan = make_scratch_plan(self.counts, 0, False, "exact")
         #: 48 layers' state tables (a convolution's and a GDN layer's for each of 36), staged once a pass
         self.arena = ScratchArena(dev, Q12Pass.arena_bytes(self.counts, state_rows=72))
         dev.synchronize()
@@ -395,8 +394,8 @@ class StepCase:
 
     def body(self, gp, blocks: int = 0) -> None:
         """The layers of :meth:`run` inside a :class:`~q12drv.prefill.graphs.PassGraph` (what gets captured): one
-        attention and one GDN layer, or ``blocks`` of Qwen3-Next's (three GDN layers, each its own state table, then
-        one attention layer)."""
+        attention and one GDN layer, or ``blocks`` of Qwen3-Next's (three linear-attention layers, each the short
+        convolution and Gated DeltaNet with their own state tables, then one attention layer)."""
         p, kw = self.ptrs, self.gdn_kwargs()
         att = (p["q"], p["k"], p["v"], p["k_pool"], p["v_pool"], p["o"], self.att)
         conv = (p["conv_x"], p["conv_y"], p["conv_w"])

@@ -473,7 +473,7 @@ class Device:
 
     # memory of other libraries -----------------------------------------------------------
     def pointer(self, obj: Any, name: str = "argument", *, dtype: Any = None, shape: Any = None,
-                min_bytes: int | None = None, align: int = 1) -> int:
+                min_bytes: int | None = None, align: int = 1, info: ArrayInfo | None = None) -> int:
         """The address of ``obj`` (a raw address, or an object with ``__cuda_array_interface__`` or ``__dlpack__``)
         for an op on this device, checked as :func:`q12drv.core.interop.device_pointer` checks it; on the
         emulated driver, host memory (a numpy array, a torch CPU tensor) is :meth:`adopt` ed rather than refused.
@@ -483,7 +483,8 @@ class Device:
         TypeError, ValueError
             As :func:`~q12drv.core.interop.device_pointer`: the error names ``name`` and the mismatch.
         """
-        return device_pointer(obj, name, dtype=dtype, shape=shape, min_bytes=min_bytes, align=align, device=self)
+        return device_pointer(obj, name, dtype=dtype, shape=shape, min_bytes=min_bytes, align=align, device=self,
+                              info=info)
 
     def adopt(self, obj: Any, ptr: int | None = None, nbytes: int | None = None, *, name: str = "buffer") -> DevicePtr:
         """The device address of the memory ``obj`` describes (``__cuda_array_interface__`` or DLPack), usable by

@@ -224,7 +224,8 @@ def _from_dlpack(obj: Any, name: str) -> ArrayInfo:
 
 def device_pointer(obj: Any, name: str, *, dtype: str | Sequence[str] | None = None,
                    shape: Sequence[int | None] | None = None, min_bytes: int | None = None, align: int = 1,
-                   ordinal: int | None = None, host_ok: bool = False, device: Any = None) -> int:
+                   ordinal: int | None = None, host_ok: bool = False, device: Any = None,
+                   info: ArrayInfo | None = None) -> int:
     """The address ``obj`` stands for, checked against what an op needs.
 
     Parameters
@@ -249,6 +250,8 @@ def device_pointer(obj: Any, name: str, *, dtype: str | Sequence[str] | None = N
         The q12drv device the op runs on: sets ``ordinal``; on the emulated driver, host memory is adopted as that
         device's memory for as long as ``obj`` lives (:meth:`Device.adopt_described
         <q12drv.core.device.Device.adopt_described>`), after every other check passed.
+    info : ArrayInfo, optional
+        What :func:`describe` said of ``obj`` already (a caller that read its dtype first): not described again.
 
     Returns
     -------
@@ -263,7 +266,8 @@ def device_pointer(obj: Any, name: str, *, dtype: str | Sequence[str] | None = N
     """
     if (type(obj) is int or type(obj) is DevicePtr) and 0 < obj <= _U64_MAX and not obj % align:
         return int(obj)  # the common case: a caller's raw address
-    info = None if isinstance(obj, (int, np.integer)) else describe(obj, name)
+    if info is None and not isinstance(obj, (int, np.integer)):
+        info = describe(obj, name)
     if info is None:
         if isinstance(obj, bool):
             raise TypeError(f"{name} must be a device pointer or a CUDA array object, got bool {obj!r}")

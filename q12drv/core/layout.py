@@ -54,6 +54,7 @@ __all__ = [
     "h_state_slot_offset",
     "h_state_entry_offset",
     "row_offset",
+    "rows_extent",
     "decode_partials",
     "Region",
     "ScratchPlan",
@@ -334,6 +335,12 @@ def row_offset(row: int, row_elems: int, itemsize: int) -> int:
     """Byte offset of packed token ``row`` of a ``[T, ...]`` tensor with ``row_elems`` elements of ``itemsize``
     bytes per token: where stream b's rows start (``row = cu_seqlens[b]``) for a launch over that stream alone."""
     return row * row_elems * itemsize
+
+
+def rows_extent(rows: int, columns: int, stride: int, itemsize: int) -> int:
+    """Bytes from the start of the first of ``rows`` rows ``stride`` elements apart to the end of the last one's
+    ``columns`` elements (0 for no rows): the span a strided ``[rows, >= columns]`` operand covers."""
+    return row_offset(rows - 1, stride, itemsize) + columns * itemsize if rows else 0
 
 
 def decode_partials(num_splits: int, total_tokens: int, num_q_heads: int, head_dim: int) -> tuple[int, int]:

@@ -37,6 +37,8 @@ ALIGN = {
     "kv_write": {"k": 2, "v": 2, "k_pool": 2, "v_pool": 2},
     "kv_write_fp8": {"k": 16, "v": 16, "k_pool": 8, "v_pool": 8, "k_scale": 4, "v_scale": 4},
     "rope": {"q": 2, "k": 2},
+    # the short convolution: 16-byte row vectors and taps; its states [W - 1, C] bf16 likewise
+    "conv1d": {"x": 16, "y": 16, "w": 16, "bias": 2, "state_ptrs": 8, "state": 16},
 }
 ALIGN["attention_fp8"] = {**ALIGN["attention"], "k_scale": 4, "v_scale": 4}  # the decode kernel on FP8 pools
 

@@ -28,10 +28,11 @@ import numpy as np
 
 from ..core.bf16 import from_bf16_bits, to_bf16_bits
 from ..core.device import Device
+from ..core.layout import rows_extent
 from ..core.staging import BatchedAttnMetadata
 from . import args as _args
 from . import registry
-from .layer_launch import LayerLaunch
+from .layer_launch import LayerLaunch, launch_once
 from .meta import Q12MetaC, meta_struct
 
 __all__ = ["SOURCE", "ENTRIES", "WIDTHS", "THREADS", "SEGMENT", "CONTRACTS", "geometry", "reference", "emulate_conv1d",
@@ -50,6 +51,9 @@ VEC = 8
 #: The host/device contract: the launch numbers :func:`geometry` uses, passed as ``-D`` to every build of
 #: ``conv1d.cu`` and checked there against ``conv1d_config()``.
 CONTRACTS = {"Q12_CONV1D_THREADS": THREADS, "Q12_CONV1D_SEGMENT": SEGMENT, "Q12_CONV1D_VEC": VEC}
+#: Byte alignment each pointer needs (:data:`~q12drv.kernels.args.ALIGN`'s entry).
+ALIGN = _args.ALIGN["conv1d"]
+_BF16 = 2
 
 
 def entry_for_width(width: int) -> str:
@@ -186,13 +190,14 @@ def conv1d(device: Device, meta: BatchedAttnMetadata, state_ptrs: int, x: int, y
         A bad pointer, stride, width or channel count, or x and y overlapping: raised before anything is enqueued.
     """
     _args.check_launch(device, meta)
-    bf16 = lambda name, value, align: device.pointer(value, name, dtype="bf16", align=align)  # noqa: E731
-    x, y = bf16("x", x, 16), bf16("y", y, 16)
+    bf16 = lambda name, value: device.pointer(value, name, dtype="bf16", align=ALIGN[name])  # noqa: E731
+    x, y = bf16("x", x), bf16("y", y)
     entry, strides, bias_addr = check_conv1d(meta.total_tokens, x, y, channels=channels, width=width,
-                                             bias=None if bias is None else bf16("bias", bias, 2), x_stride=x_stride,
+                                             bias=None if bias is None else bf16("bias", bias), x_stride=x_stride,
                                              y_stride=y_stride, state_stride=state_stride, silu=silu)
-    enqueue_conv1d(device, meta, entry, device.pointer(state_ptrs, "state_ptrs", dtype="u64", align=8), x, y,
-                   bf16("w", w, 16), bias_addr, int(channels), *strides, silu, stream)
+    enqueue_conv1d(device, meta, entry,
+                   device.pointer(state_ptrs, "state_ptrs", dtype="u64", align=ALIGN["state_ptrs"]), x, y,
+                   bf16("w", w), bias_addr, int(channels), *strides, silu, stream)
 
 
 def check_conv1d(total_tokens: int, x: int, y: int, *, channels: int, width: int, bias: int | None,
@@ -219,7 +224,7 @@ def check_conv1d(total_tokens: int, x: int, y: int, *, channels: int, width: int
     if not isinstance(silu, bool):
         raise TypeError(f"silu must be a bool, got {type(silu).__name__} {silu!r}")
     xp, yp, t = int(x), int(y), int(total_tokens)
-    x_end, y_end = xp + 2 * ((t - 1) * strides[0] + c), yp + 2 * ((t - 1) * strides[1] + c)
+    x_end, y_end = xp + rows_extent(t, c, strides[0], _BF16), yp + rows_extent(t, c, strides[1], _BF16)
     if t and xp < y_end and yp < x_end:
         raise ValueError(f"x [{xp:#x}, {x_end:#x}) and y [{yp:#x}, {y_end:#x}) overlap: a later token would read "
                          f"an output; give y its own buffer")
@@ -230,22 +235,25 @@ def enqueue_conv1d(device: Device, meta: BatchedAttnMetadata, entry: str, state_
                    bias: int, channels: int, x_stride: int, y_stride: int, state_stride: int, silu: bool,
                    stream: Any) -> None:
     """:func:`conv1d` with every argument checked: geometry, pack, launch."""
-    grid, block, smem = geometry(meta.batch_size, meta.chunk_len, channels)
-    launch = registry.prepared(device, entry)
-    a = launch.args
-    a.x, a.y, a.w, a.bias, a.state_ptrs = x, y, w, bias, state_ptrs
-    a.channels, a.x_stride, a.y_stride, a.state_stride, a.silu = channels, x_stride, y_stride, state_stride, int(silu)
-    a.m = meta_struct(meta)
-    launch.launch(grid, block, smem, stream)
+    grid, block, smem, values = _spec(meta, channels, x_stride, y_stride, state_stride, silu)
+    launch_once(device, entry, grid, block, smem, {**values, **dict(zip(POINTERS, (x, y, w, bias, state_ptrs)))},
+                stream)
 
 
 def conv1d_launch(device: Device, meta: BatchedAttnMetadata, entry: str, channels: int, x_stride: int, y_stride: int,
                   state_stride: int, silu: bool) -> LayerLaunch:
     """:func:`enqueue_conv1d` for every layer of a pass: its launch with all but ``(x, y, w, bias, state_ptrs)``
     fixed (checked values, as there; ``bias`` 0 for none); call it with those."""
+    grid, block, smem, values = _spec(meta, channels, x_stride, y_stride, state_stride, silu)
+    return LayerLaunch(device, entry, grid, block, smem, POINTERS, **values)
+
+
+def _spec(meta: BatchedAttnMetadata, channels: int, x_stride: int, y_stride: int, state_stride: int,
+          silu: bool) -> tuple:
+    """``(grid, block, smem, values)``: the launch geometry and every argument but the pointers."""
     grid, block, smem = geometry(meta.batch_size, meta.chunk_len, channels)
-    return LayerLaunch(device, entry, grid, block, smem, POINTERS, m=meta_struct(meta), channels=channels,
-                       x_stride=x_stride, y_stride=y_stride, state_stride=state_stride, silu=int(silu))
+    return grid, block, smem, dict(m=meta_struct(meta), channels=channels, x_stride=x_stride, y_stride=y_stride,
+                                   state_stride=state_stride, silu=int(silu))
 
 
 #: The short convolution's per-layer pointer parameters, in their order.

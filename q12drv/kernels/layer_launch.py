@@ -16,7 +16,19 @@ from typing import Any
 from ..core.device import CURRENT, Device
 from .registry import prepared
 
-__all__ = ["LayerLaunch"]
+__all__ = ["LayerLaunch", "launch_once"]
+
+
+def launch_once(device: Device, entry: str, grid: tuple, block: tuple, smem: int, values: dict, stream: Any,
+                dependent: bool = False) -> None:
+    """One launch of ``entry`` with every parameter in ``values`` (checked by the caller): what a launcher called once
+    does (a layer of a pass uses a :class:`LayerLaunch` of the same values instead). ``stream``: as
+    :meth:`~q12drv.core.launch.Launch.launch` takes it."""
+    launch = prepared(device, entry)
+    args = launch.args
+    for name, value in values.items():
+        setattr(args, name, value)
+    (launch.launch_dependent if dependent else launch.launch)(grid, block, smem, stream)
 
 
 class LayerLaunch:

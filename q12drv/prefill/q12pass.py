@@ -41,7 +41,7 @@ from ..kernels.args import (ALIGN, FP8_E4M3, FP8_POOL_DTYPES, I32_MAX, check_kv_
 from ..kernels.conv1d import check_conv1d, conv1d_launch
 from ..core.interop import describe
 from .tensors import count_of, row_view
-from ..core.layout import (h_state_entry_offset, make_scratch_plan, row_offset, scratch_bytes_bound,
+from ..core.layout import (h_state_entry_offset, make_scratch_plan, row_offset, rows_extent, scratch_bytes_bound,
                            state_tables_bytes)
 from ..core.ptr import DevicePtr
 from ..core.staging import (
@@ -80,8 +80,7 @@ _ROPE_PTRS, _KV_PTRS, _ATTN_PTRS = ("q", "k"), ("k", "v", "k_pool", "v_pool"), (
 _ROPE_BAD, _KV_BAD, _ATTN_BAD = (_bad_bits(_ATTENTION_ALIGN, n) for n in (_ROPE_PTRS, _KV_PTRS, _ATTN_PTRS))
 _SCALES = ("k_scale", "v_scale")
 _STATE_ALIGN = ALIGN["gdn"]["state"]
-#: The short convolution's bf16 states: 16-byte vectors.
-_CONV_STATE_ALIGN = 16
+_CONV_STATE_ALIGN = ALIGN["conv1d"]["state"]
 _BF16 = 2
 _F32 = 4
 #: A :meth:`Q12Pass._launcher` pointer that is a state-pointer table: advanced by one entry a stream, not by rows.
@@ -182,15 +181,6 @@ _PTR_TYPES = frozenset((int, DevicePtr))
 _GDN_BAD, _GATE_BAD = _bad_bits(ALIGN["gdn"], ("q", "k", "v", "o")), _bad_bits(ALIGN["gdn"], ("g", "beta"))
 
 
-def _tensor_dtype(row, name: str) -> str | None:
-    """The one dtype of the tensors in ``row`` (None: raw addresses only); ValueError for two."""
-    infos = (describe(p, f"{name}[{b}]") for b, p in enumerate(row) if type(p) not in _PTR_TYPES)
-    found = {info.dtype for info in infos if info is not None}
-    if len(found) > 1:
-        raise ValueError(f"{name} mixes tensors of {sorted(found)}: one table holds the states of one op")
-    return found.pop() if found else None
-
-
 def _plain_aligned(ptrs, bad: tuple) -> bool:
     """Whether every pointer is an exact int/DevicePtr, not 0, with none of its ``bad`` bits set (:func:`_bad_bits`):
     :func:`~q12drv.kernels.args.device_ptr`'s common case, all at once."""
@@ -209,12 +199,17 @@ def _plain_gdn(ptrs: tuple) -> bool:
     return _plain_aligned((q, k, v, o), _GDN_BAD) and _plain_aligned((g, beta), _GATE_BAD)
 
 
-_CONV_BAD = _bad_bits({"x": 16, "y": 16, "w": 16, "bias": 2}, ("x", "y", "w", "bias"))
+_CONV_BAD = _bad_bits(ALIGN["conv1d"], ("x", "y", "w", "bias"))
 
 
 def _plain_conv(x, y, w, bias) -> bool:
-    """:func:`_plain_aligned` of a short convolution's ``(x, y, w, bias)`` (``bias`` None: none)."""
-    return _plain4(x, y, w, 2 if bias is None else bias, _CONV_BAD)  # (2: an address the check passes)
+    """:func:`_plain_aligned` of a short convolution's ``(x, y, w, bias)`` (``bias`` None: none, and x, y and w
+    alone are checked)."""
+    if bias is not None:
+        return _plain4(x, y, w, bias, _CONV_BAD)
+    if int is type(x) is type(y) is type(w) and x and y and w:
+        return not (x & _CONV_BAD[0] | y & _CONV_BAD[1] | w & _CONV_BAD[2])
+    return _plain_aligned((x, y, w), _CONV_BAD)
 
 
 def _plain4(a, b, c, d, bad: tuple) -> bool:
@@ -935,15 +930,22 @@ class Q12Pass:
         arena, n = self.arena, len(self.streams)
         table, dtypes = plain_table(rows, n, _STATE_ALIGN), None
         if table is None:  # tensors, or something to name: each row checked as a layer checks its list
-            values = [self._state_addresses(row, f"rows[{r}]", _STATE_ALIGN) for r, row in enumerate(rows)]
-            dtypes = [_tensor_dtype(row, f"rows[{r}]") for r, row in enumerate(rows)]
+            values, dtypes = [], []
+            for r, row in enumerate(rows):
+                seen: set = set()
+                values.append(self._state_addresses(row, f"rows[{r}]", _STATE_ALIGN, seen=seen))
+                if len(seen) > 1:
+                    raise ValueError(f"rows[{r}] mixes tensors of {sorted(seen)}: one table holds the states of one op")
+                dtypes.append(seen.pop() if seen else None)
             table = np.array([[int(p) for p in row] for row in values], np.uint64)
-        need = state_tables_bytes(n, len(table))
-        if arena.cursor + need > arena.capacity:
-            raise CapacityError("state_tables", arena.cursor + need, arena.capacity,
+        try:
+            return stage_state_rows(arena, table, self.stream, dtypes)
+        except CapacityError as exc:  # the arena's refusal (nothing reserved), with what to do about it
+            if exc.region != "state_tables":
+                raise
+            raise CapacityError("state_tables", exc.needed, exc.available,
                                 f"{len(table)} tables of {n} streams after the cursor at {arena.cursor:,}; size the "
-                                f"arena with Q12Pass.arena_bytes(counts, ..., state_rows={len(table)})")
-        return stage_state_rows(arena, table, self.stream, dtypes)
+                                f"arena with Q12Pass.arena_bytes(counts, ..., state_rows={len(table)})") from None
 
     # the short convolution -------------------------------------------------------------------------------
     def conv1d(self, state_ptrs: Sequence | StateRow, x, y, w, *, channels: int | None = None, width: int | None = None,
@@ -1001,10 +1003,11 @@ class Q12Pass:
             if info is None:
                 raise TypeError("width is needed when w is a raw address (a [C, W] tensor says it itself)")
             width = info.shape[-1]
-        xp, sx = row_view(dev, x, "x", columns=c, dtype="bf16")
-        yp, sy = row_view(dev, y, "y", columns=c, dtype="bf16")
-        wp = dev.pointer(w, "w", dtype="bf16", align=16)
-        bp = None if bias is None else dev.pointer(bias, "bias", dtype="bf16", shape=(c,), align=2)
+        align = ALIGN["conv1d"]
+        xp, sx = row_view(dev, x, "x", columns=c, dtype="bf16", align=align["x"])
+        yp, sy = row_view(dev, y, "y", columns=c, dtype="bf16", align=align["y"])
+        wp = dev.pointer(w, "w", dtype="bf16", align=align["w"])
+        bp = None if bias is None else dev.pointer(bias, "bias", dtype="bf16", shape=(c,), align=align["bias"])
         entry, strides, bias_addr = check_conv1d(self._batch.total, xp, yp, channels=c, width=width, bias=bp,
                                                  x_stride=sx, y_stride=sy, state_stride=state_stride, silu=silu)
         launches = self._conv_launches.get((entry, c, strides, silu))
@@ -1014,11 +1017,13 @@ class Q12Pass:
                 ((strides[0], _BF16), (strides[1], _BF16), (0, 0), (0, 0), _TABLE))
         if key is not None and strides[:2] == (c, c):
             # raw addresses' rows are c apart: a later layer with the same key needs only its pointers checked
-            self._conv_layers[key] = (launches, 2 * self._batch.total * c)
+            self._conv_layers[key] = (launches, rows_extent(self._batch.total, c, c, _BF16))
         return launches, (int(xp), int(yp), int(wp), bias_addr)
 
-    def _state_addresses(self, state_ptrs, name: str, align: int, dtype: str | None = None) -> list:
-        """One state address per stream (raw addresses or tensors), checked."""
+    def _state_addresses(self, state_ptrs, name: str, align: int, dtype: str | None = None,
+                         seen: set | None = None) -> list:
+        """One state address per stream (raw addresses or tensors), checked (``seen``: a set that collects the
+        tensors' dtypes, each tensor described once, instead of checking them against ``dtype``)."""
         n = len(self.streams)
         if plain_pointers(state_ptrs, align) and len(state_ptrs) == n:
             return state_ptrs if type(state_ptrs) is list else list(state_ptrs)
@@ -1027,7 +1032,15 @@ class Q12Pass:
                             f"{type(state_ptrs).__name__}")
         if len(state_ptrs) != n:
             raise ValueError(f"{name} needs exactly {n} pointers (one per stream), got {len(state_ptrs)}")
-        return [self.device.pointer(p, f"{name}[{b}]", dtype=dtype, align=align) for b, p in enumerate(state_ptrs)]
+        if seen is None:
+            return [self.device.pointer(p, f"{name}[{b}]", dtype=dtype, align=align) for b, p in enumerate(state_ptrs)]
+        out = []
+        for b, p in enumerate(state_ptrs):
+            info = None if isinstance(p, (int, np.integer)) else describe(p, f"{name}[{b}]")
+            if info is not None:
+                seen.add(info.dtype)
+            out.append(self.device.pointer(p, f"{name}[{b}]", align=align, info=info))
+        return out
 
     def gdn_plan(self, shape: GdnShape, config: GdnConfig | GdnPlan = GdnConfig()) -> GdnPlan:
         """The plan of ``config`` for this pass: made once from the whole batch (its streams, its longest stream's

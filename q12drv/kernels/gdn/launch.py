@@ -10,9 +10,8 @@ from typing import Any
 from ...core.device import CURRENT, Device
 from ...core.staging import BatchedAttnMetadata
 from ..args import ALIGN, check_launch, workspace_ptr
-from ..layer_launch import LayerLaunch
+from ..layer_launch import LayerLaunch, launch_once
 from ..meta import meta_struct
-from ..registry import prepared
 from .plan import GdnConfig, GdnPlan, GdnShape, check_shape, plan_gdn
 
 __all__ = ["GdnTensors", "gdn", "enqueue_gdn", "GdnLaunch", "check_workspace", "resolve_plan"]
@@ -125,15 +124,9 @@ def enqueue_gdn(device: Device, meta: BatchedAttnMetadata, plan: GdnPlan, h_stat
     zero, kernels = plan.launches(meta.batch_size, meta.chunk_len)
     if zero is not None:
         device.memset(workspace + zero[0], 0, zero[1], stream)
-    mc = meta_struct(meta)
-    hk, hv = plan.shape.num_k_heads, plan.shape.num_v_heads
+    values = {**_fixed(meta, plan, workspace), **dict(zip(_POINTERS, (h_state_ptrs, q, k, v, g, beta, o)))}
     for kern in kernels:
-        launch = prepared(device, kern.entry)
-        a = launch.args
-        a.h_state_ptrs, a.q, a.k, a.v, a.g, a.beta, a.o = h_state_ptrs, q, k, v, g, beta, o
-        a.num_k_heads, a.num_v_heads, a.workspace = hk, hv, workspace
-        a.m = mc
-        (launch.launch_dependent if kern.dependent else launch.launch)(kern.grid, kern.block, kern.smem, stream)
+        launch_once(device, kern.entry, kern.grid, kern.block, kern.smem, values, stream, kern.dependent)
 
 
 class GdnLaunch:
@@ -147,8 +140,7 @@ class GdnLaunch:
         zero, kernels = plan.launches(meta.batch_size, meta.chunk_len)
         self.device = device
         self.zero = None if zero is None else (int(workspace) + zero[0], int(zero[1]))
-        fixed = dict(m=meta_struct(meta), num_k_heads=plan.shape.num_k_heads, num_v_heads=plan.shape.num_v_heads,
-                     workspace=workspace)
+        fixed = _fixed(meta, plan, workspace)
         self.kernels = tuple(LayerLaunch(device, kern.entry, kern.grid, kern.block, kern.smem, _POINTERS,
                                          dependent=kern.dependent, **fixed) for kern in kernels)
 
@@ -167,3 +159,9 @@ class GdnLaunch:
 
 #: The GDN kernels' per-layer pointer parameters, in their order.
 _POINTERS = ("h_state_ptrs", "q", "k", "v", "g", "beta", "o")
+
+
+def _fixed(meta: BatchedAttnMetadata, plan: GdnPlan, workspace: int) -> dict:
+    """Every argument of ``plan``'s kernels but the layer's pointers."""
+    return dict(m=meta_struct(meta), num_k_heads=plan.shape.num_k_heads, num_v_heads=plan.shape.num_v_heads,
+                workspace=workspace)
