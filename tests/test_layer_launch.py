@@ -1,6 +1,8 @@
 """LayerLaunch (a kernel's launch with everything but the layer's pointers fixed for a pass): it writes the very
 argument block the per-call launchers write, and refuses a layout it cannot pack."""
 
+import ctypes
+
 import pytest
 
 from q12drv import ScratchArena, make_scratch_plan
@@ -43,42 +45,76 @@ def _fired(emu, entries, run) -> list:
     return seen
 
 
-def test_a_layer_launch_writes_the_block_its_per_call_launcher_writes(emu, meta):
+def _block(emu, entry: str, values: dict) -> bytes:
+    """The argument block of ``entry`` with every parameter set by name (``Launch.set``), from a zeroed block: the
+    kernel's signature written out independently of the launchers."""
+    launch = registry.prepared(emu, entry)
+    ctypes.memset(ctypes.addressof(launch.args), 0, ctypes.sizeof(launch.args))
+    return bytes(launch.set(**values).args)
+
+
+def test_the_per_call_and_the_per_pass_launchers_write_every_argument_by_name(emu, meta):
+    """Each op's per-call launcher (``enqueue_*``, its launch kept for the metadata) and its per-pass twin
+    (``*_launch``, a LayerLaunch) write the argument block that setting every parameter by name writes, whatever a
+    launch before them left there, with the same geometry."""
     raw = emu.stream.raw
+    m = meta_struct(meta)
     scaling = _rope.RopeScaling(tuple(_rope.inv_freq(32, 1e4) / 8), attention_factor=1.25)
+    kv = dict(zip(("k", "v", "k_pool", "v_pool"), PTRS))
     cases = [
-        (["q12_kv_write"], lambda: ops.enqueue_kv_write(emu, meta, *PTRS[:4], 128, 4096, None),
+        ("q12_kv_write", {**kv, "m": m, "row_elems": 128, "num_slots": 4096},
+         lambda: ops.enqueue_kv_write(emu, meta, *PTRS[:4], 128, 4096, None),
          lambda: ops.kv_write_launch(emu, meta, 128, 4096).launch(raw, tuple(PTRS[:4]))),
-        (["q12_kv_write_fp8"], lambda: ops.enqueue_kv_write_fp8(emu, meta, *PTRS, 64, 128, 4096, None),
+        ("q12_kv_write", {**kv, "m": m, "row_elems": 128, "num_slots": 8192},  # another launch for other values
+         lambda: ops.enqueue_kv_write(emu, meta, *PTRS[:4], 128, 8192, None),
+         lambda: ops.kv_write_launch(emu, meta, 128, 8192).launch(raw, tuple(PTRS[:4]))),
+        ("q12_kv_write_fp8", {**dict(zip(("k", "v", "k_pool", "v_pool", "k_scale", "v_scale"), PTRS)), "m": m,
+                              "head_dim": 64, "row_elems": 128, "num_slots": 4096},
+         lambda: ops.enqueue_kv_write_fp8(emu, meta, *PTRS, 64, 128, 4096, None),
          lambda: ops.kv_write_fp8_launch(emu, meta, 64, 128, 4096).launch(raw, tuple(PTRS))),
-        (["q12_conv1d_w4"], lambda: enqueue_conv1d(emu, meta, "q12_conv1d_w4", *PTRS[:5], 64, 64, 72, 80, True, None),
+        ("q12_conv1d_w4", {**dict(zip(("state_ptrs", "x", "y", "w", "bias"), PTRS)), "m": m, "channels": 64,
+                           "x_stride": 64, "y_stride": 72, "state_stride": 80, "silu": 1},
+         lambda: enqueue_conv1d(emu, meta, "q12_conv1d_w4", *PTRS[:5], 64, 64, 72, 80, True, None),
          lambda: conv1d_launch(emu, meta, "q12_conv1d_w4", 64, 64, 72, 80, True).launch(raw, (*PTRS[1:5], PTRS[0]))),
-        (["q12_attn_prefill_d64"],
+        ("q12_attn_prefill_d64", {**dict(zip(("q", "k_pool", "v_pool", "o"), PTRS)), "m": m, "num_q_heads": 4,
+                                  "num_kv_heads": 2, "block_size": meta.block_size, "scale": 0.125, "window_left": 7},
          lambda: ops.enqueue_attention(emu, meta, "q12_attn_prefill_d64", *PTRS[:4], 4, 2, 64, 0.125, None, 7),
          lambda: ops.attention_launch(emu, meta, "q12_attn_prefill_d64", 4, 2, 64, 0.125, 7).launch(
              raw, tuple(PTRS[:4]))),
     ]
     for table in (_rope.NO_TABLE, scaling.table(), _rope.NO_TABLE):  # a table after none, then none after one
-        cases.append((["q12_rope"], lambda t=table: ops.enqueue_rope(emu, meta, *PTRS[:2], 4, 2, 64, 32, 1e4, 0,
-                                                                       (0, 0, 0), None, t),
+        cases.append(("q12_rope", {"q": PTRS[0], "k": PTRS[1], "m": m, "num_q_heads": 4, "num_kv_heads": 2,
+                                   "head_dim": 64, "rotary_dim": 32, "theta": 1e4, "mrope_mode": 0, "sec_t": 0,
+                                   "sec_h": 0, "sec_w": 0, "table": table},
+                      lambda t=table: ops.enqueue_rope(emu, meta, *PTRS[:2], 4, 2, 64, 32, 1e4, 0, (0, 0, 0), None,
+                                                       t),
                       lambda t=table: ops.rope_launch(emu, meta, 4, 2, 64, 32, 1e4, 0, (0, 0, 0), t).launch(
                           raw, tuple(PTRS[:2]))))
-    for entries, per_call, layer in cases:
-        want = _fired(emu, entries, per_call)
-        registry.prepared(emu, entries[0]).args.m.batch_size = 999  # a stale block: the layer launch rewrites it all
-        assert _fired(emu, entries, layer) == want and len(want) == 1
+    for entry, values, per_call, layer in cases:
+        want = _block(emu, entry, values)
+        for run in (per_call, layer, per_call):  # (the per-call one twice: its kept launch)
+            registry.prepared(emu, entry).args.m.batch_size = 999  # a stale block: the launcher rewrites it all
+            fired = _fired(emu, [entry], run)
+            assert len(fired) == 1 and fired[0][4] == want, entry
+        assert _fired(emu, [entry], per_call)[0][:4] == _fired(emu, [entry], layer)[0][:4]  # the same geometry
 
 
 @pytest.mark.parametrize("config", [GdnConfig(math="recurrent"), GdnConfig(schedule="two_pass", isa="mma")])
-def test_a_gdn_launch_writes_the_blocks_enqueue_gdn_writes(emu, meta, config):
+def test_the_gdn_launchers_write_every_argument_by_name(emu, meta, config):
+    """``enqueue_gdn`` and the per-pass ``GdnLaunch`` write each kernel of the plan the block that setting every
+    parameter by name writes, with the same geometry."""
     shape = GdnShape(num_k_heads=2, num_v_heads=4, head_dim=64)
     plan = plan_gdn(config, shape, meta.batch_size, meta.chunk_len, emu)
     entries = [k.entry for k in plan.launches(meta.batch_size, meta.chunk_len)[1]]
     ws = 0x7E00_0000_0000 if plan.workspace_bytes else 0
-    want = _fired(emu, entries, lambda: enqueue_gdn(emu, meta, plan, PTRS[0] - 4096, *PTRS, ws, None))
-    got = _fired(emu, entries, lambda: GdnLaunch(emu, meta, plan, ws).launch(emu.stream.raw,
-                                                                              (PTRS[0] - 4096, *PTRS)))
-    assert got == want and len(want) == len(entries)
+    ptrs = (PTRS[0] - 4096, *PTRS)
+    values = {**dict(zip(("h_state_ptrs", "q", "k", "v", "g", "beta", "o"), ptrs)), "m": meta_struct(meta),
+              "num_k_heads": 2, "num_v_heads": 4, "workspace": ws}
+    want = [_block(emu, e, values) for e in entries]
+    per_call = _fired(emu, entries, lambda: enqueue_gdn(emu, meta, plan, *ptrs, ws, None))
+    layer = _fired(emu, entries, lambda: GdnLaunch(emu, meta, plan, ws).launch(emu.stream.raw, ptrs))
+    assert [f[4] for f in per_call] == [f[4] for f in layer] == want and len(want) == len(entries)
+    assert [f[:4] for f in per_call] == [f[:4] for f in layer]
 
 
 def test_a_layer_launch_refuses_what_it_cannot_pack(emu, meta):

@@ -32,7 +32,7 @@ from ..core.layout import rows_extent
 from ..core.staging import BatchedAttnMetadata
 from . import args as _args
 from . import registry
-from .layer_launch import LayerLaunch, launch_once
+from .layer_launch import LayerLaunch, for_metadata
 from .meta import Q12MetaC, meta_struct
 
 __all__ = ["SOURCE", "ENTRIES", "WIDTHS", "THREADS", "SEGMENT", "CONTRACTS", "geometry", "reference", "emulate_conv1d",
@@ -235,25 +235,18 @@ def enqueue_conv1d(device: Device, meta: BatchedAttnMetadata, entry: str, state_
                    bias: int, channels: int, x_stride: int, y_stride: int, state_stride: int, silu: bool,
                    stream: Any) -> None:
     """:func:`conv1d` with every argument checked: geometry, pack, launch."""
-    grid, block, smem, values = _spec(meta, channels, x_stride, y_stride, state_stride, silu)
-    launch_once(device, entry, grid, block, smem, {**values, **dict(zip(POINTERS, (x, y, w, bias, state_ptrs)))},
-                stream)
+    args = (entry, channels, x_stride, y_stride, state_stride, silu)
+    launch = for_metadata(meta, (device, *args), lambda: conv1d_launch(device, meta, *args))
+    launch.launch(device.as_stream(stream), (x, y, w, bias, state_ptrs))
 
 
 def conv1d_launch(device: Device, meta: BatchedAttnMetadata, entry: str, channels: int, x_stride: int, y_stride: int,
                   state_stride: int, silu: bool) -> LayerLaunch:
     """:func:`enqueue_conv1d` for every layer of a pass: its launch with all but ``(x, y, w, bias, state_ptrs)``
     fixed (checked values, as there; ``bias`` 0 for none); call it with those."""
-    grid, block, smem, values = _spec(meta, channels, x_stride, y_stride, state_stride, silu)
-    return LayerLaunch(device, entry, grid, block, smem, POINTERS, **values)
-
-
-def _spec(meta: BatchedAttnMetadata, channels: int, x_stride: int, y_stride: int, state_stride: int,
-          silu: bool) -> tuple:
-    """``(grid, block, smem, values)``: the launch geometry and every argument but the pointers."""
     grid, block, smem = geometry(meta.batch_size, meta.chunk_len, channels)
-    return grid, block, smem, dict(m=meta_struct(meta), channels=channels, x_stride=x_stride, y_stride=y_stride,
-                                   state_stride=state_stride, silu=int(silu))
+    return LayerLaunch(device, entry, grid, block, smem, POINTERS, m=meta_struct(meta), channels=channels,
+                       x_stride=x_stride, y_stride=y_stride, state_stride=state_stride, silu=int(silu))
 
 
 #: The short convolution's per-layer pointer parameters, in their order.

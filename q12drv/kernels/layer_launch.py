@@ -10,25 +10,32 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import weakref
 from threading import get_ident
-from typing import Any
+from typing import Any, Callable
 
 from ..core.device import CURRENT, Device
 from .registry import prepared
 
-__all__ = ["LayerLaunch", "launch_once"]
+__all__ = ["LayerLaunch", "for_metadata"]
+
+#: (id of the metadata, the launch's other inputs) -> (weak reference to the metadata, its LayerLaunch).
+_FOR_META: dict = {}
+_FOR_META_MAX = 256
 
 
-def launch_once(device: Device, entry: str, grid: tuple, block: tuple, smem: int, values: dict, stream: Any,
-                dependent: bool = False) -> None:
-    """One launch of ``entry`` with every parameter in ``values`` (checked by the caller): what a launcher called once
-    does (a layer of a pass uses a :class:`LayerLaunch` of the same values instead). ``stream``: as
-    :meth:`~q12drv.core.launch.Launch.launch` takes it."""
-    launch = prepared(device, entry)
-    args = launch.args
-    for name, value in values.items():
-        setattr(args, name, value)
-    (launch.launch_dependent if dependent else launch.launch)(grid, block, smem, stream)
+def for_metadata(meta: Any, key: tuple, make: Callable[[], Any], keep: Any = None) -> Any:
+    """The launch ``make()`` builds for staged metadata ``meta`` and ``key`` (the device, the kernel and every other
+    fixed argument: values, or ``id()`` of ``keep``, which the entry holds so that its id is not reused), made on the
+    first call and kept while ``meta`` lives: what a launcher called layer after layer outside a pass reuses (a pass
+    keeps its own). ``meta`` is weakly referenced, so its arena is not kept alive."""
+    full = (id(meta), *key)
+    hit = _FOR_META.get(full)
+    if hit is None or hit[0]() is not meta:
+        if len(_FOR_META) >= _FOR_META_MAX:
+            _FOR_META.clear()
+        hit = _FOR_META[full] = (weakref.ref(meta), make(), keep)
+    return hit[1]
 
 
 class LayerLaunch:
@@ -82,25 +89,24 @@ class LayerLaunch:
         self._device = device
         self._dependent = dependent
         self.entry, self.grid, self.block, self.smem = entry, grid, block, smem
-        self._mine = (None, None, None)  # (thread id, its argument block, its driver launch call): the last thread's
+        self._mine = (None, None)  # (thread id, its pre-packed launch): the last calling thread's
 
     def launch(self, stream: Any, pointers: tuple) -> None:
         """Launch on the driver stream ``stream`` (:meth:`Device.as_stream <q12drv.core.device.Device.as_stream>`'s
         result) with ``pointers`` (the parameters named at construction, in order; already checked: ints in
         ``(0, 2**64)``). The device's context is made current in the calling thread first where it is not."""
-        ident, args, fire = self._mine  # one read: another thread replaces the tuple, never changes it
+        ident, launch = self._mine  # one read: another thread replaces the tuple, never changes it
         if ident != get_ident():
-            ident, args, fire = self._mine = self._thread_block()
-        self._pack(args, 0, self._head, *pointers, self._tail)
+            ident, launch = self._mine = get_ident(), prepared(self._device, self.entry)
+        self._pack(launch.args, 0, self._head, *pointers, self._tail)
         dev = self._device
         if CURRENT.device is not dev:
             dev.set_current()
-        fire(self.grid, self.block, self.smem, stream)
-
-    def _thread_block(self) -> tuple:
-        """``(thread id, argument block, driver launch call)`` of the calling thread's pre-packed launch."""
-        launch = prepared(self._device, self.entry)
-        return get_ident(), launch.args, launch.fire_dependent if self._dependent else launch.fire
+        # the launch's driver call read each time: a tracer (bench/breakdown.py) may have wrapped it since
+        if self._dependent:
+            launch.fire_dependent(self.grid, self.block, self.smem, stream)
+        else:
+            launch.fire(self.grid, self.block, self.smem, stream)
 
 
 #: (argument block type, pointer names) -> their layout (:func:`_layout`): a pass makes LayerLaunches of a few kinds.

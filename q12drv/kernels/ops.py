@@ -23,7 +23,7 @@ from . import args as _args
 from . import rope as _rope
 from .conv1d import conv1d
 from .gdn import gdn
-from .layer_launch import LayerLaunch, launch_once
+from .layer_launch import LayerLaunch, for_metadata
 from .meta import meta_struct
 from .registry import ENTRIES, SOURCES, prepared, struct_types
 
@@ -130,49 +130,38 @@ def kv_write(device: Device, meta: BatchedAttnMetadata, k: int, v: int, k_pool: 
 _KV_PTRS, _KV_FP8_PTRS = ("k", "v", "k_pool", "v_pool"), ("k", "v", "k_pool", "v_pool", "k_scale", "v_scale")
 
 
-def _kv_write_spec(device: Device, meta: BatchedAttnMetadata, row_elems: int, num_slots: int) -> tuple:
-    """``(grid, block, smem, values)``: the bf16 KV write's geometry and every argument but its pointers."""
-    grid, block, smem = _kvw_geometry(meta.total_tokens, row_elems, num_sms=device.sm_count)
-    return grid, block, smem, dict(m=meta_struct(meta), row_elems=row_elems, num_slots=num_slots)
-
-
 def enqueue_kv_write(device: Device, meta: BatchedAttnMetadata, k: int, v: int, k_pool: int, v_pool: int,
                      row_elems: int, num_slots: int, stream: Any) -> None:
     """:func:`kv_write` with every argument already checked (ints in range): geometry, pack, launch."""
-    grid, block, smem, values = _kv_write_spec(device, meta, row_elems, num_slots)
-    launch_once(device, "q12_kv_write", grid, block, smem, {**values, **dict(zip(_KV_PTRS, (k, v, k_pool, v_pool)))},
-                stream)
+    launch = for_metadata(meta, (device, "q12_kv_write", row_elems, num_slots),
+                          lambda: kv_write_launch(device, meta, row_elems, num_slots))
+    launch.launch(device.as_stream(stream), (k, v, k_pool, v_pool))
 
 
 def kv_write_launch(device: Device, meta: BatchedAttnMetadata, row_elems: int, num_slots: int) -> LayerLaunch:
     """:func:`enqueue_kv_write` for every layer of a pass: its launch with all but ``(k, v, k_pool, v_pool)`` fixed
     (checked ints, as there); call it with those."""
-    grid, block, smem, values = _kv_write_spec(device, meta, row_elems, num_slots)
-    return LayerLaunch(device, "q12_kv_write", grid, block, smem, _KV_PTRS, **values)
-
-
-def _kv_write_fp8_spec(device: Device, meta: BatchedAttnMetadata, head_dim: int, row_elems: int,
-                       num_slots: int) -> tuple:
-    """``(grid, block, smem, values)``: the FP8 KV write's geometry and every argument but its pointers."""
-    grid, block, smem = _kvw_fp8_geometry(meta.total_tokens, row_elems, num_sms=device.sm_count)
-    return grid, block, smem, dict(m=meta_struct(meta), head_dim=head_dim, row_elems=row_elems, num_slots=num_slots)
+    grid, block, smem = _kvw_geometry(meta.total_tokens, row_elems, num_sms=device.sm_count)
+    return LayerLaunch(device, "q12_kv_write", grid, block, smem, _KV_PTRS, m=meta_struct(meta), row_elems=row_elems,
+                       num_slots=num_slots)
 
 
 def enqueue_kv_write_fp8(device: Device, meta: BatchedAttnMetadata, k: int, v: int, k_pool: int, v_pool: int,
                          k_scale: int, v_scale: int, head_dim: int, row_elems: int, num_slots: int,
                          stream: Any) -> None:
     """:func:`kv_write` into FP8 pools with every argument already checked: geometry, pack, launch."""
-    grid, block, smem, values = _kv_write_fp8_spec(device, meta, head_dim, row_elems, num_slots)
-    ptrs = dict(zip(_KV_FP8_PTRS, (k, v, k_pool, v_pool, k_scale, v_scale)))
-    launch_once(device, "q12_kv_write_fp8", grid, block, smem, {**values, **ptrs}, stream)
+    launch = for_metadata(meta, (device, "q12_kv_write_fp8", head_dim, row_elems, num_slots),
+                          lambda: kv_write_fp8_launch(device, meta, head_dim, row_elems, num_slots))
+    launch.launch(device.as_stream(stream), (k, v, k_pool, v_pool, k_scale, v_scale))
 
 
 def kv_write_fp8_launch(device: Device, meta: BatchedAttnMetadata, head_dim: int, row_elems: int,
                         num_slots: int) -> LayerLaunch:
     """:func:`enqueue_kv_write_fp8` for every layer of a pass: its launch with all but ``(k, v, k_pool, v_pool,
     k_scale, v_scale)`` fixed."""
-    grid, block, smem, values = _kv_write_fp8_spec(device, meta, head_dim, row_elems, num_slots)
-    return LayerLaunch(device, "q12_kv_write_fp8", grid, block, smem, _KV_FP8_PTRS, **values)
+    grid, block, smem = _kvw_fp8_geometry(meta.total_tokens, row_elems, num_sms=device.sm_count)
+    return LayerLaunch(device, "q12_kv_write_fp8", grid, block, smem, _KV_FP8_PTRS, m=meta_struct(meta),
+                       head_dim=head_dim, row_elems=row_elems, num_slots=num_slots)
 
 
 def rope(device: Device, meta: BatchedAttnMetadata, q: int, k: int, *, num_q_heads: int, num_kv_heads: int,
@@ -218,14 +207,8 @@ def rope_table(scaling, rotary_dim: int):
     return scaling.table()
 
 
-def _rope_spec(device: Device, meta: BatchedAttnMetadata, num_q_heads: int, num_kv_heads: int, head_dim: int,
-               rotary_dim: int, theta: float, mrope_mode: int, sections: tuple, table) -> tuple:
-    """``(grid, block, smem, values)``: RoPE's geometry and every argument but ``(q, k)``."""
-    grid, block, smem = _rope_geometry(meta.total_tokens, num_q_heads, num_kv_heads, head_dim, rotary_dim,
-                                       num_sms=device.sm_count)
-    return grid, block, smem, dict(m=meta_struct(meta), num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-                                   head_dim=head_dim, rotary_dim=rotary_dim, theta=theta, mrope_mode=mrope_mode,
-                                   sec_t=sections[0], sec_h=sections[1], sec_w=sections[2], table=table)
+#: RoPE's per-layer pointer parameters.
+_ROPE_PTRS = ("q", "k")
 
 
 def enqueue_rope(device: Device, meta: BatchedAttnMetadata, q: int, k: int, num_q_heads: int, num_kv_heads: int,
@@ -233,17 +216,21 @@ def enqueue_rope(device: Device, meta: BatchedAttnMetadata, q: int, k: int, num_
                  table=_rope.NO_TABLE) -> None:
     """:func:`rope` with every argument already checked (ints, a float, 3 section ints, ``table`` from
     :func:`rope_table`): geometry, pack, launch."""
-    grid, block, smem, values = _rope_spec(device, meta, num_q_heads, num_kv_heads, head_dim, rotary_dim, theta,
-                                           mrope_mode, sections, table)
-    launch_once(device, "q12_rope", grid, block, smem, {**values, "q": q, "k": k}, stream)
+    args = (num_q_heads, num_kv_heads, head_dim, rotary_dim, theta, mrope_mode, tuple(sections), table)
+    launch = for_metadata(meta, (device, "q12_rope", *args[:-1], id(table)), lambda: rope_launch(device, meta, *args),
+                          keep=table)
+    launch.launch(device.as_stream(stream), (q, k))
 
 
 def rope_launch(device: Device, meta: BatchedAttnMetadata, num_q_heads: int, num_kv_heads: int, head_dim: int,
                 rotary_dim: int, theta: float, mrope_mode: int, sections: tuple, table=_rope.NO_TABLE) -> LayerLaunch:
     """:func:`enqueue_rope` for every layer of a pass: its launch with all but ``(q, k)`` fixed."""
-    grid, block, smem, values = _rope_spec(device, meta, num_q_heads, num_kv_heads, head_dim, rotary_dim, theta,
-                                           mrope_mode, sections, table)
-    return LayerLaunch(device, "q12_rope", grid, block, smem, ("q", "k"), **values)
+    grid, block, smem = _rope_geometry(meta.total_tokens, num_q_heads, num_kv_heads, head_dim, rotary_dim,
+                                       num_sms=device.sm_count)
+    return LayerLaunch(device, "q12_rope", grid, block, smem, _ROPE_PTRS, m=meta_struct(meta),
+                       num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, rotary_dim=rotary_dim,
+                       theta=theta, mrope_mode=mrope_mode, sec_t=sections[0], sec_h=sections[1], sec_w=sections[2],
+                       table=table)
 
 
 def attention(device: Device, meta: BatchedAttnMetadata, q: int, k_pool: int, v_pool: int, o: int, *,
@@ -297,27 +284,21 @@ def attention(device: Device, meta: BatchedAttnMetadata, q: int, k_pool: int, v_
 _ATTN_PTRS = ("q", "k_pool", "v_pool", "o")
 
 
-def _attention_spec(meta: BatchedAttnMetadata, entry: str, num_q_heads: int, num_kv_heads: int, head_dim: int,
-                    scale: float, window_left: int) -> tuple:
-    """``(grid, block, smem, values)``: a prefill attention kernel's geometry and every argument but its pointers."""
-    grid, block, smem = _attn_geometry(entry, meta.batch_size, meta.chunk_len, num_q_heads, num_kv_heads, head_dim)
-    return grid, block, smem, dict(m=meta_struct(meta), num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-                                   block_size=meta.block_size, scale=scale, window_left=window_left)
-
-
 def enqueue_attention(device: Device, meta: BatchedAttnMetadata, entry: str, q: int, k_pool: int, v_pool: int, o: int,
                       num_q_heads: int, num_kv_heads: int, head_dim: int, scale: float, stream: Any,
                       window_left: int = _attn.NO_WINDOW) -> None:
     """:func:`attention` with every argument already checked and ``entry`` its kernel: geometry, pack, launch.
     ``window_left`` is the kernels' argument (:func:`~q12drv.kernels.attention.window_argument`: ``>= 0``,
     :data:`~q12drv.kernels.attention.NO_WINDOW` for none)."""
-    grid, block, smem, values = _attention_spec(meta, entry, num_q_heads, num_kv_heads, head_dim, scale, window_left)
-    launch_once(device, entry, grid, block, smem, {**values, **dict(zip(_ATTN_PTRS, (q, k_pool, v_pool, o)))}, stream)
+    args = (entry, num_q_heads, num_kv_heads, head_dim, scale, window_left)
+    launch = for_metadata(meta, (device, *args), lambda: attention_launch(device, meta, *args))
+    launch.launch(device.as_stream(stream), (q, k_pool, v_pool, o))
 
 
 def attention_launch(device: Device, meta: BatchedAttnMetadata, entry: str, num_q_heads: int, num_kv_heads: int,
                      head_dim: int, scale: float, window_left: int = _attn.NO_WINDOW) -> LayerLaunch:
     """:func:`enqueue_attention` for every layer of a pass: its launch with all but ``(q, k_pool, v_pool, o)``
     fixed."""
-    grid, block, smem, values = _attention_spec(meta, entry, num_q_heads, num_kv_heads, head_dim, scale, window_left)
-    return LayerLaunch(device, entry, grid, block, smem, _ATTN_PTRS, **values)
+    grid, block, smem = _attn_geometry(entry, meta.batch_size, meta.chunk_len, num_q_heads, num_kv_heads, head_dim)
+    return LayerLaunch(device, entry, grid, block, smem, _ATTN_PTRS, m=meta_struct(meta), num_q_heads=num_q_heads,
+                       num_kv_heads=num_kv_heads, block_size=meta.block_size, scale=scale, window_left=window_left)

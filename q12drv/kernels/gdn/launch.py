@@ -10,7 +10,7 @@ from typing import Any
 from ...core.device import CURRENT, Device
 from ...core.staging import BatchedAttnMetadata
 from ..args import ALIGN, check_launch, workspace_ptr
-from ..layer_launch import LayerLaunch, launch_once
+from ..layer_launch import LayerLaunch, for_metadata
 from ..meta import meta_struct
 from .plan import GdnConfig, GdnPlan, GdnShape, check_shape, plan_gdn
 
@@ -120,13 +120,11 @@ def gdn(device: Device, meta: BatchedAttnMetadata, h_state_ptrs: int, tensors: G
 def enqueue_gdn(device: Device, meta: BatchedAttnMetadata, plan: GdnPlan, h_state_ptrs: int, q: int, k: int, v: int,
                 g: int, beta: int, o: int, workspace: int, stream: Any) -> None:
     """:func:`gdn` with every argument already checked (ints; ``plan`` covering ``meta``; ``workspace`` from
-    :func:`check_workspace`): the launches of ``plan`` for ``meta``'s streams."""
-    zero, kernels = plan.launches(meta.batch_size, meta.chunk_len)
-    if zero is not None:
-        device.memset(workspace + zero[0], 0, zero[1], stream)
-    values = {**_fixed(meta, plan, workspace), **dict(zip(_POINTERS, (h_state_ptrs, q, k, v, g, beta, o)))}
-    for kern in kernels:
-        launch_once(device, kern.entry, kern.grid, kern.block, kern.smem, values, stream, kern.dependent)
+    :func:`check_workspace`): the launches of ``plan`` for ``meta``'s streams (a :class:`GdnLaunch`, kept for
+    ``meta``)."""
+    launch = for_metadata(meta, (device, id(plan), workspace), lambda: GdnLaunch(device, meta, plan, workspace),
+                          keep=plan)
+    launch.launch(device.as_stream(stream), (h_state_ptrs, q, k, v, g, beta, o))
 
 
 class GdnLaunch:
@@ -140,7 +138,8 @@ class GdnLaunch:
         zero, kernels = plan.launches(meta.batch_size, meta.chunk_len)
         self.device = device
         self.zero = None if zero is None else (int(workspace) + zero[0], int(zero[1]))
-        fixed = _fixed(meta, plan, workspace)
+        fixed = dict(m=meta_struct(meta), num_k_heads=plan.shape.num_k_heads, num_v_heads=plan.shape.num_v_heads,
+                     workspace=workspace)
         self.kernels = tuple(LayerLaunch(device, kern.entry, kern.grid, kern.block, kern.smem, _POINTERS,
                                          dependent=kern.dependent, **fixed) for kern in kernels)
 
@@ -160,8 +159,3 @@ class GdnLaunch:
 #: The GDN kernels' per-layer pointer parameters, in their order.
 _POINTERS = ("h_state_ptrs", "q", "k", "v", "g", "beta", "o")
 
-
-def _fixed(meta: BatchedAttnMetadata, plan: GdnPlan, workspace: int) -> dict:
-    """Every argument of ``plan``'s kernels but the layer's pointers."""
-    return dict(m=meta_struct(meta), num_k_heads=plan.shape.num_k_heads, num_v_heads=plan.shape.num_v_heads,
-                workspace=workspace)
