@@ -3,9 +3,10 @@
 Each launcher validates the shapes it is given, computes the launch geometry from host-known
 values (never from device memory), writes the arguments into the kernel's pre-packed argument
 block and enqueues one launch. The metadata struct is built once per staged
-:class:`~q12drv.core.staging.BatchedAttnMetadata` and passed by value. Each ``enqueue_*`` (a launch of checked
-arguments) has a ``*_launch`` twin for the layers of a pass: a :class:`~q12drv.kernels.layer_launch.LayerLaunch` with
-all but the layer's pointers fixed once.
+:class:`~q12drv.core.staging.BatchedAttnMetadata` and passed by value. A kernel's arguments are listed once, in its
+``*_launch`` function: a :class:`~q12drv.kernels.layer_launch.LayerLaunch` with all but the layer's pointers fixed,
+which a pass makes once per shape and each ``enqueue_*`` (a launch of checked arguments) keeps per metadata object
+(:func:`~q12drv.kernels.layer_launch.for_metadata`).
 """
 
 from __future__ import annotations
