@@ -968,19 +968,24 @@ class Q12Pass:
         Q12Error
             A state row staged for another pass.
         """
-        self._require_current()
+        arena = self.arena
+        if arena._buffer is None or arena.generation != self._generation:
+            self._require_current()  # raises
         # the common case first: raw addresses for a layer like one this pass checked (its channels, width, state
-        # stride and flag: the same launch); only this layer's pointers are checked
+        # stride and flag: the same launch); only this layer's pointers are checked (no bias: unrolled here)
         key = (channels, width, state_stride, silu) if (
             type(channels) is int and type(width) is int and type(silu) is bool
             and (state_stride is None or type(state_stride) is int)) else None
         hit = None if key is None else self._conv_layers.get(key)
-        if hit is not None and _plain_conv(x, y, w, bias) and (x + hit[1] <= y or y + hit[1] <= x):
+        if hit is not None and (
+                (bias is None and int is type(x) is type(y) is type(w) and x and y and w
+                 and not (x & _CONV_BAD[0] | y & _CONV_BAD[1] | w & _CONV_BAD[2]))
+                or _plain_conv(x, y, w, bias)) and (x + hit[1] <= y or y + hit[1] <= x):
             run, args = hit[0], (x, y, w, 0 if bias is None else bias)
         else:
             run, args = self._conv1d_checked(key, x, y, w, channels, width, bias, state_stride, silu)
         if type(state_ptrs) is StateRow:
-            table = state_ptrs.check(self.arena, self._generation, _CONV_STATE_ALIGN, "bf16",
+            table = state_ptrs.check(arena, self._generation, _CONV_STATE_ALIGN, "bf16",
                                      "the short convolution's states")
         else:
             states = self._state_addresses(state_ptrs, "state_ptrs", _CONV_STATE_ALIGN, dtype="bf16")
