@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import struct
 import weakref
+from functools import partial
 from threading import get_ident
 from typing import Any, Callable
 
@@ -28,14 +29,23 @@ def for_metadata(meta: Any, key: tuple, make: Callable[[], Any], keep: Any = Non
     """The launch ``make()`` builds for staged metadata ``meta`` and ``key`` (the device, the kernel and every other
     fixed argument: values, or ``id()`` of ``keep``, which the entry holds so that its id is not reused), made on the
     first call and kept while ``meta`` lives: what a launcher called layer after layer outside a pass reuses (a pass
-    keeps its own). ``meta`` is weakly referenced, so its arena is not kept alive."""
+    keeps its own). ``meta`` is weakly referenced, so its arena is not kept alive, and its entries go when it does
+    (at most :data:`_FOR_META_MAX` entries of live metadata are kept)."""
     full = (id(meta), *key)
     hit = _FOR_META.get(full)
     if hit is None or hit[0]() is not meta:
         if len(_FOR_META) >= _FOR_META_MAX:
             _FOR_META.clear()
-        hit = _FOR_META[full] = (weakref.ref(meta), make(), keep)
+        hit = _FOR_META[full] = (weakref.ref(meta, partial(_forget, full)), make(), keep)
     return hit[1]
+
+
+def _forget(full: tuple, ref: weakref.ref) -> None:
+    """Drop the entry ``full`` of metadata that was just freed (its weak reference's callback), unless the key already
+    holds another entry."""
+    hit = _FOR_META.get(full)
+    if hit is not None and hit[0] is ref:
+        _FOR_META.pop(full, None)
 
 
 class LayerLaunch:
