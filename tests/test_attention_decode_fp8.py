@@ -215,6 +215,10 @@ def test_pass_reads_fp8_pools_batched_and_per_stream_as_the_model(fp8_batch, d, 
             launches = [x for x in c.dev.driver.stop_trace() if "Launch" in x]
             assert len(launches) == (1 + (plan.num_splits > 1)) * (1 if mode == "batched" else len(c.counts))
             outs[mode] = c.out()
+        c.poison()  # algo="auto" reads FP8 pools with the decode kernel (the one that reads them)
+        p.attention(q, f.ptr("k8"), f.ptr("v8"), o, f.shape, num_blocks=c.num_blocks, num_splits=splits, workspace=ws,
+                    workspace_bytes=need, k_scale=f.ptr("ks"), v_scale=f.ptr("vs"))
+        assert np.array_equal(c.out(), outs["per_stream"]), splits
         assert not (outs["batched"] == 0xFFFF).any(), "rows left unwritten"
         assert np.array_equal(outs["batched"], outs["per_stream"]), splits
         assert np.array_equal(outs["batched"], f.model(plan.num_splits)), splits
@@ -270,7 +274,6 @@ def test_bad_fp8_input_is_refused_with_nothing_written(fp8_batch, emu):
         ({"k_scale": None}, "shape.kv_dtype='fp8_e4m3' needs k_scale and v_scale"),
         ({"v_scale": None}, "needs k_scale and v_scale"),
         ({"shape": c.shape, "k_pool": kp, "v_pool": vp}, "scales are for shape.kv_dtype='fp8_e4m3'"),
-        ({"algo": "auto"}, r"algo='auto' runs a prefill kernel, which reads bf16 pools; " + decode_hint),
         ({"algo": "mma"}, decode_hint),
         ({"algo": "wgmma"}, decode_hint),
         ({"k_scale": ks + 2}, "k_scale must be 4-byte aligned"),
@@ -291,6 +294,16 @@ def test_bad_fp8_input_is_refused_with_nothing_written(fp8_batch, emu):
     # the one-kernel layer refuses FP8 pools, naming the decode path
     with pytest.raises(ValueError, match=r"an attention layer runs a prefill kernel, .*" + decode_hint):
         p.attention_layer(q, q, q, k8, v8, o, f.shape, num_blocks=c.num_blocks)
+    # algo="auto" reads FP8 pools with the decode kernel; a pass that kernel does not take (9 new tokens) is refused
+    long = fp8_batch([9, 1], [100, 50], 16, 2, 128).c
+    lp = Q12Pass(long.arena, long.streams, block_size=long.bs, use_mrope=False, dummy_kv_block=0, head_dim=128)
+    long.poison()
+    before = long.out()
+    emu.driver.start_trace()
+    with pytest.raises(ValueError, match=r"algo='auto' runs a prefill kernel, which reads bf16 pools; " + decode_hint):
+        lp.attention(long.ptrs()[0], f.ptr("k8"), f.ptr("v8"), long.ptrs()[3], f.shape, num_blocks=c.num_blocks,
+                     k_scale=ks, v_scale=vs)
+    assert emu.driver.stop_trace() == [] and np.array_equal(long.out(), before)
     # ops.attention: the same refusals
     meta = p.meta
     heads = dict(num_q_heads=16, num_kv_heads=2, head_dim=128)

@@ -401,6 +401,48 @@ def test_ops_attention_decode_plans_from_the_metadata(batch, emu):
     assert np.array_equal(c.out(), c.model(1, 299)) and not np.array_equal(c.model(1, 299), c.model(1))
 
 
+def test_auto_runs_the_decode_kernel_where_it_splits_the_keys_given_a_workspace(batch, emu, monkeypatch):
+    """``algo="auto"`` (``Q12Pass.attention`` and ``ops.attention``): the decode kernel for a decode batch whose plan
+    splits the keys when a workspace is given (its bits: ``algo="decode"``'s); a prefill kernel without one, where
+    one split suffices, and for a batch the decode kernel does not take."""
+    ran = []
+    real = dec.enqueue_decode
+    monkeypatch.setattr(dec, "enqueue_decode", lambda *a, **k: ran.append(a[2].num_splits) or real(*a, **k))
+    c = batch([1, 1, 3], [2000, 70, 500], 16, 2, 256)
+    p = Q12Pass(c.arena, c.streams, block_size=c.bs, use_mrope=False, dummy_kv_block=0, head_dim=256)
+    splits = p.decode_plan(c.shape).num_splits
+    assert splits > 1 and dec.auto_runs(p.decode_plan(c.shape)) and not dec.auto_runs(p.decode_plan(c.shape, 1))
+    need = p.decode_workspace_bytes(c.shape)
+    ws = c.workspace(need)
+    run = lambda algo, **kw: (c.poison(), p.attention(*c.ptrs(), c.shape, num_blocks=c.num_blocks, algo=algo, **kw),  # noqa: E731
+                              c.out())[2]
+    decode = run("decode", workspace=ws, workspace_bytes=need)
+    assert ran == [splits] and np.array_equal(decode, c.model(splits))
+    ran.clear()
+    assert np.array_equal(run("auto", workspace=ws, workspace_bytes=need), decode) and ran == [splits]
+    ran.clear()
+    prefill = run("auto")  # no workspace: no split, a prefill kernel
+    assert ran == [] and not (prefill == 0xFFFF).any() and rel_err_bf16(prefill, decode) < 4e-3
+    assert np.array_equal(run("auto", workspace=ws, workspace_bytes=need, num_splits=1), prefill) and ran == []
+    # the same rule per call (ops.attention, from the metadata staged in place of the pass's)
+    c.arena.reset()
+    meta = stage_batched_attn_metadata(c.arena, c.streams, block_size=c.bs, use_mrope=False, scratch_offset_bytes=0,
+                                       dummy_kv_block=0)
+    assert dec.auto_algo(emu, meta, 16, 2, 256) == "decode" and dec.auto_algo(emu, meta, 16, 2, 256, num_splits=1) == "auto"
+    c.poison()
+    ops.attention(emu, meta, *c.ptrs(), num_q_heads=16, num_kv_heads=2, head_dim=256, workspace=ws, workspace_bytes=need)
+    assert np.array_equal(c.out(), decode) and ran == [splits]
+    # a batch the decode kernel does not take (9 new tokens) runs a prefill kernel whatever is given
+    assert not dec.takes(9, 16, 2, 256) and dec.takes(8, 16, 2, 256) and not dec.takes(5, 16, 1, 256)
+    assert not dec.takes(1, 16, 2, 96) and not dec.takes(1, 16, 0, 256) and not dec.takes(1.0, 16, 2, 256)
+    long = batch([9, 1], [100, 2000], 16, 2, 256)
+    ran.clear()
+    q12 = Q12Pass(long.arena, long.streams, block_size=long.bs, use_mrope=False, dummy_kv_block=0, head_dim=256)
+    long.poison()
+    q12.attention(*long.ptrs(), long.shape, num_blocks=long.num_blocks, workspace=long.workspace(1 << 20))
+    assert ran == [] and not (long.out() == 0xFFFF).any()
+
+
 def test_bad_input_is_refused_with_nothing_written(batch, emu):
     c = batch([1, 2, 1], [500, 600, 700], 16, 2, 128)
     long = batch([1, 9], [5, 20], 16, 2, 128, seed=1)

@@ -7,9 +7,10 @@ fp32 of ``scale * q.k``), for passes whose every stream has at most
 :data:`MAX_Q_LEN` new tokens and ``q_len * Hq / Hkv <= MAX_ROWS`` (decode steps, speculative decode): a stream's
 ``q_len * G`` rows of one kv head are one CTA, so each K/V byte is read once, and a stream's keys are split over
 ``num_splits`` CTAs where the batch alone would leave SMs idle. ``ops.attention(..., algo="decode")`` and
-``Q12Pass.attention(..., algo="decode")`` run it; ``algo="auto"`` does not pick it: measured on the H200, the wgmma
-prefill kernel reads a decode batch faster where one split suffices (streams x kv heads fill the SMs), and where
-splits pay they need a workspace (``docs/kernels/attention_decode.md``). It is also the kernel that reads FP8 (e4m3)
+``Q12Pass.attention(..., algo="decode")`` run it; ``algo="auto"`` runs it on FP8 pools and, given a workspace, where
+its plan splits the keys (:func:`auto_runs`: measured on the H200, the wgmma prefill kernel reads a decode batch
+faster where one split suffices, streams x kv heads filling the SMs; ``docs/kernels/attention_decode.md``). It is
+also the kernel that reads FP8 (e4m3)
 pools (``kv_dtype="fp8_e4m3"``, written by ``q12_kv_write_fp8`` with each KV head's fp32 scales): the prefill kernels
 read bf16 pools only.
 
@@ -76,8 +77,8 @@ from . import registry
 __all__ = [
     "SOURCE", "HEAD_DIMS", "FP8_ENTRIES", "MERGE_ENTRIES", "ENTRIES", "WARPS", "MAX_Q_LEN", "MAX_ROWS", "MERGE_THREADS",
     "MAX_SPLITS", "MIN_SPLIT_TILES", "EFFICIENCY", "Tiles", "TILES", "CONTRACTS", "entry_for_head_dim", "check_rows",
-    "split_count", "split_ranges", "DecodePlan", "plan_decode", "check_workspace", "attention",
-    "enqueue_decode",
+    "split_count", "split_ranges", "DecodePlan", "plan_decode", "takes", "auto_runs", "auto_algo", "check_workspace",
+    "attention", "enqueue_decode",
     "model", "EMULATORS",
 ]
 
@@ -363,6 +364,43 @@ def check_workspace(device, plan: DecodePlan, need: int, workspace, workspace_by
                          "num_splits=1 runs without one", device=device)  # 16-byte aligned: the kernels' stores
 
 
+def takes(chunk_len: int, num_q_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether the decode kernel takes a batch whose longest stream has ``chunk_len`` new tokens: a head dim it has,
+    and every stream within :func:`check_rows`' bounds (False also for arguments their own checks refuse)."""
+    if not (type(chunk_len) is type(num_q_heads) is type(num_kv_heads) is type(head_dim) is int) or num_kv_heads <= 0:
+        return False
+    g, r = divmod(num_q_heads, num_kv_heads)
+    return head_dim in HEAD_DIMS and r == 0 and g > 0 and 0 < chunk_len <= min(MAX_Q_LEN, MAX_ROWS // g)
+
+
+def auto_runs(plan: DecodePlan) -> bool:
+    """Whether ``algo="auto"`` runs the decode kernel with ``plan`` (for a batch it :func:`takes`, given a workspace):
+    on FP8 pools (the one kernel that reads them), and where ``plan`` splits the keys (few long streams: on the H200
+    the splits ran 16 x 32k and 4 x 128k keys 2.7x to 10x faster than the wgmma kernel); not where one split
+    suffices (streams x kv heads fill the SMs: the wgmma kernel's 128-row tiles read 1.2x faster,
+    ``docs/kernels/attention_decode.md``)."""
+    return plan.kv_dtype == FP8 or plan.num_splits > 1
+
+
+def auto_algo(device, meta, num_q_heads: int, num_kv_heads: int, head_dim: int, window_left: int | None = None,
+              num_splits: int | None = None, kv_dtype: str = "bf16") -> str:
+    """``"decode"`` where ``algo="auto"`` runs the decode kernel on ``meta``'s batch (:func:`takes`, :func:`auto_runs`;
+    the caller has a workspace or FP8 pools), else ``"auto"`` (the prefill kernels)."""
+    if not meta.batch_size or not takes(meta.chunk_len, num_q_heads, num_kv_heads, head_dim):
+        return "auto"
+    return "decode" if auto_runs(_plan_for(device, meta, num_q_heads, num_kv_heads, head_dim, window_left, num_splits,
+                                           kv_dtype)) else "auto"
+
+
+def _plan_for(device, meta, num_q_heads: int, num_kv_heads: int, head_dim: int, window_left, num_splits,
+              kv_dtype: str) -> DecodePlan:
+    """:func:`plan_decode` of ``meta``'s streams on ``device``'s SMs."""
+    kv_max = int(meta.kv_lens_host.max()) if meta.batch_size else 0
+    return plan_decode(meta.batch_size, meta.chunk_len, kv_max, num_q_heads, num_kv_heads, head_dim,
+                       num_sms=device.sm_count, window_left=window_left, num_splits=num_splits, q_lens=meta.counts,
+                       kv_dtype=kv_dtype)
+
+
 def attention(device, meta, q, k_pool, v_pool, o, *, num_q_heads: int, num_kv_heads: int, head_dim: int,
               scale: float | None = None, window_left: int | None = None, num_splits: int | None = None,
               workspace=None, workspace_bytes: int | None = None, stream: Any = None, kv_dtype: str = "bf16",
@@ -381,9 +419,7 @@ def attention(device, meta, q, k_pool, v_pool, o, *, num_q_heads: int, num_kv_he
     hq, hkv = head_group("num_q_heads", num_q_heads, "num_kv_heads", num_kv_heads)
     kp, vp, ks, vs = check_kv_pools(device, kv_dtype, k_pool, v_pool, k_scale, v_scale, hkv,
                                     ALIGN["attention_fp8"])  # the arguments first
-    kv_max = int(meta.kv_lens_host.max()) if meta.batch_size else 0
-    plan = plan_decode(meta.batch_size, meta.chunk_len, kv_max, hq, hkv, head_dim, num_sms=device.sm_count,
-                       window_left=window_left, num_splits=num_splits, q_lens=meta.counts, kv_dtype=kv_dtype)
+    plan = _plan_for(device, meta, hq, hkv, head_dim, window_left, num_splits, kv_dtype)
     sc = float(plan.head_dim ** -0.5 if scale is None else positive_float("scale", scale))
     bf16 = lambda name, value: device.pointer(value, name, dtype="bf16", align=16)  # noqa: E731
     ws = check_workspace(device, plan, plan.workspace_bytes_for(meta.total_tokens), workspace, workspace_bytes)

@@ -247,18 +247,24 @@ def attention(device: Device, meta: BatchedAttnMetadata, q: int, k_pool: int, v_
     :mod:`~q12drv.kernels.attention_decode`: every stream at most 8 new tokens, else refused; its keys split
     ``num_splits`` ways, default planned from the batch; with splits it needs ``workspace`` and
     ``workspace_bytes``, :meth:`~q12drv.kernels.attention_decode.DecodePlan.workspace_bytes_for`; the other algos
-    ignore these three). ``"auto"`` does not pick ``"decode"``: it is the faster choice for few long streams (it splits
-    their keys over the SMs), the wgmma kernel where streams x kv heads fill them. The kernels agree to bf16 rounding.
+    ignore these three). ``"auto"`` runs ``"decode"`` where the decode kernel takes the batch and either the pools
+    are FP8 or a ``workspace`` is given and the decode plan splits the keys
+    (:func:`~q12drv.kernels.attention_decode.auto_runs`: few long streams, where it is several times faster; the
+    wgmma kernel where streams x kv heads fill the SMs); otherwise a prefill kernel. The kernels agree to bf16
+    rounding.
 
     ``kv_dtype`` (:data:`KV_DTYPES`): the pools' element type. FP8 pools (``"fp8_e4m3"``, as :func:`kv_write` writes
     them, with the same ``k_scale`` and ``v_scale``: each KV head's fp32 scale, ``[Hkv]``) are read by
-    ``algo="decode"`` only (streams of at most 8 new tokens); the other algos refuse them.
+    ``algo="decode"`` only (streams of at most 8 new tokens; ``"auto"`` runs it); the other algos refuse them.
 
     ``window_left``: sliding window in FlashAttention's convention (``window_size=(window_left, 0)``): the query
     at position ``p`` sees the keys ``p - window_left .. p``; transformers' ``sliding_window = W`` is
     ``window_left = W - 1`` (``AttentionShape(sliding_window=W)`` converts). None or -1: full causal. Every
     kernel honours it.
     """
+    if algo == "auto" and (workspace is not None or kv_dtype == _args.FP8_E4M3):
+        _check(device, meta)
+        algo = _dec.auto_algo(device, meta, num_q_heads, num_kv_heads, head_dim, window_left, num_splits, kv_dtype)
     if algo == "decode":
         _dec.attention(device, meta, q, k_pool, v_pool, o, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
                        head_dim=head_dim, scale=scale, window_left=window_left, num_splits=num_splits,

@@ -830,7 +830,9 @@ class Q12Pass:
         from the pass) and, with splits, needs ``workspace`` of :meth:`decode_workspace_bytes` (a device address with
         ``workspace_bytes``, or a tensor). FP8 pools (``shape.kv_dtype="fp8_e4m3"``, written by :meth:`kv_write`) are
         read by ``"decode"`` only, with ``k_scale`` and ``v_scale`` as :meth:`kv_write` took them (each KV head's
-        fp32 scale, ``[Hkv]``).
+        fp32 scale, ``[Hkv]``). ``"auto"`` runs ``"decode"`` where the decode kernel takes the pass and either the
+        pools are FP8 or a ``workspace`` is given and :meth:`decode_plan` splits the keys
+        (:func:`~q12drv.kernels.attention_decode.auto_runs`: few long streams); otherwise a prefill kernel.
 
         Raises
         ------
@@ -843,7 +845,11 @@ class Q12Pass:
         layer, ptrs, run = self._layer(shape), (q, k_pool, v_pool, o), None
         if layer is not None and type(num_blocks) is int and num_blocks in layer.blocks and type(algo) is str:
             run = layer.attention.get(algo)  # (a prefill kernel: "decode" is never one)
-        if run is None or k_scale is not None or v_scale is not None or not _plain4(q, k_pool, v_pool, o, _ATTN_BAD):
+        if (run is None or workspace is not None or k_scale is not None or v_scale is not None
+                or not _plain4(q, k_pool, v_pool, o, _ATTN_BAD)):
+            if algo == "auto" and (workspace is not None or k_scale is not None) and self._auto_decode(shape,
+                                                                                                    num_splits):
+                algo = "decode"
             check_attention_pools(shape, algo)
             if check_kv_scales(getattr(shape, "kv_dtype", "bf16"), k_scale, v_scale, "shape.kv_dtype"):
                 a, _, _ = self._attention_ops(shape, num_blocks, (k_pool, v_pool), {
@@ -1154,6 +1160,16 @@ class Q12Pass:
                 shape.head_dim, num_sms=self.device.sm_count, window_left=shape.window_left, num_splits=num_splits,
                 q_lens=batch.count_list, kv_dtype=shape.kv_dtype)
         return plan
+
+    def _auto_decode(self, shape: AttentionShape, num_splits) -> bool:
+        """Whether ``attention(..., algo="auto")`` runs the decode kernel for ``shape`` in this pass, given a
+        workspace or FP8 pools (:func:`~q12drv.kernels.attention_decode.auto_runs`; False where the shape or the
+        batch is not the decode kernel's: the checks that follow refuse or route them)."""
+        if not isinstance(shape, AttentionShape) or not _dec.takes(self._longest, shape.num_q_heads,
+                                                                    shape.num_kv_heads, shape.head_dim):
+            return False
+        self._check_attention_shape(shape)
+        return _dec.auto_runs(self.decode_plan(shape, num_splits))
 
     def decode_workspace_bytes(self, shape: AttentionShape, num_splits: int | None = None) -> int:
         """Workspace ``attention(..., algo="decode", num_splits=num_splits)`` needs for this pass and ``shape`` (0:
