@@ -242,11 +242,13 @@ def test_decode_large_logits(decode_kernels, d):
         assert rel_err(from_bf16_bits(out), ref) < 1e-2, f"seed {seed}, {splits} splits"
 
 
+@pytest.mark.parametrize("algo", ["decode", "auto"])
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])
 @pytest.mark.parametrize("mode", ["batched", "per_stream"])
-def test_q12pass_decode_equals_the_raw_launches(gpu, decode_kernels, mode, kv_dtype):
+def test_q12pass_decode_equals_the_raw_launches(gpu, decode_kernels, mode, kv_dtype, algo):
     # q12drv's own path (plan, workspace checks, the merge as a programmatic dependent launch; FP8 pools: the FP8
-    # split entry and the scales, as tensors) on the raw case's tensors gives the raw launches' bits.
+    # split entry and the scales, as tensors) on the raw case's tensors gives the raw launches' bits; algo="auto"
+    # with the workspace runs it too (four streams: the plan splits their keys).
     seed, c = _fresh_case([1, 4, 1, 2], [5000, 700, 33, 12000], hq=16, hkv=2, d=256, bs=16)
     f8 = Fp8Pools(decode_kernels, c) if kv_dtype == "fp8_e4m3" else None
     streams = [StreamStageInfo(int(c.kv_lens[b] - c.q_lens[b]), int(c.q_lens[b]), c.tables[b],
@@ -261,7 +263,7 @@ def test_q12pass_decode_equals_the_raw_launches(gpu, decode_kernels, mode, kv_dt
         plan = p.decode_plan(shape)
         need = p.decode_workspace_bytes(shape)
         ws = torch.full((need // 4,), float("nan"), dtype=torch.float32, device="cuda")
-        p.attention(c.dq.data_ptr(), kp, vp, o.data_ptr(), shape, algo="decode", workspace=ws.data_ptr(),
+        p.attention(c.dq.data_ptr(), kp, vp, o.data_ptr(), shape, algo=algo, workspace=ws.data_ptr(),
                     workspace_bytes=need, **extra)
         gpu.synchronize()
     raw = run_decode(decode_kernels, c, [0, 1, 2, 3], 256 ** -0.5, plan.num_splits, fp8=f8)
