@@ -774,11 +774,15 @@ class Q12Pass:
         TypeError, ValueError
             A bad tensor, address or shape, before anything is enqueued.
         """
-        layer, ptrs = self._layer(shape), (q, k)
-        if layer is None or layer.rope is None or not _plain_aligned(ptrs, _ROPE_BAD):
-            a, _, layer = self._attention_ops(shape, None, (), {"q": q, "k": k})
-            ptrs = (int(a["q"]), int(a["k"]))
-        self._rope_launch(layer)(self._driver_stream(), ptrs)
+        layer = self._layer(shape)
+        run = None if layer is None else layer.rope
+        if (run is None or type(q) is not int or type(k) is not int or not q or not k
+                or q & _ROPE_BAD[0] | k & _ROPE_BAD[1]):  # (the common case unrolled: exact, aligned ints)
+            if not _plain_aligned((q, k), _ROPE_BAD) or run is None:
+                a, _, layer = self._attention_ops(shape, None, (), {"q": q, "k": k})
+                q, k = int(a["q"]), int(a["k"])
+                run = self._rope_launch(layer)
+        run(self._driver_stream(), (q, k))
 
     def kv_write(self, k, v, k_pool, v_pool, shape: AttentionShape, *, num_blocks: int | None = None,
                  k_scale=None, v_scale=None) -> None:
