@@ -17,6 +17,8 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from q12drv import ScratchArena, make_scratch_plan, stage_batched_attn_metadata
 from q12drv.core.bf16 import from_bf16_bits, to_bf16_bits
@@ -441,6 +443,19 @@ def test_auto_runs_the_decode_kernel_where_it_splits_the_keys_given_a_workspace(
     long.poison()
     q12.attention(*long.ptrs(), long.shape, num_blocks=long.num_blocks, workspace=long.workspace(1 << 20))
     assert ran == [] and not (long.out() == 0xFFFF).any()
+
+
+@settings(max_examples=300, deadline=None)
+@given(chunk=st.integers(-1, 20), hq=st.integers(0, 80), hkv=st.integers(0, 20), d=st.sampled_from([32, 64, 96, 128, 256]))
+def test_takes_is_what_plan_decode_accepts(chunk, hq, hkv, d):
+    """``takes`` (what ``algo="auto"`` asks before it plans) and ``plan_decode``'s refusals are one rule: a batch is
+    taken exactly when a plan for it is made."""
+    try:
+        dec.plan_decode(1, chunk, 100, hq, hkv, d, num_sms=132)
+        accepted = chunk > 0
+    except (ValueError, TypeError):
+        accepted = False
+    assert dec.takes(chunk, hq, hkv, d) == accepted, (chunk, hq, hkv, d)
 
 
 def test_bad_input_is_refused_with_nothing_written(batch, emu):
