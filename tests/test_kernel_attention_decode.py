@@ -445,6 +445,49 @@ def test_auto_runs_the_decode_kernel_where_it_splits_the_keys_given_a_workspace(
     assert ran == [] and not (long.out() == 0xFFFF).any()
 
 
+def test_attention_layer_with_a_workspace_runs_the_decode_kernel_where_auto_does(batch, emu, monkeypatch):
+    """``attention_layer(..., workspace=)``: RoPE, the KV write and then the decode kernel where ``attention``'s
+    ``"auto"`` runs it, the bits of the three ops called one by one; a small workspace is refused before RoPE runs."""
+    ran = []
+    real = dec.enqueue_decode
+    monkeypatch.setattr(dec, "enqueue_decode", lambda *a, **k: ran.append(1) or real(*a, **k))
+    c = batch([1, 1, 3], [2000, 70, 500], 16, 2, 256)
+    rng = np.random.default_rng(5)
+    kv = {n: to_bf16_bits(rng.standard_normal((c.t, 2, 256))) for n in ("k", "v")}
+    bufs = {n: emu.alloc(x.nbytes, n) for n, x in kv.items()}
+    p = Q12Pass(c.arena, c.streams, block_size=c.bs, use_mrope=False, dummy_kv_block=0, head_dim=256)
+    need = p.decode_workspace_bytes(c.shape)
+    ws = c.workspace(need)
+    q, kp, vp, o = c.ptrs()
+    k, v = int(bufs["k"].ptr), int(bufs["v"].ptr)
+
+    def fresh():  # Q, K and the pools as the batch made them (RoPE works in place; the KV write fills the pools)
+        for n, x in c.host.items():
+            emu.upload(c.bufs[n].ptr, x)
+        for n, x in kv.items():
+            emu.upload(bufs[n].ptr, x)
+        c.poison()
+
+    fresh()
+    p.rope(q, k, c.shape)
+    p.kv_write(k, v, kp, vp, c.shape, num_blocks=c.num_blocks)
+    p.attention(q, kp, vp, o, c.shape, num_blocks=c.num_blocks, algo="decode", workspace=ws, workspace_bytes=need)
+    ops_one_by_one = c.out()
+    assert ran == [1]
+    fresh()
+    p.attention_layer(q, k, v, kp, vp, o, c.shape, num_blocks=c.num_blocks, workspace=ws, workspace_bytes=need)
+    assert np.array_equal(c.out(), ops_one_by_one) and ran == [1, 1]
+    fresh()
+    emu.driver.start_trace()
+    with pytest.raises(ValueError, match="workspace"):
+        p.attention_layer(q, k, v, kp, vp, o, c.shape, num_blocks=c.num_blocks, workspace=ws, workspace_bytes=need - 4)
+    assert [x for x in emu.driver.stop_trace() if "Launch" in x or "Memcpy" in x] == [] and ran == [1, 1]
+    p.attention_layer(q, k, v, kp, vp, o, c.shape, num_blocks=c.num_blocks)  # no workspace: a prefill kernel
+    assert ran == [1, 1] and not (c.out() == 0xFFFF).any()
+    for b in bufs.values():
+        b.free()
+
+
 @settings(max_examples=300, deadline=None)
 @given(chunk=st.integers(-1, 20), hq=st.integers(0, 80), hkv=st.integers(0, 20), d=st.sampled_from([32, 64, 96, 128, 256]))
 def test_takes_is_what_plan_decode_accepts(chunk, hq, hkv, d):

@@ -869,32 +869,42 @@ class Q12Pass:
         run(self._driver_stream(), ptrs)
 
     def attention_layer(self, q, k, v, k_pool, v_pool, o, shape: AttentionShape, *, num_blocks: int | None = None,
-                        algo: str = "auto") -> None:
+                        algo: str = "auto", workspace=None, workspace_bytes: int | None = None) -> None:
         """:meth:`rope`, :meth:`kv_write` and :meth:`attention` as one layer: RoPE on Q and K in place, K and V into
         the pools, attention into O. Every argument is checked once, before the first launch.
 
         Q, O ``[T, Hq, D]``; K, V ``[T, Hkv, D]``; the pools ``[num_blocks, block_size, Hkv, D]``; all bf16, as raw
         device addresses (stream b's rows start at ``cu_seqlens[b]``) or tensors. ``algo`` picks the attention
-        kernel (:data:`q12drv.kernels.ops.ATTN_ALGOS`; ``"auto"``: wgmma on Hopper where it exists).
+        kernel (:data:`q12drv.kernels.ops.ATTN_ALGOS` but ``"decode"``; ``"auto"``: wgmma on Hopper where it exists,
+        or with ``workspace`` (:meth:`decode_workspace_bytes`) the decode kernel where :meth:`attention`'s
+        ``"auto"`` runs it: few long streams).
 
         Raises
         ------
         TypeError, ValueError
             A bad tensor, address (NULL, misaligned, wrong dtype or shape), shape, ``num_blocks`` or ``algo`` (or a
-            head dim it has no kernel for), or a block table (host copy) with an entry ``>= num_blocks`` where
-            attention reads it: raised before anything is enqueued, so no buffer has changed.
+            head dim it has no kernel for), a block table (host copy) with an entry ``>= num_blocks`` where
+            attention reads it, or a small workspace where the decode kernel runs: raised before anything is
+            enqueued, so no buffer has changed.
         """
         layer = self._layer(shape)
         runs = None
         if layer is not None and type(num_blocks) is int and type(algo) is str:
             runs = (layer.rope, layer.kv_write.get(num_blocks), layer.attention.get(algo))
-        if (runs is None or None in runs or not _plain4(q, k_pool, v_pool, o, _ATTN_BAD)
-                or not _plain_aligned((k, v), _KV_BAD)):
+        if (runs is None or None in runs or workspace is not None or not _plain4(q, k_pool, v_pool, o, _ATTN_BAD)
+                or not (int is type(k) is type(v) and k and v and not (k & _KV_BAD[0] | v & _KV_BAD[1]))
+                and not _plain_aligned((k, v), _KV_BAD)):  # (k and v: the common case unrolled)
             check_attention_pools(shape)
             a, nb, layer = self._attention_ops(shape, num_blocks, (k_pool, v_pool),
                                                {"q": q, "k": k, "v": v, "k_pool": k_pool, "v_pool": v_pool, "o": o})
-            # every argument is checked now (the algo by its launch): the launches write the kernels' blocks
-            runs = (self._rope_launch(layer), self._kv_write_launch(layer, nb), self._attention_launch(layer, algo))
+            # every argument is checked now (the algo by its launch, the decode plan's workspace by its launcher):
+            # the launches write the kernels' blocks
+            if algo == "auto" and workspace is not None and self._auto_decode(shape, None):
+                decode = self._decode_launch(shape, None, workspace, workspace_bytes)
+                attention = lambda st, p: decode(*p)  # noqa: E731  (the decode launches take the pass's stream)
+            else:
+                attention = self._attention_launch(layer, algo)
+            runs = (self._rope_launch(layer), self._kv_write_launch(layer, nb), attention)
             q, k, v, k_pool, v_pool, o = (int(a[n]) for n in ("q", "k", "v", "k_pool", "v_pool", "o"))
         rope, kv_write, attention = runs
         st = self._driver_stream()
@@ -1183,12 +1193,23 @@ class Q12Pass:
     def _attention_decode(self, a: dict, shape: AttentionShape, num_splits, workspace, workspace_bytes) -> None:
         """:meth:`attention` with ``algo="decode"``, its tensors checked (``a``; FP8 pools: with the scales): plan,
         workspace, launches."""
+        self._decode_launch(shape, num_splits, workspace, workspace_bytes)(
+            int(a["q"]), int(a["k_pool"]), int(a["v_pool"]), int(a["o"]), int(a.get("k_scale", 0)),
+            int(a.get("v_scale", 0)))
+
+    def _decode_launch(self, shape: AttentionShape, num_splits, workspace, workspace_bytes) -> Callable:
+        """The decode attention of ``shape`` in this pass, its plan and workspace checked now:
+        ``run(q, k_pool, v_pool, o, k_scale, v_scale)`` (checked addresses; the scales 0 for bf16 pools) enqueues
+        it on the pass's stream."""
         plan = self.decode_plan(shape, num_splits)
         ws = _dec.check_workspace(self.device, plan, plan.workspace_bytes_for(self._batch.total), workspace,
                                   workspace_bytes)
         hq, d = shape.num_q_heads, shape.head_dim
         scale = float(d ** -0.5 if shape.scale is None else shape.scale)
-        dev, st, q, o = self.device, self.stream, int(a["q"]), int(a["o"])
-        kp, vp, ks, vs = (int(a.get(n, 0)) for n in ("k_pool", "v_pool", "k_scale", "v_scale"))
-        self._each(lambda meta, row: _dec.enqueue_decode(dev, meta, plan, q + row_offset(row, hq * d, _BF16), kp, vp,
-                                                         o + row_offset(row, hq * d, _BF16), ws, scale, st, ks, vs))
+        dev, st = self.device, self.stream
+
+        def run(q: int, kp: int, vp: int, o: int, ks: int = 0, vs: int = 0) -> None:
+            self._each(lambda meta, row: _dec.enqueue_decode(dev, meta, plan, q + row_offset(row, hq * d, _BF16), kp,
+                                                             vp, o + row_offset(row, hq * d, _BF16), ws, scale, st,
+                                                             ks, vs))
+        return run
