@@ -36,6 +36,7 @@ from tests.gpu.raw_harness import check  # noqa: E402
 from tests.gpu.test_attention_gpu import ALGOS, Case, _fresh_case, kernels  # noqa: E402,F401  (kernels: a fixture)
 from tests.helpers import rel_err, rel_err_bf16  # noqa: E402
 from tests.test_attention_decode_fp8 import FP8_VS_BF16_BATCH, FP8_VS_BF16_STREAM  # noqa: E402
+from tests.test_kernel_attention_decode import DecodeBatch, check_attention_layer_decode  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -350,3 +351,19 @@ def test_decode_reads_fp8_pools(decode_kernels, case, window):
         if splits == 1:
             continue
         assert rel_err_bf16(out, outs[1]) < 5e-3, f"seed {seed}: {splits} splits vs 1"
+
+
+def test_attention_layer_with_a_workspace_runs_the_decode_kernel_on_gpu(gpu, monkeypatch):
+    """``attention_layer(..., workspace=)`` on the GPU: RoPE, the KV write and the split decode kernel give the bits
+    of the three ops called one by one (the emulator test's body)."""
+    made = []
+
+    def batch(*args, **kw):
+        made.append(DecodeBatch(gpu, *args, **kw))
+        return made[-1]
+
+    try:
+        check_attention_layer_decode(gpu, batch, monkeypatch)
+    finally:
+        for b in made:
+            b.close()
