@@ -287,8 +287,19 @@ class HybridRuntime:
         k = a.k_norm(a.k_proj(x).view(t, hkv, hd)).contiguous()
         v = a.v_proj(x).view(t, hkv, hd)
         o = torch.empty_like(q)
-        step.attention_layer(q, k, v, k_pool, v_pool, o, self.attn_shape)  # RoPE, KV write, paged attention
+        # RoPE, KV write, paged attention; given a workspace, a decode step of few long streams runs the split-KV
+        # decode kernel (0 bytes: a prefill kernel is the faster one for this pass)
+        need = step.attention_workspace_bytes(self.attn_shape)
+        step.attention_layer(q, k, v, k_pool, v_pool, o, self.attn_shape,
+                             workspace=self._scratch(need) if need else None)
         return a.o_proj(o.reshape(t, hq * hd) * torch.sigmoid(gate.reshape(t, hq * hd)))
+
+    def _scratch(self, nbytes: int) -> torch.Tensor:
+        """The layers' workspace (GDN's, the decode attention's), grown to ``nbytes``: the layers run one after the
+        other on the pass's stream, so one buffer serves them all."""
+        if nbytes > self.workspace.numel():
+            self.workspace = torch.empty(nbytes, dtype=torch.uint8, device=self.tdev)
+        return self.workspace
 
     def _gdn(self, step, x, entry, conv_row, ssm_row) -> torch.Tensor:
         _, layer, _, _, weight = entry
@@ -308,10 +319,8 @@ class HybridRuntime:
         o = torch.empty_like(v)
         gdn_config = q12drv.GdnConfig()
         need = step.gdn_workspace_bytes(self.gdn_shape, gdn_config)
-        if need > self.workspace.numel():
-            self.workspace = torch.empty(need, dtype=torch.uint8, device=self.tdev)
         step.gdn_layer(ssm_row, q12drv.GdnTensors(q, k, v, g, beta, o), self.gdn_shape,
-                       config=gdn_config, workspace=self.workspace if need else None)
+                       config=gdn_config, workspace=self._scratch(need) if need else None)
         core = g_mod.norm(o.reshape(-1, dv), z.reshape(-1, dv)).reshape(t, hv * dv)
         return g_mod.out_proj(core)
 

@@ -180,3 +180,18 @@ def test_an_images_positions_reach_the_rotation(setup):
     for wrong in ("plain", "chunked"):
         with pytest.raises(AssertionError):  # 0.064 relative L2 measured for both
             check_close(run(wrong), ref, wrong)
+
+
+def test_decode_steps_on_long_contexts_run_the_decode_kernel(monkeypatch):
+    """Decode steps of two streams on 700 and 600 cached tokens: the pass's attention splits the keys, so the runtime
+    sizes a workspace (``Q12Pass.attention_workspace_bytes``) and ``attention_layer`` runs the split decode kernel;
+    the logits still equal transformers' (Qwen3-Next)."""
+    from q12drv.kernels import attention_decode as dec
+
+    ran = []
+    real = dec.enqueue_decode
+    monkeypatch.setattr(dec, "enqueue_decode", lambda *a, **k: ran.append(a[2].num_splits) or real(*a, **k))
+    setup = setup_on("cpu", (703, 602), seed=3, model="qwen3_next")
+    splits = [[700, 1, 1, 1], [600, 1, 1]]
+    check_chunked_equals_one_shot(setup, splits, max_streams=2, max_tokens=704, max_pass_tokens=1308)
+    assert ran and min(ran) > 1  # every decode step's layers: the split kernel

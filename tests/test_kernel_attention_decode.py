@@ -418,6 +418,7 @@ def test_auto_runs_the_decode_kernel_where_it_splits_the_keys_given_a_workspace(
     ws = c.workspace(need)
     run = lambda algo, **kw: (c.poison(), p.attention(*c.ptrs(), c.shape, num_blocks=c.num_blocks, algo=algo, **kw),  # noqa: E731
                               c.out())[2]
+    assert p.attention_workspace_bytes(c.shape) == need > 0  # what "auto" uses: the decode plan's
     decode = run("decode", workspace=ws, workspace_bytes=need)
     assert ran == [splits] and np.array_equal(decode, c.model(splits))
     ran.clear()
@@ -440,6 +441,10 @@ def test_auto_runs_the_decode_kernel_where_it_splits_the_keys_given_a_workspace(
     long = batch([9, 1], [100, 2000], 16, 2, 256)
     ran.clear()
     q12 = Q12Pass(long.arena, long.streams, block_size=long.bs, use_mrope=False, dummy_kv_block=0, head_dim=256)
+    assert q12.attention_workspace_bytes(long.shape) == 0
+    wide = batch([1] * 64, [100] * 64, 16, 2, 256)  # 128 CTAs fill the SMs: one split, the wgmma kernel, no workspace
+    q64 = Q12Pass(wide.arena, wide.streams, block_size=wide.bs, use_mrope=False, dummy_kv_block=0, head_dim=256)
+    assert q64.decode_plan(wide.shape).num_splits == 1 and q64.attention_workspace_bytes(wide.shape) == 0
     long.poison()
     q12.attention(*long.ptrs(), long.shape, num_blocks=long.num_blocks, workspace=long.workspace(1 << 20))
     assert ran == [] and not (long.out() == 0xFFFF).any()

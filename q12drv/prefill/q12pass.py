@@ -1185,6 +1185,23 @@ class Q12Pass:
         self._check_attention_shape(shape)
         return _dec.auto_runs(self.decode_plan(shape, num_splits))
 
+    def attention_workspace_bytes(self, shape: AttentionShape) -> int:
+        """Workspace :meth:`attention` and :meth:`attention_layer` use with ``algo="auto"`` for ``shape`` in this
+        pass: the decode kernel's (:meth:`decode_workspace_bytes`) where ``"auto"`` runs it with a workspace (a
+        decode batch whose keys it splits), else 0 (a prefill kernel, or one split: none needed). Give the
+        ops a workspace this large (or larger) to get the decode kernel where it is the faster one.
+
+        Raises
+        ------
+        TypeError, ValueError
+            A bad shape.
+        """
+        self._check_attention_shape(shape)
+        if not _dec.takes(self._longest, shape.num_q_heads, shape.num_kv_heads, shape.head_dim):
+            return 0
+        plan = self.decode_plan(shape)
+        return plan.workspace_bytes_for(self._batch.total) if _dec.auto_runs(plan) else 0
+
     def decode_workspace_bytes(self, shape: AttentionShape, num_splits: int | None = None) -> int:
         """Workspace ``attention(..., algo="decode", num_splits=num_splits)`` needs for this pass and ``shape`` (0:
         none, one split): the batched launch's, which covers every stream's own."""
