@@ -416,8 +416,11 @@ def test_auto_runs_the_decode_kernel_where_it_splits_the_keys_given_a_workspace(
     assert splits > 1 and dec.auto_runs(p.decode_plan(c.shape)) and not dec.auto_runs(p.decode_plan(c.shape, 1))
     need = p.decode_workspace_bytes(c.shape)
     ws = c.workspace(need)
-    run = lambda algo, **kw: (c.poison(), p.attention(*c.ptrs(), c.shape, num_blocks=c.num_blocks, algo=algo, **kw),  # noqa: E731
-                              c.out())[2]
+    def run(algo, **kw):
+        c.poison()
+        p.attention(*c.ptrs(), c.shape, num_blocks=c.num_blocks, algo=algo, **kw)
+        return c.out()
+
     assert p.attention_workspace_bytes(c.shape) == need > 0  # what "auto" uses: the decode plan's
     decode = run("decode", workspace=ws, workspace_bytes=need)
     assert ran == [splits] and np.array_equal(decode, c.model(splits))
@@ -431,10 +434,16 @@ def test_auto_runs_the_decode_kernel_where_it_splits_the_keys_given_a_workspace(
     c.arena.reset()
     meta = stage_batched_attn_metadata(c.arena, c.streams, block_size=c.bs, use_mrope=False, scratch_offset_bytes=0,
                                        dummy_kv_block=0)
-    assert dec.auto_algo(emu, meta, 16, 2, 256) == "decode" and dec.auto_algo(emu, meta, 16, 2, 256, num_splits=1) == "auto"
-    c.poison()
-    ops.attention(emu, meta, *c.ptrs(), num_q_heads=16, num_kv_heads=2, head_dim=256, workspace=ws, workspace_bytes=need)
-    assert np.array_equal(c.out(), decode) and ran == [splits]
+    planned = []
+    real_plan = dec.plan_decode
+    monkeypatch.setattr(dec, "plan_decode", lambda *a, **k: planned.append(1) or real_plan(*a, **k))
+    assert dec.auto_algo(emu, meta, 16, 2, 256) == "decode"
+    assert dec.auto_algo(emu, meta, 16, 2, 256, num_splits=1) == "auto"
+    for _ in range(2):  # planned once for the metadata: auto's choice and the launch, layer after layer
+        c.poison()
+        ops.attention(emu, meta, *c.ptrs(), num_q_heads=16, num_kv_heads=2, head_dim=256, workspace=ws,
+                      workspace_bytes=need)
+    assert np.array_equal(c.out(), decode) and ran == [splits, splits] and planned == [1, 1]  # (the two auto_algo's)
     # a batch the decode kernel does not take (9 new tokens) runs a prefill kernel whatever is given
     assert not dec.takes(9, 16, 2, 256) and dec.takes(8, 16, 2, 256) and not dec.takes(5, 16, 1, 256)
     assert not dec.takes(1, 16, 2, 96) and not dec.takes(1, 16, 0, 256) and not dec.takes(1.0, 16, 2, 256)
@@ -501,7 +510,8 @@ def check_attention_layer_decode(emu, batch, monkeypatch) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(chunk=st.integers(-1, 20), hq=st.integers(0, 80), hkv=st.integers(0, 20), d=st.sampled_from([32, 64, 96, 128, 256]))
+@given(chunk=st.integers(-1, 20), hq=st.integers(0, 80), hkv=st.integers(0, 20),
+       d=st.sampled_from([32, 64, 96, 128, 256]))
 def test_takes_is_what_plan_decode_accepts(chunk, hq, hkv, d):
     """``takes`` (what ``algo="auto"`` asks before it plans) and ``plan_decode``'s refusals are one rule: a batch is
     taken exactly when a plan for it is made."""

@@ -73,6 +73,7 @@ from .args import (ALIGN, FP8_E4M3 as FP8, KV_DTYPES, check_kv_pools, check_kv_s
 from .attention import _SMEM_PAD, NO_WINDOW, window_argument
 from .meta import meta_struct
 from . import registry
+from .layer_launch import for_metadata
 
 __all__ = [
     "SOURCE", "HEAD_DIMS", "FP8_ENTRIES", "MERGE_ENTRIES", "ENTRIES", "WARPS", "MAX_Q_LEN", "MAX_ROWS", "MERGE_THREADS",
@@ -394,11 +395,19 @@ def auto_algo(device, meta, num_q_heads: int, num_kv_heads: int, head_dim: int, 
 
 def _plan_for(device, meta, num_q_heads: int, num_kv_heads: int, head_dim: int, window_left, num_splits,
               kv_dtype: str) -> DecodePlan:
-    """:func:`plan_decode` of ``meta``'s streams on ``device``'s SMs."""
-    kv_max = int(meta.kv_lens_host.max()) if meta.batch_size else 0
-    return plan_decode(meta.batch_size, meta.chunk_len, kv_max, num_q_heads, num_kv_heads, head_dim,
-                       num_sms=device.sm_count, window_left=window_left, num_splits=num_splits, q_lens=meta.counts,
-                       kv_dtype=kv_dtype)
+    """:func:`plan_decode` of ``meta``'s streams on ``device``'s SMs, made once per metadata and arguments (kept
+    while ``meta`` lives: :func:`auto_algo`, then :func:`attention`, and every layer's call plan it once)."""
+    def make() -> DecodePlan:
+        kv_max = int(meta.kv_lens_host.max()) if meta.batch_size else 0
+        return plan_decode(meta.batch_size, meta.chunk_len, kv_max, num_q_heads, num_kv_heads, head_dim,
+                           num_sms=device.sm_count, window_left=window_left, num_splits=num_splits,
+                           q_lens=meta.counts, kv_dtype=kv_dtype)
+
+    key = (device, "decode plan", num_q_heads, num_kv_heads, head_dim, window_left, num_splits, kv_dtype)
+    try:
+        return for_metadata(meta, key, make)
+    except TypeError:  # an unhashable argument: plan_decode names it
+        return make()
 
 
 def attention(device, meta, q, k_pool, v_pool, o, *, num_q_heads: int, num_kv_heads: int, head_dim: int,

@@ -26,10 +26,10 @@ _FOR_META_MAX = 256
 
 
 def for_metadata(meta: Any, key: tuple, make: Callable[[], Any], keep: Any = None) -> Any:
-    """The launch ``make()`` builds for staged metadata ``meta`` and ``key`` (the device, the kernel and every other
-    fixed argument: values, or ``id()`` of ``keep``, which the entry holds so that its id is not reused), made on the
-    first call and kept while ``meta`` lives: what a launcher called layer after layer outside a pass reuses (a pass
-    keeps its own). ``meta`` is weakly referenced, so its arena is not kept alive, and its entries go when it does
+    """What ``make()`` builds for staged metadata ``meta`` and ``key`` (a launch, or a plan: the device, the kernel and
+    every other fixed argument: values, or ``id()`` of ``keep``, which the entry holds so that its id is not reused),
+    made on the first call and kept while ``meta`` lives: what a launcher called layer after layer outside a pass
+    reuses (a pass keeps its own). ``meta`` is weakly referenced, so its arena is not kept alive, and its entries go when it does
     (at most :data:`_FOR_META_MAX` entries of live metadata are kept)."""
     full = (id(meta), *key)
     hit = _FOR_META.get(full)

@@ -32,7 +32,7 @@ from ..core.errors import CapacityError, Q12Error
 from ..kernels import ops
 from ..kernels.conv1d import conv1d as _conv1d
 from ..kernels.expand import MAX_STREAMS as _EXPAND_MAX_STREAMS, enqueue_expand
-from ..core.layout import h_state_slot_bytes, stacked_layout, state_tables_bytes
+from ..core.layout import stacked_layout, state_tables_bytes
 from ..kernels.gdn import GdnConfig, GdnPlan, GdnTensors, gdn, plan_gdn
 from .q12pass import AttentionShape, GdnShape, check_attention_pools
 from ..core.staging import (BatchedAttnMetadata, StreamStageInfo, validate_streams, metadata_at, pack_padded,
@@ -176,7 +176,6 @@ class PassGraph:
         self._gdn_plans: dict = {}  # (GdnShape, GdnConfig) -> the plan for the graph's maxima
         arena.reset()
         self.region = arena.reserve("stacked_metadata", self.layout.staged_bytes, offset=0, align=8)
-        self._slot_bytes = h_state_slot_bytes(self.max_streams)
         self.h_region = arena.reserve("h_state_ptrs", state_tables_bytes(self.max_streams, max(1, num_ssm_layers)),
                                       align=8)
         empty_cu = np.zeros(self.max_streams + 1, np.int32)
@@ -304,7 +303,7 @@ class PassGraph:
         layers run)."""
         if not 0 <= layer < len(self._tables):
             raise IndexError(f"SSM layer {layer} out of range: the pass was made with num_ssm_layers={len(self._tables)}")
-        return int(self.h_region.ptr) + layer * self._slot_bytes
+        return int(self.h_region.ptr) + state_tables_bytes(self.max_streams, layer)
 
     def attention_layer(self, q: int, k: int, v: int, k_pool: int, v_pool: int, o: int, shape: AttentionShape, *,
                         num_blocks: int, algo: str = "auto") -> None:

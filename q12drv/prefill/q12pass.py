@@ -204,12 +204,8 @@ _CONV_BAD = _bad_bits(ALIGN["conv1d"], ("x", "y", "w", "bias"))
 
 def _plain_conv(x, y, w, bias) -> bool:
     """:func:`_plain_aligned` of a short convolution's ``(x, y, w, bias)`` (``bias`` None: none, and x, y and w
-    alone are checked)."""
-    if bias is not None:
-        return _plain4(x, y, w, bias, _CONV_BAD)
-    if int is type(x) is type(y) is type(w) and x and y and w:
-        return not (x & _CONV_BAD[0] | y & _CONV_BAD[1] | w & _CONV_BAD[2])
-    return _plain_aligned((x, y, w), _CONV_BAD)
+    alone are checked; :meth:`Q12Pass.conv1d` unrolls that case for exact ints itself)."""
+    return _plain4(x, y, w, bias, _CONV_BAD) if bias is not None else _plain_aligned((x, y, w), _CONV_BAD)
 
 
 def _plain4(a, b, c, d, bad: tuple) -> bool:
@@ -1197,10 +1193,7 @@ class Q12Pass:
             A bad shape.
         """
         self._check_attention_shape(shape)
-        if not _dec.takes(self._longest, shape.num_q_heads, shape.num_kv_heads, shape.head_dim):
-            return 0
-        plan = self.decode_plan(shape)
-        return plan.workspace_bytes_for(self._batch.total) if _dec.auto_runs(plan) else 0
+        return self.decode_workspace_bytes(shape) if self._auto_decode(shape, None) else 0
 
     def decode_workspace_bytes(self, shape: AttentionShape, num_splits: int | None = None) -> int:
         """Workspace ``attention(..., algo="decode", num_splits=num_splits)`` needs for this pass and ``shape`` (0:

@@ -209,8 +209,8 @@ def stage_state_rows(arena: ScratchArena, table: np.ndarray, stream: Any,
     except BaseException:
         arena.unreserve(region)
         raise
-    base, stride, generation = int(region.ptr), h_state_slot_bytes(n), arena.generation
+    base, generation = int(region.ptr), arena.generation
     bits = (np.bitwise_or.reduce(table, axis=1) & np.uint64(0xFFFF)).tolist()
     dtypes = dtypes or repeat(None)
-    return tuple(StateRow(r, base + r * stride, n, arena, generation, b, dt)
+    return tuple(StateRow(r, base + state_tables_bytes(n, r), n, arena, generation, b, dt)
                  for r, b, dt in zip(range(count), bits, dtypes))
